@@ -1,0 +1,247 @@
+"""The audit log: one JSON line per remote command attempt (and per file transfer).
+
+Written through structlog with the run's context bound once; every line is flushed and
+fsynced before the next command starts. Lines form a hash chain: `hash` is the sha256 of
+the line's canonical JSON without `hash`, and `prev_hash` is the hash of the line before
+(for the first line of a resumed run, the last line of the run it resumes). After every
+line the head (count and last hash) is recorded beside the log, so that deleting lines
+from the end is found too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from executor.redact import Redactor
+from executor.transport.base import CommandResult
+
+GENESIS = "0" * 64
+AUDIT_FILE = "audit.jsonl"
+HEAD_FILE = "audit.head"
+#: Output kept in a record per stream; the full byte count and sha256 are always recorded.
+KEEP_HEAD = 16 * 1024
+KEEP_TAIL = 48 * 1024
+
+
+def canonical(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def record_hash(record: dict[str, Any]) -> str:
+    body = {k: v for k, v in record.items() if k != "hash"}
+    return hashlib.sha256(canonical(body).encode("utf-8")).hexdigest()
+
+
+def clip(text: str) -> tuple[str, bool]:
+    """Keep the head and the tail of a long output."""
+    if len(text) <= KEEP_HEAD + KEEP_TAIL:
+        return text, False
+    omitted = len(text) - KEEP_HEAD - KEEP_TAIL
+    return f"{text[:KEEP_HEAD]}\n[... {omitted} characters omitted ...]\n{text[-KEEP_TAIL:]}", True
+
+
+def write_private(path: Path, text: str) -> None:
+    """Atomically replace a small file, mode 0600."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class _DurableFile:
+    """structlog's logger: appends each rendered line, then flushes and fsyncs."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._handle = os.fdopen(fd, "a", encoding="utf-8")
+
+    def msg(self, message: str) -> None:
+        self._handle.write(message + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    info = msg
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class AuditLog:
+    """Appends hash-chained records to `<run-dir>/audit.jsonl`."""
+
+    def __init__(self, run_dir: Path, run_id: str, redactor: Redactor, prev_hash: str = GENESIS) -> None:
+        self.run_dir = run_dir
+        self._redact = redactor
+        self._file = _DurableFile(run_dir / AUDIT_FILE)
+        self._prev = prev_hash
+        self._count = 0
+        self._pending = prev_hash
+        write_private(run_dir / HEAD_FILE, json.dumps({"count": 0, "hash": prev_hash}))
+        self.log = structlog.wrap_logger(
+            self._file,
+            processors=[self._chain, structlog.processors.JSONRenderer(serializer=lambda obj, **_: canonical(obj))],
+            context_class=dict,
+        ).bind(run_id=run_id)
+
+    def _chain(self, _logger: Any, _method: str, record: dict[str, Any]) -> dict[str, Any]:
+        record = self._redact.deep(record)
+        record["seq"] = self._count + 1
+        record["prev_hash"] = self._prev
+        record["hash"] = self._pending = record_hash(record)
+        return record
+
+    def _advance(self, record_hash_value: str) -> None:
+        self._count += 1
+        self._prev = record_hash_value
+        write_private(self.run_dir / HEAD_FILE, json.dumps({"count": self._count, "hash": self._prev}))
+
+    def command(self, log: Any, command: str, result: CommandResult) -> None:
+        """Record one command attempt; `log` is `self.log` with step, host and attempt bound."""
+        fields: dict[str, Any] = {
+            "command": command,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "interrupted": result.interrupted,
+            "started_at": result.started_at,
+            "duration_s": result.duration_s,
+        }
+        for name, data, total, digest in (
+            ("stdout", result.stdout, result.stdout_total, result.stdout_sha256),
+            ("stderr", result.stderr, result.stderr_total, result.stderr_sha256),
+        ):
+            text, clipped = clip(data.decode("utf-8", "replace"))
+            fields[name] = text
+            fields[f"{name}_bytes"] = total
+            fields[f"{name}_sha256"] = digest
+            fields[f"{name}_truncated"] = clipped or total > len(data)
+        self._emit(log, "command", fields)
+
+    def transfer(self, log: Any, direction: str, local: str, remote: str, size: int, sha256: str) -> None:
+        self._emit(
+            log,
+            "transfer",
+            {"direction": direction, "local": local, "remote": remote, "size": size, "sha256": sha256},
+        )
+
+    def _emit(self, log: Any, event: str, fields: dict[str, Any]) -> None:
+        log.info(event, **fields)
+        self._advance(self._pending)
+
+    @property
+    def head(self) -> str:
+        return self._prev
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of `runbook audit verify`: `ok` unless the chain is broken."""
+
+    ok: bool = True
+    records: int = 0
+    runs: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # tampering: makes `ok` false
+    notes: list[str] = field(default_factory=list)  # tolerated: a torn last line, a lagging head
+
+
+def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes]]:
+    """(line number, record or None when unparsable, raw line) for each line of a run's log."""
+    path = run_dir / AUDIT_FILE
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                record = json.loads(raw) if raw.endswith(b"\n") else None
+            except ValueError:
+                record = None
+            yield number, record if isinstance(record, dict) else None, raw
+
+
+def chain_tail(run_dir: Path) -> str:
+    """The hash the next run's first record links to: the last complete record's hash."""
+    last = _start_hash(run_dir)
+    for _n, record, _raw in read_records(run_dir):
+        if record is not None and "hash" in record:
+            last = str(record["hash"])
+    return last
+
+
+def _start_hash(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / "run.json").read_text())["audit_prev_hash"])
+    except (OSError, ValueError, KeyError):
+        return GENESIS
+
+
+def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
+    """Check a run's chain, and the chains of the runs it resumed, oldest first."""
+    report = report or VerifyReport()
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    parent = meta.get("resumed_from")
+    expected = meta.get("audit_prev_hash", GENESIS)
+    if parent:
+        parent_dir = run_dir.parent / parent
+        verify(parent_dir, report)
+        if chain_tail(parent_dir) != expected:
+            report.problems.append(f"{run_dir.name}: does not link to the end of {parent}'s log")
+    name = run_dir.name
+    report.runs.append(name)
+    lines = list(read_records(run_dir))
+    count = 0
+    for index, (number, record, raw) in enumerate(lines):
+        where = f"{name}/{AUDIT_FILE}:{number}"
+        if record is None:
+            if index == len(lines) - 1:
+                report.notes.append(
+                    f"{where}: torn last line ({len(raw)} bytes, an interrupted write); "
+                    "tolerated, its command may have run"
+                )
+                continue
+            report.problems.append(f"{where}: not a complete JSON record")
+            break
+        if record.get("prev_hash") != expected:
+            report.problems.append(f"{where}: chain broken (a line before it was edited, removed or moved)")
+            break
+        if record_hash(record) != record.get("hash"):
+            report.problems.append(f"{where}: content does not match its hash (edited)")
+            break
+        expected = str(record["hash"])
+        count += 1
+    report.records += count
+    _check_head(run_dir, name, count, expected, report)
+    report.ok = not report.problems
+    return report
+
+
+def _check_head(run_dir: Path, name: str, count: int, last: str, report: VerifyReport) -> None:
+    try:
+        head = json.loads((run_dir / HEAD_FILE).read_text())
+    except (OSError, ValueError):
+        if count:
+            report.problems.append(f"{name}: {HEAD_FILE} is missing")
+        return
+    if head.get("count") == count and head.get("hash") == last:
+        return
+    if head.get("count") == count - 1:
+        report.notes.append(f"{name}: last record was written just before the run stopped; tolerated")
+        return
+    report.problems.append(
+        f"{name}: log has {count} records but the run recorded {head.get('count')}: lines were removed"
+    )

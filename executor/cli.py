@@ -1,0 +1,263 @@
+"""The `runbook` command line. The engine holds no CLI code; this module only parses
+arguments, picks a reporter, maps outcomes to exit codes, and prints.
+
+Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering); 2 invalid input
+(runbook, arguments, nothing to resume, missing secret); 3 the run is locked by another
+process; 130 interrupted (SIGINT or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from executor import audit
+from executor.durations import format_duration
+from executor.engine import Engine, RunOptions
+from executor.errors import InvalidRunbook, Problem, ResumeError, RunbookError, RunLocked, SecretMissing
+from executor.events import ConsoleReporter, JsonReporter, Reporter
+from executor.loader import Runbook, load_runbook
+from executor.planner import plan_text
+from executor.state import RunMeta, list_runs, open_state
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runbook", description="Run YAML runbooks on remote hosts, unattended.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a runbook; print FILE:LINE:COL: message per problem")
+    p.add_argument("file", type=Path)
+
+    p = sub.add_parser("run", help="run a runbook")
+    p.add_argument("file", type=Path)
+    p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
+    p.add_argument("--log-dir", type=Path, default=Path("logs"))
+    p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="RUN_ID",
+        help="continue a run (default: the latest run of this runbook)",
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
+    group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
+
+    p = sub.add_parser("plan", help="print every command as it would run; run nothing")
+    p.add_argument("file", type=Path)
+    p.add_argument("--var", action="append", default=[], metavar="K=V")
+
+    for name, text in (("status", "steps of a run (default: the latest)"), ("runs", "recent runs")):
+        p = sub.add_parser(name, help=text)
+        if name == "status":
+            p.add_argument("run_id", nargs="?")
+        p.add_argument("--log-dir", type=Path, default=Path("logs"))
+        p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("audit", help="show or verify a run's audit log")
+    p.add_argument("action", choices=["show", "verify"])
+    p.add_argument("run_dir", type=Path)
+    return parser
+
+
+def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
+    problems = []
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep:
+            problems.append(Problem("--var", 1, 1, f"expected K=V, got {pair!r}"))
+        elif name not in runbook.header.vars:
+            known = ", ".join(runbook.header.vars) or "none"
+            problems.append(Problem("--var", 1, 1, f"unknown var '{name}' (the runbook declares: {known})"))
+        else:
+            parsed = yaml.safe_load(raw) if raw else ""
+            values[name] = parsed if isinstance(parsed, str | int | float | bool) else raw
+    if problems:
+        raise InvalidRunbook(problems)
+    return values
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    runbook = load_runbook(args.file)
+    hosts = sum(len(h) for h in runbook.step_hosts.values())
+    err.print(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)")
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    runbook = load_runbook(args.file)
+    out.print(plan_text(runbook, _parse_vars(args.var, runbook)), markup=False, highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    runbook = load_runbook(args.file)
+    options = RunOptions(
+        log_dir=args.log_dir,
+        var_overrides=_parse_vars(args.var, runbook),
+        resume=args.resume,
+        from_step=args.from_step,
+        only_step=args.only_step,
+    )
+    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
+    os.umask(0o077)
+    try:
+        return asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
+    finally:
+        reporter.close()
+
+
+async def _run_interruptible(engine: Engine) -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await engine.run()
+    except asyncio.CancelledError:
+        return EXIT_INTERRUPTED
+
+
+def _latest(log_dir: Path, run_id: str | None) -> RunMeta:
+    runs = list_runs(log_dir)
+    for meta in runs:
+        if run_id is None or meta.run_id == run_id:
+            return meta
+    raise ResumeError(f"no run {run_id or ''} in {log_dir}".replace("  ", " "))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    meta = _latest(args.log_dir, args.run_id)
+    with open_state(args.log_dir / meta.run_id) as state:
+        records = state.records()
+        status = state.get("status")
+    if args.json:
+        print(
+            json.dumps(
+                {"run": meta.__dict__ | {"status": status}, "steps": [r.__dict__ for r in records]},
+                default=str,
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    table = Table(title=f"run {meta.run_id} ({meta.runbook}): {status}")
+    for column in ("step", "host", "status", "attempts", "duration", "via", "message"):
+        table.add_column(column)
+    for r in records:
+        status_text = f"reused ({r.reused_from})" if r.reused_from else r.status
+        table.add_row(
+            r.step,
+            r.host,
+            status_text,
+            str(r.attempts),
+            format_duration(r.duration_s or 0),
+            r.via or "",
+            (r.message or "")[:400],
+        )
+    out.print(table)
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    metas = list_runs(args.log_dir)[:20]
+    rows = []
+    for meta in metas:
+        with open_state(args.log_dir / meta.run_id) as state:
+            rows.append(meta.__dict__ | {"status": state.get("status"), "finished_at": state.get("finished_at")})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    table = Table(title=f"runs in {args.log_dir}")
+    for column in ("run", "runbook", "status", "started", "resumed from"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["run_id"], row["runbook"], row["status"] or "", row["started_at"][:19], row["resumed_from"] or ""
+        )
+    out.print(table)
+    return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    if not (args.run_dir / audit.AUDIT_FILE).exists():
+        raise ResumeError(f"{args.run_dir}: no {audit.AUDIT_FILE} here")
+    if args.action == "verify":
+        report = audit.verify(args.run_dir)
+        for note in report.notes:
+            err.print(f"note: {note}", markup=False)
+        for problem in report.problems:
+            err.print(f"TAMPERED: {problem}", markup=False)
+        verdict = "intact" if report.ok else "tampered"
+        print(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {', '.join(report.runs)}")
+        return EXIT_OK if report.ok else EXIT_FAILED
+    for number, record, raw in audit.read_records(args.run_dir):
+        if record is None:
+            print(f"{number:>4}  (torn line, {len(raw)} bytes)")
+            continue
+        what = (
+            record.get("command", "").splitlines()[-1:]
+            if record["event"] == "command"
+            else [
+                f"{record.get('direction')} {record.get('local')} -> {record.get('remote')} ({record.get('size')} bytes)"
+            ]
+        )
+        status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
+        print(
+            f"{number:>4}  {record.get('started_at', '')[:19]}  {record.get('step')}@{record.get('host')} "
+            f"#{record.get('attempt')}  {status:<8} {record.get('duration_s', 0):>7.3f}s  {(what or [''])[0][:80]}"
+        )
+    return EXIT_OK
+
+
+COMMANDS = {
+    "validate": cmd_validate,
+    "plan": cmd_plan,
+    "run": cmd_run,
+    "status": cmd_status,
+    "runs": cmd_runs,
+    "audit": cmd_audit,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except InvalidRunbook as exc:
+        for problem in exc.problems:
+            err.print(str(problem), markup=False)
+        return EXIT_INVALID
+    except RunLocked as exc:
+        err.print(f"runbook: {exc}", markup=False)
+        return EXIT_LOCKED
+    except (ResumeError, SecretMissing) as exc:
+        err.print(f"runbook: {exc}", markup=False)
+        return EXIT_INVALID
+    except RunbookError as exc:
+        err.print(f"runbook: {exc}", markup=False)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

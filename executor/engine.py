@@ -1,0 +1,476 @@
+"""The run loop: steps in order, hosts in parallel, retries, fallbacks, gates, state, audit.
+
+An attempt fails on a failed gate, a timeout, unusable output or a transport error; tenacity
+repeats it per the retry policy; then each fallback gets the same treatment. Every command is
+audited before the step's state is written, so the state never claims more than the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import structlog
+from pydantic import BaseModel
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from executor import audit as audit_mod
+from executor.audit import AuditLog
+from executor.errors import HostKeyError, ResumeError, SecretMissing, TransportError
+from executor.events import Reporter
+from executor.gates import evaluate
+from executor.loader import Runbook
+from executor.model import var_text
+from executor.redact import Redactor
+from executor.render import render_command
+from executor.state import RunLock, RunMeta, RunState, StepRecord, list_runs, new_run_id, now
+from executor.stepkind import FactsError, StepContext, StepSpec
+from executor.transport import Transport, transport_for
+from executor.transport.base import CommandInterrupted, CommandResult, Transfer
+
+TAIL_LINES = 20
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+class AttemptFailed(Exception):
+    """One attempt did not pass; the message says why (gate, timeout, transport, facts)."""
+
+
+class HostRefused(Exception):
+    """The host cannot be used at all (unknown host key): no retry, no fallback."""
+
+
+@dataclass
+class RunOptions:
+    log_dir: Path = Path("logs")
+    var_overrides: Mapping[str, Any] = field(default_factory=dict)
+    resume: str | None = None  # a run id, or "latest"
+    from_step: str | None = None
+    only_step: str | None = None
+
+
+def used_vars(spec: StepSpec, names: list[str]) -> list[str]:
+    text = spec.model_dump_json()
+    return [name for name in names if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text)]
+
+
+def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any]) -> str:
+    """Changes when the step's definition, its host, or the value of a var it uses changes."""
+    variants = [spec, *runbook.fallbacks.get(spec.id, [])]
+    names = sorted(variables)
+    used = sorted({n for v in variants for n in used_vars(v, names)})
+    body = {
+        "step": [v.model_dump(mode="json", exclude={"description"}) for v in variants],
+        "host": runbook.hosts[host].model_dump(mode="json"),
+        "vars": {n: var_text(variables[n]) for n in used},
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    kept = text.rstrip("\n").splitlines()[-lines:]
+    return "\n".join(f"    | {line}" for line in kept)
+
+
+def _jsonable(facts: Any) -> Any:
+    if isinstance(facts, BaseModel):
+        return facts.model_dump(mode="json")
+    return json.loads(json.dumps(facts, default=str))
+
+
+class HostContext(StepContext):
+    """One attempt of one step on one host: audited command execution and file transfer."""
+
+    def __init__(self, engine: Engine, spec: StepSpec, host: str, attempt: int, via: str) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.host_name = host
+        self.vars = engine.env
+        self.attempt = attempt
+        self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
+
+    def fact(self, step_id: str, path: str) -> Any:
+        value: Any = self.engine.facts_view(self.host_name)[step_id]["facts"]
+        for part in path.split("."):
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        return value
+
+    async def run(self, script: str | bytes, *, timeout: float | None = None) -> CommandResult:
+        engine = self.engine
+        command = render_command(script, engine.env, engine.secrets)
+        transport = engine.transports[self.host_name]
+        limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
+        try:
+            result = await transport.run(command, limit)
+        except CommandInterrupted as exc:
+            self._record(command.display, exc.result)
+            raise
+        except TransportError as exc:
+            partial = CommandResult(
+                None,
+                exc.partial_stdout,
+                exc.partial_stderr,
+                len(exc.partial_stdout),
+                len(exc.partial_stderr),
+                "",
+                "",
+                now(),
+                0.0,
+            )
+            partial.stderr += f"\n[runbook] transport error: {exc}".encode()
+            self._record(command.display, partial)
+            if isinstance(exc, HostKeyError):
+                raise HostRefused(str(exc)) from None
+            raise AttemptFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
+        self._record(command.display, result)
+        return result
+
+    def _record(self, display: str, result: CommandResult) -> None:
+        engine = self.engine
+        result.stdout = engine.redactor.data(result.stdout)
+        result.stderr = engine.redactor.data(result.stderr)
+        engine.audit.command(self.log, display, result)
+        engine.reporter.emit(
+            "command_finished",
+            step=self.spec.id,
+            host=self.host_name,
+            attempt=self.attempt,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            duration_s=result.duration_s,
+        )
+
+    async def put(self, local: Path, remote: str) -> Transfer:
+        done = await self.engine.transports[self.host_name].put(local, remote)
+        self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
+        return done
+
+    async def get(self, remote: str, local: Path) -> Transfer:
+        done = await self.engine.transports[self.host_name].get(remote, local)
+        self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
+        return done
+
+
+class Engine:
+    """Runs one runbook once: `await Engine(...).run()` returns the exit code."""
+
+    def __init__(
+        self, runbook: Runbook, options: RunOptions, reporter: Reporter, environ: Mapping[str, str] | None = None
+    ) -> None:
+        self.runbook = runbook
+        self.options = options
+        self.reporter = reporter
+        header = runbook.header
+        self.variables: dict[str, Any] = {**header.vars, **options.var_overrides}
+        self.env = {name: var_text(value) for name, value in self.variables.items()}
+        environ = os.environ if environ is None else environ
+        self.secrets: dict[str, str] = {}
+        for name, ref in header.secrets.items():
+            if ref.env in environ:
+                self.secrets[name] = environ[ref.env]
+            elif ref.required:
+                raise SecretMissing(f"secret {name}: environment variable {ref.env} is not set")
+        self.redactor = Redactor(self.secrets.values())
+        self.records: dict[tuple[str, str], StepRecord] = {}
+        self.transports: dict[str, Transport] = {}
+        self.log = structlog.get_logger("runbook").bind(runbook=runbook.name)
+
+    # ---- planning: what runs, what is reused -------------------------------------------------
+
+    def _source_run(self) -> RunMeta | None:
+        runs = list_runs(self.options.log_dir, self.runbook.name)
+        wanted = self.options.resume
+        if wanted and wanted != "latest":
+            for meta in runs:
+                if meta.run_id == wanted:
+                    return meta
+            raise ResumeError(f"no run {wanted} of runbook '{self.runbook.name}' in {self.options.log_dir}")
+        if wanted == "latest" and not runs:
+            raise ResumeError(f"nothing to resume: no earlier run of '{self.runbook.name}' in {self.options.log_dir}")
+        if wanted or self.options.from_step or self.options.only_step:
+            return runs[0] if runs else None
+        return None
+
+    def _plan(self, source: dict[tuple[str, str], StepRecord]) -> tuple[list[StepSpec], list[StepSpec]]:
+        """(reused, to_run) in runbook order."""
+        steps = self.runbook.steps
+        ids = [s.id for s in steps]
+        start_id = self.options.only_step or self.options.from_step
+        if start_id is not None and start_id not in ids:
+            raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(ids)})")
+        reused: list[StepSpec] = []
+        to_run: list[StepSpec] = []
+        reusing = True
+        for spec in steps:
+            hosts = self.runbook.step_hosts[spec.id]
+            passed = all(
+                (rec := source.get((spec.id, h))) is not None
+                and rec.status == "passed"
+                and rec.fingerprint == fingerprint(self.runbook, spec, h, self.variables)
+                for h in hosts
+            )
+            if start_id is not None:
+                before = ids.index(spec.id) < ids.index(start_id)
+                if before:
+                    if all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in hosts):
+                        reused.append(spec)
+                    continue
+                if self.options.only_step and spec.id != start_id:
+                    continue
+                to_run.append(spec)
+            elif reusing and passed and source:
+                reused.append(spec)
+            else:
+                reusing = False
+                to_run.append(spec)
+        self._check_needs(reused, to_run)
+        return reused, to_run
+
+    def _check_needs(self, reused: list[StepSpec], to_run: list[StepSpec]) -> None:
+        available = {s.id for s in reused}
+        for spec in to_run:
+            text = spec.model_dump_json()
+            for other in self.runbook.steps:
+                if other.id == spec.id:
+                    break
+                needed = re.search(
+                    rf"steps\s*(\.\s*{re.escape(other.id)}\b|\[\s*['\"]{re.escape(other.id)}['\"])", text
+                )
+                if needed and other.id not in available and other not in to_run:
+                    raise ResumeError(
+                        f"step '{spec.id}' needs facts from step '{other.id}', which has never passed; "
+                        f"run it first (e.g. --from {other.id})"
+                    )
+            available.add(spec.id)
+
+    def facts_view(self, host: str) -> dict[str, Any]:
+        """`steps.<id>` as gates see it on `host`: facts, status, and per-host facts."""
+        view: dict[str, Any] = {}
+        for (step_id, step_host), rec in self.records.items():
+            entry = view.setdefault(step_id, {"hosts": {}, "facts": None, "status": rec.status})
+            entry["hosts"][step_host] = {"facts": rec.facts, "status": rec.status}
+            if step_host == host or (entry["facts"] is None and len(self.runbook.step_hosts[step_id]) == 1):
+                entry["facts"] = rec.facts
+                entry["status"] = rec.status
+        return view
+
+    # ---- running ------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        source_meta = self._source_run()
+        source_records: dict[tuple[str, str], StepRecord] = {}
+        source_dir: Path | None = None
+        source_lock: RunLock | None = None
+        if source_meta is not None:
+            source_dir = self.options.log_dir / source_meta.run_id
+            source_lock = RunLock(source_dir)
+            source_lock.acquire()  # a run being resumed must not be running, nor resumed twice
+            state = RunState(source_dir)
+            source_records = {(r.step, r.host): r for r in state.records()}
+            state.close()
+        reused, to_run = self._plan(source_records)
+        run_id = new_run_id()
+        run_dir = self.options.log_dir / run_id
+        self.options.log_dir.mkdir(parents=True, exist_ok=True)
+        link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
+        meta = RunMeta(
+            run_id=run_id,
+            runbook=self.runbook.name,
+            path=str(self.runbook.path.resolve()),
+            started_at=now(),
+            resumed_from=source_meta.run_id if source_meta else None,
+            audit_prev_hash=link,
+            vars={k: self.redactor.text(v) for k, v in self.env.items()},
+        )
+        state = RunState.create(run_dir, meta)
+        lock = RunLock(run_dir)
+        lock.acquire()
+        self.state = state
+        self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
+        for spec in reused:
+            for host in self.runbook.step_hosts[spec.id]:
+                old = source_records[(spec.id, host)]
+                record = StepRecord(**{**old.__dict__, "reused_from": old.reused_from or source_meta.run_id})  # type: ignore[union-attr]
+                self.records[(spec.id, host)] = record
+                state.save(record)
+        self.reporter.emit(
+            "run_started",
+            run_id=run_id,
+            run_dir=str(run_dir),
+            runbook=self.runbook.name,
+            resumed_from=meta.resumed_from,
+            steps=[
+                {
+                    "id": s.id,
+                    "kind": s.kind,
+                    "hosts": self.runbook.step_hosts[s.id],
+                    "reused": s in reused,
+                    "runs": s in to_run,
+                }
+                for s in self.runbook.steps
+            ],
+        )
+        status, code = "passed", EXIT_OK
+        try:
+            for spec in to_run:
+                if not await self._run_step(spec):
+                    status, code = "failed", EXIT_FAILED
+                    break
+        except asyncio.CancelledError:
+            status, code = "interrupted", EXIT_INTERRUPTED
+        except BaseException:
+            status = "crashed"
+            raise
+        finally:
+            state.set("status", status)
+            state.set("finished_at", now())
+            self.reporter.emit(
+                "run_finished", run_id=run_id, status=status, exit_code=code, audit=str(run_dir / audit_mod.AUDIT_FILE)
+            )
+            await asyncio.shield(self._close_transports())
+            self.audit.close()
+            state.close()
+            lock.release()
+            if source_lock is not None:
+                source_lock.release()
+        return code
+
+    async def _close_transports(self) -> None:
+        await asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True)
+
+    async def _run_step(self, spec: StepSpec) -> bool:
+        hosts = self.runbook.step_hosts[spec.id]
+        for host in hosts:
+            if host not in self.transports:
+                self.transports[host] = transport_for(host, self.runbook.hosts[host])
+        self.reporter.emit("step_started", step=spec.id, kind=spec.kind, hosts=hosts)
+        limit = asyncio.Semaphore(self.runbook.header.defaults.max_parallel)
+
+        async def bounded(host: str) -> StepRecord:
+            async with limit:
+                return await self._run_on_host(spec, host)
+
+        results = await asyncio.gather(*(bounded(h) for h in hosts), return_exceptions=True)
+        cancelled = [r for r in results if isinstance(r, BaseException)]
+        if cancelled:
+            raise cancelled[0]
+        records = [r for r in results if isinstance(r, StepRecord)]
+        passed = all(r.status == "passed" for r in records)
+        self.reporter.emit(
+            "step_finished",
+            step=spec.id,
+            status="passed" if passed else "failed",
+            via=records[0].via if records else None,
+            duration_s=max((r.duration_s or 0 for r in records), default=0),
+            hosts={r.host: {"status": r.status, "attempts": r.attempts, "via": r.via} for r in records},
+            failures=[f"{spec.id}@{r.host}: {r.message}" for r in records if r.status != "passed"],
+        )
+        return passed
+
+    async def _run_on_host(self, spec: StepSpec, host: str) -> StepRecord:
+        record = StepRecord(
+            step=spec.id,
+            host=host,
+            position=self.runbook.steps.index(spec),
+            status="running",
+            fingerprint=fingerprint(self.runbook, spec, host, self.variables),
+            started_at=now(),
+        )
+        self._save(record)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        variants = [("primary", spec)] + [
+            (f"fallback {i}", fb) for i, fb in enumerate(self.runbook.fallbacks.get(spec.id, []), start=1)
+        ]
+        failures: list[str] = []
+        try:
+            for via, variant in variants:
+                policy = (
+                    variant.retry.over(self.runbook.header.defaults.retry)
+                    if variant.retry
+                    else self.runbook.header.defaults.retry
+                )
+                retrying = AsyncRetrying(
+                    stop=stop_after_attempt(policy.attempts),
+                    wait=wait_exponential_jitter(
+                        initial=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
+                    ),
+                    retry=retry_if_exception_type(AttemptFailed),
+                    reraise=True,
+                )
+                try:
+                    async for attempt in retrying:
+                        with attempt:
+                            record.attempts += 1
+                            facts, exit_code = await self._attempt(variant, host, record.attempts, via)
+                    record.status, record.facts, record.exit_code, record.via = "passed", facts, exit_code, via
+                    record.message = None
+                    return record
+                except AttemptFailed as exc:
+                    failures.append(f"[{via}] {exc}")
+        except HostRefused as exc:
+            failures.append(str(exc))
+        except asyncio.CancelledError:
+            record.status, record.message = (
+                "interrupted",
+                "interrupted by a signal; the remote process group was killed",
+            )
+            raise
+        finally:
+            record.duration_s = round(loop.time() - t0, 3)
+            if record.status == "running":
+                record.status = "failed"
+                record.message = failures[-1] if len(failures) == 1 else "\n".join(failures)
+            self._save(record)
+        return record
+
+    def _save(self, record: StepRecord) -> None:
+        self.records[(record.step, record.host)] = record
+        self.state.save(record)
+
+    async def _attempt(self, spec: StepSpec, host: str, attempt: int, via: str) -> tuple[Any, int | None]:
+        ctx = HostContext(self, spec, host, attempt, via)
+        try:
+            outcome = await spec.execute(ctx)
+        except FactsError as exc:
+            self._attempt_failed(spec, host, attempt, str(exc))
+        result = outcome.result
+        limit = spec.timeout or self.runbook.header.defaults.timeout
+        if result.timed_out:
+            self._attempt_failed(
+                spec,
+                host,
+                attempt,
+                f"timed out after {limit:g}s; its remote process group was killed\n"
+                + tail(result.stdout_text + result.stderr_text),
+            )
+        facts = self.redactor.deep(_jsonable(outcome.facts))
+        names = {
+            "stdout": result.stdout_text,
+            "stderr": result.stderr_text,
+            "exit_code": result.exit_code,
+            "facts": facts,
+            "steps": self.facts_view(host),
+            "vars": self.variables,
+        }
+        for gate in spec.effective_gates():
+            verdict = evaluate(gate.that, names, gate.message)
+            if not verdict.passed:
+                detail = verdict.describe()
+                if not result.stdout.strip():
+                    detail += "\n  (stdout was empty)"
+                out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
+                self._attempt_failed(spec, host, attempt, f"{detail}\n  output tail:\n{out}" if out else detail)
+        return facts, result.exit_code
+
+    def _attempt_failed(self, spec: StepSpec, host: str, attempt: int, message: str) -> NoReturn:
+        message = self.redactor.text(message)
+        self.reporter.emit("attempt_failed", step=spec.id, host=host, attempt=attempt, message=message)
+        raise AttemptFailed(message)

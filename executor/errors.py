@@ -1,0 +1,76 @@
+"""The exception tree of `runbook`, documented in one place.
+
+    RunbookError                 base of everything this package raises on purpose
+    ├── InvalidRunbook           bad input: YAML, schema, references (CLI exit 2)
+    │     .problems: list[Problem]  each with file, line, column, message
+    ├── RunLocked                another `runbook` process holds the run (CLI exit 3)
+    ├── ResumeError              nothing to resume, or a needed step never passed (CLI exit 2)
+    ├── SecretMissing            a declared secret has no value in the environment (CLI exit 2)
+    ├── AuditTampered            `audit verify` found a broken chain (CLI exit 1)
+    └── TransportError           the host could not be reached or the channel broke
+          ├── HostKeyError       unknown or changed host key: never retried
+          └── CommandTimeout     never raised to callers: timeouts come back as results
+
+A failed step is not an exception: the engine records it and the CLI exits 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in an input file, printed as ``FILE:LINE:COL: message``."""
+
+    file: str
+    line: int
+    column: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.message}"
+
+
+class RunbookError(Exception):
+    """Base class of the errors `runbook` raises on purpose."""
+
+
+class InvalidRunbook(RunbookError):
+    """The runbook (or a command-line value) is not valid; carries every problem found."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class RunLocked(RunbookError):
+    """Another live `runbook` process holds the lock of this run."""
+
+
+class ResumeError(RunbookError):
+    """The requested resume, --from or --only cannot be honoured."""
+
+
+class SecretMissing(RunbookError):
+    """A secret declared by the runbook has no value in the controller's environment."""
+
+
+class AuditTampered(RunbookError):
+    """An audit log's hash chain does not verify."""
+
+
+class TransportError(RunbookError):
+    """The host could not be reached, or the connection broke during a command.
+
+    ``partial`` keeps whatever output arrived before the failure (as asyncssh does).
+    """
+
+    def __init__(self, message: str, partial_stdout: bytes = b"", partial_stderr: bytes = b"") -> None:
+        super().__init__(message)
+        self.partial_stdout = partial_stdout
+        self.partial_stderr = partial_stderr
+
+
+class HostKeyError(TransportError):
+    """The host key is unknown or changed; retrying cannot help, so it never is."""

@@ -1,0 +1,106 @@
+"""What the run loop tells the outside world, and the two ways of showing it.
+
+`Reporter` is the interface the engine calls. `JsonReporter` prints one JSON event per line
+on stdout for agents; `ConsoleReporter` shows humans the step list, the running step and the
+elapsed time on stderr with rich. Both print only redacted text.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.status import Status
+
+from executor.durations import format_duration
+
+
+class Reporter:
+    """Receives run events; the base class ignores them."""
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """One event: run_started, step_started, command_finished, step_finished, run_finished, note."""
+
+    def close(self) -> None:
+        """Stop any live display."""
+
+
+class JsonReporter(Reporter):
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out: TextIO | None = out or sys.stdout
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.out is None:
+            return
+        try:
+            self.out.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}, default=str) + "\n")
+            self.out.flush()
+        except BrokenPipeError:  # the reader went away; the run goes on, its state and audit log stay complete
+            self.out = None
+
+
+_STATUS_STYLE = {"passed": "green", "reused": "cyan", "failed": "bold red", "interrupted": "yellow"}
+
+
+class ConsoleReporter(Reporter):
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True, highlight=False)
+        self._status: Status | None = None
+        self._t0 = time.monotonic()
+
+    def _elapsed(self) -> str:
+        return format_duration(time.monotonic() - self._t0)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        print_ = self.console.print
+        if event == "run_started":
+            print_(f"[bold]runbook[/] {fields['runbook']}  run [bold]{fields['run_id']}[/]  -> {fields['run_dir']}")
+            for step in fields["steps"]:
+                mark = "reused" if step["reused"] else "to run"
+                print_(f"  {step['id']:<24} {step['kind']:<16} {', '.join(step['hosts']):<20} {mark}")
+        elif event == "step_started":
+            self._live(f"[bold]{fields['step']}[/] on {', '.join(fields['hosts'])}")
+        elif event == "command_finished":
+            if fields.get("exit_code") != 0 or fields.get("timed_out"):
+                how = "timed out" if fields.get("timed_out") else f"exit {fields.get('exit_code')}"
+                print_(f"    [dim]{fields['step']}@{fields['host']} attempt {fields['attempt']}: {how}[/]")
+        elif event == "attempt_failed":
+            print_(
+                f"    [yellow]{fields['step']}@{fields['host']} attempt {fields['attempt']} failed:[/] "
+                f"{fields['message'].splitlines()[0]}"
+            )
+        elif event == "step_finished":
+            self._stop_live()
+            style = _STATUS_STYLE.get(fields["status"], "")
+            via = f" via {fields['via']}" if fields.get("via") not in (None, "primary") else ""
+            print_(
+                f"[{style}]{fields['status']:>11}[/] {fields['step']}{via}  "
+                f"{format_duration(fields.get('duration_s') or 0)}  [dim]({self._elapsed()} elapsed)[/]"
+            )
+            for failure in fields.get("failures", []):
+                print_(failure, markup=False, style="red")
+        elif event == "note":
+            print_(fields["message"], markup=False)
+        elif event == "run_finished":
+            self._stop_live()
+            style = _STATUS_STYLE.get(fields["status"], "")
+            print_(f"[{style}]run {fields['status']}[/] in {self._elapsed()}  (audit log: {fields['audit']})")
+
+    def _live(self, text: str) -> None:
+        self._stop_live()
+        if self.console.is_terminal:
+            self._status = self.console.status(text)
+            self._status.start()
+        else:
+            self.console.print(f"    running {text}")
+
+    def _stop_live(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def close(self) -> None:
+        self._stop_live()

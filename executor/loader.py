@@ -1,0 +1,306 @@
+"""Load and validate a runbook, reporting every problem as `FILE:LINE:COL: message`.
+
+PyYAML builds a node tree with positions; we turn it into plain data ourselves so that each
+value's position is known and duplicate keys (which PyYAML silently collapses) are found.
+Pydantic validates the data; its error locations are mapped back to lines and columns.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from executor.errors import InvalidRunbook, Problem
+from executor.gates import syntax_error
+from executor.model import Host, RunbookHeader
+from executor.stepkind import StepSpec, step_kinds
+
+Loc = tuple[str | int, ...]
+LOCAL = "local"
+_FALLBACK_FORBIDDEN = {"id", "kind", "host", "hosts", "fallbacks"}
+_STEP_REF = re.compile(r"""\bsteps\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
+
+
+@dataclass
+class Runbook:
+    """A validated runbook: the header, its steps, their fallbacks and hosts."""
+
+    path: Path
+    header: RunbookHeader
+    steps: list[StepSpec]
+    fallbacks: dict[str, list[StepSpec]] = field(default_factory=dict)
+    step_hosts: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.header.name
+
+    @property
+    def hosts(self) -> dict[str, Host]:
+        return self.header.hosts or {LOCAL: Host(address=LOCAL)}
+
+
+class _Positions:
+    """Where each value (and each mapping key) of the document starts."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.values: dict[Loc, tuple[int, int]] = {}
+        self.keys: dict[Loc, tuple[int, int]] = {}
+        self.problems: list[Problem] = []
+
+    def at(self, loc: Loc, *, key: bool = False) -> tuple[int, int]:
+        """The position of the longest prefix of `loc` found in the document."""
+        path: Loc = ()
+        best = self.values.get((), (1, 1))
+        for part in loc:
+            candidate = (*path, part)
+            if candidate in self.values:
+                path = candidate
+                best = self.values[path]
+        if key and path in self.keys and len(path) == len(loc):
+            return self.keys[path]
+        return best
+
+    def problem(self, loc: Loc, message: str, *, key: bool = False) -> None:
+        line, column = self.at(loc, key=key)
+        self.problems.append(Problem(self.file, line, column, message))
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _build(loader: yaml.SafeLoader, node: yaml.Node, loc: Loc, pos: _Positions) -> Any:
+    pos.values[loc] = _mark(node)
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node)
+            if key in seen:
+                line = _mark(seen[key])[0]
+                pos.problems.append(
+                    Problem(pos.file, *_mark(key_node), f"duplicate key '{key}' (first defined at line {line})")
+                )
+            seen[key] = key_node
+        loader.flatten_mapping(node)
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node)
+            pos.keys[(*loc, key)] = _mark(key_node)
+            result[key] = _build(loader, value_node, (*loc, key), pos)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(loader, item, (*loc, i), pos) for i, item in enumerate(node.value)]
+    return loader.construct_object(node)
+
+
+def _parse(text: str, file: str) -> tuple[Any, _Positions]:
+    pos = _Positions(file)
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise InvalidRunbook([Problem(file, 1, 1, "the file is empty; expected a runbook mapping")])
+        data = _build(loader, node, (), pos)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise InvalidRunbook([Problem(file, line, column, f"YAML syntax error: {exc.problem or exc}")]) from None
+    except yaml.YAMLError as exc:
+        raise InvalidRunbook([Problem(file, 1, 1, f"YAML error: {exc}")]) from None
+    finally:
+        loader.dispose()
+    return data, pos
+
+
+def _model_at(model: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
+    """The model class that holds the value at `loc` (for did-you-mean on unknown keys)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            if not isinstance(part, str) or part not in current.model_fields:
+                return None
+            current = current.model_fields[part].annotation
+        current = _unwrap(current)
+        if isinstance(current, tuple):  # a container: the next part is its index or key
+            current = current[0]
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional/Annotated; for list[X] and dict[str, X] return (X,)."""
+    while True:
+        origin = typing.get_origin(annotation)
+        args = typing.get_args(annotation)
+        if origin is typing.Annotated:
+            annotation = args[0]
+        elif origin in (typing.Union, types.UnionType):
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            others = [a for a in args if a is not type(None)]
+            annotation = models[0] if models else (others[0] if len(others) == 1 else None)
+        elif origin is list:
+            return (args[0],) if args else None
+        elif origin is dict:
+            return (args[1],) if args else None
+        else:
+            return annotation
+
+
+def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _loc_text(loc: Loc) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Positions) -> None:
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        full = (*prefix, *loc)
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            owner = _model_at(model, loc[:-1])
+            hint = _did_you_mean(str(loc[-1]), owner.model_fields if owner else ())
+            pos.problem(full, f"unknown key '{loc[-1]}'{hint}", key=True)
+        elif kind == "missing":
+            where = _loc_text(full[:-1]) or "the runbook"
+            pos.problem(full[:-1], f"{where}: missing required key '{loc[-1]}'")
+        else:
+            message = str(error["msg"]).removeprefix("Value error, ")
+            pos.problem(full, f"{_loc_text(full)}: {message}")
+
+
+def load_runbook(path: Path) -> Runbook:
+    """Read and validate a runbook; raise InvalidRunbook with every problem found."""
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRunbook([Problem(file, 1, 1, f"cannot read the runbook: {exc}")]) from None
+    return parse_runbook(text, path)
+
+
+def parse_runbook(text: str, path: Path) -> Runbook:
+    data, pos = _parse(text, str(path))
+    if not isinstance(data, dict):
+        raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with name, hosts, steps")])
+    try:
+        header = RunbookHeader.model_validate(data)
+    except ValidationError as exc:
+        _report(exc, RunbookHeader, (), pos)
+        header = None
+    kinds = step_kinds()
+    steps: list[StepSpec] = []
+    fallbacks: dict[str, list[StepSpec]] = {}
+    raw_steps = data.get("steps") if isinstance(data.get("steps"), list) else []
+    for index, raw in enumerate(raw_steps):
+        spec = _step(raw, kinds, ("steps", index), pos)
+        if spec is None:
+            continue
+        steps.append(spec)
+        fallbacks[spec.id] = [
+            fb
+            for j, override in enumerate(spec.fallbacks)
+            if (fb := _fallback(raw, override, type(spec), ("steps", index, "fallbacks", j), pos)) is not None
+        ]
+    runbook = Runbook(path, header, steps, fallbacks) if header is not None else None
+    if runbook is not None:
+        _cross_check(runbook, raw_steps, pos)
+    if pos.problems or runbook is None:
+        raise InvalidRunbook(sorted(pos.problems, key=lambda p: (p.line, p.column)))
+    return runbook
+
+
+def _step(raw: Any, kinds: dict[str, type[StepSpec]], loc: Loc, pos: _Positions) -> StepSpec | None:
+    if not isinstance(raw, dict):
+        pos.problem(loc, f"{_loc_text(loc)}: expected a mapping with id, kind and the kind's parameters")
+        return None
+    kind = raw.get("kind")
+    if kind is None:
+        pos.problem(loc, f"{_loc_text(loc)}: missing required key 'kind' (one of: {', '.join(sorted(kinds))})")
+        return None
+    model = kinds.get(str(kind))
+    if model is None:
+        hint = _did_you_mean(str(kind), kinds)
+        pos.problem((*loc, "kind"), f"unknown step kind '{kind}'{hint} (known: {', '.join(sorted(kinds))})")
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        _report(exc, model, loc, pos)
+        return None
+
+
+def _fallback(raw: dict[str, Any], override: Any, model: type[StepSpec], loc: Loc, pos: _Positions) -> StepSpec | None:
+    if not isinstance(override, dict):
+        pos.problem(loc, f"{_loc_text(loc)}: expected a mapping of the step's keys to change")
+        return None
+    for key in sorted(set(override) & _FALLBACK_FORBIDDEN):
+        pos.problem((*loc, key), f"a fallback cannot change '{key}'", key=True)
+    try:
+        return model.model_validate({**raw, **override, "fallbacks": []})
+    except ValidationError as exc:
+        _report(exc, model, loc, pos)
+        return None
+
+
+def _cross_check(runbook: Runbook, raw_steps: list[Any], pos: _Positions) -> None:
+    hosts = runbook.hosts
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(runbook.steps):
+        loc: Loc = ("steps", _raw_index(raw_steps, spec.id, index), "id")
+        if spec.id in seen:
+            pos.problem(loc, f"duplicate step id '{spec.id}' (also step {seen[spec.id] + 1})")
+        seen.setdefault(spec.id, index)
+        runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, loc[:-1], pos)
+        for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
+            for g, gate in enumerate(variant.effective_gates()):
+                gate_loc = (*loc[:-1], "gates", g) if variant_index == 0 else (*loc[:-1], "fallbacks")
+                problem = syntax_error(gate.that)
+                if problem:
+                    pos.problem(gate_loc, f"gate '{gate.that}' does not parse: {problem}")
+                for match in _STEP_REF.finditer(gate.that):
+                    ref = match.group(1) or match.group(2)
+                    if ref not in seen or ref == spec.id:
+                        pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
+
+
+def _raw_index(raw_steps: list[Any], step_id: str, fallback: int) -> int:
+    matches = [i for i, raw in enumerate(raw_steps) if isinstance(raw, dict) and raw.get("id") == step_id]
+    return matches[-1] if len(matches) > 1 else (matches[0] if matches else fallback)
+
+
+def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions) -> list[str]:
+    if spec.host is not None and spec.hosts is not None:
+        pos.problem(loc, f"step '{spec.id}': give either host or hosts, not both")
+        return []
+    if spec.hosts == "all":
+        return list(hosts)
+    wanted = [spec.host] if spec.host is not None else spec.hosts
+    if wanted is None:
+        if len(hosts) == 1:
+            return list(hosts)
+        pos.problem(loc, f"step '{spec.id}' needs `host:`; the runbook defines {len(hosts)} hosts")
+        return []
+    key = "host" if spec.host is not None else "hosts"
+    for name in wanted:
+        if name not in hosts:
+            hint = _did_you_mean(name, hosts)
+            pos.problem((*loc, key), f"step '{spec.id}': unknown host '{name}'{hint}")
+    return [name for name in wanted if name in hosts]

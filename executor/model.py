@@ -1,0 +1,135 @@
+"""The runbook model: what a YAML runbook may say, as pydantic models.
+
+The step list is typed by `StepSpec` (executor.stepkind); the loader validates each step
+against the model of its `kind`, found in the step-kind registry.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from executor.durations import Duration
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Model(BaseModel):
+    """Base of every runbook model: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Host(Model):
+    """Where steps run: an SSH destination, or `address: local` for this machine."""
+
+    address: str
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    verify_host_key: bool = True
+    connect_timeout: Duration = 10.0
+    keepalive: Duration = 15.0
+    proxy_jump: str | None = None
+    ssh_config: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == "local"
+
+
+class RetryPolicy(Model):
+    """How often an attempt is repeated before fallbacks are tried."""
+
+    attempts: int = Field(default=1, ge=1, le=100)
+    delay: Duration = 2.0
+    backoff: float = Field(default=2.0, ge=1.0)
+    max_delay: Duration = 60.0
+
+
+class RetryOverride(Model):
+    """A step's partial retry policy; unset fields come from `defaults.retry`."""
+
+    attempts: int | None = Field(default=None, ge=1, le=100)
+    delay: Duration | None = None
+    backoff: float | None = Field(default=None, ge=1.0)
+    max_delay: Duration | None = None
+
+    def over(self, base: RetryPolicy) -> RetryPolicy:
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class Defaults(Model):
+    timeout: Duration = 600.0
+    retry: RetryPolicy = RetryPolicy()
+    max_parallel: int = Field(default=16, ge=1)
+
+
+class SecretRef(Model):
+    """Where a secret's value comes from; the value itself never enters a file."""
+
+    env: str
+    required: bool = True
+
+
+def _gate_from_str(value: Any) -> Any:
+    return {"that": value} if isinstance(value, str) else value
+
+
+class Gate(Model):
+    """A Jinja2 expression that must be true for a step to pass."""
+
+    that: str
+    message: str | None = None
+
+
+GateSpec = Annotated[Gate, BeforeValidator(_gate_from_str)]
+VarValue = str | int | float | bool
+
+
+class RunbookHeader(Model):
+    """Everything of a runbook except its steps (validated per kind by the loader)."""
+
+    name: str
+    description: str | None = None
+    hosts: dict[str, Host] = Field(default_factory=dict)
+    vars: dict[str, VarValue] = Field(default_factory=dict)
+    secrets: dict[str, SecretRef] = Field(default_factory=dict)
+    defaults: Defaults = Defaults()
+    steps: list[Any] = Field(min_length=1)
+
+    @field_validator("vars", "secrets")
+    @classmethod
+    def _names_are_identifiers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not IDENTIFIER.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+    @field_validator("vars")
+    @classmethod
+    def _no_nul(cls, value: dict[str, VarValue]) -> dict[str, VarValue]:
+        for name, item in value.items():
+            if "\x00" in str(item):
+                raise ValueError(f"var {name!r} contains a NUL byte, which no environment can carry")
+        return value
+
+    @model_validator(mode="after")
+    def _vars_and_secrets_distinct(self) -> RunbookHeader:
+        clash = sorted(set(self.vars) & set(self.secrets))
+        if clash:
+            raise ValueError(f"names used both as var and as secret: {', '.join(clash)}")
+        return self
+
+
+def var_text(value: VarValue) -> str:
+    """How a var value reaches a script's environment."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+HostsSelector = Literal["all"] | list[str]

@@ -1,0 +1,41 @@
+"""`runbook plan`: every command exactly as it would run, with run-time values marked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from executor.loader import Runbook
+from executor.model import var_text
+from executor.render import render_command
+from executor.stepkind import RenderContext
+
+
+class PlanContext(RenderContext):
+    """Renders without running: facts of earlier steps are not known yet."""
+
+    def __init__(self, host: str, variables: Mapping[str, str]) -> None:
+        self.host_name = host
+        self.vars = variables
+
+    def fact(self, step_id: str, path: str) -> Any:
+        return f"<known at run time: steps.{step_id}.facts.{path}>"
+
+
+def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
+    env = {k: var_text(v) for k, v in {**runbook.header.vars, **overrides}.items()}
+    secrets = dict.fromkeys(runbook.header.secrets, "<secret>")
+    lines = [f"# runbook {runbook.name}: {len(runbook.steps)} steps; nothing is run"]
+    for number, spec in enumerate(runbook.steps, start=1):
+        for host in runbook.step_hosts[spec.id]:
+            variants = [("primary", spec)] + [
+                (f"fallback {i}", fb) for i, fb in enumerate(runbook.fallbacks.get(spec.id, []), start=1)
+            ]
+            for via, variant in variants:
+                address = runbook.hosts[host].address
+                lines.append(f"\n## step {number} '{spec.id}' ({spec.kind}) on {host} [{address}], {via}")
+                for gate in variant.effective_gates():
+                    lines.append(f"#   gate: {gate.that}")
+                script = variant.render(PlanContext(host, env))
+                lines.append(render_command(script, env, secrets).display.rstrip("\n"))
+    return "\n".join(lines)

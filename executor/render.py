@@ -1,0 +1,105 @@
+"""Quoting-safe command rendering.
+
+A step's script never passes through a command line or a template. What runs on the host is
+always the same small bash program (`WRAPPER`), started with two numbers as arguments; the
+exported vars and the script follow on its stdin as raw bytes, of exactly those lengths. So
+any byte sequence arrives intact (quotes, backslashes, `$(...)`, CRLF, no trailing newline,
+a line equal to any heredoc delimiter), and no size limit of the command line applies.
+
+The wrapper runs the script as its own session (`setsid`) with stdin at EOF, so a `read` in
+the script cannot swallow anything. It then waits on its own stdin: when that closes (the
+controller's timeout or interrupt, or a lost connection) it kills the step's whole process
+group. When the script ends, whatever it left in its group is killed too: a daemon that must
+outlive its step has to start its own session.
+
+Step kinds that embed a program in a script (Python for a probe, say) use `heredoc`, whose
+delimiter is random and checked to be absent from the body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets as _random
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+WRAPPER = r"""# runbook step wrapper. Arguments: byte lengths of the environment and of the script,
+# which follow on stdin. Exit 125: the payload did not arrive whole.
+set -u
+umask 077
+exec 3<&0  # background jobs get /dev/null as stdin; the watcher below needs the real one
+dir=$(mktemp -d "${TMPDIR:-/tmp}/runbook.XXXXXXXX") || exit 125
+trap 'rm -rf "$dir"' EXIT
+head -c "$1" <&3 > "$dir/env" || exit 125
+head -c "$2" <&3 > "$dir/script" || exit 125
+if [ "$(wc -c < "$dir/env")" -ne "$1" ] || [ "$(wc -c < "$dir/script")" -ne "$2" ]; then
+  echo "runbook: the script did not arrive whole" >&2
+  exit 125
+fi
+setsid bash -c '. "$1" && exec bash "$2"' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
+pid=$!
+( cat <&3 > /dev/null; kill -TERM -- "-$pid"; sleep 2; kill -KILL -- "-$pid" ) > /dev/null 2>&1 &
+watcher=$!
+wait "$pid"
+rc=$?
+kill -KILL -- "-$pid" 2> /dev/null
+kill "$watcher" 2> /dev/null
+exit "$rc"
+"""
+
+#: Exported to every script: nothing may wait for a person.
+UNATTENDED_ENV = {"DEBIAN_FRONTEND": "noninteractive", "SUDO_ASKPASS": "/bin/false"}
+MASK = "***"
+WRAPPER_SHA256 = hashlib.sha256(WRAPPER.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RenderedCommand:
+    """What a transport runs: `argv` as the command line, `stdin` as the payload."""
+
+    argv: tuple[str, ...]
+    stdin: bytes
+    display: str  # the whole command as text, secrets masked: what the audit log records
+
+    @property
+    def command_line(self) -> str:
+        """The command line for an SSH exec request (run by the login shell)."""
+        return "exec " + shlex.join(self.argv)
+
+
+def export_block(env: Mapping[str, str]) -> str:
+    """`export NAME='value'` lines; every value arrives as literal data."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+
+
+def render_command(
+    script: str | bytes, env: Mapping[str, str], secrets: Mapping[str, str] | None = None
+) -> RenderedCommand:
+    """Render a script with its environment; `secrets` are exported too but masked in `display`."""
+    secrets = secrets or {}
+    body = script.encode("utf-8") if isinstance(script, str) else script
+    full_env = {**UNATTENDED_ENV, **env, **secrets}
+    env_bytes = export_block(full_env).encode("utf-8")
+    masked_env = {**UNATTENDED_ENV, **env, **dict.fromkeys(secrets, MASK)}
+    argv = ("bash", "--noprofile", "--norc", "-c", WRAPPER, "runbook", str(len(env_bytes)), str(len(body)))
+    display = (
+        f"{shlex.join(argv[:3])} -c <wrapper sha256:{WRAPPER_SHA256[:16]}> runbook {len(env_bytes)} {len(body)}\n"
+        f"{export_block(masked_env)}{body.decode('utf-8', 'replace')}"
+    )
+    return RenderedCommand(argv=argv, stdin=env_bytes + body, display=display)
+
+
+def heredoc(body: str, command: str = "cat") -> str:
+    """`command <<'DELIM'` + body + DELIM, with a random delimiter absent from the body.
+
+    The quoted delimiter turns off every expansion, so the body arrives as written; a
+    heredoc always ends in a newline, so one is added where the body lacks it.
+    """
+    while True:
+        delimiter = f"RUNBOOK_EOF_{_random.token_hex(8)}"
+        if delimiter not in body:
+            break
+    if not body.endswith("\n"):
+        body += "\n"
+    return f"{command} <<'{delimiter}'\n{body}{delimiter}\n"

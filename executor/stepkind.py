@@ -1,0 +1,124 @@
+"""What a step kind is, and how kinds are found.
+
+A step kind is one module in `steps/` defining a subclass of `StepSpec`:
+
+- its parameters are the model's fields (next to the common ones: id, host, gates, ...);
+- `render` returns the script it runs (`execute` may run several, through the context);
+- `parse_facts` turns the command's output into typed facts (a pydantic model or JSON data);
+- `default_gates` says what must hold when the runbook gives no gates.
+
+Kinds register themselves by subclassing with a `kind: Literal["name"]` field; `step_kinds()`
+imports every module of the `steps` package, so adding a kind never touches the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from executor.durations import Duration
+from executor.model import GateSpec, HostsSelector, Model, RetryOverride
+from executor.transport.base import CommandResult, Transfer
+
+
+class FactsError(Exception):
+    """The output could not be turned into facts; the attempt fails with this message."""
+
+
+class RenderContext(ABC):
+    """What a step sees while rendering: vars, its host, and earlier steps' facts.
+
+    In `runbook plan` the facts of earlier steps are not known yet; `fact` then returns a
+    visible placeholder instead of a value.
+    """
+
+    host_name: str
+    vars: Mapping[str, str]
+
+    @abstractmethod
+    def fact(self, step_id: str, path: str) -> Any:
+        """A fact of an earlier step on the same host, by dotted path (`gpus.0.name`)."""
+
+
+class StepContext(RenderContext):
+    """What a step sees while executing: the render context plus audited I/O on its host."""
+
+    @abstractmethod
+    async def run(self, script: str | bytes, *, timeout: float | None = None) -> CommandResult:
+        """Run one script on the host, audited; a timeout comes back as a result."""
+
+    @abstractmethod
+    async def put(self, local: Path, remote: str) -> Transfer: ...
+
+    @abstractmethod
+    async def get(self, remote: str, local: Path) -> Transfer: ...
+
+
+@dataclass
+class Outcome:
+    """One attempt's result: the last command's output and the facts drawn from it."""
+
+    result: CommandResult
+    facts: Any = None
+
+
+class StepSpec(Model):
+    """Fields every step has. Subclasses add their parameters and behaviour."""
+
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    kind: str
+    description: str | None = None
+    host: str | None = None
+    hosts: HostsSelector | None = None
+    timeout: Duration | None = None
+    retry: RetryOverride | None = None
+    gates: list[GateSpec] | None = None
+    fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+
+    registry: ClassVar[dict[str, type[StepSpec]]] = {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        default = cls.model_fields["kind"].default
+        if isinstance(default, str):
+            StepSpec.registry[default] = cls
+
+    def default_gates(self) -> list[GateSpec]:
+        from executor.model import Gate
+
+        return [Gate(that="exit_code == 0", message="the command exited with a non-zero status")]
+
+    def effective_gates(self) -> list[GateSpec]:
+        return list(self.gates) if self.gates is not None else self.default_gates()
+
+    def render(self, ctx: RenderContext) -> str:
+        """The script this step runs."""
+        raise NotImplementedError(f"step kind {self.kind!r} renders no script")
+
+    def parse_facts(self, result: CommandResult) -> BaseModel | Any:
+        """Typed facts from a finished command; raise FactsError when the output is unusable."""
+        return None
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        """One attempt. Kinds that run several commands override this."""
+        result = await ctx.run(self.render(ctx))
+        if result.timed_out or result.interrupted:
+            return Outcome(result)
+        return Outcome(result, self.parse_facts(result))
+
+
+def step_kinds() -> dict[str, type[StepSpec]]:
+    """Every step kind, after importing each module of the `steps` package."""
+    import steps
+
+    for module in pkgutil.iter_modules(steps.__path__):
+        importlib.import_module(f"steps.{module.name}")
+    return dict(StepSpec.registry)

@@ -1,0 +1,153 @@
+"""The one transport interface; `ssh` and `local` implement it.
+
+A transport runs a `RenderedCommand` (a fixed wrapper plus a byte payload on stdin, see
+executor.render) and gives back a `CommandResult`. A timeout is a result, not an exception:
+the transport closes the command's stdin, which makes the remote wrapper kill the step's
+whole process group, and reports `timed_out=True`. Cancellation (Ctrl-C) does the same and
+re-raises `CancelledError` once the remote side is cleaned up.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from executor.render import RenderedCommand
+
+#: Output kept in memory per stream; beyond it only the byte count and sha256 are exact.
+OUTPUT_KEEP_BYTES = 32 * 1024 * 1024
+#: After stdin is closed on a timeout, how long the wrapper gets to kill and report.
+KILL_GRACE_S = 10.0
+
+
+@dataclass
+class Captured:
+    """One output stream: the kept bytes, plus the full count and hash of everything seen."""
+
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self._hash.update(chunk)
+        room = OUTPUT_KEEP_BYTES - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+@dataclass
+class CommandResult:
+    """What one command attempt produced."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_total: int
+    stderr_total: int
+    stdout_sha256: str
+    stderr_sha256: str
+    started_at: str
+    duration_s: float
+    timed_out: bool = False
+    interrupted: bool = False
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+class CommandInterrupted(asyncio.CancelledError):
+    """Cancellation that carries the interrupted command's partial result, for the audit log."""
+
+    def __init__(self, result: CommandResult) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
+@dataclass
+class Transfer:
+    """An audited file transfer."""
+
+    direction: str  # "put" or "get"
+    local: str
+    remote: str
+    size: int
+    sha256: str
+
+
+class ByteReader(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class Collector:
+    """Times a command and gathers its two streams into a `CommandResult`."""
+
+    def __init__(self) -> None:
+        self.stdout = Captured()
+        self.stderr = Captured()
+        self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        self._t0 = time.monotonic()
+
+    @staticmethod
+    async def pump(reader: ByteReader, into: Captured) -> None:
+        while chunk := await reader.read(65536):
+            into.feed(chunk)
+
+    def result(self, exit_code: int | None, *, timed_out: bool = False, interrupted: bool = False) -> CommandResult:
+        return CommandResult(
+            exit_code=exit_code,
+            stdout=bytes(self.stdout.data),
+            stderr=bytes(self.stderr.data),
+            stdout_total=self.stdout.total,
+            stderr_total=self.stderr.total,
+            stdout_sha256=self.stdout.sha256,
+            stderr_sha256=self.stderr.sha256,
+            started_at=self.started_at,
+            duration_s=round(time.monotonic() - self._t0, 6),
+            timed_out=timed_out,
+            interrupted=interrupted,
+        )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Transport(abc.ABC):
+    """One host's connection. `run` may be called concurrently; each call is its own channel."""
+
+    name: str
+
+    async def connect(self) -> None:
+        """Open the connection ahead of the first command (optional; `run` connects lazily)."""
+
+    @abc.abstractmethod
+    async def run(self, command: RenderedCommand, timeout: float) -> CommandResult: ...
+
+    @abc.abstractmethod
+    async def put(self, local: Path, remote: str) -> Transfer: ...
+
+    @abc.abstractmethod
+    async def get(self, remote: str, local: Path) -> Transfer: ...
+
+    async def close(self) -> None:
+        """Release the connection."""

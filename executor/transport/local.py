@@ -1,0 +1,75 @@
+"""`address: local`: the same rendered command, run by a local subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from pathlib import Path
+
+from executor.render import RenderedCommand
+from executor.transport.base import (
+    KILL_GRACE_S,
+    Collector,
+    CommandInterrupted,
+    CommandResult,
+    Transfer,
+    Transport,
+    file_sha256,
+)
+
+
+class LocalTransport(Transport):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def run(self, command: RenderedCommand, timeout: float) -> CommandResult:
+        collect = Collector()
+        proc = await asyncio.create_subprocess_exec(
+            *command.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdin and proc.stdout and proc.stderr
+        proc.stdin.write(command.stdin)
+        await proc.stdin.drain()
+        pumps = asyncio.gather(collect.pump(proc.stdout, collect.stdout), collect.pump(proc.stderr, collect.stderr))
+
+        async def finish() -> int:
+            await pumps
+            return await proc.wait()
+
+        task = asyncio.ensure_future(finish())
+        try:
+            exit_code = await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            return collect.result(await self._stop(proc, task), timed_out=True)
+        except asyncio.CancelledError:
+            raise CommandInterrupted(collect.result(await self._stop(proc, task), interrupted=True)) from None
+        finally:
+            proc.stdin.close()
+        return collect.result(exit_code)
+
+    @staticmethod
+    async def _stop(proc: asyncio.subprocess.Process, task: asyncio.Future[int]) -> int | None:
+        """Close stdin (the wrapper then kills the step's group) and wait for the exit."""
+        assert proc.stdin
+        proc.stdin.close()
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), KILL_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            return await proc.wait()
+
+    async def put(self, local: Path, remote: str) -> Transfer:
+        target = Path(remote).expanduser()
+        await asyncio.to_thread(shutil.copyfile, local, target)
+        return Transfer("put", str(local), remote, target.stat().st_size, file_sha256(target))
+
+    async def get(self, remote: str, local: Path) -> Transfer:
+        source = Path(remote).expanduser()
+        await asyncio.to_thread(shutil.copyfile, source, local)
+        return Transfer("get", str(local), remote, local.stat().st_size, file_sha256(local))

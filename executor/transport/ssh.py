@@ -1,0 +1,175 @@
+"""SSH transport: one asyncssh connection per host for the whole run, one channel per command.
+
+Honours the user's OpenSSH config (Host aliases, User, Port, IdentityFile, ProxyJump) and
+ssh-agent through asyncssh. Authentication is by key or agent only: a password or keyboard
+prompt would wait for a person, so those methods are switched off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from executor.errors import HostKeyError, TransportError
+from executor.model import Host
+from executor.render import RenderedCommand
+from executor.transport.base import (
+    KILL_GRACE_S,
+    Collector,
+    CommandInterrupted,
+    CommandResult,
+    Transfer,
+    Transport,
+)
+
+
+def _trust_hint(host: Host) -> str:
+    port = f"-p {host.port} " if host.port else ""
+    known = host.known_hosts or "~/.ssh/known_hosts"
+    return (
+        f"to trust it, check the key with the host's owner and run: ssh-keyscan {port}{host.address} >> {known}"
+        " (or set `verify_host_key: false` on the host to turn verification off)"
+    )
+
+
+class SSHTransport(Transport):
+    def __init__(self, name: str, host: Host) -> None:
+        self.name = name
+        self.host = host
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._lock = asyncio.Lock()
+
+    def _options(self) -> dict[str, Any]:
+        host = self.host
+        options: dict[str, Any] = {
+            "connect_timeout": host.connect_timeout,
+            "login_timeout": host.connect_timeout,
+            "keepalive_interval": host.keepalive,
+            "keepalive_count_max": 3,
+            "password_auth": False,
+            "kbdint_auth": False,
+        }
+        if host.port is not None:
+            options["port"] = host.port
+        if host.user is not None:
+            options["username"] = host.user
+        if host.identity_file is not None:
+            options["client_keys"] = [os.path.expanduser(host.identity_file)]
+        if not host.verify_host_key:
+            options["known_hosts"] = None
+        elif host.known_hosts is not None:
+            options["known_hosts"] = os.path.expanduser(host.known_hosts)
+        if host.proxy_jump is not None:
+            options["tunnel"] = host.proxy_jump
+        if host.ssh_config is not None:
+            options["config"] = [os.path.expanduser(host.ssh_config)]
+        return options
+
+    async def connect(self) -> None:
+        await self._connection()
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        async with self._lock:
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            self._conn = None
+            try:
+                self._conn = await asyncssh.connect(self.host.address, **self._options())
+            except asyncssh.HostKeyNotVerifiable as exc:
+                raise HostKeyError(
+                    f"host key of {self.name} ({self.host.address}) not trusted: {exc}; " + _trust_hint(self.host)
+                ) from None
+            except (OSError, asyncssh.Error, TimeoutError) as exc:
+                raise TransportError(f"cannot connect to {self.name} ({self.host.address}): {exc}") from None
+            return self._conn
+
+    def _drop(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Forget a broken connection so that the next command reconnects."""
+        if self._conn is conn:
+            conn.abort()
+            self._conn = None
+
+    async def run(self, command: RenderedCommand, timeout: float) -> CommandResult:
+        conn = await self._connection()
+        collect = Collector()
+        try:
+            proc = await conn.create_process(command.command_line, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            self._drop(conn)
+            raise TransportError(f"cannot open a channel to {self.name}: {exc}") from None
+        proc.stdin.write(command.stdin)
+
+        async def finish() -> int | None:
+            await asyncio.gather(collect.pump(proc.stdout, collect.stdout), collect.pump(proc.stderr, collect.stderr))
+            completed = await proc.wait()
+            return completed.exit_status  # type: ignore[no-any-return]
+
+        task = asyncio.ensure_future(finish())
+        try:
+            exit_code = await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            return collect.result(await self._stop(proc, task), timed_out=True)
+        except asyncio.CancelledError:
+            raise CommandInterrupted(collect.result(await self._stop(proc, task), interrupted=True)) from None
+        except (OSError, asyncssh.Error) as exc:
+            self._drop(conn)
+            raise TransportError(
+                f"connection to {self.name} broke during the command: {exc}",
+                bytes(collect.stdout.data),
+                bytes(collect.stderr.data),
+            ) from None
+        if exit_code is None:  # the channel closed without an exit status: the connection died
+            self._drop(conn)
+            raise TransportError(
+                f"connection to {self.name} closed before the command reported an exit status",
+                bytes(collect.stdout.data),
+                bytes(collect.stderr.data),
+            )
+        proc.close()
+        return collect.result(exit_code)
+
+    @staticmethod
+    async def _stop(proc: asyncssh.SSHClientProcess[bytes], task: asyncio.Future[int | None]) -> int | None:
+        """Send EOF (the wrapper then kills the step's group), wait for the exit, then close."""
+        with contextlib.suppress(OSError, asyncssh.Error):
+            proc.stdin.write_eof()
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), KILL_GRACE_S)
+        except (TimeoutError, OSError, asyncssh.Error):
+            return None
+        finally:
+            proc.close()
+
+    async def put(self, local: Path, remote: str) -> Transfer:
+        conn = await self._connection()
+        digest = hashlib.sha256(local.read_bytes()).hexdigest()
+        try:
+            async with conn.start_sftp_client() as sftp:
+                await sftp.put(str(local), remote)
+                size = (await sftp.stat(remote)).size
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"upload of {local} to {self.name}:{remote} failed: {exc}") from None
+        return Transfer("put", str(local), remote, int(size or 0), digest)
+
+    async def get(self, remote: str, local: Path) -> Transfer:
+        conn = await self._connection()
+        try:
+            async with conn.start_sftp_client() as sftp:
+                await sftp.get(remote, str(local))
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"download of {self.name}:{remote} failed: {exc}") from None
+        data = local.read_bytes()
+        return Transfer("get", str(local), remote, len(data), hashlib.sha256(data).hexdigest())
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            with contextlib.suppress(Exception):
+                await self._conn.wait_closed()
+            self._conn = None

@@ -1,0 +1,1 @@
+"""Step kinds, one module each. Each module defines one `executor.StepSpec` subclass."""
