@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,8 +94,8 @@ class AuditLog:
             context_class=dict,
         ).bind(run_id=run_id)
 
-    def _chain(self, _logger: Any, _method: str, record: dict[str, Any]) -> dict[str, Any]:
-        record = self._redact.deep(record)
+    def _chain(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
+        record: dict[str, Any] = self._redact.deep(dict(event))
         record["seq"] = self._count + 1
         record["prev_hash"] = self._prev
         record["hash"] = self._pending = record_hash(record)

@@ -208,7 +208,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     kinds = step_kinds()
     steps: list[StepSpec] = []
     fallbacks: dict[str, list[StepSpec]] = {}
-    raw_steps = data.get("steps") if isinstance(data.get("steps"), list) else []
+    raw_steps: list[Any] = data["steps"] if isinstance(data.get("steps"), list) else []
     for index, raw in enumerate(raw_steps):
         spec = _step(raw, kinds, ("steps", index), pos)
         if spec is None:

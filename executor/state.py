@@ -180,7 +180,7 @@ def open_state(run_dir: Path) -> Iterator[RunState]:
 
 def list_runs(log_dir: Path, runbook: str | None = None) -> list[RunMeta]:
     """Runs in a log folder, newest first; only those of `runbook` when given."""
-    runs = []
+    runs: list[RunMeta] = []
     if not log_dir.is_dir():
         return runs
     for meta_file in log_dir.glob(f"*/{META_FILE}"):

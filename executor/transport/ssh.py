@@ -108,7 +108,7 @@ class SSHTransport(Transport):
         async def finish() -> int | None:
             await asyncio.gather(collect.pump(proc.stdout, collect.stdout), collect.pump(proc.stderr, collect.stderr))
             completed = await proc.wait()
-            return completed.exit_status  # type: ignore[no-any-return]
+            return completed.exit_status
 
         task = asyncio.ensure_future(finish())
         try:
