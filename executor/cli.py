@@ -33,8 +33,8 @@ from executor.state import RunMeta, list_runs, open_state
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -210,22 +210,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {', '.join(report.runs)}")
         return EXIT_OK if report.ok else EXIT_FAILED
     for number, record, raw in audit.read_records(args.run_dir):
-        if record is None:
-            print(f"{number:>4}  (torn line, {len(raw)} bytes)")
-            continue
-        what = (
-            record.get("command", "").splitlines()[-1:]
-            if record["event"] == "command"
-            else [
-                f"{record.get('direction')} {record.get('local')} -> {record.get('remote')} ({record.get('size')} bytes)"
-            ]
-        )
-        status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
-        print(
-            f"{number:>4}  {record.get('started_at', '')[:19]}  {record.get('step')}@{record.get('host')} "
-            f"#{record.get('attempt')}  {status:<8} {record.get('duration_s', 0):>7.3f}s  {(what or [''])[0][:80]}"
-        )
+        print(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}")
     return EXIT_OK
+
+
+def _describe(record: dict[str, Any]) -> str:
+    """One line per audit record for `audit show`."""
+    who = f"{record.get('started_at', '')[:19]}  {record.get('step')}@{record.get('host')} #{record.get('attempt')}"
+    if record.get("event") == "transfer":
+        what = f"{record['direction']} {record['local']} <-> {record['remote']} ({record['size']} bytes)"
+        return f"{who}  {what}"
+    status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
+    lines = str(record.get("command", "")).rstrip("\n").splitlines()
+    return f"{who}  {status:<8} {record.get('duration_s', 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
 
 COMMANDS = {

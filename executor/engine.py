@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -94,6 +94,8 @@ class HostContext(StepContext):
         self.host_name = host
         self.vars = engine.env
         self.attempt = attempt
+        self.base_dir = engine.runbook.path.parent
+        self.output_dir = engine.run_dir / "hosts" / host
         self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
 
     def fact(self, step_id: str, path: str) -> Any:
@@ -148,12 +150,16 @@ class HostContext(StepContext):
         )
 
     async def put(self, local: Path, remote: str) -> Transfer:
-        done = await self.engine.transports[self.host_name].put(local, remote)
-        self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
-        return done
+        return await self._transfer(self.engine.transports[self.host_name].put(local, remote))
 
     async def get(self, remote: str, local: Path) -> Transfer:
-        done = await self.engine.transports[self.host_name].get(remote, local)
+        return await self._transfer(self.engine.transports[self.host_name].get(remote, local))
+
+    async def _transfer(self, transfer: Awaitable[Transfer]) -> Transfer:
+        try:
+            done = await transfer
+        except (TransportError, OSError) as exc:
+            raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
 
@@ -293,6 +299,7 @@ class Engine:
         lock = RunLock(run_dir)
         lock.acquire()
         self.state = state
+        self.run_dir = run_dir
         self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
         for spec in reused:
             for host in self.runbook.step_hosts[spec.id]:

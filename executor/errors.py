@@ -29,7 +29,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.column}: {self.message}"
+        # one line per problem, whatever the input held: escape what would break or hide a line
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.message)
+        return f"{self.file}:{self.line}:{self.column}: {message}"
 
 
 class RunbookError(Exception):

@@ -47,7 +47,7 @@ _STATUS_STYLE = {"passed": "green", "reused": "cyan", "failed": "bold red", "int
 
 class ConsoleReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self._status: Status | None = None
         self._t0 = time.monotonic()
 

@@ -105,9 +105,19 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, loc: Loc, pos: _Positions) 
     return loader.construct_object(node)
 
 
+def _reader_problem(exc: yaml.reader.ReaderError, text: str, file: str) -> Problem:
+    """A character YAML does not allow, at its line and column."""
+    before = text[: exc.position]
+    line, column = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+    return Problem(file, line, column, f"YAML error: {exc.reason} (character {exc.character:#x})")
+
+
 def _parse(text: str, file: str) -> tuple[Any, _Positions]:
     pos = _Positions(file)
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise InvalidRunbook([_reader_problem(exc, text, file)]) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -117,6 +127,8 @@ def _parse(text: str, file: str) -> tuple[Any, _Positions]:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise InvalidRunbook([Problem(file, line, column, f"YAML syntax error: {exc.problem or exc}")]) from None
+    except yaml.reader.ReaderError as exc:
+        raise InvalidRunbook([_reader_problem(exc, text, file)]) from None
     except yaml.YAMLError as exc:
         raise InvalidRunbook([Problem(file, 1, 1, f"YAML error: {exc}")]) from None
     finally:
@@ -128,13 +140,14 @@ def _model_at(model: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
     """The model class that holds the value at `loc` (for did-you-mean on unknown keys)."""
     current: Any = model
     for part in loc:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            if not isinstance(part, str) or part not in current.model_fields:
-                return None
-            current = current.model_fields[part].annotation
-        current = _unwrap(current)
-        if isinstance(current, tuple):  # a container: the next part is its index or key
+        if isinstance(current, tuple):  # a container: this part is its index or key
             current = current[0]
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        if not isinstance(part, str) or part not in current.model_fields:
+            return None
+        current = _unwrap(current.model_fields[part].annotation)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
@@ -207,13 +220,16 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         header = None
     kinds = step_kinds()
     steps: list[StepSpec] = []
+    indices: list[int] = []  # each valid step's position in the raw list
     fallbacks: dict[str, list[StepSpec]] = {}
     raw_steps: list[Any] = data["steps"] if isinstance(data.get("steps"), list) else []
     for index, raw in enumerate(raw_steps):
+        _check_fallback_keys(raw, ("steps", index, "fallbacks"), pos)
         spec = _step(raw, kinds, ("steps", index), pos)
         if spec is None:
             continue
         steps.append(spec)
+        indices.append(index)
         fallbacks[spec.id] = [
             fb
             for j, override in enumerate(spec.fallbacks)
@@ -221,7 +237,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         ]
     runbook = Runbook(path, header, steps, fallbacks) if header is not None else None
     if runbook is not None:
-        _cross_check(runbook, raw_steps, pos)
+        _cross_check(runbook, indices, pos)
     if pos.problems or runbook is None:
         raise InvalidRunbook(sorted(pos.problems, key=lambda p: (p.line, p.column)))
     return runbook
@@ -248,11 +264,8 @@ def _step(raw: Any, kinds: dict[str, type[StepSpec]], loc: Loc, pos: _Positions)
 
 
 def _fallback(raw: dict[str, Any], override: Any, model: type[StepSpec], loc: Loc, pos: _Positions) -> StepSpec | None:
-    if not isinstance(override, dict):
-        pos.problem(loc, f"{_loc_text(loc)}: expected a mapping of the step's keys to change")
-        return None
-    for key in sorted(set(override) & _FALLBACK_FORBIDDEN):
-        pos.problem((*loc, key), f"a fallback cannot change '{key}'", key=True)
+    if not isinstance(override, dict) or set(override) & _FALLBACK_FORBIDDEN:
+        return None  # reported by _check_fallback_keys
     try:
         return model.model_validate({**raw, **override, "fallbacks": []})
     except ValidationError as exc:
@@ -260,18 +273,28 @@ def _fallback(raw: dict[str, Any], override: Any, model: type[StepSpec], loc: Lo
         return None
 
 
-def _cross_check(runbook: Runbook, raw_steps: list[Any], pos: _Positions) -> None:
+def _check_fallback_keys(raw: Any, loc: Loc, pos: _Positions) -> None:
+    overrides = raw.get("fallbacks") if isinstance(raw, dict) else None
+    for j, override in enumerate(overrides if isinstance(overrides, list) else []):
+        if not isinstance(override, dict):
+            pos.problem((*loc, j), f"{_loc_text((*loc, j))}: expected a mapping of the step's keys to change")
+            continue
+        for key in sorted(set(override) & _FALLBACK_FORBIDDEN):
+            pos.problem((*loc, j, key), f"a fallback cannot change '{key}'", key=True)
+
+
+def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions) -> None:
     hosts = runbook.hosts
     seen: dict[str, int] = {}
-    for index, spec in enumerate(runbook.steps):
-        loc: Loc = ("steps", _raw_index(raw_steps, spec.id, index), "id")
+    for index, spec in zip(indices, runbook.steps, strict=True):
+        loc: Loc = ("steps", index, "id")
         if spec.id in seen:
             pos.problem(loc, f"duplicate step id '{spec.id}' (also step {seen[spec.id] + 1})")
         seen.setdefault(spec.id, index)
         runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, loc[:-1], pos)
         for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
             for g, gate in enumerate(variant.effective_gates()):
-                gate_loc = (*loc[:-1], "gates", g) if variant_index == 0 else (*loc[:-1], "fallbacks")
+                gate_loc = (*loc[:-1], "gates", g, "that") if variant_index == 0 else (*loc[:-1], "fallbacks")
                 problem = syntax_error(gate.that)
                 if problem:
                     pos.problem(gate_loc, f"gate '{gate.that}' does not parse: {problem}")
@@ -279,11 +302,6 @@ def _cross_check(runbook: Runbook, raw_steps: list[Any], pos: _Positions) -> Non
                     ref = match.group(1) or match.group(2)
                     if ref not in seen or ref == spec.id:
                         pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
-
-
-def _raw_index(raw_steps: list[Any], step_id: str, fallback: int) -> int:
-    matches = [i for i, raw in enumerate(raw_steps) if isinstance(raw, dict) and raw.get("id") == step_id]
-    return matches[-1] if len(matches) > 1 else (matches[0] if matches else fallback)
 
 
 def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions) -> list[str]:

@@ -27,7 +27,9 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
     secrets = dict.fromkeys(runbook.header.secrets, "<secret>")
     lines = [f"# runbook {runbook.name}: {len(runbook.steps)} steps; nothing is run"]
     if secrets:
-        lines.append("# secrets are shown as '***'; their values (and so the environment's byte count) come at run time")
+        lines.append(
+            "# secrets are shown as '***'; their values (and so the environment's byte count) come at run time"
+        )
     for number, spec in enumerate(runbook.steps, start=1):
         for host in runbook.step_hosts[spec.id]:
             variants = [("primary", spec)] + [

@@ -48,7 +48,14 @@ class RenderContext(ABC):
 
 
 class StepContext(RenderContext):
-    """What a step sees while executing: the render context plus audited I/O on its host."""
+    """What a step sees while executing: the render context plus audited I/O on its host.
+
+    `base_dir` is the runbook's folder (local paths in a runbook are relative to it);
+    `output_dir` is this host's folder inside the run folder, for fetched results.
+    """
+
+    base_dir: Path
+    output_dir: Path
 
     @abstractmethod
     async def run(self, script: str | bytes, *, timeout: float | None = None) -> CommandResult:

@@ -1,18 +1,31 @@
-"""`shell`: run a script as written; optionally parse its stdout as JSON facts."""
+"""`shell`: run a script as written; optionally ship files first, fetch results after,
+and parse stdout as JSON facts."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
-from executor.stepkind import FactsError, RenderContext, StepSpec
+from executor.model import Model
+from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
 from executor.transport.base import CommandResult
+
+
+class FileCopy(Model):
+    """One file to copy over SFTP. Local paths are relative to the runbook's folder (upload)
+    or to the host's folder in the run folder (fetch)."""
+
+    src: str
+    dest: str
 
 
 class ShellStep(StepSpec):
     kind: Literal["shell"] = "shell"
     script: str
     parse: Literal["json", "text"] = "text"
+    upload: list[FileCopy] = []
+    fetch: list[FileCopy] = []
 
     def render(self, ctx: RenderContext) -> str:
         return self.script
@@ -27,3 +40,16 @@ class ShellStep(StepSpec):
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise FactsError(f"parse: json could not parse stdout: {exc}") from None
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        for copy in self.upload:
+            await ctx.put(ctx.base_dir / Path(copy.src).expanduser(), copy.dest)
+        outcome = await super().execute(ctx)
+        if outcome.result.exit_code == 0:
+            for copy in self.fetch:
+                target = (ctx.output_dir / copy.dest).resolve()
+                if not target.is_relative_to(ctx.output_dir.resolve()):
+                    raise FactsError(f"fetch: {copy.dest!r} points outside the run folder")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                await ctx.get(copy.src, target)
+        return outcome
