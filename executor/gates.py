@@ -7,6 +7,7 @@ gate explains itself with the values of the names it used.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,9 @@ from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+# the two regex tests Ansible users write in `that:` (`stdout is search('H200')`)
+_ENV.tests["search"] = lambda value, pattern: re.search(pattern, str(value)) is not None
+_ENV.tests["match"] = lambda value, pattern: re.match(pattern, str(value)) is not None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,131 @@
+"""The audit log: hash chain, durability details, truncation, redaction, tamper detection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from executor import audit
+from executor.audit import AuditLog, verify
+from executor.cli import main
+from executor.redact import Redactor
+from executor.transport.base import Collector
+
+SECRET = "hf_SeCrEt_ToKeN_123"
+
+
+def result(stdout: bytes = b"ok\n", exit_code: int = 0):  # type: ignore[no-untyped-def]
+    collect = Collector()
+    collect.stdout.feed(stdout)
+    return collect.result(exit_code)
+
+
+def write_log(run_dir: Path, records: int = 4, stdout: bytes = b"ok\n") -> AuditLog:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
+    for attempt in range(1, records + 1):
+        bound = log.log.bind(step="s", host="box", attempt=attempt)
+        log.command(bound, f"echo {attempt}", result(stdout))
+    log.close()
+    return log
+
+
+def lines(run_dir: Path) -> list[str]:
+    return (run_dir / audit.AUDIT_FILE).read_text().splitlines()
+
+
+def test_records_carry_the_required_fields_and_chain(tmp_path: Path) -> None:
+    write_log(tmp_path / "r")
+    records = [json.loads(line) for line in lines(tmp_path / "r")]
+    first = records[0]
+    for key in ("run_id", "step", "attempt", "host", "command", "exit_code", "timed_out", "stdout", "stderr",
+                "stdout_bytes", "stdout_sha256", "started_at", "duration_s", "prev_hash", "hash"):
+        assert key in first, key
+    assert first["prev_hash"] == audit.GENESIS
+    assert [r["prev_hash"] for r in records[1:]] == [r["hash"] for r in records[:-1]]
+    assert verify(tmp_path / "r").ok
+
+
+def test_files_are_private(tmp_path: Path) -> None:
+    write_log(tmp_path / "r")
+    for name in (audit.AUDIT_FILE, audit.HEAD_FILE):
+        assert stat.S_IMODE((tmp_path / "r" / name).stat().st_mode) == 0o600
+
+
+def test_large_output_is_clipped_with_full_count_and_hash(tmp_path: Path) -> None:
+    big = b"x" * 300_000 + b"THE END\n"
+    write_log(tmp_path / "r", records=1, stdout=big)
+    record = json.loads(lines(tmp_path / "r")[0])
+    assert record["stdout_truncated"] is True
+    assert record["stdout_bytes"] == len(big)
+    assert record["stdout_sha256"] == hashlib.sha256(big).hexdigest()
+    assert record["stdout"].endswith("THE END\n") and "characters omitted" in record["stdout"]
+    assert len(record["stdout"]) < 100_000
+
+
+def test_secret_values_are_redacted_by_value(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
+    log.command(log.log.bind(step="s", host="h", attempt=1), f"curl -H 'Authorization: {SECRET}'",
+                result(f"token={SECRET}\n".encode()))
+    log.close()
+    text = (run_dir / audit.AUDIT_FILE).read_text()
+    assert SECRET not in text and "***" in text
+    assert verify(run_dir).ok
+
+
+@pytest.mark.parametrize(
+    ("tamper", "expected"),
+    [
+        ("edit", "audit.jsonl:2: content does not match its hash"),
+        ("delete_middle", "audit.jsonl:2: chain broken"),
+        ("reorder", "audit.jsonl:2: chain broken"),
+        ("delete_last", "log has 3 records but the run recorded 4"),
+    ],
+)
+def test_tampering_is_found_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], tamper: str,
+                                          expected: str) -> None:
+    run_dir = tmp_path / "r"
+    write_log(run_dir)
+    content = lines(run_dir)
+    if tamper == "edit":
+        record = json.loads(content[1])
+        record["exit_code"] = 1
+        content[1] = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    elif tamper == "delete_middle":
+        del content[1]
+    elif tamper == "reorder":
+        content[1], content[2] = content[2], content[1]
+    else:
+        del content[-1]
+    (run_dir / audit.AUDIT_FILE).write_text("\n".join(content) + "\n")
+    assert main(["audit", "verify", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert expected in captured.err
+    assert captured.out.startswith("tampered")
+
+
+def test_torn_last_line_is_reported_and_tolerated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "r"
+    write_log(run_dir)
+    with (run_dir / audit.AUDIT_FILE).open("a") as handle:
+        handle.write('{"run_id":"run-1","step":"s","comm')
+    assert main(["audit", "verify", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "audit.jsonl:5: torn last line" in captured.err
+    assert captured.out.startswith("intact: 4 records")
+
+
+def test_torn_line_in_the_middle_is_tampering(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    write_log(run_dir)
+    content = lines(run_dir)
+    content[1] = content[1][:40]
+    (run_dir / audit.AUDIT_FILE).write_text("\n".join(content) + "\n")
+    report = verify(run_dir)
+    assert not report.ok and "audit.jsonl:2: not a complete JSON record" in report.problems[0]
