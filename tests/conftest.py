@@ -31,6 +31,7 @@ class SSHServer:
     client_key: Path
     known_hosts: Path
     root: Path
+    pid: int  # the listening sshd; its children serve the connections
 
     def host_yaml(self, name: str = "box") -> str:
         return textwrap.dedent(f"""\
@@ -79,7 +80,8 @@ def start_sshd(root: Path, port: int | None = None) -> tuple[subprocess.Popen[by
         _keygen(client_key)
     (root / "authorized_keys").write_text((root / "client_ed25519.pub").read_text())
     os.chmod(root / "authorized_keys", 0o600)
-    (root / "sshd_config").write_text(textwrap.dedent(f"""\
+    (root / "sshd_config").write_text(
+        textwrap.dedent(f"""\
         Port {port}
         ListenAddress 127.0.0.1
         HostKey {host_key}
@@ -96,7 +98,8 @@ def start_sshd(root: Path, port: int | None = None) -> tuple[subprocess.Popen[by
         AcceptEnv LANG
         Subsystem sftp internal-sftp
         LogLevel ERROR
-        """))
+        """)
+    )
     (root / "ssh_config").write_text("")  # keeps the user's own ~/.ssh/config out of the tests
     host_pub = (root / "host_ed25519.pub").read_text().split()
     (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
@@ -110,7 +113,7 @@ def start_sshd(root: Path, port: int | None = None) -> tuple[subprocess.Popen[by
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.05)
-    server = SSHServer(port, getpass.getuser(), client_key, root / "known_hosts", root)
+    server = SSHServer(port, getpass.getuser(), client_key, root / "known_hosts", root, proc.pid)
     return proc, server
 
 
@@ -134,8 +137,16 @@ def write_runbook(tmp_path: Path, sshd: SSHServer):
     return write
 
 
-def runbook_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
-                cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def runbook_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real `runbook` CLI in a subprocess, as a user would."""
-    return subprocess.run([sys.executable, "-m", "executor.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "executor.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )

@@ -42,8 +42,23 @@ def test_records_carry_the_required_fields_and_chain(tmp_path: Path) -> None:
     write_log(tmp_path / "r")
     records = [json.loads(line) for line in lines(tmp_path / "r")]
     first = records[0]
-    for key in ("run_id", "step", "attempt", "host", "command", "exit_code", "timed_out", "stdout", "stderr",
-                "stdout_bytes", "stdout_sha256", "started_at", "duration_s", "prev_hash", "hash"):
+    for key in (
+        "run_id",
+        "step",
+        "attempt",
+        "host",
+        "command",
+        "exit_code",
+        "timed_out",
+        "stdout",
+        "stderr",
+        "stdout_bytes",
+        "stdout_sha256",
+        "started_at",
+        "duration_s",
+        "prev_hash",
+        "hash",
+    ):
         assert key in first, key
     assert first["prev_hash"] == audit.GENESIS
     assert [r["prev_hash"] for r in records[1:]] == [r["hash"] for r in records[:-1]]
@@ -71,8 +86,11 @@ def test_secret_values_are_redacted_by_value(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
-    log.command(log.log.bind(step="s", host="h", attempt=1), f"curl -H 'Authorization: {SECRET}'",
-                result(f"token={SECRET}\n".encode()))
+    log.command(
+        log.log.bind(step="s", host="h", attempt=1),
+        f"curl -H 'Authorization: {SECRET}'",
+        result(f"token={SECRET}\n".encode()),
+    )
     log.close()
     text = (run_dir / audit.AUDIT_FILE).read_text()
     assert SECRET not in text and "***" in text
@@ -88,8 +106,9 @@ def test_secret_values_are_redacted_by_value(tmp_path: Path) -> None:
         ("delete_last", "log has 3 records but the run recorded 4"),
     ],
 )
-def test_tampering_is_found_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], tamper: str,
-                                          expected: str) -> None:
+def test_tampering_is_found_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tamper: str, expected: str
+) -> None:
     run_dir = tmp_path / "r"
     write_log(run_dir)
     content = lines(run_dir)

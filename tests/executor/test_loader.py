@@ -135,8 +135,10 @@ def test_cross_references_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
         ("", "F:1:1: the file is empty; expected a runbook mapping"),
         ("- a\n- b\n", "F:1:1: expected a mapping with name, hosts, steps"),
         ("name: t\nsteps: []\n", "F:2:8: steps: List should have at least 1 item after validation, not 0"),
-        ("name: t\nvars: {bad-name: 1}\nsteps: [{id: a, kind: shell, script: x}]\n",
-         "F:2:7: vars: Value error, 'bad-name' is not a valid environment variable name"),
+        (
+            "name: t\nvars: {bad-name: 1}\nsteps: [{id: a, kind: shell, script: x}]\n",
+            "F:2:7: vars: Value error, 'bad-name' is not a valid environment variable name",
+        ),
     ],
 )
 def test_shape_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
@@ -157,8 +159,14 @@ yaml_values = st.recursive(
 )
 step_like = st.fixed_dictionaries(
     {"id": st.text(max_size=8), "kind": st.sampled_from(["shell", "she", 3])},
-    optional={"script": yaml_values, "timeout": yaml_values, "gates": yaml_values, "fallbacks": yaml_values,
-              "retry": yaml_values, "host": yaml_values},
+    optional={
+        "script": yaml_values,
+        "timeout": yaml_values,
+        "gates": yaml_values,
+        "fallbacks": yaml_values,
+        "retry": yaml_values,
+        "host": yaml_values,
+    },
 )
 
 
@@ -166,8 +174,10 @@ step_like = st.fixed_dictionaries(
 @given(
     doc=st.one_of(
         yaml_values,
-        st.fixed_dictionaries({"name": yaml_values, "steps": st.lists(step_like, max_size=3)},
-                              optional={"hosts": yaml_values, "vars": yaml_values, "defaults": yaml_values}),
+        st.fixed_dictionaries(
+            {"name": yaml_values, "steps": st.lists(step_like, max_size=3)},
+            optional={"hosts": yaml_values, "vars": yaml_values, "defaults": yaml_values},
+        ),
     )
 )
 def test_any_yaml_gets_exit_0_or_2_and_never_a_traceback(

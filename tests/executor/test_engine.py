@@ -1,0 +1,405 @@
+"""The run loop through the CLI, against the real sshd: gates, retries, fallbacks, hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.cli import main
+from tests.conftest import SSHServer
+
+
+def run(path: Path, log_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    code = main(["run", str(path), "--log-dir", str(log_dir), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def status(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert main(["status", "--log-dir", str(log_dir), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def audit_records(log_dir: Path) -> list[dict[str, Any]]:
+    (run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
+    return [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()]
+
+
+def test_failed_gate_explains_itself_and_empty_output_is_loud(write_runbook, tmp_path, capsys) -> None:
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: probe
+            kind: shell
+            script: |
+              echo "noise on stderr" >&2
+              grep -rl trtllm_mla /nonexistent 2>/dev/null
+              true
+            gates:
+              - that: "'trtllm_mla' in stdout"
+                message: no MLA attention backend found
+        """)
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert "probe@box: [primary] no MLA attention backend found" in err
+    assert "gate: 'trtllm_mla' in stdout" in err
+    assert 'stdout = ""  (empty)' in err
+    assert "(stdout was empty)" in err
+    assert "| noise on stderr" in err
+    steps = status(tmp_path / "logs", capsys)["steps"]
+    assert steps[0]["status"] == "failed" and "no MLA attention backend" in steps[0]["message"]
+
+
+def test_retries_are_attempted_and_recorded(write_runbook, tmp_path, capsys) -> None:
+    counter = tmp_path / "count"
+    path = write_runbook(f"""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: flaky
+            kind: shell
+            retry: {{attempts: 4, delay: 10ms}}
+            script: |
+              n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}
+              [ "$n" -ge 3 ]
+        """)
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    assert counter.read_text().strip() == "3"
+    step = status(tmp_path / "logs", capsys)["steps"][0]
+    assert step["attempts"] == 3 and step["status"] == "passed"
+    assert [r["attempt"] for r in audit_records(tmp_path / "logs")] == [1, 2, 3]
+
+
+def test_fallback_runs_after_retries_and_is_recorded(write_runbook, tmp_path, capsys) -> None:
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: download
+            kind: shell
+            retry: {attempts: 2, delay: 10ms}
+            script: |
+              echo "huggingface-cli: command not found" >&2; exit 0
+            gates:
+              - that: "stderr == ''"
+                message: the download method reported an error
+            fallbacks:
+              - script: echo fetched with snapshot_download
+                gates: ["'fetched' in stdout"]
+        """)
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    assert "passed download via fallback 1" in err
+    step = status(tmp_path / "logs", capsys)["steps"][0]
+    assert step["via"] == "fallback 1" and step["attempts"] == 3
+    assert [(r["via"], r["attempt"]) for r in audit_records(tmp_path / "logs")] == [
+        ("primary", 1),
+        ("primary", 2),
+        ("fallback 1", 3),
+    ]
+
+
+def test_facts_flow_to_later_gates_per_host(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
+    hosts = (
+        "hosts:\n"
+        + "".join(
+            f"  {name}:\n" + "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items()) for name in ("a", "b")
+        )
+        + "  c:\n    address: local\n"
+    )
+    path = write_runbook(
+        """\
+        name: t
+        __HOSTS__
+        steps:
+          - id: ident
+            kind: shell
+            hosts: all
+            parse: json
+            script: |
+              printf '{"marker": "%s"}' "$(basename "$(mktemp -u)")"
+          - id: use
+            kind: shell
+            hosts: [a, c]
+            script: "true"
+            gates:
+              - that: steps.ident.facts.marker | length > 0
+              - that: steps.ident.hosts.b.facts.marker != steps.ident.facts.marker
+        """,
+        hosts=hosts,
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    steps = status(tmp_path / "logs", capsys)["steps"]
+    assert sorted((s["step"], s["host"]) for s in steps) == [
+        ("ident", "a"),
+        ("ident", "b"),
+        ("ident", "c"),
+        ("use", "a"),
+        ("use", "c"),
+    ]
+    assert len({s["facts"]["marker"] for s in steps if s["step"] == "ident"}) == 3
+    assert {r["host"] for r in audit_records(tmp_path / "logs")} == {"a", "b", "c"}
+
+
+def test_max_parallel_bounds_concurrent_hosts(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
+    names = [f"h{i}" for i in range(5)]
+    hosts = "hosts:\n" + "".join(
+        f"  {name}:\n" + "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items()) for name in names
+    )
+    trace = tmp_path / "trace"
+    path = write_runbook(
+        f"""\
+        name: t
+        __HOSTS__
+        defaults: {{max_parallel: 2}}
+        steps:
+          - id: fan
+            kind: shell
+            hosts: all
+            script: |
+              echo "start $(date +%s.%N)" >> {trace}; sleep 0.4; echo "end $(date +%s.%N)" >> {trace}
+        """,
+        hosts=hosts,
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    events = sorted((float(t), kind) for kind, t in (line.split() for line in trace.read_text().splitlines()))
+    running = peak = 0
+    for _t, kind in events:
+        running += 1 if kind == "start" else -1
+        peak = max(peak, running)
+    assert peak == 2
+
+
+def test_unknown_host_key_refuses_without_retrying(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    hosts = sshd.host_yaml().replace(str(sshd.known_hosts), str(empty))
+    path = write_runbook(
+        """\
+        name: t
+        __HOSTS__
+        defaults: {retry: {attempts: 3, delay: 10ms}}
+        steps:
+          - {id: a, kind: shell, script: "true"}
+        """,
+        hosts=hosts,
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert "not trusted" in err and f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {empty}" in err
+    assert status(tmp_path / "logs", capsys)["steps"][0]["attempts"] == 1
+    # a changed key is refused the same way
+    empty.write_text(
+        f"[127.0.0.1]:{sshd.port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOGn6RmQCHjD0XKsCHOqzRBtg9Y3m2S4hYb9r9Y0xOcw\n"
+    )
+    code, _out, err = run(path, tmp_path / "logs2", capsys)
+    assert code == 1 and "not trusted" in err
+    # turning verification off takes an explicit setting
+    path.write_text(
+        path.read_text().replace("connect_timeout: 10s", "connect_timeout: 10s\n    verify_host_key: false")
+    )
+    code, _out, err = run(path, tmp_path / "logs3", capsys)
+    assert code == 0, err
+
+
+def test_openssh_config_alias_and_proxyjump(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        textwrap.dedent(f"""\
+        Host bastion
+          HostName 127.0.0.1
+          Port {sshd.port}
+          User {sshd.user}
+          IdentityFile {sshd.client_key}
+          UserKnownHostsFile {sshd.known_hosts}
+        Host gpu-alias
+          HostName 127.0.0.1
+          Port {sshd.port}
+          User {sshd.user}
+          IdentityFile {sshd.client_key}
+          UserKnownHostsFile {sshd.known_hosts}
+          ProxyJump bastion
+        """)
+    )
+    hosts = f"hosts:\n  gpu:\n    address: gpu-alias\n    ssh_config: {config}\n    known_hosts: {sshd.known_hosts}\n"
+    path = write_runbook(
+        """\
+        name: t
+        __HOSTS__
+        steps:
+          - id: a
+            kind: shell
+            script: echo "via $SSH_CONNECTION"
+        """,
+        hosts=hosts,
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    (record,) = audit_records(tmp_path / "logs")
+    assert record["stdout"].startswith("via 127.0.0.1")
+
+
+def test_dropped_connection_reconnects_and_retries(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
+    marker = tmp_path / "dropped"
+    path = write_runbook(f"""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: first
+            kind: shell
+            script: "true"
+          - id: drop
+            kind: shell
+            retry: {{attempts: 2, delay: 10ms}}
+            script: |
+              if [ ! -e {marker} ]; then
+                touch {marker}
+                # kill the sshd processes serving this connection (not the listener)
+                pkill -KILL -P {sshd.pid}; sleep 5
+              fi
+              echo survived
+        """)
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    records = audit_records(tmp_path / "logs")
+    drop = [r for r in records if r["step"] == "drop"]
+    assert len(drop) == 2
+    assert drop[0]["exit_code"] is None and "transport error" in drop[0]["stderr"]
+    assert drop[1]["stdout"] == "survived\n"
+
+
+def test_missing_secret_is_invalid_input(write_runbook, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("RB_TEST_TOKEN", raising=False)
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        secrets:
+          HF_TOKEN: {env: RB_TEST_TOKEN}
+        steps:
+          - {id: a, kind: shell, script: "true"}
+        """)
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 2
+    assert "secret HF_TOKEN: environment variable RB_TEST_TOKEN is not set" in err
+
+
+def test_json_events_on_stdout(write_runbook, tmp_path, capsys) -> None:
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        steps:
+          - {id: a, kind: shell, script: "echo one"}
+          - {id: b, kind: shell, script: "exit 3"}
+        """)
+    code, out, _err = run(path, tmp_path / "logs", capsys, "--json")
+    assert code == 1
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["event"] for e in events] == [
+        "run_started",
+        "step_started",
+        "command_finished",
+        "step_finished",
+        "step_started",
+        "command_finished",
+        "attempt_failed",
+        "step_finished",
+        "run_finished",
+    ]
+    assert events[-1]["status"] == "failed" and events[-1]["exit_code"] == 1
+    assert "\x1b[" not in out
+
+
+def test_plan_prints_commands_and_runs_nothing(write_runbook, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("RB_TEST_TOKEN", "hf_plan_secret_value")
+    canary = tmp_path / "canary"
+    path = write_runbook(f"""\
+        name: t
+        __HOSTS__
+        vars: {{greeting: "it's $(here)"}}
+        secrets: {{HF_TOKEN: {{env: RB_TEST_TOKEN}}}}
+        steps:
+          - id: a
+            kind: shell
+            script: touch {canary}
+            fallbacks:
+              - script: touch {canary}.fallback
+        """)
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert not canary.exists()
+    assert f"touch {canary}\n" in out and f"touch {canary}.fallback" in out
+    assert "export greeting='it'\"'\"'s $(here)'" in out
+    assert "export HF_TOKEN='***'" in out and "hf_plan_secret_value" not in out
+    assert "step 1 'a' (shell) on box [127.0.0.1], fallback 1" in out
+
+
+def test_run_folder_is_private(write_runbook, tmp_path, capsys) -> None:
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        steps:
+          - {id: a, kind: shell, script: "true"}
+        """)
+    assert run(path, tmp_path / "logs", capsys)[0] == 0
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    for item in run_dir.iterdir():
+        assert stat.S_IMODE(item.stat().st_mode) == 0o600, item.name
+
+
+def test_upload_and_fetch_are_audited(write_runbook, tmp_path, capsys) -> None:
+    (tmp_path / "helper.sh").write_text('echo helper-ran > "$1"\n')
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    path = write_runbook(f"""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: ship
+            kind: shell
+            upload: [{{src: helper.sh, dest: {remote}/helper.sh}}]
+            script: bash {remote}/helper.sh {remote}/result.txt
+            fetch: [{{src: {remote}/result.txt, dest: result.txt}}]
+        """)
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert (run_dir / "hosts" / "box" / "result.txt").read_text() == "helper-ran\n"
+    transfers = [r for r in audit_records(tmp_path / "logs") if r["event"] == "transfer"]
+    helper = (tmp_path / "helper.sh").read_bytes()
+    assert [(t["direction"], t["size"]) for t in transfers] == [("put", len(helper)), ("get", 11)]
+    assert transfers[0]["sha256"] == hashlib.sha256(helper).hexdigest()
+    assert transfers[1]["sha256"] == hashlib.sha256(b"helper-ran\n").hexdigest()
+
+
+def test_runs_lists_recent_runs(write_runbook, tmp_path, capsys) -> None:
+    path = write_runbook("""\
+        name: listed
+        __HOSTS__
+        steps:
+          - {id: a, kind: shell, script: "true"}
+        """)
+    for _ in range(2):
+        assert run(path, tmp_path / "logs", capsys)[0] == 0
+    assert main(["runs", "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["runbook"] for r in rows] == ["listed", "listed"] and {r["status"] for r in rows} == {"passed"}
+
+
+def test_cli_entry_point_is_installed(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["runbook", "validate", "runbooks/demo_local.yaml"], capture_output=True, text=True, env={**os.environ}
+    )
+    assert done.returncode == 0, done.stderr
