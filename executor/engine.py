@@ -204,8 +204,10 @@ class Engine:
             return runs[0] if runs else None
         return None
 
-    def _plan(self, source: dict[tuple[str, str], StepRecord]) -> tuple[list[StepSpec], list[StepSpec]]:
-        """(reused, to_run) in runbook order."""
+    def _plan(
+        self, source: dict[tuple[str, str], StepRecord], source_id: str | None
+    ) -> tuple[list[StepSpec], list[StepSpec], dict[str, str]]:
+        """(reused, to_run, why) in runbook order; `why` says for each step what happens and why."""
         steps = self.runbook.steps
         ids = [s.id for s in steps]
         start_id = self.options.only_step or self.options.from_step
@@ -213,31 +215,41 @@ class Engine:
             raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(ids)})")
         reused: list[StepSpec] = []
         to_run: list[StepSpec] = []
-        reusing = True
+        why: dict[str, str] = {}
+        rerun_cause: str | None = None  # once a step runs again, every later step does too
         for spec in steps:
-            hosts = self.runbook.step_hosts[spec.id]
-            passed = all(
-                (rec := source.get((spec.id, h))) is not None
-                and rec.status == "passed"
-                and rec.fingerprint == fingerprint(self.runbook, spec, h, self.variables)
-                for h in hosts
+            records = [source.get((spec.id, h)) for h in self.runbook.step_hosts[spec.id]]
+            passed = all(r is not None and r.status == "passed" for r in records)
+            same = all(
+                r is not None and r.fingerprint == fingerprint(self.runbook, spec, r.host, self.variables)
+                for r in records
             )
             if start_id is not None:
-                before = ids.index(spec.id) < ids.index(start_id)
-                if before:
-                    if all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in hosts):
+                position, start = ids.index(spec.id), ids.index(start_id)
+                if position < start:
+                    if passed:
                         reused.append(spec)
-                    continue
-                if self.options.only_step and spec.id != start_id:
-                    continue
+                    why[spec.id] = f"facts reused from {source_id}" if passed else "skipped (never passed)"
+                elif self.options.only_step and position > start:
+                    why[spec.id] = "skipped (--only)"
+                else:
+                    to_run.append(spec)
+                    why[spec.id] = "runs (--only)" if self.options.only_step else "runs (--from)"
+            elif source_id is None:
                 to_run.append(spec)
-            elif reusing and passed and source:
+                why[spec.id] = "runs"
+            elif rerun_cause is None and passed and same:
                 reused.append(spec)
+                why[spec.id] = f"reused (passed in {source_id})"
             else:
-                reusing = False
+                if rerun_cause is None:
+                    rerun_cause = spec.id
+                    why[spec.id] = f"runs again ({'changed since' if passed else 'did not pass in'} {source_id})"
+                else:
+                    why[spec.id] = f"runs again (after '{rerun_cause}')"
                 to_run.append(spec)
         self._check_needs(reused, to_run)
-        return reused, to_run
+        return reused, to_run, why
 
     def _check_needs(self, reused: list[StepSpec], to_run: list[StepSpec]) -> None:
         available = {s.id for s in reused}
@@ -281,7 +293,7 @@ class Engine:
             state = RunState(source_dir)
             source_records = {(r.step, r.host): r for r in state.records()}
             state.close()
-        reused, to_run = self._plan(source_records)
+        reused, to_run, why = self._plan(source_records, source_meta.run_id if source_meta else None)
         run_id = new_run_id()
         run_dir = self.options.log_dir / run_id
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
@@ -320,6 +332,7 @@ class Engine:
                     "hosts": self.runbook.step_hosts[s.id],
                     "reused": s in reused,
                     "runs": s in to_run,
+                    "plan": why[s.id],
                 }
                 for s in self.runbook.steps
             ],

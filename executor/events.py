@@ -59,8 +59,7 @@ class ConsoleReporter(Reporter):
         if event == "run_started":
             print_(f"[bold]runbook[/] {fields['runbook']}  run [bold]{fields['run_id']}[/]  -> {fields['run_dir']}")
             for step in fields["steps"]:
-                mark = "reused" if step["reused"] else "to run"
-                print_(f"  {step['id']:<24} {step['kind']:<16} {', '.join(step['hosts']):<20} {mark}")
+                print_(f"  {step['id']:<24} {step['kind']:<16} {', '.join(step['hosts']):<20} {step['plan']}")
         elif event == "step_started":
             self._live(f"[bold]{fields['step']}[/] on {', '.join(fields['hosts'])}")
         elif event == "command_finished":

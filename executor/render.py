@@ -37,7 +37,7 @@ if [ "$(wc -c < "$dir/env")" -ne "$1" ] || [ "$(wc -c < "$dir/script")" -ne "$2"
   echo "runbook: the script did not arrive whole" >&2
   exit 125
 fi
-setsid bash -c '. "$1" && exec bash "$2"' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
+setsid bash --norc -c '. "$1" && exec bash "$2"' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
 pid=$!
 ( cat <&3 > /dev/null; kill -TERM -- "-$pid"; sleep 2; kill -KILL -- "-$pid" ) > /dev/null 2>&1 &
 watcher=$!

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from executor.durations import Duration
-from executor.model import GateSpec, HostsSelector, Model, RetryOverride
+from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride
 from executor.transport.base import CommandResult, Transfer
 
 
@@ -98,12 +98,10 @@ class StepSpec(Model):
         if isinstance(default, str):
             StepSpec.registry[default] = cls
 
-    def default_gates(self) -> list[GateSpec]:
-        from executor.model import Gate
-
+    def default_gates(self) -> list[Gate]:
         return [Gate(that="exit_code == 0", message="the command exited with a non-zero status")]
 
-    def effective_gates(self) -> list[GateSpec]:
+    def effective_gates(self) -> list[Gate]:
         return list(self.gates) if self.gates is not None else self.default_gates()
 
     def render(self, ctx: RenderContext) -> str:
