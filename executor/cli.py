@@ -149,7 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     meta = _latest(args.log_dir, args.run_id)
     with open_state(args.log_dir / meta.run_id) as state:
         records = state.records()
-        status = state.get("status")
+        status = state.status()
     if args.json:
         print(
             json.dumps(
@@ -182,7 +182,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = []
     for meta in metas:
         with open_state(args.log_dir / meta.run_id) as state:
-            rows.append(meta.__dict__ | {"status": state.get("status"), "finished_at": state.get("finished_at")})
+            rows.append(meta.__dict__ | {"status": state.status(), "finished_at": state.get("finished_at")})
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK

@@ -106,6 +106,19 @@ class RunLock:
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
+    def held(self) -> bool:
+        """Whether a live process holds this lock (a killed holder's lock is free)."""
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -143,6 +156,13 @@ class RunState:
 
     def set(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (key, value))
+
+    def status(self) -> str:
+        """The run's status; a run whose process died shows as `stopped` rather than `running`."""
+        status = self.get("status") or "unknown"
+        if status == "running" and not RunLock(self.run_dir).held():
+            return "stopped (its process is gone; --resume continues it)"
+        return status
 
     def get(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
