@@ -98,7 +98,7 @@ def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
 def cmd_validate(args: argparse.Namespace) -> int:
     runbook = load_runbook(args.file)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
-    err.print(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)")
+    print(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -203,9 +203,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.action == "verify":
         report = audit.verify(args.run_dir)
         for note in report.notes:
-            err.print(f"note: {note}", markup=False)
+            print(f"note: {note}", file=sys.stderr)
         for problem in report.problems:
-            err.print(f"TAMPERED: {problem}", markup=False)
+            print(f"TAMPERED: {problem}", file=sys.stderr)
         verdict = "intact" if report.ok else "tampered"
         print(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {', '.join(report.runs)}")
         return EXIT_OK if report.ok else EXIT_FAILED
@@ -241,16 +241,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except InvalidRunbook as exc:
         for problem in exc.problems:
-            err.print(str(problem), markup=False)
+            print(problem, file=sys.stderr)
         return EXIT_INVALID
     except RunLocked as exc:
-        err.print(f"runbook: {exc}", markup=False)
+        print(f"runbook: {exc}", file=sys.stderr)
         return EXIT_LOCKED
     except (ResumeError, SecretMissing) as exc:
-        err.print(f"runbook: {exc}", markup=False)
+        print(f"runbook: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except RunbookError as exc:
-        err.print(f"runbook: {exc}", markup=False)
+        print(f"runbook: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

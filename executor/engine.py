@@ -8,6 +8,7 @@ audited before the step's state is written, so the state never claims more than 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -316,9 +317,9 @@ class Engine:
         for spec in reused:
             for host in self.runbook.step_hosts[spec.id]:
                 old = source_records[(spec.id, host)]
-                record = StepRecord(**{**old.__dict__, "reused_from": old.reused_from or source_meta.run_id})  # type: ignore[union-attr]
-                self.records[(spec.id, host)] = record
-                state.save(record)
+                origin = old.reused_from or meta.resumed_from
+                self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
+        state.save(*self.records.values())
         self.reporter.emit(
             "run_started",
             run_id=run_id,

@@ -277,8 +277,7 @@ def _check_fallback_keys(raw: Any, loc: Loc, pos: _Positions) -> None:
     overrides = raw.get("fallbacks") if isinstance(raw, dict) else None
     for j, override in enumerate(overrides if isinstance(overrides, list) else []):
         if not isinstance(override, dict):
-            pos.problem((*loc, j), f"{_loc_text((*loc, j))}: expected a mapping of the step's keys to change")
-            continue
+            continue  # the step's own validation reports it
         for key in sorted(set(override) & _FALLBACK_FORBIDDEN):
             pos.problem((*loc, j, key), f"a fallback cannot change '{key}'", key=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -13,7 +14,11 @@ class Redactor:
     """Replaces every occurrence of any secret value with `***`, longest value first."""
 
     def __init__(self, values: Iterable[str]) -> None:
-        distinct = sorted({v for v in values if v}, key=len, reverse=True)
+        # also as it appears inside a JSON string (a step printing JSON escapes quotes and backslashes)
+        forms = {
+            form for v in values if v for form in (v, json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1])
+        }
+        distinct = sorted(forms, key=len, reverse=True)
         self._texts = distinct
         self._bytes = [v.encode("utf-8") for v in distinct]
         self._pattern = re.compile("|".join(re.escape(v) for v in distinct)) if distinct else None

@@ -39,7 +39,8 @@ if [ "$(wc -c < "$dir/env")" -ne "$1" ] || [ "$(wc -c < "$dir/script")" -ne "$2"
 fi
 setsid bash --norc -c '. "$1" && exec bash "$2"' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
 pid=$!
-( cat <&3 > /dev/null; kill -TERM -- "-$pid"; sleep 2; kill -KILL -- "-$pid" ) > /dev/null 2>&1 &
+# stdin closed: stop the step. "$pid" too, as its group is missing until setsid has run
+( cat <&3 > /dev/null; kill -TERM -- "-$pid" "$pid"; sleep 2; kill -KILL -- "-$pid" ) > /dev/null 2>&1 &
 watcher=$!
 wait "$pid"
 rc=$?

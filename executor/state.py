@@ -168,12 +168,16 @@ class RunState:
         row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
-    def save(self, record: StepRecord) -> None:
-        values = asdict(record)
-        values["facts"] = json.dumps(record.facts)
-        columns = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-        self._db.execute(f"INSERT OR REPLACE INTO steps ({columns}) VALUES ({marks})", tuple(values.values()))
+    def save(self, *records: StepRecord) -> None:
+        """Write step records in one transaction: all of them or, after a kill, none."""
+        with self._db:
+            self._db.execute("BEGIN")
+            for record in records:
+                values = asdict(record)
+                values["facts"] = json.dumps(record.facts)
+                columns = ", ".join(values)
+                marks = ", ".join("?" for _ in values)
+                self._db.execute(f"INSERT OR REPLACE INTO steps ({columns}) VALUES ({marks})", tuple(values.values()))
 
     def records(self) -> list[StepRecord]:
         cursor = self._db.execute("SELECT * FROM steps ORDER BY position, host")

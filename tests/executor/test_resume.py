@@ -1,0 +1,560 @@
+"""Resume, --from/--only, locking, interruption, kill -9 and secret hygiene, end to end.
+
+Every test drives the real `runbook` CLI in a subprocess against the real test sshd (which
+runs on this machine, so side-effect files written by steps are readable here).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import secrets
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import runbook_cli
+
+CLI = [sys.executable, "-m", "executor.cli"]
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    done = runbook_cli(*args, env=env, timeout=timeout)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    """Start `runbook` in the background, as a user's shell would."""
+    return subprocess.Popen(
+        [*CLI, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert "Traceback" not in err, err
+    return proc.returncode, out, err
+
+
+def wait_for(predicate: Any, timeout: float = 20, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def runs(log_dir: Path) -> list[dict[str, Any]]:
+    """run.json of every run in a log folder, oldest first."""
+    metas = []
+    for meta_file in log_dir.glob("*/run.json"):
+        try:
+            metas.append(json.loads(meta_file.read_text()))
+        except ValueError:
+            continue
+    return sorted(metas, key=lambda m: m["started_at"])
+
+
+def newest(log_dir: Path) -> Path:
+    return log_dir / runs(log_dir)[-1]["run_id"]
+
+
+def audit_records(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "audit.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for raw in path.read_bytes().splitlines(keepends=True):
+        if raw.endswith(b"\n"):
+            records.append(json.loads(raw))
+    return records
+
+
+def audited_steps(run_dir: Path) -> list[str]:
+    return [r["step"] for r in audit_records(run_dir) if r.get("event") == "command"]
+
+
+def side_lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def status_json(log_dir: Path, run_id: str | None = None) -> dict[str, Any]:
+    done = cli("status", *([run_id] if run_id else []), "--log-dir", str(log_dir), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def step_status(status: dict[str, Any]) -> dict[str, str]:
+    return {s["step"]: s["status"] for s in status["steps"]}
+
+
+def verify(run_dir: Path) -> subprocess.CompletedProcess[str]:
+    return cli("audit", "verify", str(run_dir))
+
+
+def steps_yaml(ids: list[str], sleep: float = 0, special: dict[str, str] | None = None) -> str:
+    """A `steps:` block where each step appends its id to $side (then maybe sleeps)."""
+    special = special or {}
+    lines = ["steps:"]
+    for step_id in ids:
+        body = special.get(step_id, f'echo {step_id} >> "$side"' + (f"; sleep {sleep}" if sleep else ""))
+        lines += [f"  - id: {step_id}", "    kind: shell", f"    script: {json.dumps(body)}"]
+    return "\n".join(lines) + "\n"
+
+
+def header(name: str, tmp_path: Path, extra_vars: str = "") -> str:
+    return (
+        f"name: {name}\n"
+        "__HOSTS__\n"
+        "defaults:\n  timeout: 60s\n"
+        "vars:\n"
+        f"  side: {tmp_path / 'side.txt'}\n"
+        f"  marker: {tmp_path / 'marker'}\n" + extra_vars
+    )
+
+
+# ---- 1. fail, fix, resume ------------------------------------------------------------------------
+
+
+def test_resume_after_fixing_the_cause_runs_only_the_rest(tmp_path: Path, write_runbook: Any) -> None:
+    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    check = 'echo s3 >> "$side"; test -f "$marker"'
+    book = write_runbook(
+        header("fix-cause", tmp_path) + steps_yaml(["s1", "s2", "s3", "s4", "s5"], special={"s3": check})
+    )
+
+    first = cli("run", str(book), "--log-dir", str(logs))
+    assert first.returncode == 1, first.stderr
+    assert side_lines(side) == ["s1", "s2", "s3"]
+    old = newest(logs)
+    assert step_status(status_json(logs)) == {"s1": "passed", "s2": "passed", "s3": "failed"}
+
+    marker.touch()  # fix the cause
+    second = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert second.returncode == 0, second.stderr
+    new = newest(logs)
+    assert new != old
+    meta = json.loads((new / "run.json").read_text())
+    assert meta["resumed_from"] == old.name
+
+    assert audited_steps(new) == ["s3", "s4", "s5"]
+    assert side_lines(side) == ["s1", "s2", "s3", "s3", "s4", "s5"]
+    steps = {s["step"]: s for s in status_json(logs)["steps"]}
+    assert steps["s1"]["reused_from"] == old.name and steps["s2"]["reused_from"] == old.name
+    assert all(steps[s]["status"] == "passed" and not steps[s]["reused_from"] for s in ("s3", "s4", "s5"))
+
+    checked = verify(new)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "intact" in checked.stdout and "2 run(s)" in checked.stdout
+    assert old.name in checked.stdout and new.name in checked.stdout
+    # the new log's first record links to the old log's last one
+    assert audit_records(new)[0]["prev_hash"] == audit_records(old)[-1]["hash"]
+
+    # verifying the new run checks the old run's log too: an edit there is found
+    old_log = old / "audit.jsonl"
+    old_log.write_text(old_log.read_text().replace('"stdout":"', '"stdout":"x', 1))
+    tampered = verify(new)
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+    assert f"{old.name}/audit.jsonl:1" in tampered.stderr
+
+
+# ---- 2. kill -9 at any moment ----------------------------------------------------------------------
+
+
+def _resume_until_passed(book: Path, logs: Path) -> None:
+    for _ in range(4):
+        done = cli("run", str(book), "--resume", "--log-dir", str(logs))
+        assert done.returncode in (0, 1), (done.returncode, done.stderr)
+        if done.returncode == 0:
+            return
+    pytest.fail("resume never passed")
+
+
+def _check_after_kill(book: Path, logs: Path, side: Path, ids: list[str], context: str) -> None:
+    """Resume a killed run until it passes; nothing it had recorded as passed may run again."""
+    killed = runs(logs)
+    if not killed:  # killed before run.json was written: nothing to resume; a fresh run works
+        done = cli("run", str(book), "--resume", "--log-dir", str(logs))
+        assert done.returncode == 2 and "nothing to resume" in done.stderr, (context, done.stderr)
+        done = cli("run", str(book), "--log-dir", str(logs))
+        assert done.returncode == 0, (context, done.stderr)
+        assert side_lines(side) == ids, context
+        return
+    killed_id = killed[0]["run_id"]
+    state = status_json(logs, killed_id)  # the killed run's store opens cleanly
+    passed = {s["step"] for s in state["steps"] if s["status"] == "passed"}
+    if state["run"]["status"] in ("passed", "failed"):  # the kill came too late
+        assert passed == set(ids), (context, state)
+
+    _resume_until_passed(book, logs)
+
+    later = runs(logs)[1:]
+    assert later and all(m["resumed_from"] for m in later), context
+    final = later[-1]["run_id"]
+    with contextlib.closing(sqlite3.connect(logs / final / "state.db")) as db:
+        final_status = db.execute("SELECT value FROM run WHERE key = 'status'").fetchone()[0]
+        final_steps = dict(db.execute("SELECT step, status FROM steps").fetchall())
+    assert final_status == "passed", context
+    assert final_steps == dict.fromkeys(ids, "passed"), context
+    for meta in later:
+        rerun = set(audited_steps(logs / meta["run_id"])) & passed
+        assert not rerun, f"{context}: steps passed before the kill ran again: {rerun}"
+    lines = side_lines(side)
+    assert set(lines) == set(ids), (context, lines)
+    for step_id in passed:
+        assert lines.count(step_id) == 1, (context, lines)
+
+    checked = verify(logs / final)
+    assert checked.returncode == 0, (context, checked.stdout, checked.stderr)
+    assert f"{len(killed) + len(later)} run(s)" in checked.stdout, (context, checked.stdout)
+
+
+def test_kill_9_sweep_then_resume(tmp_path: Path, write_runbook: Any) -> None:
+    ids = ["k1", "k2", "k3", "k4", "k5"]
+
+    def book_in(folder: Path) -> Path:
+        folder.mkdir()
+        return write_runbook(header("kill-sweep", folder) + steps_yaml(ids, sleep=0.2), name=f"{folder.name}.yaml")
+
+    # how long an undisturbed run takes, to spread the kills over it
+    book = book_in(tmp_path / "baseline")
+    t0 = time.monotonic()
+    baseline = cli("run", str(book), "--log-dir", str(tmp_path / "baseline" / "logs"))
+    duration = time.monotonic() - t0
+    assert baseline.returncode == 0, baseline.stderr
+    assert side_lines(tmp_path / "baseline" / "side.txt") == ids
+
+    # the kills, one at a time so that nothing else competes for the CPU ...
+    delays: list[float | None] = [None] + [duration * (i + 0.5) / 8 for i in range(8)]
+    cases = []
+    for n, delay in enumerate(delays):
+        folder = tmp_path / f"kill{n}"
+        book, logs = book_in(folder), folder / "logs"
+        proc = start("run", str(book), "--log-dir", str(logs))
+        if delay is None:  # right at the start: as soon as the run folder appears
+            wait_for(lambda logs=logs: logs.is_dir() and any(logs.iterdir()), what="the run folder")
+        else:
+            time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        context = f"kill #{n} after {'the run folder appeared' if delay is None else f'{delay:.2f}s'}"
+        cases.append((book, logs, folder / "side.txt", ids, context))
+
+    # ... then the resumes and checks, two at a time
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(_check_after_kill, *case) for case in cases]:
+            future.result()
+
+
+def _finished_run(tmp_path: Path, write_runbook: Any) -> Path:
+    book = write_runbook(header("audit-chain", tmp_path) + steps_yaml(["a1", "a2", "a3"]))
+    logs = tmp_path / "logs"
+    done = cli("run", str(book), "--log-dir", str(logs))
+    assert done.returncode == 0, done.stderr
+    run_dir = newest(logs)
+    assert len(audit_records(run_dir)) == 3
+    return run_dir
+
+
+def test_audit_verify_tolerates_a_torn_last_line(tmp_path: Path, write_runbook: Any) -> None:
+    run_dir = _finished_run(tmp_path, write_runbook)
+    with (run_dir / "audit.jsonl").open("ab") as handle:
+        handle.write(b'{"event":"command","step":"a4","comm')
+    checked = verify(run_dir)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "torn" in checked.stderr
+    assert "audit.jsonl:4" in checked.stderr
+    assert "intact: 3 records" in checked.stdout
+
+
+def test_audit_verify_finds_an_edited_middle_line(tmp_path: Path, write_runbook: Any) -> None:
+    run_dir = _finished_run(tmp_path, write_runbook)
+    path = run_dir / "audit.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    record = json.loads(lines[1])
+    assert record["step"] == "a2"
+    record["exit_code"] = 7
+    lines[1] = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
+    path.write_text("".join(lines))
+    checked = verify(run_dir)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "tampered" in checked.stdout
+    assert f"{run_dir.name}/audit.jsonl:2" in checked.stderr
+
+
+def test_audit_verify_finds_a_deleted_last_line(tmp_path: Path, write_runbook: Any) -> None:
+    run_dir = _finished_run(tmp_path, write_runbook)
+    path = run_dir / "audit.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))
+    checked = verify(run_dir)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "tampered" in checked.stdout
+    assert "removed" in checked.stderr
+
+
+# ---- 3. edits between runs ---------------------------------------------------------------------
+
+
+def test_editing_a_step_reruns_it_and_everything_after(tmp_path: Path, write_runbook: Any) -> None:
+    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    text = header("edit-step", tmp_path) + steps_yaml(
+        ["e1", "e2", "e3", "e4"],
+        special={"e2": 'echo e2 >> "$side"  # version 1', "e4": 'echo e4 >> "$side"; test -f "$marker"'},
+    ).replace("  - id: e1\n", "  - id: e1\n    description: first take\n")
+    book = write_runbook(text)
+    first = cli("run", str(book), "--log-dir", str(logs))
+    assert first.returncode == 1, first.stderr
+    assert side_lines(side) == ["e1", "e2", "e3", "e4"]
+
+    # edit e2's script (and only the description of e1, which must not count as a change)
+    edited = text.replace("# version 1", "# version 2").replace("first take", "second take")
+    assert edited != text
+    write_runbook(edited)
+    marker.touch()
+    second = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert second.returncode == 0, second.stderr
+    assert audited_steps(newest(logs)) == ["e2", "e3", "e4"]
+    assert side_lines(side) == ["e1", "e2", "e3", "e4", "e2", "e3", "e4"]
+    assert verify(newest(logs)).returncode == 0
+
+
+def test_changing_a_var_reruns_only_the_steps_from_its_first_user(tmp_path: Path, write_runbook: Any) -> None:
+    side, logs = tmp_path / "side.txt", tmp_path / "logs"
+    book = write_runbook(
+        header("edit-var", tmp_path, extra_vars="  only_third: one\n")
+        + steps_yaml(["v1", "v2", "v3", "v4"], special={"v3": 'echo "v3-$only_third" >> "$side"'})
+    )
+    first = cli("run", str(book), "--log-dir", str(logs))
+    assert first.returncode == 0, first.stderr
+    assert side_lines(side) == ["v1", "v2", "v3-one", "v4"]
+
+    same = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert same.returncode == 0, same.stderr
+    assert audited_steps(newest(logs)) == []  # nothing changed: everything is reused
+
+    changed = cli("run", str(book), "--resume", "--var", "only_third=two", "--log-dir", str(logs))
+    assert changed.returncode == 0, changed.stderr
+    assert audited_steps(newest(logs)) == ["v3", "v4"]
+    assert side_lines(side) == ["v1", "v2", "v3-one", "v4", "v3-two", "v4"]
+
+
+# ---- 4. --from and --only ------------------------------------------------------------------------
+
+
+def _facts_book(tmp_path: Path, write_runbook: Any) -> Path:
+    body = header("from-only", tmp_path) + (
+        "steps:\n"
+        "  - id: a\n"
+        "    kind: shell\n"
+        "    parse: json\n"
+        "    script: |\n"
+        '      echo a >> "$side"\n'
+        "      echo '{\"x\": 5}'\n"
+        "  - id: b\n"
+        "    kind: shell\n"
+        '    script: echo b >> "$side"\n'
+        "    gates:\n"
+        "      - exit_code == 0\n"
+        "      - that: steps.a.facts.x == 5\n"
+        "        message: step a's facts did not arrive\n"
+        "  - id: c\n"
+        "    kind: shell\n"
+        '    script: echo c >> "$side"\n'
+    )
+    return write_runbook(body)
+
+
+def test_only_and_from_reuse_earlier_facts(tmp_path: Path, write_runbook: Any) -> None:
+    side, logs = tmp_path / "side.txt", tmp_path / "logs"
+    book = _facts_book(tmp_path, write_runbook)
+    first = cli("run", str(book), "--log-dir", str(logs))
+    assert first.returncode == 0, first.stderr
+    first_id = newest(logs).name
+
+    only = cli("run", str(book), "--only", "b", "--log-dir", str(logs))
+    assert only.returncode == 0, only.stderr
+    only_dir = newest(logs)
+    assert audited_steps(only_dir) == ["b"]
+    state = {s["step"]: s for s in status_json(logs)["steps"]}
+    assert state["a"]["reused_from"] == first_id and state["a"]["facts"] == {"x": 5}
+    assert state["b"]["status"] == "passed" and not state["b"]["reused_from"]
+    assert "c" not in state
+    assert side_lines(side) == ["a", "b", "c", "b"]
+
+    from_b = cli("run", str(book), "--from", "b", "--log-dir", str(logs))
+    assert from_b.returncode == 0, from_b.stderr
+    assert audited_steps(newest(logs)) == ["b", "c"]
+    assert side_lines(side) == ["a", "b", "c", "b", "b", "c"]
+    assert verify(newest(logs)).returncode == 0
+
+
+def test_only_without_an_earlier_run_names_the_step_it_needs(tmp_path: Path, write_runbook: Any) -> None:
+    side, logs = tmp_path / "side.txt", tmp_path / "logs"
+    book = _facts_book(tmp_path, write_runbook)
+    for option in ("--only", "--from"):
+        done = cli("run", str(book), option, "b", "--log-dir", str(logs))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "needs facts from step 'a'" in done.stderr and "'b'" in done.stderr
+    unknown = cli("run", str(book), "--only", "nosuch", "--log-dir", str(logs))
+    assert unknown.returncode == 2
+    assert "no step 'nosuch'" in unknown.stderr
+    assert not side.exists()  # nothing ran
+
+
+# ---- 5. the run lock -----------------------------------------------------------------------------
+
+
+def _pgrep(pattern: str) -> bool:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+
+def test_a_running_run_is_locked_and_a_killed_one_is_not(tmp_path: Path, write_runbook: Any) -> None:
+    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    slow = 'echo l2 >> "$side"; [ -f "$marker" ] || sleep 30.31'
+    book = write_runbook(header("locked", tmp_path) + steps_yaml(["l1", "l2", "l3"], special={"l2": slow}))
+
+    proc = start("run", str(book), "--log-dir", str(logs))
+    try:
+        wait_for(lambda: "l2" in side_lines(side), what="the long step to start")
+        run_id = runs(logs)[0]["run_id"]
+        for resume in (["--resume"], ["--resume", run_id]):
+            second = cli("run", str(book), *resume, "--log-dir", str(logs))
+            assert second.returncode == 3, second.stdout + second.stderr
+            assert "in use" in second.stderr
+        assert [m["run_id"] for m in runs(logs)] == [run_id]  # the refused resume left no run behind
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+    # the dead controller's connection closed, so the remote wrapper killed its step
+    wait_for(lambda: not _pgrep(r"^sleep 30\.31$"), timeout=5, what="the orphaned remote sleep to be killed")
+
+    marker.touch()
+    again = cli("run", str(book), "--resume", run_id, "--log-dir", str(logs))
+    assert again.returncode == 0, again.stderr
+    new = newest(logs)
+    assert json.loads((new / "run.json").read_text())["resumed_from"] == run_id
+    assert audited_steps(new) == ["l2", "l3"]
+
+
+# ---- 6. SIGINT / SIGTERM ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sig", "seconds"), [(signal.SIGINT, 3457), (signal.SIGTERM, 3458)])
+def test_interrupt_kills_the_remote_step_and_resume_reruns_it(
+    tmp_path: Path, write_runbook: Any, sig: signal.Signals, seconds: int
+) -> None:
+    marker, logs = tmp_path / "marker", tmp_path / "logs"
+    pattern = f"^sleep {seconds}$"
+    assert not _pgrep(pattern)
+    long = f'echo i2 >> "$side"; [ -f "$marker" ] || sleep {seconds}'
+    book = write_runbook(header("interrupted", tmp_path) + steps_yaml(["i1", "i2", "i3"], special={"i2": long}))
+
+    proc = start("run", str(book), "--log-dir", str(logs))
+    try:
+        wait_for(lambda: _pgrep(pattern), what="the remote sleep")
+        proc.send_signal(sig)
+        code, _out, _err = finish(proc, timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert code == 130
+    wait_for(lambda: not _pgrep(pattern), timeout=5, what="the remote sleep to be killed")
+
+    status = status_json(logs)
+    assert status["run"]["status"] == "interrupted"
+    assert step_status(status) == {"i1": "passed", "i2": "interrupted"}
+    run_dir = newest(logs)
+    records = [r for r in audit_records(run_dir) if r["step"] == "i2"]
+    assert len(records) == 1 and records[0]["interrupted"] is True
+
+    marker.touch()
+    again = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert again.returncode == 0, again.stderr
+    assert audited_steps(newest(logs)) == ["i2", "i3"]
+    assert step_status(status_json(logs)) == {"i1": "passed", "i2": "passed", "i3": "passed"}
+    assert verify(newest(logs)).returncode == 0
+
+
+# ---- 7. secrets ------------------------------------------------------------------------------------
+
+
+def test_a_secret_is_written_nowhere(tmp_path: Path, write_runbook: Any) -> None:
+    # a password-like value: JSON output escapes its quote and backslash, which must not leak either
+    token = "tok-" + secrets.token_hex(12) + '-"q\\b'
+    forms = {token, json.dumps(token)[1:-1]}
+    assert len(forms) == 2
+    logs = tmp_path / "logs"
+    received = tmp_path / "received"
+    as_json = 'python3 -c \'import json, os; print(json.dumps({"tok": os.environ["TOK"], "n": 1}))\''
+    body = header("secretive", tmp_path, extra_vars=f"  received: {received}\n") + (
+        "secrets:\n"
+        "  TOK: {env: TOK}\n"
+        "steps:\n"
+        "  - id: show\n"
+        "    kind: shell\n"
+        "    script: |\n"
+        '      printf %s "$TOK" > "$received"\n'
+        '      echo "the token is $TOK"\n'
+        '      echo "$TOK" >&2\n'
+        "  - id: facts\n"
+        "    kind: shell\n"
+        "    parse: json\n"
+        "    script: |\n"
+        f"      {as_json}\n"
+        "    gates:\n"
+        "      - facts.n == 1\n"
+        "      - facts.tok | length > 0\n"
+        "  - id: boom\n"
+        "    kind: shell\n"
+        "    script: |\n"
+        '      echo "failing with $TOK"\n'
+        f"      {as_json} >&2\n"
+        "      exit 3\n"
+    )
+    book = write_runbook(body)
+    outputs = []
+    for extra in ([], ["--json"]):
+        done = cli("run", str(book), "--log-dir", str(logs), *extra, env={"TOK": token})
+        assert done.returncode == 1, done.stderr
+        outputs += [done.stdout, done.stderr]
+    assert received.read_text() == token  # the secret did reach the host
+    assert "failing with ***" in outputs[1] and "failing with ***" in outputs[2], outputs[1:3]
+    run_dir = newest(logs)
+    show = next(r for r in audit_records(run_dir) if r["step"] == "show")
+    assert show["stdout"] == "the token is ***\n"
+    steps = status_json(logs)["steps"]
+    assert steps[1]["facts"] == {"tok": "***", "n": 1}
+    assert steps[2]["status"] == "failed"
+
+    for command in (["status", "--json"], ["runs", "--json"], ["status"]):
+        done = cli(*command, "--log-dir", str(logs))
+        outputs += [done.stdout, done.stderr]
+    done = cli("audit", "show", str(run_dir))
+    outputs += [done.stdout, done.stderr]
+    for text in outputs:
+        for form in forms:
+            assert form not in text
+    files = [p for p in logs.rglob("*") if p.is_file()]
+    assert len(files) >= 8
+    for path in files:
+        data = path.read_bytes()
+        for form in forms:
+            assert form.encode() not in data, (path, form)
