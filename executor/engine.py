@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import structlog
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
@@ -34,7 +33,7 @@ from executor.render import render_command
 from executor.state import RunLock, RunMeta, RunState, StepRecord, list_runs, new_run_id, now
 from executor.stepkind import FactsError, StepContext, StepSpec
 from executor.transport import Transport, transport_for
-from executor.transport.base import CommandInterrupted, CommandResult, Transfer
+from executor.transport.base import Collector, CommandInterrupted, CommandResult, Transfer
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -116,18 +115,10 @@ class HostContext(StepContext):
             self._record(command.display, exc.result)
             raise
         except TransportError as exc:
-            partial = CommandResult(
-                None,
-                exc.partial_stdout,
-                exc.partial_stderr,
-                len(exc.partial_stdout),
-                len(exc.partial_stderr),
-                "",
-                "",
-                now(),
-                0.0,
-            )
-            partial.stderr += f"\n[runbook] transport error: {exc}".encode()
+            collect = Collector()
+            collect.stdout.feed(exc.partial_stdout)
+            collect.stderr.feed(exc.partial_stderr + f"\n[runbook] transport error: {exc}".encode())
+            partial = collect.result(None)
             self._record(command.display, partial)
             if isinstance(exc, HostKeyError):
                 raise HostRefused(str(exc)) from None
@@ -187,7 +178,6 @@ class Engine:
         self.redactor = Redactor(self.secrets.values())
         self.records: dict[tuple[str, str], StepRecord] = {}
         self.transports: dict[str, Transport] = {}
-        self.log = structlog.get_logger("runbook").bind(runbook=runbook.name)
 
     # ---- planning: what runs, what is reused -------------------------------------------------
 
@@ -255,17 +245,12 @@ class Engine:
     def _check_needs(self, reused: list[StepSpec], to_run: list[StepSpec]) -> None:
         available = {s.id for s in reused}
         for spec in to_run:
-            text = spec.model_dump_json()
-            for other in self.runbook.steps:
-                if other.id == spec.id:
-                    break
-                needed = re.search(
-                    rf"steps\s*(\.\s*{re.escape(other.id)}\b|\[\s*['\"]{re.escape(other.id)}['\"])", text
-                )
-                if needed and other.id not in available and other not in to_run:
+            variants = [spec, *self.runbook.fallbacks.get(spec.id, [])]
+            for needed in sorted(set().union(*(v.needs() for v in variants))):
+                if needed not in available:
                     raise ResumeError(
-                        f"step '{spec.id}' needs facts from step '{other.id}', which has never passed; "
-                        f"run it first (e.g. --from {other.id})"
+                        f"step '{spec.id}' needs facts from step '{needed}', which has never passed; "
+                        f"run it first (e.g. --from {needed})"
                     )
             available.add(spec.id)
 

@@ -17,6 +17,7 @@ from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+_STEP_REF = re.compile(r"""\bsteps\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
 # the two regex tests Ansible users write in `that:` (`stdout is search('H200')`)
 _ENV.tests["search"] = lambda value, pattern: re.search(pattern, str(value)) is not None
 _ENV.tests["match"] = lambda value, pattern: re.match(pattern, str(value)) is not None
@@ -32,6 +33,11 @@ class GateVerdict:
     def describe(self) -> str:
         head = self.message or "gate failed"
         return f"{head}\n  gate: {self.expression}\n{self.detail}".rstrip()
+
+
+def step_refs(text: str) -> list[str]:
+    """Ids of the steps whose facts a text refers to (`steps.probe...`, `steps['dl-1']...`)."""
+    return [m.group(1) or m.group(2) for m in _STEP_REF.finditer(text)]
 
 
 def syntax_error(expression: str) -> str | None:

@@ -8,7 +8,6 @@ Pydantic validates the data; its error locations are mapped back to lines and co
 from __future__ import annotations
 
 import difflib
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,14 +18,13 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from executor.errors import InvalidRunbook, Problem
-from executor.gates import syntax_error
+from executor.gates import step_refs, syntax_error
 from executor.model import Host, RunbookHeader
 from executor.stepkind import StepSpec, step_kinds
 
 Loc = tuple[str | int, ...]
 LOCAL = "local"
 _FALLBACK_FORBIDDEN = {"id", "kind", "host", "hosts", "fallbacks"}
-_STEP_REF = re.compile(r"""\bsteps\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
 
 
 @dataclass
@@ -297,8 +295,7 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions) -> None:
                 problem = syntax_error(gate.that)
                 if problem:
                     pos.problem(gate_loc, f"gate '{gate.that}' does not parse: {problem}")
-                for match in _STEP_REF.finditer(gate.that):
-                    ref = match.group(1) or match.group(2)
+                for ref in step_refs(gate.that):
                     if ref not in seen or ref == spec.id:
                         pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from executor.durations import Duration
+from executor.gates import step_refs
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride
 from executor.transport.base import CommandResult, Transfer
 
@@ -103,6 +104,13 @@ class StepSpec(Model):
 
     def effective_gates(self) -> list[Gate]:
         return list(self.gates) if self.gates is not None else self.default_gates()
+
+    def needs(self) -> set[str]:
+        """Ids of earlier steps whose facts this step uses: those its gates name.
+
+        Kinds whose parameters point at another step's facts add those ids.
+        """
+        return {ref for gate in self.effective_gates() for ref in step_refs(gate.that)}
 
     def render(self, ctx: RenderContext) -> str:
         """The script this step runs."""
