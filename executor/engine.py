@@ -33,7 +33,7 @@ from executor.render import render_command
 from executor.state import RunLock, RunMeta, RunState, StepRecord, list_runs, new_run_id, now
 from executor.stepkind import FactsError, StepContext, StepSpec
 from executor.transport import Transport, transport_for
-from executor.transport.base import Collector, CommandInterrupted, CommandResult, Transfer
+from executor.transport.base import Collector, CommandInterrupted, CommandResult, OutputSink, Transfer
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -104,13 +104,15 @@ class HostContext(StepContext):
             value = value[int(part)] if isinstance(value, list) else value[part]
         return value
 
-    async def run(self, script: str | bytes, *, timeout: float | None = None) -> CommandResult:
+    async def run(
+        self, script: str | bytes, *, timeout: float | None = None, on_output: OutputSink | None = None
+    ) -> CommandResult:
         engine = self.engine
         command = render_command(script, engine.env, engine.secrets)
         transport = engine.transports[self.host_name]
         limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
         try:
-            result = await transport.run(command, limit)
+            result = await transport.run(command, limit, on_output)
         except CommandInterrupted as exc:
             self._record(command.display, exc.result)
             raise
@@ -139,6 +141,11 @@ class HostContext(StepContext):
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             duration_s=result.duration_s,
+        )
+
+    def progress(self, message: str, **fields: Any) -> None:
+        self.engine.reporter.emit(
+            "progress", step=self.spec.id, host=self.host_name, message=self.engine.redactor.text(message), **fields
         )
 
     async def put(self, local: Path, remote: str) -> Transfer:
@@ -406,7 +413,7 @@ class Engine:
                 retrying = AsyncRetrying(
                     stop=stop_after_attempt(policy.attempts),
                     wait=wait_exponential_jitter(
-                        initial=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
+                        multiplier=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
                     ),
                     retry=retry_if_exception_type(AttemptFailed),
                     reraise=True,

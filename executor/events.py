@@ -81,6 +81,8 @@ class ConsoleReporter(Reporter):
             )
             for failure in fields.get("failures", []):
                 print_(failure, markup=False, style="red")
+        elif event == "progress":
+            self._live(f"[bold]{fields['step']}[/]@{fields['host']}: {fields['message']}", keep=True)
         elif event == "note":
             print_(fields["message"], markup=False)
         elif event == "run_finished":
@@ -88,8 +90,15 @@ class ConsoleReporter(Reporter):
             style = _STATUS_STYLE.get(fields["status"], "")
             print_(f"[{style}]run {fields['status']}[/] in {self._elapsed()}  (audit log: {fields['audit']})")
 
-    def _live(self, text: str) -> None:
+    def _live(self, text: str, keep: bool = False) -> None:
+        """Show `text` as the live status line; off a terminal, print it (progress only if `keep`
+        is false, so that a log file gets step starts but not every progress update)."""
+        if keep and self._status is not None:
+            self._status.update(text)
+            return
         self._stop_live()
+        if keep and not self.console.is_terminal:
+            return
         if self.console.is_terminal:
             self._status = self.console.status(text)
             self._status.start()

@@ -40,6 +40,8 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
                 lines.append(f"\n## step {number} '{spec.id}' ({spec.kind}) on {host} [{address}], {via}")
                 for gate in variant.effective_gates():
                     lines.append(f"#   gate: {gate.that}")
-                script = variant.render(PlanContext(host, env))
-                lines.append(render_command(script, env, secrets).display.rstrip("\n"))
+                for label, script in variant.plan(PlanContext(host, env)):
+                    if label:
+                        lines.append(f"# {label}")
+                    lines.append(render_command(script, env, secrets).display.rstrip("\n"))
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from executor.durations import Duration
 from executor.gates import step_refs
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride
-from executor.transport.base import CommandResult, Transfer
+from executor.transport.base import CommandResult, OutputSink, Transfer
 
 
 class FactsError(Exception):
@@ -59,8 +59,17 @@ class StepContext(RenderContext):
     output_dir: Path
 
     @abstractmethod
-    async def run(self, script: str | bytes, *, timeout: float | None = None) -> CommandResult:
-        """Run one script on the host, audited; a timeout comes back as a result."""
+    async def run(
+        self, script: str | bytes, *, timeout: float | None = None, on_output: OutputSink | None = None
+    ) -> CommandResult:
+        """Run one script on the host, audited; a timeout comes back as a result.
+
+        `on_output` sees the output as it arrives (for progress); the audit log keeps it clipped.
+        """
+
+    @abstractmethod
+    def progress(self, message: str, **fields: Any) -> None:
+        """Show live progress of this step (console status line; a `progress` JSON event)."""
 
     @abstractmethod
     async def put(self, local: Path, remote: str) -> Transfer: ...
@@ -115,6 +124,10 @@ class StepSpec(Model):
     def render(self, ctx: RenderContext) -> str:
         """The script this step runs."""
         raise NotImplementedError(f"step kind {self.kind!r} renders no script")
+
+    def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        """(label, script) for every command an attempt may run, for `runbook plan`."""
+        return [("", self.render(ctx))]
 
     def parse_facts(self, result: CommandResult) -> BaseModel | Any:
         """Typed facts from a finished command; raise FactsError when the output is unusable."""

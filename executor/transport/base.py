@@ -13,6 +13,7 @@ import abc
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,15 +27,23 @@ OUTPUT_KEEP_BYTES = 32 * 1024 * 1024
 KILL_GRACE_S = 10.0
 
 
+#: Called with ("stdout" | "stderr", chunk) as output arrives, for live progress.
+OutputSink = Callable[[str, bytes], None]
+
+
 @dataclass
 class Captured:
     """One output stream: the kept bytes, plus the full count and hash of everything seen."""
 
+    name: str = "stdout"
+    sink: OutputSink | None = None
     data: bytearray = field(default_factory=bytearray)
     total: int = 0
     _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
 
     def feed(self, chunk: bytes) -> None:
+        if self.sink is not None:
+            self.sink(self.name, chunk)
         self.total += len(chunk)
         self._hash.update(chunk)
         room = OUTPUT_KEEP_BYTES - len(self.data)
@@ -97,9 +106,9 @@ class ByteReader(Protocol):
 class Collector:
     """Times a command and gathers its two streams into a `CommandResult`."""
 
-    def __init__(self) -> None:
-        self.stdout = Captured()
-        self.stderr = Captured()
+    def __init__(self, on_output: OutputSink | None = None) -> None:
+        self.stdout = Captured("stdout", on_output)
+        self.stderr = Captured("stderr", on_output)
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._t0 = time.monotonic()
 
@@ -141,7 +150,9 @@ class Transport(abc.ABC):
         """Open the connection ahead of the first command (optional; `run` connects lazily)."""
 
     @abc.abstractmethod
-    async def run(self, command: RenderedCommand, timeout: float) -> CommandResult: ...
+    async def run(
+        self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None
+    ) -> CommandResult: ...
 
     @abc.abstractmethod
     async def put(self, local: Path, remote: str) -> Transfer: ...

@@ -13,6 +13,7 @@ from executor.transport.base import (
     Collector,
     CommandInterrupted,
     CommandResult,
+    OutputSink,
     Transfer,
     Transport,
     file_sha256,
@@ -23,8 +24,8 @@ class LocalTransport(Transport):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    async def run(self, command: RenderedCommand, timeout: float) -> CommandResult:
-        collect = Collector()
+    async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
+        collect = Collector(on_output)
         proc = await asyncio.create_subprocess_exec(
             *command.argv,
             stdin=asyncio.subprocess.PIPE,

@@ -24,6 +24,7 @@ from executor.transport.base import (
     Collector,
     CommandInterrupted,
     CommandResult,
+    OutputSink,
     Transfer,
     Transport,
 )
@@ -95,9 +96,9 @@ class SSHTransport(Transport):
             conn.abort()
             self._conn = None
 
-    async def run(self, command: RenderedCommand, timeout: float) -> CommandResult:
+    async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
         conn = await self._connection()
-        collect = Collector()
+        collect = Collector(on_output)
         try:
             proc = await conn.create_process(command.command_line, encoding=None)
         except (OSError, asyncssh.Error) as exc:
