@@ -43,10 +43,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a runbook; print FILE:LINE:COL: message per problem")
     p.add_argument("file", type=Path)
+    p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
 
     p = sub.add_parser("run", help="run a runbook")
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
+    p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=Path("logs"))
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print every command as it would run; run nothing")
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V")
+    p.add_argument("--inventory", type=Path, metavar="FILE")
 
     for name, text in (("status", "steps of a run (default: the latest)"), ("runs", "recent runs")):
         p = sub.add_parser(name, help=text)
@@ -96,20 +99,20 @@ def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    runbook = load_runbook(args.file)
+    runbook = load_runbook(args.file, args.inventory)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     print(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    runbook = load_runbook(args.file)
+    runbook = load_runbook(args.file, args.inventory)
     out.print(plan_text(runbook, _parse_vars(args.var, runbook)), markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    runbook = load_runbook(args.file)
+    runbook = load_runbook(args.file, args.inventory)
     options = RunOptions(
         log_dir=args.log_dir,
         var_overrides=_parse_vars(args.var, runbook),

@@ -7,6 +7,7 @@ Pydantic validates the data; its error locations are mapped back to lines and co
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import types
 import typing
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from executor.errors import InvalidRunbook, Problem
 from executor.gates import step_refs, syntax_error
-from executor.model import Host, RunbookHeader
+from executor.model import Host, Inventory, RunbookHeader
 from executor.stepkind import StepSpec, step_kinds
 
 Loc = tuple[str | int, ...]
@@ -197,14 +198,40 @@ def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Pos
             pos.problem(full, f"{_loc_text(full)}: {message}")
 
 
-def load_runbook(path: Path) -> Runbook:
-    """Read and validate a runbook; raise InvalidRunbook with every problem found."""
-    file = str(path)
+def _read(path: Path, what: str) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRunbook([Problem(file, 1, 1, f"cannot read the runbook: {exc}")]) from None
-    return parse_runbook(text, path)
+        raise InvalidRunbook([Problem(str(path), 1, 1, f"cannot read the {what}: {exc}")]) from None
+
+
+def load_runbook(path: Path, inventory: Path | None = None) -> Runbook:
+    """Read and validate a runbook (and the inventory laid over it); raise InvalidRunbook with every problem."""
+    runbook = parse_runbook(_read(path, "runbook"), path)
+    return runbook if inventory is None else apply_inventory(runbook, inventory)
+
+
+def apply_inventory(runbook: Runbook, path: Path) -> Runbook:
+    """Replace hosts and vars of the runbook by those of an inventory file; unknown names are errors."""
+    data, pos = _parse(_read(path, "inventory"), str(path))
+    if not isinstance(data, dict):
+        raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with hosts and vars")])
+    try:
+        inventory = Inventory.model_validate(data)
+    except ValidationError as exc:
+        _report(exc, Inventory, (), pos)
+        raise InvalidRunbook(pos.problems) from None
+    for section, known in (("hosts", runbook.hosts), ("vars", runbook.header.vars)):
+        for name in getattr(inventory, section):
+            if name not in known:
+                hint = _did_you_mean(name, known)
+                pos.problem((section, name), f"{section}: '{name}' is not in the runbook{hint}", key=True)
+    if pos.problems:
+        raise InvalidRunbook(pos.problems)
+    header = runbook.header.model_copy(
+        update={"hosts": {**runbook.hosts, **inventory.hosts}, "vars": {**runbook.header.vars, **inventory.vars}}
+    )
+    return dataclasses.replace(runbook, header=header)
 
 
 def parse_runbook(text: str, path: Path) -> Runbook:

@@ -125,6 +125,13 @@ class RunbookHeader(Model):
         return self
 
 
+class Inventory(Model):
+    """Hosts and vars of one site laid over a runbook (`--inventory`): the runbook stays as written."""
+
+    hosts: dict[str, Host] = Field(default_factory=dict)
+    vars: dict[str, VarValue] = Field(default_factory=dict)
+
+
 def var_text(value: VarValue) -> str:
     """How a var value reaches a script's environment."""
     if isinstance(value, bool):

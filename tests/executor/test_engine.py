@@ -403,3 +403,38 @@ def test_cli_entry_point_is_installed(tmp_path: Path) -> None:
         ["runbook", "validate", "runbooks/demo_local.yaml"], capture_output=True, text=True, env={**os.environ}
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_inventory_points_the_same_runbook_at_another_site(sshd: SSHServer, tmp_path, capsys) -> None:
+    book = tmp_path / "site.yaml"
+    book.write_text(
+        textwrap.dedent("""\
+        name: site
+        hosts:
+          gpu: {address: gpu-box.example, user: root}
+        vars: {models_dir: /root/models}
+        steps:
+          - {id: where, kind: shell, script: 'echo "models in $models_dir"'}
+        """)
+    )
+    inventory = tmp_path / "inventory.yaml"
+    host = "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items())
+    inventory.write_text(f"hosts:\n  gpu:\n{host}vars:\n  models_dir: {tmp_path}/models\n")
+    code, _out, err = run(book, tmp_path / "logs", capsys, "--inventory", str(inventory))
+    assert code == 0, err
+    (record,) = audit_records(tmp_path / "logs")
+    assert record["stdout"] == f"models in {tmp_path}/models\n"
+    # --var still wins over the inventory
+    code, _out, err = run(book, tmp_path / "logs2", capsys, "--inventory", str(inventory), "--var", "models_dir=/x")
+    assert code == 0 and audit_records(tmp_path / "logs2")[0]["stdout"] == "models in /x\n"
+
+
+def test_inventory_names_must_exist_in_the_runbook(tmp_path, capsys) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  gpux: {address: local}\nvars:\n  model_dir: /x\n")
+    code = main(["validate", "runbooks/example_remote.yaml", "--inventory", str(inventory)])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{inventory}:2:3: hosts: 'gpux' is not in the runbook; did you mean 'gpu'?",
+        f"{inventory}:4:3: vars: 'model_dir' is not in the runbook; did you mean 'models_dir'?",
+    ]
