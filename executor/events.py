@@ -13,6 +13,7 @@ import time
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 
 from executor.durations import format_duration
@@ -56,39 +57,39 @@ class ConsoleReporter(Reporter):
 
     def emit(self, event: str, **fields: Any) -> None:
         print_ = self.console.print
+        f = {k: escape(v) if isinstance(v, str) else v for k, v in fields.items()}  # data is never markup
         if event == "run_started":
-            print_(f"[bold]runbook[/] {fields['runbook']}  run [bold]{fields['run_id']}[/]  -> {fields['run_dir']}")
+            print_(f"[bold]runbook[/] {f['runbook']}  run [bold]{f['run_id']}[/]  -> {f['run_dir']}")
             for step in fields["steps"]:
-                print_(f"  {step['id']:<24} {step['kind']:<16} {', '.join(step['hosts']):<20} {step['plan']}")
+                hosts = escape(", ".join(step["hosts"]))
+                print_(f"  {escape(step['id']):<24} {step['kind']:<16} {hosts:<20} {escape(step['plan'])}")
         elif event == "step_started":
-            self._live(f"[bold]{fields['step']}[/] on {', '.join(fields['hosts'])}")
+            self._live(f"[bold]{f['step']}[/] on {escape(', '.join(fields['hosts']))}")
         elif event == "command_finished":
             if fields.get("exit_code") != 0 or fields.get("timed_out"):
                 how = "timed out" if fields.get("timed_out") else f"exit {fields.get('exit_code')}"
-                print_(f"    [dim]{fields['step']}@{fields['host']} attempt {fields['attempt']}: {how}[/]")
+                print_(f"    [dim]{f['step']}@{f['host']} attempt {f['attempt']}: {how}[/]")
         elif event == "attempt_failed":
-            print_(
-                f"    [yellow]{fields['step']}@{fields['host']} attempt {fields['attempt']} failed:[/] "
-                f"{fields['message'].splitlines()[0]}"
-            )
+            first_line = escape(fields["message"].splitlines()[0]) if fields["message"] else ""
+            print_(f"    [yellow]{f['step']}@{f['host']} attempt {f['attempt']} failed:[/] {first_line}")
         elif event == "step_finished":
             self._stop_live()
             style = _STATUS_STYLE.get(fields["status"], "")
-            via = f" via {fields['via']}" if fields.get("via") not in (None, "primary") else ""
+            via = f" via {f['via']}" if fields.get("via") not in (None, "primary") else ""
             print_(
-                f"[{style}]{fields['status']:>11}[/] {fields['step']}{via}  "
+                f"[{style}]{f['status']:>11}[/] {f['step']}{via}  "
                 f"{format_duration(fields.get('duration_s') or 0)}  [dim]({self._elapsed()} elapsed)[/]"
             )
             for failure in fields.get("failures", []):
                 print_(failure, markup=False, style="red")
         elif event == "progress":
-            self._live(f"[bold]{fields['step']}[/]@{fields['host']}: {fields['message']}", keep=True)
+            self._live(f"[bold]{f['step']}[/]@{f['host']}: {f['message']}", keep=True)
         elif event == "note":
             print_(fields["message"], markup=False)
         elif event == "run_finished":
             self._stop_live()
             style = _STATUS_STYLE.get(fields["status"], "")
-            print_(f"[{style}]run {fields['status']}[/] in {self._elapsed()}  (audit log: {fields['audit']})")
+            print_(f"[{style}]run {f['status']}[/] in {self._elapsed()}  (audit log: {f['audit']})")
 
     def _live(self, text: str, keep: bool = False) -> None:
         """Show `text` as the live status line; off a terminal, print it (progress only if `keep`
