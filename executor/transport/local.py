@@ -34,12 +34,16 @@ class LocalTransport(Transport):
             start_new_session=True,
         )
         assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(command.stdin)
-        await proc.stdin.drain()
-        pumps = asyncio.gather(collect.pump(proc.stdout, collect.stdout), collect.pump(proc.stderr, collect.stderr))
+        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+
+        async def feed() -> None:
+            # the wrapper reports a payload that did not arrive whole (exit 125); a broken pipe is no crash
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.write(command.stdin)
+                await stdin.drain()
 
         async def finish() -> int:
-            await pumps
+            await asyncio.gather(feed(), collect.pump(stdout, collect.stdout), collect.pump(stderr, collect.stderr))
             return await proc.wait()
 
         task = asyncio.ensure_future(finish())

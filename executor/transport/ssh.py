@@ -104,7 +104,8 @@ class SSHTransport(Transport):
         except (OSError, asyncssh.Error) as exc:
             self._drop(conn)
             raise TransportError(f"cannot open a channel to {self.name}: {exc}") from None
-        proc.stdin.write(command.stdin)
+        with contextlib.suppress(BrokenPipeError, OSError, asyncssh.Error):
+            proc.stdin.write(command.stdin)  # buffered by asyncssh; the wait below is under the timeout
 
         async def finish() -> int | None:
             await asyncio.gather(collect.pump(proc.stdout, collect.stdout), collect.pump(proc.stderr, collect.stderr))
