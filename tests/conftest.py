@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,8 +67,13 @@ def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
-def start_sshd(root: Path, port: int | None = None) -> tuple[subprocess.Popen[bytes], SSHServer]:
-    """Start an sshd on 127.0.0.1 in `root` (keys, config, known_hosts); wait until it accepts."""
+def start_sshd(
+    root: Path, port: int | None = None, extra_config: str = ""
+) -> tuple[subprocess.Popen[bytes], SSHServer]:
+    """Start an sshd on 127.0.0.1 in `root` (keys, config, known_hosts); wait until it accepts.
+
+    `extra_config` is appended to its sshd_config (the test host's `SetEnv`, say).
+    """
     if not Path(SSHD).exists():
         pytest.fail("sshd is not installed: .ci/run installs openssh-server")
     root.mkdir(parents=True, exist_ok=True)
@@ -99,6 +104,7 @@ def start_sshd(root: Path, port: int | None = None) -> tuple[subprocess.Popen[by
         Subsystem sftp internal-sftp
         LogLevel ERROR
         """)
+        + extra_config
     )
     (root / "ssh_config").write_text("")  # keeps the user's own ~/.ssh/config out of the tests
     host_pub = (root / "host_ed25519.pub").read_text().split()
@@ -150,3 +156,60 @@ def runbook_cli(
         cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
+
+
+from sandbox.hub import HubServer  # noqa: E402  (appended with the `hub` fixture; may move to the top)
+
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    """The local Hugging Face Hub test double (sandbox/hub.py) on 127.0.0.1, fresh for each test.
+
+    `.endpoint` (HF_ENDPOINT), `.token`, `.repos`, `.faults`, `.requests`, `.client_env(hf_home, token=...)`.
+    """
+    with HubServer() as server:
+        yield server
+
+
+@dataclass(frozen=True)
+class SandboxHost:
+    """A running test host (sandbox/testhost.py): its sshd, GPU variant, HOME and SGLang python."""
+
+    server: SSHServer
+    gpu: str
+    home: Path
+    python: Path  # the SGLang virtualenv's interpreter
+
+    def host_yaml(self, name: str = "box") -> str:
+        return self.server.host_yaml(name)
+
+    def host_dict(self) -> dict[str, object]:
+        return self.server.host_dict()
+
+
+@pytest.fixture(scope="session")
+def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SandboxHost]]:
+    """Factory of test hosts: `testhost("h200" | "rtx6000" | "none" | "absent")`, one sshd per
+    variant for the session. Tests that write into `.home` remove what they wrote."""
+    from sandbox import testhost as sandbox_host
+    from sandbox.prepare import VENV_PYTHON
+
+    problem = sandbox_host.missing()
+    if problem:
+        pytest.fail(problem)
+    started: dict[str, tuple[subprocess.Popen[bytes], SandboxHost]] = {}
+
+    def get(gpu: str = "h200") -> SandboxHost:
+        if gpu not in started:
+            root = tmp_path_factory.mktemp(f"testhost-{gpu}")
+            home = root / "home"
+            home.mkdir()
+            setenv = sandbox_host.sshd_config(sandbox_host.session_env(gpu, home))
+            proc, server = start_sshd(root / "sshd", extra_config=setenv)
+            started[gpu] = (proc, SandboxHost(server, gpu, home, VENV_PYTHON))
+        return started[gpu][1]
+
+    yield get
+    for proc, _ in started.values():
+        proc.terminate()
+        proc.wait(timeout=10)

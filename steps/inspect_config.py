@@ -1,0 +1,179 @@
+"""`inspect_config`: read config.json of the target model and its DFlash drafter on the host, and
+check them the way SGLang will read them, before a deployment spends minutes loading 600 GB.
+
+The checking program is steps/inspect_config_host.py (stdlib only), shipped in a heredoc and run
+by `python` on the host, where the configs are. It prints one JSON document, validated here into
+`InspectConfigFacts`: every problem (each naming the file and the field), what the drafter and the
+target are, and what the SGLang launch takes from them (`deploy`: the draft token count is the
+drafter's block size). The default gate fails on any problem.
+
+Paths may use the runbook's vars as `$name` or `${name}` and start with `~`; nothing else in them
+is interpreted, and a var that is unset or empty stops the step with its name.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Generic, Literal, TypeVar
+
+from pydantic import ValidationError
+
+from executor.model import Gate, Model
+from executor.render import heredoc
+from executor.stepkind import FactsError, RenderContext, StepSpec
+from executor.transport.base import CommandResult
+
+HOST_PROGRAM = Path(__file__).with_name("inspect_config_host.py")
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+T = TypeVar("T")
+
+
+class Known(Model, Generic[T]):
+    """A fact, where it was read (`FILE FIELD`), or why it is not known."""
+
+    value: T | None
+    source: str | None
+    unknown_reason: str | None
+
+
+class QuantGroup(Model):
+    """One compressed-tensors scheme: which layers, how their weights (and inputs) are stored."""
+
+    name: str
+    targets: list[str]
+    weight_bits: int | None
+    weight_type: str | None
+    strategy: str | None
+    group_size: int | None
+    activation_bits: int | None
+
+
+class Quantization(Model):
+    """How the weights are stored; method `none` when the config names no quantization."""
+
+    method: str
+    format: str | None
+    bits: int | None  # weight bits common to every group; None when they differ or are unset
+    groups: list[QuantGroup]
+    ignore: list[str]  # modules (or `re:` patterns) left unquantized
+    quant_algo: str | None  # ModelOpt's algorithm, from hf_quant_config.json
+
+
+class CustomCode(Model):
+    auto_map: dict[str, str]
+    python_files: list[str]
+    missing_code_files: list[str]
+
+
+class ModelDir(CustomCode):
+    dir: str
+    config_path: str
+    config_read: bool
+    architectures: Known[list[str]]
+    model_type: Known[str]
+    hidden_size: Known[int]
+    vocab_size: Known[int]
+
+
+class DrafterFacts(ModelDir):
+    draft_layers: Known[int]
+    num_target_layers: Known[int]
+    block_size: Known[int]
+    target_layer_ids: Known[list[int]]
+    mask_token: Known[str]
+    mask_token_id: Known[int]
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    output_multiplier: float
+    has_dflash_py: bool
+
+
+class TargetFacts(ModelDir):
+    text_config_nested: bool
+    text_architectures: Known[list[str]]
+    text_model_type: Known[str]
+    num_layers: Known[int]
+    num_attention_heads: Known[int]
+    attention_arch: Known[str]  # MLA (kv_lora_rank set) or MHA
+    kv_lora_rank: Known[int]
+    qk_rope_head_dim: Known[int]
+    n_routed_experts: Known[int]
+    num_experts_per_tok: Known[int]
+    max_position_embeddings: Known[int]
+    dtype: Known[str]
+    quantization: Known[Quantization]
+
+
+class DeployFacts(Model):
+    """What `sglang.launch_server` takes from these configs."""
+
+    model_path: str
+    draft_model_path: str | None  # None: the step was given no drafter_dir
+    speculative_num_draft_tokens: Known[int]
+    trust_remote_code: bool  # a config's auto_map names custom code
+    attention_arch: Known[str]
+
+
+class InspectConfigFacts(Model):
+    problems: list[str]
+    drafter: DrafterFacts | None  # None: the step was given no drafter_dir
+    target: TargetFacts
+    deploy: DeployFacts
+
+
+def host_word(text: str) -> str:
+    """`text` as one bash word in which only `~` (leading) and `$name`/`${name}` expand.
+
+    A var that is unset or empty stops the script, naming it, rather than turning
+    `$models_dir/Kimi-K2.6` into `/Kimi-K2.6`.
+    """
+    parts, pos = [], 0
+    if text == "~" or text.startswith("~/"):
+        parts.append('"${HOME:?is not set}"')
+        pos = 1
+    for match in _VAR.finditer(text, pos):
+        if match.start() > pos:
+            parts.append(shlex.quote(text[pos : match.start()]))
+        name = match.group(1) or match.group(2)
+        parts.append(f'"${{{name}:?runbook var {name} is unset or empty}}"')
+        pos = match.end()
+    if pos < len(text) or not parts:
+        parts.append(shlex.quote(text[pos:]))
+    return "".join(parts)
+
+
+class InspectConfigStep(StepSpec):
+    kind: Literal["inspect_config"] = "inspect_config"
+    target_dir: str
+    drafter_dir: str | None = None
+    python: str = "python3"
+
+    def render(self, ctx: RenderContext) -> str:
+        words = [host_word(self.python), "-", "--target", host_word(self.target_dir)]
+        if self.drafter_dir is not None:
+            words += ["--drafter", host_word(self.drafter_dir)]
+        return heredoc(HOST_PROGRAM.read_text(), command=" ".join(words))
+
+    def parse_facts(self, result: CommandResult) -> InspectConfigFacts:
+        text = result.stdout_text.strip()
+        if not text:
+            why = result.stderr_text.strip()[-2000:] or "no output at all"
+            raise FactsError(f"the config check printed no facts (exit {result.exit_code}): {why}")
+        try:
+            return InspectConfigFacts.model_validate_json(text)
+        except ValidationError as exc:
+            raise FactsError(f"the config check printed facts of an unexpected shape: {exc}") from None
+
+    def default_gates(self) -> list[Gate]:
+        return [
+            Gate(that="exit_code == 0", message="the config check did not run to its end"),
+            Gate(
+                that="facts.problems | length == 0",
+                message="config.json problems, each listed below as `problem: FILE: FIELD ...`",
+            ),
+        ]
