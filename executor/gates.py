@@ -97,15 +97,20 @@ def evaluate(expression: str, names: Mapping[str, Any], message: str | None = No
         value = _ENV.compile_expression(expression, undefined_to_none=False)(**names)
         if isinstance(value, StrictUndefined):
             raise UndefinedError(f"{expression} is undefined")
-        passed = bool(value)
+        if value:
+            return GateVerdict(True, expression, message, "")
+        why = ""
     except UndefinedError as exc:
-        return GateVerdict(False, expression, message, f"  names something missing: {exc.message}")
+        why = f"  names something missing: {exc.message}"
     except SecurityError as exc:
-        return GateVerdict(False, expression, message, f"  refused by the sandbox: {exc}")
+        why = f"  refused by the sandbox: {exc}"
     except Exception as exc:  # a gate is user code: any error it raises is a failed gate
-        return GateVerdict(False, expression, message, f"  raised {type(exc).__name__}: {exc}")
-    if passed:
-        return GateVerdict(True, expression, message, "")
+        why = f"  raised {type(exc).__name__}: {exc}"
+    return GateVerdict(False, expression, message, "\n".join(filter(None, [why, _values(expression, names)])))
+
+
+def _values(expression: str, names: Mapping[str, Any]) -> str:
+    """`  name = value` for each lookup chain the expression uses: what a reader needs to see why."""
     lines = []
     for name in names_used(expression):
         try:
@@ -113,4 +118,4 @@ def evaluate(expression: str, names: Mapping[str, Any], message: str | None = No
         except Exception as exc:
             shown = f"<{exc}>"
         lines.append(f"  {name} = {shown}")
-    return GateVerdict(False, expression, message, "\n".join(lines))
+    return "\n".join(lines)

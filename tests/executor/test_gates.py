@@ -58,3 +58,10 @@ def test_names_used_and_syntax() -> None:
 def test_ansible_regex_tests() -> None:
     assert evaluate("stdout is search('H2\\\\d+')", {**NAMES, "stdout": "GPU 0: NVIDIA H200"}).passed
     assert not evaluate("stdout is match('H200')", {**NAMES, "stdout": "GPU 0: NVIDIA H200"}).passed
+
+
+def test_a_gate_that_raises_still_shows_its_values() -> None:
+    verdict = evaluate("'trtllm_mla' in facts.backends", {**NAMES, "facts": {"backends": None}})
+    assert not verdict.passed
+    assert "raised TypeError" in verdict.detail
+    assert "facts.backends = null" in verdict.detail

@@ -1,0 +1,699 @@
+"""The `probe` step's program ON THE HOST: stdlib only, Python >= 3.8; prints ONE JSON document.
+
+The probe step writes this file to a temporary file on the host and runs it; it has three roles:
+
+- `python3 PROG CONFIG`: the host's facts (OS, CPUs, memory, disks, GPUs, HF token, models);
+  for the Python facts it runs itself again with the given interpreter:
+- `PYTHON PROG --interpreter CONFIG`: that interpreter's version, package versions
+  (importlib.metadata) and the capabilities of its SGLang, read from SGLang's files (ast, file
+  existence) without importing it: `import sglang` needs torch, and a probe must not;
+- `PYTHON PROG --hub CONFIG`: sizes of Hub repos, asked with that interpreter's huggingface_hub
+  (HF_ENDPOINT and the token come from the environment, as for any client).
+
+A fact it cannot determine is null with a reason in the section's `unknown` map, never an empty
+answer that looks like "none". The Hugging Face token's value is never printed, only its source.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from typing import Any
+
+GPU_QUERY = "index,name,uuid,memory.total,memory.used,memory.free,driver_version,compute_cap,pci.bus_id"
+_NOT_AVAILABLE = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "")
+_UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+# Where an SGLang release keeps what the probe reads, relative to the `sglang` package folder.
+# Newer releases first; older ones kept the choice lists in server_args.py.
+CHOICES_FILES = ("srt/arg_groups/choices.py", "srt/server_args.py")
+SPEC_INFO_FILE = "srt/speculative/spec_info.py"
+MODELS_DIR = "srt/models"
+KIMI_K25_FILE = "kimi_k25.py"
+KIMI_ARCH = "KimiK25ForConditionalGeneration"
+ATTENTION_DIR = "srt/layers/attention"
+
+
+# ---------------------------------------------------------------- parsers (pure)
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    """KEY=value lines of os-release(5); values may be quoted with shell quoting."""
+    result = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+            if line.split("=", 1)[1][0] == '"':
+                value = re.sub(r'\\([\\$"`])', r"\1", value)
+        result[key] = value
+    return result
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo as bytes by name (`MemTotal: 131981020 kB`)."""
+    result = {}
+    for line in text.splitlines():
+        match = re.match(r"^(\w+(?:\(\w+\))?):\s+(\d+)(?:\s+kB)?\s*$", line)
+        if match:
+            factor = 1024 if line.rstrip().endswith("kB") else 1
+            result[match.group(1)] = int(match.group(2)) * factor
+    return result
+
+
+def _value(text: str) -> str | None:
+    text = text.strip()
+    return None if text in _NOT_AVAILABLE else text
+
+
+def _int(text: str) -> int | None:
+    value = _value(text)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def parse_gpu_query(text: str) -> list[dict[str, Any]]:
+    """Rows of `nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits`."""
+    gpus = []
+    for row in csv.reader(text.splitlines(), skipinitialspace=True):
+        if not row:
+            continue
+        if len(row) != len(GPU_QUERY.split(",")):
+            raise ValueError(f"expected {len(GPU_QUERY.split(','))} fields, got {len(row)}: {row!r}")
+        index, name, uuid, total, used, free, driver, cap, bus = row
+        gpus.append(
+            {
+                "index": _int(index),
+                "name": _value(name),
+                "uuid": _value(uuid),
+                "memory_total_mib": _int(total),
+                "memory_used_mib": _int(used),
+                "memory_free_mib": _int(free),
+                "driver_version": _value(driver),
+                "compute_capability": _value(cap),
+                "pci_bus_id": _value(bus),
+            }
+        )
+    return gpus
+
+
+def parse_cuda_version(table: str) -> str | None:
+    """The driver's CUDA version from the header of plain `nvidia-smi`."""
+    match = re.search(r"CUDA Version:\s*([0-9][0-9.]*)", table)
+    return match.group(1) if match else None
+
+
+def literal_lists(source: str, names: tuple[str, ...]) -> dict[str, list[str]]:
+    """Module-level `NAME = [...]` literal lists of strings, by name (ast; nothing is executed)."""
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in names and node.value is not None:
+                try:
+                    items = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
+                    found[target.id] = list(items)
+    return found
+
+
+def class_attributes(source: str, class_name: str) -> list[str] | None:
+    """Names assigned in the body of a module-level class (enum members), None if no such class."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            names = []
+            for item in node.body:
+                if isinstance(item, ast.Assign):
+                    names += [t.id for t in item.targets if isinstance(t, ast.Name)]
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.append(item.target.id)
+            return names
+    return None
+
+
+def model_classes(source: str) -> tuple[list[str], list[str]]:
+    """(classes defined, names in `EntryClass`) of an SGLang model file."""
+    tree = ast.parse(source)
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    entry: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets):
+            values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            entry += [v.id for v in values if isinstance(v, ast.Name)]
+    return classes, entry
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def expand(path: str) -> tuple[str | None, str | None]:
+    """(absolute path, None) after expanding $VARS and ~, or (None, why it cannot be expanded)."""
+    expanded = os.path.expandvars(path)
+    unset = _UNSET_VAR.search(expanded)
+    if unset:
+        return None, f"{path!r}: variable ${unset.group(1)} is not set on the host"
+    return os.path.abspath(os.path.expanduser(expanded)), None
+
+
+def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+    """(exit code or None on timeout, stdout, stderr) of a command; never raises for its failure."""
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace", timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return None, "", f"timed out after {timeout:g} s"
+    except OSError as exc:
+        return 127, "", f"{argv[0]}: {exc.strerror}"
+    return done.returncode, done.stdout, done.stderr
+
+
+def _tail(text: str, limit: int = 400) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+# ---------------------------------------------------------------- host facts
+
+
+def os_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "id": None,
+        "version_id": None,
+        "pretty_name": None,
+        "unknown": {},
+    }
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            release = parse_os_release(read_text(path))
+        except OSError:
+            continue
+        facts.update(id=release.get("ID"), version_id=release.get("VERSION_ID"), pretty_name=release.get("PRETTY_NAME"))
+        break
+    else:
+        facts["unknown"] = dict.fromkeys(("id", "version_id", "pretty_name"), "no /etc/os-release on the host")
+    return facts
+
+
+def cpu_facts() -> dict[str, Any]:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"count": os.cpu_count(), "usable": usable}
+
+
+def memory_facts() -> dict[str, Any]:
+    try:
+        info = parse_meminfo(read_text("/proc/meminfo"))
+    except OSError as exc:
+        reason = f"/proc/meminfo: {exc.strerror}"
+        return {
+            "total_bytes": None,
+            "available_bytes": None,
+            "unknown": {"total_bytes": reason, "available_bytes": reason},
+        }
+    unknown = {
+        key: f"/proc/meminfo has no {name}"
+        for key, name in (("total_bytes", "MemTotal"), ("available_bytes", "MemAvailable"))
+        if name not in info
+    }
+    return {"total_bytes": info.get("MemTotal"), "available_bytes": info.get("MemAvailable"), "unknown": unknown}
+
+
+def _mount_point(path: str) -> str:
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def disk_facts(given: str) -> dict[str, Any]:
+    """Size, used and available bytes (as df counts them) of the filesystem that holds `given`.
+
+    A path that does not exist yet (a models dir before the first download) is measured at its
+    nearest existing parent, named in `measured_at`.
+    """
+    facts: dict[str, Any] = {"path": given, "resolved": None, "exists": None, "measured_at": None, "mount_point": None}
+    facts.update(size_bytes=None, used_bytes=None, avail_bytes=None, unknown_reason=None)
+    resolved, problem = expand(given)
+    if resolved is None:
+        facts["unknown_reason"] = problem
+        return facts
+    at = resolved
+    while not os.path.exists(at):
+        at = os.path.dirname(at)
+    try:
+        st = os.statvfs(at)
+    except OSError as exc:
+        facts.update(resolved=resolved, exists=os.path.exists(resolved), unknown_reason=f"statvfs {at}: {exc.strerror}")
+        return facts
+    facts.update(resolved=resolved, exists=os.path.exists(resolved), measured_at=at, mount_point=_mount_point(at))
+    facts.update(
+        size_bytes=st.f_blocks * st.f_frsize,
+        used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
+        avail_bytes=st.f_bavail * st.f_frsize,
+    )
+    return facts
+
+
+def gpu_facts(timeout: float) -> dict[str, Any]:
+    """GPUs from `nvidia-smi --query-gpu`, the driver's CUDA version from plain `nvidia-smi`."""
+    exe = shutil.which("nvidia-smi")
+    facts: dict[str, Any] = {"nvidia_smi": exe, "gpus": [], "reason": None, "unknown": {}}
+    facts.update(driver_version=None, cuda_version=None)
+
+    def no_gpus(reason: str, versions_unknown: str) -> dict[str, Any]:
+        facts.update(reason=reason, unknown=dict.fromkeys(("driver_version", "cuda_version"), versions_unknown))
+        return facts
+
+    if exe is None:
+        return no_gpus("nvidia-smi not found on PATH (" + os.environ.get("PATH", "") + ")", "nvidia-smi not found")
+    code, out, err = run([exe, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"], timeout)
+    if code != 0:
+        return no_gpus(
+            f"nvidia-smi --query-gpu failed (exit {code}): {_tail(out + err) or '(no output)'}", "nvidia-smi failed"
+        )
+    try:
+        facts["gpus"] = parse_gpu_query(out)
+    except ValueError as exc:
+        return no_gpus(f"nvidia-smi --query-gpu printed something unexpected: {exc}", "nvidia-smi not understood")
+    if not facts["gpus"]:
+        return no_gpus("nvidia-smi listed no GPUs", "nvidia-smi listed no GPUs")
+    drivers = sorted({str(g["driver_version"]) for g in facts["gpus"] if g["driver_version"]})
+    if len(drivers) == 1:
+        facts["driver_version"] = drivers[0]
+    else:
+        facts["unknown"]["driver_version"] = f"the GPUs report driver versions {drivers}"
+    code, out, err = run([exe], timeout)
+    facts["cuda_version"] = parse_cuda_version(out) if code == 0 else None
+    if facts["cuda_version"] is None:
+        said = _tail(out + err) or "(no output)"
+        facts["unknown"]["cuda_version"] = f"no 'CUDA Version' in plain nvidia-smi (exit {code}): {said}"
+    return facts
+
+
+def token_facts(env: dict[str, str]) -> dict[str, Any]:
+    """Whether huggingface_hub on the host would find a token, and where: never the token itself.
+
+    Same order as huggingface_hub's get_token(): HF_TOKEN, HUGGING_FACE_HUB_TOKEN, then the file
+    at HF_TOKEN_PATH or $HF_HOME/token (HF_HOME defaulting to ${XDG_CACHE_HOME:-~/.cache}/huggingface).
+    """
+    checked = []
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        checked.append(f"env {name}")
+        if env.get(name, "").strip():
+            return {"available": True, "source": f"env {name}", "checked": checked, "reason": None}
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    hf_home = os.path.expandvars(os.path.expanduser(env.get("HF_HOME") or os.path.join(cache, "huggingface")))
+    path = os.path.expandvars(os.path.expanduser(env.get("HF_TOKEN_PATH") or os.path.join(hf_home, "token")))
+    checked.append(f"file {path}")
+    try:
+        present = bool(read_text(path).strip())
+    except FileNotFoundError:
+        return {
+            "available": False,
+            "source": None,
+            "checked": checked,
+            "reason": f"no HF_TOKEN in the environment and no token file at {path}",
+        }
+    except OSError as exc:
+        return {
+            "available": False,
+            "source": None,
+            "checked": checked,
+            "reason": f"token file {path} unreadable: {exc.strerror}",
+        }
+    if not present:
+        return {"available": False, "source": None, "checked": checked, "reason": f"token file {path} is empty"}
+    return {"available": True, "source": f"file {path}", "checked": checked, "reason": None}
+
+
+def _tree_size(root: str) -> tuple[int, int, int]:
+    """(bytes, files, *.incomplete files) under a folder; symlinks count as themselves, not targets."""
+    size = files = incomplete = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            files += 1
+            size += 0 if stat.S_ISLNK(st.st_mode) else st.st_size
+            incomplete += name.endswith(".incomplete")
+    return size, files, incomplete
+
+
+def models_facts(models_dir: str) -> dict[str, Any]:
+    """Each folder in the models dir with its size; a missing models dir holds no models."""
+    resolved, problem = expand(models_dir)
+    facts: dict[str, Any] = {
+        "disk": disk_facts(models_dir),
+        "dir": models_dir,
+        "resolved": resolved,
+        "exists": None,
+        "entries": None,
+        "unknown_reason": problem,
+    }
+    if resolved is None:
+        return facts
+    facts["exists"] = os.path.isdir(resolved)
+    if not facts["exists"]:
+        facts["entries"] = []
+        return facts
+    try:
+        names = sorted(os.listdir(resolved))
+    except OSError as exc:
+        facts["unknown_reason"] = f"cannot list {resolved}: {exc.strerror}"
+        return facts
+    entries = []
+    for name in names:
+        path = os.path.join(resolved, name)
+        if not os.path.isdir(path):
+            continue
+        size, files, incomplete = _tree_size(path)
+        has_config = os.path.isfile(os.path.join(path, "config.json"))
+        entries.append(
+            {
+                "name": name,
+                "path": path,
+                "bytes": size,
+                "files": files,
+                "incomplete_files": incomplete,
+                "has_config": has_config,
+            }
+        )
+    facts["entries"] = entries
+    return facts
+
+
+def _resolve_python(python: str) -> tuple[str | None, str | None]:
+    named = os.sep not in python and "$" not in python and not python.startswith("~")
+    resolved, problem = (python, None) if named else expand(python)
+    if resolved is None:
+        return None, problem
+    found = shutil.which(resolved)
+    if found is None:
+        where = "not found on PATH" if "/" not in resolved else "does not exist or is not executable"
+        return None, f"python {python!r} {where}"
+    return found, None
+
+
+def _sub_probe(python: str, role: str, config: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """Run this program with another interpreter in another role; (its document, or None and why)."""
+    code, out, err = run([python, os.path.abspath(__file__), role, json.dumps(config)], timeout)
+    if code != 0:
+        return None, f"{python} {role} failed (exit {code}): {_tail(err) or _tail(out) or '(no output)'}"
+    try:
+        return json.loads(out), ""
+    except ValueError:
+        return None, f"{python} {role} printed no JSON document: {_tail(out) or '(nothing)'}"
+
+
+SGLANG_KEYS = (
+    "version",
+    "package_dir",
+    "dflash",
+    "attention_backends",
+    "draft_attention_backends",
+    "kimi_k25_model",
+    "kimi_k25_classes",
+)
+
+
+def _sglang_blank() -> dict[str, Any]:
+    """The sglang section with nothing known yet."""
+    facts: dict[str, Any] = dict.fromkeys(("installed", *SGLANG_KEYS))
+    facts.update(sources={}, attention_backend_files=None, unknown={})
+    return facts
+
+
+def python_facts(config: dict[str, Any]) -> dict[str, Any]:
+    python = str(config["python"])
+    packages = [str(p) for p in config["packages"]]
+    facts: dict[str, Any] = {
+        "requested": python,
+        "executable": None,
+        "version": None,
+        "packages": None,
+        "unknown_reason": None,
+    }
+    found, problem = _resolve_python(python)
+    if found is not None:
+        document, problem = _sub_probe(found, "--interpreter", {"packages": packages}, float(config["python_timeout"]))
+        if document is not None:
+            sglang = document.pop("sglang")
+            facts.update(document, requested=python, unknown_reason=None)
+            return {"python": facts, "sglang": sglang}
+    facts["unknown_reason"] = problem
+    sglang = _sglang_blank()
+    sglang["unknown"] = dict.fromkeys(("installed", *SGLANG_KEYS), problem)
+    return {"python": facts, "sglang": sglang}
+
+
+def hub_facts(config: dict[str, Any], python: dict[str, Any]) -> dict[str, Any]:
+    repos = [str(r) for r in config["hub_repos"]]
+    if not repos:
+        return {}
+    if python["executable"] is None:
+        return {r: _hub_unknown(r, f"no Python to ask the Hub with: {python['unknown_reason']}") for r in repos}
+    document, problem = _sub_probe(python["executable"], "--hub", {"hub_repos": repos}, float(config["hub_timeout"]))
+    if document is None:
+        return {r: _hub_unknown(r, problem) for r in repos}
+    return document
+
+
+def host_facts(config: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    disks = {str(path): disk_facts(str(path)) for path in config["paths"]}
+    document: dict[str, Any] = {
+        "os": os_facts(),
+        "cpu": cpu_facts(),
+        "memory": memory_facts(),
+        "disks": disks,
+        "gpu": gpu_facts(float(config["gpu_timeout"])),
+        "hf_token": token_facts(env),
+        "models": models_facts(str(config["models_dir"])),
+    }
+    document.update(python_facts(config))
+    document["hub"] = hub_facts(config, document["python"])
+    return document
+
+
+# ---------------------------------------------------------------- --interpreter role
+
+
+def _version_of(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def sglang_facts() -> dict[str, Any]:
+    """What this interpreter's SGLang can do, from its files; nothing of SGLang is imported."""
+    import importlib.util
+
+    facts = _sglang_blank()
+    unknown: dict[str, str] = facts["unknown"]
+    try:
+        spec = importlib.util.find_spec("sglang")  # a top-level package: found, not imported
+    except (ImportError, ValueError) as exc:
+        unknown.update(dict.fromkeys(("installed", *SGLANG_KEYS), f"find_spec('sglang') failed: {exc}"))
+        return facts
+    if spec is None:
+        facts["installed"] = False
+        unknown.update(dict.fromkeys(SGLANG_KEYS, f"sglang is not installed for {sys.executable}"))
+        return facts
+    facts["installed"] = True
+    locations = list(spec.submodule_search_locations or [])
+    package = os.path.dirname(spec.origin) if spec.origin else (locations[0] if locations else None)
+    if package is None:
+        unknown.update(dict.fromkeys(SGLANG_KEYS, "sglang has no package folder (a namespace package?)"))
+        return facts
+    facts["package_dir"] = package
+    facts["version"] = _version_of("sglang")
+    if facts["version"] is None:
+        unknown["version"] = "no distribution metadata for sglang (importlib.metadata)"
+    _read_choices(package, facts)
+    _read_dflash(package, facts)
+    _read_kimi(package, facts)
+    attention = os.path.join(package, ATTENTION_DIR)
+    if os.path.isdir(attention):
+        names = sorted(n[: -len("_backend.py")] for n in os.listdir(attention) if n.endswith("_backend.py"))
+        facts["attention_backend_files"] = names
+    return facts
+
+
+def _parse_file(path: str) -> tuple[str | None, str]:
+    """(source, '') or (None, why not)."""
+    try:
+        source = read_text(path)
+        ast.parse(source)
+    except OSError as exc:
+        return None, f"{path}: {exc.strerror}"
+    except SyntaxError as exc:
+        return None, f"{path} does not parse with Python {platform.python_version()}: {exc.msg} (line {exc.lineno})"
+    return source, ""
+
+
+def _read_choices(package: str, facts: dict[str, Any]) -> None:
+    wanted = {
+        "attention_backends": "ATTENTION_BACKEND_CHOICES",
+        "draft_attention_backends": "DRAFT_ATTENTION_BACKEND_CHOICES",
+    }
+    tried = []
+    for relative in CHOICES_FILES:
+        path = os.path.join(package, relative)
+        source, problem = _parse_file(path)
+        tried.append(problem or path)
+        if source is None:
+            continue
+        lists = literal_lists(source, tuple(wanted.values()))
+        for key, name in wanted.items():
+            if facts[key] is None and name in lists:
+                facts[key] = lists[name]
+                facts["sources"][key] = path
+    for key, name in wanted.items():
+        if facts[key] is None:
+            facts["unknown"][key] = f"no literal {name} list in: " + "; ".join(tried)
+
+
+def _read_dflash(package: str, facts: dict[str, Any]) -> None:
+    path = os.path.join(package, SPEC_INFO_FILE)
+    source, problem = _parse_file(path)
+    members = class_attributes(source, "SpeculativeAlgorithm") if source is not None else None
+    if members is None:
+        facts["unknown"]["dflash"] = problem or f"no class SpeculativeAlgorithm in {path}"
+        return
+    facts["dflash"] = "DFLASH" in members
+    facts["sources"]["dflash"] = path
+
+
+def _read_kimi(package: str, facts: dict[str, Any]) -> None:
+    """Whether a model file registers KIMI_ARCH (the architecture of Kimi K2.5 and K2.6 checkpoints)
+    in its `EntryClass`: kimi_k25.py first, then any model file that names it."""
+    models = os.path.join(package, MODELS_DIR)
+    if not os.path.isdir(models):
+        facts["unknown"].update(dict.fromkeys(("kimi_k25_model", "kimi_k25_classes"), f"no folder {models}"))
+        return
+    first = os.path.join(models, KIMI_K25_FILE)
+    others = sorted(os.path.join(models, n) for n in os.listdir(models) if n.endswith(".py") and n != KIMI_K25_FILE)
+    problems = []
+    for path in [first, *others]:
+        try:
+            if not os.path.exists(path) or (path != first and KIMI_ARCH not in read_text(path)):
+                continue
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror}")
+            continue
+        source, problem = _parse_file(path)
+        if source is None:
+            problems.append(problem)
+            continue
+        _, entry = model_classes(source)
+        if KIMI_ARCH in entry:
+            facts.update(kimi_k25_model=True, kimi_k25_classes=entry)
+            facts["sources"]["kimi_k25_model"] = path
+            return
+    if problems:
+        facts["unknown"].update(dict.fromkeys(("kimi_k25_model", "kimi_k25_classes"), "; ".join(problems)))
+        return
+    facts.update(kimi_k25_model=False, kimi_k25_classes=[])
+    facts["sources"]["kimi_k25_model"] = models
+
+
+def interpreter_facts(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "executable": sys.executable,
+        "version": platform.python_version(),
+        "packages": {str(name): _version_of(str(name)) for name in config["packages"]},
+        "unknown_reason": None,
+        "sglang": sglang_facts(),
+    }
+
+
+# ---------------------------------------------------------------- --hub role
+
+
+def _hub_unknown(repo: str, reason: str) -> dict[str, Any]:
+    name, _, revision = repo.partition("@")
+    return {
+        "repo": name,
+        "revision": revision or "main",
+        "sha": None,
+        "files": None,
+        "bytes": None,
+        "unknown_reason": reason,
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def hub_sizes(config: dict[str, Any]) -> dict[str, Any]:
+    repos = [str(r) for r in config["hub_repos"]]
+    try:
+        from huggingface_hub import HfApi
+    except ImportError as exc:
+        return {r: _hub_unknown(r, f"huggingface_hub is not importable by {sys.executable}: {exc}") for r in repos}
+    api = HfApi()
+    result = {}
+    for repo in repos:
+        facts = _hub_unknown(repo, "")
+        try:
+            info = api.model_info(str(facts["repo"]), revision=str(facts["revision"]), files_metadata=True)
+        except Exception as exc:  # any failure of the client is this repo's reason, never a crash
+            facts["unknown_reason"] = f"{_first_line(exc)} (endpoint {api.endpoint})"
+            result[repo] = facts
+            continue
+        sizes = [s.size for s in info.siblings or []]
+        facts.update(sha=info.sha, files=len(sizes), bytes=sum(s or 0 for s in sizes), unknown_reason=None)
+        if any(s is None for s in sizes):
+            facts.update(bytes=None, unknown_reason=f"the Hub gave no size for {sizes.count(None)} files")
+        result[repo] = facts
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--interpreter":
+        document = interpreter_facts(json.loads(argv[2]))
+    elif len(argv) == 3 and argv[1] == "--hub":
+        document = hub_sizes(json.loads(argv[2]))
+    elif len(argv) == 2:
+        document = host_facts(json.loads(argv[1]))
+    else:
+        sys.stderr.write("usage: probe_host.py CONFIG | --interpreter CONFIG | --hub CONFIG\n")
+        return 2
+    sys.stdout.write(json.dumps(document) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

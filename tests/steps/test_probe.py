@@ -1,0 +1,566 @@
+"""The `probe` kind: its host program's parsers on real outputs, and whole probes through the test host."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from executor.cli import main
+from executor.stepkind import FactsError
+from executor.transport.base import Collector
+from sandbox import gpu
+from sandbox.prepare import VENV
+from steps import probe_host
+from steps.probe import HostReport, ProbeFacts, ProbeStep, sm_arch
+from tests.conftest import SandboxHost, free_port
+
+REAL = Path(gpu.__file__).parent / "gpu_fixtures" / "h200"
+SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
+
+
+# ---------------------------------------------------------------- parsers, on the real host's outputs
+
+
+def test_the_gpu_query_is_the_one_the_real_host_answered_and_parses() -> None:
+    header, row = (REAL / "query-gpu-csv.txt").read_text().splitlines()
+    assert [h.split(" [")[0] for h in header.split(", ")] == probe_host.GPU_QUERY.split(",")
+    (h200,) = probe_host.parse_gpu_query(row.replace(" MiB", ""))
+    assert h200 == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "uuid": "GPU-081868fe-7760-46d5-8624-9b6e58495c1d",
+        "memory_total_mib": 143771,
+        "memory_used_mib": 0,
+        "memory_free_mib": 143156,
+        "driver_version": "580.159.04",
+        "compute_capability": "9.0",
+        "pci_bus_id": "00000000:00:06.0",
+    }
+
+
+def test_gpu_query_values_not_available_are_null_and_a_short_row_is_an_error() -> None:
+    (row,) = probe_host.parse_gpu_query("0, NVIDIA H200, [N/A], [N/A], 0, [Not Supported], 580.159.04, 9.0, [N/A]\n")
+    assert row["uuid"] is None and row["memory_total_mib"] is None and row["memory_free_mib"] is None
+    with pytest.raises(ValueError, match="expected 9 fields, got 2"):
+        probe_host.parse_gpu_query("0, NVIDIA H200\n")
+
+
+_names = (
+    st.text(st.characters(min_codepoint=32, max_codepoint=126, exclude_characters=',"'), min_size=1)
+    .map(str.strip)
+    .filter(lambda name: name not in ("", "N/A", "[N/A]", "[Not Supported]", "[Unknown Error]"))
+)
+
+
+@given(
+    gpus=st.lists(
+        st.tuples(_names, st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(["9.0", "12.0"])),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_what_the_gpu_double_renders_the_probe_reads_back(gpus: list[tuple[str, int, int, str]]) -> None:
+    """The nvidia-smi double's renderer is proven on the real outputs (tests/sandbox); the parser
+    reads back any GPUs it renders in the probe's query."""
+    host = gpu.Host(
+        driver_version="580.95.05",
+        cuda_version="13.0",
+        gpus=tuple(
+            replace(
+                gpu.RTX6000.gpus[0], index=i, name=name, memory_total_mib=total, memory_free_mib=free, compute_cap=cap
+            )
+            for i, (name, total, free, cap) in enumerate(gpus)
+        ),
+    )
+    text = gpu.render_query(host, probe_host.GPU_QUERY.split(","), header=False, units=False)
+    parsed = probe_host.parse_gpu_query(text)
+    assert [
+        (g["index"], g["name"], g["memory_total_mib"], g["memory_free_mib"], g["compute_capability"]) for g in parsed
+    ] == [(i, *g) for i, g in enumerate(gpus)]
+
+
+def test_cuda_version_comes_from_the_real_table_header() -> None:
+    assert probe_host.parse_cuda_version((REAL / "nvidia-smi.txt").read_text()) == "13.0"
+    assert probe_host.parse_cuda_version("No devices were found") is None
+
+
+def test_os_release_of_the_real_host() -> None:
+    release = probe_host.parse_os_release((REAL / "os-release").read_text())
+    assert (release["ID"], release["VERSION_ID"], release["PRETTY_NAME"]) == ("ubuntu", "24.04", "Ubuntu 24.04.3 LTS")
+    assert release["HOME_URL"] == "https://www.ubuntu.com/"
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Z][A-Z_]{0,10}", fullmatch=True),
+        st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30),
+    )
+)
+def test_os_release_values_round_trip_through_shell_quoting(values: dict[str, str]) -> None:
+    def quote(value: str) -> str:
+        return '"' + "".join("\\" + c if c in '\\$"`' else c for c in value) + '"'
+
+    assert probe_host.parse_os_release("".join(f"{k}={quote(v)}\n" for k, v in values.items())) == values
+
+
+def test_meminfo_agrees_with_free() -> None:
+    info = probe_host.parse_meminfo(Path("/proc/meminfo").read_text())
+    free = subprocess.run(["free", "-b"], capture_output=True, text=True, check=True).stdout.splitlines()[1].split()
+    assert info["MemTotal"] == int(free[1])
+    assert probe_host.parse_meminfo("MemTotal:       131981020 kB\nHugePages_Total:       0\n") == {
+        "MemTotal": 131981020 * 1024,
+        "HugePages_Total": 0,
+    }
+
+
+def test_choice_lists_are_read_from_the_real_sglang_source() -> None:
+    source = (SITE / "sglang" / "srt" / "arg_groups" / "choices.py").read_text()
+    lists = probe_host.literal_lists(source, ("ATTENTION_BACKEND_CHOICES", "DRAFT_ATTENTION_BACKEND_CHOICES"))
+    assert len(lists["ATTENTION_BACKEND_CHOICES"]) == 25
+    assert {"trtllm_mla", "flashmla", "cutedsl_mla", "flashinfer", "triton", "fa3", "fa4"} <= set(
+        lists["ATTENTION_BACKEND_CHOICES"]
+    )
+    assert "cutlass_mla" not in lists["ATTENTION_BACKEND_CHOICES"]  # the seeds grepped for it; gone in 0.5.23
+    assert lists["DRAFT_ATTENTION_BACKEND_CHOICES"] == [
+        "flashinfer",
+        "fa3",
+        "fa4",
+        "triton",
+        "ascend",
+        "trtllm_mha",
+        "intel_xpu",
+    ]
+
+
+def test_choice_lists_of_an_older_layout_and_non_literals() -> None:
+    older = textwrap.dedent("""\
+        import argparse
+        ATTENTION_BACKEND_CHOICES: list = ["triton", "flashinfer", "cutlass_mla"]
+        DRAFT_ATTENTION_BACKEND_CHOICES = compute_choices()
+        """)
+    assert probe_host.literal_lists(older, ("ATTENTION_BACKEND_CHOICES", "DRAFT_ATTENTION_BACKEND_CHOICES")) == {
+        "ATTENTION_BACKEND_CHOICES": ["triton", "flashinfer", "cutlass_mla"]
+    }
+
+
+def test_dflash_and_kimi_are_read_from_the_real_sglang_source() -> None:
+    spec_info = (SITE / "sglang" / "srt" / "speculative" / "spec_info.py").read_text()
+    members = probe_host.class_attributes(spec_info, "SpeculativeAlgorithm")
+    assert members is not None and "DFLASH" in members and "EAGLE" in members
+    assert probe_host.class_attributes(spec_info, "NoSuchClass") is None
+    classes, entry = probe_host.model_classes((SITE / "sglang" / "srt" / "models" / "kimi_k25.py").read_text())
+    assert entry == ["KimiK25ForConditionalGeneration"] and "KimiK25ForConditionalGeneration" in classes
+
+
+def interpreter_role(python_path: Path) -> dict[str, Any]:
+    """The probe program's --interpreter role, run as the probe runs it, with PYTHONPATH=python_path."""
+    done = subprocess.run(
+        [sys.executable, probe_host.__file__, "--interpreter", json.dumps({"packages": ["sglang"]})],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(python_path)},
+    )
+    facts: dict[str, Any] = json.loads(done.stdout)["sglang"]
+    return facts
+
+
+def test_an_older_sglang_layout_names_its_sources_and_says_what_it_cannot_tell(tmp_path: Path) -> None:
+    srt = tmp_path / "sglang" / "srt"
+    (srt / "models").mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("import torch\n")  # never imported by the probe
+    (srt / "server_args.py").write_text('ATTENTION_BACKEND_CHOICES = ["triton", "flashinfer", "cutlass_mla"]\n')
+    (srt / "models" / "deepseek_v2.py").write_text(
+        "class DeepseekV2ForCausalLM: ...\nEntryClass = DeepseekV2ForCausalLM\n"
+    )
+    (srt / "models" / "kimi_vl.py").write_text(
+        "class KimiK25ForConditionalGeneration: ...\nEntryClass = [KimiK25ForConditionalGeneration]\n"
+    )
+    facts = interpreter_role(tmp_path)
+    assert facts["installed"] is True and facts["package_dir"] == str(tmp_path / "sglang")
+    assert facts["attention_backends"] == ["triton", "flashinfer", "cutlass_mla"]
+    assert facts["sources"]["attention_backends"] == str(srt / "server_args.py")
+    assert facts["draft_attention_backends"] is None and facts["dflash"] is None and facts["version"] is None
+    assert facts["unknown"]["draft_attention_backends"] == (
+        f"no literal DRAFT_ATTENTION_BACKEND_CHOICES list in: {srt / 'arg_groups' / 'choices.py'}: "
+        f"No such file or directory; {srt / 'server_args.py'}"
+    )
+    assert facts["unknown"]["dflash"] == f"{srt / 'speculative' / 'spec_info.py'}: No such file or directory"
+    assert facts["unknown"]["version"] == "no distribution metadata for sglang (importlib.metadata)"
+    assert facts["kimi_k25_model"] is True and facts["sources"]["kimi_k25_model"] == str(srt / "models" / "kimi_vl.py")
+    (srt / "models" / "kimi_vl.py").unlink()
+    facts = interpreter_role(tmp_path)
+    assert facts["kimi_k25_model"] is False and facts["sources"]["kimi_k25_model"] == str(srt / "models")
+
+
+def test_sm_arch() -> None:
+    assert [sm_arch(c) for c in ("9.0", "10.0", "10.3", "12.0", None, "[N/A]")] == [
+        "sm90",
+        "sm100",
+        "sm103",
+        "sm120",
+        None,
+        None,
+    ]
+
+
+def finished(stdout: bytes, stderr: bytes = b"", exit_code: int = 0):  # type: ignore[no-untyped-def]
+    collect = Collector()
+    collect.stdout.feed(stdout)
+    collect.stderr.feed(stderr)
+    return collect.result(exit_code)
+
+
+def test_no_document_is_loud() -> None:
+    step = ProbeStep(id="p")
+    with pytest.raises(FactsError, match=r"no JSON document \(exit 127\).*python3: command not found"):
+        step.parse_facts(finished(b"", b"bash: line 9: python3: command not found\n", 127))
+    with pytest.raises(FactsError, match=r"not what probe_host\.py prints"):
+        step.parse_facts(finished(b'{"os": {}}'))
+
+
+# ---------------------------------------------------------------- whole probes through the test host
+
+
+def run_probe(
+    host: SandboxHost,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    step: str = "",
+    head: str = "",
+) -> tuple[int, dict[str, Any] | None, str]:
+    """Run a runbook whose one step is a probe on `host`: (exit code, facts, stderr of the CLI)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "probe.yaml"
+    body = "name: probe\n" + host.host_yaml() + head + "steps:\n  - id: probe\n    kind: probe\n"
+    path.write_text(body + textwrap.indent(textwrap.dedent(step), "    "))
+    logs = tmp_path / "logs"
+    code = main(["run", str(path), "--log-dir", str(logs)])
+    err = capsys.readouterr().err
+    assert main(["status", "--log-dir", str(logs), "--json"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)["steps"]
+    return code, record["facts"], err
+
+
+@pytest.fixture(scope="module")
+def h200(testhost: Callable[[str], SandboxHost], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One probe of the H200 host with the SGLang venv's python, shared by the tests that read it."""
+    host = testhost("h200")
+    tmp = tmp_path_factory.mktemp("probe-h200")
+    model = host.home / "models" / "Kimi-K2.6-DFlash-probe-test"
+    model.mkdir(parents=True)
+    try:
+        (model / "config.json").write_text("{}" * 50)
+        (model / "model.safetensors.incomplete").write_bytes(b"\0" * 1000)
+        path = tmp / "probe.yaml"
+        path.write_text(
+            f"name: probe\n{host.host_yaml()}steps:\n  - id: probe\n    kind: probe\n    python: {host.python}\n"
+        )
+        assert main(["run", str(path), "--log-dir", str(tmp / "logs")]) == 0
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert main(["status", "--log-dir", str(tmp / "logs"), "--json"]) == 0
+    finally:
+        shutil.rmtree(model)
+        with contextlib.suppress(OSError):
+            model.parent.rmdir()  # only if no other test keeps models there
+    facts: dict[str, Any] = json.loads(out.getvalue())["steps"][0]["facts"]
+    return facts
+
+
+def test_h200_gpu_facts_are_the_real_hosts(h200: dict[str, Any]) -> None:
+    (card,) = h200["gpu"]["gpus"]
+    assert card["name"] == "NVIDIA H200" and card["compute_capability"] == "9.0" and card["arch"] == "sm90"
+    assert (card["memory_total_mib"], card["memory_free_mib"]) == (143771, 143156)
+    assert h200["gpu"]["driver_version"] == "580.159.04" and h200["gpu"]["cuda_version"] == "13.0"
+    assert h200["gpu"]["reason"] is None and h200["gpu"]["nvidia_smi"].endswith(".cache/testhost/bin/nvidia-smi")
+    assert (h200["gpu_count"], h200["gpu_arch"], h200["gpu_memory_min_mib"]) == (1, "sm90", 143771)
+
+
+def test_sglang_capabilities_are_read_from_the_installed_release(h200: dict[str, Any]) -> None:
+    sglang = h200["sglang"]
+    assert sglang["installed"] is True and sglang["version"] == "0.5.23" and sglang["dflash"] is True
+    assert "trtllm_mla" in sglang["attention_backends"] and len(sglang["attention_backends"]) == 25
+    assert sglang["draft_attention_backends"][:4] == ["flashinfer", "fa3", "fa4", "triton"]
+    assert sglang["kimi_k25_model"] is True and sglang["kimi_k25_classes"] == ["KimiK25ForConditionalGeneration"]
+    assert sglang["sources"]["attention_backends"].endswith("site-packages/sglang/srt/arg_groups/choices.py")
+    assert sglang["sources"]["dflash"].endswith("sglang/srt/speculative/spec_info.py")
+    assert sglang["sources"]["kimi_k25_model"].endswith("sglang/srt/models/kimi_k25.py")
+    assert set(sglang["mla_attention_backends"]) == {
+        "flashmla",
+        "trtllm_mla",
+        "cutedsl_mla",
+        "tokenspeed_mla",
+        "fa3",
+        "flashinfer",
+        "triton",
+    }
+    assert sglang["unknown"] == {}
+    assert h200["mla_backends_usable_on_gpu"] == ["triton", "fa3", "flashinfer", "flashmla"]
+    assert h200["python"]["executable"] == str(VENV / "bin" / "python")
+    assert h200["python"]["version"] == platform.python_version()  # the venv is made from the tests' Python
+    assert h200["python"]["packages"]["sglang"] == "0.5.23" and h200["python"]["packages"]["torch"] is None
+
+
+def test_host_disks_memory_os_and_models(h200: dict[str, Any]) -> None:
+    shm = h200["disks"]["/dev/shm"]
+    df = subprocess.run(["df", "-B1", "--output=size,avail", "/dev/shm"], capture_output=True, text=True, check=True)
+    size, _avail = df.stdout.splitlines()[1].split()
+    assert shm["size_bytes"] == int(size) and shm["mount_point"] == "/dev/shm" and shm["exists"] is True
+    models = h200["models"]
+    assert models["dir"] == "~/models" and models["resolved"].endswith("/home/models") and models["exists"] is True
+    (entry,) = [e for e in models["entries"] if e["name"] == "Kimi-K2.6-DFlash-probe-test"]
+    assert (entry["name"], entry["bytes"], entry["files"], entry["incomplete_files"], entry["has_config"]) == (
+        "Kimi-K2.6-DFlash-probe-test",
+        1100,
+        2,
+        1,
+        True,
+    )
+    steady = ("path", "resolved", "exists", "measured_at", "mount_point", "size_bytes")  # others write meanwhile
+    assert {k: h200["disks"]["~/models"][k] for k in steady} == {k: models["disk"][k] for k in steady}
+    assert models["disk"]["avail_bytes"] > 0
+    assert h200["memory"]["total_bytes"] == probe_host.parse_meminfo(Path("/proc/meminfo").read_text())["MemTotal"]
+    assert h200["cpu"]["count"] >= 1 and h200["os"]["id"] and h200["os"]["pretty_name"]
+
+
+@pytest.mark.parametrize(
+    ("caps", "usable"),
+    [
+        (["9.0"], ["triton", "fa3", "flashinfer", "flashmla"]),
+        (["10.0", "10.0"], ["triton", "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla"]),
+        (["12.0"], ["triton", "flashinfer"]),
+        (["9.0", "12.0"], None),
+    ],
+)
+def test_mla_backends_usable_follow_the_gpu_architecture(
+    h200: dict[str, Any], caps: list[str], usable: list[str] | None
+) -> None:
+    report = {k: v for k, v in h200.items() if k in HostReport.model_fields}
+    report["sglang"] = {k: v for k, v in report["sglang"].items() if k != "mla_attention_backends"}
+    card = {k: v for k, v in report["gpu"]["gpus"][0].items() if k != "arch"}
+    report["gpu"] = {
+        **report["gpu"],
+        "gpus": [{**card, "index": i, "compute_capability": c} for i, c in enumerate(caps)],
+    }
+    facts = ProbeFacts.from_report(HostReport.model_validate(report))
+    assert facts.mla_backends_usable_on_gpu == usable
+    if usable is None:
+        assert facts.unknown["mla_backends_usable_on_gpu"] == (
+            "GPU architecture unknown: the GPUs' compute capabilities differ or are unknown: 12.0, 9.0"
+        )
+
+
+def test_rtx6000_host_has_eight_sm120_gpus_where_trtllm_mla_is_unusable(testhost, tmp_path, capsys) -> None:
+    host = testhost("rtx6000")
+    code, facts, err = run_probe(host, tmp_path, capsys, step=f"python: {host.python}\n")
+    assert code == 0, err
+    assert facts is not None
+    assert facts["gpu_count"] == 8 and facts["gpu_arch"] == "sm120"
+    assert {g["name"] for g in facts["gpu"]["gpus"]} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+    assert [g["index"] for g in facts["gpu"]["gpus"]] == list(range(8))
+    assert facts["gpu_memory_min_mib"] == 97887 and facts["gpu"]["driver_version"] == "580.95.05"
+    assert "trtllm_mla" in facts["sglang"]["attention_backends"]
+    assert facts["mla_backends_usable_on_gpu"] == ["triton", "flashinfer"]
+
+
+def test_trtllm_mla_gate_fails_loudly_on_sm120(testhost, tmp_path, capsys) -> None:
+    host = testhost("rtx6000")
+    code, _facts, err = run_probe(
+        host,
+        tmp_path,
+        capsys,
+        step=f"""\
+            python: {host.python}
+            gates:
+              - that: "'trtllm_mla' in facts.mla_backends_usable_on_gpu"
+                message: trtllm_mla cannot run on this GPU
+            """,
+    )
+    assert code == 1
+    assert "trtllm_mla cannot run on this GPU" in err
+    assert 'facts.mla_backends_usable_on_gpu = ["triton", "flashinfer"]' in err
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        ("none", "nvidia-smi --query-gpu failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate"),
+        ("absent", "nvidia-smi not found on PATH"),
+    ],
+)
+def test_no_gpu_is_an_empty_list_with_a_reason(testhost, tmp_path, capsys, variant: str, reason: str) -> None:
+    code, facts, err = run_probe(testhost(variant), tmp_path, capsys, step="python: /nonexistent/python\n")
+    assert code == 0, err
+    assert facts is not None
+    assert facts["gpu"]["gpus"] == [] and facts["gpu"]["reason"].startswith(reason)
+    assert facts["gpu_count"] == 0 and facts["gpu_arch"] is None
+    assert facts["unknown"]["gpu_arch"].startswith("no GPUs: " + reason)
+    assert (
+        facts["mla_backends_usable_on_gpu"] is None
+        and "GPU architecture unknown" in facts["unknown"]["mla_backends_usable_on_gpu"]
+    )
+
+
+def test_a_python_without_sglang_says_not_installed_and_gates_on_it_fail(testhost, tmp_path, capsys) -> None:
+    code, facts, err = run_probe(
+        testhost("h200"),
+        tmp_path,
+        capsys,
+        step=f"""\
+            python: {sys.executable}
+            packages: [sglang, pydantic]
+            gates:
+              - that: "'trtllm_mla' in facts.sglang.attention_backends"
+                message: this SGLang offers no trtllm_mla
+            """,
+    )
+    assert code == 1
+    assert "this SGLang offers no trtllm_mla" in err and "argument of type 'NoneType' is not iterable" in err
+    code, facts, err = run_probe(testhost("h200"), tmp_path, capsys, step=f"python: {sys.executable}\n")
+    assert code == 0, err
+    assert facts is not None
+    sglang = facts["sglang"]
+    assert sglang["installed"] is False and sglang["attention_backends"] is None and sglang["dflash"] is None
+    assert sglang["unknown"]["attention_backends"] == f"sglang is not installed for {sys.executable}"
+    assert facts["python"]["packages"]["sglang"] is None
+    assert facts["unknown"]["mla_backends_usable_on_gpu"].startswith("SGLang's attention backends unknown")
+
+
+def test_a_missing_python_is_unknown_with_the_reason(testhost, tmp_path, capsys) -> None:
+    code, facts, err = run_probe(testhost("h200"), tmp_path, capsys, step="python: /opt/nope/bin/python\n")
+    assert code == 0, err
+    assert facts is not None
+    assert facts["python"]["unknown_reason"] == "python '/opt/nope/bin/python' does not exist or is not executable"
+    assert facts["sglang"]["installed"] is None
+    assert facts["sglang"]["unknown"]["dflash"] == facts["python"]["unknown_reason"]
+
+
+TOKEN = "hf_probeTESTtokenValue0123456789"
+
+
+def _nowhere_holds_the_token(logs: Path, *outputs: str) -> None:
+    for path in logs.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+    for output in outputs:
+        assert TOKEN not in output
+
+
+def test_token_from_env_reports_its_source_never_its_value(testhost, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PROBE_TEST_TOKEN", TOKEN)
+    code, facts, err = run_probe(
+        testhost("h200"),
+        tmp_path,
+        capsys,
+        head="secrets:\n  HF_TOKEN: {env: PROBE_TEST_TOKEN}\n",
+        step="python: /nonexistent/python\ngates:\n  - facts.hf_token.available\n",
+    )
+    assert code == 0, err
+    assert facts is not None
+    assert facts["hf_token"] == {
+        "available": True,
+        "source": "env HF_TOKEN",
+        "checked": ["env HF_TOKEN"],
+        "reason": None,
+    }
+    _nowhere_holds_the_token(tmp_path / "logs", err, json.dumps(facts))
+
+
+def test_token_from_file_reports_the_file(testhost, tmp_path, capsys) -> None:
+    host = testhost("h200")
+    token_file = host.home / ".cache" / "huggingface" / "token"
+    code, facts, err = run_probe(host, tmp_path / "before", capsys, step="python: /nonexistent/python\n")
+    assert code == 0 and facts is not None
+    assert facts["hf_token"]["available"] is False
+    assert facts["hf_token"]["reason"] == f"no HF_TOKEN in the environment and no token file at {token_file}"
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        token_file.write_text(TOKEN + "\n")
+        code, facts, err = run_probe(host, tmp_path, capsys, step="python: /nonexistent/python\n")
+    finally:
+        token_file.unlink()
+    assert code == 0, err
+    assert facts is not None
+    assert facts["hf_token"]["source"] == f"file {token_file}" and facts["hf_token"]["available"] is True
+    _nowhere_holds_the_token(tmp_path / "logs", err, json.dumps(facts))
+
+
+def test_missing_token_fails_a_token_gate_with_the_reason(testhost, tmp_path, capsys) -> None:
+    code, _facts, err = run_probe(
+        testhost("h200"),
+        tmp_path,
+        capsys,
+        step="""\
+            python: /nonexistent/python
+            gates:
+              - that: facts.hf_token.available
+                message: no Hugging Face token on the host
+            """,
+    )
+    assert code == 1 and "no Hugging Face token on the host" in err and "facts.hf_token.available = false" in err
+
+
+def test_paths_and_models_dir_expand_on_the_host_and_unset_vars_are_reasons(testhost, tmp_path, capsys) -> None:
+    host = testhost("h200")
+    code, facts, err = run_probe(
+        host,
+        tmp_path,
+        capsys,
+        head="vars:\n  models_root: /nonexistent-probe-root\n",
+        step="python: /nonexistent/python\nmodels_dir: $models_root/models\npaths: [/, $UNSET_IN_RUNBOOK/x]\n",
+    )
+    assert code == 0, err
+    assert facts is not None
+    disk = facts["disks"]["$models_root/models"]
+    assert (
+        disk["resolved"] == "/nonexistent-probe-root/models" and disk["exists"] is False and disk["measured_at"] == "/"
+    )
+    assert disk["size_bytes"] == facts["disks"]["/"]["size_bytes"] > 0
+    assert facts["models"]["exists"] is False and facts["models"]["entries"] == []
+    unset = facts["disks"]["$UNSET_IN_RUNBOOK/x"]
+    assert unset["size_bytes"] is None
+    assert unset["unknown_reason"] == "'$UNSET_IN_RUNBOOK/x': variable $UNSET_IN_RUNBOOK is not set on the host"
+
+
+def test_hub_sizes_are_asked_from_the_host_and_a_failure_is_a_reason(testhost, tmp_path, capsys) -> None:
+    host = testhost("h200")
+    code, facts, err = run_probe(
+        host,
+        tmp_path,
+        capsys,
+        head=f"vars:\n  HF_ENDPOINT: http://127.0.0.1:{free_port()}\n",
+        step=f"python: {host.python}\nhub_repos: [z-lab/Kimi-K2.6-DFlash@main]\n",
+    )
+    assert code == 0, err
+    assert facts is not None
+    repo = facts["hub"]["z-lab/Kimi-K2.6-DFlash@main"]
+    assert (repo["repo"], repo["revision"], repo["files"], repo["bytes"]) == (
+        "z-lab/Kimi-K2.6-DFlash",
+        "main",
+        None,
+        None,
+    )
+    assert "ConnectError" in repo["unknown_reason"] and "127.0.0.1" in repo["unknown_reason"]
+
+
+def test_plan_shows_one_command_with_the_program_in_a_quoted_heredoc(tmp_path, capsys) -> None:
+    path = tmp_path / "rb.yaml"
+    path.write_text("name: p\nsteps:\n  - {id: probe, kind: probe, python: /root/venv_sglang/bin/python}\n")
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert 'cat > "$prog" <<\'RUNBOOK_EOF_' in out and "def parse_gpu_query" in out
+    assert '"python": "/root/venv_sglang/bin/python"' in out
