@@ -19,6 +19,7 @@ delimiter is random and checked to be absent from the body.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets as _random
 import shlex
 from collections.abc import Mapping
@@ -89,6 +90,30 @@ def render_command(
         f"{export_block(masked_env)}{body.decode('utf-8', 'replace')}"
     )
     return RenderedCommand(argv=argv, stdin=env_bytes + body, display=display)
+
+
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def host_word(text: str) -> str:
+    """`text` as one bash word in which only `~` (leading) and `$name`/`${name}` expand.
+
+    A var that is unset or empty stops the script, naming it, rather than turning
+    `$models_dir/Kimi-K2.6` into `/Kimi-K2.6`.
+    """
+    parts, pos = [], 0
+    if text == "~" or text.startswith("~/"):
+        parts.append('"${HOME:?is not set}"')
+        pos = 1
+    for match in _VAR.finditer(text, pos):
+        if match.start() > pos:
+            parts.append(shlex.quote(text[pos : match.start()]))
+        name = match.group(1) or match.group(2)
+        parts.append(f'"${{{name}:?runbook var {name} is unset or empty}}"')
+        pos = match.end()
+    if pos < len(text) or not parts:
+        parts.append(shlex.quote(text[pos:]))
+    return "".join(parts)
 
 
 def heredoc(body: str, command: str = "cat") -> str:

@@ -13,20 +13,17 @@ is interpreted, and a var that is unset or empty stops the step with its name.
 
 from __future__ import annotations
 
-import re
-import shlex
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
 from executor.model import Gate, Model
-from executor.render import heredoc
+from executor.render import heredoc, host_word
 from executor.stepkind import FactsError, RenderContext, StepSpec
 from executor.transport.base import CommandResult
 
 HOST_PROGRAM = Path(__file__).with_name("inspect_config_host.py")
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 T = TypeVar("T")
 
@@ -124,27 +121,6 @@ class InspectConfigFacts(Model):
     drafter: DrafterFacts | None  # None: the step was given no drafter_dir
     target: TargetFacts
     deploy: DeployFacts
-
-
-def host_word(text: str) -> str:
-    """`text` as one bash word in which only `~` (leading) and `$name`/`${name}` expand.
-
-    A var that is unset or empty stops the script, naming it, rather than turning
-    `$models_dir/Kimi-K2.6` into `/Kimi-K2.6`.
-    """
-    parts, pos = [], 0
-    if text == "~" or text.startswith("~/"):
-        parts.append('"${HOME:?is not set}"')
-        pos = 1
-    for match in _VAR.finditer(text, pos):
-        if match.start() > pos:
-            parts.append(shlex.quote(text[pos : match.start()]))
-        name = match.group(1) or match.group(2)
-        parts.append(f'"${{{name}:?runbook var {name} is unset or empty}}"')
-        pos = match.end()
-    if pos < len(text) or not parts:
-        parts.append(shlex.quote(text[pos:]))
-    return "".join(parts)
 
 
 class InspectConfigStep(StepSpec):

@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor.cli import main
+from executor.render import host_word
 from executor.state import list_runs, open_state
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from sandbox.model_configs import custom_code_files, deepseek_v3_text_config, drafter_config, target_config
 from steps import inspect_config_host as host
-from steps.inspect_config import InspectConfigFacts, InspectConfigStep, host_word
+from steps.inspect_config import InspectConfigFacts, InspectConfigStep
 
 Config = dict[str, Any]
 Edit = Callable[[Config], "Config | str | None"]  # a config, raw file text, or None: no config.json
