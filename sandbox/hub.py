@@ -84,6 +84,9 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 from sandbox.repos import Repo, RepoFile, default_repos
 
 Kind = Literal["api", "resolve", "cdn"]
+# Two loopback addresses: like the real CDN, ours is another host, not just another port (huggingface_hub
+# follows a HEAD redirect that stays on the same host name, whatever the port, and then misses X-Repo-Commit).
+HUB_ADDRESS, CDN_ADDRESS = "127.0.0.1", "127.0.0.2"
 LAST_MODIFIED = "2026-04-20T12:00:00.000Z"
 
 _INFO = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?")
@@ -305,7 +308,7 @@ class HubServer:
         self.page_size = 1000  # the Hub's page size for tree listings
         self.stopping = threading.Event()
         self._listeners = [_Listener(self, "hub"), _Listener(self, "cdn")]
-        self.endpoint, self.cdn_endpoint = (f"http://127.0.0.1:{lst.server_address[1]}" for lst in self._listeners)
+        self.endpoint, self.cdn_endpoint = (f"http://{lst.server_name_and_port}" for lst in self._listeners)
         self._threads: list[threading.Thread] = []
 
     def start(self) -> HubServer:
@@ -512,7 +515,9 @@ class _Listener(ThreadingHTTPServer):
 
     def __init__(self, hub: HubServer, role: str) -> None:
         self.hub, self.role = hub, role
-        super().__init__(("127.0.0.1", 0), _Handler)
+        address = CDN_ADDRESS if role == "cdn" else HUB_ADDRESS
+        super().__init__((address, 0), _Handler)
+        self.server_name_and_port = f"{address}:{self.server_port}"
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -1,0 +1,487 @@
+"""`download`: fetch a Hub repo onto the host with a chain of methods, and prove it complete.
+
+The seeds' first download method (`huggingface-cli`) exited without downloading and nobody noticed.
+So no method is trusted: one attempt of this step runs, each an audited command on the host,
+
+1. a precheck (steps/download_host.py `check`): the Hub's commit and file list for the revision (after
+   include/exclude), access to the files with the token at hand, what `local_dir` already holds, free disk.
+   Complete already: done, no method runs (`skipped`). Not enough disk for the bytes still to fetch plus
+   `min_free_margin`: refused before anything is downloaded, with the numbers;
+2. each method of `methods` in order (`hf download`, `huggingface_hub.snapshot_download`, plain HTTP with
+   Range resume), pinned to the commit the precheck saw, each followed by the same check offline against
+   that file list: a method has won only when every file is at its path with the Hub's size, whatever its
+   exit status said.
+
+The token is the secret HF_TOKEN, which the engine exports into the host's environment; the Hub client
+and the HTTP method read it from there (or from the host's token file), never from a command line.
+Progress: while a method runs, its script prints the size of `local_dir` every few seconds, and the step
+turns these lines into live progress (bytes done of total, rate, ETA); the audit log keeps one record per
+command, its output clipped. The Hub client's own progress bars are off (HF_HUB_DISABLE_PROGRESS_BARS).
+
+Resuming: the HTTP method continues a file from the bytes already fetched (its `{path}.incomplete`, or a
+shorter file at its path). huggingface_hub (1.x as of 1.33, and 2.x) resumes only within one process, after
+a transfer breaks off: each process downloads into a fresh uniquely named `*.incomplete` file, so after an
+interruption it starts that file over, keeping only the files it had completed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, BeforeValidator, Field, field_validator
+
+from executor.durations import Duration, format_duration
+from executor.model import Gate
+from executor.render import heredoc, host_word
+from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
+from executor.transport.base import CommandResult
+
+Method = Literal["hf_cli", "snapshot_download", "http"]
+HOST_PROGRAM = Path(__file__).with_name("download_host.py")
+PROGRESS_PREFIX = b"runbook-progress "
+PROGRESS_EVERY_S = 2
+#: The checks list files and stat them; they get this long whatever the step's own timeout.
+CHECK_TIMEOUT_S = 120.0
+#: How much of an error line a method's `ended` keeps: `failure` names every method in one line, which a
+#: failed gate shows up to 200 characters.
+GIST_CHARS = 40
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20}
+_UNITS |= {"GIB": 2**30, "TIB": 2**40}
+
+
+def human_bytes(count: float) -> str:
+    """Decimal units, as disk vendors and `df -H` count: 612.3 GB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(count) >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def parse_margin(value: Any) -> float | int:
+    """`min_free_margin`: a ratio of the bytes to fetch (a float in [0, 1], or "5%"), or bytes (an int, or
+    "20GB", "10 GiB"). Returns a float for a ratio, an int for bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a ratio (0.05, '5%') or a size ('20GB', 20000000000)")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a margin cannot be negative, got {value}")
+        return value
+    if isinstance(value, float):
+        if not 0 <= value <= 1:
+            raise ValueError(f"a ratio margin is between 0 and 1 (0.05 is 5%), got {value}")
+        return value
+    if isinstance(value, str):
+        text = value.strip().replace(" ", "").upper()
+        if text.endswith("%"):
+            return parse_margin(float(text[:-1]) / 100)
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]I?B|B)?", text)
+        if match:
+            return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+    raise ValueError(f"expected a ratio (0.05, '5%') or a size ('20GB', '10GiB', 20000000000), got {value!r}")
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+Patterns = Annotated[list[str], BeforeValidator(_as_list)]
+RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]  # `org/name`, as the Hub spells it
+
+
+class MethodTry(BaseModel):
+    """One method of the chain as it ran: `reason` says why it failed (None: it completed the download)."""
+
+    method: Method
+    complete: bool
+    exit_code: int | None
+    timed_out: bool
+    duration_s: float
+    ended: str  # how its command ended, in brief: "exited 0", "exit 1 (GatedRepoError)", "timed out after 1h"
+    reason: str | None
+
+
+class DiskCheck(BaseModel):
+    """Free disk where `local_dir` is, against the bytes still to fetch; `shortfall` says why it refused."""
+
+    path: str
+    free_bytes: int
+    need_bytes: int | None  # None: the file list is unknown (see hub_error)
+    margin_bytes: int | None
+    shortfall: str | None
+
+
+class DownloadFacts(BaseModel):
+    repo: str
+    revision: str
+    commit: str | None  # what the revision pointed at; None when the Hub did not say (hub_error)
+    local_dir: str  # as the host expanded it
+    complete: bool
+    method: Method | None  # the method that completed the download; None when skipped or failed
+    skipped: bool  # already complete before any method ran
+    tried: list[MethodTry]
+    files: int
+    bytes: int
+    present_bytes: int  # bytes of files already complete before any method ran
+    resumed_bytes: int  # bytes of partial files the HTTP method continued with Range requests
+    fetched_bytes: int  # bytes the methods fetched
+    duration_s: float
+    rate_bytes_per_s: float | None  # fetched bytes per second of the methods; None when none ran
+    token_source: str | None  # where the host's token came from ("env HF_TOKEN", "file ..."); never its value
+    hub_error: str | None
+    disk: DiskCheck
+    incomplete: list[str]  # files not complete at the end, with their state
+    removed_leftovers: list[str]  # stale `*.incomplete` files removed once the download was complete
+    failure: str | None  # why the download is not complete, one line
+
+
+class DownloadStep(StepSpec):
+    kind: Literal["download"] = "download"
+    repo: RepoId
+    revision: str = Field(default="main", min_length=1)
+    local_dir: str
+    include: Patterns = []
+    exclude: Patterns = []
+    methods: list[Method] = Field(default=["hf_cli", "snapshot_download", "http"], min_length=1)
+    hf_cli: str = "hf"
+    python: str = "python3"
+    min_free_margin: Annotated[float | int, BeforeValidator(parse_margin)] = 0.05
+    method_timeout: Duration | None = None
+
+    @field_validator("local_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith(("/", "~", "$")):
+            raise ValueError(
+                f"local_dir must be an absolute path on the host (or start with ~ or a $var), got {value!r}"
+            )
+        return value.rstrip("/") or "/"
+
+    @field_validator("methods")
+    @classmethod
+    def _distinct(cls, value: list[Method]) -> list[Method]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"each method may appear once, got {value}")
+        return value
+
+    def default_gates(self) -> list[Gate]:
+        return [
+            Gate(that="facts.hub_error is none", message="the Hub did not let the host read the repo's files"),
+            Gate(that="facts.disk.shortfall is none", message="not enough free disk: refused before downloading"),
+            Gate(that="facts.failure is none", message="the download is not complete"),
+        ]
+
+    # ---- scripts ---------------------------------------------------------------------------------------
+    # Each script sets `local_dir` first (vars and ~ in it expand on the host) and passes "$local_dir" on.
+
+    def _local_dir(self) -> str:
+        return f"local_dir={host_word(self.local_dir)}\n"
+
+    def _host_program(self, config: dict[str, Any], manifest_file: bool = False) -> str:
+        words = f'{host_word(self.python)} - {shlex.quote(json.dumps(config))} "$local_dir"'
+        return heredoc(HOST_PROGRAM.read_text(), command=words + (' "$manifest"' if manifest_file else ""))
+
+    def precheck_script(self) -> str:
+        config: dict[str, Any] = {"command": "check", "repo": self.repo, "revision": self.revision}
+        config |= {"include": self.include, "exclude": self.exclude}
+        return (
+            "# the Hub's file list for the revision, access to the files, what is on disk, free disk\n"
+            + self._local_dir()
+            + self._host_program(config)
+        )
+
+    def _with_manifest(self, manifest: str, body: str) -> str:
+        """`body` with the precheck's file list in a temporary file `$manifest`, removed on exit (a timeout's
+        TERM included)."""
+        return (
+            "manifest=$(mktemp) || exit 1\ntrap 'rm -f -- \"$manifest\"' EXIT\ntrap 'exit 143' TERM\n"
+            + heredoc(manifest, command='cat > "$manifest"')
+            + body
+        )
+
+    def check_script(self, manifest: str) -> str:
+        return (
+            "# is every file of the precheck's list complete in local_dir?\n"
+            + self._local_dir()
+            + self._with_manifest(manifest, self._host_program({"command": "check"}, manifest_file=True))
+        )
+
+    def method_command(self, method: Method, commit: str, manifest: str) -> str:
+        if method == "hf_cli":
+            words = [self.repo, "--revision", commit]
+            words += [w for p in self.include for w in ("--include", p)]
+            words += [w for p in self.exclude for w in ("--exclude", p)]
+            return f'{host_word(self.hf_cli)} download {shlex.join(words)} --local-dir "$local_dir"\n'
+        if method == "snapshot_download":
+            call = (
+                "import sys\n\nfrom huggingface_hub import snapshot_download\n\n"
+                f"snapshot_download(repo_id={self.repo!r}, revision={commit!r}, local_dir=sys.argv[1], "
+                f"allow_patterns={self.include or None!r}, ignore_patterns={self.exclude or None!r})\n"
+            )
+            return heredoc(call, command=f'{host_word(self.python)} - "$local_dir"')
+        return self._with_manifest(manifest, self._host_program({"command": "fetch"}, manifest_file=True))
+
+    def method_script(self, method: Method, commit: str, manifest: str) -> str:
+        """The method's command, with the size of local_dir printed now and every few seconds (progress)."""
+        position = f"{self.methods.index(method) + 1} of {len(self.methods)}"
+        return (
+            f"# download method {position}: {method}\n"
+            "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1\n"
+            + self._local_dir()
+            + 'mkdir -p -- "$local_dir" || exit 1\n'
+            "report_size() {\n"
+            f'  printf \'{PROGRESS_PREFIX.decode()}{{"disk_bytes": %s}}\\n\' "$(du -sb -- "$local_dir" | cut -f1)"\n'
+            "}\n"
+            f"report_size\n( while sleep {PROGRESS_EVERY_S}; do report_size; done ) &\nreporter=$!\n"
+            + self.method_command(method, commit, manifest)
+            + 'status=$?\nkill "$reporter" 2> /dev/null\nexit "$status"\n'
+        )
+
+    def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        commit = f"<commit of {self.revision}, known at run time>"
+        manifest = "<the precheck's file list, known at run time>"
+        steps = [("precheck", self.precheck_script())]
+        steps += [(f"method: {m}", self.method_script(m, commit, manifest)) for m in self.methods]
+        return [*steps, ("after each method", self.check_script(manifest))]
+
+    # ---- running ---------------------------------------------------------------------------------------
+
+    async def _check(self, ctx: StepContext, script: str, what: str) -> tuple[CommandResult, dict[str, Any]]:
+        result = await ctx.run(script, timeout=CHECK_TIMEOUT_S)
+        if result.timed_out:
+            raise FactsError(f"the {what} timed out after {CHECK_TIMEOUT_S:g}s")
+        try:
+            report = json.loads(result.stdout_text)
+        except json.JSONDecodeError:
+            report = None
+        if result.exit_code != 0 or not isinstance(report, dict):
+            raise FactsError(f"the {what} did not report (exit {result.exit_code}): {last_line(result) or 'no output'}")
+        return result, report
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        started = time.monotonic()
+        result, pre = await self._check(ctx, self.precheck_script(), "precheck")
+        disk = self.disk_check(pre)
+        facts = DownloadFacts(
+            repo=self.repo,
+            revision=self.revision,
+            commit=pre.get("commit"),
+            local_dir=pre["local_dir"],
+            complete=False,
+            method=None,
+            skipped=False,
+            tried=[],
+            files=pre.get("files", 0),
+            bytes=pre.get("bytes", 0),
+            present_bytes=pre.get("complete_bytes", 0),
+            resumed_bytes=0,
+            fetched_bytes=0,
+            duration_s=0.0,
+            rate_bytes_per_s=None,
+            token_source=pre.get("token_source"),
+            hub_error=pre.get("hub_error"),
+            disk=disk,
+            incomplete=describe_incomplete(pre),
+            removed_leftovers=pre.get("removed", []),
+            failure=pre.get("hub_error") or disk.shortfall,
+        )
+        if facts.failure is not None:
+            return Outcome(result, self._finish(facts, started, 0.0))
+        if not pre["incomplete"]:
+            facts.complete = facts.skipped = True
+            ctx.progress(f"{self.repo}: already complete ({facts.files} files, {human_bytes(facts.bytes)})")
+            return Outcome(result, self._finish(facts, started, 0.0))
+        commit = pre["commit"]
+        manifest = json.dumps({"repo": self.repo, "commit": commit, "gated": pre["gated"], "manifest": pre["manifest"]})
+        method_s, state = 0.0, pre
+        for method in self.methods:
+            # what is on disk now counts as done; partial files only for the method that continues them
+            done_before = state["complete_bytes"] + (state["partial_bytes"] if method == "http" else 0)
+            meter = ProgressMeter(ctx, self.repo, method, facts.bytes, done_before)
+            t0 = time.monotonic()
+            run = await ctx.run(
+                self.method_script(method, commit, manifest), timeout=self.method_timeout, on_output=meter.feed
+            )
+            method_s += time.monotonic() - t0
+            if method == "http":
+                facts.resumed_bytes = resumed_bytes(run)
+            result, state = await self._check(ctx, self.check_script(manifest), f"check after {method}")
+            ended, ended_in_full = method_end(run, self.method_timeout)
+            done, summary = not state["incomplete"], incomplete_summary(state)
+            facts.tried.append(
+                MethodTry(
+                    method=method,
+                    complete=done,
+                    exit_code=run.exit_code,
+                    timed_out=run.timed_out,
+                    duration_s=round(time.monotonic() - t0, 3),
+                    ended=ended,
+                    reason=None if done else f"{ended_in_full}; {summary}",
+                )
+            )
+            facts.incomplete = describe_incomplete(state)
+            facts.removed_leftovers = state.get("removed", [])
+            if done:
+                facts.complete, facts.method = True, method
+                ctx.progress(
+                    f"{self.repo}: complete via {method} ({facts.files} files, {human_bytes(facts.bytes)})",
+                    method=method,
+                    bytes_done=facts.bytes,
+                    bytes_total=facts.bytes,
+                )
+                break
+        if not facts.complete:
+            tried = ", ".join(f"{t.method} {t.ended}" for t in facts.tried)
+            facts.failure = f"{tried}; {summary}"
+        return Outcome(result, self._finish(facts, started, method_s))
+
+    def _finish(self, facts: DownloadFacts, started: float, method_s: float) -> DownloadFacts:
+        if facts.complete:
+            facts.fetched_bytes = max(facts.bytes - facts.present_bytes - facts.resumed_bytes, 0)
+        facts.duration_s = round(time.monotonic() - started, 3)
+        if facts.tried and method_s > 0:
+            facts.rate_bytes_per_s = round(facts.fetched_bytes / method_s, 1)
+        return facts
+
+    def disk_check(self, pre: dict[str, Any]) -> DiskCheck:
+        """Refuse when free disk is below the bytes still to fetch plus the margin.
+
+        Partial files count as still to fetch: the Hub client starts them over (see the module's docstring).
+        """
+        disk = pre["disk"]
+        if "bytes" not in pre:
+            return DiskCheck(
+                path=disk["path"], free_bytes=disk["free_bytes"], need_bytes=None, margin_bytes=None, shortfall=None
+            )
+        need = pre["bytes"] - pre["complete_bytes"]
+        ratio = isinstance(self.min_free_margin, float)
+        margin = math.ceil(need * self.min_free_margin) if ratio else int(self.min_free_margin)
+        shortfall = None
+        if need > 0 and disk["free_bytes"] < need + margin:
+            margin_text = f"{self.min_free_margin * 100:g}% margin" if ratio else f"{human_bytes(margin)} margin"
+            shortfall = (
+                f"need {human_bytes(need)} + {margin_text} = {human_bytes(need + margin)}, "
+                f"{human_bytes(disk['free_bytes'])} free on {disk['path']}"
+            )
+        return DiskCheck(
+            path=disk["path"], free_bytes=disk["free_bytes"], need_bytes=need, margin_bytes=margin, shortfall=shortfall
+        )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def last_line(result: CommandResult) -> str:
+    """The last line a command printed to stderr (else stdout) that is not progress: usually the error."""
+    for text in (result.stderr_text, result.stdout_text):
+        lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+        lines = [line for line in lines if line and not line.startswith(PROGRESS_PREFIX.decode())]
+        if lines:
+            return lines[-1]
+    return ""
+
+
+def describe_incomplete(report: dict[str, Any]) -> list[str]:
+    return [f"{f['path']}: {f['state']} ({f['have']} of {f['size']} bytes)" for f in report.get("incomplete", [])]
+
+
+def gist(line: str) -> str:
+    """A few words of an error line: a Python exception's class, an `Error: ...` message, else the text after
+    the last `: ` (bash: `.../script: line 3: /x/hf: No such file or directory`)."""
+    if match := re.match(r"^(?:[\w]+\.)*(\w+(?:Error|Exception|Exit|Interrupt))\b", line):
+        return match.group(1)
+    if line.startswith("Error: "):
+        return _clip(line.removeprefix("Error: "), GIST_CHARS)
+    return _clip(line.rsplit(": ", 1)[-1], GIST_CHARS)
+
+
+def method_end(run: CommandResult, limit: float | None) -> tuple[str, str]:
+    """How a method's command ended: (in brief, in full), e.g. ("exit 1 (GatedRepoError)", "exit 1 (<its line>)")."""
+    if run.timed_out:
+        ended = f"timed out after {format_duration(limit)}" if limit else "timed out"
+        return ended, ended
+    if run.exit_code == 0:
+        return "exited 0", "exited 0"
+    line = last_line(run)
+    ended = f"exit {run.exit_code}"
+    return (f"{ended} ({gist(line)})", f"{ended} ({line})") if line else (ended, ended)
+
+
+def incomplete_summary(after: dict[str, Any]) -> str:
+    missing = after["incomplete"]
+    names = ", ".join(f"{f['path']} {f['state']}" for f in missing[:3]) + (", ..." if len(missing) > 3 else "")
+    return f"{len(missing)} of {after['files']} files incomplete: {names}"
+
+
+def resumed_bytes(run: CommandResult) -> int:
+    """Bytes the HTTP method continued from, by its report (the JSON document among the progress lines on its
+    stdout); 0 when it did not report."""
+    text = run.stdout_text
+    start = 0 if text.startswith("{") else text.find("\n{") + 1  # not found: 0, where decoding fails
+    try:
+        report, _ = json.JSONDecoder().raw_decode(text, start)
+        return sum(int(f["resumed_from"]) for f in report["fetched"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+class ProgressSink(Protocol):
+    def progress(self, message: str, **fields: Any) -> None: ...
+
+
+class ProgressMeter:
+    """Turns the size lines of a method's script into live progress: bytes done of total, rate, ETA.
+
+    `done` starts at the bytes complete before the method ran and grows with the folder's size; the rate is
+    over the method's time so far. Output is fed in arbitrary chunks; lines are split per stream.
+    """
+
+    def __init__(
+        self, ctx: ProgressSink, repo: str, method: str, total: int, done_before: int, clock: Any = time.monotonic
+    ) -> None:
+        self.ctx, self.repo, self.method, self.total, self.done_before = ctx, repo, method, total, done_before
+        self.clock = clock
+        self.pending: dict[str, bytes] = {}
+        self.first: tuple[float, int] | None = None
+
+    def feed(self, stream: str, chunk: bytes) -> None:
+        lines = (self.pending.get(stream, b"") + chunk).split(b"\n")
+        self.pending[stream] = lines.pop()[-4096:]
+        for line in lines:
+            if line.startswith(PROGRESS_PREFIX):
+                try:
+                    size = int(json.loads(line[len(PROGRESS_PREFIX) :])["disk_bytes"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                self.update(size)
+
+    def update(self, disk_bytes: int) -> None:
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, disk_bytes)
+        t0, base = self.first
+        done = min(max(self.done_before + disk_bytes - base, 0), self.total)
+        elapsed = now - t0
+        rate = (done - self.done_before) / elapsed if elapsed > 0 else None
+        eta = (self.total - done) / rate if rate else None
+        percent = 100 * done / self.total if self.total else 100.0
+        text = f"{self.repo} via {self.method}: {human_bytes(done)} of {human_bytes(self.total)} ({percent:.0f}%)"
+        if rate is not None:
+            text += f", {human_bytes(rate)}/s"
+        if eta is not None:
+            text += f", ETA {format_duration(eta)}"
+        self.ctx.progress(
+            text,
+            method=self.method,
+            bytes_done=done,
+            bytes_total=self.total,
+            rate_bytes_per_s=None if rate is None else round(rate, 1),
+            eta_s=None if eta is None else round(eta, 1),
+        )

@@ -1,0 +1,523 @@
+"""The `download` kind: its pure parts (patterns, margins, disk refusal, progress), then whole runs through the
+test host's real sshd, with the real huggingface_hub client (`hf` and snapshot_download) downloading from the
+local Hub test double, its fault switches included."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from huggingface_hub.utils import filter_repo_objects
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from executor.cli import main
+from executor.transport.base import Collector, CommandResult
+from sandbox.hub import HubServer
+from sandbox.repos import DRAFTER_ID, TARGET_ID
+from steps.download import (
+    DownloadStep,
+    ProgressMeter,
+    human_bytes,
+    incomplete_summary,
+    method_end,
+    parse_margin,
+    resumed_bytes,
+)
+from steps.download_host import compare, fetch, selected
+
+SHARD = "model-00002-of-00004.safetensors"
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+@given(
+    st.text(alphabet="ab/.*?[]!\\", max_size=8),
+    st.lists(st.text(alphabet="ab/.*?[]!\\", max_size=6), max_size=3),
+    st.lists(st.text(alphabet="ab/.*?[]!\\", max_size=6), max_size=3),
+)
+def test_patterns_select_what_huggingface_hub_selects(path: str, include: list[str], exclude: list[str]) -> None:
+    """The HTTP method and the checks must agree with `hf download --include/--exclude` on every file."""
+    expected = bool(list(filter_repo_objects([path], allow_patterns=include or None, ignore_patterns=exclude or None)))
+    assert selected(path, include, exclude) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        *[(0.05, 0.05), ("5%", 0.05), ("12.5 %", 0.125), (0, 0), (10_000, 10_000), ("20GB", 20 * 10**9)],
+        *[("10 GiB", 10 * 2**30), ("1.5TB", 1_500_000_000_000), ("500MB", 500 * 10**6), ("1000", 1000)],
+    ],
+)
+def test_margin_is_a_ratio_or_bytes(value: Any, expected: float) -> None:
+    parsed = parse_margin(value)
+    assert parsed == pytest.approx(expected) and isinstance(parsed, type(expected))
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "150%", "lots", True, "5 parsecs"])
+def test_margin_rejects_what_it_cannot_mean(value: Any) -> None:
+    with pytest.raises(ValueError, match=r"margin|ratio|size"):
+        parse_margin(value)
+
+
+def step(**params: Any) -> DownloadStep:
+    return DownloadStep.model_validate(
+        {"id": "dl", "kind": "download", "repo": "org/model", "local_dir": "/m"} | params
+    )
+
+
+def test_parameters_are_checked() -> None:
+    assert step(include="*.json").include == ["*.json"]
+    assert step(local_dir="$models_dir/x/").local_dir == "$models_dir/x" and step(local_dir="~/m").local_dir == "~/m"
+    for bad in ({"local_dir": "models/x"}, {"methods": ["http", "http"]}, {"methods": []}, {"methods": ["wget"]}):
+        with pytest.raises(ValidationError):
+            step(**bad)
+    with pytest.raises(ValidationError, match="hf_token"):
+        step(hf_token="x")  # the token is a secret, never a parameter
+
+
+def precheck(total: int, complete: int, free: int) -> dict[str, Any]:
+    return {"bytes": total, "complete_bytes": complete, "disk": {"path": "/models", "free_bytes": free}}
+
+
+def test_disk_refusal_gives_the_numbers() -> None:
+    disk = step().disk_check(precheck(612_300_000_000, 0, 540_100_000_000))
+    assert disk.shortfall == "need 612.3 GB + 5% margin = 642.9 GB, 540.1 GB free on /models"
+    assert disk.need_bytes == 612_300_000_000 and disk.margin_bytes == 30_615_000_000
+    disk = step(min_free_margin="20GB").disk_check(precheck(612_300_000_000, 100_000_000_000, 520_000_000_000))
+    assert disk.shortfall == "need 512.3 GB + 20.0 GB margin = 532.3 GB, 520.0 GB free on /models"
+
+
+def test_disk_check_counts_only_what_is_still_to_fetch() -> None:
+    assert step().disk_check(precheck(612_300_000_000, 100_000_000_000, 540_100_000_000)).shortfall is None
+    assert step().disk_check(precheck(10**12, 10**12, 0)).shortfall is None  # complete: nothing to fetch
+
+
+def test_human_bytes() -> None:
+    assert [human_bytes(n) for n in (0, 999, 1000, 4_364_074, 612_345_678_901, 2.5e12)] == [
+        "0 B",
+        "999 B",
+        "1.0 kB",
+        "4.4 MB",
+        "612.3 GB",
+        "2.5 TB",
+    ]
+
+
+class FakeContext:
+    """Collects `progress` calls; the meter needs nothing else of a StepContext."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def progress(self, message: str, **fields: Any) -> None:
+        self.calls.append((message, fields))
+
+
+def meter_calls(chunks: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
+    ctx, clock = FakeContext(), iter(float(t) for t in range(0, 1000, 2))
+    meter = ProgressMeter(ctx, "org/model", "hf_cli", 1_000_000, 100_000, clock=lambda: next(clock))
+    for stream, chunk in chunks:
+        meter.feed(stream, chunk)
+    return ctx.calls
+
+
+OUTPUT = (
+    b"\x1b[33mWarning: noise\x1b[0m\n"
+    b'runbook-progress {"disk_bytes": 4096}\n'
+    b"Fetching 3 files\n"
+    b'runbook-progress {"disk_bytes": 204096}\n'
+    b'runbook-progress {"disk_bytes": }\n'  # du failed: no number, no update
+    b'runbook-progress {"disk_bytes": 404096}\n'
+)
+
+
+def test_progress_lines_become_bytes_rate_and_eta() -> None:
+    calls = meter_calls([("stdout", OUTPUT)])
+    assert [fields["bytes_done"] for _, fields in calls] == [100_000, 300_000, 500_000]
+    assert calls[0][0] == "org/model via hf_cli: 100.0 kB of 1.0 MB (10%)"
+    assert calls[2][0] == "org/model via hf_cli: 500.0 kB of 1.0 MB (50%), 100.0 kB/s, ETA 5.0s"
+    assert calls[2][1] == {
+        "method": "hf_cli",
+        "bytes_done": 500_000,
+        "bytes_total": 1_000_000,
+        "rate_bytes_per_s": 100_000.0,
+        "eta_s": 5.0,
+    }
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(OUTPUT)), max_size=12), st.booleans())
+def test_progress_does_not_depend_on_how_output_is_cut(cuts: list[int], other_stream_between: bool) -> None:
+    bounds = [0, *sorted(cuts), len(OUTPUT)]
+    chunks: list[tuple[str, bytes]] = []
+    for start, end in itertools.pairwise(bounds):
+        chunks.append(("stdout", OUTPUT[start:end]))
+        if other_stream_between:
+            chunks.append(("stderr", b"error: half a line without its end "))
+    assert meter_calls(chunks) == meter_calls([("stdout", OUTPUT)])
+
+
+def result(exit_code: int | None, stderr: bytes = b"", stdout: bytes = b"", timed_out: bool = False) -> CommandResult:
+    collect = Collector()
+    collect.stdout.feed(stdout)
+    collect.stderr.feed(stderr)
+    return collect.result(exit_code, timed_out=timed_out)
+
+
+def test_how_a_method_ended_in_brief_and_in_full() -> None:
+    assert method_end(result(0, stdout=b'runbook-progress {"disk_bytes": 1}\n'), None) == ("exited 0", "exited 0")
+    crashed = result(
+        1, stderr=b"Traceback...\n  raise X\n\x1b[31mhuggingface_hub.errors.GatedRepoError: 401 Client\x1b[0m\n\n"
+    )
+    assert method_end(crashed, None) == (
+        "exit 1 (GatedRepoError)",
+        "exit 1 (huggingface_hub.errors.GatedRepoError: 401 Client)",
+    )
+    missing = result(127, stderr=b"/tmp/runbook.x/script: line 9: /nonexistent/hf: No such file or directory\n")
+    assert method_end(missing, None)[0] == "exit 127 (No such file or directory)"
+    cli = result(1, stderr=b"\x1b[1mError: Local entry not found. Response from http://127.0.0.1:1/x is missing\n")
+    assert method_end(cli, None)[0] == "exit 1 (Local entry not found. Response from ...)"
+    assert method_end(result(None, timed_out=True), 90) == ("timed out after 1m30s", "timed out after 1m30s")
+    after = {"files": 5, "incomplete": [{"path": f"f{i}", "state": "missing", "have": 0, "size": 1} for i in range(4)]}
+    assert incomplete_summary(after) == "4 of 5 files incomplete: f0 missing, f1 missing, f2 missing, ..."
+
+
+def test_the_http_method_report_is_found_among_progress_lines() -> None:
+    report = b'{\n "fetched": [{"path": "a", "resumed_from": 7}, {"path": "b", "resumed_from": 0}]\n}\n'
+    progress = b'runbook-progress {"disk_bytes": 1}\n'
+    assert resumed_bytes(result(0, stdout=progress + report + progress)) == 7
+    assert resumed_bytes(result(0, stdout=report)) == 7
+    assert resumed_bytes(result(1, stdout=progress)) == 0
+
+
+def test_compare_tells_each_file_state_and_removes_leftovers_only_when_complete(tmp_path: Path) -> None:
+    manifest = [{"path": name, "size": 4} for name in ("a", "d/b", "c", "e", "f")]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "a").write_bytes(b"1234")
+    (tmp_path / "d" / "b").write_bytes(b"12")
+    (tmp_path / "c.incomplete").write_bytes(b"1")
+    (tmp_path / "f").write_bytes(b"123456")
+    stale = tmp_path / ".cache" / "huggingface" / "download" / "Xy.0123abcd.1a2b3c4d.incomplete"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half a shard")
+    report = compare(tmp_path, manifest)
+    assert [(f["path"], f["state"], f["have"]) for f in report["incomplete"]] == [
+        ("d/b", "short", 2),
+        ("c", "partial", 1),
+        ("e", "missing", 0),
+        ("f", "long", 6),
+    ]
+    assert (report["complete_files"], report["complete_bytes"], report["partial_bytes"]) == (1, 4, 2 + 1 + 4)
+    assert report["leftovers"] == [str(stale.relative_to(tmp_path))] and report["removed"] == []
+    assert stale.exists()
+
+    for name in ("d/b", "c", "e", "f"):
+        (tmp_path / name).write_bytes(b"1234")
+    report = compare(tmp_path, manifest)
+    assert report["incomplete"] == [] and report["leftovers"] == []
+    assert report["removed"] == sorted([str(stale.relative_to(tmp_path)), "c.incomplete"])
+    assert not stale.exists() and not (tmp_path / "c.incomplete").exists()
+
+
+def test_http_fetch_continues_a_file_cut_short_and_replaces_one_too_long(
+    tmp_path: Path, hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    repo = hub.repos[TARGET_ID]
+    known = {"repo": TARGET_ID, "commit": repo.sha, "gated": False}
+    known["manifest"] = [{"path": f.path, "size": f.size} for f in repo.files.values()]
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / SHARD).write_bytes(repo.files[SHARD].content[:1000])  # a copy that broke off
+    (target / "config.json").write_bytes(repo.files["config.json"].content + b"garbage")
+    report = fetch({"command": "fetch", "local_dir": str(target)}, known)
+    assert report["failed"] == []
+    assert {f["path"]: f["resumed_from"] for f in report["fetched"]}[SHARD] == 1000
+    assert [r.range for r in hub.requests.entries(TARGET_ID, SHARD, kind="cdn")] == ["bytes=1000-"]
+    assert tree(target) == repo.contents
+
+
+# ----------------------------------------------------------------------------- through the test host
+
+HF_VARS = {
+    "HF_HUB_DISABLE_XET": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+    "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+}
+
+
+class Run:
+    """One finished `runbook run`: exit code, JSON events, the step's record, the audited commands."""
+
+    def __init__(self, code: int, out: str, err: str, log_dir: Path, step: dict[str, Any]) -> None:
+        self.code, self.out, self.err, self.step = code, out, err, step
+        self.events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        (self.run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return self.step["facts"]  # type: ignore[no-any-return]
+
+    @property
+    def commands(self) -> list[dict[str, Any]]:
+        lines = (self.run_dir / "audit.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r.get("event") == "command"]
+
+    @property
+    def failure(self) -> str:
+        (finished,) = [e for e in self.events if e["event"] == "step_finished"]
+        return "\n".join(finished["failures"])
+
+    def progress(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "progress"]
+
+
+@pytest.fixture
+def download(
+    tmp_path: Path, write_runbook: Any, testhost: Any, hub: HubServer, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """`download(token=False, **params)`: run a runbook of one download step on the test host against the Hub
+    test double (the token, when asked for, as the secret HF_TOKEN); returns the `Run`."""
+    host_yaml = testhost("h200").host_yaml()
+    runs = itertools.count(1)
+
+    def go(token: bool = False, vars: dict[str, str] | None = None, **params: Any) -> Run:
+        number = next(runs)
+        doc = {
+            "vars": {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})},
+            "secrets": {"HF_TOKEN": {"env": "TEST_DL_HF_TOKEN", "required": False}},
+            "steps": [{"id": "fetch", "kind": "download", **params}],
+        }
+        path = write_runbook("name: dl\n__HOSTS__\n" + yaml.safe_dump(doc), name=f"dl{number}.yaml", hosts=host_yaml)
+        if token:
+            monkeypatch.setenv("TEST_DL_HF_TOKEN", hub.token)
+        else:
+            monkeypatch.delenv("TEST_DL_HF_TOKEN", raising=False)
+        log_dir = tmp_path / f"logs{number}"
+        code = main(["run", str(path), "--log-dir", str(log_dir), "--json"])
+        out, err = capsys.readouterr()
+        assert main(["status", "--log-dir", str(log_dir), "--json"]) == 0
+        step = json.loads(capsys.readouterr().out)["steps"][0]
+        return Run(code, out, err, log_dir, step)
+
+    return go
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and ".cache" not in p.relative_to(root).parts
+    }
+
+
+def test_downloads_with_the_hf_cli_then_skips_what_is_complete(tmp_path: Path, download: Any, hub: HubServer) -> None:
+    target = tmp_path / "models" / "drafter"
+    params = {"repo": DRAFTER_ID, "local_dir": "$models_dir/drafter", "vars": {"models_dir": str(target.parent)}}
+    first = download(**params)
+    assert first.code == 0, first.err
+    repo = hub.repos[DRAFTER_ID]
+    assert tree(target) == repo.contents
+    facts = first.facts
+    assert facts["method"] == "hf_cli" and facts["complete"] and not facts["skipped"]
+    assert [t["method"] for t in facts["tried"]] == ["hf_cli"] and facts["tried"][0]["reason"] is None
+    assert (facts["files"], facts["bytes"], facts["fetched_bytes"]) == (
+        len(repo.files),
+        repo.total_size,
+        repo.total_size,
+    )
+    assert facts["commit"] == repo.sha and facts["token_source"] is None and facts["local_dir"] == str(target)
+    assert len(first.commands) == 3  # precheck, the method, the check after it: one audit record each
+    assert "--revision " + repo.sha in first.commands[1]["command"]  # pinned to the commit the precheck saw
+    last = first.progress()[-1]
+    assert last["bytes_done"] == last["bytes_total"] == repo.total_size
+
+    hub.requests.clear()
+    again = download(**params)
+    assert again.code == 0, again.err
+    assert again.facts["skipped"] and again.facts["method"] is None and again.facts["tried"] == []
+    assert len(again.commands) == 1  # the precheck alone: no method ran
+    assert hub.requests.count(DRAFTER_ID, kind="resolve") + hub.requests.count(DRAFTER_ID, kind="cdn") == 0
+
+
+SILENT_HF = """\
+#!/bin/sh
+# TEST DOUBLE of the `hf` CLI: exits 0 without downloading anything, as the seeds' first method did.
+echo "Download complete."
+exit 0
+"""
+
+
+def test_a_method_exiting_0_with_files_missing_has_failed_and_the_next_wins(
+    tmp_path: Path, download: Any, hub: HubServer
+) -> None:
+    silent = tmp_path / "silent-hf"
+    silent.write_text(SILENT_HF)
+    silent.chmod(0o755)
+    target = tmp_path / "models" / "drafter"
+    run = download(repo=DRAFTER_ID, local_dir=str(target), hf_cli=str(silent))
+    assert run.code == 0, run.err
+    facts = run.facts
+    assert facts["method"] == "snapshot_download"
+    hf_try, snapshot_try = facts["tried"]
+    assert (hf_try["method"], hf_try["exit_code"], hf_try["complete"]) == ("hf_cli", 0, False)
+    assert hf_try["reason"].startswith(f"exited 0; {len(hub.repos[DRAFTER_ID].files)} of ")
+    assert snapshot_try["complete"] and snapshot_try["reason"] is None
+    assert tree(target) == hub.repos[DRAFTER_ID].contents
+
+
+def test_when_every_method_fails_the_step_fails_with_each_reason(tmp_path: Path, download: Any, hub: HubServer) -> None:
+    hub.faults.fail(DRAFTER_ID, "config.json", status=404, times=50)  # the Hub loses a file it lists
+    run = download(repo=DRAFTER_ID, local_dir=str(tmp_path / "d"), hf_cli="/nonexistent/hf")
+    assert run.code == 1
+    assert run.step["status"] == "failed"
+    failure = run.failure
+    assert "the download is not complete" in failure
+    files = len(hub.repos[DRAFTER_ID].files)
+    shown = re.escape(
+        'facts.failure = "hf_cli exit 127 (No such file or directory), snapshot_download exit 1 (ERROR), '
+        f'http exit 1 (config.json (HTTP 404)); 1 of {files} files incomplete: config.json missing"'
+    ).replace("ERROR", r"\w+Error")  # the client's exception for a 404 differs between its versions
+    assert re.search(shown, failure), failure
+
+
+def test_a_5xx_fails_the_attempt_and_the_retry_succeeds(tmp_path: Path, download: Any, hub: HubServer) -> None:
+    hub.faults.fail(DRAFTER_ID, None, status=503, times=1)  # the first request about the repo
+    run = download(repo=DRAFTER_ID, local_dir=str(tmp_path / "d"), retry={"attempts": 2, "delay": "10ms"})
+    assert run.code == 0, run.err
+    assert run.step["attempts"] == 2
+    failed = [e for e in run.events if e["event"] == "attempt_failed"]
+    assert len(failed) == 1 and "HTTP 503" in failed[0]["message"]
+    assert run.facts["method"] == "hf_cli"
+
+
+def test_a_gated_repo_needs_the_token_which_never_shows(tmp_path: Path, download: Any, hub: HubServer) -> None:
+    hub.faults.gate(DRAFTER_ID)
+    params = {"repo": DRAFTER_ID, "local_dir": str(tmp_path / "d")}
+    refused = download(**params)
+    assert refused.code == 1
+    assert "the Hub did not let the host read the repo's files" in refused.failure
+    assert (
+        'facts.hub_error = "a token is needed and none reached the host (no HF_TOKEN in its environment, no token '
+        "file); the Hub answered HTTP 401 GatedRepo: " in refused.failure
+    )
+    assert hub.requests.count(DRAFTER_ID, method="GET", kind="resolve") == 0  # refused before any method ran
+
+    hub.requests.clear()
+    allowed = download(token=True, **params)
+    assert allowed.code == 0, allowed.err
+    assert allowed.facts["token_source"] == "env HF_TOKEN"
+    assert hub.requests.count(DRAFTER_ID, method="GET", kind="resolve") > 0
+    assert all(r.authorized for r in hub.requests.entries(DRAFTER_ID, kind="resolve"))  # the token was sent
+    for run in (refused, allowed):
+        for path in run.run_dir.rglob("*"):
+            if path.is_file():
+                assert hub.token.encode() not in path.read_bytes(), path
+        assert hub.token not in run.out + run.err
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MB tmpfs: a real file system too small for the target repo (needs root, as CI runs)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_too_little_disk_is_refused_before_downloading(small_disk: Path, download: Any, hub: HubServer) -> None:
+    run = download(repo=TARGET_ID, local_dir=f"{small_disk}/models/target")
+    assert run.code == 1
+    need = human_bytes(hub.repos[TARGET_ID].total_size)
+    assert "not enough free disk: refused before downloading" in run.failure
+    assert f"need {need} + 5% margin" in run.failure and f"1.0 MB free on {small_disk}" in run.failure
+    assert hub.requests.count(TARGET_ID, method="GET", kind="resolve") == 0
+    assert hub.requests.count(TARGET_ID, kind="cdn") == 0
+    assert len(run.commands) == 1
+
+
+def test_an_interrupted_http_download_resumes_with_range(tmp_path: Path, download: Any, hub: HubServer) -> None:
+    target = tmp_path / "models" / "target"
+    size = hub.repos[TARGET_ID].files[SHARD].size
+    hub.faults.stall(TARGET_ID, SHARD, after_bytes=size // 3, hold_s=30)
+    params = {"repo": TARGET_ID, "local_dir": str(target), "methods": ["http"], "method_timeout": "3s"}
+    cut = download(**params)
+    assert cut.code == 1
+    files = hub.repos[TARGET_ID].files
+    left = [path for path in sorted(files) if path >= SHARD]  # the method fetches in the list's order
+    assert f'"http timed out after 3.0s; {len(left)} of {len(files)} files incomplete: {SHARD} partial' in cut.failure
+    assert (target / (SHARD + ".incomplete")).stat().st_size == size // 3
+    assert any(e["bytes_done"] > 0 and e["method"] == "http" for e in cut.progress())  # live, while it ran
+
+    hub.requests.clear()
+    resumed = download(**params)
+    assert resumed.code == 0, resumed.err
+    assert [r.range for r in hub.requests.entries(TARGET_ID, SHARD, kind="cdn")] == [f"bytes={size // 3}-"]
+    assert resumed.facts["resumed_bytes"] == size // 3
+    assert tree(target) == hub.repos[TARGET_ID].contents
+
+
+def test_the_hub_client_retries_in_process_but_never_reuses_a_killed_process_file(
+    tmp_path: Path, download: Any, hub: HubServer
+) -> None:
+    """What huggingface_hub (the test host's 1.33) does itself: a transfer cut short is retried by the same
+    process (with Range only past whole 10 MB chunks it received); a killed process leaves its uniquely named
+    staging file, which no later process reuses: the step removes it once the download is complete."""
+    target = tmp_path / "models" / "target"
+    size = hub.repos[TARGET_ID].files[SHARD].size
+    hub.faults.stall(TARGET_ID, SHARD, after_bytes=size // 3, hold_s=30)
+    killed = download(repo=TARGET_ID, local_dir=str(target), methods=["hf_cli"], method_timeout="3s")
+    assert killed.code == 1 and 'facts.failure = "hf_cli timed out after 3.0s; ' in killed.failure
+    (stale,) = list(target.rglob("*.incomplete"))
+
+    hub.requests.clear()
+    hub.faults.truncate(TARGET_ID, SHARD, after_bytes=size // 2)
+    run = download(repo=TARGET_ID, local_dir=str(target))
+    assert run.code == 0, run.err
+    assert run.facts["method"] == "hf_cli" and len(run.facts["tried"]) == 1
+    assert [r.status for r in hub.requests.entries(TARGET_ID, SHARD, method="GET", kind="cdn")] == [200, 200]
+    assert run.facts["removed_leftovers"] == [str(stale.relative_to(target))]
+    assert not stale.exists() and tree(target) == hub.repos[TARGET_ID].contents
+
+
+def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: Any, capsys: Any) -> None:
+    path = write_runbook(f"""\
+        name: plan
+        __HOSTS__
+        vars:
+          models_dir: /models
+        steps:
+          - id: fetch
+            kind: download
+            repo: {TARGET_ID}
+            local_dir: $models_dir/Kimi-K2.6
+            include: ["*.json", "*.safetensors"]
+            python: ~/sglang/bin/python
+        """)
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count('local_dir="${models_dir:?runbook var models_dir is unset or empty}"/Kimi-K2.6\n') == 5
+    commit = "'<commit of main, known at run time>'"
+    hf = f"hf download {TARGET_ID} --revision {commit} --include '*.json' --include '*.safetensors' --local-dir"
+    assert hf + ' "$local_dir"\n' in out
+    python = '"${HOME:?is not set}"/sglang/bin/python'
+    assert f'{python} - "$local_dir" <<' in out
+    assert f"snapshot_download(repo_id='{TARGET_ID}', revision={commit[1:-1]!r}, local_dir=sys.argv[1], " in out
+    assert "allow_patterns=['*.json', '*.safetensors'], ignore_patterns=None)" in out
+    assert f'{python} - \'{{"command": "fetch"}}\' "$local_dir" "$manifest" <<' in out
+    assert out.index("# method: hf_cli") < out.index("# method: snapshot_download") < out.index("# method: http")
+    assert "#   gate: facts.failure is none" in out
