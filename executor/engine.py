@@ -40,7 +40,14 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 class AttemptFailed(Exception):
-    """One attempt did not pass; the message says why (gate, timeout, transport, facts)."""
+    """One attempt did not pass; the message says why (gate, timeout, transport, facts).
+
+    `facts` keeps what the attempt found, so that a failed step's record shows it too.
+    """
+
+    def __init__(self, message: str, facts: Any = None) -> None:
+        super().__init__(message)
+        self.facts = facts
 
 
 class HostRefused(Exception):
@@ -74,9 +81,10 @@ def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def tail(text: str, lines: int = TAIL_LINES) -> str:
+def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
+    """The last lines of an output, each cut to `width` (a one-line JSON document can be megabytes)."""
     kept = text.rstrip("\n").splitlines()[-lines:]
-    return "\n".join(f"    | {line}" for line in kept)
+    return "\n".join(f"    | {line[:width]}{' ...' if len(line) > width else ''}" for line in kept)
 
 
 def _jsonable(facts: Any) -> Any:
@@ -428,6 +436,7 @@ class Engine:
                     return record
                 except AttemptFailed as exc:
                     failures.append(f"[{via}] {exc}")
+                    record.facts = exc.facts
         except HostRefused as exc:
             failures.append(str(exc))
         except asyncio.CancelledError:
@@ -480,10 +489,11 @@ class Engine:
                 if not result.stdout.strip():
                     detail += "\n  (stdout was empty)"
                 out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
-                self._attempt_failed(spec, host, attempt, f"{detail}\n  output tail:\n{out}" if out else detail)
+                message = f"{detail}\n  output tail:\n{out}" if out else detail
+                self._attempt_failed(spec, host, attempt, message, facts)
         return facts, result.exit_code
 
-    def _attempt_failed(self, spec: StepSpec, host: str, attempt: int, message: str) -> NoReturn:
+    def _attempt_failed(self, spec: StepSpec, host: str, attempt: int, message: str, facts: Any = None) -> NoReturn:
         message = self.redactor.text(message)
         self.reporter.emit("attempt_failed", step=spec.id, host=host, attempt=attempt, message=message)
-        raise AttemptFailed(message)
+        raise AttemptFailed(message, facts)

@@ -81,7 +81,7 @@ def names_used(expression: str) -> list[str]:
     return found
 
 
-def _show(value: Any, limit: int = 200) -> str:
+def _show(value: Any, limit: int = 600) -> str:
     try:
         text = json.dumps(value, default=str)
     except (TypeError, ValueError):

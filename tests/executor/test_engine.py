@@ -438,3 +438,21 @@ def test_inventory_names_must_exist_in_the_runbook(tmp_path, capsys) -> None:
         f"{inventory}:2:3: hosts: 'gpux' is not in the runbook; did you mean 'gpu'?",
         f"{inventory}:4:3: vars: 'model_dir' is not in the runbook; did you mean 'models_dir'?",
     ]
+
+
+def test_a_failed_step_keeps_the_facts_of_its_last_attempt(write_runbook, tmp_path, capsys) -> None:
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: probe
+            kind: shell
+            parse: json
+            retry: {attempts: 1}
+            script: |
+              echo '{"gpus": 0, "reason": "nvidia-smi not found"}'
+            gates: ["facts.gpus > 0"]
+        """)
+    assert run(path, tmp_path / "logs", capsys)[0] == 1
+    step = status(tmp_path / "logs", capsys)["steps"][0]
+    assert step["status"] == "failed" and step["facts"] == {"gpus": 0, "reason": "nvidia-smi not found"}
