@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from executor.cli import main
-from tests.conftest import SSHServer
+from sandbox.sshd import SSHServer
 
 
 def run(path: Path, log_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:

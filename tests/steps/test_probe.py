@@ -24,9 +24,10 @@ from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from sandbox import gpu
 from sandbox.prepare import VENV
+from sandbox.sshd import free_port
 from steps import probe_host
 from steps.probe import HostReport, ProbeFacts, ProbeStep, sm_arch
-from tests.conftest import SandboxHost, free_port
+from tests.conftest import SandboxHost
 
 REAL = Path(gpu.__file__).parent / "gpu_fixtures" / "h200"
 SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
