@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor.cli import main
+from executor.stepkind import step_kinds
 
 GOOD = """\
 name: t
@@ -88,7 +89,7 @@ def test_every_problem_is_reported_with_its_position(tmp_path: Path, capsys: pyt
         "F:5:12: defaults.timeout: expected a duration such as 500ms, 30s, 10m or 2h, got '3 parsecs'",
         "F:7:5: steps[0]: missing required key 'script'",
         "F:9:5: unknown key 'scirpt'; did you mean 'script'?",
-        "F:11:11: unknown step kind 'shel'; did you mean 'shell'? (known: shell)",
+        f"F:11:11: unknown step kind 'shel'; did you mean 'shell'? (known: {', '.join(sorted(step_kinds()))})",
         "F:14:13: steps[2].script: Input should be a valid string",
         "F:20:9: a fallback cannot change 'id'",
         "F:24:23: steps[3].retry.attempts: Input should be greater than or equal to 1",
