@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from executor.redact import Redactor
-from executor.transport.base import CommandResult
+from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
 
 GENESIS = "0" * 64
 AUDIT_FILE = "audit.jsonl"
@@ -49,13 +49,11 @@ def clip(text: str) -> tuple[str, bool]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Atomically replace a small file, mode 0600."""
+    """Atomically replace a small file, mode 0600 (no fsync: a head that lags the log is tolerated)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
     os.replace(tmp, path)
 
 
@@ -124,7 +122,9 @@ class AuditLog:
             fields[name] = text
             fields[f"{name}_bytes"] = total
             fields[f"{name}_sha256"] = digest
-            fields[f"{name}_truncated"] = clipped or total > len(data)
+            # `data` may be shorter than `total` because secrets were masked in it: only the transport's
+            # memory cap (or the clip above) truncates
+            fields[f"{name}_truncated"] = clipped or total > OUTPUT_KEEP_BYTES
         self._emit(log, "command", fields)
 
     def transfer(self, log: Any, direction: str, local: str, remote: str, size: int, sha256: str) -> None:
@@ -204,7 +204,7 @@ def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
     name = run_dir.name
     report.runs.append(name)
     lines = list(read_records(run_dir))
-    count = 0
+    hashes = [expected]  # hashes[n]: the chain's hash after n records
     for index, (number, record, raw) in enumerate(lines):
         where = f"{name}/{AUDIT_FILE}:{number}"
         if record is None:
@@ -223,25 +223,28 @@ def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
             report.problems.append(f"{where}: content does not match its hash (edited)")
             break
         expected = str(record["hash"])
-        count += 1
-    report.records += count
-    _check_head(run_dir, name, count, expected, report)
+        hashes.append(expected)
+    report.records += len(hashes) - 1
+    _check_head(run_dir, name, hashes, report)
     report.ok = not report.problems
     return report
 
 
-def _check_head(run_dir: Path, name: str, count: int, last: str, report: VerifyReport) -> None:
+def _check_head(run_dir: Path, name: str, hashes: list[str], report: VerifyReport) -> None:
+    """The head may lag the log (it is written after each record, without fsync) but never lead it."""
+    count = len(hashes) - 1
     try:
         head = json.loads((run_dir / HEAD_FILE).read_text())
-    except (OSError, ValueError):
+        recorded, head_hash = int(head["count"]), str(head["hash"])
+    except (OSError, ValueError, KeyError, TypeError):
         if count:
-            report.problems.append(f"{name}: {HEAD_FILE} is missing")
+            report.problems.append(f"{name}: {HEAD_FILE} is missing or unreadable")
         return
-    if head.get("count") == count and head.get("hash") == last:
-        return
-    if head.get("count") == count - 1:
-        report.notes.append(f"{name}: last record was written just before the run stopped; tolerated")
-        return
-    report.problems.append(
-        f"{name}: log has {count} records but the run recorded {head.get('count')}: lines were removed"
-    )
+    if recorded > count:
+        report.problems.append(f"{name}: log has {count} records but the run recorded {recorded}: lines were removed")
+    elif hashes[recorded] != head_hash:
+        report.problems.append(f"{name}: record {recorded} does not match the recorded head: the log was rewritten")
+    elif recorded < count:
+        report.notes.append(
+            f"{name}: the last {count - recorded} record(s) were written just before the run stopped; tolerated"
+        )

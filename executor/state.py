@@ -135,7 +135,9 @@ class RunState:
             os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(db, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit log,
+        # which only makes a resume run a step again (the audit log itself is fsynced per record)
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
     @classmethod

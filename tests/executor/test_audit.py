@@ -148,3 +148,15 @@ def test_torn_line_in_the_middle_is_tampering(tmp_path: Path) -> None:
     (run_dir / audit.AUDIT_FILE).write_text("\n".join(content) + "\n")
     report = verify(run_dir)
     assert not report.ok and "audit.jsonl:2: not a complete JSON record" in report.problems[0]
+
+
+def test_a_head_that_lags_is_tolerated_but_a_rewritten_log_is_not(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    write_log(run_dir)
+    records = [json.loads(line) for line in lines(run_dir)]
+    (run_dir / audit.HEAD_FILE).write_text(json.dumps({"count": 2, "hash": records[1]["hash"]}))
+    report = verify(run_dir)
+    assert report.ok and "the last 2 record(s) were written just before the run stopped" in report.notes[0]
+    (run_dir / audit.HEAD_FILE).write_text(json.dumps({"count": 2, "hash": records[2]["hash"]}))
+    report = verify(run_dir)
+    assert not report.ok and "record 2 does not match the recorded head" in report.problems[0]
