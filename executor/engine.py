@@ -163,8 +163,11 @@ class HostContext(StepContext):
         return await self._transfer(self.engine.transports[self.host_name].get(remote, local))
 
     async def _transfer(self, transfer: Awaitable[Transfer]) -> Transfer:
+        limit = self.spec.timeout or self.engine.runbook.header.defaults.timeout  # a stalled SFTP must not hang
         try:
-            done = await transfer
+            done = await asyncio.wait_for(transfer, limit)
+        except TimeoutError:
+            raise AttemptFailed(f"file transfer timed out after {limit:g}s") from None
         except (TransportError, OSError) as exc:
             raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
@@ -294,7 +297,12 @@ class Engine:
             state = RunState(source_dir)
             source_records = {(r.step, r.host): r for r in state.records()}
             state.close()
-        reused, to_run, why = self._plan(source_records, source_meta.run_id if source_meta else None)
+        try:
+            reused, to_run, why = self._plan(source_records, source_meta.run_id if source_meta else None)
+        except BaseException:
+            if source_lock is not None:
+                source_lock.release()
+            raise
         run_id = new_run_id()
         run_dir = self.options.log_dir / run_id
         self.options.log_dir.mkdir(parents=True, exist_ok=True)

@@ -456,3 +456,74 @@ def test_a_failed_step_keeps_the_facts_of_its_last_attempt(write_runbook, tmp_pa
     assert run(path, tmp_path / "logs", capsys)[0] == 1
     step = status(tmp_path / "logs", capsys)["steps"][0]
     assert step["status"] == "failed" and step["facts"] == {"gpus": 0, "reason": "nvidia-smi not found"}
+
+
+def test_masking_a_secret_does_not_mark_output_truncated(tmp_path, capsys, monkeypatch) -> None:
+    """Redaction shortens the kept output; the audit record must not call that truncation."""
+    monkeypatch.setenv("RB_TEST_TOKEN", "hf_a_long_secret_value_0123456789")
+    path = tmp_path / "runbook.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+            name: t
+            hosts: {here: {address: local}}
+            secrets:
+              TOK: {env: RB_TEST_TOKEN}
+            steps:
+              - {id: a, kind: shell, script: 'echo "token=$TOK"; echo "$TOK" >&2'}
+            """)
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    (record,) = audit_records(tmp_path / "logs")
+    assert record["stdout"] == "token=***\n" and record["stderr"] == "***\n"
+    assert record["stdout_truncated"] is False and record["stderr_truncated"] is False
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_file_transfer_times_out(tmp_path, capsys, monkeypatch) -> None:
+    """Nothing waits forever: a transfer that never finishes fails the attempt at the step's timeout."""
+    import asyncio
+
+    from executor.transport.local import LocalTransport
+
+    async def stall(self: LocalTransport, local: Path, remote: str) -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(LocalTransport, "put", stall)
+    (tmp_path / "helper.sh").write_text("true\n")
+    path = tmp_path / "runbook.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+            name: t
+            hosts: {{here: {{address: local}}}}
+            steps:
+              - id: ship
+                kind: shell
+                timeout: 1s
+                retry: {{attempts: 1}}
+                upload: [{{src: helper.sh, dest: {tmp_path}/copy.sh}}]
+                script: "true"
+            """)
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert "file transfer timed out after 1s" in err
+
+
+def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -> None:
+    """A resume stopped by a planning error (unknown step) leaves the earlier run resumable."""
+    path = tmp_path / "runbook.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+            name: t
+            hosts: {here: {address: local}}
+            steps:
+              - {id: a, kind: shell, script: "true"}
+            """)
+    )
+    logs = tmp_path / "logs"
+    assert run(path, logs, capsys)[0] == 0
+    code, _out, err = run(path, logs, capsys, "--resume", "--from", "nosuch")
+    assert code == 2 and "no step 'nosuch'" in err
+    code, _out, err = run(path, logs, capsys, "--resume")
+    assert code == 0, err

@@ -1,0 +1,130 @@
+"""The harness, and benchmarks 1, 2 and 5 at tiny sizes: everything runs, the ratios come out.
+
+No timing is asserted (speed is shown by `python -m bench`, never by a test): these prove that
+interleaving and medians work, that every installed tool runs the cases against a real sshd, that
+the self-checking transfer script catches damage, and that the report is written with its
+machine, its command and its targets.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench import overhead, transfer
+from bench.fleet import sshd_fleet
+from bench.harness import Section, Series, Table, ToolFailed, interleave, paired_median
+from bench.tools import Ansible, AsyncsshFloor, Pyinfra
+
+
+def installed_names(*names: str) -> set[str]:
+    """The runner names among `names` whose tool is installed here (ansible, pyinfra are optional)."""
+    optional = {r.name: r for r in (Ansible(), Ansible("script"), Pyinfra(), Pyinfra("script"))}
+    return {name for name in names if name not in optional or optional[name].missing() is None}
+
+
+def rows(section: Section) -> dict[str, list[str]]:
+    [table] = section.tables
+    return {row[0]: row for row in table.rows}
+
+
+def test_interleave_rotates_order_and_stops_a_failed_case() -> None:
+    order: list[str] = []
+
+    def case(name: str, seconds: float) -> float:
+        order.append(name)
+        return seconds
+
+    def broken() -> float:
+        order.append("c")
+        raise ToolFailed("exit 7: Argument list too long")
+
+    series = interleave(
+        3, {"a": lambda: case("a", 1.0), "b": lambda: case("b", 3.0), "c": broken}, log=lambda _line: None
+    )
+    assert order == ["a", "b", "c", "b", "a", "a", "b"]  # rotated each repetition; "c" never again
+    assert series["a"].times == [1.0, 1.0, 1.0] and series["a"].median == 1.0
+    assert series["c"].failure == "exit 7: Argument list too long" and series["c"].median is None
+    assert paired_median(series["b"], series["a"], lambda b, a: b / a) == 3.0
+    assert paired_median(series["c"], series["a"], lambda c, a: c / a) is None
+    assert Series([2.0, 9.0, 4.0]).median == 4.0
+
+
+def test_table_escapes_cells() -> None:
+    table = Table(["tool", "time"], [["a | b", "1\n2"]])
+    assert table.markdown().splitlines()[-1] == "| a \\| b | 1 2 |"
+
+
+@pytest.mark.parametrize("size", [2048, 8192, transfer.SIZE])
+def test_checking_script_is_exact_and_catches_damage(size: int) -> None:
+    script = transfer.checking_script(7, size)
+    assert len(script.encode()) == size and script != transfer.checking_script(8, size)
+    assert subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True).stdout.startswith("ok ")
+    at = script.index("<<'PAYLOAD_EOF'\n") + 40  # a byte inside the payload
+    damaged = script[:at] + ("A" if script[at] != "A" else "B") + script[at + 1 :]
+    done = subprocess.run(["bash", "-s"], input=damaged, capture_output=True, text=True)
+    assert done.returncode == 4 and "payload sha256 is" in done.stderr
+    assert subprocess.run(["bash", "-s"], input=script[: size // 2], capture_output=True, text=True).returncode != 0
+
+
+def test_overhead_and_audit_compute_ratios_for_every_tool() -> None:
+    first, audit = overhead.sections(("overhead", "audit"), steps=3, reps=1)
+    tools = rows(first)
+    expected = installed_names(
+        "runbook (CLI)", "runbook (in-process)", "ansible-playbook", "pyinfra", "raw asyncssh (floor)"
+    )
+    assert set(tools) == expected
+    for row in tools.values():  # at 3 steps a marginal cost can come out <= 0, and its ratio "—"
+        assert all(cell != "—" and "failed" not in cell for cell in row[:-2]), row
+        assert row[-1].endswith("x")
+    assert tools["raw asyncssh (floor)"][-1] == "1x"
+    assert not first.notes
+    floor_target, ansible_target = first.targets
+    assert "within 1.5x of the raw asyncssh floor" in floor_target.text and " per step = " in floor_target.detail
+    assert ("ansible-playbook not run" in ansible_target.detail) == ("ansible-playbook" not in tools)
+    cases = rows(audit)
+    assert set(cases) == {"runbook (in-process)", "runbook (in-process, audit log off)", "raw asyncssh (floor)"}
+    assert all(row[2] != "—" for row in cases.values())
+    assert audit.notes[0].startswith("The audit log costs ")
+
+
+def test_transfer_computes_ratios_for_every_way_of_every_tool() -> None:
+    section = transfer.section(steps=2, size=8192, reps=1)
+    tools = rows(section)
+    assert set(tools) == installed_names(*(r.name for r in transfer.runners()))
+    assert all(row[-1].endswith("x") for row in tools.values()), tools  # 8 KiB fits every way
+    assert not section.notes
+
+
+def test_a_script_over_the_command_line_limit_fails_and_is_reported(tmp_path: Path) -> None:
+    floor, stdin = AsyncsshFloor(), AsyncsshFloor(stdin=True)
+    with sshd_fleet(tmp_path, 1) as servers:
+        with pytest.raises(ToolFailed, match="Argument list too long"):
+            floor.run(servers, [transfer.checking_script(0, 160 * 1024)])
+        assert stdin.run(servers, [transfer.checking_script(0, 160 * 1024)]) > 0
+    failed = Series(failure="exit 1: /bin/bash: Argument list too long")
+    times = overhead.StepTimes(
+        2,
+        {
+            f"{floor.name}, 1 step": failed,
+            f"{floor.name}, 2 steps": failed,
+            f"{stdin.name}, 1 step": Series([0.1]),
+            f"{stdin.name}, 2 steps": Series([0.3]),
+        },
+    )
+    table = overhead.step_table(times, [floor, stdin], stdin)
+    assert table.rows[0] == [floor.name, "failed (see below)", *["—"] * 5]
+    assert table.rows[1][1:] == ["100 ms", "300 ms", "150 ms", "200 ms", "1x", "1x"]
+    assert times.failures() == [f"{floor.name}, {n}: failed: {failed.failure}" for n in ("1 step", "2 steps")]
+
+
+def test_main_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "RESULTS.md"
+    assert bench_main.main(["--quick", "--only", "audit", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "`python -m bench --quick --only audit --out " in text
+    assert "## Machine" in text and "| OpenSSH | OpenSSH_" in text and "| cores |" in text
+    assert "## 5. Audit cost — clean shell" in text
