@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import traceback
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from executor.events import Reporter
 from executor.gates import evaluate
 from executor.loader import Runbook
 from executor.model import var_text
+from executor.planner import PlanContext
 from executor.redact import Redactor
 from executor.render import render_command
 from executor.state import RunLock, RunMeta, RunState, StepRecord, list_runs, new_run_id, now
@@ -63,8 +65,11 @@ class RunOptions:
     only_step: str | None = None
 
 
-def used_vars(spec: StepSpec, names: list[str]) -> list[str]:
-    text = spec.model_dump_json()
+def used_vars(spec: StepSpec, names: list[str], host: str) -> list[str]:
+    """The vars a step may read: named in its definition or in the scripts it renders (a kind's host
+    program reads HF_ENDPOINT from the environment, say)."""
+    scripts = [script for _label, script in spec.plan(PlanContext(host, {}))]
+    text = "\n".join([spec.model_dump_json(), *scripts])
     return [name for name in names if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text)]
 
 
@@ -72,7 +77,7 @@ def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[
     """Changes when the step's definition, its host, or the value of a var it uses changes."""
     variants = [spec, *runbook.fallbacks.get(spec.id, [])]
     names = sorted(variables)
-    used = sorted({n for v in variants for n in used_vars(v, names)})
+    used = sorted({n for v in variants for n in used_vars(v, names, host)})
     body = {
         "step": [v.model_dump(mode="json", exclude={"description"}) for v in variants],
         "host": runbook.hosts[host].model_dump(mode="json"),
@@ -153,7 +158,11 @@ class HostContext(StepContext):
 
     def progress(self, message: str, **fields: Any) -> None:
         self.engine.reporter.emit(
-            "progress", step=self.spec.id, host=self.host_name, message=self.engine.redactor.text(message), **fields
+            "progress",
+            step=self.spec.id,
+            host=self.host_name,
+            message=self.engine.redactor.text(message),
+            fields=self.engine.redactor.deep(fields),
         )
 
     async def put(self, local: Path, remote: str) -> Transfer:
@@ -471,6 +480,11 @@ class Engine:
             outcome = await spec.execute(ctx)
         except FactsError as exc:
             self._attempt_failed(spec, host, attempt, str(exc))
+        except (AttemptFailed, HostRefused):
+            raise
+        except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
+            where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
+            self._attempt_failed(spec, host, attempt, f"step kind '{spec.kind}' failed unexpectedly:\n{where}")
         result = outcome.result
         limit = spec.timeout or self.runbook.header.defaults.timeout
         if result.timed_out:

@@ -74,7 +74,7 @@ class ConsoleReporter(Reporter):
             print_(f"    [yellow]{f['step']}@{f['host']} attempt {f['attempt']} failed:[/] {first_line}")
         elif event == "step_finished":
             self._stop_live()
-            style = _STATUS_STYLE.get(fields["status"], "")
+            style = _STATUS_STYLE.get(fields["status"], "default")
             via = f" via {f['via']}" if fields.get("via") not in (None, "primary") else ""
             print_(
                 f"[{style}]{f['status']:>11}[/] {f['step']}{via}  "
@@ -88,7 +88,7 @@ class ConsoleReporter(Reporter):
             print_(fields["message"], markup=False)
         elif event == "run_finished":
             self._stop_live()
-            style = _STATUS_STYLE.get(fields["status"], "")
+            style = _STATUS_STYLE.get(fields["status"], "default")
             print_(f"[{style}]run {f['status']}[/] in {self._elapsed()}  (audit log: {f['audit']})")
 
     def _live(self, text: str, keep: bool = False) -> None:

@@ -25,6 +25,13 @@ from executor.render import RenderedCommand
 OUTPUT_KEEP_BYTES = 32 * 1024 * 1024
 #: After stdin is closed on a timeout, how long the wrapper gets to kill and report.
 KILL_GRACE_S = 10.0
+#: After a command has exited, how long its output may stay open (a background process holding it).
+OUTPUT_DRAIN_S = 2.0
+_EXIT_POLL_S = 0.2
+HELD_OPEN_NOTE = (
+    b"\n[runbook] the script exited, but a process it left running still holds its output open; "
+    b"stopped reading after %gs (a daemon must redirect its stdout and stderr)\n" % OUTPUT_DRAIN_S
+)
 
 
 #: Called with ("stdout" | "stderr", chunk) as output arrives, for live progress.
@@ -116,6 +123,25 @@ class Collector:
     async def pump(reader: ByteReader, into: Captured) -> None:
         while chunk := await reader.read(65536):
             into.feed(chunk)
+
+    async def read_until_exit(self, stdout: ByteReader, stderr: ByteReader, exited: Callable[[], bool]) -> bool:
+        """Read both streams to their end, but once the command has exited give them only
+        OUTPUT_DRAIN_S more: a process the script left running must not turn a finished command
+        into a timeout. False when reading was cut short (a note on stderr says so)."""
+        pumps = asyncio.ensure_future(asyncio.gather(self.pump(stdout, self.stdout), self.pump(stderr, self.stderr)))
+        try:
+            while not pumps.done():
+                await asyncio.wait({pumps}, timeout=_EXIT_POLL_S)
+                if not pumps.done() and exited():
+                    await asyncio.wait({pumps}, timeout=OUTPUT_DRAIN_S)
+                    if not pumps.done():
+                        self.stderr.feed(HELD_OPEN_NOTE)
+                        return False
+            pumps.result()  # a reader's error, if any
+            return True
+        finally:
+            pumps.cancel()
+            pumps.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody else will read it
 
     def result(self, exit_code: int | None, *, timed_out: bool = False, interrupted: bool = False) -> CommandResult:
         return CommandResult(

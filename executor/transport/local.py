@@ -43,7 +43,12 @@ class LocalTransport(Transport):
                 await stdin.drain()
 
         async def finish() -> int:
-            await asyncio.gather(feed(), collect.pump(stdout, collect.stdout), collect.pump(stderr, collect.stderr))
+            fed = asyncio.ensure_future(feed())
+            if not await collect.read_until_exit(stdout, stderr, lambda: proc.returncode is not None):
+                # a process the script left running holds the pipes: stop reading them; asyncio offers
+                # no public way to close a subprocess's pipes without the process
+                getattr(proc, "_transport").close()  # noqa: B009
+            await fed
             return await proc.wait()
 
         task = asyncio.ensure_future(finish())

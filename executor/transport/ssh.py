@@ -108,9 +108,9 @@ class SSHTransport(Transport):
             proc.stdin.write(command.stdin)  # buffered by asyncssh; the wait below is under the timeout
 
         async def finish() -> int | None:
-            await asyncio.gather(collect.pump(proc.stdout, collect.stdout), collect.pump(proc.stderr, collect.stderr))
-            completed = await proc.wait()
-            return completed.exit_status
+            if await collect.read_until_exit(proc.stdout, proc.stderr, lambda: proc.returncode is not None):
+                await proc.wait()
+            return proc.exit_status
 
         task = asyncio.ensure_future(finish())
         try:
@@ -170,8 +170,11 @@ class SSHTransport(Transport):
         return Transfer("get", str(local), remote, len(data), hashlib.sha256(data).hexdigest())
 
     async def close(self) -> None:
+        """Close the connection; a dead network gets the connect timeout, then the socket is dropped."""
         if self._conn is not None:
             self._conn.close()
-            with contextlib.suppress(Exception):
-                await self._conn.wait_closed()
+            try:
+                await asyncio.wait_for(self._conn.wait_closed(), self.host.connect_timeout)
+            except (TimeoutError, OSError, asyncssh.Error):
+                self._conn.abort()
             self._conn = None

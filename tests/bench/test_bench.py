@@ -118,7 +118,7 @@ def test_a_script_over_the_command_line_limit_fails_and_is_reported(tmp_path: Pa
     table = overhead.step_table(times, [floor, stdin], stdin)
     assert table.rows[0] == [floor.name, "failed (see below)", *["—"] * 5]
     assert table.rows[1][1:] == ["100 ms", "300 ms", "150 ms", "200 ms", "1x", "1x"]
-    assert times.failures() == [f"{floor.name}, {n}: failed: {failed.failure}" for n in ("1 step", "2 steps")]
+    assert times.failures([floor, stdin]) == [f"{floor.name}: failed: {failed.failure}"]
 
 
 def test_main_writes_the_report(tmp_path: Path) -> None:

@@ -527,3 +527,42 @@ def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -
     assert code == 2 and "no step 'nosuch'" in err
     code, _out, err = run(path, logs, capsys, "--resume")
     assert code == 0, err
+
+
+def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
+    """download's host program reads HF_ENDPOINT from the environment: changing it reruns the step."""
+    from executor.engine import fingerprint
+    from executor.loader import load_runbook
+
+    book = load_runbook(Path("runbooks/k26_dflash.yaml"))
+    (step,) = [s for s in book.steps if s.id == "download_drafter"]
+    before = fingerprint(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:1"})
+    after = fingerprint(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:2"})
+    unrelated = fingerprint(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:1", "x": 1})
+    assert before != after and before == unrelated
+
+
+def test_a_bug_in_a_step_kind_fails_the_step_without_crashing_the_run(tmp_path, capsys, monkeypatch) -> None:
+    import steps
+
+    extra = tmp_path / "extra_steps"
+    extra.mkdir()
+    (extra / "buggy.py").write_text(
+        textwrap.dedent("""\
+        from typing import Literal
+        from executor.stepkind import Outcome, StepContext, StepSpec
+
+        class Buggy(StepSpec):
+            kind: Literal["buggy"] = "buggy"
+
+            async def execute(self, ctx: StepContext) -> Outcome:
+                return {}["missing"]
+        """)
+    )
+    monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
+    path = tmp_path / "rb.yaml"
+    path.write_text("name: t\nsteps:\n  - {id: b, kind: buggy, retry: {attempts: 1}}\n")
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert "step kind 'buggy' failed unexpectedly" in err and "KeyError: 'missing'" in err
+    assert status(tmp_path / "logs", capsys)["run"]["status"] == "failed"

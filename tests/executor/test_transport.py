@@ -12,6 +12,7 @@ import hashlib
 import os
 import secrets
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -427,3 +428,17 @@ def test_put_of_an_empty_file(transport: Transport, runner: asyncio.Runner, tmp_
     put = runner.run(transport.put(local, str(tmp_path / "empty.remote")))
     assert (put.size, put.sha256) == (0, hashlib.sha256(b"").hexdigest())
     assert (tmp_path / "empty.remote").read_bytes() == b""
+
+
+def test_a_background_process_holding_the_output_does_not_make_a_timeout(run: Callable[..., CommandResult]) -> None:
+    """`setsid cmd &` without redirection keeps stdout open; the command still finishes at its exit."""
+    marker = f"sleep {secrets.randbelow(1000) + 9000}"
+    try:
+        # (the pause lets setsid leave the step's group before the step ends and its group is killed)
+        result = run(f"setsid {marker} &\nsleep 0.5\necho started\n", timeout=30)
+        assert result.exit_code == 0 and not result.timed_out
+        assert result.stdout == b"started\n"
+        assert b"still holds its output open" in result.stderr
+        assert result.duration_s < 10
+    finally:
+        subprocess.run(["pkill", "-f", f"^{marker}$"], check=False)

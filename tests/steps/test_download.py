@@ -280,7 +280,7 @@ class Run:
         return "\n".join(finished["failures"])
 
     def progress(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == "progress"]
+        return [e["fields"] for e in self.events if e["event"] == "progress"]
 
 
 @pytest.fixture
