@@ -132,8 +132,16 @@ async def _run_interruptible(engine: Engine) -> int:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        # the first signal starts a bounded clean-up (remote process groups killed, audit written);
+        # a second one must not cut that short, or the interrupted command would go unrecorded
+        if not task.cancelling():
+            print("runbook: stopping: killing the running commands' process groups", file=sys.stderr)
+            task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop)
     try:
         return await engine.run()
     except asyncio.CancelledError:
@@ -202,7 +210,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     if not (args.run_dir / audit.AUDIT_FILE).exists():
-        raise ResumeError(f"{args.run_dir}: no {audit.AUDIT_FILE} here")
+        if (args.run_dir / "run.json").exists() and args.action == "verify":
+            print(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone", file=sys.stderr)
+            return EXIT_FAILED
+        raise ResumeError(f"{args.run_dir}: not a run folder (no {audit.AUDIT_FILE} here)")
     if args.action == "verify":
         report = audit.verify(args.run_dir)
         for note in report.notes:

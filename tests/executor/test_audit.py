@@ -160,3 +160,13 @@ def test_a_head_that_lags_is_tolerated_but_a_rewritten_log_is_not(tmp_path: Path
     (run_dir / audit.HEAD_FILE).write_text(json.dumps({"count": 2, "hash": records[2]["hash"]}))
     report = verify(run_dir)
     assert not report.ok and "record 2 does not match the recorded head" in report.problems[0]
+
+
+def test_a_deleted_audit_log_is_tampering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "r"
+    write_log(run_dir)
+    (run_dir / "run.json").write_text("{}")
+    (run_dir / audit.AUDIT_FILE).unlink()
+    assert main(["audit", "verify", str(run_dir)]) == 1
+    assert "is gone" in capsys.readouterr().err
+    assert main(["audit", "verify", str(tmp_path)]) == 2

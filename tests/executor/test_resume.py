@@ -558,3 +558,20 @@ def test_a_secret_is_written_nowhere(tmp_path: Path, write_runbook: Any) -> None
         data = path.read_bytes()
         for form in forms:
             assert form.encode() not in data, (path, form)
+
+
+def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, write_runbook: Any) -> None:
+    """A step that ignores TERM takes the wrapper's grace period to kill; Ctrl-C twice still records it."""
+    logs, seconds = tmp_path / "logs", 3000 + secrets.randbelow(500)
+    special = {"stubborn": f"trap '' TERM; echo started >> \"$side\"; sleep {seconds}"}
+    book = write_runbook(header("twice", tmp_path) + steps_yaml(["stubborn"], special=special))
+    proc = start("run", str(book), "--log-dir", str(logs))
+    wait_for(lambda: (tmp_path / "side.txt").exists(), what="the step to start")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    code, _out, _err = finish(proc)
+    assert code == 130
+    (record,) = audit_records(newest(logs))
+    assert record["interrupted"] is True
+    assert not subprocess.run(["pgrep", "-f", f"^sleep {seconds}$"], capture_output=True).stdout
