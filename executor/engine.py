@@ -204,7 +204,16 @@ class Engine:
                 raise SecretMissing(f"secret {name}: environment variable {ref.env} is not set")
         self.redactor = Redactor(self.secrets.values())
         self.records: dict[tuple[str, str], StepRecord] = {}
+        self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
+        self._fingerprints: dict[tuple[str, str], str] = {}
         self.transports: dict[str, Transport] = {}
+
+    def fingerprint(self, spec: StepSpec, host: str) -> str:
+        """The step's fingerprint on a host, computed once per run (it renders the step's scripts)."""
+        key = (spec.id, host)
+        if key not in self._fingerprints:
+            self._fingerprints[key] = fingerprint(self.runbook, spec, host, self.variables)
+        return self._fingerprints[key]
 
     # ---- planning: what runs, what is reused -------------------------------------------------
 
@@ -238,10 +247,7 @@ class Engine:
         for spec in steps:
             records = [source.get((spec.id, h)) for h in self.runbook.step_hosts[spec.id]]
             passed = all(r is not None and r.status == "passed" for r in records)
-            same = all(
-                r is not None and r.fingerprint == fingerprint(self.runbook, spec, r.host, self.variables)
-                for r in records
-            )
+            same = all(r is not None and r.fingerprint == self.fingerprint(spec, r.host) for r in records)
             if start_id is not None:
                 position, start = ids.index(spec.id), ids.index(start_id)
                 if position < start:
@@ -416,9 +422,9 @@ class Engine:
         record = StepRecord(
             step=spec.id,
             host=host,
-            position=self.runbook.steps.index(spec),
+            position=self.positions[spec.id],
             status="running",
-            fingerprint=fingerprint(self.runbook, spec, host, self.variables),
+            fingerprint=self.fingerprint(spec, host),
             started_at=now(),
         )
         self._save(record)

@@ -6,6 +6,7 @@ gate explains itself with the values of the names it used.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
+from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -33,6 +35,12 @@ class GateVerdict:
     def describe(self) -> str:
         head = self.message or "gate failed"
         return f"{head}\n  gate: {self.expression}\n{self.detail}".rstrip()
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(expression: str) -> TemplateExpression:
+    """Compile once per distinct expression: a runbook evaluates the same gates on every host and attempt."""
+    return _ENV.compile_expression(expression, undefined_to_none=False)
 
 
 def step_refs(text: str) -> list[str]:
@@ -94,7 +102,7 @@ def _show(value: Any, limit: int = 600) -> str:
 def evaluate(expression: str, names: Mapping[str, Any], message: str | None = None) -> GateVerdict:
     """Evaluate one gate against the names a gate sees."""
     try:
-        value = _ENV.compile_expression(expression, undefined_to_none=False)(**names)
+        value = _compiled(expression)(**names)
         if isinstance(value, StrictUndefined):
             raise UndefinedError(f"{expression} is undefined")
         if value:
@@ -114,7 +122,7 @@ def _values(expression: str, names: Mapping[str, Any]) -> str:
     lines = []
     for name in names_used(expression):
         try:
-            shown = _show(_ENV.compile_expression(name, undefined_to_none=False)(**names))
+            shown = _show(_compiled(name)(**names))
         except Exception as exc:
             shown = f"<{exc}>"
         lines.append(f"  {name} = {shown}")

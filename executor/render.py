@@ -34,7 +34,8 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/runbook.XXXXXXXX") || exit 125
 trap 'rm -rf "$dir"' EXIT
 head -c "$1" <&3 > "$dir/env" || exit 125
 head -c "$2" <&3 > "$dir/script" || exit 125
-if [ "$(wc -c < "$dir/env")" -ne "$1" ] || [ "$(wc -c < "$dir/script")" -ne "$2" ]; then
+# a newline follows the payload: if it cannot be read, the payload was cut short (no fork to check)
+if ! IFS= read -r -n 1 _ <&3; then
   echo "runbook: the script did not arrive whole" >&2
   exit 125
 fi
@@ -53,6 +54,7 @@ exit "$rc"
 #: Exported to every script: nothing may wait for a person.
 UNATTENDED_ENV = {"DEBIAN_FRONTEND": "noninteractive", "SUDO_ASKPASS": "/bin/false"}
 MASK = "***"
+PAYLOAD_END = b"\n"  # read by the wrapper after the script: proof that the payload arrived whole
 WRAPPER_SHA256 = hashlib.sha256(WRAPPER.encode()).hexdigest()
 
 
@@ -89,7 +91,7 @@ def render_command(
         f"{shlex.join(argv[:3])} -c <wrapper sha256:{WRAPPER_SHA256[:16]}> runbook {len(env_bytes)} {len(body)}\n"
         f"{export_block(masked_env)}{body.decode('utf-8', 'replace')}"
     )
-    return RenderedCommand(argv=argv, stdin=env_bytes + body, display=display)
+    return RenderedCommand(argv=argv, stdin=env_bytes + body + PAYLOAD_END, display=display)
 
 
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from executor import render
 from executor.render import (
     MASK,
+    PAYLOAD_END,
     UNATTENDED_ENV,
     WRAPPER,
     WRAPPER_SHA256,
@@ -101,8 +102,8 @@ def test_script_travels_on_stdin_never_in_argv() -> None:
     assert command.argv[5] == "runbook"
     env_len, body_len = int(command.argv[6]), int(command.argv[7])
     assert body_len == len(script.encode())
-    assert command.stdin[env_len:] == script.encode()
-    assert len(command.stdin) == env_len + body_len
+    assert command.stdin[env_len:] == script.encode() + PAYLOAD_END
+    assert len(command.stdin) == env_len + body_len + len(PAYLOAD_END)
     assert all("MARKER" not in arg for arg in command.argv)
     assert "MARKER" not in command.command_line
 
