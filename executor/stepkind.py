@@ -19,9 +19,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from executor.durations import Duration
 from executor.gates import step_refs
@@ -31,6 +31,25 @@ from executor.transport.base import CommandResult, OutputSink, Transfer
 
 class FactsError(Exception):
     """The output could not be turned into facts; the attempt fails with this message."""
+
+
+DocumentT = TypeVar("DocumentT", bound=BaseModel)
+
+
+def host_document(result: CommandResult, model: type[DocumentT], program: str) -> DocumentT:
+    """The JSON document a host program printed as its last line of stdout, as `model`.
+
+    A program that printed nothing, or something else, fails the attempt with its exit code and the
+    tail of its stderr: an empty answer must never read as facts.
+    """
+    lines = result.stdout_text.strip().splitlines()
+    said = "\n".join(result.stderr_text.strip().splitlines()[-10:]) or "(nothing)"
+    if not lines:
+        raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
+    try:
+        return model.model_validate_json(lines[-1])
+    except ValidationError as exc:
+        raise FactsError(f"{program} printed a document of an unexpected shape: {exc}; stderr: {said}") from None
 
 
 class RenderContext(ABC):

@@ -16,11 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from pydantic import ValidationError
-
 from executor.model import Gate, Model
 from executor.render import heredoc, host_word
-from executor.stepkind import FactsError, RenderContext, StepSpec
+from executor.stepkind import RenderContext, StepSpec, host_document
 from executor.transport.base import CommandResult
 
 HOST_PROGRAM = Path(__file__).with_name("inspect_config_host.py")
@@ -136,14 +134,7 @@ class InspectConfigStep(StepSpec):
         return heredoc(HOST_PROGRAM.read_text(), command=" ".join(words))
 
     def parse_facts(self, result: CommandResult) -> InspectConfigFacts:
-        text = result.stdout_text.strip()
-        if not text:
-            why = result.stderr_text.strip()[-2000:] or "no output at all"
-            raise FactsError(f"the config check printed no facts (exit {result.exit_code}): {why}")
-        try:
-            return InspectConfigFacts.model_validate_json(text)
-        except ValidationError as exc:
-            raise FactsError(f"the config check printed facts of an unexpected shape: {exc}") from None
+        return host_document(result, InspectConfigFacts, "the config check")
 
     def default_gates(self) -> list[Gate]:
         return [

@@ -18,12 +18,12 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from executor.durations import Duration
 from executor.model import Gate
 from executor.render import heredoc
-from executor.stepkind import FactsError, RenderContext, StepSpec
+from executor.stepkind import RenderContext, StepSpec, host_document
 from executor.transport.base import CommandResult
 
 PROGRAM = (Path(__file__).parent / "probe_host.py").read_text(encoding="utf-8")
@@ -282,17 +282,7 @@ class ProbeStep(StepSpec):
         )
 
     def parse_facts(self, result: CommandResult) -> ProbeFacts:
-        text = result.stdout_text.strip()
-        said = result.stderr_text.strip()[-2000:] or "(nothing)"
-        if not text:
-            raise FactsError(
-                f"the probe printed no JSON document (exit {result.exit_code}); is python3 on the host's PATH? "
-                f"stderr: {said}"
-            )
-        try:
-            report = HostReport.model_validate(json.loads(text))
-        except (json.JSONDecodeError, ValidationError) as exc:
-            raise FactsError(f"the probe's document is not what probe_host.py prints: {exc}; stderr: {said}") from None
+        report = host_document(result, HostReport, "the probe (python3 on the host's PATH runs it)")
         return ProbeFacts.from_report(report)
 
     def default_gates(self) -> list[Gate]:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from executor.model import Gate
 from executor.render import heredoc, host_word
-from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
+from executor.stepkind import Outcome, RenderContext, StepContext, StepSpec, host_document
 from executor.transport.base import CommandResult, OutputSink
 from steps.download import Patterns, RepoId
 from steps.verify_host import PROGRESS_PREFIX
@@ -101,16 +101,7 @@ class VerifyStep(StepSpec):
         return heredoc(HOST_PROGRAM, command=command)
 
     def parse_facts(self, result: CommandResult) -> VerifyFacts:
-        lines = result.stdout_text.strip().splitlines()
-        if not lines:
-            tail = "\n".join(result.stderr_text.strip().splitlines()[-10:])
-            raise FactsError(
-                f"verify: the host program printed no result (exit code {result.exit_code}); stderr:\n{tail}"
-            )
-        try:
-            return VerifyFacts.model_validate_json(lines[-1])
-        except ValueError as exc:
-            raise FactsError(f"verify: the host program's result is not the expected document: {exc}") from None
+        return host_document(result, VerifyFacts, "verify's host program")
 
     def default_gates(self) -> list[Gate]:
         return [

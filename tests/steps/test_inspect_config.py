@@ -345,7 +345,7 @@ def test_no_document_is_a_facts_error_with_the_reason() -> None:
     collect = Collector()
     collect.stderr.feed(b"bash: line 1: /opt/venv/bin/python: No such file or directory\n")
     step = InspectConfigStep(id="i", target_dir="/m/t", python="/opt/venv/bin/python")
-    with pytest.raises(FactsError, match=r"printed no facts \(exit 127\): bash: .*No such file"):
+    with pytest.raises(FactsError, match=r"printed no JSON document \(exit 127\); stderr: bash: .*No such file"):
         step.parse_facts(collect.result(127))
 
 
