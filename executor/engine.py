@@ -126,6 +126,7 @@ class HostContext(StepContext):
         limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
         try:
             result = await transport.run(command, limit, on_output)
+            result.timeout_s = limit
         except CommandInterrupted as exc:
             self._record(command.display, exc.result)
             raise
@@ -235,21 +236,19 @@ class Engine:
         self, source: dict[tuple[str, str], StepRecord], source_id: str | None
     ) -> tuple[list[StepSpec], list[StepSpec], dict[str, str]]:
         """(reused, to_run, why) in runbook order; `why` says for each step what happens and why."""
-        steps = self.runbook.steps
-        ids = [s.id for s in steps]
         start_id = self.options.only_step or self.options.from_step
-        if start_id is not None and start_id not in ids:
-            raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(ids)})")
+        if start_id is not None and start_id not in self.positions:
+            raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(self.positions)})")
         reused: list[StepSpec] = []
         to_run: list[StepSpec] = []
         why: dict[str, str] = {}
         rerun_cause: str | None = None  # once a step runs again, every later step does too
-        for spec in steps:
+        for spec in self.runbook.steps:
             records = [source.get((spec.id, h)) for h in self.runbook.step_hosts[spec.id]]
             passed = all(r is not None and r.status == "passed" for r in records)
             same = all(r is not None and r.fingerprint == self.fingerprint(spec, r.host) for r in records)
             if start_id is not None:
-                position, start = ids.index(spec.id), ids.index(start_id)
+                position, start = self.positions[spec.id], self.positions[start_id]
                 if position < start:
                     if passed:
                         reused.append(spec)
@@ -343,6 +342,7 @@ class Engine:
                 origin = old.reused_from or meta.resumed_from
                 self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
         state.save(*self.records.values())
+        reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
         self.reporter.emit(
             "run_started",
             run_id=run_id,
@@ -354,8 +354,8 @@ class Engine:
                     "id": s.id,
                     "kind": s.kind,
                     "hosts": self.runbook.step_hosts[s.id],
-                    "reused": s in reused,
-                    "runs": s in to_run,
+                    "reused": s.id in reused_ids,
+                    "runs": s.id in run_ids,
                     "plan": why[s.id],
                 }
                 for s in self.runbook.steps
@@ -436,11 +436,7 @@ class Engine:
         failures: list[str] = []
         try:
             for via, variant in variants:
-                policy = (
-                    variant.retry.over(self.runbook.header.defaults.retry)
-                    if variant.retry
-                    else self.runbook.header.defaults.retry
-                )
+                policy = variant.retry_policy(self.runbook.header.defaults.retry)
                 retrying = AsyncRetrying(
                     stop=stop_after_attempt(policy.attempts),
                     wait=wait_exponential_jitter(
@@ -492,13 +488,12 @@ class Engine:
             where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
             self._attempt_failed(spec, host, attempt, f"step kind '{spec.kind}' failed unexpectedly:\n{where}")
         result = outcome.result
-        limit = spec.timeout or self.runbook.header.defaults.timeout
         if result.timed_out:
             self._attempt_failed(
                 spec,
                 host,
                 attempt,
-                f"timed out after {limit:g}s; its remote process group was killed\n"
+                f"timed out after {result.timeout_s or 0:g}s; its remote process group was killed\n"
                 + tail(result.stdout_text + result.stderr_text),
             )
         facts = self.redactor.deep(_jsonable(outcome.facts))

@@ -6,10 +6,8 @@
     ├── RunLocked                another `runbook` process holds the run (CLI exit 3)
     ├── ResumeError              nothing to resume, or a needed step never passed (CLI exit 2)
     ├── SecretMissing            a declared secret has no value in the environment (CLI exit 2)
-    ├── AuditTampered            `audit verify` found a broken chain (CLI exit 1)
     └── TransportError           the host could not be reached or the channel broke
-          ├── HostKeyError       unknown or changed host key: never retried
-          └── CommandTimeout     never raised to callers: timeouts come back as results
+          └── HostKeyError       unknown or changed host key: never retried
 
 A failed step is not an exception: the engine records it and the CLI exits 1.
 """
@@ -56,10 +54,6 @@ class ResumeError(RunbookError):
 
 class SecretMissing(RunbookError):
     """A secret declared by the runbook has no value in the controller's environment."""
-
-
-class AuditTampered(RunbookError):
-    """An audit log's hash chain does not verify."""
 
 
 class TransportError(RunbookError):

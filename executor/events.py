@@ -84,8 +84,6 @@ class ConsoleReporter(Reporter):
                 print_(failure, markup=False, style="red")
         elif event == "progress":
             self._live(f"[bold]{f['step']}[/]@{f['host']}: {f['message']}", keep=True)
-        elif event == "note":
-            print_(fields["message"], markup=False)
         elif event == "run_finished":
             self._stop_live()
             style = _STATUS_STYLE.get(fields["status"], "default")

@@ -19,7 +19,6 @@ class Redactor:
             form for v in values if v for form in (v, json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1])
         }
         distinct = sorted(forms, key=len, reverse=True)
-        self._texts = distinct
         self._bytes = [v.encode("utf-8") for v in distinct]
         self._pattern = re.compile("|".join(re.escape(v) for v in distinct)) if distinct else None
 

@@ -152,10 +152,6 @@ class RunState:
         state.set("status", "running")
         return state
 
-    @property
-    def meta(self) -> RunMeta:
-        return RunMeta(**json.loads((self.run_dir / META_FILE).read_text()))
-
     def set(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (key, value))
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from executor.durations import Duration
 from executor.gates import step_refs
-from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride
+from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.transport.base import CommandResult, OutputSink, Transfer
 
 
@@ -129,6 +129,10 @@ class StepSpec(Model):
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="exit_code == 0", message="the command exited with a non-zero status")]
+
+    def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
+        """The runbook's default policy with this step's overrides."""
+        return self.retry.over(defaults) if self.retry else defaults
 
     def effective_gates(self) -> list[Gate]:
         return list(self.gates) if self.gates is not None else self.default_gates()

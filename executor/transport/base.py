@@ -77,6 +77,7 @@ class CommandResult:
     duration_s: float
     timed_out: bool = False
     interrupted: bool = False
+    timeout_s: float | None = None  # the limit the command ran under (set by the step context)
 
     @property
     def stdout_text(self) -> str:

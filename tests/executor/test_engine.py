@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from executor.cli import main
-from sandbox.sshd import SSHServer
+from sandbox.sshd import SSHServer, free_port
 
 
 def run(path: Path, log_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
@@ -249,6 +249,10 @@ def test_openssh_config_alias_and_proxyjump(write_runbook, sshd: SSHServer, tmp_
     assert code == 0, err
     (record,) = audit_records(tmp_path / "logs")
     assert record["stdout"].startswith("via 127.0.0.1")
+    # the jump is really taken: with the bastion unreachable, the same host cannot be reached
+    config.write_text(config.read_text().replace(f"Port {sshd.port}", f"Port {free_port()}", 1))
+    code, _out, err = run(path, tmp_path / "logs2", capsys)
+    assert code == 1 and "cannot connect to gpu (gpu-alias)" in err
 
 
 def test_dropped_connection_reconnects_and_retries(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
