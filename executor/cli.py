@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from executor import audit
 from executor.durations import format_duration
@@ -170,20 +171,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
-    table = Table(title=f"run {meta.run_id} ({meta.runbook}): {status}")
+    table = Table(title=Text(f"run {meta.run_id} ({meta.runbook}): {status}"))
     for column in ("step", "host", "status", "attempts", "duration", "via", "message"):
         table.add_column(column)
     for r in records:
         status_text = f"reused ({r.reused_from})" if r.reused_from else r.status
-        table.add_row(
-            r.step,
-            r.host,
-            status_text,
-            str(r.attempts),
-            format_duration(r.duration_s or 0),
-            r.via or "",
-            (r.message or "")[:400],
-        )
+        cells = (r.step, r.host, status_text, str(r.attempts), format_duration(r.duration_s or 0), r.via or "")
+        table.add_row(*map(Text, (*cells, (r.message or "")[:400])))  # run data is never rich markup
     out.print(table)
     return EXIT_OK
 
@@ -201,9 +195,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for column in ("run", "runbook", "status", "started", "resumed from"):
         table.add_column(column)
     for row in rows:
-        table.add_row(
-            row["run_id"], row["runbook"], row["status"] or "", row["started_at"][:19], row["resumed_from"] or ""
-        )
+        cells = (row["run_id"], row["runbook"], row["status"] or "", row["started_at"][:19], row["resumed_from"] or "")
+        table.add_row(*map(Text, cells))
     out.print(table)
     return EXIT_OK
 

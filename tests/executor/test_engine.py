@@ -570,3 +570,22 @@ def test_a_bug_in_a_step_kind_fails_the_step_without_crashing_the_run(tmp_path, 
     assert code == 1
     assert "step kind 'buggy' failed unexpectedly" in err and "KeyError: 'missing'" in err
     assert status(tmp_path / "logs", capsys)["run"]["status"] == "failed"
+
+
+def test_status_shows_run_data_as_written_not_as_markup(tmp_path, capsys) -> None:
+    path = tmp_path / "rb.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+        name: "[red]t"
+        steps:
+          - id: a
+            kind: shell
+            retry: {attempts: 1}
+            script: echo '[bold]oops' >&2; exit 2
+            gates: [{that: "exit_code == 0", message: "[primary] broken [/]"}]
+        """)
+    )
+    assert run(path, tmp_path / "logs", capsys)[0] == 1
+    assert main(["status", "--log-dir", str(tmp_path / "logs")]) == 0
+    out = capsys.readouterr().out
+    assert "[primary]" in out and "[/]" in out and "[bold]oops" in out and "([red]t)" in out
