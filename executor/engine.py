@@ -109,6 +109,7 @@ class HostContext(StepContext):
         self.attempt = attempt
         self.base_dir = engine.runbook.path.parent
         self.output_dir = engine.run_dir / "hosts" / host
+        self.run_dir = engine.run_dir
         self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
 
     def fact(self, step_id: str, path: str) -> Any:

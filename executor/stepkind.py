@@ -71,11 +71,13 @@ class StepContext(RenderContext):
     """What a step sees while executing: the render context plus audited I/O on its host.
 
     `base_dir` is the runbook's folder (local paths in a runbook are relative to it);
-    `output_dir` is this host's folder inside the run folder, for fetched results.
+    `output_dir` is this host's folder inside the run folder, for fetched results; `run_dir` is
+    the run folder itself, for what a step produces about the whole run (a report).
     """
 
     base_dir: Path
     output_dir: Path
+    run_dir: Path
 
     @abstractmethod
     async def run(
