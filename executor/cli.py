@@ -75,6 +75,18 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--log-dir", type=Path, default=Path("logs"))
         p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser(
+        "demo", help="run runbooks/k26_dflash.yaml end to end against the bundled test host on this machine"
+    )
+    p.add_argument("--log-dir", type=Path, default=Path("logs"))
+    p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    p.add_argument(
+        "--ssh-server",
+        choices=["auto", "openssh", "embedded"],
+        default="auto",
+        help="what serves the test host over SSH (auto: OpenSSH's sshd when installed and root, else embedded)",
+    )
+
     p = sub.add_parser("audit", help="show or verify a run's audit log")
     p.add_argument("action", choices=["show", "verify"])
     p.add_argument("run_dir", type=Path)
@@ -110,6 +122,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
     runbook = load_runbook(args.file, args.inventory)
     out.print(plan_text(runbook, _parse_vars(args.var, runbook)), markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sandbox.demo import demo_site  # the test host's parts: only the demo (and the tests) use them
+
+    with demo_site(args.log_dir, args.ssh_server, say=err.print) as site:
+        err.print(
+            f"demo: {site.runbook.name} against the test host on this machine (SSH served by {site.ssh_server}), "
+            f"laid over with {site.inventory}; a real site needs only its own inventory"
+        )
+        saved = os.environ.get("HF_TOKEN")
+        os.environ["HF_TOKEN"] = site.hf_token  # the local Hub's token, never a real one
+        try:
+            code = cmd_run(
+                argparse.Namespace(
+                    file=site.runbook,
+                    inventory=site.inventory,
+                    var=[],
+                    log_dir=args.log_dir,
+                    json=args.json,
+                    resume=None,
+                    from_step=None,
+                    only_step=None,
+                )
+            )
+        finally:
+            if saved is None:
+                os.environ.pop("HF_TOKEN", None)
+            else:
+                os.environ["HF_TOKEN"] = saved
+    run_dir = args.log_dir / _latest(args.log_dir, None).run_id
+    err.print(Text(f"demo: exit {code}; audit log {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})"))
+    if (run_dir / "report.md").exists():
+        err.print(Text(f"demo: report {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'speedup.png'}"))
+    return code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -239,6 +286,7 @@ COMMANDS = {
     "status": cmd_status,
     "runs": cmd_runs,
     "audit": cmd_audit,
+    "demo": cmd_demo,
 }
 
 
