@@ -153,7 +153,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             else:
                 os.environ["HF_TOKEN"] = saved
     run_dir = args.log_dir / _latest(args.log_dir, None).run_id
-    err.print(Text(f"demo: exit {code}; audit log {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})"))
+    err.print(Text(f"demo: exit {code}; audit log {run_dir / audit.AUDIT_FILE}"))
+    err.print(Text(f"demo: check it with `runbook audit verify {run_dir}`"))
     if (run_dir / "report.md").exists():
         err.print(Text(f"demo: report {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'speedup.png'}"))
     return code

@@ -113,7 +113,8 @@ def session_handler(env: dict[str, str], port: int) -> Callable[[asyncssh.SSHSer
         )
         assert proc.stdout is not None and proc.stderr is not None
         feeder = asyncio.ensure_future(_feed_stdin(process.stdin, proc))
-        output = asyncio.ensure_future(asyncio.gather(_copy(proc.stdout, process.stdout), _copy(proc.stderr, process.stderr)))
+        streams = (_copy(proc.stdout, process.stdout), _copy(proc.stderr, process.stderr))
+        output = asyncio.ensure_future(asyncio.gather(*streams))
         try:
             code = await proc.wait()
             with contextlib.suppress(TimeoutError):
