@@ -8,7 +8,7 @@ from typing import Any
 from executor.loader import Runbook
 from executor.model import var_text
 from executor.render import render_command
-from executor.stepkind import RenderContext
+from executor.stepkind import FactsError, RenderContext
 
 
 class PlanContext(RenderContext):
@@ -40,7 +40,12 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
                 lines.append(f"\n## step {number} '{spec.id}' ({spec.kind}) on {host} [{address}], {via}")
                 for gate in variant.effective_gates():
                     lines.append(f"#   gate: {gate.that}")
-                for label, script in variant.plan(PlanContext(host, env)):
+                try:
+                    commands = variant.plan(PlanContext(host, env))
+                except FactsError as exc:  # a parameter that cannot render: the run would fail the same way
+                    lines.append(f"# cannot render this step: {exc}")
+                    continue
+                for label, script in commands:
                     if label:
                         lines.append(f"# {label}")
                     lines.append(render_command(script, env, secrets).display.rstrip("\n"))

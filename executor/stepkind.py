@@ -19,9 +19,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from executor.durations import Duration
 from executor.gates import step_refs
@@ -50,6 +50,22 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         return model.model_validate_json(lines[-1])
     except ValidationError as exc:
         raise FactsError(f"{program} printed a document of an unexpected shape: {exc}; stderr: {said}") from None
+
+
+#: A parameter given as a runbook var (`$name` or `${name}`), for parameters the controller needs as a
+#: number (a port, say): an inventory or `--var` can then set it like any path.
+VarRef = Annotated[str, StringConstraints(pattern=r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")]
+
+
+def var_int(ctx: RenderContext, value: int | str, what: str) -> int:
+    """An int parameter, or the runbook var it names; a var that is unset or not an integer fails the step."""
+    if isinstance(value, int):
+        return value
+    name = value.strip("${}")
+    text = ctx.vars.get(name)
+    if text is None or not text.strip().lstrip("-").isdigit():
+        raise FactsError(f"{what}: runbook var {name} must hold an integer, got {text!r}")
+    return int(text)
 
 
 class RenderContext(ABC):

@@ -1,0 +1,526 @@
+"""`deploy`: start an SGLang server on the host (DFlash, another speculative algorithm, or a plain
+baseline), wait until it really serves, reuse it when it already does; or stop it (`action: stop`).
+
+The launch command is rendered here from the step's parameters and earlier steps' facts. Every choice
+that is not spelled out in the runbook is made from a fact and recorded with where it came from
+(`facts.choices`): the tensor-parallel size from the GPU count (`probe`), the attention backend from the
+GPU architecture and the target's attention (`probe`, `inspect`): the seeds' trtllm_mla needs SM100/SM103
+and stops SGLang with "Unsupported architecture" on SM120, FA3 is Hopper-only; the drafter's attention
+backend (never trtllm_mha, which the draft rejects); the draft token count from the drafter's block size
+and `--trust-remote-code` from custom code in the configs (`inspect`). Each is overridable. `runbook
+plan` shows the full command, values chosen at run time marked `<known at run time: ...>`.
+
+One command does the rest on the host, steps/deploy_host.py (stdlib only, run by the SGLang virtualenv's
+python): a server already recorded on the port with the same arguments is reused; one with other
+arguments is stopped first (process group: TERM, wait, KILL, so its GPUs are free); anything else on the
+port is refused, named. A new server gets its own session (it outlives SSH) and log file, recorded in
+`<state_dir>/<port>.json`. Ready means /health 200 and then a real one-token /generate; if the process
+exits meanwhile the step fails at once with the error line of its log in the gate's message.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
+
+from executor.durations import Duration
+from executor.model import Gate, Model
+from executor.render import heredoc, host_word
+from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec, VarRef, host_document, var_int
+from steps.download import ProgressSink
+
+HOST_PROGRAM = Path(__file__).with_name("deploy_host.py")
+PROGRESS_PREFIX = b"runbook-progress "
+#: How executor/planner.py's PlanContext answers `fact()` before the run: such a value is not a fact yet.
+RUN_TIME_MARK = "<known at run time"
+#: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
+#: installed ones run on the GPU architecture (steps/probe.py MLA_BACKEND_ARCHS). SGLang's own defaults
+#: on Blackwell (trtllm_mla) and Hopper (fa3) lead; flashinfer and triton run on SM120.
+MLA_PREFERENCE = ("trtllm_mla", "fa3", "flashmla", "cutedsl_mla", "flashinfer", "triton")
+#: Attention backends for a target without MLA, by GPU architecture (FA3 is Hopper-only).
+MHA_BACKEND = {"sm90": "fa3"}
+MHA_DEFAULT = "flashinfer"
+#: The drafter's attention backend by GPU architecture, best first. SGLang rejects trtllm_mha for it.
+DRAFT_PREFERENCE = {"sm90": ("fa3", "flashinfer", "triton"), "sm100": ("fa4", "flashinfer", "triton")}
+DRAFT_PREFERENCE["sm103"] = DRAFT_PREFERENCE["sm100"]
+DRAFT_DEFAULT = ("flashinfer", "triton")
+DRAFT_REJECTED = ("trtllm_mha",)
+#: Flags this step renders from its parameters; `extra_args` may not set them a second time.
+MANAGED_FLAGS = (
+    "--model-path", "--model", "--speculative-algorithm", "--speculative-draft-model-path",
+    "--speculative-draft-model", "--speculative-num-draft-tokens", "--speculative-dflash-block-size", "--tp-size",
+    "--tp", "--tensor-parallel-size", "--attention-backend", "--speculative-draft-attention-backend",
+    "--mem-fraction-static", "--trust-remote-code", "--host", "--port",
+)  # fmt: skip
+
+ChoiceValue = str | int | float | bool | None
+
+
+class Choice(Model):
+    """One decision of the launch command: its value (None: the flag is left out) and where it came from."""
+
+    value: ChoiceValue
+    source: str
+
+
+class HttpAnswer(BaseModel):
+    status: int | None  # None: no answer (the body says why: connection refused, timed out)
+    body: str
+
+
+class PreviousServer(BaseModel):
+    """The server recorded on the port before this step: stopped (arguments differ) or forgotten (dead)."""
+
+    pid: int
+    action: Literal["stopped", "forgotten"]
+    reason: str
+    argv: list[str] | None = None
+    pids: list[int] = []
+    killed: bool = False
+    left: list[int] = []
+    gpu_freed: bool | None = None
+
+
+class Stopped(BaseModel):
+    pids: list[int]
+    killed: bool  # SIGTERM was not enough
+    left: list[int]
+    gpu_freed: bool  # no process of the server's group is left to hold GPU memory
+
+
+class StartReport(BaseModel):
+    """The document deploy_host.py prints for `start`."""
+
+    action: Literal["start"]
+    port: int
+    bind: str
+    base_url: str  # what a client ON THE HOST uses
+    argv: list[str]  # as the host expanded it
+    state_file: str
+    pid: int | None
+    log_file: str | None
+    reused: bool  # a server with these arguments was running already
+    previous: PreviousServer | None
+    ready: bool
+    ready_s: float | None  # seconds until /health and /generate answered (for a reused one: the check)
+    exit_code: int | None  # the server's, when it exited during start-up
+    health: HttpAnswer | None
+    generate: HttpAnswer | None
+    error_line: str | None  # the line of its log that says what went wrong
+    log_tail: list[str]
+    failure: str | None
+    port_holder: str | None = None  # who holds the port, when it is not our server
+    stopped: Stopped | None = None  # the server stopped after a failed start-up
+
+
+class DeployFacts(StartReport):
+    speculative_algorithm: str | None  # None: a baseline, no speculative decoding
+    model_path: str
+    draft_model_path: str | None
+    env: dict[str, str]
+    choices: dict[str, Choice]
+
+
+class StopFacts(BaseModel):
+    """The document deploy_host.py prints for `stop`."""
+
+    action: Literal["stop"]
+    port: int
+    state_file: str
+    stopped: bool  # a running server was stopped
+    pid: int | None
+    argv: list[str] | None
+    log_file: str | None
+    pids: list[int]
+    killed: bool
+    gpu_freed: bool | None  # None: there was no server
+    note: str | None  # why nothing was stopped
+    failure: str | None
+
+
+class _NotYet(Exception):
+    """A fact `runbook plan` cannot know yet."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One word of the launch command: as the runbook reads (`$models_dir/x`) and as bash gets it."""
+
+    text: str
+    word: str
+
+
+def literal(value: Any) -> Arg:
+    return Arg(str(value), shlex.quote(str(value)))
+
+
+def on_host(text: str) -> Arg:
+    """A path or word in which `~` and `$vars` expand on the host."""
+    return Arg(text, host_word(text))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch command in groups (the program, then one flag with its value per group) and its choices."""
+
+    groups: list[list[Arg]]
+    choices: dict[str, Choice]
+
+    def words(self) -> list[str]:
+        return [arg.word for group in self.groups for arg in group]
+
+    def comment(self) -> str:
+        lines = ["# launch command (~ and $vars expand on the host):"]
+        last = len(self.groups) - 1
+        for i, group in enumerate(self.groups):
+            words = " ".join(arg.text for arg in group)
+            lines.append(("#   " if i == 0 else "#       ") + words + (" \\" if i < last else ""))
+        lines.append("# choices (value <- where it came from; null: the flag is left out):")
+        for name, choice in self.choices.items():
+            later = isinstance(choice.value, str) and choice.value.startswith(RUN_TIME_MARK)
+            lines.append(
+                f"#   {name}: " + (str(choice.value) if later else f"{json.dumps(choice.value)} <- {choice.source}")
+            )
+        return "".join(line.replace("\n", "\\n") + "\n" for line in lines)
+
+
+class DeployStep(StepSpec):
+    """Start (or reuse) an SGLang server, or stop it."""
+
+    kind: Literal["deploy"] = "deploy"
+    action: Literal["start", "stop"] = "start"
+    python: str = "python3"  # the SGLang virtualenv's interpreter
+    model_path: str | None = None  # required to start; `~` and `$vars` expand on the host
+    draft_model_path: str | None = None  # None: a baseline without speculative decoding
+    speculative_algorithm: str | None = None  # DFLASH when a drafter is given
+    probe: str | None = None  # probe step: GPU count and architecture, SGLang's backends
+    inspect: str | None = None  # inspect_config step: draft token count, custom code, MLA
+    tp_size: Literal["auto"] | PositiveInt = "auto"
+    attention_backend: str = "auto"
+    draft_attention_backend: str = "auto"
+    speculative_num_draft_tokens: Literal["auto"] | PositiveInt = "auto"
+    trust_remote_code: Literal["auto"] | bool = "auto"
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    bind: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    ready_timeout: Duration = 1800.0
+    stop_timeout: Duration = 60.0
+    state_dir: str = "~/.runbook/sglang"
+
+    @field_validator("attention_backend", "draft_attention_backend")
+    @classmethod
+    def _backend_name(cls, value: str) -> str:
+        if not value.replace("_", "").isalnum():
+            raise ValueError(f"expected `auto` or a backend name such as flashinfer, got {value!r}")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not name.replace("_", "").isalnum() or name[0].isdigit():
+                raise ValueError(f"env: {name!r} is not a variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeployStep:
+        if self.action == "stop":
+            return self
+        if self.model_path is None:
+            raise ValueError("model_path is required to start a server")
+        if self.algorithm == "DFLASH" and self.draft_model_path is None:
+            raise ValueError("speculative_algorithm DFLASH needs draft_model_path (SGLang refuses DFLASH without it)")
+        if self.tp_size == "auto" and self.probe is None:
+            raise ValueError("tp_size: auto takes the GPU count from a probe step: set `probe: <step id>` or a number")
+        if self.draft_attention_backend in DRAFT_REJECTED:
+            raise ValueError(f"draft_attention_backend {self.draft_attention_backend}: SGLang rejects it for the draft")
+        clashes = [a for a in self.extra_args if a.split("=", 1)[0] in MANAGED_FLAGS]
+        if clashes:
+            raise ValueError(f"extra_args set {', '.join(clashes)}, which this step renders: use its parameters")
+        return self
+
+    @property
+    def algorithm(self) -> str | None:
+        """The speculative algorithm: as given, else DFLASH when a drafter is given, else None (a baseline)."""
+        if self.speculative_algorithm is None and self.draft_model_path is not None:
+            return "DFLASH"
+        return self.speculative_algorithm
+
+    def needs(self) -> set[str]:
+        return super().needs() | {ref for ref in (self.probe, self.inspect) if ref is not None}
+
+    def default_gates(self) -> list[Gate]:
+        if self.action == "stop":
+            return [Gate(that="facts.failure is none", message="the SGLang server did not stop")]
+        return [Gate(that="facts.failure is none", message="the SGLang server is not serving")]
+
+    # ---- choices ---------------------------------------------------------------------------------------
+
+    def _fact(self, ctx: RenderContext, step: str, path: str) -> Any:
+        try:
+            value = ctx.fact(step, path)
+        except (KeyError, IndexError, TypeError):
+            raise FactsError(f"step '{step}' has no fact `{path}` on host {ctx.host_name}") from None
+        if isinstance(value, str) and value.startswith(RUN_TIME_MARK):
+            raise _NotYet
+        return value
+
+    def choices(self, ctx: RenderContext) -> dict[str, Choice]:
+        rules: dict[str, tuple[Callable[[RenderContext], Choice], str]] = {
+            "speculative_algorithm": (self._algorithm, ""),
+            "tp_size": (self._tp_size, f"steps.{self.probe}.facts.gpu_count"),
+            "attention_backend": (
+                self._attention_backend,
+                f"by steps.{self.probe}.facts.gpu_arch, mla_backends_usable_on_gpu"
+                + (f" and steps.{self.inspect}.facts.deploy.attention_arch" if self.inspect else ""),
+            ),
+            "draft_attention_backend": (
+                self._draft_attention_backend,
+                f"by steps.{self.probe}.facts.gpu_arch and sglang.draft_attention_backends",
+            ),
+            "speculative_num_draft_tokens": (
+                self._num_draft_tokens,
+                f"steps.{self.inspect}.facts.deploy.speculative_num_draft_tokens.value (left out when unknown)",
+            ),
+            "trust_remote_code": (self._trust_remote_code, f"steps.{self.inspect}.facts.deploy.trust_remote_code"),
+            "mem_fraction_static": (self._mem_fraction, ""),
+        }
+        chosen = {}
+        for name, (rule, where) in rules.items():
+            try:
+                chosen[name] = rule(ctx)
+            except _NotYet:
+                chosen[name] = Choice(value=f"{RUN_TIME_MARK}: {where}>", source=where)
+        return chosen
+
+    def _algorithm(self, ctx: RenderContext) -> Choice:
+        if self.algorithm is None:
+            return Choice(value=None, source="baseline: no draft_model_path, no speculative decoding")
+        given = "runbook" if self.speculative_algorithm else "default with a draft_model_path"
+        return Choice(value=self.algorithm, source=given)
+
+    def _tp_size(self, ctx: RenderContext) -> Choice:
+        if self.tp_size != "auto":
+            return Choice(value=self.tp_size, source="runbook")
+        assert self.probe is not None  # the validator requires it for auto
+        count = self._fact(ctx, self.probe, "gpu_count")
+        if not count:
+            reason = self._fact(ctx, self.probe, "gpu.reason")
+            raise FactsError(f"tp_size auto: the probe found no GPUs ({reason}); nothing to deploy on")
+        return Choice(value=count, source=f"steps.{self.probe}.facts.gpu_count = {count}")
+
+    def _gpu_arch(self, ctx: RenderContext, what: str) -> str:
+        assert self.probe is not None
+        arch = self._fact(ctx, self.probe, "gpu_arch")
+        if arch is None:
+            reason = self._fact(ctx, self.probe, "unknown").get("gpu_arch")
+            raise FactsError(f"{what} auto: the GPU architecture is unknown ({reason}); set {what} in the runbook")
+        return str(arch)
+
+    def _attention_backend(self, ctx: RenderContext) -> Choice:
+        if self.attention_backend != "auto":
+            return Choice(value=self.attention_backend, source="runbook")
+        if self.probe is None:
+            return Choice(value=None, source="left out: SGLang chooses (no probe step gave the GPU architecture)")
+        arch = self._gpu_arch(ctx, "attention_backend")
+        arch_src = f"steps.{self.probe}.facts.gpu_arch = {arch}"
+        attention = None
+        if self.inspect is not None:
+            attention = self._fact(ctx, self.inspect, "deploy.attention_arch").get("value")
+        if attention == "MLA":
+            usable = self._fact(ctx, self.probe, "mla_backends_usable_on_gpu")
+            if usable is None:
+                reason = self._fact(ctx, self.probe, "unknown").get("mla_backends_usable_on_gpu")
+                raise FactsError(f"attention_backend auto: the MLA backends usable on {arch} are unknown ({reason})")
+            ranked = [b for b in MLA_PREFERENCE if b in usable] + [b for b in usable if b not in MLA_PREFERENCE]
+            if not ranked:
+                raise FactsError(
+                    f"attention_backend auto: no MLA attention backend of this SGLang runs on {arch} "
+                    f"(steps.{self.probe}.facts.mla_backends_usable_on_gpu is empty); set attention_backend"
+                )
+            return Choice(
+                value=ranked[0],
+                source=f"MLA target (steps.{self.inspect}.facts.deploy.attention_arch) on {arch_src}: first of "
+                f"{list(MLA_PREFERENCE)} in steps.{self.probe}.facts.mla_backends_usable_on_gpu = {usable}",
+            )
+        backend = MHA_BACKEND.get(arch, MHA_DEFAULT)
+        installed = self._fact(ctx, self.probe, "sglang.attention_backends")
+        if installed is not None and backend not in installed:
+            raise FactsError(f"attention_backend auto: {backend} (for {arch}) is not among this SGLang's {installed}")
+        target = "target attention unknown (no inspect step)" if attention is None else f"{attention} target"
+        return Choice(value=backend, source=f"{target} on {arch_src}: {backend}")
+
+    def _draft_attention_backend(self, ctx: RenderContext) -> Choice:
+        if self.draft_model_path is None:
+            return Choice(value=None, source="baseline: no drafter")
+        if self.draft_attention_backend != "auto":
+            return Choice(value=self.draft_attention_backend, source="runbook")
+        if self.probe is None:
+            return Choice(value=None, source="left out: SGLang chooses (no probe step gave the GPU architecture)")
+        arch = self._gpu_arch(ctx, "draft_attention_backend")
+        preference = DRAFT_PREFERENCE.get(arch, DRAFT_DEFAULT)
+        installed = self._fact(ctx, self.probe, "sglang.draft_attention_backends")
+        source = f"steps.{self.probe}.facts.gpu_arch = {arch}: first of {list(preference)}"
+        if installed is None:
+            return Choice(value=preference[0], source=source + " (the probe could not list the installed ones)")
+        usable = [b for b in preference if b in installed]
+        if not usable:
+            raise FactsError(
+                f"draft_attention_backend auto: none of {list(preference)} (for {arch}) is among this SGLang's "
+                f"draft attention backends {installed}; set draft_attention_backend"
+            )
+        return Choice(value=usable[0], source=f"{source} in steps.{self.probe}.facts.sglang.draft_attention_backends")
+
+    def _num_draft_tokens(self, ctx: RenderContext) -> Choice:
+        if self.draft_model_path is None:
+            return Choice(value=None, source="baseline: no drafter")
+        if self.speculative_num_draft_tokens != "auto":
+            return Choice(value=self.speculative_num_draft_tokens, source="runbook")
+        sglang_default = "left out: SGLang reads block_size from the drafter's config.json, else 16"
+        if self.algorithm != "DFLASH" or self.inspect is None:
+            return Choice(value=None, source=sglang_default)
+        known = self._fact(ctx, self.inspect, "deploy.speculative_num_draft_tokens")
+        where = f"steps.{self.inspect}.facts.deploy.speculative_num_draft_tokens"
+        if known.get("value") is None:
+            return Choice(value=None, source=f"{sglang_default} ({where}: {known.get('unknown_reason')})")
+        return Choice(value=known["value"], source=f"{where} = {known['value']} ({known.get('source')})")
+
+    def _trust_remote_code(self, ctx: RenderContext) -> Choice:
+        if self.trust_remote_code != "auto":
+            return Choice(value=self.trust_remote_code, source="runbook")
+        if self.inspect is None:
+            return Choice(value=False, source="off: no inspect step looked for custom code")
+        value = bool(self._fact(ctx, self.inspect, "deploy.trust_remote_code"))
+        why = "a config's auto_map names custom code" if value else "no config names custom code"
+        return Choice(value=value, source=f"steps.{self.inspect}.facts.deploy.trust_remote_code = {value} ({why})")
+
+    def _mem_fraction(self, ctx: RenderContext) -> Choice:
+        if self.mem_fraction_static is None:
+            return Choice(value=None, source="left out: SGLang's default")
+        return Choice(value=self.mem_fraction_static, source="runbook")
+
+    # ---- the command -----------------------------------------------------------------------------------
+
+    def launch(self, ctx: RenderContext) -> Launch:
+        assert self.model_path is not None  # the validator requires it to start
+        chosen = self.choices(ctx)
+
+        def flag(name: str, option: str) -> list[list[Arg]]:
+            value = chosen[name].value
+            return [] if value is None else [[literal(option), literal(value)]]
+
+        groups = [[on_host(self.python), literal("-m"), literal("sglang.launch_server")]]
+        groups.append([literal("--model-path"), on_host(self.model_path)])
+        groups += flag("speculative_algorithm", "--speculative-algorithm")
+        if self.draft_model_path is not None:
+            groups.append([literal("--speculative-draft-model-path"), on_host(self.draft_model_path)])
+        groups += flag("speculative_num_draft_tokens", "--speculative-num-draft-tokens")
+        groups += flag("tp_size", "--tp-size")
+        groups += flag("attention_backend", "--attention-backend")
+        groups += flag("draft_attention_backend", "--speculative-draft-attention-backend")
+        groups += flag("mem_fraction_static", "--mem-fraction-static")
+        trust = chosen["trust_remote_code"].value
+        if isinstance(trust, str):  # not known before the run
+            groups.append([literal(f"{RUN_TIME_MARK}: --trust-remote-code if {chosen['trust_remote_code'].source}>")])
+        elif trust:
+            groups.append([literal("--trust-remote-code")])
+        groups.append([literal("--host"), literal(self.bind), literal("--port"), literal(self.port_number(ctx))])
+        if self.extra_args:
+            groups.append([on_host(arg) for arg in self.extra_args])
+        return Launch(groups, chosen)
+
+    def _program(self, config: dict[str, Any], words: list[str]) -> str:
+        command = [host_word(self.python), "-", shlex.quote(json.dumps(config)), host_word(self.state_dir), *words]
+        return heredoc(HOST_PROGRAM.read_text(), command=" ".join(command))
+
+    def port_number(self, ctx: RenderContext) -> int:
+        port = var_int(ctx, self.port, "port")
+        if not 1 <= port <= 65535:
+            raise FactsError(f"port: {port} is not a TCP port (1-65535)")
+        return port
+
+    def start_script(self, launch: Launch, port: int) -> str:
+        config = {"action": "start", "port": port, "bind": self.bind, "env": self.env}
+        config |= {"ready_timeout": self.ready_timeout, "stop_timeout": self.stop_timeout}
+        return (
+            f"# start the SGLang server on {self.bind}:{port}, or reuse the one running there with the same "
+            "arguments\n" + launch.comment() + self._program(config, launch.words())
+        )
+
+    def stop_script(self, port: int) -> str:
+        config = {"action": "stop", "port": port, "stop_timeout": self.stop_timeout}
+        return f"# stop the SGLang server this runbook started on port {port}\n" + self._program(config, [])
+
+    def render(self, ctx: RenderContext) -> str:
+        port = self.port_number(ctx)
+        return self.stop_script(port) if self.action == "stop" else self.start_script(self.launch(ctx), port)
+
+    def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        port = self.port_number(ctx)
+        if self.action == "stop":
+            return [(f"stop the server on port {port}", self.stop_script(port))]
+        label = (
+            f"start or reuse the SGLang server on port {port}; "
+            f"'{RUN_TIME_MARK}: ...>' marks values chosen from earlier steps' facts"
+        )
+        return [(label, self.render(ctx))]
+
+    # ---- running ---------------------------------------------------------------------------------------
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        port = self.port_number(ctx)
+        launch = None if self.action == "stop" else self.launch(ctx)
+        script = self.stop_script(port) if launch is None else self.start_script(launch, port)
+        limit = self.timeout or self.ready_timeout + 2 * self.stop_timeout + 60
+        result = await ctx.run(script, timeout=limit, on_output=ProgressLines(ctx).feed)
+        if result.timed_out or result.interrupted:
+            return Outcome(result)
+        if launch is None:
+            return Outcome(result, host_document(result, StopFacts, "the deploy program (stop)"))
+        report = host_document(result, StartReport, "the deploy program")
+        draft = self._argv_value(report.argv, "--speculative-draft-model-path")
+        facts = DeployFacts(
+            **dict(report),
+            speculative_algorithm=self.algorithm,
+            model_path=self._argv_value(report.argv, "--model-path") or "",
+            draft_model_path=draft,
+            env=self.env,
+            choices=launch.choices,
+        )
+        return Outcome(result, facts)
+
+    @staticmethod
+    def _argv_value(argv: list[str], option: str) -> str | None:
+        """The value after `option` in the argv the host ran: paths as the host expanded them."""
+        return argv[argv.index(option) + 1] if option in argv[:-1] else None
+
+
+class ProgressLines:
+    """Turns the host program's `runbook-progress {json}` lines on stderr into live progress."""
+
+    def __init__(self, ctx: ProgressSink) -> None:
+        self.ctx = ctx
+        self.pending = b""
+
+    def feed(self, stream: str, chunk: bytes) -> None:
+        if stream != "stderr":
+            return
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()[-8192:]
+        for line in lines:
+            if not line.startswith(PROGRESS_PREFIX):
+                continue
+            try:
+                fields = json.loads(line[len(PROGRESS_PREFIX) :])
+                message = str(fields.pop("message"))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            self.ctx.progress(message, **fields)

@@ -1,0 +1,462 @@
+"""The `deploy` step's program ON THE HOST: stdlib only, Python >= 3.8; prints ONE JSON document.
+
+Run by the SGLang virtualenv's python, with the program on stdin:
+
+    PYTHON - CONFIG STATE_DIR [LAUNCH_ARGV...]
+
+CONFIG is a JSON object: `action` (start | stop), `port`, `bind`, `env` (set for the server),
+`ready_timeout`, `stop_timeout`. STATE_DIR (e.g. ~/.runbook/sglang, expanded by the host's bash) holds,
+per port, `<port>.json`: the server this program started there (pid, its start time, argv, env, log
+file). LAUNCH_ARGV is the full launch command, already expanded by bash.
+
+start: a recorded server that is alive with the same argv and env is adopted (`reused`) and only its
+readiness is checked; one with other arguments is stopped first (TERM to its process group, wait,
+KILL). A port held by anything else is refused, naming the holder. A new server runs in its own
+session (it outlives the SSH connection and the step's process group), its stdout and stderr in its
+own log file. Readiness is `/health` 200 and then a real one-token `/generate`, polled while the
+process is watched: if it exits, the answer comes at once with the error line and tail of its log;
+if it is not ready in `ready_timeout`, it is stopped (its GPUs freed) and the answer says what
+/health last said.
+
+stop: stops the recorded server on the port, if any, and says so either way.
+
+Progress goes to stderr as `runbook-progress {json}` lines, for the controller's live display.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+PROGRESS_PREFIX = "runbook-progress "
+POLL_S = 0.5
+PROGRESS_EVERY_S = 2.0
+TAIL_LINES = 30
+TAIL_BYTES = 64 * 1024
+#: The prompt of the readiness probe: one token at temperature 0.
+READY_PROMPT = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+_EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception)\b(?::|$)")
+_ERROR_WORDS = re.compile(r"error|unsupported|failed|killed|out of memory", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def client_host(bind: str) -> str:
+    """The address a client ON THE HOST uses for a server bound to `bind`."""
+    if bind in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if bind == "::":
+        return "[::1]"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def base_url(bind: str, port: int) -> str:
+    return f"http://{client_host(bind)}:{port}"
+
+
+def error_line(lines: list[str]) -> str | None:
+    """The line of a server log that says what went wrong: the last exception line (`RuntimeError: ...`),
+    else the last line with an error word, else None."""
+    for pattern in (_EXCEPTION_LINE, _ERROR_WORDS):
+        for line in reversed(lines):
+            if pattern.search(line):
+                return line.strip()
+    return None
+
+
+def parse_stat(text: str) -> dict[str, Any]:
+    """/proc/PID/stat: state, process group and start time (clock ticks after boot). The command name,
+    in parentheses, may itself hold spaces and parentheses: the fields follow its last `)`."""
+    fields = text[text.rindex(")") + 2 :].split()
+    return {"state": fields[0], "pgrp": int(fields[2]), "starttime": int(fields[19])}
+
+
+def listening_inodes(table: str, port: int) -> list[str]:
+    """Socket inodes of /proc/net/tcp[6] rows LISTENing (state 0A) on `port`."""
+    inodes = []
+    for row in table.splitlines()[1:]:
+        cols = row.split()
+        if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+            inodes.append(cols[9])
+    return inodes
+
+
+# ---------------------------------------------------------------- processes
+
+
+def proc_stat(pid: int) -> dict[str, Any] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return parse_stat(handle.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int, starttime: int | None) -> bool:
+    """The process `pid` runs (not a zombie) and is the one that started at `starttime` (pids get reused)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat["state"] != "Z" and (starttime is None or stat["starttime"] == starttime)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group: a server's workers (schedulers, detokenizer) hold GPU memory too."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = proc_stat(int(name))
+            if stat is not None and stat["pgrp"] == pgid and stat["state"] != "Z":
+                members.append(int(name))
+    return sorted(members)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def stop_group(pgid: int, timeout: float, child: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
+    """TERM the group, wait up to `timeout` for every member to exit, then KILL what is left.
+
+    `gpu_freed`: no process of the group is left, so none holds GPU memory any more.
+    """
+    members = group_members(pgid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    killed = False
+    deadline = time.monotonic() + timeout
+    while True:
+        if child is not None:
+            child.poll()  # reap our own child, else it lingers as a zombie
+        left = group_members(pgid)
+        if not left:
+            break
+        if time.monotonic() >= deadline:
+            if killed:
+                break
+            killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+        time.sleep(0.2)
+    return {"pids": members, "killed": killed, "left": left, "gpu_freed": not left}
+
+
+# ---------------------------------------------------------------- ports
+
+
+def port_free(bind: str, port: int) -> bool:
+    """Whether a server could listen on bind:port now (a listener there, on any address, says no)."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((bind or "0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def port_holder(port: int) -> str:
+    """Who listens on `port`, as `pid N (command line)`, or why that cannot be told."""
+    inodes: list[str] = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as handle:
+            inodes += listening_inodes(handle.read(), port)
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for name in os.listdir("/proc") if wanted else []:
+        if name.isdigit() and fd_links(name) & wanted:
+            return f"pid {name} ({cmdline(int(name))[:200]})"
+    return "a process this user cannot see"
+
+
+def fd_links(pid: str) -> set[str]:
+    """What the open files of a process point at (`socket:[123]`); fds that close meanwhile are skipped."""
+    links = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return links
+
+
+# ---------------------------------------------------------------- logs, HTTP
+
+
+def log_tail(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(os.path.getsize(path) - TAIL_BYTES, 0))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip()][-TAIL_LINES:]
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int | None, str]:
+    """(status, body text) of one request; status None with the reason when there was no answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(4096).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(4096).decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:  # refused, reset, timed out
+        reason = getattr(exc, "reason", exc)
+        return None, str(reason)
+
+
+def progress(message: str, **fields: Any) -> None:
+    print(PROGRESS_PREFIX + json.dumps({"message": message, **fields}), file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- state
+
+
+def state_path(state_dir: str, port: int) -> str:
+    return os.path.join(state_dir, f"{port}.json")
+
+
+def read_state(state_dir: str, port: int) -> dict[str, Any] | None:
+    try:
+        with open(state_path(state_dir, port)) as handle:
+            state = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("pid"), int) else None
+
+
+def write_state(state_dir: str, port: int, state: dict[str, Any]) -> None:
+    path = state_path(state_dir, port)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(state, handle, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def forget(state_dir: str, port: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(state_path(state_dir, port))
+
+
+@contextlib.contextmanager
+def port_lock(state_dir: str, port: int) -> Iterator[None]:
+    """One deploy program per port at a time on this host."""
+    with open(os.path.join(state_dir, f"{port}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# ---------------------------------------------------------------- readiness
+
+
+def wait_ready(
+    url: str, pid: int, starttime: int | None, log_file: str, timeout: float, child: subprocess.Popen[bytes] | None
+) -> dict[str, Any]:
+    """Poll /health, then /generate, until both answer or the process exits or `timeout` passes.
+
+    Returns `ready`, `ready_s`, `exit_code` (when it exited; None for an adopted process, whose status is
+    not ours to read), `health` and `generate` (the last answers).
+    """
+    started = time.monotonic()
+    last_progress = 0.0
+    health: dict[str, Any] = {"status": None, "body": "not asked yet"}
+    generate: dict[str, Any] = {"status": None, "body": "not asked yet"}
+
+    def answer(ready: bool, exited: bool = False, exit_code: int | None = None) -> dict[str, Any]:
+        elapsed = round(time.monotonic() - started, 2)
+        return {"ready": ready, "exited": exited, "exit_code": exit_code, "elapsed_s": elapsed,
+                "health": health, "generate": generate}  # fmt: skip
+
+    while True:
+        exit_code = child.poll() if child is not None else None
+        if exit_code is not None or not alive(pid, starttime):
+            return answer(False, exited=True, exit_code=exit_code)
+        left = max(timeout - (time.monotonic() - started), 0.1)
+        status, body = http("GET", url + "/health", timeout=min(10.0, left))
+        health = {"status": status, "body": body[:200]}
+        if status == 200:
+            status, body = http("POST", url + "/generate", READY_PROMPT, timeout=min(120.0, left))
+            generate = {"status": status, "body": body[:300]}
+            if status == 200 and '"text"' in body:
+                return answer(True)
+        elapsed = time.monotonic() - started
+        if elapsed >= timeout:
+            return answer(False)
+        if elapsed - last_progress >= PROGRESS_EVERY_S:
+            last_progress = elapsed
+            tail = log_tail(log_file)
+            progress(
+                f"waiting for the server (pid {pid}): /health {health['status'] or health['body'][:60]}, "
+                f"{elapsed:.0f}s of {timeout:.0f}s" + (f"; log: {tail[-1][:120]}" if tail else ""),
+                phase="waiting",
+                elapsed_s=round(elapsed, 1),
+                timeout_s=timeout,
+                health=health["status"],
+            )
+        time.sleep(POLL_S)
+
+
+def exit_text(code: int | None) -> str:
+    """` with status 1`, ` (killed by SIGKILL)`, or nothing when the status is not ours to read."""
+    if code is None:
+        return ""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f" (killed by {signal.Signals(-code).name})"
+    return f" with status {code}"
+
+
+def describe_answer(answer: dict[str, Any]) -> str:
+    if answer["status"] is None:
+        return f"no answer ({answer['body'][:100]})"
+    return f"{answer['status']} {answer['body'][:100]!r}"
+
+
+# ---------------------------------------------------------------- actions
+
+
+def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, Any]:
+    port, bind = config["port"], config["bind"]
+    url = base_url(bind, port)
+    env = {str(k): str(v) for k, v in config["env"].items()}
+    report: dict[str, Any] = {
+        "action": "start", "port": port, "bind": bind, "base_url": url, "argv": argv,
+        "state_file": state_path(state_dir, port), "pid": None, "log_file": None, "reused": False,
+        "previous": None, "ready": False, "ready_s": None, "exit_code": None, "health": None, "generate": None,
+        "error_line": None, "log_tail": [], "failure": None,
+    }  # fmt: skip
+    recorded = read_state(state_dir, port)
+    if recorded is not None and not alive(recorded["pid"], recorded.get("starttime")):
+        report["previous"] = {"pid": recorded["pid"], "action": "forgotten", "reason": "no longer running"}
+        forget(state_dir, port)
+        recorded = None
+    if recorded is not None:
+        same = recorded.get("argv") == argv and recorded.get("env") == env
+        if same:
+            report["reused"] = True
+            progress(f"a server with these arguments runs already (pid {recorded['pid']}): checking it", phase="reuse")
+            child, pid, starttime, log_file = None, recorded["pid"], recorded.get("starttime"), recorded["log_file"]
+        else:
+            why = "its arguments differ" if recorded.get("argv") != argv else "its environment differs"
+            progress(f"stopping the server on port {port} (pid {recorded['pid']}): {why}", phase="stop")
+            stopped = stop_group(recorded["pgid"], config["stop_timeout"])
+            report["previous"] = {"pid": recorded["pid"], "action": "stopped", "reason": why,
+                                  "argv": recorded.get("argv"), **stopped}  # fmt: skip
+            if stopped["left"]:
+                report["failure"] = (
+                    f"the previous server's processes {stopped['left']} survived SIGKILL; port {port} not reused"
+                )
+                return report
+            forget(state_dir, port)
+            recorded = None
+    if recorded is None:
+        if not port_free(bind, port):
+            holder = port_holder(port)
+            report["port_holder"] = holder
+            report["failure"] = (
+                f"port {port} is taken by {holder}, which is not a server this runbook started (no record in "
+                f"{state_path(state_dir, port)}); stop it or deploy on another port"
+            )
+            return report
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        log_file = os.path.join(state_dir, f"{port}-{stamp}.log")
+        with open(log_file, "ab") as log:
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session and process group: it outlives the step and SSH
+                env={**os.environ, **env},
+                cwd=os.path.expanduser("~"),
+            )
+        pid = child.pid
+        stat = proc_stat(pid)
+        starttime = None if stat is None else stat["starttime"]
+        write_state(state_dir, port, {
+            "pid": pid, "pgid": pid, "starttime": starttime, "argv": argv, "env": env, "log_file": log_file,
+            "port": port, "bind": bind, "started_at": time.time(),
+        })  # fmt: skip
+        progress(f"started the server: pid {pid}, log {log_file}", phase="started", pid=pid, log_file=log_file)
+    report["pid"], report["log_file"] = pid, log_file
+    waited = wait_ready(url, pid, starttime, log_file, config["ready_timeout"], child)
+    tail = log_tail(log_file)
+    report.update(health=waited["health"], generate=waited["generate"], exit_code=waited["exit_code"])
+    report["ready_s"] = waited["elapsed_s"] if waited["ready"] else None
+    if waited["ready"]:
+        report["ready"] = True
+        progress(f"ready after {waited['elapsed_s']:.1f}s: {url}", phase="ready", ready_s=waited["elapsed_s"])
+        return report
+    report["log_tail"], report["error_line"] = tail, error_line(tail)
+    if waited["exited"]:
+        code = exit_text(waited["exit_code"])
+        said = report["error_line"] or (tail[-1] if tail else "its log is empty")
+        report["failure"] = (
+            f"the server exited{code} during start-up after {waited['elapsed_s']:.1f}s: {said} (log: {log_file})"
+        )
+    else:
+        report["failure"] = (
+            f"the server was not ready after {config['ready_timeout']:g}s: /health answered "
+            f"{describe_answer(waited['health'])}, /generate {describe_answer(waited['generate'])}; "
+            f"stopped it (log: {log_file}, last line: {tail[-1][:200] if tail else '(empty)'})"
+        )
+    # a crashed server may leave workers behind, a server that never came up holds its GPUs: stop the group
+    report["stopped"] = stop_group(pid, config["stop_timeout"], child)
+    forget(state_dir, port)
+    return report
+
+
+def stop(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
+    port = config["port"]
+    report: dict[str, Any] = {"action": "stop", "port": port, "state_file": state_path(state_dir, port),
+                              "stopped": False, "pid": None, "argv": None, "log_file": None, "pids": [],
+                              "killed": False, "gpu_freed": None, "note": None, "failure": None}  # fmt: skip
+    recorded = read_state(state_dir, port)
+    if recorded is None:
+        report["note"] = f"no server recorded on port {port}: nothing to stop"
+        return report
+    report.update(pid=recorded["pid"], argv=recorded.get("argv"), log_file=recorded.get("log_file"))
+    if not alive(recorded["pid"], recorded.get("starttime")):
+        report["note"] = f"the server recorded on port {port} (pid {recorded['pid']}) was no longer running"
+        report["gpu_freed"] = not group_members(recorded["pgid"])
+    else:
+        progress(f"stopping the server on port {port} (pid {recorded['pid']})", phase="stop")
+        stopped = stop_group(recorded["pgid"], config["stop_timeout"])
+        report.update(stopped=True, pids=stopped["pids"], killed=stopped["killed"], gpu_freed=stopped["gpu_freed"])
+        if stopped["left"]:
+            report["failure"] = f"processes {stopped['left']} of the server survived SIGKILL"
+            return report
+    forget(state_dir, port)
+    return report
+
+
+def main(argv: list[str]) -> int:
+    config, state_dir, launch = json.loads(argv[0]), argv[1], argv[2:]
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    with port_lock(state_dir, config["port"]):
+        report = start(config, state_dir, launch) if config["action"] == "start" else stop(config, state_dir)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

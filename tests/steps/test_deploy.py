@@ -1,0 +1,610 @@
+"""The `deploy` kind: the launch command and its choices from probe/inspect facts (offline), the host
+program's pure parts and its process and port handling on this machine, then whole deployments of the SGLang
+stand-in through the test host's real sshd: start, reuse, restart on new arguments, stop, and each failure
+(crash at start-up, a backend the GPU does not support, never healthy, a foreign process on the port)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from executor.cli import main
+from executor.planner import PlanContext
+from executor.stepkind import FactsError, RenderContext
+from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
+from sandbox.prepare import VENV
+from steps import deploy_host
+from steps.deploy import DeployStep, ProgressLines
+from steps.probe import MLA_BACKEND_ARCHS
+from steps.probe_host import literal_lists
+
+SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
+
+
+def sglang_choices() -> dict[str, list[str]]:
+    """The backend lists of the SGLang release installed on the test host, read as the probe reads them."""
+    source = (SITE / "sglang" / "srt" / "arg_groups" / "choices.py").read_text()
+    return literal_lists(source, ("ATTENTION_BACKEND_CHOICES", "DRAFT_ATTENTION_BACKEND_CHOICES"))
+
+
+def probe_facts(arch: str | None, count: int = 8) -> dict[str, Any]:
+    """The probe facts the deploy step reads, as the probe derives them for `count` GPUs of `arch`."""
+    lists = sglang_choices()
+    attention = lists["ATTENTION_BACKEND_CHOICES"]
+    mla = [b for b in attention if b in MLA_BACKEND_ARCHS or b.endswith("_mla")]
+    unknown = {} if arch else {"gpu_arch": "the GPUs' compute capabilities differ or are unknown: 8.0, 9.0"}
+    return {
+        "gpu_count": count,
+        "gpu_arch": arch,
+        "gpu": {"reason": None if count else "nvidia-smi not found on PATH"},
+        "mla_backends_usable_on_gpu": [b for b in mla if arch in MLA_BACKEND_ARCHS.get(b, ())] if arch else None,
+        "sglang": {
+            "attention_backends": attention,
+            "draft_attention_backends": lists["DRAFT_ATTENTION_BACKEND_CHOICES"],
+        },
+        "unknown": unknown,
+    }
+
+
+def inspect_facts(block: int | None = 8, attention: str = "MLA", trust: bool = True) -> dict[str, Any]:
+    tokens = {"value": block, "source": "drafter/config.json block_size", "unknown_reason": None}
+    if block is None:
+        tokens = {"value": None, "source": None, "unknown_reason": "config.json has no block_size"}
+    return {
+        "deploy": {
+            "speculative_num_draft_tokens": tokens,
+            "trust_remote_code": trust,
+            "attention_arch": {"value": attention, "source": "target/config.json kv_lora_rank", "unknown_reason": None},
+        }
+    }
+
+
+class Facts(RenderContext):
+    """A render context over given facts of earlier steps."""
+
+    def __init__(self, **steps: dict[str, Any]) -> None:
+        self.host_name, self.vars, self.steps = "box", {}, steps
+
+    def fact(self, step_id: str, path: str) -> Any:
+        value: Any = self.steps[step_id]
+        for part in path.split("."):
+            value = value[part]
+        return value
+
+
+def dflash(**params: Any) -> DeployStep:
+    base = {"id": "deploy", "kind": "deploy", "python": "~/venv/bin/python", "model_path": "$models_dir/Kimi-K2.6"}
+    base |= {"draft_model_path": "$models_dir/Kimi-K2.6-DFlash", "probe": "probe", "inspect": "inspect"}
+    return DeployStep.model_validate(base | params)
+
+
+def flags(step: DeployStep, ctx: RenderContext) -> dict[str, str | None]:
+    """The launch command's options, as a flag -> value map (None: a flag without value)."""
+    words = [arg.text for group in step.launch(ctx).groups[1:] for arg in group]
+    out: dict[str, str | None] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            out[word] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+# ----------------------------------------------------------------------------- choices
+
+
+def test_sm120_never_gets_trtllm_mla_and_every_choice_says_where_it_came_from() -> None:
+    """The seeds' box: 8x RTX PRO 6000 (SM120), where trtllm_mla stops SGLang with "Unsupported architecture"."""
+    step = dflash()
+    ctx = Facts(probe=probe_facts("sm120"), inspect=inspect_facts(block=8))
+    assert flags(step, ctx) == {
+        "--model-path": "$models_dir/Kimi-K2.6",
+        "--speculative-algorithm": "DFLASH",
+        "--speculative-draft-model-path": "$models_dir/Kimi-K2.6-DFlash",
+        "--speculative-num-draft-tokens": "8",
+        "--tp-size": "8",
+        "--attention-backend": "flashinfer",
+        "--speculative-draft-attention-backend": "flashinfer",
+        "--trust-remote-code": None,
+        "--host": "127.0.0.1",
+        "--port": "30000",
+    }
+    choices = step.choices(ctx)
+    assert choices["tp_size"].source == "steps.probe.facts.gpu_count = 8"
+    assert "steps.probe.facts.gpu_arch = sm120" in choices["attention_backend"].source
+    assert "mla_backends_usable_on_gpu = ['triton', 'flashinfer']" in choices["attention_backend"].source
+    assert choices["speculative_num_draft_tokens"].source.startswith("steps.inspect.facts.deploy.")
+    assert choices["trust_remote_code"].value is True and "auto_map" in choices["trust_remote_code"].source
+    assert choices["speculative_algorithm"].source == "default with a draft_model_path"
+
+
+@pytest.mark.parametrize(
+    ("arch", "attention", "draft"),
+    [("sm90", "fa3", "fa3"), ("sm100", "trtllm_mla", "fa4"), ("sm120", "flashinfer", "flashinfer")],
+)
+def test_attention_backends_follow_the_gpu_architecture(arch: str, attention: str, draft: str) -> None:
+    chosen = flags(dflash(), Facts(probe=probe_facts(arch), inspect=inspect_facts()))
+    assert (chosen["--attention-backend"], chosen["--speculative-draft-attention-backend"]) == (attention, draft)
+
+
+def test_a_target_without_mla_gets_fa3_on_hopper_and_flashinfer_elsewhere() -> None:
+    for arch, backend in (("sm90", "fa3"), ("sm120", "flashinfer"), ("sm100", "flashinfer")):
+        step = dflash()
+        ctx = Facts(probe=probe_facts(arch), inspect=inspect_facts(attention="MHA"))
+        assert flags(step, ctx)["--attention-backend"] == backend
+        assert step.choices(ctx)["attention_backend"].source.startswith("MHA target on steps.probe.facts.gpu_arch")
+
+
+def test_every_choice_is_overridable_in_the_runbook() -> None:
+    step = dflash(
+        tp_size=4,
+        attention_backend="triton",
+        draft_attention_backend="fa3",
+        speculative_num_draft_tokens=16,
+        trust_remote_code=False,
+        mem_fraction_static=0.85,
+        speculative_algorithm="DFLASH",
+        bind="0.0.0.0",
+        port=31000,
+        extra_args=["--reasoning-parser", "kimi_k2"],
+    )
+    ctx = Facts(probe=probe_facts("sm120"), inspect=inspect_facts(block=8))
+    chosen = flags(step, ctx)
+    assert chosen["--tp-size"] == "4" and chosen["--attention-backend"] == "triton"
+    assert chosen["--speculative-draft-attention-backend"] == "fa3" and chosen["--speculative-num-draft-tokens"] == "16"
+    assert "--trust-remote-code" not in chosen and chosen["--mem-fraction-static"] == "0.85"
+    assert (chosen["--host"], chosen["--port"], chosen["--reasoning-parser"]) == ("0.0.0.0", "31000", "kimi_k2")
+    assert {c.source for c in step.choices(ctx).values()} == {"runbook"}
+
+
+def test_a_baseline_has_no_speculative_flags() -> None:
+    step = DeployStep.model_validate(
+        {"id": "base", "kind": "deploy", "model_path": "/m/Kimi-K2.6", "probe": "probe", "inspect": "inspect"}
+    )
+    chosen = flags(step, Facts(probe=probe_facts("sm90"), inspect=inspect_facts()))
+    assert not [f for f in chosen if f.startswith("--speculative")]
+    assert chosen["--attention-backend"] == "fa3" and chosen["--tp-size"] == "8" and step.algorithm is None
+
+
+def test_without_inspect_sglang_reads_the_block_size_and_custom_code_stays_off() -> None:
+    step = dflash(inspect=None)
+    choices = step.choices(Facts(probe=probe_facts("sm120")))
+    assert choices["speculative_num_draft_tokens"].value is None
+    assert "SGLang reads block_size from the drafter's config.json" in choices["speculative_num_draft_tokens"].source
+    assert choices["trust_remote_code"].value is False
+    unknown = dflash().choices(Facts(probe=probe_facts("sm120"), inspect=inspect_facts(block=None)))
+    assert unknown["speculative_num_draft_tokens"].value is None
+    assert "config.json has no block_size" in unknown["speculative_num_draft_tokens"].source
+
+
+def test_facts_that_cannot_choose_fail_with_the_reason() -> None:
+    with pytest.raises(FactsError, match=r"GPU architecture is unknown \(the GPUs' compute capabilities differ"):
+        dflash().launch(Facts(probe=probe_facts(None), inspect=inspect_facts()))
+    with pytest.raises(FactsError, match="the probe found no GPUs \\(nvidia-smi not found on PATH\\)"):
+        dflash().launch(Facts(probe=probe_facts("sm90", count=0), inspect=inspect_facts()))
+    facts = probe_facts("sm120") | {"mla_backends_usable_on_gpu": []}
+    with pytest.raises(FactsError, match="no MLA attention backend of this SGLang runs on sm120"):
+        dflash().launch(Facts(probe=facts, inspect=inspect_facts()))
+    with pytest.raises(FactsError, match="step 'probe' has no fact `gpu_count`"):
+        dflash().launch(Facts(probe={}, inspect=inspect_facts()))
+
+
+def test_parameters_are_checked() -> None:
+    problems: dict[str, dict[str, Any]] = {
+        "needs draft_model_path": {"draft_model_path": None, "speculative_algorithm": "DFLASH"},
+        "tp_size: auto takes the GPU count from a probe step": {"probe": None},
+        "SGLang rejects it for the draft": {"draft_attention_backend": "trtllm_mha"},
+        "extra_args set --tp, --port=1": {"extra_args": ["--tp", "2", "--port=1"]},
+        "model_path is required": {"model_path": None},
+        "not a variable name": {"env": {"A B": "1"}},
+    }
+    for message, params in problems.items():
+        with pytest.raises(ValidationError, match=message):
+            dflash(**params)
+    stop = DeployStep.model_validate({"id": "stop", "kind": "deploy", "action": "stop", "port": 30001})
+    assert stop.default_gates()[0].message == "the SGLang server did not stop"
+    assert dflash().needs() == {"probe", "inspect"}
+
+
+def test_plan_marks_what_is_chosen_at_run_time() -> None:
+    launch = dflash().launch(PlanContext("box", {}))
+    comment = launch.comment()
+    assert "#       --tp-size <known at run time: steps.probe.facts.gpu_count> \\\n" in comment
+    assert "--attention-backend <known at run time: by steps.probe.facts.gpu_arch" in comment
+    assert "<known at run time: --trust-remote-code if steps.inspect.facts.deploy.trust_remote_code>" in comment
+    assert (
+        "#   ~/venv/bin/python -m sglang.launch_server \\\n#       --model-path $models_dir/Kimi-K2.6 \\\n" in comment
+    )
+
+
+def test_runbook_plan_shows_the_launch_command(tmp_path: Path, write_runbook: Any, capsys: Any) -> None:
+    path = write_runbook("""\
+        name: plan
+        __HOSTS__
+        vars:
+          models_dir: /models
+        steps:
+          - id: probe
+            kind: probe
+          - id: inspect
+            kind: inspect_config
+            target_dir: $models_dir/Kimi-K2.6
+          - id: deploy_dflash
+            kind: deploy
+            python: ~/venv/bin/python
+            model_path: $models_dir/Kimi-K2.6
+            draft_model_path: $models_dir/Kimi-K2.6-DFlash
+            probe: probe
+            inspect: inspect
+            env: {SGLANG_ENABLE_SPEC_V2: "1"}
+          - id: stop
+            kind: deploy
+            action: stop
+        """)
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "# start or reuse the SGLang server on port 30000; '<known at run time: ...>' marks values" in out
+    assert "#       --speculative-algorithm DFLASH \\\n" in out
+    assert "#   tp_size: <known at run time: steps.probe.facts.gpu_count>\n" in out
+    models = '"${models_dir:?runbook var models_dir is unset or empty}"'
+    python = '"${HOME:?is not set}"/venv/bin/python'
+    argv = f"{python} -m sglang.launch_server --model-path {models}/Kimi-K2.6 --speculative-algorithm DFLASH"
+    assert argv in out and "'<known at run time: steps.probe.facts.gpu_count>'" in out
+    assert '"SGLANG_ENABLE_SPEC_V2": "1"' in out
+    assert "# stop the server on port 30000" in out and "#   gate: facts.failure is none" in out
+
+
+# ----------------------------------------------------------------------------- progress, host program parts
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), max_size=30))
+def test_progress_lines_survive_any_chunking(cuts: list[int]) -> None:
+    lines = [
+        b'runbook-progress {"message": "started the server: pid 7", "phase": "started", "pid": 7}\n',
+        b"a line of the server's own\n",
+        b'runbook-progress {"message": "ready after 1.5s", "ready_s": 1.5}\n',
+        b"runbook-progress not json\n",
+    ]
+    data = b"".join(lines)
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Sink:
+        def progress(self, message: str, **fields: Any) -> None:
+            seen.append((message, fields))
+
+    feed = ProgressLines(Sink())
+    pos = 0
+    for cut in cuts:
+        feed.feed("stderr", data[pos : pos + cut])
+        feed.feed("stdout", b'runbook-progress {"message": "stdout is the document"}\n')
+        pos += cut
+    feed.feed("stderr", data[pos:])
+    assert seen == [
+        ("started the server: pid 7", {"phase": "started", "pid": 7}),
+        ("ready after 1.5s", {"ready_s": 1.5}),
+    ]
+
+
+def test_error_line_is_the_exception_not_the_parent_s_last_words() -> None:
+    log = [
+        "[2026-05-01 10:00:01] server_args=ServerArgs(model_path='/m', attention_backend='trtllm_mla')",
+        "[2026-05-01 10:00:04 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/venv/sglang/srt/layers/attention/trtllm_mla_backend.py", line 88, in __init__',
+        "RuntimeError: Unsupported architecture: trtllm_mla needs SM100 or SM103, this GPU is SM120",
+        "[2026-05-01 10:00:04] Received sigquit from a child process. It usually means the child failed.",
+    ]
+    assert deploy_host.error_line(log) == log[3]
+    assert deploy_host.error_line(["loading", "CUDA out of memory. Tried to allocate 2.00 GiB", "bye"]) == (
+        "CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    assert deploy_host.error_line(["all", "fine"]) is None
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\0\n"), max_size=15))
+def test_proc_stat_fields_follow_the_last_parenthesis(name: str) -> None:
+    text = f"4242 ({name}) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10 18446744073709551615\n"
+    assert deploy_host.parse_stat(text) == {"state": "S", "pgrp": 4242, "starttime": 987654}
+
+
+def test_client_address_for_a_bind_address() -> None:
+    assert [deploy_host.base_url(b, 30000) for b in ("127.0.0.1", "0.0.0.0", "::", "10.0.0.5", "fe80::1")] == [
+        "http://127.0.0.1:30000",
+        "http://127.0.0.1:30000",
+        "http://[::1]:30000",
+        "http://10.0.0.5:30000",
+        "http://[fe80::1]:30000",
+    ]
+
+
+def test_a_foreign_listener_is_found_and_named() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not deploy_host.port_free("127.0.0.1", port)
+        assert not deploy_host.port_free("0.0.0.0", port)
+        assert deploy_host.port_holder(port).startswith(f"pid {os.getpid()} (")
+    assert deploy_host.port_free("127.0.0.1", port)
+
+
+def test_stopping_a_group_ends_its_children_too_and_kills_what_ignores_term() -> None:
+    """A server's workers (its process group) hold GPU memory too: all must be gone."""
+    script = "trap '' TERM; sleep 60 & sleep 60 & wait"
+    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(deploy_host.group_members(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        members, stat = deploy_host.group_members(proc.pid), deploy_host.proc_stat(proc.pid)
+        assert len(members) == 3 and stat is not None and deploy_host.alive(proc.pid, stat["starttime"])
+        stopped = deploy_host.stop_group(proc.pid, timeout=0.5, child=proc)
+        assert stopped == {"pids": members, "killed": True, "left": [], "gpu_freed": True}
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_reused_pid_is_not_our_server() -> None:
+    stat = deploy_host.proc_stat(os.getpid())
+    assert stat is not None
+    assert deploy_host.alive(os.getpid(), stat["starttime"])
+    assert not deploy_host.alive(os.getpid(), stat["starttime"] + 1)
+
+
+def test_stop_without_a_recorded_server_is_a_no_op(tmp_path: Path, capsys: Any) -> None:
+    assert deploy_host.main([json.dumps({"action": "stop", "port": 30999, "stop_timeout": 1}), str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stopped"] is False and report["failure"] is None
+    assert report["note"] == "no server recorded on port 30999: nothing to stop"
+
+
+def test_the_host_program_runs_with_the_stdlib_only(tmp_path: Path) -> None:
+    """It runs with the SGLang venv's python, which has nothing of ours: `-I -S` sees no site-packages."""
+    config = json.dumps({"action": "stop", "port": 30998, "stop_timeout": 1})
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-", config, str(tmp_path)],
+        input=Path(deploy_host.__file__).read_text(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout)["note"].startswith("no server recorded on port 30998")
+
+
+# ----------------------------------------------------------------------------- whole deployments on the test host
+
+
+class Site:
+    """One test's deployments on a test host: a port of its own, model folders, the stand-in's switches.
+
+    `stop_all()` (the fixture's teardown) kills whatever server is recorded on the port, so no test leaves
+    a server running, whatever it asserted."""
+
+    def __init__(self, host: Any, tmp_path: Path, write_runbook: Any, capsys: Any) -> None:
+        self.host, self.tmp_path, self.write_runbook, self.capsys = host, tmp_path, write_runbook, capsys
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.models = host.home / f"models-deploy-{self.port}"
+        self.state_file = host.home / ".runbook" / "sglang" / f"{self.port}.json"
+        self.runs = 0
+        self.progress: list[str] = []
+        for name, config in (("Kimi-K2.6", target_config()), ("Kimi-K2.6-DFlash", drafter_config())):
+            folder = self.models / name
+            folder.mkdir(parents=True)
+            (folder / "config.json").write_text(json.dumps(config))
+            for code in custom_code_files(config):
+                (folder / code).write_text("# custom code (test data)\n")
+
+    def switches(self, **values: Any) -> None:
+        (self.host.home / "sglang-standin.json").write_text(json.dumps(values))
+
+    def deploy(self, **params: Any) -> dict[str, Any]:
+        step = {"id": "deploy", "kind": "deploy", "python": str(self.host.python), "port": self.port}
+        return step | {"model_path": "$models_dir/Kimi-K2.6", "ready_timeout": 60, "stop_timeout": 10} | params
+
+    def run(self, *steps: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
+        """Run a runbook of these steps: (exit code, facts by step id, the failures' messages); the progress
+        messages of the run are in `.progress`."""
+        self.runs += 1
+        doc = {"vars": {"models_dir": str(self.models)}, "steps": list(steps)}
+        path = self.write_runbook(
+            "name: deploy\n__HOSTS__\n" + yaml.safe_dump(doc),
+            name=f"deploy{self.runs}.yaml",
+            hosts=self.host.host_yaml(),
+        )
+        logs = self.tmp_path / f"logs{self.runs}"
+        code = main(["run", str(path), "--log-dir", str(logs), "--json"])
+        events = [json.loads(line) for line in self.capsys.readouterr().out.splitlines() if line.startswith("{")]
+        self.progress = [e["message"] for e in events if e["event"] == "progress"]
+        failures = "\n".join(f for e in events if e["event"] == "step_finished" for f in e["failures"])
+        assert main(["status", "--log-dir", str(logs), "--json"]) == 0
+        records = json.loads(self.capsys.readouterr().out)["steps"]
+        return code, {r["step"]: r["facts"] for r in records}, failures
+
+    def stop_all(self) -> None:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.killpg(json.loads(self.state_file.read_text())["pgid"], signal.SIGKILL)
+        self.state_file.unlink(missing_ok=True)
+        (self.host.home / "sglang-standin.json").unlink(missing_ok=True)
+        shutil.rmtree(self.models, ignore_errors=True)
+
+
+@pytest.fixture
+def site(
+    request: pytest.FixtureRequest, testhost: Any, tmp_path: Path, write_runbook: Any, capsys: Any
+) -> Iterator[Site]:
+    """`@pytest.mark.parametrize("site", ["rtx6000"], indirect=True)` picks the GPU variant (default h200)."""
+    here = Site(testhost(getattr(request, "param", "h200")), tmp_path, write_runbook, capsys)
+    yield here
+    here.stop_all()
+
+
+def running(pid: int) -> bool:
+    return deploy_host.alive(pid, None)
+
+
+def post_generate(base_url: str) -> dict[str, Any]:
+    body = json.dumps({"text": "What is 12 * 7?", "sampling_params": {"max_new_tokens": 16, "temperature": 0}})
+    request = urllib.request.Request(base_url + "/generate", data=body.encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        result: dict[str, Any] = json.loads(answer.read())
+    return result
+
+
+PROBE = {"id": "probe", "kind": "probe", "models_dir": "$models_dir", "packages": ["sglang"]}
+INSPECT = {"id": "inspect", "kind": "inspect_config", "target_dir": "$models_dir/Kimi-K2.6"}
+INSPECT["drafter_dir"] = "$models_dir/Kimi-K2.6-DFlash"
+
+
+@pytest.mark.parametrize("site", ["rtx6000"], indirect=True)
+def test_dflash_from_facts_serves_is_reused_replaced_by_a_baseline_and_stopped(site: Site) -> None:
+    probe = PROBE | {"python": str(site.host.python)}
+    dflash_step = site.deploy(draft_model_path="$models_dir/Kimi-K2.6-DFlash", probe="probe", inspect="inspect")
+    code, facts, err = site.run(probe, INSPECT | {"python": str(site.host.python)}, dflash_step)
+    assert code == 0, err
+    first = facts["deploy"]
+    choices = {name: c["value"] for name, c in first["choices"].items()}
+    assert choices == {
+        "speculative_algorithm": "DFLASH",
+        "tp_size": 8,  # the RTX PRO 6000 box has 8 GPUs
+        "attention_backend": "flashinfer",  # SM120: never trtllm_mla
+        "draft_attention_backend": "flashinfer",
+        "speculative_num_draft_tokens": BLOCK_SIZE,
+        "trust_remote_code": True,
+        "mem_fraction_static": None,
+    }
+    models = str(site.models)
+    assert first["argv"][1:] == [
+        "-m", "sglang.launch_server", "--model-path", f"{models}/Kimi-K2.6", "--speculative-algorithm", "DFLASH",
+        "--speculative-draft-model-path", f"{models}/Kimi-K2.6-DFlash", "--speculative-num-draft-tokens",
+        str(BLOCK_SIZE), "--tp-size", "8", "--attention-backend", "flashinfer",
+        "--speculative-draft-attention-backend", "flashinfer", "--trust-remote-code", "--host", "127.0.0.1",
+        "--port", str(site.port),
+    ]  # fmt: skip
+    assert first["base_url"] == f"http://127.0.0.1:{site.port}" and first["reused"] is False
+    assert first["speculative_algorithm"] == "DFLASH" and first["model_path"] == f"{models}/Kimi-K2.6"
+    assert first["ready"] and first["ready_s"] > 0 and first["failure"] is None
+    # the server outlived the SSH session that started it, and serves with speculative decoding
+    assert running(first["pid"]) and json.loads(site.state_file.read_text())["pid"] == first["pid"]
+    assert "spec_accept_length" in post_generate(first["base_url"])["meta_info"]
+    assert Path(first["log_file"]).is_file() and first["log_file"].startswith(str(site.host.home / ".runbook"))
+    assert site.progress[0] == f"started the server: pid {first['pid']}, log {first['log_file']}"
+    assert site.progress[-1].startswith("ready after ") and site.progress[-1].endswith(first["base_url"])
+
+    code, facts, err = site.run(probe, INSPECT | {"python": str(site.host.python)}, dflash_step)
+    assert code == 0, err
+    again = facts["deploy"]
+    assert again["reused"] is True and again["pid"] == first["pid"] and again["argv"] == first["argv"]
+    assert site.progress[0].startswith(f"a server with these arguments runs already (pid {first['pid']})")
+
+    baseline = site.deploy(id="deploy_baseline", probe="probe", inspect="inspect")
+    code, facts, err = site.run(probe, INSPECT | {"python": str(site.host.python)}, baseline)
+    assert code == 0, err
+    base = facts["deploy_baseline"]
+    assert base["previous"]["action"] == "stopped" and base["previous"]["pid"] == first["pid"]
+    assert base["previous"]["reason"] == "its arguments differ" and base["previous"]["gpu_freed"] is True
+    assert not running(first["pid"]) and base["pid"] != first["pid"] and not base["reused"]
+    assert base["speculative_algorithm"] is None and not [a for a in base["argv"] if a.startswith("--speculative")]
+    assert "spec_accept_length" not in post_generate(base["base_url"])["meta_info"]
+
+    code, facts, err = site.run({"id": "stop", "kind": "deploy", "action": "stop", "port": site.port})
+    assert code == 0, err
+    stopped = facts["stop"]
+    assert (
+        stopped["stopped"] and stopped["gpu_freed"] and stopped["pid"] == base["pid"] and base["pid"] in stopped["pids"]
+    )
+    assert not running(base["pid"]) and not site.state_file.exists()
+    code, facts, err = site.run({"id": "stop", "kind": "deploy", "action": "stop", "port": site.port})
+    assert code == 0 and facts["stop"]["stopped"] is False
+    assert facts["stop"]["note"] == f"no server recorded on port {site.port}: nothing to stop"
+
+
+@pytest.mark.parametrize("site", ["rtx6000"], indirect=True)
+def test_trtllm_mla_on_sm120_fails_at_once_with_the_log_s_error_line(site: Site) -> None:
+    started = time.monotonic()
+    code, facts, err = site.run(site.deploy(tp_size=8, attention_backend="trtllm_mla", ready_timeout=300))
+    assert code != 0 and time.monotonic() - started < 60  # not after the 300s ready_timeout
+    failed = facts["deploy"]
+    assert "Unsupported architecture" in failed["error_line"] and failed["error_line"].startswith("RuntimeError:")
+    assert "the server exited (killed by SIGKILL) during start-up" in failed["failure"]
+    assert "the SGLang server is not serving" in err and "Unsupported architecture SM120" in err  # the gate message
+    assert any("Scheduler hit an exception" in line for line in failed["log_tail"])
+    assert not running(failed["pid"]) and not site.state_file.exists()
+
+
+def test_a_crash_at_start_up_fails_at_once_with_its_log_line(site: Site) -> None:
+    site.switches(fault="crash_at_startup")
+    code, facts, err = site.run(site.deploy(tp_size=1, ready_timeout=300))
+    assert code != 0
+    failed = facts["deploy"]
+    assert failed["error_line"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
+    assert "torch.OutOfMemoryError: CUDA out of memory." in err
+    assert not running(failed["pid"]) and not site.state_file.exists()
+
+
+def test_a_server_never_healthy_times_out_and_is_stopped(site: Site) -> None:
+    site.switches(fault="never_healthy", startup_s=0.4)
+    started = time.monotonic()
+    code, facts, err = site.run(site.deploy(tp_size=1, ready_timeout=4))
+    assert code != 0 and time.monotonic() - started < 30
+    failed = facts["deploy"]
+    assert failed["failure"].startswith("the server was not ready after 4s: /health answered 503")
+    assert failed["stopped"]["gpu_freed"] and not running(failed["pid"]) and not site.state_file.exists()
+    assert "the server was not ready after 4s" in err
+
+
+def test_a_port_taken_by_something_else_is_refused_naming_it(site: Site) -> None:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", site.port))
+        sock.listen()
+        code, facts, err = site.run(site.deploy(tp_size=1))
+    assert code != 0
+    refused = facts["deploy"]
+    assert refused["pid"] is None and refused["port_holder"].startswith(f"pid {os.getpid()} (")
+    assert f"port {site.port} is taken by pid {os.getpid()}" in refused["failure"]
+    assert "which is not a server this runbook started" in err and not site.state_file.exists()
+
+
+def test_a_new_environment_restarts_the_server(site: Site) -> None:
+    code, facts, err = site.run(site.deploy(tp_size=1))
+    assert code == 0, err
+    first = facts["deploy"]
+    code, facts, err = site.run(site.deploy(tp_size=1, env={"SGLANG_ENABLE_SPEC_V2": "1"}))
+    assert code == 0, err
+    second = facts["deploy"]
+    assert second["previous"]["reason"] == "its environment differs" and second["pid"] != first["pid"]
+    assert not running(first["pid"]) and second["env"] == {"SGLANG_ENABLE_SPEC_V2": "1"}
+    environ = Path(f"/proc/{second['pid']}/environ").read_bytes().split(b"\0")
+    assert b"SGLANG_ENABLE_SPEC_V2=1" in environ
+
+
+def test_the_port_may_come_from_a_runbook_var() -> None:
+    step = dflash(port="$sglang_port")
+    assert "--port 31234" in step.launch(PlanContext("box", {"sglang_port": "31234"})).comment().replace(" \\\n#", "")
+    stop = DeployStep.model_validate({"id": "stop", "kind": "deploy", "action": "stop", "port": "${sglang_port}"})
+    assert '"port": 31234' in stop.render(PlanContext("box", {"sglang_port": "31234"}))
+    for value, message in (("web", "must hold an integer, got 'web'"), ("70000", "70000 is not a TCP port")):
+        with pytest.raises(FactsError, match=message):
+            stop.render(PlanContext("box", {"sglang_port": value}))
+    with pytest.raises(ValidationError):
+        dflash(port="30000; rm -rf /")
