@@ -329,6 +329,11 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions) -> None:
                 for ref in step_refs(gate.that):
                     if ref not in seen or ref == spec.id:
                         pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
+        gate_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
+        for ref in sorted(spec.needs() - gate_refs):  # a parameter naming a step (server:, probe:, ...)
+            if ref not in seen or ref == spec.id:
+                text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
+                pos.problem(loc[:-1], text + _did_you_mean(ref, seen))
 
 
 def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions) -> list[str]:

@@ -130,6 +130,34 @@ def test_cross_references_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
     ]
 
 
+def test_a_parameter_naming_a_step_must_name_an_earlier_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = """\
+        name: t
+        hosts: {box: {address: local}}
+        steps:
+          - id: probes
+            kind: shell
+            script: echo
+          - id: deploy
+            kind: deploy
+            model_path: /m
+            probe: probe
+          - id: bench
+            kind: benchmark
+            server: deploy
+            compare_to: later
+          - id: later
+            kind: shell
+            script: echo
+        """
+    code, lines = validate(tmp_path, text, capsys)
+    assert code == 2
+    assert lines == [
+        "F:7:5: step 'deploy' uses the facts of step 'probe', which does not run before it; did you mean 'probes'?",
+        "F:11:5: step 'bench' uses the facts of step 'later', which does not run before it",
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
