@@ -87,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
         help="what serves the test host over SSH (auto: OpenSSH's sshd when installed and root, else embedded)",
     )
 
+    p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--json", action="store_true", help="print report.json as it is")
+
     p = sub.add_parser("audit", help="show or verify a run's audit log")
     p.add_argument("action", choices=["show", "verify"])
     p.add_argument("run_dir", type=Path)
@@ -269,6 +273,43 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+REPORT_FILE = "report.json"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
+    path = args.run_dir / REPORT_FILE
+    if not path.is_file():
+        what = "a run folder without a report" if (args.run_dir / "run.json").exists() else "not a run folder"
+        raise ResumeError(f"{args.run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        tables = [
+            (str(t["title"]), [str(c) for c in t["columns"]], [list(map(str, r)) for r in t["rows"]])
+            for t in report.get("tables", [])
+        ]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ResumeError(f"{path}: not a report (expected title, tables of title/columns/rows): {exc!r}") from None
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    out.print(Text(str(report.get("title", path)), style="bold"))
+    for note in report.get("notes", []):
+        out.print(Text(f"- {note}"))
+    for title, columns, rows in tables:
+        table = Table(title=Text(title))
+        for column in columns:
+            table.add_column(Text(column), overflow="fold")
+        for row in rows:
+            table.add_row(*map(Text, row))  # report cells are data, never rich markup
+        # a table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut
+        wanted = out.measure(table, options=out.options.update_width(10_000)).maximum
+        Console(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
+    for figure in report.get("figures", []):
+        out.print(Text(f"{figure.get('title', 'figure')}: {args.run_dir / str(figure.get('path', ''))}"))
+    return EXIT_OK
+
+
 def _describe(record: dict[str, Any]) -> str:
     """One line per audit record for `audit show`."""
     who = f"{record.get('started_at', '')[:19]}  {record.get('step')}@{record.get('host')} #{record.get('attempt')}"
@@ -288,6 +329,7 @@ COMMANDS = {
     "runs": cmd_runs,
     "audit": cmd_audit,
     "demo": cmd_demo,
+    "report": cmd_report,
 }
 
 

@@ -7,7 +7,10 @@ It builds `.cache/testhost/` (git-ignored):
   and metadata are the real ones; it cannot import without torch, which a probe must not need)
   and the real huggingface_hub with its `hf` CLI, at the version a real H200 host ran
   (../shared/fixtures/gpu-host-h200/pip.json);
-- `bin/nvidia-smi`: the nvidia-smi test double (sandbox/gpu.py) as an executable on the host's PATH.
+- `bin/nvidia-smi`: the nvidia-smi test double (sandbox/gpu.py) as an executable on the host's PATH;
+- `venv/lib/python3.X/site-packages/runbook_sandbox_sglang_standin.pth`: the hook that makes
+  `python -m sglang.launch_server` / `-m sglang.bench_serving` in that venv run the SGLang
+  stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place.
 
 Idempotent: what is already there at the pinned version is left alone. It prints what it did.
 """
@@ -21,11 +24,15 @@ import sys
 import venv
 from pathlib import Path
 
+from sandbox.sglang_standin import hook as standin_hook
+
 REPO = Path(__file__).resolve().parent.parent
 TESTHOST = REPO / ".cache" / "testhost"
 VENV = TESTHOST / "venv"
 BIN = TESTHOST / "bin"
 VENV_PYTHON = VENV / "bin" / "python"
+
+STANDIN_PTH = "runbook_sandbox_sglang_standin.pth"
 
 #: (distribution, version, installed without its dependencies); sglang last, so that pip's check
 #: after installing huggingface_hub does not list the dependencies sglang lacks on purpose
@@ -96,8 +103,35 @@ def ensure_nvidia_smi() -> str:
     return f"wrote {path} (test double of nvidia-smi)"
 
 
+def site_packages() -> Path | None:
+    """The test venv's site-packages folder, None before the venv exists."""
+    found = sorted(VENV.glob("lib/python*/site-packages"))
+    return found[0] if found else None
+
+
+def standin_pth_problem() -> str | None:
+    """Why the SGLang stand-in's hook is not in place (missing or written for another checkout)."""
+    site = site_packages()
+    path = (site or VENV / "lib") / STANDIN_PTH
+    if not path.exists():
+        return f"{path} missing"
+    if path.read_text() != standin_hook.pth_line():
+        return f"{path} out of date"
+    return None
+
+
+def ensure_standin_hook() -> str:
+    site = site_packages()
+    if site is None:
+        raise SystemExit(f"sandbox.prepare: no site-packages in {VENV}")
+    if standin_pth_problem() is None:
+        return f"{site / STANDIN_PTH} up to date"
+    (site / STANDIN_PTH).write_text(standin_hook.pth_line())
+    return f"wrote {site / STANDIN_PTH} (hook of the SGLang stand-in, a test double)"
+
+
 def main() -> int:
-    for line in [ensure_venv(), *ensure_packages(), ensure_nvidia_smi()]:
+    for line in [ensure_venv(), *ensure_packages(), ensure_nvidia_smi(), ensure_standin_hook()]:
         print(f"sandbox.prepare: {line}")
     return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.hub import HubServer
+from sandbox.sglang_standin import faults as standin_faults
 from sandbox.sshd import SSHServer, start_sshd
 
 
@@ -79,28 +80,35 @@ class SandboxHost:
     def host_dict(self) -> dict[str, object]:
         return self.server.host_dict()
 
+    def standin(self, **switches: object) -> standin_faults.Switched:
+        """`with host.standin(fault="never_healthy", startup_s=0.5):` the SGLang stand-in's switches
+        ($HOME/sglang-standin.json, sandbox/sglang_standin/faults.py) for the block, removed after."""
+        return standin_faults.Switched(self.home, switches)
+
 
 @pytest.fixture(scope="session")
 def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SandboxHost]]:
-    """Factory of test hosts: `testhost("h200" | "rtx6000" | "none" | "absent")`, one sshd per
-    variant for the session. Tests that write into `.home` remove what they wrote."""
+    """Factory of test hosts: `testhost("h200" | "rtx6000" | "none" | "absent", shell="clean" | "noisy")`,
+    one sshd per variant and login shell for the session (`noisy`: a slow, chatty ~/.bashrc that
+    changes the environment, sandbox/testhost.py). Tests that write into `.home` remove what they wrote."""
     from sandbox import testhost as sandbox_host
     from sandbox.prepare import VENV_PYTHON
 
     problem = sandbox_host.missing()
     if problem:
         pytest.fail(problem)
-    started: dict[str, tuple[subprocess.Popen[bytes], SandboxHost]] = {}
+    started: dict[tuple[str, str], tuple[subprocess.Popen[bytes], SandboxHost]] = {}
 
-    def get(gpu: str = "h200") -> SandboxHost:
-        if gpu not in started:
-            root = tmp_path_factory.mktemp(f"testhost-{gpu}")
+    def get(gpu: str = "h200", shell: str = "clean") -> SandboxHost:
+        if (gpu, shell) not in started:
+            root = tmp_path_factory.mktemp(f"testhost-{gpu}-{shell}")
             home = root / "home"
             home.mkdir()
+            sandbox_host.write_home(shell, home)
             setenv = sandbox_host.sshd_config(sandbox_host.session_env(gpu, home))
             proc, server = start_sshd(root / "sshd", extra_config=setenv)
-            started[gpu] = (proc, SandboxHost(server, gpu, home, VENV_PYTHON))
-        return started[gpu][1]
+            started[gpu, shell] = (proc, SandboxHost(server, gpu, home, VENV_PYTHON))
+        return started[gpu, shell][1]
 
     yield get
     for proc, _ in started.values():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import gpu, testhost
-from sandbox.prepare import BIN, PINS, VENV
+from sandbox.prepare import BIN, PINS, STANDIN_PTH, VENV, site_packages
 from tests.conftest import SandboxHost
 
 REAL = Path(gpu.__file__).parent / "gpu_fixtures" / "h200"
@@ -157,6 +157,7 @@ def test_prepare_is_idempotent() -> None:
         f"venv {VENV} exists",
         *(f"{name}=={version} already installed" for name, version, _ in PINS),
         f"{BIN / 'nvidia-smi'} up to date",
+        f"{site_packages()}/{STANDIN_PTH} up to date",
     ]
 
 

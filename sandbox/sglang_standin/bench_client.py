@@ -1,0 +1,479 @@
+"""TEST DOUBLE of `python -m sglang.bench_serving` (SGLang 0.5.23, benchmark/serving.py).
+
+It accepts the real client's flags (its own declarations read from the real serving.py; the
+ones below are used, the rest accepted and ignored), really sends the requests to the server
+(`--backend sglang`: streamed POST /generate, as the real client), computes the metrics as the
+real `calculate_metrics` does (numpy's linear percentiles, population std, TTFT, TPOT, ITL per
+streamed chunk, e2e, concurrency = sum of latencies / duration, 1-s buckets for the peaks), reads
+`accept_length` from /server_info `internal_states[0].avg_spec_accept_length`, prints the same
+summary table and APPENDS one JSON line with the real result field names to `--output-file`.
+
+Datasets: only `random-ids` (token ids need no download). `random` and `sharegpt` download
+ShareGPT from the Hub and fail here as the real client fails without network; the others are
+refused. The stand-in's tokenizer is one word per token (simulation.count_tokens). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.client
+import json
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import launch_args, simulation
+
+SERVING_FILE = "benchmark/serving.py"
+OFFLINE_ERROR = (
+    "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the "
+    "Hub and we cannot find the requested files in the local cache. Please check your connection and try again "
+    "or make sure your Internet connection is on."
+)
+DOWNLOADING = ("random", "sharegpt")
+VOCAB = 150_000
+
+
+@dataclass
+class Output:
+    """RequestFuncOutput: what one request measured."""
+
+    prompt_len: int
+    generated_text: str = ""
+    success: bool = False
+    latency: float = 0.0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_len: int = 0
+    error: str = ""
+    start_time: float = 0.0
+
+
+def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Benchmark the online serving throughput.")
+    parser.add_argument("--backend", type=str, default="sglang")
+    parser.add_argument("--base-url", type=str, default=None)
+    parser.add_argument("--host", type=str, default="0.0.0.0")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--ready-check-timeout-sec", type=int, default=60)
+    parser.add_argument("--dataset-name", type=str, default="sharegpt")
+    parser.add_argument("--model", type=str)
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--sharegpt-output-len", type=int, default=None)
+    parser.add_argument("--random-input-len", type=int, default=1024)
+    parser.add_argument("--random-output-len", type=int, default=1024)
+    parser.add_argument("--random-range-ratio", type=float, default=0.0)
+    parser.add_argument("--request-rate", type=float, default=float("inf"))
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--output-file", type=str)
+    parser.add_argument("--output-details", action="store_true")
+    parser.add_argument("--disable-tqdm", action="store_true")
+    parser.add_argument("--disable-stream", action="store_true")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--disable-ignore-eos", action="store_true")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--extra-request-body", type=str)
+    parser.add_argument("--flush-cache", action="store_true")
+    parser.add_argument("--flush-cache-timeout", type=float, default=10.0)
+    parser.add_argument("--warmup-requests", type=int, default=1)
+    parser.add_argument("--tokenize-prompt", action="store_true")
+    parser.add_argument("--tag", type=str, default=None)
+    own = {a for action in parser._actions for a in action.option_strings}
+    for flag, options in launch_args.plain_flags((sglang_dir / SERVING_FILE).read_text()).items():
+        if flag not in own:
+            parser.add_argument(flag, **options)
+    return parser
+
+
+# ---------------------------------------------------------------- statistics (numpy's defaults)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """numpy.percentile with linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def _series(values: Sequence[float], name: str, extra: Sequence[str] = ()) -> dict[str, float]:
+    """mean/median/std/p90/p95/p99 (+ max) in ms, `np.x(values or 0)` when empty, as the real one."""
+    data = list(values) or [0.0]
+    out = {
+        f"mean_{name}_ms": statistics.fmean(data) * 1000,
+        f"median_{name}_ms": statistics.median(data) * 1000,
+        f"std_{name}_ms": statistics.pstdev(data) * 1000,
+        f"p90_{name}_ms": percentile(data, 90) * 1000,
+        f"p95_{name}_ms": percentile(data, 95) * 1000,
+        f"p99_{name}_ms": percentile(data, 99) * 1000,
+    }
+    if "max" in extra:
+        out[f"max_{name}_ms"] = max(data) * 1000
+    return out
+
+
+def calculate_metrics(outputs: list[Output], duration: float) -> dict[str, Any]:
+    ok = [o for o in outputs if o.success]
+    output_lens = [o.output_len if o.success else 0 for o in outputs]
+    total_input = sum(o.prompt_len for o in ok)
+    tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
+    e2e = [o.latency for o in ok]
+    peak_tokens, peak_requests = 0.0, 0
+    if ok:
+        first = min(o.start_time for o in ok)
+        seconds = math.ceil(max(o.start_time + o.latency for o in ok) - first) + 1
+        tokens, running = [0] * seconds, [0] * seconds
+        for o in ok:
+            at = o.start_time + o.ttft
+            times = [at]
+            for gap in o.itl:
+                at += gap
+                times.append(at)
+            for t in times:
+                if 0 <= int(t - first) < seconds:
+                    tokens[int(t - first)] += 1
+            for second in range(int(o.start_time - first), min(int(o.start_time + o.latency - first) + 1, seconds)):
+                running[second] += 1
+        peak_tokens, peak_requests = float(max(tokens)), max(running)
+    retokenized = sum(simulation.count_tokens(o.generated_text) if o.generated_text else 0 for o in ok)
+    metrics: dict[str, Any] = {
+        "completed": len(ok),
+        "total_input_tokens": total_input,
+        "total_input_text_tokens": total_input,
+        "total_input_vision_tokens": 0,
+        "total_output_tokens": sum(output_lens),
+        "total_output_tokens_retokenized": retokenized,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": total_input / duration,
+        "output_throughput": sum(output_lens) / duration,
+        "total_throughput": (total_input + sum(output_lens)) / duration,
+        "mean_e2e_latency_ms": _mean(e2e) * 1000,
+        "median_e2e_latency_ms": (statistics.median(e2e) if e2e else float("nan")) * 1000,
+        "std_e2e_latency_ms": (statistics.pstdev(e2e) if e2e else float("nan")) * 1000,
+        "p90_e2e_latency_ms": (percentile(e2e, 90) if e2e else float("nan")) * 1000,
+        "p95_e2e_latency_ms": (percentile(e2e, 95) if e2e else float("nan")) * 1000,
+        "p99_e2e_latency_ms": (percentile(e2e, 99) if e2e else float("nan")) * 1000,
+        **_series([o.ttft for o in ok], "ttft"),
+        **_series(tpots, "tpot"),
+        **_series([gap for o in ok for gap in o.itl], "itl", extra=("max",)),
+        "concurrency": sum(e2e) / duration,
+        "max_output_tokens_per_s": peak_tokens,
+        "max_concurrent_requests": peak_requests,
+    }
+    metrics["_output_lens"] = output_lens
+    return metrics
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+def _connection(base_url: str, timeout: float | None = None) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(base_url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname or "127.0.0.1", parts.port, timeout=timeout), parts.path.rstrip("/")
+
+
+def get_json(base_url: str, path: str, timeout: float = 30) -> tuple[int, Any]:
+    conn, prefix = _connection(base_url, timeout)
+    try:
+        conn.request("GET", prefix + path)
+        response = conn.getresponse()
+        body = response.read()
+        return response.status, (json.loads(body) if body and response.status == 200 else None)
+    finally:
+        conn.close()
+
+
+def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) -> Output:
+    """async_request_sglang_generate: one streamed /generate, timed per chunk."""
+    output = Output(prompt_len=prompt_len)
+    conn, prefix = _connection(base_url)
+    start = time.perf_counter()
+    output.start_time = start
+    recent, last_len, ttft = start, 0, 0.0
+    try:
+        conn.request(
+            "POST", prefix + "/generate", body=json.dumps(payload), headers={"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            output.error = (response.reason or "") + ": " + response.read().decode(errors="replace")
+            return output
+        text, length, latency = "", payload["sampling_params"]["max_new_tokens"], 0.0
+        for raw in response:
+            chunk = raw.strip()
+            if not chunk:
+                continue
+            data = chunk[6:] if chunk.startswith(b"data: ") else chunk
+            latency = time.perf_counter() - start
+            if data == b"[DONE]":
+                continue
+            out = json.loads(data)
+            if out.get("text"):
+                now = time.perf_counter()
+                text, length = out["text"], out["meta_info"]["completion_tokens"]
+                if ttft == 0.0:
+                    ttft = now - start
+                    output.ttft = ttft
+                else:
+                    new = length - last_len
+                    if new == 0:
+                        continue
+                    output.itl.extend([(now - recent) / new] * new)
+                recent, last_len = now, length
+        output.generated_text, output.success, output.latency, output.output_len = text, True, latency, length
+    except Exception as exc:  # the real client records any failure as the request's error
+        output.error = f"{type(exc).__name__}: {exc}"
+        print(f"output.error={output.error!r}")
+    finally:
+        conn.close()
+    return output
+
+
+# ---------------------------------------------------------------- the run
+
+
+def sample_requests(args: argparse.Namespace, rng: random.Random) -> list[tuple[Any, int, int]]:
+    """random-ids: (prompt, prompt_len, output_len); lengths uniform in [len*ratio, len] like the real one."""
+
+    def lens(full: int) -> list[int]:
+        if full <= 0:
+            return [0] * args.num_prompts
+        return [rng.randint(max(int(full * args.random_range_ratio), 1), full) for _ in range(args.num_prompts)]
+
+    inputs, outputs = lens(args.random_input_len), lens(args.random_output_len)
+    rows = []
+    for i in range(args.num_prompts):
+        offset = rng.randrange(VOCAB)
+        ids = [(offset + i + j) % VOCAB for j in range(inputs[i])]
+        prompt: Any = ids if args.tokenize_prompt else " ".join(f"t{t}" for t in ids)
+        rows.append((prompt, inputs[i], outputs[i]))
+    print(f"#Input tokens: {sum(inputs)}")
+    print(f"#Output tokens: {sum(outputs)}")
+    return rows
+
+
+def _payload(args: argparse.Namespace, prompt: Any, output_len: int) -> dict[str, Any]:
+    sampling: dict[str, Any] = {
+        "temperature": args.temperature,
+        "max_new_tokens": output_len,
+        "ignore_eos": not args.disable_ignore_eos,
+    }
+    return {
+        ("text" if isinstance(prompt, str) else "input_ids"): prompt,
+        "sampling_params": sampling,
+        "stream": not args.disable_stream,
+        "lora_path": None,
+        "return_logprob": False,
+        "return_routed_experts": False,
+        "logprob_start_len": -1,
+        **(json.loads(args.extra_request_body) if args.extra_request_body else {}),
+    }
+
+
+def _run_all(
+    jobs: list[Callable[[], Output]], concurrency: int | None, rate: float, rng: random.Random
+) -> list[Output]:
+    """Start each job at the request rate (Poisson; inf: all at once), at most `concurrency` at a time."""
+    slots = threading.Semaphore(concurrency) if concurrency else None
+
+    def limited(job: Callable[[], Output]) -> Output:
+        if slots is None:
+            return job()
+        with slots:
+            return job()
+
+    with ThreadPoolExecutor(max_workers=max(len(jobs), 1)) as pool:
+        futures = []
+        for job in jobs:
+            futures.append(pool.submit(limited, job))
+            if rate != float("inf"):
+                time.sleep(rng.expovariate(rate))
+        return [f.result() for f in futures]
+
+
+def _print_summary(args: argparse.Namespace, m: dict[str, Any], duration: float, accept: float | None) -> None:
+    row = "{:<40} {:<10}".format
+    num = "{:<40} {:<10.2f}".format
+    print("\n{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    print(row("Backend:", args.backend))
+    print(row("Traffic request rate:", args.request_rate))
+    print(row("Max request concurrency:", args.max_concurrency if args.max_concurrency else "not set"))
+    print(row("Successful requests:", m["completed"]))
+    print(num("Benchmark duration (s):", duration))
+    print(row("Total input tokens:", m["total_input_tokens"]))
+    print(row("Total input text tokens:", m["total_input_text_tokens"]))
+    print(row("Total generated tokens:", m["total_output_tokens"]))
+    print(row("Total generated tokens (retokenized):", m["total_output_tokens_retokenized"]))
+    print(num("Request throughput (req/s):", m["request_throughput"]))
+    print(num("Input token throughput (tok/s):", m["input_throughput"]))
+    print(num("Output token throughput (tok/s):", m["output_throughput"]))
+    print(num("Peak output token throughput (tok/s):", m["max_output_tokens_per_s"]))
+    print(row("Peak concurrent requests:", m["max_concurrent_requests"]))
+    print(num("Total token throughput (tok/s):", m["total_throughput"]))
+    print(num("Concurrency:", m["concurrency"]))
+    if accept:
+        print(num("Accept length:", accept))
+    sections = (
+        ("End-to-End Latency", "e2e_latency", "E2E Latency"),
+        ("Time to First Token", "ttft", "TTFT"),
+        ("Time per Output Token (excl. 1st token)", "tpot", "TPOT"),
+        ("Inter-Token Latency", "itl", "ITL"),
+    )
+    for title, key, label in sections:
+        print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        for stat in ("Mean", "Median", "P90", "P95", "P99") + (("Max",) if key == "itl" else ()):
+            print(num(f"{stat} {label} (ms):", m[f"{stat.lower()}_{key}_ms"]))
+    print("=" * 50)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"benchmark_args={args}")
+    if args.backend != "sglang":
+        print(f"the SGLang stand-in's benchmark client (a test double) runs only --backend sglang, not {args.backend}")
+        return 1
+    base_url = args.base_url or f"http://{args.host}:{args.port or 30000}"
+    deadline = time.monotonic() + args.ready_check_timeout_sec
+    while args.ready_check_timeout_sec > 0:
+        try:
+            if get_json(base_url, "/v1/models", timeout=5)[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            print(f"Server at {base_url}/v1/models is not ready. Exiting.")
+            return 1
+        time.sleep(1)
+    if args.model is None:
+        status, models = get_json(base_url, "/v1/models")
+        data = (models or {}).get("data") or []
+        args.model = data[0]["id"] if data else None
+    if args.model is None:
+        print("No model specified or found. Please provide a model using `--model`.")
+        return 1
+    print(f"{args}\n")
+    if args.dataset_name in DOWNLOADING and not args.dataset_path:
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print(OFFLINE_ERROR, file=sys.stderr)
+        return 1
+    if args.dataset_name != "random-ids":
+        print(
+            f"the SGLang stand-in's benchmark client (a test double) generates only random-ids, not {args.dataset_name}"
+        )
+        return 1
+    rng = random.Random(args.seed)
+    rows = sample_requests(args, rng)
+
+    print(f"Starting warmup with {args.warmup_requests} sequences...")
+    if rows and args.warmup_requests > 0:
+        prompt, prompt_len, output_len = rows[0]
+        warm = _payload(args, prompt, min(output_len, 32))
+        warmups = _run_all(
+            [lambda: request_generate(base_url, warm, prompt_len)] * args.warmup_requests,
+            args.max_concurrency,
+            float("inf"),
+            rng,
+        )
+        if not any(o.success for o in warmups):
+            raise ValueError(
+                "Warmup failed - Please make sure benchmark arguments "
+                f"are correctly specified. Error: {warmups[0].error}"
+            )
+    print(f"Warmup completed with {args.warmup_requests} sequences. Starting main benchmark run...")
+    if args.flush_cache:
+        conn, prefix = _connection(base_url, 30)
+        conn.request("POST", f"{prefix}/flush_cache?timeout={args.flush_cache_timeout}")
+        response = conn.getresponse()
+        body = response.read().decode(errors="replace")
+        conn.close()
+        if response.status >= 400:
+            raise RuntimeError(
+                f"{response.status} Client Error: {response.reason} for url: {base_url}/flush_cache: {body}"
+            )
+
+    start = time.perf_counter()
+    jobs: list[Callable[[], Output]] = [
+        functools.partial(request_generate, base_url, _payload(args, prompt, olen), plen) for prompt, plen, olen in rows
+    ]
+    outputs = _run_all(jobs, args.max_concurrency, args.request_rate, rng)
+    status, info = get_json(base_url, "/server_info")
+    states = (info or {}).get("internal_states") or []
+    accept = states[0].get("avg_spec_accept_length") if status == 200 and states else None
+    duration = time.perf_counter() - start
+    metrics = calculate_metrics(outputs, duration)
+    output_lens = metrics.pop("_output_lens")
+    _print_summary(args, metrics, duration, accept)
+    status, server_info = get_json(base_url, "/server_info")
+    result = {
+        "tag": args.tag,
+        "backend": args.backend,
+        "dataset_name": args.dataset_name,
+        "request_rate": args.request_rate,
+        "max_concurrency": args.max_concurrency,
+        "sharegpt_output_len": args.sharegpt_output_len,
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "random_range_ratio": args.random_range_ratio,
+        "server_info": server_info if status == 200 else None,
+        "duration": duration,
+        **{k: metrics[k] for k in RESULT_ORDER},
+        "accept_length": accept,
+        "max_output_tokens_per_s": metrics["max_output_tokens_per_s"],
+        "max_concurrent_requests": metrics["max_concurrent_requests"],
+    }
+    if args.output_details:
+        result |= {
+            "input_lens": [o.prompt_len for o in outputs],
+            "output_lens": output_lens,
+            "ttfts": [o.ttft for o in outputs],
+            "itls": [o.itl for o in outputs],
+            "generated_texts": [o.generated_text for o in outputs],
+            "errors": [o.error for o in outputs],
+        }
+    lengths = f"{args.num_prompts}_{args.random_input_len}_{args.random_output_len}"
+    name = args.output_file or f"{args.backend}_{time.strftime('%m%d')}_{lengths}.jsonl"
+    with open(name, "a") as file:
+        file.write(json.dumps(result) + "\n")
+    return 0
+
+
+#: the result fields between `duration` and `accept_length`, in the real client's order
+RESULT_ORDER = (
+    "completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
+    "total_output_tokens", "total_output_tokens_retokenized", "request_throughput", "input_throughput",
+    "output_throughput", "total_throughput",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "std_e2e_latency_ms",
+    "p90_e2e_latency_ms", "p95_e2e_latency_ms", "p99_e2e_latency_ms",
+    "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p90_tpot_ms", "p95_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p90_itl_ms", "p95_itl_ms", "p99_itl_ms",
+    "concurrency",
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.warn(
+        "`sglang.bench_serving` is deprecated and will be removed in a future release; use "
+        "`sglang.benchmark.serving` instead (e.g. `python -m sglang.benchmark.serving`).",
+        FutureWarning,
+        stacklevel=1,
+    )
+    args = build_parser(launch_args.sglang_dir()).parse_args(sys.argv[1:] if argv is None else argv)
+    return run(args)

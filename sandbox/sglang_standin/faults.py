@@ -1,0 +1,98 @@
+"""The stand-in server's switches: `$HOME/sglang-standin.json` on the test host (TEST DOUBLE).
+
+A JSON object; a missing file means the defaults. Keys (all optional):
+
+- `fault`: null | "crash_at_startup" | "never_healthy" | "refuse_flush_cache";
+- `accept_length`: null (per-prompt defaults by kind of prompt) or the mean acceptance length
+  to simulate (float, clamped to [1, draft token count]);
+- `decode_tokens_per_s`: one request's decode speed without speculative decoding (float > 0);
+- `startup_s`: seconds from launch until /health answers 200 (float >= 0).
+
+The server reads it at start-up; `refuse_flush_cache` is read again at each /flush_cache, so a
+test can switch it while the server runs. Unknown keys or wrong types fail loudly: a typo in a
+test must not silently run the default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FILE_NAME = "sglang-standin.json"
+FAULTS = ("crash_at_startup", "never_healthy", "refuse_flush_cache")
+
+
+@dataclass(frozen=True)
+class Switches:
+    fault: str | None = None
+    accept_length: float | None = None
+    decode_tokens_per_s: float = 300.0
+    startup_s: float = 1.5
+
+    def __post_init__(self) -> None:
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"fault {self.fault!r}: one of {', '.join(FAULTS)} or null")
+        if self.accept_length is not None and not self.accept_length >= 1.0:
+            raise ValueError(f"accept_length {self.accept_length!r}: >= 1.0 or null")
+        if not self.decode_tokens_per_s > 0:
+            raise ValueError(f"decode_tokens_per_s {self.decode_tokens_per_s!r}: > 0")
+        if not self.startup_s >= 0:
+            raise ValueError(f"startup_s {self.startup_s!r}: >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def path(home: str | os.PathLike[str] | None = None) -> Path:
+    """Where the switches live: `$HOME/sglang-standin.json` of the host."""
+    return Path(home if home is not None else os.path.expanduser("~")) / FILE_NAME
+
+
+def parse(data: object) -> Switches:
+    if not isinstance(data, dict):
+        raise ValueError(f"{FILE_NAME} must hold a JSON object, not {type(data).__name__}")
+    known = set(Switches.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{FILE_NAME}: unknown keys {unknown}; known: {sorted(known)}")
+    for key in ("accept_length", "decode_tokens_per_s", "startup_s"):
+        if key not in data or (data[key] is None and key == "accept_length"):
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{FILE_NAME}: {key} must be a number, not {value!r}")
+    if "fault" in data and data["fault"] is not None and not isinstance(data["fault"], str):
+        raise ValueError(f"{FILE_NAME}: fault must be a string or null, not {data['fault']!r}")
+    values: dict[str, Any] = {key: float(v) if isinstance(v, int) else v for key, v in data.items()}
+    return Switches(**values)
+
+
+def load(home: str | os.PathLike[str] | None = None) -> Switches:
+    """The switches in force now (defaults when the file is absent)."""
+    try:
+        text = path(home).read_text()
+    except FileNotFoundError:
+        return Switches()
+    return parse(json.loads(text))
+
+
+class Switched:
+    """Context manager for tests and the demo: the switches file written for the block, removed after.
+
+    The switches are checked on the way in, so a typo fails in the test, not in the server.
+    """
+
+    def __init__(self, home: str | os.PathLike[str], switches: dict[str, Any]) -> None:
+        parse(switches)
+        self.path = path(home)
+        self.switches = switches
+
+    def __enter__(self) -> Path:
+        self.path.write_text(json.dumps(self.switches))
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.unlink(missing_ok=True)

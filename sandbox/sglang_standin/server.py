@@ -1,0 +1,535 @@
+"""TEST DOUBLE of `python -m sglang.launch_server` (SGLang 0.5.23) on the test host.
+
+Accepts the real launch flags (launch_args.py), checks them as SGLang does (launch.py), logs
+like SGLang (`[YYYY-mm-dd HH:MM:SS] ...`, scheduler lines with ` TP0`, uvicorn's `INFO:     `
+lines) and ends a good start-up with SGLang's ready line:
+
+    [2026-05-01 12:00:03] The server is fired up and ready to roll!
+
+While starting (`startup_s`) every endpoint answers 503. A scheduler failure (no GPU driver, an
+attention backend the GPU cannot run, the `crash_at_startup` switch) logs
+`[... TP0] Scheduler hit an exception: Traceback ...` ending in the exception line, then
+`Received sigquit from a child process. It usually means the child failed.`, and the process
+kills itself with SIGKILL, as SGLang's kill_process_tree does. SIGTERM logs SGLang's
+`SIGTERM received. ...` line, closes the port and exits 0 at once.
+
+Endpoints (http_server.py of 0.5.23): GET /health, /health_generate, /ready, /model_info
+(+ /get_model_info), /server_info (+ /get_server_info), POST|PUT /generate (text or input_ids,
+one or a batch, `stream` as SSE `data: {...}` lines ending `data: [DONE]`), GET|POST
+/flush_cache (200 "Cache flushed..." or 400 "Flush cache failed." when requests are in flight
+or the `refuse_flush_cache` switch is on), GET /v1/models, POST /v1/completions and
+/v1/chat/completions (minimal, not streamed). Switches: faults.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections import deque
+from collections.abc import Iterator
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import faults, launch_args, simulation
+from .launch import Launch, query_gpus, resolve, scheduler_error
+
+READY_LINE = "The server is fired up and ready to roll!"
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+FLUSH_FAILED = "Flush cache failed.\n"
+VERSION = "0.5.23"
+DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens
+THROUGHPUT_WINDOW_S = 2.0
+_LOG_LOCK = threading.Lock()
+
+
+def log(message: str, tp: bool = False) -> None:
+    """One SGLang log line on stderr (configure_logger's format; scheduler lines carry ` TP0`)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with _LOG_LOCK:
+        sys.stderr.write(f"[{stamp}{' TP0' if tp else ''}] {message}\n")
+        sys.stderr.flush()
+
+
+def uvicorn_log(message: str) -> None:
+    with _LOG_LOCK:
+        sys.stderr.write(f"INFO:     {message}\n")
+        sys.stderr.flush()
+
+
+class Engine:
+    """The simulated scheduler: requests in flight, acceptance counters, throughput."""
+
+    def __init__(self, launch: Launch, switches: faults.Switches) -> None:
+        self.launch = launch
+        self.switches = switches
+        self.ready = False
+        self.stopping = False
+        self.started_at = time.time()
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, float] = {}
+        self._accepted = 0  # spec_total_num_accept_tokens since start or the last flush
+        self._forward_ct = 0  # spec_total_num_forward_ct
+        self._generated: deque[tuple[float, int]] = deque()
+        self._ids = itertools.count()
+
+    # -- requests in flight
+    def begin(self) -> str:
+        rid = uuid.uuid4().hex
+        with self._lock:
+            self._in_flight[rid] = time.time()
+        return rid
+
+    def end(self, rid: str) -> None:
+        with self._lock:
+            self._in_flight.pop(rid, None)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def record(self, tokens: int, verify: bool) -> None:
+        with self._lock:
+            now = time.time()
+            self._generated.append((now, tokens))
+            if verify:
+                self._accepted += tokens
+                self._forward_ct += 1
+
+    def flush(self) -> bool:
+        """Flush as the scheduler does: only when idle; the metrics restart."""
+        with self._lock:
+            if self._in_flight:
+                return False
+            self._accepted = self._forward_ct = 0
+            self._generated.clear()
+            return True
+
+    def internal_state(self) -> dict[str, Any]:
+        with self._lock:
+            now = time.time()
+            while self._generated and self._generated[0][0] < now - THROUGHPUT_WINDOW_S:
+                self._generated.popleft()
+            state: dict[str, Any] = {
+                "world_size": int(self.launch.args.tp_size or 1),
+                "startup_time": self.started_at,
+                "effective_max_running_requests_per_dp": 256,
+                "last_gen_throughput": sum(n for _, n in self._generated) / THROUGHPUT_WINDOW_S,
+            }
+            if self.launch.speculative and self._forward_ct > 0:
+                state["avg_spec_accept_length"] = self._accepted / self._forward_ct
+            return state
+
+    # -- generation
+    def generate(self, prompt: str, prompt_tokens: int, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Yield SGLang's cumulative outputs for one request, one per decode/verify step."""
+        rid = self.begin()
+        try:
+            start = time.perf_counter()
+            max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+            max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else int(max_new)
+            accept = 1.0
+            if self.launch.draft_tokens is not None:
+                accept = simulation.accept_length(prompt, self.launch.draft_tokens, self.switches.accept_length)
+            chunks = simulation.steps(max_new, accept)
+            time.sleep(simulation.prefill_seconds(prompt_tokens))
+            text, ids, done = "", [], 0
+            for step, size in enumerate(chunks):
+                if step > 0:
+                    speculative = self.launch.speculative
+                    time.sleep(
+                        simulation.step_seconds(self.switches.decode_tokens_per_s, speculative, self.in_flight())
+                    )
+                if self.stopping:
+                    return
+                for i in range(done, done + size):
+                    text += simulation.token_text(prompt, i)
+                    ids.append(1000 + (i * 7919 + len(prompt)) % 150000)
+                done += size
+                self.record(size, verify=step > 0 and self.launch.speculative)
+                finished = step == len(chunks) - 1
+                meta: dict[str, Any] = {
+                    "id": rid,
+                    "finish_reason": {"type": "length", "length": max_new} if finished else None,
+                    "prompt_tokens": prompt_tokens,
+                    "weight_version": "default",
+                    "num_retractions": 0,
+                    "reasoning_tokens": 0,
+                    "completion_tokens": done,
+                    "cached_tokens": 0,
+                }
+                if finished:
+                    meta["e2e_latency"] = time.perf_counter() - start
+                    counts = simulation.spec_counts(chunks, self.launch.draft_tokens or 0)
+                    if self.launch.speculative and counts is not None:
+                        meta.update(counts.meta_info(done))
+                yield {"text": text, "output_ids": list(ids), "meta_info": meta}
+            if not chunks:  # max_new_tokens 0
+                finish = {"type": "length", "length": 0}
+                meta = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens, "completion_tokens": 0}
+                yield {"text": "", "output_ids": [], "meta_info": meta | {"e2e_latency": time.perf_counter() - start}}
+        finally:
+            self.end(rid)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: StandinHTTPServer
+    server_version = "uvicorn"
+    sys_version = ""
+
+    # -- plumbing
+    def log_message(self, format: str, *args: Any) -> None:  # uvicorn's access log instead
+        pass
+
+    def _access(self, status: int) -> None:
+        host, port = self.client_address[:2]
+        uvicorn_log(f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {status} {HTTPStatus(status).phrase}')
+
+    def _send(self, status: int, body: bytes = b"", content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self._access(status)
+
+    def _json(self, data: Any, status: int = 200) -> None:
+        self._send(status, json.dumps(data).encode())
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw.strip() else {}
+
+    def _route(self, method: str) -> None:
+        engine = self.server.engine
+        path = urlsplit(self.path).path
+        if not engine.ready:
+            self._send(503)
+            return
+        routes = ROUTES.get(path)
+        if routes is None:
+            self._json({"detail": "Not Found"}, 404)
+            return
+        handler = routes.get(method)
+        if handler is None:
+            self._json({"detail": "Method Not Allowed"}, 405)
+            return
+        try:
+            handler(self)
+        except (ValueError, TypeError, KeyError) as exc:  # a bad request body
+            self._json({"error": {"message": str(exc)}}, 400)
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
+
+    # -- endpoints
+    def health(self) -> None:
+        self._send(200)
+
+    def model_info(self) -> None:
+        if urlsplit(self.path).path == "/get_model_info":
+            log(
+                "Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+                "Please use '/model_info' instead."
+            )
+        launch = self.server.engine.launch
+        self._json(
+            {
+                "model_path": launch.args.model_path,
+                "served_model_name": launch.served_model_name,
+                "tokenizer_path": launch.args.tokenizer_path or launch.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": launch.args.load_format or "auto",
+                "reasoning_parser": launch.args.reasoning_parser,
+                "tool_call_parser": launch.args.tool_call_parser,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": None,
+                "architectures": launch.architectures,
+            }
+        )
+
+    def server_info(self) -> None:
+        if urlsplit(self.path).path == "/get_server_info":
+            log(
+                "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+                "Please use '/server_info' instead."
+            )
+        engine = self.server.engine
+        info = engine.launch.server_args()
+        info["launch_command"] = " ".join(["python3", "-m", "sglang.launch_server", *engine.launch.argv])
+        info.update(
+            startup_time=engine.started_at,
+            internal_states=[engine.internal_state()],
+            version=VERSION,
+            frontend="python",
+        )
+        self._json(info)
+
+    def generate(self) -> None:
+        body = self._body()
+        params = body.get("sampling_params") or {}
+        if isinstance(params, list):
+            params = params[0] if params else {}
+        prompts: list[tuple[str, int]]
+        if body.get("text") is not None:
+            texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
+            prompts = [(str(t), simulation.count_tokens(str(t))) for t in texts]
+        elif body.get("input_ids") is not None:
+            ids = body["input_ids"]
+            batch = ids if ids and isinstance(ids[0], list) else [ids]
+            prompts = [(" ".join(map(str, one)), len(one)) for one in batch]
+        else:
+            raise ValueError("Either text, input_ids or input_embeds should be provided.")
+        batched = isinstance(body.get("text"), list) or (
+            isinstance(body.get("input_ids"), list)
+            and bool(body["input_ids"])
+            and isinstance(body["input_ids"][0], list)
+        )
+        engine = self.server.engine
+        if body.get("stream"):
+            if batched:
+                raise ValueError("the SGLang stand-in streams one prompt per request")
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            for out in engine.generate(prompts[0][0], prompts[0][1], params):
+                self.wfile.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self._access(200)
+            return
+        results = []
+        threads = []
+        for prompt, count in prompts:
+            slot: list[dict[str, Any]] = []
+            results.append(slot)
+            thread = threading.Thread(target=lambda p=prompt, c=count, s=slot: s.extend(engine.generate(p, c, params)))
+            threads.append(thread)
+            thread.start()
+        for thread in threads:
+            thread.join()
+        finals = [slot[-1] for slot in results if slot]
+        self._json(finals if batched else finals[0])
+
+    def flush_cache(self) -> None:
+        engine = self.server.engine
+        refused = faults.load().fault == "refuse_flush_cache"
+        running = engine.in_flight()
+        if refused or not engine.flush():
+            log(
+                f"Cache not flushed because there are pending requests. #queue-req: 0, #running-req: {max(running, 1)}",
+                tp=True,
+            )
+            self._send(400, FLUSH_FAILED.encode(), "text/plain; charset=utf-8")
+            return
+        log("Cache flushed successfully!", tp=True)
+        self._send(200, FLUSHED.encode(), "text/plain; charset=utf-8")
+
+    def models(self) -> None:
+        launch = self.server.engine.launch
+        card = {
+            "id": launch.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": launch.served_model_name,
+            "parent": None,
+            "max_model_len": 262144,
+        }
+        self._json({"object": "list", "data": [card]})
+
+    def completions(self) -> None:
+        self._openai(chat=False)
+
+    def chat_completions(self) -> None:
+        self._openai(chat=True)
+
+    def _openai(self, chat: bool) -> None:
+        body = self._body()
+        if body.get("stream"):
+            raise ValueError("the SGLang stand-in answers OpenAI requests without streaming only")
+        if chat:
+            prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        else:
+            prompt = str(body.get("prompt", ""))
+        params = {
+            "max_new_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
+        }
+        engine = self.server.engine
+        out = list(engine.generate(prompt, simulation.count_tokens(prompt), params))[-1]
+        meta = out["meta_info"]
+        usage = {
+            "prompt_tokens": meta["prompt_tokens"],
+            "completion_tokens": meta["completion_tokens"],
+            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+        }
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+        if chat:
+            choice["message"] = {
+                "role": "assistant",
+                "content": out["text"],
+                "reasoning_content": None,
+                "tool_calls": None,
+            }
+        else:
+            choice["text"] = out["text"]
+        self._json(
+            {
+                "id": meta["id"],
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or engine.launch.served_model_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+
+ROUTES: dict[str, dict[str, Any]] = {
+    "/health": {"GET": Handler.health},
+    "/health_generate": {"GET": Handler.health},
+    "/ready": {"GET": Handler.health},
+    "/model_info": {"GET": Handler.model_info},
+    "/get_model_info": {"GET": Handler.model_info},
+    "/server_info": {"GET": Handler.server_info},
+    "/get_server_info": {"GET": Handler.server_info},
+    "/generate": {"POST": Handler.generate, "PUT": Handler.generate},
+    "/flush_cache": {"GET": Handler.flush_cache, "POST": Handler.flush_cache},
+    "/v1/models": {"GET": Handler.models},
+    "/v1/completions": {"POST": Handler.completions},
+    "/v1/chat/completions": {"POST": Handler.chat_completions},
+}
+
+
+class StandinHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        super().__init__((engine.launch.host, engine.launch.port), Handler)
+
+
+def _die_in_scheduler(error: str) -> None:
+    """Log a scheduler's death the way SGLang does, then kill this process like kill_process_tree."""
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "sglang/srt/managers/scheduler.py", line 6362, in run_scheduler_process\n'
+        "    scheduler = Scheduler(server_args, port_args)\n"
+        "                ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        f"{error}\n"
+    )
+    log(f"Scheduler hit an exception: {trace}", tp=True)
+    log("Received sigquit from a child process. It usually means the child failed.")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start_up(engine: Engine, stop: threading.Event) -> None:
+    """The loading phase: weights, attention backends, KV cache, warmup; runs beside the HTTP server."""
+    launch, switches = engine.launch, engine.switches
+    step = switches.startup_s / 4
+    log("Load weight begin. avail mem=139.36 GB", tp=True)
+    if stop.wait(step):
+        return
+    model_type = launch.architectures[0] if launch.architectures else "Model"
+    log(f"Load weight end. elapsed={step:.2f} s, type={model_type}, avail mem=61.12 GB, mem usage=78.24 GB.", tp=True)
+    if launch.speculative:
+        log(
+            f"Load weight end. elapsed={step / 4:.2f} s, type=DFlashDraftModel, avail mem=57.90 GB, mem usage=3.22 GB.",
+            tp=True,
+        )
+    error = scheduler_error(launch, query_gpus())
+    if error is None and switches.fault == "crash_at_startup":
+        error = (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity "
+            "of 139.81 GiB of which 2.12 GiB is free. Including non-PyTorch memory, this process has 137.67 GiB "
+            "memory in use. (sandbox fault switch crash_at_startup)"
+        )
+    if error is not None:
+        _die_in_scheduler(error)
+        return
+    log("KV Cache is allocated. #tokens: 1048576, KV size: 36.00 GB", tp=True)
+    if stop.wait(step):
+        return
+    log(
+        "max_total_num_tokens=1048576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=256, context_len=262144, available_gpu_mem=19.75 GB",
+        tp=True,
+    )
+    uvicorn_log(f"Started server process [{os.getpid()}]")
+    uvicorn_log("Waiting for application startup.")
+    uvicorn_log("Application startup complete.")
+    uvicorn_log(f"Uvicorn running on http://{launch.host}:{launch.port} (Press CTRL+C to quit)")
+    if switches.fault == "never_healthy" or stop.wait(step * 2):
+        return  # stuck in warmup: /health stays 503
+    engine.ready = True
+    uvicorn_log(f'{launch.host}:{launch.port} - "POST /generate HTTP/1.1" 200 OK')
+    log(READY_LINE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.warn(
+        "'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.\n"
+        "  Example: sglang serve --model-path <model> [options]",
+        UserWarning,
+        stacklevel=1,
+    )
+    parser = launch_args.build_parser(launch_args.sglang_dir())
+    args = parser.parse_args(argv)
+    if not args.model_path:
+        parser.error("the following arguments are required: --model-path/--model")
+    launch = resolve(args, argv)  # ValueError: traceback and exit 1, as prepare_server_args
+    switches = faults.load()
+    for line in launch.warnings:
+        log(line)
+    log(f"server_args={launch.server_args()}")
+    engine = Engine(launch, switches)
+    try:
+        httpd = StandinHTTPServer(engine)
+    except OSError as exc:
+        sys.stderr.write(
+            f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+            f"('{launch.host}', {launch.port}): {exc.strerror.lower() if exc.strerror else exc}\n"
+        )
+        return 1
+    stop = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        log(f"SIGTERM received. signum={signum} frame={frame}. Draining requests and shutting down...")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    serving.start()
+    threading.Thread(target=_start_up, args=(engine, stop), daemon=True).start()
+    while not stop.wait(0.2):
+        pass
+    engine.stopping = True
+    remaining = engine.in_flight()
+    log(f"Gracefully exiting... Remaining number of requests {remaining}. Remaining requests remaining_rids=[].")
+    httpd.shutdown()
+    httpd.server_close()
+    return 0

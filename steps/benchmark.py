@@ -1,0 +1,247 @@
+"""`benchmark`: SGLang's serving benchmark against a deployed server, one command per concurrency,
+and, given a baseline benchmark step, the comparison report of the run.
+
+Each concurrency is its own audited command on the host, with the step's timeout:
+`$python -m sglang.bench_serving --backend sglang --base-url <deploy's base_url> --dataset-name random-ids
+...` (random-ids: token ids drawn locally, nothing to download on a host without network), writing to
+a fresh temporary JSONL file that the script prints after a marker line and removes. The line it
+appended becomes a typed `BenchRun` (steps/benchmark_results.py). bench_serving writes its line even when
+requests failed, so a run that completed fewer requests than it sent fails the step, naming the
+concurrency, rather than reporting a throughput of the requests that happened to succeed.
+
+With `compare_to: <baseline benchmark step>` (and optionally `acceptance: <eval_acceptance step>`)
+the step writes report.json, report.md and speedup.png into the run folder
+(steps/benchmark_report.py), and its facts carry the speedups, so a gate can say
+`facts.speedup.min >= 1.0`. Both benchmarks must have used the same prompt lengths: a comparison of
+unlike runs is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from executor.model import Gate
+from executor.render import host_word
+from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
+from executor.transport.base import CommandResult
+from steps.benchmark_report import AcceptanceSet, ReportFiles, Side, Speedup, speedup, write_report
+from steps.benchmark_results import JSONL_MARKER, BenchRun, jsonl_lines, parse_run
+
+Positive = Annotated[int, Field(gt=0)]
+
+
+class BenchmarkFacts(BaseModel):
+    label: str
+    server: str  # the deploy step whose server was measured
+    base_url: str
+    input_len: int
+    output_len: int
+    concurrencies: list[int]  # as asked, in order
+    runs: list[BenchRun]  # those that completed, in order
+    failure: str | None  # why the benchmark did not complete, one line; None when every run did
+    compare_to: str | None  # the baseline benchmark step
+    speedup: Speedup | None  # None without compare_to (or when the benchmark failed)
+    report: ReportFiles | None
+
+
+class BenchmarkStep(StepSpec):
+    """Run bench_serving at each concurrency; with `compare_to`, report against that baseline."""
+
+    kind: Literal["benchmark"] = "benchmark"
+    server: str  # id of the deploy step: its facts.base_url is the server to measure
+    python: str = "python3"  # the SGLang environment's interpreter; `~` and `$vars` expand on the host
+    label: str | None = None  # the name in the report (default: the step's id)
+    concurrencies: list[Positive] = Field(default=[1, 4, 16], min_length=1)
+    input_len: Positive = 1024
+    output_len: Positive = 512
+    num_prompts: Positive | None = None  # per concurrency; default 4 x concurrency, at least 8
+    warmup_requests: Annotated[int, Field(ge=0)] = 1
+    extra_args: list[str] = []  # passed to bench_serving as they are (e.g. ["--tokenizer", "/models/x"])
+    compare_to: str | None = None  # id of the baseline benchmark step
+    acceptance: str | None = None  # id of an eval_acceptance step, for the report's acceptance table
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _distinct(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"each concurrency may appear once, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> BenchmarkStep:
+        if self.compare_to == self.id:
+            raise ValueError("compare_to names this step itself; name the baseline benchmark step")
+        if self.acceptance and not self.compare_to:
+            raise ValueError("acceptance goes into the comparison report: it needs compare_to (the baseline)")
+        return self
+
+    @property
+    def shown_label(self) -> str:
+        return self.label or self.id
+
+    def prompts_at(self, concurrency: int) -> int:
+        return self.num_prompts or max(8, 4 * concurrency)
+
+    def needs(self) -> set[str]:
+        return super().needs() | {self.server} | {s for s in (self.compare_to, self.acceptance) if s}
+
+    def default_gates(self) -> list[Gate]:
+        return [Gate(that="facts.failure is none", message="the benchmark did not complete")]
+
+    # ---- scripts ---------------------------------------------------------------------------------------
+
+    def script(self, base_url: str, concurrency: int) -> str:
+        args: list[str | int] = ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids"]
+        args += ["--random-input-len", self.input_len, "--random-output-len", self.output_len]
+        args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
+        args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
+        words = " ".join(shlex.quote(str(arg)) for arg in [*args, *self.extra_args])
+        return (
+            f"# bench_serving at concurrency {concurrency}: {self.prompts_at(concurrency)} prompts of "
+            f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download)\n"
+            'out=$(mktemp "${TMPDIR:-/tmp}/runbook-bench.XXXXXXXX") || exit 1\n'
+            "trap 'rm -f \"$out\"' EXIT\n"
+            f'{host_word(self.python)} -m sglang.bench_serving {words} --output-file "$out"\n'
+            "rc=$?\n"
+            f"echo {shlex.quote(JSONL_MARKER)}\n"
+            'cat "$out"\n'
+            'exit "$rc"\n'
+        )
+
+    def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        base_url = str(ctx.fact(self.server, "base_url"))
+        return [(f"concurrency {c}", self.script(base_url, c)) for c in self.concurrencies]
+
+    # ---- running ---------------------------------------------------------------------------------------
+
+    def read_run(self, result: CommandResult, concurrency: int) -> tuple[BenchRun | None, str | None]:
+        """The run of one command, or why it does not count."""
+        where = f"concurrency {concurrency}"
+        lines = jsonl_lines(result.stdout_text)
+        if result.exit_code != 0:
+            said = error_line(result.stdout_text.partition(JSONL_MARKER)[0], result.stderr_text)
+            return None, f"{where}: bench_serving exited {result.exit_code}: {said}"
+        if not lines:
+            return None, f"{where}: bench_serving exited 0 but wrote no JSONL line"
+        try:
+            run = parse_run(lines[-1], concurrency, self.prompts_at(concurrency))
+        except ValueError as exc:
+            return None, f"{where}: {exc}"
+        shortfall = run.shortfall
+        return run, f"{where}: {shortfall}" if shortfall else None
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        base_url = str(_fact(ctx, self.server, "base_url", "server"))
+        baseline = self._baseline(ctx)
+        acceptance = self._acceptance(ctx)
+        facts = BenchmarkFacts(
+            label=self.shown_label,
+            server=self.server,
+            base_url=base_url,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            concurrencies=list(self.concurrencies),
+            runs=[],
+            failure=None,
+            compare_to=self.compare_to,
+            speedup=None,
+            report=None,
+        )
+        result: CommandResult | None = None
+        for number, concurrency in enumerate(self.concurrencies, start=1):
+            prompts = self.prompts_at(concurrency)
+            ctx.progress(
+                f"concurrency {concurrency} ({number}/{len(self.concurrencies)}): {prompts} prompts",
+                concurrency=concurrency,
+                done=number - 1,
+                total=len(self.concurrencies),
+            )
+            result = await ctx.run(self.script(base_url, concurrency))
+            if result.timed_out or result.interrupted:
+                return Outcome(result)
+            run, failure = self.read_run(result, concurrency)
+            if failure:
+                return Outcome(result, facts.model_copy(update={"failure": failure}))
+            assert run is not None
+            facts.runs.append(run)
+            ctx.progress(
+                f"concurrency {concurrency}: {run.output_throughput or 0:.1f} output tok/s",
+                concurrency=concurrency,
+                done=number,
+                total=len(self.concurrencies),
+            )
+        assert result is not None  # concurrencies has at least one entry
+        if baseline is not None:
+            candidate = Side(
+                step=self.id,
+                label=self.shown_label,
+                input_len=self.input_len,
+                output_len=self.output_len,
+                runs=facts.runs,
+            )
+            _, files = write_report(ctx.run_dir, baseline, candidate, acceptance)
+            facts = facts.model_copy(update={"speedup": speedup(baseline, candidate), "report": files})
+            ctx.progress(f"report written: {files.markdown_file}")
+        return Outcome(result, facts)
+
+    def _baseline(self, ctx: StepContext) -> Side | None:
+        if self.compare_to is None:
+            return None
+        step = self.compare_to
+        facts = {key: _fact(ctx, step, key, "compare_to") for key in ("label", "input_len", "output_len", "runs")}
+        if _fact(ctx, step, "failure", "compare_to") is not None:
+            raise FactsError(f"compare_to: the baseline benchmark {step!r} did not complete")
+        try:
+            side = Side(step=step, **facts)
+        except ValidationError as exc:
+            raise FactsError(f"compare_to: step {step!r} has no benchmark facts: {exc}") from None
+        if (side.input_len, side.output_len) != (self.input_len, self.output_len):
+            raise FactsError(
+                f"compare_to: the baseline {step!r} ran {side.input_len} input / {side.output_len} output tokens, "
+                f"this step {self.input_len} / {self.output_len}: the throughputs would not be comparable"
+            )
+        return side
+
+    def _acceptance(self, ctx: StepContext) -> dict[str, AcceptanceSet] | None:
+        if self.acceptance is None:
+            return None
+        sets = _fact(ctx, self.acceptance, "sets", "acceptance")
+        try:
+            return {str(name): AcceptanceSet.model_validate(value) for name, value in dict(sets).items()}
+        except (ValidationError, TypeError, ValueError) as exc:
+            raise FactsError(
+                f"acceptance: the sets of step {self.acceptance!r} are not acceptance facts: {exc}"
+            ) from None
+
+
+_WARNING = re.compile(r":\d+: \w*Warning: ")
+
+
+def error_line(stdout: str, stderr: str) -> str:
+    """The line that says why bench_serving failed: the last of stderr that is no Python warning
+    (a traceback's exception), else the last of stdout ("Server at ... is not ready. Exiting.")."""
+    lines, skip = [], False
+    for line in filter(None, map(str.strip, stderr.splitlines())):
+        if _WARNING.search(line):
+            skip = True  # a warning is two lines: "file:line: XWarning: text" and the source line
+        elif skip:
+            skip = False
+        else:
+            lines.append(line)
+    lines = lines or [line for line in map(str.strip, stdout.splitlines()) if line]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def _fact(ctx: StepContext, step: str, path: str, param: str) -> Any:
+    """A fact of an earlier step, or a FactsError naming the parameter that pointed at it."""
+    try:
+        return ctx.fact(step, path)
+    except (KeyError, IndexError, TypeError):
+        raise FactsError(
+            f"{param}: step {step!r} has no fact {path!r} on host {ctx.host_name} "
+            "(does it run before this step, on the same host?)"
+        ) from None

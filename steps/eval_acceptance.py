@@ -1,0 +1,446 @@
+"""`eval_acceptance`: measure the acceptance length of a speculative-decoding server on prompt sets.
+
+Acceptance length is how many tokens one verify step of the target model yields: the accepted
+draft tokens plus the bonus token, `completion_tokens / spec_verify_ct` of SGLang's `meta_info`.
+It decides how much faster DFlash decodes than the target alone, and it depends on the kind of
+text: math runs long, chat short. So the step measures it per prompt set.
+
+The server is the one a `deploy` step started (`server: <step id>`, whose `base_url` fact is the
+address on the host) or any address given as `base_url`. steps/eval_acceptance_host.py runs on
+the host (stdlib only): it flushes the cache and checks the answer's body (SGLang may answer 200
+and still not flush), retries a refusal a few times, then sends each prompt to `/generate` at
+temperature 0 with `max_new_tokens`, one at a time, and reports meta_info per request. The step
+turns that into mean, median, p10, min and max per set and overall, with tokens and tokens/s.
+
+A server without speculative decoding answers with no `spec_*` fields: the set's acceptance
+length is then None with an `unknown_reason`, and the default gates fail. It never reads as 0 or 1.
+
+Prompt sets: `prompt_sets: [math, code, chat]` names sets shipped in steps/prompt_sets/;
+`prompt_sets: {name: FILE}` reads a JSONL file, relative to the runbook's folder. One JSON object a
+line: `{"prompt": "..."}` or `{"text": "..."}`, with an optional `"id"` (string or integer); blank
+lines are skipped, anything else is an error naming the line. The prompts travel inside the
+script, so `runbook plan` shows every one that will be sent (a runbook's own file is read when the
+step runs). `prompt_template` wraps each prompt (`{prompt}` marks where), e.g. a chat template,
+because /generate takes raw text.
+
+Gate example (a runbook's own gates replace the defaults, so keep those it needs):
+
+    gates:
+      - that: facts.error is none
+      - that: not facts.sets_without_results
+      - that: facts.sets.math.mean >= 3.0
+        message: DFlash accepts fewer than 3 tokens per step on math
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from executor.model import Gate, Model
+from executor.render import heredoc, host_word
+from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec, host_document
+from executor.transport.base import CommandResult, OutputSink
+from steps.eval_acceptance_host import PROGRESS_PREFIX
+
+HOST_PROGRAM = Path(__file__).with_name("eval_acceptance_host.py")
+SHIPPED = resources.files("steps") / "prompt_sets"
+SET_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # usable in a gate as facts.sets.<name>
+ERRORS_KEPT = 5  # request errors listed per set
+PENDING_MAX = 65536  # bytes of an unfinished stderr line kept while waiting for its end
+
+
+def shipped_sets() -> list[str]:
+    """Names of the prompt sets that ship with the project (steps/prompt_sets/NAME.jsonl)."""
+    return sorted(item.name.removesuffix(".jsonl") for item in SHIPPED.iterdir() if item.name.endswith(".jsonl"))
+
+
+class Prompt(Model):
+    id: str
+    text: str
+
+
+def parse_prompt_lines(text: str, source: str) -> list[Prompt]:
+    """The prompts of a JSONL text; a line that is not `{"prompt"|"text": str, "id"?: str|int}` is an error
+    naming `source` and the line."""
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    # lines end at \n only: str.splitlines would also split at U+0085 or U+2028 inside a JSON string
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{source} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict):
+            raise ValueError(f'{where}: expected an object like {{"prompt": "..."}}, got {type(item).__name__}')
+        keys = [key for key in ("prompt", "text") if key in item]
+        unknown = sorted(set(item) - {"prompt", "text", "id"})
+        if len(keys) != 1 or unknown:
+            raise ValueError(f"{where}: needs exactly one of \"prompt\" or \"text\" (and optionally \"id\"), "
+                             f"got keys {sorted(item)}")  # fmt: skip
+        prompt = item[keys[0]]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f'{where}: "{keys[0]}" must be a non-empty string')
+        ident = item.get("id", len(prompts) + 1)
+        if isinstance(ident, bool) or not isinstance(ident, str | int):
+            raise ValueError(f'{where}: "id" must be a string or an integer')
+        if str(ident) in seen:
+            raise ValueError(f"{where}: id {str(ident)!r} appears twice")
+        seen.add(str(ident))
+        prompts.append(Prompt(id=str(ident), text=prompt))
+    if not prompts:
+        raise ValueError(f"{source}: no prompts")
+    return prompts
+
+
+# ---------------------------------------------------------------------------------------- statistics
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """The q-quantile (0..1) of sorted values, interpolating between neighbours (numpy's default)."""
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class Summary(Model):
+    """Acceptance length over a group of requests: None everywhere, with the reason, when unknown."""
+
+    prompts: int  # requests sent
+    answered: int  # answered with meta_info
+    measured: int  # answered with speculative decoding fields (the statistics are over these)
+    without_spec: int  # answered, but with no spec_verify_ct: not counted
+    failed: int  # error status or unusable answer
+    mean: float | None
+    median: float | None
+    p10: float | None
+    min: float | None
+    max: float | None
+    weighted_mean: float | None  # completion_tokens / verify_ct over the measured requests
+    prompt_tokens: int
+    completion_tokens: int  # over the answered requests
+    verify_ct: int  # over the measured requests
+    seconds: float  # wall time of the answered requests, one at a time
+    tokens_per_s: float | None
+    unknown_reason: str | None
+    errors: list[str] = Field(default_factory=list)  # the first few request errors
+
+
+class RequestFacts(Model):
+    set: str
+    id: str
+    seconds: float
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    verify_ct: int | None
+    accept_length: float | None  # completion_tokens / verify_ct; None without speculative decoding
+    server_accept_length: float | None  # meta_info.spec_accept_length as the server reported it
+    finish_reason: str | None
+    error: str | None
+
+
+def request_facts(set_name: str, raw: dict[str, Any]) -> RequestFacts:
+    """One request as the host program reported it, with its acceptance length."""
+    completion, verify = raw.get("completion_tokens"), raw.get("spec_verify_ct")
+    accept = completion / verify if isinstance(completion, int) and isinstance(verify, int) and verify > 0 else None
+    return RequestFacts(
+        set=set_name,
+        id=str(raw.get("id")),
+        seconds=float(raw.get("seconds") or 0.0),
+        prompt_tokens=raw.get("prompt_tokens"),
+        completion_tokens=completion,
+        verify_ct=verify,
+        accept_length=accept,
+        server_accept_length=raw.get("spec_accept_length"),
+        finish_reason=raw.get("finish_reason"),
+        error=raw.get("error"),
+    )
+
+
+def summarize(requests: Iterable[RequestFacts], expected: int) -> Summary:
+    """Statistics of acceptance length over `requests`; `expected` prompts were meant to be sent."""
+    done = list(requests)
+    failed = [r for r in done if r.error is not None]
+    answered = [r for r in done if r.error is None]
+    measured = [r for r in answered if r.accept_length is not None]
+    values = sorted(r.accept_length for r in measured if r.accept_length is not None)
+    completion = sum(r.completion_tokens or 0 for r in answered)
+    verify = sum(r.verify_ct or 0 for r in measured)
+    seconds = sum(r.seconds for r in answered)
+    unknown = None
+    if not done:
+        unknown = f"no request was sent ({expected} planned): the evaluation stopped before this set"
+    elif not answered:
+        unknown = f"every request failed; the first: {failed[0].error}"
+    elif not measured:
+        unknown = (
+            "the server's answers carry no speculative decoding fields (meta_info.spec_verify_ct): "
+            "it runs without speculative decoding"
+        )
+    stats: dict[str, float | None] = dict.fromkeys(("mean", "median", "p10", "min", "max", "weighted_mean"))
+    if values:
+        low, high = values[0], values[-1]
+        stats = {
+            "mean": min(max(math.fsum(values) / len(values), low), high),
+            "median": percentile(values, 0.5),
+            "p10": percentile(values, 0.1),
+            "min": low,
+            "max": high,
+            "weighted_mean": sum(r.completion_tokens or 0 for r in measured) / verify if verify else None,
+        }
+    return Summary(
+        prompts=len(done),
+        answered=len(answered),
+        measured=len(measured),
+        without_spec=len(answered) - len(measured),
+        failed=len(failed),
+        **{name: None if value is None else round(value, 4) for name, value in stats.items()},
+        prompt_tokens=sum(r.prompt_tokens or 0 for r in answered),
+        completion_tokens=completion,
+        verify_ct=verify,
+        seconds=round(seconds, 3),
+        tokens_per_s=round(completion / seconds, 2) if seconds > 0 and completion else None,
+        unknown_reason=unknown,
+        errors=[f"{r.id}: {r.error}" for r in failed[:ERRORS_KEPT]],
+    )
+
+
+# ---------------------------------------------------------------------------------------------- facts
+
+
+class FlushFacts(Model):
+    flushed: bool
+    attempts: int
+    status: int | None  # HTTP status of the last answer; None when the server did not answer
+    body: str | None  # its body (clipped), or why there was no answer
+
+
+class EvalAcceptanceFacts(Model):
+    base_url: str
+    max_new_tokens: int
+    flush: FlushFacts
+    error: str | None  # why the evaluation stopped early (cache not flushed, server gone)
+    sets: dict[str, Summary]
+    overall: Summary
+    sets_without_results: dict[str, str]  # set name -> why it has no acceptance length
+    failed_requests: int
+    requests: list[RequestFacts]
+
+
+class HostDocument(Model):
+    """What steps/eval_acceptance_host.py prints."""
+
+    base_url: str
+    error: str | None
+    flush: FlushFacts
+    planned: dict[str, int]  # prompts of each set, in the order sent
+    sets: dict[str, list[dict[str, Any]]]  # per set, one record per request answered or failed
+
+
+def facts_from(document: HostDocument, max_new_tokens: int) -> EvalAcceptanceFacts:
+    """Per-set and overall statistics from the host program's per-request records."""
+    requests = [request_facts(name, raw) for name in document.planned for raw in document.sets.get(name, [])]
+    sets = {
+        name: summarize((r for r in requests if r.set == name), planned) for name, planned in document.planned.items()
+    }
+    return EvalAcceptanceFacts(
+        base_url=document.base_url,
+        max_new_tokens=max_new_tokens,
+        flush=document.flush,
+        error=document.error,
+        sets=sets,
+        overall=summarize(requests, sum(document.planned.values())),
+        sets_without_results={name: s.unknown_reason for name, s in sets.items() if s.unknown_reason},
+        failed_requests=sum(s.failed for s in sets.values()),
+        requests=requests,
+    )
+
+
+def progress_sink(ctx: StepContext) -> OutputSink:
+    """One ctx.progress call per `runbook-progress {json}` line of the host program (one per prompt)."""
+    pending = bytearray()
+    measured: dict[str, list[float]] = {}
+
+    def sink(stream: str, chunk: bytes) -> None:
+        if stream != "stderr":
+            return
+        pending.extend(chunk)
+        *lines, rest = pending.split(b"\n")
+        pending[:] = rest[-PENDING_MAX:]  # a progress line is short: an endless one is not progress
+        for line in lines:
+            text = line.decode("utf-8", "replace")
+            if not text.startswith(PROGRESS_PREFIX):
+                continue
+            try:
+                fields = json.loads(text[len(PROGRESS_PREFIX) :])
+                request = request_facts(fields["set"], fields)
+                head = f"{request.set} {fields['done']}/{fields['total']}"
+            except (ValueError, KeyError, TypeError):
+                continue
+            if request.error is not None:
+                ctx.progress(f"{head}: failed: {request.error}", **fields)
+                continue
+            values = measured.setdefault(request.set, [])
+            if request.accept_length is not None:
+                values.append(request.accept_length)
+            accept = (
+                f"accept length {request.accept_length:.2f} (mean {math.fsum(values) / len(values):.2f})"
+                if request.accept_length is not None
+                else "no speculative decoding fields"
+            )
+            speed = (
+                f", {request.completion_tokens / request.seconds:.1f} tok/s"
+                if request.seconds and request.completion_tokens
+                else ""
+            )
+            ctx.progress(f"{head}: {accept}, {request.completion_tokens} tokens{speed}", **fields)
+
+    return sink
+
+
+# ----------------------------------------------------------------------------------------------- step
+
+
+class EvalAcceptanceStep(StepSpec):
+    kind: Literal["eval_acceptance"] = "eval_acceptance"
+    server: str | None = None  # id of the deploy step whose `base_url` fact names the server
+    base_url: str | None = None  # or the server's address as seen from the host
+    python: str = "python3"  # any python3 on the host (the program is stdlib only)
+    prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
+    max_new_tokens: int = Field(default=256, ge=1)
+    limit: int | None = Field(default=None, ge=1)  # first N prompts of each set
+    prompt_template: str = "{prompt}"
+    request_timeout: float = Field(default=300.0, gt=0)  # seconds per request
+    flush_attempts: int = Field(default=5, ge=1)
+    flush_retry_delay: float = Field(default=1.0, ge=0)  # seconds between flush attempts
+    api_key_var: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # a runbook secret's name
+
+    @model_validator(mode="after")
+    def _one_server(self) -> EvalAcceptanceStep:
+        if (self.server is None) == (self.base_url is None):
+            raise ValueError("give exactly one of `server` (a deploy step id) or `base_url`")
+        return self
+
+    @field_validator("prompt_sets")
+    @classmethod
+    def _known_sets(cls, value: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
+        names = list(value)
+        if not names:
+            raise ValueError("name at least one prompt set")
+        for name in names:
+            if not re.match(SET_NAME, name):
+                raise ValueError(
+                    f"prompt set name {name!r}: letters, digits and _ only (it is used as facts.sets.NAME)"
+                )
+        if isinstance(value, list):
+            unknown = sorted(set(value) - set(shipped_sets()))
+            if unknown:
+                raise ValueError(f"unknown prompt sets {unknown}: shipped are {shipped_sets()}; "
+                                 "give {name: path-to-jsonl} for your own")  # fmt: skip
+            if len(set(value)) != len(value):
+                raise ValueError("a prompt set is named twice")
+        return value
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_has_prompt(cls, value: str) -> str:
+        if "{prompt}" not in value:
+            raise ValueError("prompt_template must contain {prompt}, where each prompt goes")
+        return value
+
+    def needs(self) -> set[str]:
+        return super().needs() | ({self.server} if self.server else set())
+
+    # ---- prompts ------------------------------------------------------------------------------------
+
+    def _sets(self, base_dir: Path | None) -> dict[str, list[dict[str, str]] | str]:
+        """The prompts of each set as sent (limit and template applied); a runbook's own file is a
+        placeholder when there is no runbook folder to read it from (`runbook plan`)."""
+        sources: dict[str, tuple[Path | None, str]] = (
+            {name: (None, name) for name in self.prompt_sets}
+            if isinstance(self.prompt_sets, list)
+            else {name: (Path(path).expanduser(), path) for name, path in self.prompt_sets.items()}
+        )
+        sets: dict[str, list[dict[str, str]] | str] = {}
+        for name, (path, shown) in sources.items():
+            if path is None:
+                text, source = (SHIPPED / f"{name}.jsonl").read_text(encoding="utf-8"), f"shipped set {name!r}"
+            elif base_dir is None:
+                sets[name] = f"<read at run time from {shown}, relative to the runbook's folder>"
+                continue
+            else:
+                source = str(base_dir / path)
+                try:
+                    text = (base_dir / path).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise FactsError(f"prompt set {name!r}: cannot read {source}: {exc}") from None
+            try:
+                prompts = parse_prompt_lines(text, source)
+            except ValueError as exc:
+                raise FactsError(f"prompt set {name!r}: {exc}") from None
+            chosen = prompts[: self.limit] if self.limit else prompts
+            sets[name] = [{"id": p.id, "text": self.prompt_template.replace("{prompt}", p.text)} for p in chosen]
+        return sets
+
+    # ---- script -------------------------------------------------------------------------------------
+
+    def _base_url(self, ctx: RenderContext) -> str:
+        return self.base_url if self.base_url is not None else str(ctx.fact(str(self.server), "base_url"))
+
+    def render(self, ctx: RenderContext) -> str:
+        sets = self._sets(ctx.base_dir if isinstance(ctx, StepContext) else None)
+        config = {
+            "base_url": self._base_url(ctx),
+            "max_new_tokens": self.max_new_tokens,
+            "request_timeout_s": self.request_timeout,
+            "flush_attempts": self.flush_attempts,
+            "flush_delay_s": self.flush_retry_delay,
+            "api_key_var": self.api_key_var,
+            "sets": sets,
+        }
+        counts = ", ".join(f"{name} ({len(p) if isinstance(p, list) else '?'})" for name, p in sets.items())
+        return (
+            f"# acceptance length: flush the cache of {config['base_url']}, then greedy /generate of the prompt "
+            f"sets {counts}\n"
+            "config=$(mktemp) || exit 1\ntrap 'rm -f -- \"$config\"' EXIT\ntrap 'exit 143' TERM\n"
+            + heredoc(json.dumps(config, indent=1), command='cat > "$config"')
+            + heredoc(HOST_PROGRAM.read_text(), command=f'{host_word(self.python)} - "$config"')
+        )
+
+    # ---- facts --------------------------------------------------------------------------------------
+
+    def parse_facts(self, result: CommandResult) -> EvalAcceptanceFacts:
+        document = host_document(result, HostDocument, "the acceptance evaluation")
+        try:
+            return facts_from(document, self.max_new_tokens)
+        except ValidationError as exc:  # a meta_info field of an unexpected type
+            raise FactsError(f"the server's meta_info has fields of unexpected types: {exc}") from None
+
+    def default_gates(self) -> list[Gate]:
+        return [
+            Gate(that="facts.error is none", message="the acceptance evaluation stopped early"),
+            Gate(that="exit_code == 0", message="the acceptance evaluation did not run to its end"),
+            Gate(
+                that="not facts.sets_without_results",
+                message="prompt sets without an acceptance length (the reason is given per set)",
+            ),
+            Gate(that="facts.failed_requests == 0", message="requests to /generate failed (see facts.sets.*.errors)"),
+        ]
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        script = self.render(ctx)
+        result = await ctx.run(script, on_output=progress_sink(ctx))
+        if result.timed_out or result.interrupted:
+            return Outcome(result)
+        return Outcome(result, self.parse_facts(result))

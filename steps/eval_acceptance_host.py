@@ -1,0 +1,152 @@
+"""Host side of the `eval_acceptance` step: measure a speculative-decoding server's acceptance length.
+
+Runs on the GPU host (stdlib only, any python3), where the server listens on loopback. It
+flushes the server's cache first, so no prompt is answered from a prefix cached by an earlier
+run, then sends every prompt to `POST /generate` at temperature 0, one at a time, and records
+what `meta_info` says about each request. The statistics are computed by the step, not here:
+this program only reports what the server answered.
+
+Flushing is checked by its answer body. SGLang 0.5.23 answers 200 with "Cache flushed." when it
+flushed and 400 with a reason when it refused (requests in flight, another flush pending); older
+releases answered 200 either way. Only a 200 whose body starts with "Cache flushed" counts; a
+refusal is retried a few times (the requests in flight may finish), then the run stops with the
+server's words: an acceptance length measured on a warm cache is not the one asked for.
+
+Run as `PYTHON - CONFIG_FILE` with this file on stdin. CONFIG_FILE is JSON: base_url,
+max_new_tokens, request_timeout_s, flush_attempts, flush_delay_s, api_key_var (the NAME of an
+environment variable holding the server's API key, or null) and sets ({name: [{id, text}]}).
+Prints ONE JSON document on stdout; one `runbook-progress {json}` line per prompt on stderr.
+Exit status 1 when the run stopped early (`error` in the document says why), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+PROGRESS_PREFIX = "runbook-progress "
+FLUSHED = "Cache flushed"  # how SGLang's /flush_cache body starts when it really flushed
+BODY_CHARS = 300  # of an error body kept in the document
+#: meta_info fields kept per request, as SGLang names them (tokenizer_manager.py)
+META_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "e2e_latency",
+)
+
+
+class Unreachable(Exception):
+    """The server did not answer at all (refused connection, reset, timeout)."""
+
+
+def post(url: str, payload: dict[str, Any] | None, timeout: float, api_key: str | None) -> tuple[int, str]:
+    """(status, body) of a POST; an HTTP error status is an answer too. Unreachable otherwise."""
+    data = json.dumps(payload).encode() if payload is not None else b""
+    request = urllib.request.Request(url, data=data, method="POST")
+    request.add_header("Content-Type", "application/json")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise Unreachable(f"{url}: {reason}") from None
+
+
+def flush_cache(config: dict[str, Any], api_key: str | None) -> dict[str, Any]:
+    """Flush the server's cache, retrying a refusal; what the last answer was and whether it flushed."""
+    url = config["base_url"].rstrip("/") + "/flush_cache"
+    attempts = max(1, int(config["flush_attempts"]))
+    answer: dict[str, Any] = {"flushed": False, "attempts": 0, "status": None, "body": None}
+    for attempt in range(1, attempts + 1):
+        answer["attempts"] = attempt
+        try:
+            status, body = post(url, None, config["request_timeout_s"], api_key)
+        except Unreachable as exc:
+            answer["status"], answer["body"] = None, str(exc)
+        else:
+            answer["status"], answer["body"] = status, body.strip()[:BODY_CHARS]
+            if status == 200 and body.lstrip().startswith(FLUSHED):
+                answer["flushed"] = True
+                return answer
+        if attempt < attempts:
+            time.sleep(float(config["flush_delay_s"]))
+    return answer
+
+
+def generate(config: dict[str, Any], text: str, api_key: str | None) -> dict[str, Any]:
+    """One greedy /generate request: the meta_info fields SGLang reports, wall seconds, or an error."""
+    url = config["base_url"].rstrip("/") + "/generate"
+    payload = {"text": text, "sampling_params": {"max_new_tokens": config["max_new_tokens"], "temperature": 0}}
+    started = time.monotonic()
+    status, body = post(url, payload, config["request_timeout_s"], api_key)
+    record: dict[str, Any] = {"seconds": round(time.monotonic() - started, 6), "error": None}
+    if status != 200:
+        record["error"] = f"HTTP {status}: {body.strip()[:BODY_CHARS]}"
+        return record
+    try:
+        answer = json.loads(body)
+        meta = answer["meta_info"]
+        if not isinstance(meta, dict):
+            raise TypeError("meta_info is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        record["error"] = f"unexpected answer ({exc}): {body.strip()[:BODY_CHARS]}"
+        return record
+    record.update({name: meta[name] for name in META_FIELDS if name in meta})
+    finish = meta.get("finish_reason")
+    record["finish_reason"] = finish.get("type") if isinstance(finish, dict) else finish
+    return record
+
+
+def progress(fields: dict[str, Any]) -> None:
+    print(PROGRESS_PREFIX + json.dumps(fields), file=sys.stderr, flush=True)
+
+
+def evaluate(config: dict[str, Any]) -> dict[str, Any]:
+    """Flush, then every prompt of every set in order; stops early only when the server is gone."""
+    api_key = os.environ.get(config["api_key_var"]) if config.get("api_key_var") else None
+    document: dict[str, Any] = {"base_url": config["base_url"], "error": None, "sets": {}}
+    document["planned"] = {name: len(prompts) for name, prompts in config["sets"].items()}
+    document["flush"] = flush = flush_cache(config, api_key)
+    if not flush["flushed"]:
+        said = f"HTTP {flush['status']}: {flush['body']}" if flush["status"] is not None else flush["body"]
+        document["error"] = (
+            f"the server did not flush its cache after {flush['attempts']} attempt(s); it answered {said}"
+        )
+        return document
+    for name, prompts in config["sets"].items():
+        records: list[dict[str, Any]] = document["sets"].setdefault(name, [])
+        for number, prompt in enumerate(prompts, start=1):
+            try:
+                record = generate(config, prompt["text"], api_key)
+            except Unreachable as exc:
+                document["error"] = f"the server stopped answering during set {name!r}, prompt {number}: {exc}"
+                return document
+            records.append({"id": prompt["id"], **record})
+            progress({"set": name, "id": prompt["id"], "done": number, "total": len(prompts), **record})
+    return document
+
+
+def main() -> int:
+    with open(sys.argv[1], encoding="utf-8") as file:
+        config = json.load(file)
+    document = evaluate(config)
+    print(json.dumps(document))
+    return 1 if document["error"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""`runbook report RUN_DIR`: prints a run's report.json tables, whatever wrote them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from executor.cli import main
+from tests.conftest import runbook_cli
+
+cell = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc", "Zl", "Zp"]), min_size=1, max_size=10)
+tables = st.lists(
+    st.integers(1, 6).flatmap(
+        lambda width: st.fixed_dictionaries(
+            {
+                "title": cell,
+                "columns": st.lists(cell, min_size=width, max_size=width),
+                "rows": st.lists(st.lists(cell, min_size=width, max_size=width), max_size=4),
+            }
+        )
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def write(run_dir: Path, report: object) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "report.json").write_text(json.dumps(report))
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tables=tables)
+def test_every_cell_of_every_table_is_printed_as_data(
+    tables: list[dict[str, object]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path / "run", {"title": "[bold]T[/bold]", "notes": ["a note"], "tables": tables, "figures": []})
+    assert main(["report", str(tmp_path / "run")]) == 0
+    shown = capsys.readouterr().out
+    assert "[bold]T[/bold]" in shown and "- a note" in shown  # never read as rich markup
+    squashed = "".join(shown.split())
+    for table in tables:
+        for text in [table["title"], *table["columns"], *(c for row in table["rows"] for c in row)]:  # type: ignore[misc]
+            assert "".join(str(text).split()) in squashed
+
+
+def test_a_wide_table_is_not_squeezed(tmp_path: Path) -> None:
+    """As a user sees it in a pipe (80 columns): numbers are never cut or folded."""
+    row = [f"{n:,}.5" for n in range(1_000_000, 1_000_012)]
+    table = {"title": "wide", "columns": [f"column {n}" for n in range(12)], "rows": [row]}
+    write(tmp_path / "run", {"title": "t", "tables": [table], "figures": [{"title": "plot", "path": "speedup.png"}]})
+    done = runbook_cli("report", str(tmp_path / "run"), env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    assert all(number in done.stdout for number in row)
+    assert f"plot: {tmp_path / 'run' / 'speedup.png'}" in done.stdout
+
+
+def test_json_prints_the_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = {"title": "t", "tables": [], "figures": [], "data": {"x": [1.5]}}
+    write(tmp_path / "run", report)
+    assert main(["report", str(tmp_path / "run"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
+
+
+def test_no_report_is_exit_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    assert main(["report", str(tmp_path / "run")]) == 2
+    assert "no report.json (a run folder without a report;" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "no report.json (not a run folder;" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("document", ["{oops", "[1, 2]", '{"tables": [{"title": "t"}]}'])
+def test_a_broken_report_is_exit_2(document: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "report.json").write_text(document)
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a report" in capsys.readouterr().err

@@ -1,0 +1,545 @@
+"""The SGLang stand-in (sandbox/sglang_standin/), used as a user would: started with
+`python -m sglang.launch_server` in a real SSH session on the test host, asked over HTTP from here
+(loopback), benchmarked with `python -m sglang.bench_serving`; checked against the real SGLang
+0.5.23 files of the test venv where the real release says what the answer must be."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandbox.prepare import VENV
+from sandbox.sglang_standin import faults, hook, launch_args, simulation
+from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE
+from sandbox.sshd import free_port
+from tests.conftest import SandboxHost
+from tests.sandbox.test_testhost import ssh
+
+SGLANG = next(VENV.glob("lib/python*/site-packages")) / "sglang"
+FAST = {"startup_s": 0.3, "decode_tokens_per_s": 2000.0}
+MATH = "Natalia sold 48 clips in April and half as many in May. How many clips did she sell in total?"
+CHAT = "Tell me something nice about the sea in the morning."
+
+
+@dataclass
+class Models:
+    target: Path
+    draft: Path
+
+
+@pytest.fixture
+def models(testhost: Callable[[str], SandboxHost]) -> Iterator[Models]:
+    """A target and a DFlash drafter (config.json only: the stand-in loads no weights) in the host's HOME."""
+    root = testhost("h200").home / "models"
+    (root / "target").mkdir(parents=True, exist_ok=True)
+    (root / "draft").mkdir(parents=True, exist_ok=True)
+    (root / "target" / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"]}))
+    (root / "draft" / "config.json").write_text(
+        json.dumps({"architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 8}})
+    )
+    yield Models(root / "target", root / "draft")
+    for path in sorted(root.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    root.rmdir()
+
+
+@dataclass
+class Server:
+    host: SandboxHost
+    pid: int
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> float:
+        """SIGTERM; seconds until the port is free again."""
+        start = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        while time.monotonic() - start < 10:
+            if not _alive(self.pid) and _port_free(self.port):
+                return time.monotonic() - start
+            time.sleep(0.05)
+        raise AssertionError(f"the stand-in {self.pid} still runs 10 s after SIGTERM")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _port_free(port: int) -> bool:
+    """Whether a new server can listen there (with SO_REUSEADDR, as uvicorn and the stand-in bind)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def launch_flags(models: Models, port: int, *extra: str, draft: bool = True) -> list[str]:
+    flags = ["--model-path", str(models.target), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(port)]
+    if draft:
+        flags += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(models.draft)]
+    return [*flags, "--trust-remote-code", *extra]
+
+
+def start(host: SandboxHost, flags: list[str], name: str = "sglang") -> Server:
+    """Start the server detached from the SSH session, as the deploy step does; the session ends at once."""
+    log = host.home / f"{name}.log"
+    command = (
+        f"setsid python -m sglang.launch_server {shlex.join(flags)} > {shlex.quote(str(log))} 2>&1 < /dev/null & "
+        "echo $!"
+    )
+    done = ssh(host, command)
+    assert done.returncode == 0, done.stderr
+    return Server(host, int(done.stdout.strip()), int(flags[flags.index("--port") + 1]), log)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for server in started:
+        server.stop()
+        server.log.unlink(missing_ok=True)
+
+
+def http(url: str, body: dict[str, Any] | None = None, method: str | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except (ConnectionError, urllib.error.URLError):
+        return 0, b""
+
+
+def wait_healthy(server: Server, timeout: float = 10) -> list[int]:
+    """The /health answers seen until the first 200."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen.append(http(server.url + "/health")[0])
+        if seen[-1] == 200:
+            return seen
+        assert _alive(server.pid), server.log.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"not healthy after {timeout}s: {seen[-5:]}\n{server.log.read_text()}")
+
+
+def generate(server: Server, text: str, max_new_tokens: int = 64, **extra: Any) -> dict[str, Any]:
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, **extra}
+    status, raw = http(server.url + "/generate", body)
+    assert status == 200, raw
+    result: dict[str, Any] = json.loads(raw)
+    return result
+
+
+def foreground(host: SandboxHost, command: str) -> tuple[int, str]:
+    """Run a command to its end in an SSH session; (exit status, stdout + stderr)."""
+    done = ssh(host, f"{command} 2>&1; echo rc=$?")
+    output, _, status = done.stdout.rpartition("rc=")
+    return int(status), output
+
+
+# ---------------------------------------------------------------- the server, end to end
+
+
+def test_dflash_server_starts_serves_survives_the_session_and_stops_on_sigterm(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    host = testhost("h200")
+    with host.standin(startup_s=1.0, decode_tokens_per_s=2000.0):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        seen = wait_healthy(server)
+    assert 503 in seen  # answered while starting, then healthy: the SSH session that started it is gone
+    log = server.log.read_text()
+    assert READY_LINE in log and "Scheduler hit an exception" not in log
+    assert "UserWarning: 'python -m sglang.launch_server' is still supported" in log
+
+    info = json.loads(http(server.url + "/model_info")[1])
+    assert info["model_path"] == str(models.target) and info["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert json.loads(http(server.url + "/v1/models")[1])["data"][0]["id"] == str(models.target)
+
+    out = generate(server, MATH, max_new_tokens=64)
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 64 and meta["finish_reason"] == {"type": "length", "length": 64}
+    assert meta["prompt_tokens"] == simulation.count_tokens(MATH)
+    # tokenizer_manager._calculate_spec_decoding_metrics' formulas, block size 8 from the drafter's config
+    assert meta["spec_accept_length"] == pytest.approx(64 / meta["spec_verify_ct"])
+    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * (8 - 1)
+    assert meta["spec_accept_rate"] == pytest.approx(meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"])
+    assert 1 <= meta["spec_accept_length"] <= 8
+    assert out["text"].split() and len(out["text"].split()) == 64 == len(out["output_ids"])
+
+    server_info = json.loads(http(server.url + "/server_info")[1])
+    assert server_info["version"] == "0.5.23" and server_info["speculative_num_draft_tokens"] == 8
+    assert server_info["internal_states"][0]["avg_spec_accept_length"] > 1
+    assert server_info["speculative_algorithm"] == "DFLASH" and server_info["port"] == server.port
+    assert json.loads(http(server.url + "/get_server_info")[1])["version"] == "0.5.23"
+
+    assert server.stop() < 2  # prompt, and the port is free again
+    assert "SIGTERM received." in server.log.read_text()
+
+
+def test_streaming_is_sglangs_sse(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    host = testhost("h200")
+    with host.standin(**FAST):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        wait_healthy(server)
+    status, raw = http(
+        server.url + "/generate", {"text": CHAT, "sampling_params": {"max_new_tokens": 20}, "stream": True}
+    )
+    events = [line.removeprefix(b"data: ") for line in raw.split(b"\n\n") if line]
+    assert status == 200 and all(line.startswith(b"data: ") for line in raw.split(b"\n\n") if line)
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    counts = [chunk["meta_info"]["completion_tokens"] for chunk in chunks]
+    assert (
+        counts == sorted(counts) and counts[0] == 1 and counts[-1] == 20 and len(chunks) < 20
+    )  # several tokens a step
+    assert all(chunks[i + 1]["text"].startswith(chunks[i]["text"]) for i in range(len(chunks) - 1))  # cumulative
+    assert "spec_verify_ct" in chunks[-1]["meta_info"] and "spec_verify_ct" not in chunks[0]["meta_info"]
+
+
+def test_dflash_is_faster_than_baseline_and_only_it_reports_acceptance(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    host = testhost("h200")
+    with host.standin(startup_s=0.3, decode_tokens_per_s=400.0):
+        servers.append(baseline := start(host, launch_flags(models, free_port(), draft=False), "baseline"))
+        servers.append(dflash := start(host, launch_flags(models, free_port()), "dflash"))
+        wait_healthy(baseline)
+        wait_healthy(dflash)
+    slow, fast = generate(baseline, MATH, 96), generate(dflash, MATH, 96)
+    assert slow["meta_info"]["completion_tokens"] == fast["meta_info"]["completion_tokens"] == 96
+    assert not any(key.startswith("spec_") for key in slow["meta_info"])  # as SGLang without speculative decoding
+    assert fast["meta_info"]["e2e_latency"] * 2 < slow["meta_info"]["e2e_latency"]
+    assert "avg_spec_accept_length" not in json.loads(http(baseline.url + "/server_info")[1])["internal_states"][0]
+
+    math = [generate(dflash, f"{MATH} Case {i}.")["meta_info"]["spec_accept_length"] for i in range(4)]
+    chat = [generate(dflash, f"{CHAT} Case {i}.")["meta_info"]["spec_accept_length"] for i in range(4)]
+    assert min(math) > max(chat)  # a drafter guesses arithmetic better than small talk
+    assert generate(dflash, f"{MATH} Case 0.")["meta_info"]["spec_accept_length"] == math[0]
+
+
+def test_the_configured_acceptance_length_is_the_mean(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    host = testhost("h200")
+    with host.standin(accept_length=2.0, **FAST):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        wait_healthy(server)
+    lengths = [generate(server, f"{MATH} #{i}", 200)["meta_info"]["spec_accept_length"] for i in range(12)]
+    assert sum(lengths) / len(lengths) == pytest.approx(2.0, abs=0.3)
+    assert max(lengths) < 3.0
+
+
+def test_flush_cache_answers_with_sglangs_bodies(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    host = testhost("h200")
+    with host.standin(startup_s=0.3, decode_tokens_per_s=50.0):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        wait_healthy(server)
+    for method in ("GET", "POST"):
+        assert http(server.url + "/flush_cache", method=method) == (200, FLUSHED.encode())
+    # requests in flight: SGLang 0.5.23 refuses with 400 and this body (http_server.flush_cache)
+    busy = threading.Thread(target=generate, args=(server, CHAT, 100))
+    busy.start()
+    time.sleep(0.3)
+    assert http(server.url + "/flush_cache", method="POST") == (400, FLUSH_FAILED.encode())
+    busy.join()
+    assert http(server.url + "/flush_cache", method="POST")[0] == 200
+    # the switch is read at each /flush_cache, so it can be turned on while the server runs
+    with host.standin(fault="refuse_flush_cache"):
+        assert http(server.url + "/flush_cache", method="POST") == (400, FLUSH_FAILED.encode())
+    assert http(server.url + "/flush_cache")[0] == 200
+    log = server.log.read_text()
+    assert "Cache flushed successfully!" in log and "Cache not flushed because there are pending requests." in log
+
+
+def test_never_healthy_stays_503_after_uvicorn_started(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    host = testhost("h200")
+    with host.standin(fault="never_healthy", startup_s=0.3):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        time.sleep(1.5)
+    assert http(server.url + "/health")[0] == 503 and http(server.url + "/health_generate")[0] == 503
+    assert _alive(server.pid)
+    log = server.log.read_text()
+    assert "Uvicorn running on" in log and READY_LINE not in log
+    assert server.stop() < 2
+
+
+@pytest.mark.parametrize(
+    ("gpu", "backend", "line"),
+    [
+        ("rtx6000", "trtllm_mla", "Unsupported architecture SM120"),  # the seeds' CT200 host
+        ("h200", "trtllm_mla", "Unsupported architecture SM90"),
+        ("rtx6000", "fa3", "AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90."),
+        ("none", "flashinfer", "RuntimeError: Found no NVIDIA driver on your system."),
+        ("absent", "flashinfer", "RuntimeError: Found no NVIDIA driver on your system."),
+    ],
+)
+def test_a_backend_the_gpu_cannot_run_kills_the_server_during_start_up(
+    testhost: Callable[[str], SandboxHost], models: Models, gpu: str, backend: str, line: str
+) -> None:
+    host = testhost(gpu)
+    flags = launch_flags(models, free_port(), "--attention-backend", backend)
+    with host.standin(startup_s=0.2):
+        status, output = foreground(host, f"python -m sglang.launch_server {shlex.join(flags)}")
+    assert status == 128 + signal.SIGKILL  # kill_process_tree kills the launcher itself
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in output and line in output
+    assert output.rstrip().endswith("Received sigquit from a child process. It usually means the child failed.")
+    assert READY_LINE not in output
+
+
+def test_the_right_backends_start_on_each_gpu(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    for gpu, backend in (("h200", "fa3"), ("rtx6000", "flashinfer")):
+        host = testhost(gpu)
+        flags = launch_flags(models, free_port(), "--attention-backend", backend)
+        with host.standin(**FAST):
+            servers.append(server := start(host, flags, f"ok-{gpu}"))
+            wait_healthy(server)
+
+
+def test_a_taken_port_fails_like_uvicorn(testhost: Callable[[str], SandboxHost], models: Models) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, output = foreground(
+            testhost("h200"), f"python -m sglang.launch_server {shlex.join(launch_flags(models, port))}"
+        )
+    assert status == 1
+    assert f"error while attempting to bind on address ('127.0.0.1', {port}): address already in use" in output
+
+
+def test_crash_at_startup_switch(testhost: Callable[[str], SandboxHost], models: Models) -> None:
+    host = testhost("h200")
+    with host.standin(fault="crash_at_startup", startup_s=0.2):
+        status, output = foreground(host, f"python -m sglang.launch_server {shlex.join(launch_flags(models, 1))}")
+    assert status == 137 and "torch.OutOfMemoryError: CUDA out of memory." in output and READY_LINE not in output
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "line"),
+    [
+        (["--no-such-flag", "1"], 2, "launch_server.py: error: unrecognized arguments: --no-such-flag 1"),
+        (["--attention-backend", "cutlass_mla"], 2, "argument --attention-backend: invalid choice: 'cutlass_mla'"),
+        (
+            ["--speculative-num-draft-tokens", "8", "--speculative-dflash-block-size", "16"],
+            1,
+            "ValueError: Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set",
+        ),
+    ],
+)
+def test_launch_arguments_are_checked_like_sglang(
+    testhost: Callable[[str], SandboxHost], models: Models, extra: list[str], code: int, line: str
+) -> None:
+    status, output = foreground(
+        testhost("h200"), f"python -m sglang.launch_server {shlex.join(launch_flags(models, 1, *extra))}"
+    )
+    assert status == code and line in output
+
+
+def test_dflash_without_a_drafter_and_a_model_without_config_are_refused(
+    testhost: Callable[[str], SandboxHost], models: Models
+) -> None:
+    host = testhost("h200")
+    status, output = foreground(
+        host, f"python -m sglang.launch_server --model-path {models.target} --speculative-algorithm DFLASH"
+    )
+    assert status == 1
+    assert "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path." in output
+    status, output = foreground(host, f"python -m sglang.launch_server --model-path {host.home}")
+    assert status == 1 and "does not appear to have a file named config.json" in output
+
+
+# ---------------------------------------------------------------- the benchmark client
+
+
+def real_result_fields() -> list[str]:
+    """The keys of the `result = {...}` dict the real benchmark/serving.py writes as its JSONL line."""
+    tree = ast.parse((SGLANG / "benchmark" / "serving.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+            if names == ["result"] and "output_throughput" in keys:
+                return [str(k) for k in keys]
+    raise AssertionError("no result dict in the real benchmark/serving.py")
+
+
+def bench(host: SandboxHost, server: Server, output: Path, concurrency: int, *extra: str) -> tuple[int, str]:
+    flags = [
+        *("--backend", "sglang", "--base-url", server.url, "--dataset-name", "random-ids"),
+        *("--random-input-len", "32", "--random-output-len", "48", "--random-range-ratio", "1.0"),
+        *("--num-prompts", "8", "--max-concurrency", str(concurrency), "--output-file", str(output)),
+        *("--disable-tqdm", "--seed", "1", "--warmup-requests", "1", *extra),
+    ]
+    return foreground(host, f"python -m sglang.bench_serving {shlex.join(flags)}")
+
+
+def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server], tmp_path: Path
+) -> None:
+    host = testhost("h200")
+    with host.standin(startup_s=0.3, decode_tokens_per_s=400.0):
+        servers.append(baseline := start(host, launch_flags(models, free_port(), draft=False), "baseline"))
+        servers.append(dflash := start(host, launch_flags(models, free_port()), "dflash"))
+        wait_healthy(baseline)
+        wait_healthy(dflash)
+    out = tmp_path / "bench.jsonl"
+    for server, concurrency in ((baseline, 1), (baseline, 4), (dflash, 1), (dflash, 4)):
+        status, output = bench(host, server, out, concurrency)
+        assert status == 0, output
+        assert "============ Serving Benchmark Result ============" in output
+        assert f"{'Successful requests:':<40} {8:<10}" in output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 4  # appended, one line per run
+    assert all(list(line) == real_result_fields() for line in lines)
+    base1, base4, spec1, spec4 = lines
+    assert all(line["completed"] == 8 and line["total_output_tokens"] == 8 * 48 for line in lines)
+    assert all(line["total_input_tokens"] == 8 * 32 and line["dataset_name"] == "random-ids" for line in lines)
+    assert base1["accept_length"] is None and spec1["accept_length"] > 1
+    assert spec1["server_info"]["speculative_algorithm"] == "DFLASH" and base1["server_info"]["version"] == "0.5.23"
+    assert spec1["output_throughput"] > 1.5 * base1["output_throughput"]
+    assert spec1["mean_tpot_ms"] < base1["mean_tpot_ms"]
+    assert base4["output_throughput"] > 2 * base1["output_throughput"]  # batching pays off
+    assert (
+        spec4["output_throughput"] / base4["output_throughput"]
+        < spec1["output_throughput"] / base1["output_throughput"]
+    )
+    assert base1["p99_ttft_ms"] >= base1["median_ttft_ms"] > 0 and base1["max_concurrency"] == 1
+
+
+def test_bench_serving_details_and_offline_datasets(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server], tmp_path: Path
+) -> None:
+    host = testhost("h200")
+    with host.standin(**FAST):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        wait_healthy(server)
+    out = tmp_path / "details.jsonl"
+    status, output = bench(host, server, out, 2, "--output-details", "--tokenize-prompt", "--flush-cache")
+    assert status == 0, output
+    line = json.loads(out.read_text())
+    assert len(line["itls"]) == len(line["ttfts"]) == len(line["errors"]) == 8 and line["output_lens"] == [48] * 8
+    status, output = bench(host, server, tmp_path / "x.jsonl", 2, "--dataset-name", "random")
+    assert status == 1 and "Please check your connection" in output  # ShareGPT would be downloaded
+    status, output = bench(host, server, tmp_path / "x.jsonl", 2, "--no-such-flag")
+    assert status == 2 and "unrecognized arguments: --no-such-flag" in output
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+# ---------------------------------------------------------------- the hook and the pure parts
+
+
+def test_only_the_two_entry_points_see_the_stand_in(testhost: Callable[[str], SandboxHost]) -> None:
+    """The probe's way of reading SGLang (find_spec without importing) meets the real files."""
+    program = (
+        "import importlib.util, sys; s = importlib.util.find_spec('sglang'); "
+        "print(type(s.loader).__name__, s.origin, any('Standin' in type(f).__name__ for f in sys.meta_path))"
+    )
+    status, output = foreground(testhost("h200"), f"python -c {shlex.quote(program)}")
+    assert status == 0 and output.split() == ["SourceFileLoader", str(SGLANG / "__init__.py"), "False"]
+    status, output = foreground(testhost("h200"), "python -c 'import sglang'")
+    assert status == 1 and "ModuleNotFoundError" in output  # the real release needs numpy, torch, ...
+
+
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        (["python", "-m", "sglang.launch_server", "--port", "1"], "sglang.launch_server"),
+        (["python", "-u", "-X", "dev", "-msglang.bench_serving"], "sglang.bench_serving"),
+        (["python", "-W", "ignore", "-m", "json.tool"], "json.tool"),
+        (["python", "prog.py", "-m", "sglang.launch_server"], None),
+        (["python", "-c", "pass", "-m", "sglang.launch_server"], None),
+    ],
+)
+def test_the_hook_reads_the_module_from_the_command_line(argv: list[str], module: str | None) -> None:
+    assert hook.module_run(argv) == module
+
+
+def test_the_launch_flags_are_the_real_releases() -> None:
+    parser = launch_args.build_parser(SGLANG)
+    args = parser.parse_args(["--model", "m", "--tp", "8", "--speculative-draft-model", "d", "--trust-remote-code"])
+    assert (args.model_path, args.tp_size, args.speculative_draft_model_path, args.trust_remote_code) == (
+        "m",
+        8,
+        "d",
+        True,
+    )
+    args = parser.parse_args(["--model-path", "m", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"])
+    assert args.reasoning_parser == "kimi_k2"
+    backends = next(a for a in parser._actions if a.dest == "attention_backend").choices
+    assert backends is not None and {"trtllm_mla", "flashinfer", "triton", "fa3", "fa4"} <= set(backends)
+    assert "cutlass_mla" not in backends  # gone in 0.5.23
+
+
+def test_the_switches_file_is_checked() -> None:
+    assert faults.parse({}) == faults.Switches()
+    assert faults.parse({"accept_length": 3, "startup_s": 0}).accept_length == 3.0
+    for bad in ({"fault": "explode"}, {"acept_length": 3.0}, {"startup_s": "1"}, {"decode_tokens_per_s": None}, []):
+        with pytest.raises(ValueError):
+            faults.parse(bad)
+
+
+@given(
+    completion=st.integers(min_value=0, max_value=2000),
+    accept=st.floats(min_value=1.0, max_value=16.0),
+    draft=st.integers(min_value=2, max_value=16),
+)
+def test_decode_steps_add_up_and_follow_sglangs_formulas(completion: int, accept: float, draft: int) -> None:
+    chunks = simulation.steps(completion, accept)
+    assert sum(chunks) == completion and all(size >= 1 for size in chunks)
+    assert all(size <= max(1, int(accept) + 1) for size in chunks)
+    counts = simulation.spec_counts(chunks, draft)
+    if completion <= 1:
+        assert counts is None  # no verify step: SGLang reports no spec_* fields
+        return
+    assert counts is not None
+    meta = counts.meta_info(completion)
+    assert meta["spec_accept_length"] == completion / counts.verify_ct
+    assert 0 <= meta["spec_accept_rate"] <= 1 or accept > draft
+
+
+@given(prompt=st.text(max_size=200), draft=st.integers(min_value=1, max_value=16))
+def test_acceptance_is_deterministic_and_bounded(prompt: str, draft: int) -> None:
+    value = simulation.accept_length(prompt, draft, None)
+    assert value == simulation.accept_length(prompt, draft, None) and 1.0 <= value <= draft

@@ -1,0 +1,326 @@
+"""The `benchmark` kind: reading bench_serving's JSONL line, failing short runs, refusing unlike
+comparisons, and (through the real sshd and the SGLang stand-in) the whole step with its report."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from executor.cli import main
+from executor.planner import PlanContext
+from executor.transport.base import Collector, CommandResult
+from sandbox.model_configs import drafter_config, target_config
+from steps.benchmark import BenchmarkStep
+from steps.benchmark_results import FLOAT_FIELDS, JSONL_MARKER, NO_ACCEPT_LENGTH, jsonl_lines, parse_run
+from tests.conftest import runbook_cli
+
+
+def real_line(**changes: Any) -> dict[str, Any]:
+    """A line as sglang 0.5.23's benchmark/serving.py writes it (every key of its `result`)."""
+    line: dict[str, Any] = {
+        "tag": None,
+        "backend": "sglang",
+        "dataset_name": "random-ids",
+        "request_rate": float("inf"),
+        "max_concurrency": 4,
+        "sharegpt_output_len": None,
+        "random_input_len": 256,
+        "random_output_len": 64,
+        "random_range_ratio": 1.0,
+        "server_info": {"version": "0.5.23", "internal_states": [{"avg_spec_accept_length": 4.2}]},
+        "duration": 2.5,
+        "completed": 16,
+        "total_input_tokens": 4096,
+        "total_input_text_tokens": 4096,
+        "total_input_vision_tokens": 0,
+        "total_output_tokens": 1024,
+        "total_output_tokens_retokenized": 1024,
+        "request_throughput": 6.4,
+        "input_throughput": 1638.4,
+        "output_throughput": 409.6,
+        "total_throughput": 2048.0,
+        "max_output_tokens_per_s": 512.0,
+        "max_concurrent_requests": 4,
+        "concurrency": 3.9,
+        "accept_length": 4.2,
+    }
+    for metric in ("e2e_latency", "ttft", "tpot", "itl"):
+        for number, stat in enumerate(("mean", "median", "std", "p90", "p95", "p99")):
+            line[f"{stat}_{metric}_ms"] = 10.0 * (number + 1)
+    line.update(changes)
+    return line
+
+
+def finished(stdout: str, exit_code: int = 0, stderr: str = "") -> CommandResult:
+    collect = Collector()
+    collect.stdout.feed(stdout.encode())
+    collect.stderr.feed(stderr.encode())
+    return collect.result(exit_code)
+
+
+def printed(*lines: dict[str, Any], summary: str = "Successful requests: 16\n") -> str:
+    """What the step's script prints: bench_serving's summary, the marker, then the JSONL file."""
+    return summary + JSONL_MARKER + "\n" + "".join(json.dumps(line) + "\n" for line in lines)
+
+
+WARNING = (  # what `python -m sglang.bench_serving` of 0.5.23 prints to stderr first
+    "/venv/lib/python3.11/site-packages/sglang/bench_serving.py:13: FutureWarning: `sglang.bench_serving` is "
+    "deprecated and will be removed in a future release; use `sglang.benchmark.serving` instead.\n  warnings.warn(\n"
+)
+STEP = BenchmarkStep(id="bench", server="deploy", concurrencies=[4], num_prompts=16)
+
+
+def test_a_real_line_becomes_typed_facts() -> None:
+    run = parse_run(json.dumps(real_line()), max_concurrency=4, num_prompts=16)
+    assert (run.max_concurrency, run.num_prompts, run.completed) == (4, 16, 16)
+    assert run.output_throughput == 409.6 and run.request_throughput == 6.4 and run.total_output_tokens == 1024
+    assert (run.mean_ttft_ms, run.median_tpot_ms, run.p99_itl_ms, run.p99_e2e_latency_ms) == (10.0, 20.0, 60.0, 60.0)
+    assert run.accept_length == 4.2 and run.concurrency == 3.9 and run.unknown == {}
+    assert run.shortfall is None
+
+
+def test_unknown_metrics_are_null_with_a_reason() -> None:
+    line = real_line(accept_length=None, mean_tpot_ms=float("nan"))
+    del line["p99_itl_ms"]
+    run = parse_run(json.dumps(line), max_concurrency=4, num_prompts=16)
+    assert run.accept_length is None and run.unknown["accept_length"] == NO_ACCEPT_LENGTH
+    assert run.mean_tpot_ms is None and "NaN" in run.unknown["mean_tpot_ms"].replace("nan", "NaN")
+    assert run.p99_itl_ms is None and "no 'p99_itl_ms'" in run.unknown["p99_itl_ms"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("not json", "not JSON"), ("[1, 2]", "not a JSON object"), (json.dumps(real_line(completed=None)), "completed")],
+)
+def test_a_line_without_a_request_count_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_run(text, max_concurrency=1, num_prompts=1)
+
+
+numbers = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**12), 10**12))
+
+
+@given(values=st.fixed_dictionaries({name: numbers for name in FLOAT_FIELDS}), completed=st.integers(0, 10**6))
+def test_any_numbers_are_kept_when_finite_and_explained_when_not(values: dict[str, Any], completed: int) -> None:
+    run = parse_run(json.dumps(real_line(completed=completed, **values)), max_concurrency=2, num_prompts=100)
+    for name, value in values.items():
+        kept = getattr(run, name)
+        if value is not None and math.isfinite(value):
+            assert kept == float(value) and name not in run.unknown
+        else:
+            assert kept is None and run.unknown[name]
+    json.dumps(run.model_dump(mode="json"), allow_nan=False)  # facts never carry NaN
+    assert (run.shortfall is None) == (completed >= 100)
+
+
+def test_the_last_marker_starts_the_jsonl() -> None:
+    assert jsonl_lines("noise\n") is None
+    assert jsonl_lines(f"{JSONL_MARKER}\nold\n{JSONL_MARKER}\n\n{{}}\n") == ["{}"]
+
+
+def test_a_run_that_completed_fewer_requests_fails_naming_the_concurrency() -> None:
+    run, failure = STEP.read_run(finished(printed(real_line(completed=11))), 4)
+    assert run is not None and run.completed == 11
+    assert failure == "concurrency 4: only 11 of 16 requests completed"
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (finished("", 1, "Traceback ...\nConnectionRefusedError: [Errno 111]"), "exited 1: ConnectionRefusedError"),
+        (finished("Server at u is not ready. Exiting.\n", 1, WARNING), "exited 1: Server at u is not ready. Exiting."),
+        (finished("Starting warmup\n", 1, WARNING + "ValueError: Initial test run failed\n"), "1: ValueError: Initial"),
+        (finished(printed()), "exited 0 but wrote no JSONL line"),
+        (finished("Successful requests: 16\n"), "exited 0 but wrote no JSONL line"),
+        (finished(JSONL_MARKER + "\n{oops\n"), "not JSON"),
+    ],
+)
+def test_a_broken_run_fails_with_the_reason(result: CommandResult, message: str) -> None:
+    run, failure = STEP.read_run(result, 4)
+    assert run is None and failure is not None and failure.startswith("concurrency 4: ") and message in failure
+
+
+def test_the_command_is_the_real_bench_serving_command() -> None:
+    step = BenchmarkStep(id="b", server="d", python="~/venv/bin/python", input_len=256, output_len=64, num_prompts=20)
+    script = step.script("http://127.0.0.1:30000", 16)
+    command = next(line for line in script.splitlines() if "sglang.bench_serving" in line)
+    assert command.startswith('"${HOME:?is not set}"/venv/bin/python -m sglang.bench_serving --backend sglang ')
+    for flags in (
+        "--base-url http://127.0.0.1:30000 --dataset-name random-ids",
+        "--random-input-len 256 --random-output-len 64 --random-range-ratio 1.0 --num-prompts 20",
+        "--max-concurrency 16 --warmup-requests 1 --disable-tqdm",
+        '--output-file "$out"',
+    ):
+        assert flags in command
+
+
+def test_plan_shows_one_command_per_concurrency_with_the_server_known_at_run_time() -> None:
+    planned = BenchmarkStep(id="b", server="d").plan(PlanContext("box", {}))
+    assert [label for label, _ in planned] == ["concurrency 1", "concurrency 4", "concurrency 16"]
+    assert all("--base-url '<known at run time: steps.d.facts.base_url>'" in script for _, script in planned)
+
+
+def test_default_prompts_grow_with_concurrency() -> None:
+    step = BenchmarkStep(id="b", server="d")
+    assert [step.prompts_at(c) for c in (1, 4, 16)] == [8, 16, 64]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"concurrencies": [1, 4, 1]}, "each concurrency may appear once"),
+        ({"concurrencies": []}, "at least 1"),
+        ({"concurrencies": [0]}, "greater than 0"),
+        ({"compare_to": "b"}, "compare_to names this step itself"),
+        ({"acceptance": "eval"}, "needs compare_to"),
+    ],
+)
+def test_parameters_are_checked(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        BenchmarkStep(id="b", server="d", **params)
+
+
+def test_it_needs_the_steps_it_reads() -> None:
+    step = BenchmarkStep(id="b", server="d", compare_to="base", acceptance="eval")
+    assert step.needs() == {"d", "base", "eval"}
+    assert [g.that for g in step.effective_gates()] == ["facts.failure is none"]
+
+
+def test_comparing_unlike_benchmarks_is_refused_before_anything_runs(
+    write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The baseline and server facts come from shell steps here: only facts matter to the step."""
+    baseline = {"label": "baseline", "input_len": 512, "output_len": 64, "runs": [], "failure": None}
+    steps = [
+        {"id": "deploy", "kind": "shell", "parse": "json", "script": 'echo \'{"base_url": "http://127.0.0.1:9"}\''},
+        {"id": "base", "kind": "shell", "parse": "json", "script": f"echo '{json.dumps(baseline)}'"},
+        {"id": "dflash", "kind": "benchmark", "server": "deploy", "compare_to": "base", "input_len": 256},
+    ]
+    path = write_runbook("name: t\n__HOSTS__\nsteps:\n" + "".join(f"  - {json.dumps(s)}\n" for s in steps))
+    assert main(["run", str(path), "--log-dir", str(tmp_path / "logs")]) == 1
+    err = capsys.readouterr().err
+    assert "the baseline 'base' ran 512 input / 64 output tokens, this step 256 / 512" in err
+    assert "not be comparable" in err
+    assert not list((tmp_path / "logs").glob("*/report.json"))
+
+
+# ----------------------------------------------------------------------------- through sshd, with the stand-in
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def yaml_steps(*steps: dict[str, Any]) -> str:
+    return "steps:\n" + "".join(f"  - {json.dumps(step)}\n" for step in steps)
+
+
+@pytest.fixture
+def standin(testhost: Any, write_runbook: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The test host with a target and a drafter folder, a free port, and a fast-starting stand-in.
+
+    Whatever the test leaves running on the port is stopped afterwards by a `deploy` stop step."""
+    host = testhost("h200")
+    target, drafter = tmp_path / "models" / "Kimi-K2.6", tmp_path / "models" / "Kimi-K2.6-DFlash"
+    for folder, config in ((target, target_config()), (drafter, drafter_config())):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(config))
+    switches = host.home / "sglang-standin.json"
+    switches.write_text(json.dumps({"startup_s": 0.3, "decode_tokens_per_s": 400.0}))
+    port = free_port()
+    deploy = {"kind": "deploy", "model_path": str(target), "tp_size": 1, "port": port, "ready_timeout": 60}
+    deploy |= {"attention_backend": "fa3", "trust_remote_code": True}
+    yield {"host": host, "port": port, "deploy": deploy, "drafter": str(drafter)}
+    stop = write_runbook(
+        "name: stop\n__HOSTS__\n" + yaml_steps({"id": "stop", "kind": "deploy", "action": "stop", "port": port}),
+        name="stop.yaml",
+        hosts=host.host_yaml(),
+    )
+    runbook_cli("run", str(stop), "--log-dir", str(tmp_path / "stop-logs"))
+    switches.unlink(missing_ok=True)
+
+
+def test_baseline_then_dflash_with_the_report(
+    standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lengths = {"concurrencies": [1, 4], "input_len": 32, "output_len": 24, "num_prompts": 8}
+    dflash_deploy = standin["deploy"] | {"draft_model_path": standin["drafter"], "speculative_num_draft_tokens": 8}
+    dflash_deploy |= {"draft_attention_backend": "fa3"}
+    body = "name: bench\n__HOSTS__\n" + yaml_steps(
+        {"id": "deploy_baseline", **standin["deploy"]},
+        {"id": "benchmark_baseline", "kind": "benchmark", "server": "deploy_baseline", "label": "baseline", **lengths},
+        {"id": "deploy_dflash", **dflash_deploy},
+        {"id": "eval", "kind": "eval_acceptance", "server": "deploy_dflash", "prompt_sets": ["math"], "limit": 2},
+        {
+            "id": "benchmark_dflash",
+            "kind": "benchmark",
+            "server": "deploy_dflash",
+            "label": "dflash",
+            "compare_to": "benchmark_baseline",
+            "acceptance": "eval",
+            "gates": [{"that": "facts.failure is none"}, {"that": "facts.speedup.min >= 1.0"}],
+            **lengths,
+        },
+    )
+    path = write_runbook(body, hosts=standin["host"].host_yaml())
+    log_dir = tmp_path / "logs"
+    code = main(["run", str(path), "--log-dir", str(log_dir)])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["status", "--log-dir", str(log_dir), "--json"]) == 0
+    records = {r["step"]: r for r in json.loads(capsys.readouterr().out)["steps"]}
+    baseline, dflash = records["benchmark_baseline"]["facts"], records["benchmark_dflash"]["facts"]
+
+    for facts in (baseline, dflash):
+        assert [run["max_concurrency"] for run in facts["runs"]] == [1, 4]
+        assert all(run["completed"] == 8 and run["output_throughput"] > 0 for run in facts["runs"])
+        assert all(run["total_output_tokens"] == 8 * 24 for run in facts["runs"])
+        assert facts["base_url"] == f"http://127.0.0.1:{standin['port']}" and facts["failure"] is None
+    assert all(run["accept_length"] is None for run in baseline["runs"])
+    assert baseline["runs"][0]["unknown"]["accept_length"].startswith("the server reported no speculative")
+    assert all(run["accept_length"] > 1 for run in dflash["runs"])
+    assert baseline["speedup"] is None and baseline["report"] is None
+    assert set(dflash["speedup"]["by_concurrency"]) == {"1", "4"} and dflash["speedup"]["min"] >= 1.0
+
+    (run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert dflash["report"]["json_file"] == str(run_dir / "report.json")
+    assert report["tables"][0]["title"] == "Acceptance length per prompt set"
+    assert report["tables"][0]["rows"][0][:2] == ["math", "2"]
+    assert (run_dir / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    markdown = (run_dir / "report.md").read_text()
+    assert main(["report", str(run_dir)]) == 0
+    shown = capsys.readouterr().out
+    for table in report["tables"]:
+        assert f"## {table['title']}" in markdown and table["title"] in shown
+        for row in table["rows"]:
+            assert "| " + " | ".join(row) + " |" in markdown
+            assert all(cell in shown for cell in row)
+
+
+def test_a_server_that_does_not_answer_fails_at_the_first_concurrency(
+    standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real client (here the stand-in client) exits 1 when its warm-up request fails."""
+    server = {"id": "deploy", "kind": "shell", "parse": "json"}
+    server["script"] = f'echo \'{{"base_url": "http://127.0.0.1:{standin["port"]}"}}\''
+    bench = {"id": "bench", "kind": "benchmark", "server": "deploy", "concurrencies": [1, 4], "input_len": 8}
+    bench |= {"output_len": 8, "num_prompts": 2, "extra_args": ["--ready-check-timeout-sec", "1"]}
+    path = write_runbook("name: t\n__HOSTS__\n" + yaml_steps(server, bench), hosts=standin["host"].host_yaml())
+    assert main(["run", str(path), "--log-dir", str(tmp_path / "logs")]) == 1
+    err = capsys.readouterr().err
+    assert "the benchmark did not complete" in err
+    url = f"http://127.0.0.1:{standin['port']}/v1/models"
+    assert f'facts.failure = "concurrency 1: bench_serving exited 1: Server at {url} is not ready. Exiting."' in err
+    assert "concurrency 4" not in err.split("facts.failure")[1].splitlines()[0]

@@ -1,0 +1,608 @@
+"""The `eval_acceptance` kind: prompt-set parsing and statistics here, then whole runs through the
+real sshd test host against the SGLang stand-in (sandbox/sglang_standin/), the test double of
+SGLang's HTTP server."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import statistics
+import textwrap
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from executor.cli import main
+from executor.stepkind import FactsError
+from executor.transport.base import Collector
+from sandbox.model_configs import drafter_config, target_config
+from steps import eval_acceptance_host as host
+from steps.eval_acceptance import (
+    EvalAcceptanceStep,
+    FlushFacts,
+    HostDocument,
+    RequestFacts,
+    facts_from,
+    parse_prompt_lines,
+    percentile,
+    shipped_sets,
+    summarize,
+)
+from tests.conftest import SandboxHost, runbook_cli
+
+# ------------------------------------------------------------------------------------------ prompt sets
+
+prompt_text = st.text(min_size=1).filter(lambda s: s.strip() != "")
+prompt_id = st.one_of(st.none(), st.integers(min_value=-(10**6), max_value=10**6), st.text(min_size=1))
+
+
+@given(
+    items=st.lists(st.tuples(prompt_text, prompt_id, st.sampled_from(["prompt", "text"])), min_size=1, max_size=20),
+    blanks=st.lists(st.sampled_from(["", "   ", "\t"]), max_size=5),
+    crlf=st.booleans(),
+)
+def test_jsonl_lines_round_trip_whatever_the_text(
+    items: list[tuple[str, Any, str]], blanks: list[str], crlf: bool
+) -> None:
+    ids = [str(i) for _, i, _ in items if i is not None]
+    lines = []
+    for number, (text, ident, key) in enumerate(items, start=1):
+        line: dict[str, Any] = {key: text}
+        if ident is not None:
+            line["id"] = ident
+        elif str(number) in ids:  # an id given later may equal the default number: give this one its own
+            line["id"] = f"default-{number}"
+        lines.append(json.dumps(line, ensure_ascii=False))
+        if blanks:
+            lines.append(blanks[number % len(blanks)])
+    source = ("\r\n" if crlf else "\n").join(lines)
+    if len(set(ids)) != len(ids):
+        with pytest.raises(ValueError, match="appears twice"):
+            parse_prompt_lines(source, "mine.jsonl")
+        return
+    prompts = parse_prompt_lines(source, "mine.jsonl")
+    assert [p.text for p in prompts] == [text for text, _, _ in items]
+    assert len({p.id for p in prompts}) == len(prompts)
+    for prompt, (_, ident, _) in zip(prompts, items, strict=True):
+        if ident is not None:
+            assert prompt.id == str(ident)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('{"prompt": "a"}\n{"prompt": "b"\n', "mine.jsonl line 2: not JSON"),
+        ('["a"]\n', "mine.jsonl line 1: expected an object"),
+        ('{"question": "a"}\n', 'line 1: needs exactly one of "prompt" or "text"'),
+        ('{"prompt": "a", "text": "b"}\n', 'line 1: needs exactly one of "prompt" or "text"'),
+        ('{"prompt": "a", "answer": "b"}\n', "got keys \\['answer', 'prompt'\\]"),
+        ('\n\n{"prompt": "   "}\n', 'line 3: "prompt" must be a non-empty string'),
+        ('{"text": 5}\n', 'line 1: "text" must be a non-empty string'),
+        ('{"prompt": "a", "id": true}\n', 'line 1: "id" must be a string or an integer'),
+        ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": "1"}\n', "line 2: id '1' appears twice"),
+        ("\n  \n", "mine.jsonl: no prompts"),
+    ],
+)
+def test_a_bad_line_is_an_error_naming_the_file_and_line(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        parse_prompt_lines(text, "mine.jsonl")
+
+
+def test_shipped_sets_are_math_code_and_chat_with_twelve_to_twenty_prompts_each() -> None:
+    assert shipped_sets() == ["chat", "code", "math"]
+    for name in shipped_sets():
+        step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets=[name])
+        (prompts,) = step._sets(None).values()
+        assert isinstance(prompts, list) and 12 <= len(prompts) <= 20
+        assert len({p["id"] for p in prompts}) == len(prompts)
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({}, "exactly one of `server`"),
+        ({"server": "deploy", "base_url": "http://h"}, "exactly one of `server`"),
+        ({"server": "d", "prompt_sets": ["math", "poetry"]}, "unknown prompt sets \\['poetry'\\]"),
+        ({"server": "d", "prompt_sets": []}, "at least one prompt set"),
+        ({"server": "d", "prompt_sets": {"my set": "a.jsonl"}}, "letters, digits and _ only"),
+        ({"server": "d", "prompt_template": "<user>{text}</user>"}, "must contain {prompt}"),
+        ({"server": "d", "max_new_tokens": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_parameters_are_checked_when_the_runbook_loads(params: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        EvalAcceptanceStep(id="e", **params)
+
+
+def test_limit_and_template_apply_to_what_is_sent_and_the_deploy_step_is_needed() -> None:
+    step = EvalAcceptanceStep(id="e", server="dflash", prompt_sets=["math"], limit=2, prompt_template="<u>{prompt}</u>")
+    (prompts,) = step._sets(None).values()
+    assert isinstance(prompts, list) and len(prompts) == 2
+    assert prompts[0]["text"].startswith("<u>A bakery") and prompts[0]["text"].endswith("</u>")
+    assert "dflash" in step.needs()
+
+
+def test_a_runbooks_own_file_that_cannot_be_read_or_parsed_fails_with_its_path(tmp_path: Path) -> None:
+    step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets={"mine": "prompts/mine.jsonl"})
+    with pytest.raises(FactsError, match=r"prompt set 'mine': cannot read .*prompts/mine\.jsonl"):
+        step._sets(tmp_path)
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "mine.jsonl").write_text('{"prompt": "hi"}\n{"promt": "typo"}\n')
+    with pytest.raises(FactsError, match=r"prompt set 'mine': .*mine\.jsonl line 2: needs exactly one of"):
+        step._sets(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------- statistics
+
+
+def request(completion: int | None, verify: int | None, seconds: float = 1.0, error: str | None = None) -> RequestFacts:
+    return RequestFacts(
+        set="s",
+        id="1",
+        seconds=seconds,
+        prompt_tokens=10,
+        completion_tokens=completion,
+        verify_ct=verify,
+        accept_length=completion / verify if completion is not None and verify else None,
+        server_accept_length=None,
+        finish_reason="length",
+        error=error,
+    )
+
+
+measured_requests = st.lists(
+    st.tuples(st.integers(min_value=1, max_value=4096), st.integers(min_value=1, max_value=4096)).map(
+        lambda cv: request(max(cv), min(cv))  # completion >= verify: at least one token per verify step
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@given(measured=measured_requests, without_spec=st.integers(min_value=0, max_value=5))
+def test_statistics_are_ordered_and_agree_with_the_stdlib(measured: list[RequestFacts], without_spec: int) -> None:
+    plain = [request(50, None) for _ in range(without_spec)]
+    summary = summarize(measured + plain, len(measured) + without_spec)
+    values = sorted(r.accept_length for r in measured if r.accept_length is not None)
+    assert summary.unknown_reason is None
+    assert summary.measured == len(measured) and summary.without_spec == without_spec
+    assert summary.min is not None and summary.max is not None and summary.mean is not None
+    assert summary.p10 is not None and summary.median is not None and summary.weighted_mean is not None
+    assert summary.min <= summary.p10 <= summary.median <= summary.max
+    assert summary.min <= summary.mean <= summary.max
+    assert summary.min >= 1.0  # the bonus token: never below one
+    assert summary.median == pytest.approx(statistics.median(values), abs=1e-4)
+    assert summary.mean == pytest.approx(statistics.fmean(values), abs=1e-4)
+    if len(values) >= 2:
+        p10 = statistics.quantiles(values, n=10, method="inclusive")[0]
+        assert summary.p10 == pytest.approx(p10, abs=1e-4)
+    tokens = sum(r.completion_tokens or 0 for r in measured)
+    verify = sum(r.verify_ct or 0 for r in measured)
+    assert summary.weighted_mean == pytest.approx(tokens / verify, abs=1e-4)
+    assert summary.completion_tokens == tokens + 50 * without_spec and summary.verify_ct == verify
+    assert summary.tokens_per_s == pytest.approx(summary.completion_tokens / (len(measured) + without_spec), rel=1e-3)
+
+
+@given(values=st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=50), q=st.floats(0, 1))
+def test_percentile_lies_between_its_neighbours(values: list[float], q: float) -> None:
+    ordered = sorted(values)
+    got = percentile(ordered, q)
+    assert ordered[0] <= got <= ordered[-1] or math.isclose(got, ordered[0]) or math.isclose(got, ordered[-1])
+    assert percentile(ordered, 0) == ordered[0] and percentile(ordered, 1) == ordered[-1]
+
+
+@given(count=st.integers(min_value=1, max_value=20))
+def test_answers_without_spec_fields_are_unknown_never_zero_or_one(count: int) -> None:
+    summary = summarize([request(100, None) for _ in range(count)], count)
+    assert summary.mean is None and summary.median is None and summary.p10 is None and summary.min is None
+    assert summary.unknown_reason is not None and "no speculative decoding fields" in summary.unknown_reason
+    assert summary.completion_tokens == 100 * count  # the tokens and speed are still real
+    assert summary.tokens_per_s == 100.0
+
+
+def test_failed_and_unsent_requests_are_unknown_with_the_reason() -> None:
+    failed = summarize([request(None, None, error="HTTP 400: DFLASH does not support return_logprob")], 1)
+    assert failed.mean is None and failed.failed == 1
+    assert failed.unknown_reason == "every request failed; the first: HTTP 400: DFLASH does not support return_logprob"
+    assert failed.errors == ["1: HTTP 400: DFLASH does not support return_logprob"]
+    unsent = summarize([], 16)
+    assert unsent.prompts == 0 and unsent.unknown_reason is not None and "(16 planned)" in unsent.unknown_reason
+
+
+def test_facts_list_every_planned_set_and_count_failures() -> None:
+    document = HostDocument(
+        base_url="http://127.0.0.1:30000",
+        error="the server stopped answering during set 'code', prompt 2: connection refused",
+        flush=FlushFacts(flushed=True, attempts=1, status=200, body="Cache flushed."),
+        planned={"math": 2, "code": 2, "chat": 2},
+        sets={
+            "math": [
+                {"id": "m1", "seconds": 0.5, "completion_tokens": 64, "spec_verify_ct": 16, "prompt_tokens": 30},
+                {"id": "m2", "seconds": 0.5, "completion_tokens": 60, "spec_verify_ct": 12, "prompt_tokens": 30},
+            ],
+            "code": [{"id": "c1", "seconds": 0.1, "error": "HTTP 500: boom"}],
+        },
+    )
+    facts = facts_from(document, 64)
+    assert list(facts.sets) == ["math", "code", "chat"]
+    assert facts.sets["math"].mean == 4.5 and facts.sets["math"].weighted_mean == pytest.approx(124 / 28, abs=1e-4)
+    assert facts.sets["math"].tokens_per_s == 124.0
+    assert set(facts.sets_without_results) == {"code", "chat"}
+    assert facts.failed_requests == 1 and facts.overall.measured == 2 and facts.overall.prompts == 3
+    assert [r.accept_length for r in facts.requests] == [4.0, 5.0, None]
+
+
+# ------------------------------------------------------------------- the host program's reading of answers
+
+
+class Scripted(BaseHTTPRequestHandler):
+    """Answers of a scripted server: {path: [(status, body), ...]} in turn; records the requests seen."""
+
+    answers: dict[str, list[tuple[int, str]]]
+    seen: list[tuple[str, str | None, bytes]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.path, self.headers.get("Authorization"), body))
+        status, text = self.answers[self.path].pop(0)
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def scripted_run(answers: dict[str, list[tuple[int, str]]], **config: Any) -> tuple[dict[str, Any], list[Any]]:
+    """Run the host program's evaluate() against a scripted server on loopback."""
+    seen: list[tuple[str, str | None, bytes]] = []
+    handler = type("Handler", (Scripted,), {"answers": answers, "seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        document = host.evaluate(
+            {
+                "base_url": f"http://127.0.0.1:{server.server_address[1]}",
+                "max_new_tokens": 8,
+                "request_timeout_s": 10,
+                "flush_attempts": 2,
+                "flush_delay_s": 0,
+                "api_key_var": None,
+                "sets": {"s": [{"id": "a", "text": "hello"}]},
+                **config,
+            }
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    return document, seen
+
+
+def test_a_200_whose_body_is_not_cache_flushed_is_a_refusal() -> None:
+    # SGLang before 0.5.23 answered 200 to a refused flush: the body is what counts
+    document, seen = scripted_run({"/flush_cache": [(200, "Flush cache failed.\n"), (200, "ok")]})
+    assert document["flush"] == {"flushed": False, "attempts": 2, "status": 200, "body": "ok"}
+    assert document["error"] == "the server did not flush its cache after 2 attempt(s); it answered HTTP 200: ok"
+    assert [path for path, _, _ in seen] == ["/flush_cache", "/flush_cache"]  # and no /generate
+
+
+def test_requests_are_greedy_carry_the_api_key_and_a_bad_answer_is_that_requests_error(monkeypatch) -> None:
+    monkeypatch.setenv("EVAL_KEY", "sk-123")
+    flushed = (200, "Cache flushed.\nPlease check backend logs for more details.")
+    answers = {"/flush_cache": [flushed], "/generate": [(200, '{"text": "hi"}'), (200, "{")]}
+    sets = {"s": [{"id": "a", "text": "hello"}, {"id": "b", "text": "again"}]}
+    document, seen = scripted_run(answers, api_key_var="EVAL_KEY", sets=sets)
+    assert document["error"] is None and document["flush"]["flushed"] is True
+    assert {auth for _, auth, _ in seen} == {"Bearer sk-123"}
+    assert json.loads(seen[1][2]) == {"text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    first, second = document["sets"]["s"]
+    assert first["error"].startswith("unexpected answer ('meta_info')") and second["error"].startswith("unexpected")
+    assert "sk-123" not in json.dumps(document)
+
+
+# ------------------------------------------------------------------------------- runs through the test host
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_eval(
+    host: SandboxHost, tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str
+) -> tuple[int, dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Run a runbook of `body`'s steps on `host` with --json: (exit code, {step: record}, events)."""
+    path = tmp_path / "eval.yaml"
+    path.write_text("name: eval\n" + host.host_yaml() + "steps:\n" + textwrap.indent(textwrap.dedent(body), "  "))
+    logs = tmp_path / "logs"
+    code = main(["run", str(path), "--log-dir", str(logs), "--json"])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert main(["status", "--log-dir", str(logs), "--json"]) == 0
+    records = {record["step"]: record for record in json.loads(capsys.readouterr().out)["steps"]}
+    return code, records, events
+
+
+def test_plan_shows_every_prompt_sent_and_marks_what_is_known_at_run_time(sshd, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "name: plan\n" + sshd.host_yaml() + "steps:\n"
+        "  - {id: dflash, kind: shell, script: 'true'}\n"
+        "  - id: eval\n    kind: eval_acceptance\n    server: dflash\n    limit: 2\n"
+        "    prompt_sets: {math: math.jsonl}\n"
+    )
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "<known at run time: steps.dflash.facts.base_url>" in out
+    assert "<read at run time from math.jsonl, relative to the runbook's folder>" in out
+    path.write_text(path.read_text().replace("    prompt_sets: {math: math.jsonl}\n", "    prompt_sets: [math]\n"))
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "A bakery sells muffins" in out and "A train leaves a station" in out  # the first two, as sent
+    assert "Tom has twice as many marbles" not in out  # limit: 2
+    assert '"temperature": 0' in out  # the host program, in full
+
+
+def test_a_server_that_does_not_answer_fails_the_step_naming_the_flush(testhost, tmp_path: Path, capsys) -> None:
+    port = free_port()
+    code, records, _ = run_eval(
+        testhost("h200"),
+        tmp_path,
+        capsys,
+        f"""
+        - id: eval
+          kind: eval_acceptance
+          base_url: http://127.0.0.1:{port}
+          flush_attempts: 2
+          flush_retry_delay: 0
+          retry: {{attempts: 1}}
+        """,
+    )
+    assert code != 0
+    record = records["eval"]
+    assert record["status"] == "failed"
+    assert "the acceptance evaluation stopped early" in record["message"]
+    assert "did not flush its cache after 2 attempt(s)" in record["message"]
+    assert "Connection refused" in record["message"]
+    assert record["facts"]["flush"] == {
+        "flushed": False,
+        "attempts": 2,
+        "status": None,
+        "body": f"http://127.0.0.1:{port}/flush_cache: [Errno 111] Connection refused",
+    }
+    assert set(record["facts"]["sets_without_results"]) == {"math", "code", "chat"}
+
+
+# --------------------------------------------------------------- against the SGLang stand-in on the test host
+
+FAST = {"decode_tokens_per_s": 4000.0, "startup_s": 0.3}  # the stand-in's switches: keep the tests short
+
+
+@dataclass(frozen=True)
+class Servers:
+    """Stand-in servers started by deploy steps on the h200 test host, for the whole module."""
+
+    host: SandboxHost
+    deploy: dict[str, str]  # server name -> the YAML of its deploy step (id = the name)
+    ports: dict[str, int]
+
+    def base_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+
+def deploy_yaml(host: SandboxHost, name: str, port: int, models: Path, drafter: bool) -> str:
+    lines = [
+        f"- id: {name}",
+        "  kind: deploy",
+        f"  python: {host.python}",
+        f"  model_path: {models / 'target'}",
+        f"  port: {port}",
+        "  tp_size: 1",
+        "  attention_backend: fa3",
+        "  trust_remote_code: false",
+        "  ready_timeout: 60",
+    ]
+    if drafter:
+        lines += [
+            f"  draft_model_path: {models / 'drafter'}",
+            "  draft_attention_backend: fa3",
+            "  speculative_num_draft_tokens: 8",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def switches(host: SandboxHost, **values: Any) -> None:
+    """Write the stand-in's switches ($HOME/sglang-standin.json), read when a server starts."""
+    (host.home / "sglang-standin.json").write_text(json.dumps({**FAST, **values}))
+
+
+def runbook_file(host: SandboxHost, folder: Path, steps: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "runbook.yaml"
+    path.write_text("name: eval-servers\n" + host.host_yaml() + "steps:\n" + textwrap.indent(steps, "  "))
+    return path
+
+
+@pytest.fixture(scope="module")
+def servers(testhost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """A DFlash server (the stand-in's default acceptance: math ~5.4, code ~4.9, chat ~3.7), a
+    baseline without speculative decoding, and a weak drafter (acceptance ~2), started through
+    the deploy kind; stopped by it at the end."""
+    host: SandboxHost = testhost("h200")
+    tmp = tmp_path_factory.mktemp("eval-servers")
+    models = host.home / "models-eval"
+    for name, config in (("target", target_config()), ("drafter", drafter_config())):
+        (models / name).mkdir(parents=True)
+        (models / name / "config.json").write_text(json.dumps(config))
+    ports = {name: free_port() for name in ("dflash", "baseline", "weak")}
+    yaml = {name: deploy_yaml(host, name, port, models, drafter=name != "baseline") for name, port in ports.items()}
+    try:
+        switches(host)
+        started = runbook_cli("run", str(runbook_file(host, tmp / "start", yaml["dflash"] + yaml["baseline"])),
+                              "--log-dir", str(tmp / "logs"))  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        switches(host, accept_length=2.0)
+        started = runbook_cli(
+            "run", str(runbook_file(host, tmp / "weak", yaml["weak"])), "--log-dir", str(tmp / "logs")
+        )
+        assert started.returncode == 0, started.stderr
+        (host.home / "sglang-standin.json").unlink()
+        yield Servers(host, yaml, ports)
+    finally:
+        (host.home / "sglang-standin.json").unlink(missing_ok=True)
+        stop = "".join(f"- {{id: stop_{n}, kind: deploy, action: stop, port: {p}, python: {host.python}}}\n"
+                       for n, p in ports.items())  # fmt: skip
+        stopped = runbook_cli("run", str(runbook_file(host, tmp / "stop", stop)), "--log-dir", str(tmp / "logs"))
+        assert stopped.returncode == 0, stopped.stderr
+        shutil.rmtree(models)
+
+
+def eval_yaml(**params: Any) -> str:
+    return "- id: eval\n  kind: eval_acceptance\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in params.items())
+
+
+def test_dflash_acceptance_per_prompt_set_through_the_deploy_steps_facts(servers: Servers, tmp_path, capsys) -> None:
+    steps = servers.deploy["dflash"] + eval_yaml(
+        server="dflash",
+        limit=3,
+        max_new_tokens=48,
+        gates=[
+            "facts.error is none",
+            "exit_code == 0",
+            "not facts.sets_without_results",
+            {"that": "facts.sets.math.mean >= 3.0", "message": "DFlash accepts fewer than 3 tokens per step on math"},
+        ],
+    )
+    code, records, events = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code == 0, records
+    assert records["dflash"]["facts"]["reused"] is True  # the module's server, found by its arguments
+    facts = records["eval"]["facts"]
+    assert facts["base_url"] == servers.base_url("dflash")
+    assert facts["flush"]["flushed"] is True and facts["flush"]["body"].startswith("Cache flushed.")
+    sets = facts["sets"]
+    assert list(sets) == ["math", "code", "chat"]
+    for summary in sets.values():
+        assert summary["prompts"] == summary["measured"] == 3 and summary["failed"] == 0
+        assert summary["unknown_reason"] is None
+        assert 1 < summary["min"] <= summary["p10"] <= summary["median"] <= summary["max"] <= 8  # the draft tokens
+        assert summary["min"] <= summary["mean"] <= summary["max"]
+        assert summary["completion_tokens"] == 3 * 48 and summary["verify_ct"] > 0
+        assert summary["tokens_per_s"] > 0 and summary["prompt_tokens"] > 0
+    assert sets["math"]["mean"] > sets["chat"]["mean"]
+    assert facts["overall"]["prompts"] == 9 and facts["overall"]["completion_tokens"] == 9 * 48
+    for request in facts["requests"]:
+        assert request["accept_length"] == pytest.approx(request["completion_tokens"] / request["verify_ct"])
+        assert request["accept_length"] == pytest.approx(request["server_accept_length"])
+    progress = [e for e in events if e["event"] == "progress" and e["step"] == "eval"]
+    assert len(progress) == 9
+    assert progress[0]["message"].startswith("math 1/3: accept length ")
+    assert progress[-1]["message"].startswith("chat 3/3: accept length ")
+    assert "48 tokens" in progress[-1]["message"] and progress[-1]["fields"]["id"] == "chat-03"
+
+
+def test_a_server_without_speculative_decoding_is_unknown_and_fails_never_reads_as_one(
+    servers: Servers, tmp_path, capsys
+) -> None:
+    steps = eval_yaml(base_url=servers.base_url("baseline"), limit=2, max_new_tokens=16, retry={"attempts": 1})
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0
+    record = records["eval"]
+    assert record["status"] == "failed"
+    assert "prompt sets without an acceptance length" in record["message"]
+    assert "it runs without speculative decoding" in record["message"]  # the reason, in the gate's detail
+    for summary in record["facts"]["sets"].values():
+        assert summary["mean"] is None and summary["median"] is None and summary["p10"] is None
+        assert summary["without_spec"] == 2 and summary["completion_tokens"] == 32  # answered all the same
+
+
+def test_a_refused_cache_flush_is_retried_then_fails_with_the_servers_answer(
+    servers: Servers, tmp_path, capsys
+) -> None:
+    switches(servers.host, fault="refuse_flush_cache")
+    try:
+        steps = eval_yaml(
+            base_url=servers.base_url("dflash"), flush_attempts=3, flush_retry_delay=0.1, retry={"attempts": 1}
+        )
+        code, records, events = run_eval(servers.host, tmp_path, capsys, steps)
+    finally:
+        (servers.host.home / "sglang-standin.json").unlink()
+    assert code != 0
+    record = records["eval"]
+    assert "the acceptance evaluation stopped early" in record["message"]
+    assert "did not flush its cache after 3 attempt(s); it answered HTTP 400: Flush cache failed." in record["message"]
+    assert record["facts"]["flush"]["attempts"] == 3
+    assert record["facts"]["overall"]["prompts"] == 0  # not one prompt was sent on a warm cache
+    assert not [e for e in events if e["event"] == "progress"]
+
+
+def test_the_example_gate_fails_on_a_weak_drafter_with_the_measured_mean(servers: Servers, tmp_path, capsys) -> None:
+    gate = {"that": "facts.sets.math.mean >= 3.0", "message": "DFlash accepts fewer than 3 tokens per step on math"}
+    steps = eval_yaml(
+        base_url=servers.base_url("weak"), prompt_sets=["math"], limit=4, gates=[gate], retry={"attempts": 1}
+    )
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0
+    record = records["eval"]
+    mean = record["facts"]["sets"]["math"]["mean"]
+    assert 1.5 < mean < 2.5
+    assert "DFlash accepts fewer than 3 tokens per step on math" in record["message"]
+    assert f"facts.sets.math.mean = {mean}" in record["message"]
+
+
+def test_a_runbooks_own_jsonl_file_relative_to_the_runbook(servers: Servers, tmp_path, capsys) -> None:
+    (tmp_path / "prompts").mkdir()
+    lines = [
+        {"id": "q1", "prompt": "How many legs do 3 spiders and 2 ants have in total?"},
+        {"text": "Tell me about the moons of Jupiter."},
+        {"id": 7, "prompt": "Write a Python function that returns the median of a list."},
+    ]
+    (tmp_path / "prompts" / "mine.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    steps = eval_yaml(base_url=servers.base_url("dflash"), prompt_sets={"mine": "prompts/mine.jsonl"}, max_new_tokens=8)
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code == 0, records
+    facts = records["eval"]["facts"]
+    assert list(facts["sets"]) == ["mine"] and facts["sets"]["mine"]["measured"] == 3
+    assert [r["id"] for r in facts["requests"]] == ["q1", "2", "7"]
+
+
+def test_the_api_key_goes_to_the_server_and_nowhere_else(servers: Servers, tmp_path, capsys, monkeypatch) -> None:
+    key = "sk-eval-test-9f8e7d6c5b4a"
+    monkeypatch.setenv("EVAL_TEST_SGLANG_KEY", key)
+    step = eval_yaml(base_url=servers.base_url("dflash"), prompt_sets=["chat"], limit=1, api_key_var="SGLANG_API_KEY")
+    secrets = "secrets:\n  SGLANG_API_KEY: {env: EVAL_TEST_SGLANG_KEY}\n"
+    path = tmp_path / "eval.yaml"
+    path.write_text("name: eval\n" + servers.host.host_yaml() + secrets + "steps:\n" + textwrap.indent(step, "  "))
+    assert main(["run", str(path), "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert key not in out.out + out.err
+    for file in (tmp_path / "logs").rglob("*"):
+        if file.is_file():
+            assert key.encode() not in file.read_bytes(), file
+
+
+def test_meta_info_of_unexpected_types_fails_the_attempt_with_a_message() -> None:
+    document = {
+        "base_url": "http://127.0.0.1:30000",
+        "error": None,
+        "flush": {"flushed": True, "attempts": 1, "status": 200, "body": "Cache flushed."},
+        "planned": {"math": 1},
+        "sets": {"math": [{"id": "m1", "seconds": 0.5, "completion_tokens": "many", "spec_verify_ct": 4}]},
+    }
+    collect = Collector()
+    collect.stdout.feed((json.dumps(document) + "\n").encode())
+    result = collect.result(0)
+    with pytest.raises(FactsError, match="meta_info has fields of unexpected types"):
+        EvalAcceptanceStep(id="e", base_url="http://h").parse_facts(result)
