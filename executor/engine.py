@@ -65,19 +65,24 @@ class RunOptions:
     only_step: str | None = None
 
 
-def used_vars(spec: StepSpec, names: list[str], host: str) -> list[str]:
+def used_vars(spec: StepSpec, variables: Mapping[str, str], host: str) -> list[str]:
     """The vars a step may read: named in its definition or in the scripts it renders (a kind's host
     program reads HF_ENDPOINT from the environment, say)."""
-    scripts = [script for _label, script in spec.plan(PlanContext(host, {}))]
+    try:
+        scripts = [script for _label, script in spec.plan(PlanContext(host, variables))]
+    except FactsError:  # a parameter that cannot render fails the attempt; its definition still counts
+        scripts = []
     text = "\n".join([spec.model_dump_json(), *scripts])
-    return [name for name in names if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text)]
+    return [
+        name for name in sorted(variables) if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text)
+    ]
 
 
 def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any]) -> str:
     """Changes when the step's definition, its host, or the value of a var it uses changes."""
     variants = [spec, *runbook.fallbacks.get(spec.id, [])]
-    names = sorted(variables)
-    used = sorted({n for v in variants for n in used_vars(v, names, host)})
+    texts = {n: var_text(v) for n, v in variables.items()}
+    used = sorted({n for v in variants for n in used_vars(v, texts, host)})
     body = {
         "step": [v.model_dump(mode="json", exclude={"description"}) for v in variants],
         "host": runbook.hosts[host].model_dump(mode="json"),

@@ -14,12 +14,13 @@ imports every module of the `steps` package, so adding a kind never touches the 
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
@@ -52,20 +53,85 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         raise FactsError(f"{program} printed a document of an unexpected shape: {exc}; stderr: {said}") from None
 
 
+#: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline.
+#: Host programs (steps/*_host.py) are shipped alone and keep their own copy; tests hold them to this one.
+PROGRESS_PREFIX = b"runbook-progress "
+
+#: Bytes of an unfinished line kept while waiting for its end. A progress line is short: a longer line is
+#: not progress, and keeping all of it would let a chatty program grow the controller's memory.
+PROGRESS_LINE_MAX = 65536
+
+_TOO_LONG = b"(a line too long to be progress)"  # stands in for such a line until it ends; not the prefix
+
+
+class ProgressSink(Protocol):
+    """What shows progress: a StepContext, or a test's collector."""
+
+    def progress(self, message: str, **fields: Any) -> None: ...
+
+
+class ProgressLines:
+    """Reads `runbook-progress {json}` lines from one output stream of a command (an OutputSink: `feed`).
+
+    Output arrives in chunks cut anywhere, so an unfinished line waits for the next chunk. Every other
+    line, and a progress line whose JSON is malformed or not an object, is skipped: progress is a
+    display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object.
+    """
+
+    def __init__(self, on_fields: Callable[[dict[str, Any]], None], stream: str = "stderr") -> None:
+        self.on_fields, self.stream = on_fields, stream
+        self.pending = b""
+
+    def feed(self, stream: str, chunk: bytes) -> None:
+        if stream != self.stream:
+            return
+        *lines, rest = (self.pending + chunk).split(b"\n")
+        self.pending = rest if len(rest) <= PROGRESS_LINE_MAX else _TOO_LONG
+        for line in lines:
+            if not line.startswith(PROGRESS_PREFIX):
+                continue
+            try:
+                fields = json.loads(line[len(PROGRESS_PREFIX) :])
+            except ValueError:
+                continue
+            if isinstance(fields, dict):
+                self.on_fields(fields)
+
+
+def progress_messages(ctx: ProgressSink) -> ProgressLines:
+    """The common case: a line's `message` is the progress text and its other keys are the fields.
+
+    A line without a message is skipped.
+    """
+
+    def show(fields: dict[str, Any]) -> None:
+        if "message" in fields:
+            ctx.progress(str(fields.pop("message")), **fields)
+
+    return ProgressLines(show)
+
+
 #: A parameter given as a runbook var (`$name` or `${name}`), for parameters the controller needs as a
-#: number (a port, say): an inventory or `--var` can then set it like any path.
+#: value (a port, a timeout): an inventory or `--var` can then set them per site, like any path.
 VarRef = Annotated[str, StringConstraints(pattern=r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")]
+ValueT = TypeVar("ValueT")
 
 
-def var_int(ctx: RenderContext, value: int | str, what: str) -> int:
-    """An int parameter, or the runbook var it names; a var that is unset or not an integer fails the step."""
-    if isinstance(value, int):
+def resolve_var(ctx: RenderContext, value: ValueT | str, what: str, parse: Callable[[str], ValueT]) -> ValueT:
+    """A parameter's value: as given, or parsed from the runbook var it names (a `VarRef`).
+
+    A var that is unset or does not parse fails the step, naming the parameter and the var.
+    """
+    if not isinstance(value, str):
         return value
     name = value.strip("${}")
     text = ctx.vars.get(name)
-    if text is None or not text.strip().lstrip("-").isdigit():
-        raise FactsError(f"{what}: runbook var {name} must hold an integer, got {text!r}")
-    return int(text)
+    try:
+        if text is None:
+            raise ValueError("it is not set")
+        return parse(text)
+    except ValueError as exc:
+        raise FactsError(f"{what}: runbook var {name} = {text!r} does not fit: {exc}") from None
 
 
 class RenderContext(ABC):

@@ -29,14 +29,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
 
-from executor.durations import Duration
+from executor.durations import Duration, parse_duration
 from executor.model import Gate, Model
 from executor.render import heredoc, host_word
-from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec, VarRef, host_document, var_int
-from steps.download import ProgressSink
+from executor.stepkind import (
+    FactsError,
+    Outcome,
+    RenderContext,
+    StepContext,
+    StepSpec,
+    VarRef,
+    host_document,
+    progress_messages,
+    resolve_var,
+)
 
 HOST_PROGRAM = Path(__file__).with_name("deploy_host.py")
-PROGRESS_PREFIX = b"runbook-progress "
 #: How executor/planner.py's PlanContext answers `fact()` before the run: such a value is not a fact yet.
 RUN_TIME_MARK = "<known at run time"
 #: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
@@ -211,7 +219,7 @@ class DeployStep(StepSpec):
     port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
     extra_args: list[str] = []
     env: dict[str, str] = {}
-    ready_timeout: Duration = 1800.0
+    ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
     stop_timeout: Duration = 60.0
     state_dir: str = "~/.runbook/sglang"
 
@@ -442,14 +450,17 @@ class DeployStep(StepSpec):
         return heredoc(HOST_PROGRAM.read_text(), command=" ".join(command))
 
     def port_number(self, ctx: RenderContext) -> int:
-        port = var_int(ctx, self.port, "port")
+        port = resolve_var(ctx, self.port, "port", int)
         if not 1 <= port <= 65535:
             raise FactsError(f"port: {port} is not a TCP port (1-65535)")
         return port
 
-    def start_script(self, launch: Launch, port: int) -> str:
+    def ready_limit(self, ctx: RenderContext) -> float:
+        return resolve_var(ctx, self.ready_timeout, "ready_timeout", parse_duration)
+
+    def start_script(self, launch: Launch, port: int, ready_timeout: float) -> str:
         config = {"action": "start", "port": port, "bind": self.bind, "env": self.env}
-        config |= {"ready_timeout": self.ready_timeout, "stop_timeout": self.stop_timeout}
+        config |= {"ready_timeout": ready_timeout, "stop_timeout": self.stop_timeout}
         return (
             f"# start the SGLang server on {self.bind}:{port}, or reuse the one running there with the same "
             "arguments\n" + launch.comment() + self._program(config, launch.words())
@@ -461,7 +472,9 @@ class DeployStep(StepSpec):
 
     def render(self, ctx: RenderContext) -> str:
         port = self.port_number(ctx)
-        return self.stop_script(port) if self.action == "stop" else self.start_script(self.launch(ctx), port)
+        if self.action == "stop":
+            return self.stop_script(port)
+        return self.start_script(self.launch(ctx), port, self.ready_limit(ctx))
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
         port = self.port_number(ctx)
@@ -478,9 +491,10 @@ class DeployStep(StepSpec):
     async def execute(self, ctx: StepContext) -> Outcome:
         port = self.port_number(ctx)
         launch = None if self.action == "stop" else self.launch(ctx)
-        script = self.stop_script(port) if launch is None else self.start_script(launch, port)
-        limit = self.timeout or self.ready_timeout + 2 * self.stop_timeout + 60
-        result = await ctx.run(script, timeout=limit, on_output=ProgressLines(ctx).feed)
+        ready = self.ready_limit(ctx)
+        script = self.stop_script(port) if launch is None else self.start_script(launch, port, ready)
+        limit = self.timeout or ready + 2 * self.stop_timeout + 60
+        result = await ctx.run(script, timeout=limit, on_output=progress_messages(ctx).feed)
         if result.timed_out or result.interrupted:
             return Outcome(result)
         if launch is None:
@@ -501,26 +515,3 @@ class DeployStep(StepSpec):
     def _argv_value(argv: list[str], option: str) -> str | None:
         """The value after `option` in the argv the host ran: paths as the host expanded them."""
         return argv[argv.index(option) + 1] if option in argv[:-1] else None
-
-
-class ProgressLines:
-    """Turns the host program's `runbook-progress {json}` lines on stderr into live progress."""
-
-    def __init__(self, ctx: ProgressSink) -> None:
-        self.ctx = ctx
-        self.pending = b""
-
-    def feed(self, stream: str, chunk: bytes) -> None:
-        if stream != "stderr":
-            return
-        lines = (self.pending + chunk).split(b"\n")
-        self.pending = lines.pop()[-8192:]
-        for line in lines:
-            if not line.startswith(PROGRESS_PREFIX):
-                continue
-            try:
-                fields = json.loads(line[len(PROGRESS_PREFIX) :])
-                message = str(fields.pop("message"))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-            self.ctx.progress(message, **fields)

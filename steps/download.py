@@ -32,19 +32,27 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
 from executor.durations import Duration, format_duration
 from executor.model import Gate
 from executor.render import heredoc, host_word
-from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
+from executor.stepkind import (
+    PROGRESS_PREFIX,
+    FactsError,
+    Outcome,
+    ProgressLines,
+    ProgressSink,
+    RenderContext,
+    StepContext,
+    StepSpec,
+)
 from executor.transport.base import CommandResult
 
 Method = Literal["hf_cli", "snapshot_download", "http"]
 HOST_PROGRAM = Path(__file__).with_name("download_host.py")
-PROGRESS_PREFIX = b"runbook-progress "
 PROGRESS_EVERY_S = 2
 #: The checks list files and stat them; they get this long whatever the step's own timeout.
 CHECK_TIMEOUT_S = 120.0
@@ -432,15 +440,12 @@ def resumed_bytes(run: CommandResult) -> int:
         return 0
 
 
-class ProgressSink(Protocol):
-    def progress(self, message: str, **fields: Any) -> None: ...
-
-
 class ProgressMeter:
     """Turns the size lines of a method's script into live progress: bytes done of total, rate, ETA.
 
     `done` starts at the bytes complete before the method ran and grows with the folder's size; the rate is
-    over the method's time so far. Output is fed in arbitrary chunks; lines are split per stream.
+    over the method's time so far. The script prints the size lines on stdout (the method's own output goes
+    around them); `feed` is the OutputSink for the command.
     """
 
     def __init__(
@@ -448,19 +453,15 @@ class ProgressMeter:
     ) -> None:
         self.ctx, self.repo, self.method, self.total, self.done_before = ctx, repo, method, total, done_before
         self.clock = clock
-        self.pending: dict[str, bytes] = {}
         self.first: tuple[float, int] | None = None
+        self.feed = ProgressLines(self._size_line, stream="stdout").feed
 
-    def feed(self, stream: str, chunk: bytes) -> None:
-        lines = (self.pending.get(stream, b"") + chunk).split(b"\n")
-        self.pending[stream] = lines.pop()[-4096:]
-        for line in lines:
-            if line.startswith(PROGRESS_PREFIX):
-                try:
-                    size = int(json.loads(line[len(PROGRESS_PREFIX) :])["disk_bytes"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                self.update(size)
+    def _size_line(self, fields: dict[str, Any]) -> None:
+        try:
+            size = int(fields["disk_bytes"])
+        except (ValueError, KeyError, TypeError):
+            return
+        self.update(size)
 
     def update(self, disk_bytes: int) -> None:
         now = self.clock()

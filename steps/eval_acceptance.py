@@ -46,15 +46,21 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from executor.model import Gate, Model
 from executor.render import heredoc, host_word
-from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec, host_document
+from executor.stepkind import (
+    FactsError,
+    Outcome,
+    ProgressLines,
+    RenderContext,
+    StepContext,
+    StepSpec,
+    host_document,
+)
 from executor.transport.base import CommandResult, OutputSink
-from steps.eval_acceptance_host import PROGRESS_PREFIX
 
 HOST_PROGRAM = Path(__file__).with_name("eval_acceptance_host.py")
 SHIPPED = resources.files("steps") / "prompt_sets"
 SET_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # usable in a gate as facts.sets.<name>
 ERRORS_KEPT = 5  # request errors listed per set
-PENDING_MAX = 65536  # bytes of an unfinished stderr line kept while waiting for its end
 
 
 def shipped_sets() -> list[str]:
@@ -269,44 +275,33 @@ def facts_from(document: HostDocument, max_new_tokens: int) -> EvalAcceptanceFac
 
 def progress_sink(ctx: StepContext) -> OutputSink:
     """One ctx.progress call per `runbook-progress {json}` line of the host program (one per prompt)."""
-    pending = bytearray()
     measured: dict[str, list[float]] = {}
 
-    def sink(stream: str, chunk: bytes) -> None:
-        if stream != "stderr":
+    def show(fields: dict[str, Any]) -> None:
+        try:
+            request = request_facts(fields["set"], fields)
+            head = f"{request.set} {fields['done']}/{fields['total']}"
+        except (ValueError, KeyError, TypeError):
             return
-        pending.extend(chunk)
-        *lines, rest = pending.split(b"\n")
-        pending[:] = rest[-PENDING_MAX:]  # a progress line is short: an endless one is not progress
-        for line in lines:
-            text = line.decode("utf-8", "replace")
-            if not text.startswith(PROGRESS_PREFIX):
-                continue
-            try:
-                fields = json.loads(text[len(PROGRESS_PREFIX) :])
-                request = request_facts(fields["set"], fields)
-                head = f"{request.set} {fields['done']}/{fields['total']}"
-            except (ValueError, KeyError, TypeError):
-                continue
-            if request.error is not None:
-                ctx.progress(f"{head}: failed: {request.error}", **fields)
-                continue
-            values = measured.setdefault(request.set, [])
-            if request.accept_length is not None:
-                values.append(request.accept_length)
-            accept = (
-                f"accept length {request.accept_length:.2f} (mean {math.fsum(values) / len(values):.2f})"
-                if request.accept_length is not None
-                else "no speculative decoding fields"
-            )
-            speed = (
-                f", {request.completion_tokens / request.seconds:.1f} tok/s"
-                if request.seconds and request.completion_tokens
-                else ""
-            )
-            ctx.progress(f"{head}: {accept}, {request.completion_tokens} tokens{speed}", **fields)
+        if request.error is not None:
+            ctx.progress(f"{head}: failed: {request.error}", **fields)
+            return
+        values = measured.setdefault(request.set, [])
+        if request.accept_length is not None:
+            values.append(request.accept_length)
+        accept = (
+            f"accept length {request.accept_length:.2f} (mean {math.fsum(values) / len(values):.2f})"
+            if request.accept_length is not None
+            else "no speculative decoding fields"
+        )
+        speed = (
+            f", {request.completion_tokens / request.seconds:.1f} tok/s"
+            if request.seconds and request.completion_tokens
+            else ""
+        )
+        ctx.progress(f"{head}: {accept}, {request.completion_tokens} tokens{speed}", **fields)
 
-    return sink
+    return ProgressLines(show).feed
 
 
 # ----------------------------------------------------------------------------------------------- step

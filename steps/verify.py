@@ -18,16 +18,15 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.model import Gate
 from executor.render import heredoc, host_word
-from executor.stepkind import Outcome, RenderContext, StepContext, StepSpec, host_document
+from executor.stepkind import Outcome, ProgressLines, RenderContext, StepContext, StepSpec, host_document
 from executor.transport.base import CommandResult, OutputSink
 from steps.download import Patterns, RepoId
-from steps.verify_host import PROGRESS_PREFIX
 
 HOST_PROGRAM = Path(__file__).with_name("verify_host.py").read_text()
 GIB = 1 << 30
@@ -126,27 +125,16 @@ class VerifyStep(StepSpec):
 
 def progress_sink(ctx: StepContext) -> OutputSink:
     """Turn the host program's `runbook-progress {json}` stderr lines into ctx.progress calls."""
-    pending = bytearray()
 
-    def sink(stream: str, chunk: bytes) -> None:
-        if stream != "stderr":
+    def show(fields: dict[str, Any]) -> None:
+        try:
+            message = (
+                f"hashed {fields['files_done']}/{fields['files_total']} files, "
+                f"{fields['bytes_done'] / GIB:.1f}/{fields['bytes_total'] / GIB:.1f} GiB "
+                f"at {fields['bytes_per_s'] / GIB:.2f} GiB/s"
+            )
+        except (ValueError, KeyError, TypeError):
             return
-        pending.extend(chunk)
-        *lines, rest = pending.split(b"\n")
-        pending[:] = rest
-        for line in lines:
-            text = line.decode("utf-8", "replace")
-            if not text.startswith(PROGRESS_PREFIX):
-                continue
-            try:
-                fields = json.loads(text[len(PROGRESS_PREFIX) :])
-                message = (
-                    f"hashed {fields['files_done']}/{fields['files_total']} files, "
-                    f"{fields['bytes_done'] / GIB:.1f}/{fields['bytes_total'] / GIB:.1f} GiB "
-                    f"at {fields['bytes_per_s'] / GIB:.2f} GiB/s"
-                )
-            except (ValueError, KeyError, TypeError):
-                continue
-            ctx.progress(message, **fields)
+        ctx.progress(message, **fields)
 
-    return sink
+    return ProgressLines(show).feed

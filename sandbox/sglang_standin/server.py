@@ -426,6 +426,7 @@ ROUTES: dict[str, dict[str, Any]] = {
 class StandinHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # the default backlog (5) resets connections when a benchmark opens dozens at once
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -1,18 +1,29 @@
-"""The flagship runbook, unedited, against the test host and the Hub test double (--inventory)."""
+"""The flagship runbook, unedited, against the test host, the Hub test double and the SGLang stand-in
+(--inventory lays the site over it), end to end and through each failure mode of part 2."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from executor import audit
 from executor.cli import main
 from sandbox.repos import TARGET_ID
+from sandbox.sglang_standin import faults as standin_switches
+from sandbox.sshd import free_port
 
 RUNBOOK = Path("runbooks/k26_dflash.yaml")
+#: The stand-in decodes fast and starts at once, so the runbook's full benchmark takes seconds.
+FAST = {"decode_tokens_per_s": 1500.0, "startup_s": 0.5}
 
 
 def site(tmp_path: Path, host: Any, hub: Any) -> Path:
@@ -27,6 +38,7 @@ def site(tmp_path: Path, host: Any, hub: Any) -> Path:
                     "sglang_python": str(host.python),
                     "hf_cli": str(host.python.parent / "hf"),
                     "HF_ENDPOINT": hub.endpoint,
+                    "sglang_port": free_port(),
                 },
             }
         )
@@ -44,29 +56,165 @@ def facts(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     return {s["step"]: s for s in json.loads(capsys.readouterr().out)["steps"]}
 
 
-def test_the_runbook_runs_unedited_on_the_test_host(tmp_path, testhost, hub, capsys, monkeypatch) -> None:
+def failed_step(events: list[dict[str, Any]]) -> dict[str, Any]:
+    (failed,) = [e for e in events if e["event"] == "step_finished" and e["status"] == "failed"]
+    return failed
+
+
+def run_dir(events: list[dict[str, Any]]) -> Path:
+    return Path(next(e["run_dir"] for e in events if e["event"] == "run_started"))
+
+
+def commands_of(events: list[dict[str, Any]]) -> set[str]:
+    """The steps that ran a command on the host in that run, from its audit log."""
+    return {record["step"] for _, record, _ in audit.read_records(run_dir(events)) if record}
+
+
+class Flagship:
+    """The runbook's site on the h200 test host, with the token in the environment."""
+
+    def __init__(self, tmp_path: Path, host: Any, hub: Any) -> None:
+        self.host, self.hub = host, hub
+        self.inventory, self.logs = site(tmp_path, host, hub), tmp_path / "logs"
+        self.port = yaml.safe_load(self.inventory.read_text())["vars"]["sglang_port"]
+        self.state_file = host.home / ".runbook" / "sglang" / f"{self.port}.json"
+
+    def args(self, *more: str) -> list[str]:
+        return ["--inventory", str(self.inventory), "--log-dir", str(self.logs), *more]
+
+    def switch(self, **switches: Any) -> None:
+        """Set the SGLang stand-in's switches (read when a server starts), on top of FAST."""
+        standin_switches.path(self.host.home).write_text(json.dumps(FAST | switches))
+
+    def kill_server(self) -> None:
+        """What an operator's `kill` would do: the server recorded on the port dies (its record stays)."""
+        if self.state_file.exists():
+            pgid = json.loads(self.state_file.read_text())["pgid"]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture
+def flagship(tmp_path: Path, testhost: Any, hub: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Flagship]:
     monkeypatch.setenv("HF_TOKEN", hub.token)
-    inventory, logs = site(tmp_path, testhost("h200"), hub), tmp_path / "logs"
-    code, events = run(capsys, "--inventory", str(inventory), "--log-dir", str(logs))
+    made = Flagship(tmp_path, testhost("h200"), hub)
+    made.switch()
+    yield made
+    made.kill_server()
+    standin_switches.path(made.host.home).unlink(missing_ok=True)
+
+
+def test_the_runbook_runs_end_to_end_unedited(flagship: Flagship, capsys: pytest.CaptureFixture[str]) -> None:
+    code, events = run(capsys, *flagship.args())
     assert code == 0, [e for e in events if e["event"] in ("attempt_failed", "step_finished")]
-    steps = facts(logs, capsys)
+    steps = facts(flagship.logs, capsys)
     probe = steps["probe"]["facts"]
     assert probe["gpu_arch"] == "sm90" and probe["gpu_count"] == 1
     assert probe["sglang"]["dflash"] is True and probe["hf_token"]["source"] == "env HF_TOKEN"
     assert steps["download_drafter"]["facts"]["method"] == "hf_cli"
-    assert steps["verify_target"]["facts"]["files_expected"] == len(hub.repos[TARGET_ID].files)
+    assert steps["verify_target"]["facts"]["files_expected"] == len(flagship.hub.repos[TARGET_ID].files)
     assert steps["inspect"]["facts"]["drafter"]["block_size"]["value"] == 8
-    token_bytes = hub.token.encode()
-    assert not [p for p in logs.rglob("*") if p.is_file() and token_bytes in p.read_bytes()]
+
+    baseline, dflash = steps["deploy_baseline"]["facts"], steps["deploy_dflash"]["facts"]
+    assert baseline["speculative_algorithm"] is None and "--speculative-algorithm" not in baseline["argv"]
+    argv = dflash["argv"]
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the drafter's block size
+    assert argv[argv.index("--tp-size") + 1] == "1"  # the GPU count
+    assert argv[argv.index("--attention-backend") + 1] == "fa3"  # Hopper, sm90
+    assert dflash["previous"]["action"] == "stopped"  # the baseline made room for it on the port
+    assert steps["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
+    bench = steps["benchmark_dflash"]["facts"]
+    assert [r["max_concurrency"] for r in bench["runs"]] == [1, 4, 16, 32]
+    assert bench["speedup"]["by_concurrency"]["1"] > 1.0
+    assert steps["stop"]["facts"]["stopped"] is True
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", flagship.port)) != 0  # the GPUs are free again
+
+    folder = run_dir(events)
+    report = json.loads((folder / "report.json").read_text())
+    titles = [t["title"] for t in report["tables"]]
+    assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
+    assert (folder / "report.md").read_text().startswith("# Benchmark")
+    assert (folder / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["report", str(folder)]) == 0
+    assert "Acceptance length per prompt set" in capsys.readouterr().out
+    assert main(["audit", "verify", str(folder)]) == 0
+    assert capsys.readouterr().out.startswith("intact")
+    token_bytes = flagship.hub.token.encode()
+    assert not [p for p in flagship.logs.rglob("*") if p.is_file() and token_bytes in p.read_bytes()]
 
     # a shard goes bad on disk: verify (repair: true) finds it, fetches it again and passes
-    shard = next(p for p in (tmp_path / "models" / "Kimi-K2.6").glob("*.safetensors"))
+    shard = next(p for p in (flagship.logs.parent / "models" / "Kimi-K2.6").glob("*.safetensors"))
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
-    code, events = run(capsys, "--inventory", str(inventory), "--log-dir", str(logs), "--from", "verify_target")
+    code, events = run(capsys, *flagship.args("--only", "verify_target"))
     assert code == 0
-    assert facts(logs, capsys)["verify_target"]["facts"]["repaired"] == [shard.name]
+    assert facts(flagship.logs, capsys)["verify_target"]["facts"]["repaired"] == [shard.name]
+
+
+def test_a_crash_at_start_up_fails_deploy_with_the_log_line_and_resume_skips_the_downloads(
+    flagship: Flagship, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flagship.switch(fault="crash_at_startup")
+    code, events = run(capsys, *flagship.args())
+    assert code == 1
+    failed = failed_step(events)
+    assert failed["step"] == "deploy_baseline"
+    message = failed["failures"][0]
+    assert "during start-up" in message and "torch.OutOfMemoryError: CUDA out of memory" in message
+
+    flagship.switch()  # the cause is fixed
+    code, events = run(capsys, *flagship.args("--resume"))
+    assert code == 0, [e for e in events if e["event"] in ("attempt_failed", "step_finished")]
+    ran = commands_of(events)
+    assert not ran & {"probe", "download_drafter", "verify_drafter", "download_target", "verify_target", "inspect"}
+    assert {"deploy_baseline", "benchmark_baseline", "eval", "benchmark_dflash", "stop"} <= ran
+    assert (run_dir(events) / "report.json").exists()
+
+
+def test_a_server_never_healthy_fails_deploy_after_its_ready_timeout(
+    flagship: Flagship, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flagship.switch(fault="never_healthy")
+    code, events = run(capsys, *flagship.args("--var", "sglang_ready_timeout=3s"))
+    assert code == 1
+    failed = failed_step(events)
+    assert failed["step"] == "deploy_baseline"
+    assert "the server was not ready after 3s: /health answered 503" in failed["failures"][0]
+    assert not flagship.state_file.exists()  # it was stopped, and its record with it
+
+
+def test_a_port_taken_by_another_program_fails_deploy_naming_it(
+    flagship: Flagship, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", flagship.port))
+        squatter.listen()
+        code, events = run(capsys, *flagship.args())
+    assert code == 1
+    failed = failed_step(events)
+    assert failed["step"] == "deploy_baseline"
+    assert f"port {flagship.port} is taken by pid {os.getpid()}" in failed["failures"][0]
+
+
+def test_acceptance_below_the_gate_fails_eval_and_a_fixed_drafter_continues_from_deploy(
+    flagship: Flagship, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flagship.switch(accept_length=2.0)
+    code, events = run(capsys, *flagship.args())
+    assert code == 1
+    failed = failed_step(events)
+    assert failed["step"] == "eval"
+    assert "DFlash accepts fewer than 3 tokens per verify step on the math set" in failed["failures"][0]
+
+    flagship.switch()  # the operator swaps the drafter for a better one, so the server must start again
+    flagship.kill_server()
+    code, events = run(capsys, *flagship.args("--from", "deploy_dflash"))
+    assert code == 0, [e for e in events if e["event"] in ("attempt_failed", "step_finished")]
+    assert commands_of(events) == {"deploy_dflash", "eval", "benchmark_dflash", "stop"}
+    assert facts(flagship.logs, capsys)["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
 
 
 def test_no_token_is_a_clear_gate_failure(tmp_path, testhost, hub, capsys, monkeypatch) -> None:
@@ -95,3 +243,6 @@ def test_plan_shows_every_download_method(tmp_path, testhost, hub, capsys) -> No
     for step in ("download_drafter", "download_target"):
         section = out.split(f"'{step}'")[1].split("## step")[0]
         assert all(method in section for method in ("hf_cli", "snapshot_download", "http")), step
+    deploy = out.split("'deploy_dflash'")[1].split("## step")[0]
+    for shown in ("-m sglang.launch_server", "--speculative-algorithm DFLASH", "--tp-size <known at run time"):
+        assert shown in deploy

@@ -31,7 +31,7 @@ from executor.stepkind import FactsError, RenderContext
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
 from steps import deploy_host
-from steps.deploy import DeployStep, ProgressLines
+from steps.deploy import DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
 from steps.probe_host import literal_lists
 
@@ -270,35 +270,7 @@ def test_runbook_plan_shows_the_launch_command(tmp_path: Path, write_runbook: An
     assert "# stop the server on port 30000" in out and "#   gate: facts.failure is none" in out
 
 
-# ----------------------------------------------------------------------------- progress, host program parts
-
-
-@given(st.lists(st.integers(min_value=1, max_value=40), max_size=30))
-def test_progress_lines_survive_any_chunking(cuts: list[int]) -> None:
-    lines = [
-        b'runbook-progress {"message": "started the server: pid 7", "phase": "started", "pid": 7}\n',
-        b"a line of the server's own\n",
-        b'runbook-progress {"message": "ready after 1.5s", "ready_s": 1.5}\n',
-        b"runbook-progress not json\n",
-    ]
-    data = b"".join(lines)
-    seen: list[tuple[str, dict[str, Any]]] = []
-
-    class Sink:
-        def progress(self, message: str, **fields: Any) -> None:
-            seen.append((message, fields))
-
-    feed = ProgressLines(Sink())
-    pos = 0
-    for cut in cuts:
-        feed.feed("stderr", data[pos : pos + cut])
-        feed.feed("stdout", b'runbook-progress {"message": "stdout is the document"}\n')
-        pos += cut
-    feed.feed("stderr", data[pos:])
-    assert seen == [
-        ("started the server: pid 7", {"phase": "started", "pid": 7}),
-        ("ready after 1.5s", {"ready_s": 1.5}),
-    ]
+# ----------------------------------------------------------------------------- host program parts
 
 
 def test_error_line_is_the_exception_not_the_parent_s_last_words() -> None:
@@ -603,8 +575,18 @@ def test_the_port_may_come_from_a_runbook_var() -> None:
     assert "--port 31234" in step.launch(PlanContext("box", {"sglang_port": "31234"})).comment().replace(" \\\n#", "")
     stop = DeployStep.model_validate({"id": "stop", "kind": "deploy", "action": "stop", "port": "${sglang_port}"})
     assert '"port": 31234' in stop.render(PlanContext("box", {"sglang_port": "31234"}))
-    for value, message in (("web", "must hold an integer, got 'web'"), ("70000", "70000 is not a TCP port")):
+    for value, message in (("web", "sglang_port = 'web' does not fit"), ("70000", "70000 is not a TCP port")):
         with pytest.raises(FactsError, match=message):
             stop.render(PlanContext("box", {"sglang_port": value}))
     with pytest.raises(ValidationError):
         dflash(port="30000; rm -rf /")
+
+
+def test_the_ready_timeout_may_come_from_a_runbook_var() -> None:
+    step = dflash(ready_timeout="$ready")
+    facts = Facts(probe=probe_facts("sm90"), inspect=inspect_facts())
+    facts.vars = {"ready": "90s"}
+    assert '"ready_timeout": 90.0' in step.render(facts)
+    facts.vars = {"ready": "soon"}
+    with pytest.raises(FactsError, match="ready_timeout: runbook var ready = 'soon' does not fit: expected a duration"):
+        step.render(facts)

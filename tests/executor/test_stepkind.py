@@ -1,0 +1,84 @@
+"""The step kinds' shared reader of host programs' `runbook-progress {json}` lines (executor/stepkind.py):
+lines survive any cutting of the stream, other streams and other lines are ignored, a garbled line is skipped,
+an endless line is not kept whole; and every host program prints the prefix the controller reads."""
+
+from __future__ import annotations
+
+import itertools
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from executor.stepkind import PROGRESS_LINE_MAX, PROGRESS_PREFIX, ProgressLines, progress_messages
+from steps import deploy_host, eval_acceptance_host, verify_host
+
+STDERR = (
+    b'runbook-progress {"message": "started the server: pid 7", "phase": "started", "pid": 7}\n'
+    b'a line of the server\'s own, mentioning runbook-progress {"message": "not at the start"}\n'
+    b'runbook-progress {"message": "ready after 1.5s", "ready_s": 1.5}\n'
+    b"runbook-progress not json\n"
+    b'runbook-progress {"message": "cut short"\n'
+    b'runbook-progress ["not", "an", "object"]\n'
+    b'runbook-progress {"phase": "no message"}\n'
+    b'runbook-progress {"message": "\xc3\xa9t\xc3\xa9 (utf-8)", "n": 3}\n'
+    b"\n"
+    b"the last line has no newline yet: runbook-progress "
+)
+SHOWN = [
+    ("started the server: pid 7", {"phase": "started", "pid": 7}),
+    ("ready after 1.5s", {"ready_s": 1.5}),
+    ("\u00e9t\u00e9 (utf-8)", {"n": 3}),
+]
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def progress(self, message: str, **fields: Any) -> None:
+        self.calls.append((message, fields))
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STDERR)), max_size=20), st.booleans())
+def test_progress_lines_survive_any_chunking(cuts: list[int], stdout_between: bool) -> None:
+    ctx = Collect()
+    reader = progress_messages(ctx)
+    for start, end in itertools.pairwise([0, *sorted(cuts), len(STDERR)]):
+        reader.feed("stderr", STDERR[start:end])
+        if stdout_between:  # stdout carries the host program's document, never progress
+            reader.feed("stdout", b'runbook-progress {"message": "stdout is the document"}\nhalf a line ')
+    assert ctx.calls == SHOWN
+
+
+def test_a_line_too_long_to_be_progress_is_not_kept_and_not_read() -> None:
+    seen: list[dict[str, Any]] = []
+    reader = ProgressLines(seen.append)
+    head = PROGRESS_PREFIX + b'{"pad": "'
+    longest = head + b"z" * (PROGRESS_LINE_MAX - len(head) - 2) + b'"}'  # a progress line of the longest kept
+    assert len(longest) == PROGRESS_LINE_MAX
+    reader.feed("stderr", longest)
+    reader.feed("stderr", b"\n")
+    reader.feed("stderr", b"noise before it: " + longest)  # its end looks like progress; the line is not
+    reader.feed("stderr", b"\n")
+    for _ in range(3):
+        reader.feed("stderr", b"y" * PROGRESS_LINE_MAX)
+        assert len(reader.pending) <= PROGRESS_LINE_MAX
+    reader.feed("stderr", b"\n" + PROGRESS_PREFIX + b'{"next": 1}\n')
+    assert [set(fields) for fields in seen] == [{"pad"}, {"next"}]
+
+
+def test_a_reader_for_stdout_ignores_stderr() -> None:
+    seen: list[dict[str, Any]] = []
+    reader = ProgressLines(seen.append, stream="stdout")
+    reader.feed("stderr", PROGRESS_PREFIX + b'{"disk_bytes": 1}\n')
+    reader.feed("stdout", PROGRESS_PREFIX + b'{"disk_bytes": 2}\n')
+    assert seen == [{"disk_bytes": 2}]
+
+
+@pytest.mark.parametrize("host", [deploy_host, eval_acceptance_host, verify_host], ids=lambda m: m.__name__)
+def test_host_programs_print_the_prefix_the_controller_reads(host: ModuleType) -> None:
+    """Host programs are shipped alone, so each keeps its own copy of the prefix; it must be this one."""
+    assert host.PROGRESS_PREFIX.encode() == PROGRESS_PREFIX
