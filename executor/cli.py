@@ -157,10 +157,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
             else:
                 os.environ["HF_TOKEN"] = saved
     run_dir = args.log_dir / _latest(args.log_dir, None).run_id
-    err.print(Text(f"demo: exit {code}; audit log {run_dir / audit.AUDIT_FILE}"))
-    err.print(Text(f"demo: check it with `runbook audit verify {run_dir}`"))
-    if (run_dir / "report.md").exists():
-        err.print(Text(f"demo: report {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'speedup.png'}"))
+    if (run_dir / REPORT_FILE).exists() and not args.json:
+        cmd_report(argparse.Namespace(run_dir=run_dir, json=False))
+    for line in (
+        f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})",
+        f"report: {run_dir / 'report.md'} (again: runbook report {run_dir})"
+        if (run_dir / REPORT_FILE).exists()
+        else f"no report: see runbook status --log-dir {args.log_dir}",
+        "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
+        "runbook working, not how fast Kimi-K2.6 is",
+        "on your GPU host: HF_TOKEN=hf_... runbook run runbooks/k26_dflash.yaml --inventory my-site.yaml",
+    ):
+        err.print(Text(f"demo: {line}"))
     return code
 
 

@@ -17,9 +17,11 @@ Nothing here is used by a real run; `runbook run` never imports this package.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,6 +60,13 @@ def _ssh_server(kind: SshServerKind, root: Path, env: dict[str, str]) -> tuple[s
     return proc, server, "embedded"
 
 
+def stop_servers(home: Path) -> None:
+    """Stop SGLang stand-ins a run left behind (an interrupted demo): deploy records each one's group."""
+    for record in (home / ".runbook" / "sglang").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
+
+
 @contextmanager
 def demo_site(log_dir: Path, ssh: SshServerKind = "auto", say: Callable[[str], None] = print) -> Iterator[DemoSite]:
     """The test host and local Hub, running, and an inventory for them; all stopped on exit."""
@@ -84,6 +93,7 @@ def demo_site(log_dir: Path, ssh: SshServerKind = "auto", say: Callable[[str], N
             inventory.write_text(yaml.safe_dump({"hosts": {"gpu": server.host_dict()}, "vars": site_vars}))
             yield DemoSite(RUNBOOK, inventory, hub.token, served_by, root)
     finally:
+        stop_servers(home)
         proc.terminate()
         try:
             proc.wait(timeout=10)
