@@ -29,7 +29,7 @@ from executor.engine import Engine, RunOptions
 from executor.errors import InvalidRunbook, Problem, ResumeError, RunbookError, RunLocked, SecretMissing
 from executor.events import ConsoleReporter, JsonReporter, Reporter
 from executor.loader import Runbook, load_runbook
-from executor.planner import plan_text
+from executor.planner import plan_text, render_problems
 from executor.state import RunMeta, list_runs, open_state
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -115,16 +115,26 @@ def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
     return values
 
 
+def load_checked(file: Path, inventory: Path | None, var_pairs: Sequence[str]) -> tuple[Runbook, dict[str, Any]]:
+    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook)."""
+    runbook = load_runbook(file, inventory)
+    overrides = _parse_vars(var_pairs, runbook)
+    problems = render_problems(runbook, overrides)
+    if problems:
+        raise InvalidRunbook(problems)
+    return runbook, overrides
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    runbook = load_runbook(args.file, args.inventory)
+    runbook, _ = load_checked(args.file, args.inventory, [])
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     print(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    runbook = load_runbook(args.file, args.inventory)
-    out.print(plan_text(runbook, _parse_vars(args.var, runbook)), markup=False, highlight=False, soft_wrap=True)
+    runbook, overrides = load_checked(args.file, args.inventory, args.var)
+    out.print(plan_text(runbook, overrides), markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -173,10 +183,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    runbook = load_runbook(args.file, args.inventory)
+    runbook, overrides = load_checked(args.file, args.inventory, args.var)
     options = RunOptions(
         log_dir=args.log_dir,
-        var_overrides=_parse_vars(args.var, runbook),
+        var_overrides=overrides,
         resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
@@ -296,13 +306,18 @@ def cmd_report(args: argparse.Namespace) -> int:
             (str(t["title"]), [str(c) for c in t["columns"]], [list(map(str, r)) for r in t["rows"]])
             for t in report.get("tables", [])
         ]
+        notes = [str(note) for note in _listed(report.get("notes", []))]
+        figures = [(str(f.get("title", "figure")), str(f.get("path", ""))) for f in _listed(report.get("figures", []))]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ResumeError(f"{path}: not a report (expected title, tables of title/columns/rows): {exc!r}") from None
+        raise ResumeError(
+            f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): "
+            f"{exc!r}"
+        ) from None
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
     out.print(Text(str(report.get("title", path)), style="bold"))
-    for note in report.get("notes", []):
+    for note in notes:
         out.print(Text(f"- {note}"))
     for title, columns, rows in tables:
         table = Table(title=Text(title))
@@ -313,9 +328,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         # a table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut
         wanted = out.measure(table, options=out.options.update_width(10_000)).maximum
         Console(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
-    for figure in report.get("figures", []):
-        out.print(Text(f"{figure.get('title', 'figure')}: {args.run_dir / str(figure.get('path', ''))}"))
+    for title, figure in figures:
+        out.print(Text(f"{title}: {args.run_dir / figure}"))
     return EXIT_OK
+
+
+def _listed(value: Any) -> list[Any]:
+    """A report's list (notes, figures); anything else (a string, a number) is no report."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ class Runbook:
     steps: list[StepSpec]
     fallbacks: dict[str, list[StepSpec]] = field(default_factory=dict)
     step_hosts: dict[str, list[str]] = field(default_factory=dict)
+    step_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (line, column) of each step
 
     @property
     def name(self) -> str:
@@ -250,12 +251,15 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     kinds = step_kinds()
     steps: list[StepSpec] = []
     indices: list[int] = []  # each valid step's position in the raw list
+    broken: set[str] = set()  # ids of steps that did not validate: already reported, not "missing"
     fallbacks: dict[str, list[StepSpec]] = {}
     raw_steps: list[Any] = data["steps"] if isinstance(data.get("steps"), list) else []
     for index, raw in enumerate(raw_steps):
         _check_fallback_keys(raw, ("steps", index, "fallbacks"), pos)
         spec = _step(raw, kinds, ("steps", index), pos)
         if spec is None:
+            if isinstance(raw, dict) and isinstance(raw.get("id"), str):
+                broken.add(raw["id"])
             continue
         steps.append(spec)
         indices.append(index)
@@ -266,7 +270,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         ]
     runbook = Runbook(path, header, steps, fallbacks) if header is not None else None
     if runbook is not None:
-        _cross_check(runbook, indices, pos)
+        _cross_check(runbook, indices, pos, broken)
     if pos.problems or runbook is None:
         raise InvalidRunbook(sorted(pos.problems, key=lambda p: (p.line, p.column)))
     return runbook
@@ -311,7 +315,7 @@ def _check_fallback_keys(raw: Any, loc: Loc, pos: _Positions) -> None:
             pos.problem((*loc, j, key), f"a fallback cannot change '{key}'", key=True)
 
 
-def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions) -> None:
+def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions, broken: set[str]) -> None:
     hosts = runbook.hosts
     seen: dict[str, int] = {}
     for index, spec in zip(indices, runbook.steps, strict=True):
@@ -319,6 +323,7 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions) -> None:
         if spec.id in seen:
             pos.problem(loc, f"duplicate step id '{spec.id}' (also step {seen[spec.id] + 1})")
         seen.setdefault(spec.id, index)
+        runbook.step_positions.setdefault(spec.id, pos.at(loc[:-1]))
         runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, loc[:-1], pos)
         for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
             for g, gate in enumerate(variant.effective_gates()):
@@ -330,7 +335,7 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions) -> None:
                     if ref not in seen or ref == spec.id:
                         pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
         gate_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
-        for ref in sorted(spec.needs() - gate_refs):  # a parameter naming a step (server:, probe:, ...)
+        for ref in sorted(spec.needs() - gate_refs - broken):  # a parameter naming a step (server:, ...)
             if ref not in seen or ref == spec.id:
                 text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
                 pos.problem(loc[:-1], text + _did_you_mean(ref, seen))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from executor.errors import Problem
 from executor.loader import Runbook
 from executor.model import var_text
 from executor.render import render_command
@@ -20,6 +21,25 @@ class PlanContext(RenderContext):
 
     def fact(self, step_id: str, path: str) -> Any:
         return f"<known at run time: steps.{step_id}.facts.{path}>"
+
+
+def render_problems(runbook: Runbook, overrides: Mapping[str, Any]) -> list[Problem]:
+    """Steps that cannot render with these vars (a port var holding `abc`, say), each at its line.
+
+    Checked before a run starts, so that a bad value stops it at once instead of at step 7 after
+    hours of downloads; `validate` and `plan` report the same.
+    """
+    env = {k: var_text(v) for k, v in {**runbook.header.vars, **overrides}.items()}
+    problems = []
+    for spec in runbook.steps:
+        for host in runbook.step_hosts[spec.id]:
+            for variant in [spec, *runbook.fallbacks.get(spec.id, [])]:
+                try:
+                    variant.plan(PlanContext(host, env))
+                except FactsError as exc:
+                    line, column = runbook.step_positions.get(spec.id, (1, 1))
+                    problems.append(Problem(str(runbook.path), line, column, f"step '{spec.id}': {exc}"))
+    return list(dict.fromkeys(problems))
 
 
 def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
@@ -40,12 +60,7 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
                 lines.append(f"\n## step {number} '{spec.id}' ({spec.kind}) on {host} [{address}], {via}")
                 for gate in variant.effective_gates():
                     lines.append(f"#   gate: {gate.that}")
-                try:
-                    commands = variant.plan(PlanContext(host, env))
-                except FactsError as exc:  # a parameter that cannot render: the run would fail the same way
-                    lines.append(f"# cannot render this step: {exc}")
-                    continue
-                for label, script in commands:
+                for label, script in variant.plan(PlanContext(host, env)):
                     if label:
                         lines.append(f"# {label}")
                     lines.append(render_command(script, env, secrets).display.rstrip("\n"))

@@ -36,6 +36,7 @@ from sandbox.embedded_sshd import start_embedded_sshd
 from sandbox.hub import HubServer
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import SSHD, SSHServer, free_port, start_sshd
+from steps import deploy_host
 
 RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash.yaml"
 SshServerKind = Literal["auto", "openssh", "embedded"]
@@ -61,10 +62,16 @@ def _ssh_server(kind: SshServerKind, root: Path, env: dict[str, str]) -> tuple[s
 
 
 def stop_servers(home: Path) -> None:
-    """Stop SGLang stand-ins a run left behind (an interrupted demo): deploy records each one's group."""
+    """Stop SGLang stand-ins a run left behind (an interrupted demo): deploy records each one's group.
+
+    Only a group whose leader is still the recorded process (same start time: pids get reused) is
+    killed, so a stale record never kills someone else's processes.
+    """
     for record in (home / ".runbook" / "sglang").glob("*.json"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
+            server = json.loads(record.read_text())
+            if deploy_host.alive(int(server["pid"]), server.get("starttime")):
+                os.killpg(int(server["pgid"]), signal.SIGKILL)
 
 
 @contextmanager
@@ -74,6 +81,7 @@ def demo_site(log_dir: Path, ssh: SshServerKind = "auto", say: Callable[[str], N
         say("demo: preparing the test host once (the real SGLang release's files, huggingface_hub) ...")
         prepare.main()
     root = log_dir.resolve() / "demo-host"
+    stop_servers(root / "home")  # a demo killed outright in this log dir left its server: its record goes next
     shutil.rmtree(root, ignore_errors=True)
     home = root / "home"
     home.mkdir(parents=True)

@@ -198,6 +198,12 @@ class Launch:
         return "".join(line.replace("\n", "\\n") + "\n" for line in lines)
 
 
+def _whole_number(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError("expected a whole number such as 30000")
+    return int(text)
+
+
 class DeployStep(StepSpec):
     """Start (or reuse) an SGLang server, or stop it."""
 
@@ -450,7 +456,7 @@ class DeployStep(StepSpec):
         return heredoc(HOST_PROGRAM.read_text(), command=" ".join(command))
 
     def port_number(self, ctx: RenderContext) -> int:
-        port = resolve_var(ctx, self.port, "port", int)
+        port = resolve_var(ctx, self.port, "port", _whole_number)
         if not 1 <= port <= 65535:
             raise FactsError(f"port: {port} is not a TCP port (1-65535)")
         return port

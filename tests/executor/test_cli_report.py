@@ -75,7 +75,10 @@ def test_no_report_is_exit_2_with_the_reason(tmp_path: Path, capsys: pytest.Capt
     assert "no report.json (not a run folder;" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("document", ["{oops", "[1, 2]", '{"tables": [{"title": "t"}]}'])
+@pytest.mark.parametrize(
+    "document",
+    ["{oops", "[1, 2]", '{"tables": [{"title": "t"}]}', '{"notes": 5}', '{"figures": [1]}', '{"figures": "ab"}'],
+)
 def test_a_broken_report_is_exit_2(document: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "report.json").write_text(document)
     assert main(["report", str(tmp_path)]) == 2

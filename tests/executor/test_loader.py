@@ -158,6 +158,26 @@ def test_a_parameter_naming_a_step_must_name_an_earlier_one(tmp_path: Path, caps
     ]
 
 
+def test_a_step_that_does_not_validate_is_not_also_reported_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = """\
+        name: t
+        hosts: {box: {address: local}}
+        steps:
+          - id: deploy
+            kind: deploy
+            model_path: /m
+            tp_size: 0
+          - id: bench
+            kind: benchmark
+            server: deploy
+        """
+    code, lines = validate(tmp_path, text, capsys)
+    assert code == 2
+    assert lines and all(line.startswith("F:7:14: steps[0].tp_size") for line in lines)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -237,6 +237,22 @@ def test_a_host_without_gpu_stops_at_the_probe(tmp_path, testhost, hub, capsys, 
     assert not (tmp_path / "models" / "Kimi-K2.6").exists()  # nothing was downloaded
 
 
+def test_a_var_a_step_cannot_use_stops_the_run_before_anything_runs(
+    tmp_path: Path, testhost: Any, hub: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory, logs = site(tmp_path, testhost("h200"), hub), tmp_path / "logs"
+    args = ["--inventory", str(inventory), "--log-dir", str(logs), "--var", "sglang_port=abc"]
+    assert main(["run", str(RUNBOOK), *args]) == 2
+    problems = capsys.readouterr().err.splitlines()
+    assert problems[0].startswith(f"{RUNBOOK}:")
+    assert problems[0].endswith(
+        "step 'deploy_baseline': port: runbook var sglang_port = 'abc' does not fit: "
+        "expected a whole number such as 30000"
+    )
+    assert not logs.exists()  # no run folder, no state, no audit log: nothing ran
+    assert main(["plan", str(RUNBOOK), "--inventory", str(inventory), "--var", "sglang_ready_timeout=forever"]) == 2
+
+
 def test_plan_shows_every_download_method(tmp_path, testhost, hub, capsys) -> None:
     assert main(["plan", str(RUNBOOK), "--inventory", str(site(tmp_path, testhost("h200"), hub))]) == 0
     out = capsys.readouterr().out

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sandbox.demo import demo_site, stop_servers
+from steps import deploy_host
 from tests.conftest import runbook_cli
 from tests.executor.test_transport import live_pids
 
@@ -27,3 +35,42 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert [s["status"] for s in status["steps"]] == ["passed"] * 12
     assert runbook_cli("audit", "verify", str(run)).returncode == 0
     assert not live_pids(cmdline=str(logs))  # the SGLang stand-in was stopped by the runbook, the servers by the demo
+
+
+def _server_record(home: Path, server: subprocess.Popen[bytes], starttime: int) -> None:
+    """What the deploy step records for a server it started, as sandbox.demo.stop_servers reads it."""
+    records = home / ".runbook" / "sglang"
+    records.mkdir(parents=True)
+    record = {"pid": server.pid, "pgid": server.pid, "starttime": starttime, "argv": ["sleep"]}
+    (records / "30000.json").write_text(json.dumps(record))
+
+
+@pytest.fixture
+def leftover() -> Iterator[subprocess.Popen[bytes]]:
+    """A process in its own group, as a server a killed demo left running."""
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield server
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
+def test_a_server_left_by_a_killed_demo_is_stopped_before_its_record_is_wiped(
+    tmp_path: Path, leftover: subprocess.Popen[bytes]
+) -> None:
+    stat = deploy_host.proc_stat(leftover.pid)
+    assert stat is not None
+    _server_record(tmp_path / "demo-host" / "home", leftover, stat["starttime"])
+    with demo_site(tmp_path, "embedded", say=lambda _: None):
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_stale_record_never_kills_a_process_that_reused_the_pid(
+    tmp_path: Path, leftover: subprocess.Popen[bytes]
+) -> None:
+    stat = deploy_host.proc_stat(leftover.pid)
+    assert stat is not None
+    _server_record(tmp_path, leftover, stat["starttime"] - 1)  # the recorded server started at another time
+    stop_servers(tmp_path)
+    time.sleep(0.2)
+    assert leftover.poll() is None
