@@ -81,6 +81,7 @@ async def _copy(source: asyncio.StreamReader, into: asyncssh.SSHWriter[bytes]) -
     with contextlib.suppress(OSError, asyncssh.Error):
         while data := await source.read(65536):
             into.write(data)
+            await into.drain()  # the client's pace: a large output is not held in memory here
 
 
 def session_handler(env: dict[str, str], port: int) -> Callable[[asyncssh.SSHServerProcess[bytes]], Awaitable[None]]:

@@ -224,7 +224,7 @@ class DeployStep(StepSpec):
     bind: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
     extra_args: list[str] = []
-    env: dict[str, str] = {}
+    env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
     stop_timeout: Duration = 60.0
     state_dir: str = "~/.runbook/sglang"

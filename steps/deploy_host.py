@@ -260,8 +260,13 @@ def forget(state_dir: str, port: int) -> None:
 @contextlib.contextmanager
 def port_lock(state_dir: str, port: int) -> Iterator[None]:
     """One deploy program per port at a time on this host."""
-    with open(os.path.join(state_dir, f"{port}.lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    path = os.path.join(state_dir, f"{port}.lock")
+    with open(path, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # said first, so that a step timing out here says why
+            progress(f"another deploy program holds {path}: waiting for it", phase="lock")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
