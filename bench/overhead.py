@@ -40,12 +40,24 @@ from bench.harness import (
     paired_median,
     ratio,
 )
-from bench.tools import Ansible, AsyncsshFloor, Pyinfra, RunbookCLI, RunbookEngine, Runner
+from bench.tools import (
+    Ansible,
+    AsyncsshFloor,
+    LongLivedBash,
+    Pyinfra,
+    RunbookCLI,
+    RunbookEngine,
+    RunbookTransport,
+    Runner,
+)
 
 STEPS = 200
 SCRIPT = "true"
 TARGET_VS_FLOOR = 1.5
 TARGET_VS_ANSIBLE = 10.0
+#: Issue 7 (the persistent runner): against one long-lived bash on one channel, and against Ansible.
+TARGET_VS_RUNNER_FLOOR = 2.0
+TARGET_RUNNER_VS_ANSIBLE = 100.0
 SHELL_LABELS = {"clean": "clean shell", "login": "login shell with ~/.bashrc"}
 
 
@@ -154,7 +166,16 @@ def sections(
     if "audit" in parts:
         wanted.append(no_audit)
     if "overhead" in parts:
-        wanted += [Ansible(), Pyinfra()]
+        wanted += [
+            RunbookCLI("exec"),
+            RunbookEngine(runner="exec"),
+            RunbookTransport("persistent"),
+            RunbookTransport("exec"),
+            Ansible(),
+            Pyinfra(),
+            LongLivedBash(),
+            LongLivedBash(fork=False),
+        ]
     tools, notes = usable([*wanted, floor])
     times = step_times(tools, [SCRIPT] * steps, reps, shell, log)
     result = []
@@ -173,9 +194,10 @@ def host_words(shell: Shell) -> str:
 def overhead_section(
     times: StepTimes, tools: Sequence[Runner], floor: Runner, reps: int, shell: Shell, notes: list[str]
 ) -> Section:
-    """Benchmark 1's section: the table, and the two targets judged on runbook's CLI (as users run it)."""
+    """Benchmark 1's section: the table, the two targets judged on runbook's CLI (as users run it),
+    and issue 7's targets for the persistent runner (its transport alone, and the CLI)."""
     n = times.steps
-    runbook = next(t for t in tools if isinstance(t, RunbookCLI))
+    runbook = next(t for t in tools if isinstance(t, RunbookCLI) and t.runner == "persistent")
     ansible = next((t for t in tools if isinstance(t, Ansible)), None)
     ours, base = times.marginal(runbook), times.marginal(floor)
     vs_floor = ratio(ours, base)
@@ -205,6 +227,11 @@ def overhead_section(
             detail,
         )
     )
+    bash_floor = next((t for t in tools if isinstance(t, LongLivedBash) and t.fork), None)
+    transport = next((t for t in tools if isinstance(t, RunbookTransport) and t.runner == "persistent"), None)
+    for ours_runner in (transport, runbook):
+        if ours_runner is not None and bash_floor is not None:
+            targets += runner_targets(times, ours_runner, bash_floor, ansible)
     return Section(
         title=f"1. Per-command overhead — {SHELL_LABELS[shell]}",
         method=(
@@ -212,12 +239,43 @@ def overhead_section(
             f"same repetition. Times are from the tool's start to its exit; medians of {reps} interleaved "
             f"repetitions. *Per step (marginal)* = median over repetitions of (T({n}) - T(1)) / {n - 1}: the "
             f"cost of one more step, start-up excluded; *per step (whole run)* = T({n}) / {n}, start-up "
-            "included. The floor is raw asyncssh: one open connection, one exec channel per command."
+            "included. The floor is raw asyncssh: one open connection, one exec channel per command. "
+            "The floor for a persistent runner is one long-lived bash on one channel, each command written "
+            "to its stdin and run as a child `bash -c` (one round trip plus one fork/exec; no separate "
+            "streams, no isolation); the row below it runs each command inside that bash; the runbook "
+            "transport rows are `SSHTransport.run` alone, without the engine. Rows marked `runner: exec` "
+            "run with that host setting (one exec channel per command, as before the runner); the others "
+            "use the default persistent runner."
         ),
         tables=[step_table(times, tools, floor)],
         notes=notes + times.failures(tools),
         targets=targets,
     )
+
+
+def runner_targets(times: StepTimes, ours: Runner, floor: Runner, ansible: Runner | None) -> list[Target]:
+    """Issue 7's two targets for `ours`: within TARGET_VS_RUNNER_FLOOR of one long-lived bash, and
+    TARGET_RUNNER_VS_ANSIBLE below Ansible, both on marginal per-step cost."""
+    mine, base = times.marginal(ours), times.marginal(floor)
+    vs_floor = ratio(mine, base)
+    targets = [
+        Target(
+            f"{ours.name}: per-step overhead within {TARGET_VS_RUNNER_FLOOR:g}x of {floor.name}",
+            None if vs_floor is None else vs_floor <= TARGET_VS_RUNNER_FLOOR,
+            f"marginal {fmt_seconds(mine)} vs {fmt_seconds(base)} per step = {fmt_ratio(vs_floor)}",
+        )
+    ]
+    theirs = times.marginal(ansible) if ansible else None
+    vs_ansible = ratio(theirs, mine)
+    detail = f"ansible-playbook {fmt_seconds(theirs)} vs {fmt_seconds(mine)} per step = {fmt_ratio(vs_ansible)} lower"
+    targets.append(
+        Target(
+            f"{ours.name}: per-step overhead at least {TARGET_RUNNER_VS_ANSIBLE:g}x lower than Ansible's",
+            None if vs_ansible is None else vs_ansible >= TARGET_RUNNER_VS_ANSIBLE,
+            "ansible-playbook not run or failed" if vs_ansible is None else detail,
+        )
+    )
+    return targets
 
 
 def audit_section(

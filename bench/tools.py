@@ -14,7 +14,10 @@ finish cleanly (an exit status other than 0, a script whose own check failed) ra
 `missing()` says why a runner cannot be used on this machine (ansible-core or pyinfra not installed).
 
 Every tool is given its fastest honest configuration: runbook as a user runs it (`python -m
-executor.cli run`), or its Engine in-process; a raw asyncssh loop (the floor: one connection per
+executor.cli run`), or its Engine in-process, each with the host's `runner` as chosen (the
+persistent runner by default, or `exec`: one exec channel per command); runbook's SSH transport
+alone, without the engine; one long-lived bash on one channel, the floor for a runner (issue 7);
+a raw asyncssh loop (the floor: one connection per
 host, one exec channel per command, nothing else); ansible-playbook with pipelining, ControlPersist,
 no fact gathering, the interpreter set (no discovery) and forks = hosts; pyinfra with `--yes` and
 `--parallel` = hosts.
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,8 +46,12 @@ import yaml
 from bench.harness import REPO, Stopwatch, ToolFailed
 from executor import engine as engine_module
 from executor.engine import Engine, RunOptions
+from executor.errors import TransportError
 from executor.events import Reporter
 from executor.loader import load_runbook
+from executor.model import Host
+from executor.render import render_command
+from executor.transport import SSHTransport
 from sandbox.sshd import SSHServer
 
 #: Longest a tool may take for one run before it counts as failed.
@@ -172,15 +180,29 @@ def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _RunbookDumper.add_representer(str, _text)
 
 
-def write_runbook(folder: Path, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> Path:
+HostRunner = Literal["persistent", "exec"]
+
+
+def runner_label(runner: HostRunner) -> str:
+    """How a row names the host's `runner` setting; the default one goes unnamed."""
+    return "" if runner == "persistent" else ", runner: exec"
+
+
+def write_runbook(
+    folder: Path, hosts: Sequence[SSHServer], scripts: Sequence[str], runner: HostRunner = "persistent"
+) -> Path:
     """A runbook with hosts h0..hN-1 and one `shell` step per script on all of them.
 
     One attempt per step (a failure is reported, not retried) and `max_parallel` = hosts, so that
-    every step runs on all hosts at once, as the other tools are told to.
+    every step runs on all hosts at once, as the other tools are told to. `runner: exec` is written
+    only when asked for: the default is what users get.
     """
+    chosen = {} if runner == "persistent" else {"runner": runner}
     document = {
         "name": "bench",
-        "hosts": {f"h{i}": {**server.host_dict(), "connect_timeout": "60s"} for i, server in enumerate(hosts)},
+        "hosts": {
+            f"h{i}": {**server.host_dict(), "connect_timeout": "60s", **chosen} for i, server in enumerate(hosts)
+        },
         "defaults": {"timeout": "10m", "retry": {"attempts": 1}, "max_parallel": max(1, len(hosts))},
         "steps": [{"id": f"s{i}", "kind": "shell", "hosts": "all", "script": s} for i, s in enumerate(scripts)],
     }
@@ -193,11 +215,13 @@ class RunbookCLI(Runner):
     """runbook as a user runs it: `python -m executor.cli run FILE --log-dir DIR`, a new process
     each time (interpreter start and imports included), audit log and state store on."""
 
-    name = "runbook (CLI)"
+    def __init__(self, runner: HostRunner = "persistent") -> None:
+        self.runner = runner
+        self.name = f"runbook (CLI{runner_label(runner)})"
 
     def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-runbook-") as tmp:
-            path = write_runbook(Path(tmp), hosts, scripts)
+            path = write_runbook(Path(tmp), hosts, scripts, self.runner)
             argv = [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(Path(tmp) / "logs")]
             return timed_subprocess(argv, cwd=REPO)
 
@@ -234,13 +258,14 @@ class RunbookEngine(Runner):
 
     in_process = True
 
-    def __init__(self, audit: bool = True) -> None:
+    def __init__(self, audit: bool = True, runner: HostRunner = "persistent") -> None:
         self.audit = audit
-        self.name = "runbook (in-process)" if audit else "runbook (in-process, audit log off)"
+        self.runner = runner
+        self.name = f"runbook (in-process{'' if audit else ', audit log off'}{runner_label(runner)})"
 
     def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
-            path = write_runbook(Path(tmp), hosts, scripts)
+            path = write_runbook(Path(tmp), hosts, scripts, self.runner)
             options = RunOptions(log_dir=Path(tmp) / "logs")
             swap = contextlib.nullcontext() if self.audit else mock.patch.object(engine_module, "AuditLog", NoAudit)
             with swap, Stopwatch() as watch:
@@ -248,6 +273,97 @@ class RunbookEngine(Runner):
         if code != 0:
             raise ToolFailed(f"the run ended with exit code {code}")
         return watch.seconds
+
+
+class RunbookTransport(Runner):
+    """runbook's SSH transport alone (in-process): `SSHTransport.run` of each rendered script, no
+    engine, no audit log; the per-command cost of the way commands reach the host. Timed from
+    connecting (and starting the runner, where used) to closing."""
+
+    in_process = True
+
+    def __init__(self, runner: HostRunner) -> None:
+        self.runner = runner
+        self.name = (
+            "runbook transport, persistent runner" if runner == "persistent" else "runbook transport, exec channels"
+        )
+
+    def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
+        with Stopwatch() as watch:
+            asyncio.run(self._run(hosts, scripts))
+        return watch.seconds
+
+    async def _run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> None:
+        transports = [
+            SSHTransport(f"h{i}", Host.model_validate({**server.host_dict(), "runner": self.runner}))
+            for i, server in enumerate(hosts)
+        ]
+        try:
+            await asyncio.gather(*(t.connect() for t in transports))
+            for script in scripts:
+                command = render_command(script, {})
+                for result in await asyncio.gather(*(t.run(command, RUN_TIMEOUT_S) for t in transports)):
+                    if result.exit_code != 0:
+                        raise ToolFailed(f"exit {result.exit_code}: {_tail(result.stderr_text)}")
+            if self.runner == "persistent" and any(t.runner_unavailable for t in transports):
+                raise ToolFailed(f"no runner: {next(t.runner_unavailable for t in transports if t.runner_unavailable)}")
+        except TransportError as exc:
+            raise ToolFailed(str(exc)) from None
+        finally:
+            await asyncio.gather(*(t.close() for t in transports))
+
+
+class LongLivedBash(Runner):
+    """The floor for a persistent runner (issue 7): one asyncssh connection per host, one channel
+    running one `bash` for the whole run, each script written to its stdin followed by a line that
+    echoes a marker and the exit status, read back before the next script. With `fork` (the floor
+    the issue defines: one round trip plus one fork/exec) the long-lived bash runs each script as a
+    child `bash -c SCRIPT`, as any runner must run a step as a process of its own; without, the
+    script runs inside the long-lived bash itself (`true` is a builtin: a round trip and nothing
+    else). No separate streams, no timeout, no isolation. Timed from connecting to closing."""
+
+    in_process = True
+
+    def __init__(self, fork: bool = True) -> None:
+        self.fork = fork
+        self.name = (
+            "one long-lived bash on one channel, a child bash per command (runner floor)"
+            if fork
+            else "one long-lived bash on one channel, commands run inside it"
+        )
+
+    def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
+        with Stopwatch() as watch:
+            asyncio.run(self._run(hosts, scripts))
+        return watch.seconds
+
+    async def _run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> None:
+        try:
+            conns = await asyncio.gather(*(AsyncsshFloor._connect(server) for server in hosts))
+        except (OSError, asyncssh.Error) as exc:
+            raise ToolFailed(f"cannot connect: {exc}") from None
+        try:
+            shells = await asyncio.gather(
+                *(conn.create_process("exec bash --noprofile --norc", encoding=None) for conn in conns)
+            )
+            for number, script in enumerate(scripts):
+                marker = f"__bench_done_{number}_".encode()
+                line = shlex.join(["bash", "--norc", "-c", script]) + " < /dev/null" if self.fork else script
+                await asyncio.gather(*(self._one(shell, line, marker) for shell in shells))
+        except (OSError, asyncssh.Error, asyncio.IncompleteReadError) as exc:
+            raise ToolFailed(f"the shell's channel failed: {exc}") from None
+        finally:
+            for conn in conns:
+                conn.close()
+            await asyncio.gather(*(conn.wait_closed() for conn in conns), return_exceptions=True)
+
+    @staticmethod
+    async def _one(shell: Any, script: str, marker: bytes) -> None:
+        shell.stdin.write(script.encode() + b"\necho " + marker + b"$?\n")
+        await shell.stdout.readuntil(marker)  # whatever came before (the login shell's noise) is skipped
+        status = (await shell.stdout.readline()).strip()
+        if status != b"0":
+            raise ToolFailed(f"exit {status.decode(errors='replace')}")
 
 
 # ---- ansible-playbook ----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[
     used = sorted({n for v in variants for n in used_vars(v, texts, host)})
     body = {
         "step": [v.model_dump(mode="json", exclude={"description"}) for v in variants],
-        "host": runbook.hosts[host].model_dump(mode="json"),
+        "host": runbook.hosts[host].model_dump(mode="json", exclude={"runner"}),  # how commands travel, not what
         "vars": {n: var_text(variables[n]) for n in used},
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -35,6 +35,11 @@ class Host(Model):
     keepalive: Duration = 15.0
     proxy_jump: str | None = None
     ssh_config: str | None = None
+    #: How commands reach an SSH host. `persistent`: one runner process per connection, started once
+    #: through the login shell (its ~/.bashrc runs once, and what it prints never reaches a step);
+    #: hosts without python3 fall back to `exec`. `exec`: one SSH exec channel per command, each
+    #: through the login shell. Steps run alike either way; `address: local` ignores it.
+    runner: Literal["persistent", "exec"] = "persistent"
 
     @property
     def is_local(self) -> bool:

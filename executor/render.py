@@ -25,7 +25,13 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-WRAPPER = r"""# runbook step wrapper. Arguments: byte lengths of the environment and of the script,
+#: The step's own shell: `bash --norc -c STEP_SHELL runbook-step ENV_FILE SCRIPT_FILE` sources the exported
+#: vars, then becomes the script's bash. Started by the wrapper below and by the persistent runner
+#: (executor/transport/runner_host.py), so that both run a step alike.
+STEP_SHELL = '. "$1" && exec bash "$2"'
+
+WRAPPER = (
+    r"""# runbook step wrapper. Arguments: byte lengths of the environment and of the script,
 # which follow on stdin. Exit 125: the payload did not arrive whole.
 set -u
 umask 077
@@ -39,7 +45,9 @@ if ! IFS= read -r -n 1 _ <&3; then
   echo "runbook: the script did not arrive whole" >&2
   exit 125
 fi
-setsid bash --norc -c '. "$1" && exec bash "$2"' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
+setsid bash --norc -c '"""
+    + STEP_SHELL
+    + r"""' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
 pid=$!
 # stdin closed: stop the step. "$pid" too, as its group is missing until setsid has run
 ( cat <&3 > /dev/null; kill -TERM -- "-$pid" "$pid"; sleep 2; kill -KILL -- "-$pid" ) > /dev/null 2>&1 &
@@ -50,6 +58,7 @@ kill -KILL -- "-$pid" 2> /dev/null
 kill "$watcher" 2> /dev/null
 exit "$rc"
 """
+)
 
 #: Exported to every script: nothing may wait for a person.
 UNATTENDED_ENV = {"DEBIAN_FRONTEND": "noninteractive", "SUDO_ASKPASS": "/bin/false"}
@@ -65,6 +74,17 @@ class RenderedCommand:
     argv: tuple[str, ...]
     stdin: bytes
     display: str  # the whole command as text, secrets masked: what the audit log records
+
+    @property
+    def env_block(self) -> bytes:
+        """The `export` lines of the payload (the wrapper's first argument is their length)."""
+        return self.stdin[: int(self.argv[-2])]
+
+    @property
+    def script(self) -> bytes:
+        """The script of the payload, byte for byte (the wrapper's second argument is its length)."""
+        start = int(self.argv[-2])
+        return self.stdin[start : start + int(self.argv[-1])]
 
     @property
     def command_line(self) -> str:

@@ -1,10 +1,11 @@
 """The one transport interface; `ssh` and `local` implement it.
 
 A transport runs a `RenderedCommand` (a fixed wrapper plus a byte payload on stdin, see
-executor.render) and gives back a `CommandResult`. A timeout is a result, not an exception:
-the transport closes the command's stdin, which makes the remote wrapper kill the step's
-whole process group, and reports `timed_out=True`. Cancellation (Ctrl-C) does the same and
-re-raises `CancelledError` once the remote side is cleaned up.
+executor.render; the SSH transport's persistent runner runs the same vars and script its own
+way, alike) and gives back a `CommandResult`. A timeout is a result, not an exception: the
+transport stops the command (it closes the wrapper's stdin, or sends the runner STOP), which
+kills the step's whole process group, and reports `timed_out=True`. Cancellation (Ctrl-C) does
+the same and re-raises `CancelledError` once the remote side is cleaned up (`supervise`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import abc
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -160,6 +161,26 @@ class Collector:
         )
 
 
+#: Stops a command whose time ran out or which was interrupted, given the task waiting for its exit
+#: code; returns the exit code, or None when it could not be had within the grace.
+Stopper = Callable[["asyncio.Future[int | None]"], Awaitable[int | None]]
+
+
+async def supervise(collect: Collector, finish: Awaitable[int | None], timeout: float, stop: Stopper) -> CommandResult:
+    """Wait up to `timeout` for `finish` (the command's exit code); every transport's one rule for
+    the end of a command. A timeout stops the command and is a result (`timed_out`); a cancellation
+    stops it too, then raises `CommandInterrupted` with the partial result. Other errors of
+    `finish` propagate for the transport to name."""
+    task = asyncio.ensure_future(finish)
+    try:
+        exit_code = await asyncio.wait_for(asyncio.shield(task), timeout)
+    except TimeoutError:
+        return collect.result(await stop(task), timed_out=True)
+    except asyncio.CancelledError:
+        raise CommandInterrupted(collect.result(await stop(task), interrupted=True)) from None
+    return collect.result(exit_code)
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -169,7 +190,7 @@ def file_sha256(path: Path) -> str:
 
 
 class Transport(abc.ABC):
-    """One host's connection. `run` may be called concurrently; each call is its own channel."""
+    """One host's connection. `run` may be called concurrently; each call is its own command."""
 
     name: str
 

@@ -11,12 +11,12 @@ from executor.render import RenderedCommand
 from executor.transport.base import (
     KILL_GRACE_S,
     Collector,
-    CommandInterrupted,
     CommandResult,
     OutputSink,
     Transfer,
     Transport,
     file_sha256,
+    supervise,
 )
 
 
@@ -51,19 +51,13 @@ class LocalTransport(Transport):
             await fed
             return await proc.wait()
 
-        task = asyncio.ensure_future(finish())
         try:
-            exit_code = await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
-            return collect.result(await self._stop(proc, task), timed_out=True)
-        except asyncio.CancelledError:
-            raise CommandInterrupted(collect.result(await self._stop(proc, task), interrupted=True)) from None
+            return await supervise(collect, finish(), timeout, lambda task: self._stop(proc, task))
         finally:
             proc.stdin.close()
-        return collect.result(exit_code)
 
     @staticmethod
-    async def _stop(proc: asyncio.subprocess.Process, task: asyncio.Future[int]) -> int | None:
+    async def _stop(proc: asyncio.subprocess.Process, task: asyncio.Future[int | None]) -> int | None:
         """Close stdin (the wrapper then kills the step's group) and wait for the exit."""
         assert proc.stdin
         proc.stdin.close()

@@ -1,4 +1,12 @@
-"""SSH transport: one asyncssh connection per host for the whole run, one channel per command.
+"""SSH transport: one asyncssh connection per host for the whole run.
+
+Commands go through the host's persistent runner (`runner: persistent`, the default;
+executor/transport/runner.py): one channel per connection, started once through the login shell,
+carrying every command. Where the runner cannot start (no python3 on the host, say) the host falls
+back, with a warning in the log, to the exec path, which `runner: exec` selects outright: one
+exec channel per command, running the wrapper of executor/render.py through the login shell.
+Both run a step alike; the exec path pays the login shell's start-up (~/.bashrc) for every command,
+and whatever that prints is part of the command's output.
 
 Honours the user's OpenSSH config (Host aliases, User, Port, IdentityFile, ProxyJump) and
 ssh-agent through asyncssh. Authentication is by key or agent only: a password or keyboard
@@ -10,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -22,12 +31,15 @@ from executor.render import RenderedCommand
 from executor.transport.base import (
     KILL_GRACE_S,
     Collector,
-    CommandInterrupted,
     CommandResult,
     OutputSink,
     Transfer,
     Transport,
+    supervise,
 )
+from executor.transport.runner import HostRunner, RunnerUnavailable
+
+log = logging.getLogger(__name__)
 
 
 def _trust_hint(host: Host) -> str:
@@ -45,6 +57,11 @@ class SSHTransport(Transport):
         self.host = host
         self._conn: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
+        self._runner: HostRunner | None = None
+        self._runner_lock = asyncio.Lock()
+        self._runner_started = False  # once it has run here, a failed restart is a transport error
+        #: Why this host uses the exec path although `runner: persistent` asked for the runner.
+        self.runner_unavailable: str | None = None
 
     def _options(self) -> dict[str, Any]:
         host = self.host
@@ -74,6 +91,8 @@ class SSHTransport(Transport):
 
     async def connect(self) -> None:
         await self._connection()
+        if self.host.runner == "persistent":
+            await self._host_runner()
 
     async def _connection(self) -> asyncssh.SSHClientConnection:
         async with self._lock:
@@ -97,6 +116,39 @@ class SSHTransport(Transport):
             self._conn = None
 
     async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
+        runner = await self._host_runner() if self.host.runner == "persistent" else None
+        if runner is not None:
+            return await runner.run(command, timeout, on_output)
+        return await self._exec(command, timeout, on_output)
+
+    async def _host_runner(self) -> HostRunner | None:
+        """The connection's runner, started (again) when needed; None where the host cannot run one."""
+        if self.runner_unavailable is not None:
+            return None
+        conn = await self._connection()
+        async with self._runner_lock:
+            if self._runner is not None and self._runner.alive and self._runner.conn is conn:
+                return self._runner
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
+            try:
+                self._runner = await HostRunner.start(conn, self.name, self.host.connect_timeout)
+            except RunnerUnavailable as exc:
+                if self._runner_started:  # it ran here before: this is no property of the host
+                    self._drop(conn)
+                    raise TransportError(f"cannot restart the runner on {self.name}: {exc}") from None
+                self.runner_unavailable = str(exc)
+                log.warning("%s: %s; every command uses an exec channel of its own", self.name, exc)
+                return None
+            except TransportError:
+                self._drop(conn)
+                raise
+            self._runner_started = True
+            return self._runner
+
+    async def _exec(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None) -> CommandResult:
+        """The exec path: one channel per command, running the wrapper through the login shell."""
         conn = await self._connection()
         collect = Collector(on_output)
         try:
@@ -112,13 +164,8 @@ class SSHTransport(Transport):
                 await proc.wait()
             return proc.exit_status
 
-        task = asyncio.ensure_future(finish())
         try:
-            exit_code = await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
-            return collect.result(await self._stop(proc, task), timed_out=True)
-        except asyncio.CancelledError:
-            raise CommandInterrupted(collect.result(await self._stop(proc, task), interrupted=True)) from None
+            result = await supervise(collect, finish(), timeout, lambda task: self._stop(proc, task))
         except (OSError, asyncssh.Error) as exc:
             self._drop(conn)
             raise TransportError(
@@ -126,7 +173,7 @@ class SSHTransport(Transport):
                 bytes(collect.stdout.data),
                 bytes(collect.stderr.data),
             ) from None
-        if exit_code is None:  # the channel closed without an exit status: the connection died
+        if result.exit_code is None and not result.timed_out:  # closed without an exit status: the connection died
             self._drop(conn)
             raise TransportError(
                 f"connection to {self.name} closed before the command reported an exit status",
@@ -134,7 +181,7 @@ class SSHTransport(Transport):
                 bytes(collect.stderr.data),
             )
         proc.close()
-        return collect.result(exit_code)
+        return result
 
     @staticmethod
     async def _stop(proc: asyncssh.SSHClientProcess[bytes], task: asyncio.Future[int | None]) -> int | None:
@@ -171,6 +218,9 @@ class SSHTransport(Transport):
 
     async def close(self) -> None:
         """Close the connection; a dead network gets the connect timeout, then the socket is dropped."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
         if self._conn is not None:
             self._conn.close()
             try:

@@ -17,7 +17,7 @@ from bench import __main__ as bench_main
 from bench import overhead, transfer
 from bench.fleet import sshd_fleet
 from bench.harness import Section, Series, Table, ToolFailed, interleave, paired_median
-from bench.tools import Ansible, AsyncsshFloor, Pyinfra
+from bench.tools import Ansible, AsyncsshFloor, LongLivedBash, Pyinfra
 
 
 def installed_names(*names: str) -> set[str]:
@@ -73,8 +73,19 @@ def test_checking_script_is_exact_and_catches_damage(size: int) -> None:
 def test_overhead_and_audit_compute_ratios_for_every_tool() -> None:
     first, audit = overhead.sections(("overhead", "audit"), steps=3, reps=1)
     tools = rows(first)
+    runner_floor, inside_bash = LongLivedBash(), LongLivedBash(fork=False)
     expected = installed_names(
-        "runbook (CLI)", "runbook (in-process)", "ansible-playbook", "pyinfra", "raw asyncssh (floor)"
+        "runbook (CLI)",
+        "runbook (in-process)",
+        "runbook (CLI, runner: exec)",
+        "runbook (in-process, runner: exec)",
+        "runbook transport, persistent runner",
+        "runbook transport, exec channels",
+        "ansible-playbook",
+        "pyinfra",
+        runner_floor.name,
+        inside_bash.name,
+        "raw asyncssh (floor)",
     )
     assert set(tools) == expected
     for row in tools.values():  # at 3 steps a marginal cost can come out <= 0, and its ratio "—"
@@ -82,9 +93,14 @@ def test_overhead_and_audit_compute_ratios_for_every_tool() -> None:
         assert row[-1].endswith("x")
     assert tools["raw asyncssh (floor)"][-1] == "1x"
     assert all(": not run: " in note for note in first.notes)  # only tools not installed here
-    floor_target, ansible_target = first.targets
+    floor_target, ansible_target, *runner_targets = first.targets
     assert "within 1.5x of the raw asyncssh floor" in floor_target.text and " per step = " in floor_target.detail
     assert ("ansible-playbook not run" in ansible_target.detail) == ("ansible-playbook" not in tools)
+    assert [t.text.split(":")[0] for t in runner_targets] == ["runbook transport, persistent runner"] * 2 + [
+        "runbook (CLI)"
+    ] * 2  # issue 7's two targets, for the runner alone and as users run it
+    assert f"within 2x of {runner_floor.name}" in runner_targets[0].text
+    assert "at least 100x lower than Ansible's" in runner_targets[1].text
     cases = rows(audit)
     assert set(cases) == {"runbook (in-process)", "runbook (in-process, audit log off)", "raw asyncssh (floor)"}
     assert all(row[2] != "—" for row in cases.values())

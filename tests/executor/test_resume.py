@@ -575,3 +575,20 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, writ
     (record,) = audit_records(newest(logs))
     assert record["interrupted"] is True
     assert not subprocess.run(["pgrep", "-f", f"^sleep {seconds}$"], capture_output=True).stdout
+
+
+def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path: Path) -> None:
+    from executor.engine import fingerprint
+    from executor.loader import load_runbook
+
+    def fingerprints(runner: str, address: str = "gpu-box.example") -> str:
+        path = tmp_path / f"{runner}-{address}.yaml"
+        path.write_text(
+            f"name: t\nhosts: {{box: {{address: {address}, runner: {runner}}}}}\n"
+            "steps:\n  - {id: a, kind: shell, script: echo}\n"
+        )
+        runbook = load_runbook(path)
+        return fingerprint(runbook, runbook.steps[0], "box", {})
+
+    assert fingerprints("persistent") == fingerprints("exec")  # switching the runner reruns nothing
+    assert fingerprints("exec") != fingerprints("exec", "other.example")  # another host does

@@ -1,4 +1,5 @@
-"""Both transports, end to end: `LocalTransport` and `SSHTransport` against a real sshd.
+"""Both transports, end to end: `LocalTransport`, and `SSHTransport` against a real sshd both
+through its persistent runner (the default) and with an exec channel per command (`runner: exec`).
 
 Nothing is mocked. The sshd of conftest runs on this machine as this user, so a test can look
 at the "remote" processes and files directly (/proc, the file system).
@@ -40,14 +41,16 @@ def runner() -> Iterator[asyncio.Runner]:
         yield loop
 
 
-@pytest.fixture(scope="module", params=["local", "ssh"])
+@pytest.fixture(scope="module", params=["local", "ssh-persistent", "ssh-exec"])
 def transport(request: pytest.FixtureRequest, runner: asyncio.Runner) -> Iterator[Transport]:
+    """Every transport and both ways of the SSH one: its persistent runner and an exec channel per command."""
     if request.param == "local":
         made: Transport = LocalTransport("here")
     else:
         sshd = request.getfixturevalue("sshd")
-        made = SSHTransport("box", Host(**sshd.host_dict()))
+        made = SSHTransport("box", Host(**sshd.host_dict(), runner=request.param.removeprefix("ssh-")))
         runner.run(made.connect())
+        assert isinstance(made, SSHTransport) and made.runner_unavailable is None
     yield made
     runner.run(made.close())
 

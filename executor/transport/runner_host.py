@@ -1,0 +1,370 @@
+"""The persistent runner: one clean Python process per SSH connection, on the host.
+
+This file is a host-side program (Python 3.7+ on Linux, stdlib only). `executor.transport.runner` starts
+it once per connection through the user's login shell, which at once becomes `bash --noprofile
+--norc` and then `python3 -I -S -u` (see `start_command`); the program itself arrives on stdin.
+So the login shell's start-up (~/.bashrc: conda init, pyenv, motd-like echoes) runs once per
+connection instead of once per command, and nothing it prints can reach a step: the controller
+discards everything before the random token this program echoes first, and reads only frames after.
+
+Frames, both ways: `HEADER` (payload length, request id, type), then the payload. The controller
+sends RUN (the step's launch command, its exported-vars block and its script), STOP (the step's
+timeout or interrupt) and ABANDON (stop forwarding output a leftover process holds open). The
+runner answers with STDOUT / STDERR chunks (an empty one is that stream's end) and EXIT.
+
+Each step runs exactly as the per-channel wrapper (executor/render.py) runs it: the vars and the
+script in a private temporary folder (umask 077), the step as its own session with stdin at
+/dev/null and SIGINT/SIGQUIT ignored (as bash leaves a background job), the environment of the
+login shell (taken by `env -0` before python3 started, so a python3 that is a pyenv or conda
+shim cannot change it), separate stdout and stderr, the exit code as bash's `wait` reports it.
+STOP sends TERM to the step's process group and KILL after STOP_GRACE_S; when the step ends,
+whatever it left in its group is killed. Several steps run side by side.
+
+When the controller goes away (stdin closed: the connection dropped) every step's group is stopped
+as on STOP. If the runner itself dies, a small guard process it forked at start does that, so no
+step outlives its runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+HEADER = struct.Struct(">IIB")  # payload length, request id, frame type
+FIELD = struct.Struct(">I")  # a RUN payload is length-prefixed fields
+TOKEN_BYTES = 32
+# controller -> runner
+RUN, STOP, ABANDON = 1, 2, 3
+# runner -> controller
+STDOUT, STDERR, EXIT = 1, 2, 3
+#: As the wrapper's `sleep 2` between TERM and KILL.
+STOP_GRACE_S = 2.0
+#: The exit code the wrapper gives a step that could not start (its payload could not be stored).
+NOT_STARTED = 125
+CHUNK = 65536
+ENV_FD = 3
+STEP_FILES = ("env", "script")  # in the step's folder, as the wrapper names them
+
+
+def pack_fields(*fields: bytes) -> bytes:
+    return b"".join(FIELD.pack(len(field)) + field for field in fields)
+
+
+def unpack_fields(data: bytes) -> list[bytes]:
+    fields, pos = [], 0
+    while pos < len(data):
+        (size,) = FIELD.unpack_from(data, pos)
+        pos += FIELD.size
+        fields.append(data[pos : pos + size])
+        pos += size
+    return fields
+
+
+def frame(request: int, kind: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), request, kind) + payload
+
+
+def exit_code(returncode: int) -> int:
+    """As bash's `wait` reports it: 128 + the signal for a killed process."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def login_environment() -> dict[bytes, bytes]:
+    """The login shell's environment as `env -0` wrote it on fd 3, else this process's own."""
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(ENV_FD, CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(ENV_FD)
+    except OSError:
+        return dict(os.environb)
+    env = {}
+    for entry in b"".join(chunks).split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name and name != b"_":  # `_` is env's own path; bash sets the step's own
+            env[name] = value
+    return env
+
+
+class Step:
+    """One running step: its process, its open output pipes, its folder."""
+
+    def __init__(self, request: int, proc: subprocess.Popen[bytes], folder: str) -> None:
+        self.request = request
+        self.proc = proc
+        self.folder = folder
+        self.exited = False
+        self.kill_at: float | None = None
+        self.streams: dict[int, int] = {}  # fd -> STDOUT | STDERR
+
+
+class Guard:
+    """A forked process that stops every step's group if the runner dies without doing so."""
+
+    def __init__(self) -> None:
+        read_end, self.fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the guard: nothing of the channel stays open in it
+            os.close(self.fd)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            self._watch(read_end)
+        os.close(read_end)
+
+    @staticmethod
+    def _watch(fd: int) -> None:
+        groups: set[int] = set()
+        data = b""
+        while True:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+            *lines, data = data.split(b"\n")
+            for line in lines:
+                (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            for pgid in groups:
+                signal_group(pgid, signum)
+            if groups and signum == signal.SIGTERM:
+                time.sleep(STOP_GRACE_S)
+        os._exit(0)
+
+    def tell(self, sign: bytes, pgid: int) -> None:
+        with contextlib.suppress(OSError):  # the guard is gone: the runner still works, unguarded
+            os.write(self.fd, b"%s%d\n" % (sign, pgid))
+
+
+class Runner:
+    def __init__(self, env: dict[bytes, bytes]) -> None:
+        self.env = env
+        self.steps: dict[int, Step] = {}
+        self.selector = selectors.DefaultSelector()
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.connected = True
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(wake_read, selectors.EVENT_READ, "wake")
+        self.selector.register(0, selectors.EVENT_READ, "stdin")
+        self.guard = Guard()
+
+    # --- to the controller ---
+
+    def send(self, request: int, kind: int, payload: bytes = b"") -> None:
+        """Queue a frame; `flush` writes the queue at the end of each turn of the loop, in one write
+        where it fits (fewer SSH packets than a write per frame)."""
+        if self.connected:
+            self.outbox += frame(request, kind, payload)
+
+    def flush(self) -> None:
+        try:
+            write_all(1, self.outbox)
+        except OSError:  # the channel is gone
+            self.lost()
+        self.outbox.clear()
+
+    # --- from the controller ---
+
+    def receive(self) -> None:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            self.lost()
+            return
+        self.inbox += chunk
+        while len(self.inbox) >= HEADER.size:
+            size, request, kind = HEADER.unpack_from(self.inbox)
+            if len(self.inbox) < HEADER.size + size:
+                break
+            payload = bytes(self.inbox[HEADER.size : HEADER.size + size])
+            del self.inbox[: HEADER.size + size]
+            if kind == RUN:
+                self.start(request, payload)
+            elif kind == STOP and request in self.steps:
+                self.stop(self.steps[request])
+            elif kind == ABANDON and request in self.steps:
+                self.close_streams(self.steps[request])
+
+    def lost(self) -> None:
+        """The controller is gone: stop every step, as the wrapper does when its stdin closes."""
+        if not self.connected:
+            return
+        self.connected = False
+        self.selector.unregister(0)
+        for step in list(self.steps.values()):
+            self.close_streams(step)
+            self.stop(step)
+
+    # --- steps ---
+
+    def start(self, request: int, payload: bytes) -> None:
+        launch, env_block, script = unpack_fields(payload)
+        folder = ""
+        try:
+            base = os.environb.get(b"TMPDIR") or b"/tmp"
+            folder = os.path.join(base.decode(), "runbook." + os.urandom(6).hex())
+            os.mkdir(folder, 0o700)
+            paths = []
+            for name, data in ((STEP_FILES[0], env_block), (STEP_FILES[1], script)):
+                path = os.path.join(folder, name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    write_all(fd, data)
+                finally:
+                    os.close(fd)
+                paths.append(os.fsencode(path))
+            proc, out, err = self.spawn([*launch.split(b"\0"), *paths])
+        except OSError as exc:
+            if folder:
+                remove_folder(folder)
+            message = f"runbook: the runner could not start the step: {exc}\n"
+            for kind, data in ((STDERR, message.encode()), (STDOUT, b""), (STDERR, b"")):
+                self.send(request, kind, data)
+            self.send(request, EXIT, struct.pack(">i", NOT_STARTED))
+            return
+        self.guard.tell(b"+", proc.pid)
+        step = Step(request, proc, folder)
+        for fd, kind in ((out, STDOUT), (err, STDERR)):
+            step.streams[fd] = kind
+            self.selector.register(fd, selectors.EVENT_READ, step)
+        self.steps[request] = step
+        self.reap(step)  # a SIGCHLD may have come before the step was known
+
+    def spawn(self, argv: list[bytes]) -> tuple[subprocess.Popen[bytes], int, int]:
+        """Start `argv` as its own session, stdin at /dev/null, nothing else of the runner open in it;
+        the process and the read ends of its stdout and stderr. (Popen rather than os.posix_spawn:
+        glibc's posix_spawn leaves its internal signals 32 and 33 ignored in the child, which the
+        wrapper's steps never see.)"""
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+        )
+        fds = []
+        for pipe in (proc.stdout, proc.stderr):
+            assert pipe is not None
+            fds.append(os.dup(pipe.fileno()))
+            pipe.close()
+        return proc, fds[0], fds[1]
+
+    def stop(self, step: Step) -> None:
+        if not step.exited and step.kill_at is None:
+            signal_group(step.proc.pid, signal.SIGTERM)
+            step.kill_at = time.monotonic() + STOP_GRACE_S
+
+    def forward(self, fd: int, step: Step) -> None:
+        data = os.read(fd, CHUNK)
+        self.send(step.request, step.streams[fd], data)
+        if not data:
+            self.selector.unregister(fd)
+            os.close(fd)
+            del step.streams[fd]
+            self.forget(step)
+
+    def close_streams(self, step: Step) -> None:
+        for fd in list(step.streams):
+            self.selector.unregister(fd)
+            os.close(fd)
+        step.streams.clear()
+        self.forget(step)
+
+    def reap(self, step: Step) -> None:
+        """Once the step's process has exited: kill what it left in its group, report the exit."""
+        pid = step.proc.pid
+        if step.exited or os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return
+        signal_group(pid, signal.SIGKILL)  # before reaping: the group's id cannot be reused yet
+        code = exit_code(step.proc.wait())
+        self.guard.tell(b"-", pid)
+        step.exited = True
+        remove_folder(step.folder)
+        self.send(step.request, EXIT, struct.pack(">i", code))
+        self.forget(step)
+
+    def forget(self, step: Step) -> None:
+        if step.exited and not step.streams:
+            self.steps.pop(step.request, None)
+
+    def serve(self) -> None:
+        while self.connected or self.steps:
+            now = time.monotonic()
+            deadlines = [s.kill_at for s in self.steps.values() if s.kill_at is not None and not s.exited]
+            for key, _ in self.selector.select(max(0.0, min(deadlines) - now) if deadlines else None):
+                if key.data == "stdin":
+                    self.receive()
+                elif key.data == "wake":
+                    os.read(key.fd, 4096)
+                elif isinstance(key.data, Step) and key.fd in key.data.streams:
+                    self.forward(key.fd, key.data)
+            for step in list(self.steps.values()):
+                self.reap(step)
+                if not step.exited and step.kill_at is not None and time.monotonic() >= step.kill_at:
+                    signal_group(step.proc.pid, signal.SIGKILL)
+                    step.kill_at = float("inf")
+            self.flush()
+
+
+def write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def remove_folder(folder: str) -> None:
+    """A step's folder, with whatever the step added to it (as the wrapper's `rm -rf`)."""
+    try:
+        for name in STEP_FILES:
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_exactly(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            sys.exit(3)
+        data += chunk
+    return data
+
+
+def main() -> None:
+    """Echo the controller's token (everything before it on stdout is the login shell's), then serve."""
+    if not hasattr(os, "waitid"):  # before the token: the host falls back to the exec path
+        sys.exit("runbook runner: needs Linux (os.waitid)")
+    env = login_environment()
+    os.umask(0o077)
+    for signum in (signal.SIGINT, signal.SIGQUIT):  # inherited by steps, as by a bash background job
+        signal.signal(signum, signal.SIG_IGN)
+    token = read_exactly(0, TOKEN_BYTES)
+    runner = Runner(env)
+    os.write(1, token)
+    runner.serve()
+
+
+if __name__ == "__main__":
+    main()
