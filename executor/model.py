@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from executor.durations import Duration
+from executor.render import BASH_OWNED_NAMES
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -112,6 +113,8 @@ class RunbookHeader(Model):
         for name in value:
             if not IDENTIFIER.match(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name in BASH_OWNED_NAMES:
+                raise ValueError(f"bash sets {name} itself: a step's var or secret cannot have that name")
         return value
 
     @field_validator("vars")

@@ -23,11 +23,12 @@ import re
 import secrets as _random
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: The step's own shell: `bash --norc -c STEP_SHELL runbook-step ENV_FILE SCRIPT_FILE` sources the exported
-#: vars, then becomes the script's bash. Started by the wrapper below and by the persistent runner
-#: (executor/transport/runner_host.py), so that both run a step alike.
+#: vars, then becomes the script's bash. The persistent runner (executor/transport/runner_host.py) starts
+#: the script's bash alone instead, with `RenderedCommand.env` put in its environment: one bash start
+#: less, and the step sees the same (tests/executor/test_runner.py compares the two).
 STEP_SHELL = '. "$1" && exec bash "$2"'
 
 WRAPPER = (
@@ -62,6 +63,10 @@ exit "$rc"
 
 #: Exported to every script: nothing may wait for a person.
 UNATTENDED_ENV = {"DEBIAN_FRONTEND": "noninteractive", "SUDO_ASKPASS": "/bin/false"}
+#: Names bash sets itself: readonly in bash (exporting one stops the wrapper's `. env`), or changed by
+#: every bash start (SHLVL, `_`), so no two ways of starting a step could give them alike. No var or
+#: secret may have one (executor/model.py says so when a runbook is loaded).
+BASH_OWNED_NAMES = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "SHLVL", "UID", "_"})
 MASK = "***"
 PAYLOAD_END = b"\n"  # read by the wrapper after the script: proof that the payload arrived whole
 WRAPPER_SHA256 = hashlib.sha256(WRAPPER.encode()).hexdigest()
@@ -74,11 +79,9 @@ class RenderedCommand:
     argv: tuple[str, ...]
     stdin: bytes
     display: str  # the whole command as text, secrets masked: what the audit log records
-
-    @property
-    def env_block(self) -> bytes:
-        """The `export` lines of the payload (the wrapper's first argument is their length)."""
-        return self.stdin[: int(self.argv[-2])]
+    #: What the step's environment adds to the login shell's, secrets included (never in a repr): the
+    #: wrapper gets it as the payload's `export` block, the persistent runner as data.
+    env: Mapping[str, str] = field(repr=False)
 
     @property
     def script(self) -> bytes:
@@ -102,6 +105,9 @@ def render_command(
 ) -> RenderedCommand:
     """Render a script with its environment; `secrets` are exported too but masked in `display`."""
     secrets = secrets or {}
+    owned = sorted(BASH_OWNED_NAMES.intersection([*env, *secrets]))
+    if owned:
+        raise ValueError(f"bash sets {', '.join(owned)} itself: a step's var or secret cannot have that name")
     body = script.encode("utf-8") if isinstance(script, str) else script
     full_env = {**UNATTENDED_ENV, **env, **secrets}
     env_bytes = export_block(full_env).encode("utf-8")
@@ -111,7 +117,7 @@ def render_command(
         f"{shlex.join(argv[:3])} -c <wrapper sha256:{WRAPPER_SHA256[:16]}> runbook {len(env_bytes)} {len(body)}\n"
         f"{export_block(masked_env)}{body.decode('utf-8', 'replace')}"
     )
-    return RenderedCommand(argv=argv, stdin=env_bytes + body + PAYLOAD_END, display=display)
+    return RenderedCommand(argv=argv, stdin=env_bytes + body + PAYLOAD_END, display=display, env=full_env)
 
 
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")

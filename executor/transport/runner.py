@@ -33,7 +33,7 @@ from pathlib import Path
 import asyncssh
 
 from executor.errors import TransportError
-from executor.render import STEP_SHELL, RenderedCommand
+from executor.render import RenderedCommand
 from executor.transport import runner_host as host
 from executor.transport.base import KILL_GRACE_S, Collector, CommandResult, OutputSink, supervise
 
@@ -62,8 +62,6 @@ START_COMMAND = "exec " + shlex.join(
         BOOTSTRAP,
     ]
 )
-#: How the runner starts each step (the wrapper's own command, see executor.render.STEP_SHELL).
-LAUNCH = b"\0".join(part.encode() for part in ("bash", "--norc", "-c", STEP_SHELL, "runbook-step"))
 STDERR_TAIL_BYTES = 2048
 
 
@@ -142,7 +140,7 @@ class HostRunner:
             return await request.exit
 
         try:
-            self._send(request_id, host.RUN, host.pack_fields(LAUNCH, command.env_block, command.script))
+            self._send(request_id, host.RUN, host.pack_fields(host.pack_env(command.env), command.script))
             return await supervise(collect, finish(), timeout, lambda task: self._stop(request_id, task))
         except RunnerLost as exc:
             raise TransportError(

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from executor import render
 from executor.render import (
+    BASH_OWNED_NAMES,
     MASK,
     PAYLOAD_END,
     UNATTENDED_ENV,
@@ -129,6 +130,22 @@ def test_unattended_env_is_exported_and_vars_follow() -> None:
     env_len = int(command.argv[6])
     assert command.stdin[:env_len].decode() == export_block({**UNATTENDED_ENV, "A": "1"})
     assert UNATTENDED_ENV["DEBIAN_FRONTEND"] == "noninteractive"
+
+
+def test_env_is_what_the_export_block_exports() -> None:
+    """One definition of a step's environment: the wrapper's export block and the runner's data."""
+    command = render_command("true", {"A": "it's"}, secrets={"TOKEN": "s3cret"})
+    assert command.env == {**UNATTENDED_ENV, "A": "it's", "TOKEN": "s3cret"}
+    assert command.stdin.startswith(export_block(command.env).encode())
+    assert "env=" not in repr(command)
+
+
+@pytest.mark.parametrize("name", sorted(BASH_OWNED_NAMES))
+@pytest.mark.parametrize("as_secret", [False, True])
+def test_names_bash_sets_itself_are_refused(name: str, as_secret: bool) -> None:
+    """The wrapper's `. env` cannot export them alike on every path (readonly, or reset by each bash)."""
+    with pytest.raises(ValueError, match=f"bash sets {re.escape(name)} itself"):
+        render_command("true", {}, secrets={name: "1"}) if as_secret else render_command("true", {name: "1"})
 
 
 def test_secrets_are_delivered_but_masked_in_display() -> None:

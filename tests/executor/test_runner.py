@@ -158,6 +158,33 @@ def test_a_step_runs_alike_through_the_runner_and_the_exec_path(noisy: SandboxHo
     assert views["persistent"] == views["exec"], "\n".join(difference)
 
 
+def test_the_runner_keeps_no_vars_file_on_the_host(noisy: SandboxHost, loop: asyncio.Runner) -> None:
+    """The runner puts the vars straight into the script's bash's environment (one bash start, not
+    the wrapper's two): the step's folder holds its script alone, and no secret is written to disk."""
+    transport = transport_to(noisy.server)
+    script = 'ls -A "$(dirname "$0")"; printenv TOKEN; grep -rlF -- "$TOKEN" "$(dirname "$0")" || echo none'
+    try:
+        result = loop.run(transport.run(render_command(script, {}, {"TOKEN": "s3cret-value"}), 30))
+    finally:
+        loop.run(transport.close())
+    assert (result.exit_code, result.stdout) == (0, b"script\ns3cret-value\nnone\n"), result.stderr
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_path_var_without_bash_fails_alike(sshd: SSHServer, loop: asyncio.Runner, runner: str) -> None:
+    """The wrapper finds the script's bash on the step's PATH (`exec bash`), and so does the runner."""
+    transport = transport_to(sshd, runner)
+    try:
+        result = loop.run(transport.run(render_command("echo never", {"PATH": "/nonexistent"}), 30))
+    finally:
+        loop.run(transport.close())
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        127,
+        b"",
+        b"runbook-step: line 1: exec: bash: not found\n",
+    )
+
+
 # --- several commands on one runner -------------------------------------------------------
 
 
