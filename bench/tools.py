@@ -107,22 +107,11 @@ class Runner(abc.ABC):
 # ---- the floor: raw asyncssh ---------------------------------------------------------------------
 
 
-class AsyncsshFloor(Runner):
-    """One asyncssh connection per host, one exec channel per command, nothing else (in-process).
-
-    By default the script is the exec request's command line, as `ssh host 'script'` sends it; with
-    `stdin=True` the script follows on the channel's stdin, which no argument-length limit applies
-    to, into a temporary file that bash then runs (`bash -s` would read a script from a pipe one
-    byte per read(2): 124 ms for 256 KiB, against 28 ms this way). Timed from connecting to closing.
-    """
+class AsyncsshRunner(Runner):
+    """A runner driving asyncssh in this process: one connection per host, timed from connecting to
+    closing; subclasses say what one run does with the connections."""
 
     in_process = True
-    #: The command for `stdin=True`: the script from stdin to a file, run, removed.
-    FROM_STDIN = 'f=$(mktemp) && cat > "$f" && bash "$f"; rc=$?; rm -f "$f"; exit $rc'
-
-    def __init__(self, stdin: bool = False) -> None:
-        self.stdin = stdin
-        self.name = "raw asyncssh, script on stdin to a file" if stdin else "raw asyncssh (floor)"
 
     def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
         with Stopwatch() as watch:
@@ -135,12 +124,15 @@ class AsyncsshFloor(Runner):
         except (OSError, asyncssh.Error) as exc:
             raise ToolFailed(f"cannot connect: {exc}") from None
         try:
-            for script in scripts:
-                await asyncio.gather(*(self._one(conn, script) for conn in conns))
+            await self._steps(conns, scripts)
         finally:
             for conn in conns:
                 conn.close()
             await asyncio.gather(*(conn.wait_closed() for conn in conns), return_exceptions=True)
+
+    @abc.abstractmethod
+    async def _steps(self, conns: list[Any], scripts: Sequence[str]) -> None:
+        """Run each script as one step on every connection at once, steps in order."""
 
     @staticmethod
     async def _connect(server: SSHServer) -> Any:
@@ -152,6 +144,27 @@ class AsyncsshFloor(Runner):
             known_hosts=str(server.known_hosts),
             config=[str(server.root / "ssh_config")],
         )
+
+
+class AsyncsshFloor(AsyncsshRunner):
+    """One asyncssh connection per host, one exec channel per command, nothing else (in-process).
+
+    By default the script is the exec request's command line, as `ssh host 'script'` sends it; with
+    `stdin=True` the script follows on the channel's stdin, which no argument-length limit applies
+    to, into a temporary file that bash then runs (`bash -s` would read a script from a pipe one
+    byte per read(2): 124 ms for 256 KiB, against 28 ms this way). Timed from connecting to closing.
+    """
+
+    #: The command for `stdin=True`: the script from stdin to a file, run, removed.
+    FROM_STDIN = 'f=$(mktemp) && cat > "$f" && bash "$f"; rc=$?; rm -f "$f"; exit $rc'
+
+    def __init__(self, stdin: bool = False) -> None:
+        self.stdin = stdin
+        self.name = "raw asyncssh, script on stdin to a file" if stdin else "raw asyncssh (floor)"
+
+    async def _steps(self, conns: list[Any], scripts: Sequence[str]) -> None:
+        for script in scripts:
+            await asyncio.gather(*(self._one(conn, script) for conn in conns))
 
     async def _one(self, conn: Any, script: str) -> None:
         try:
@@ -313,7 +326,7 @@ class RunbookTransport(Runner):
             await asyncio.gather(*(t.close() for t in transports))
 
 
-class LongLivedBash(Runner):
+class LongLivedBash(AsyncsshRunner):
     """The floor for a persistent runner (issue 7): one asyncssh connection per host, one channel
     running one `bash` for the whole run, each script written to its stdin followed by a line that
     echoes a marker and the exit status, read back before the next script. With `fork` (the floor
@@ -321,8 +334,6 @@ class LongLivedBash(Runner):
     child `bash -c SCRIPT`, as any runner must run a step as a process of its own; without, the
     script runs inside the long-lived bash itself (`true` is a builtin: a round trip and nothing
     else). No separate streams, no timeout, no isolation. Timed from connecting to closing."""
-
-    in_process = True
 
     def __init__(self, fork: bool = True) -> None:
         self.fork = fork
@@ -332,16 +343,7 @@ class LongLivedBash(Runner):
             else "one long-lived bash on one channel, commands run inside it"
         )
 
-    def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
-        with Stopwatch() as watch:
-            asyncio.run(self._run(hosts, scripts))
-        return watch.seconds
-
-    async def _run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> None:
-        try:
-            conns = await asyncio.gather(*(AsyncsshFloor._connect(server) for server in hosts))
-        except (OSError, asyncssh.Error) as exc:
-            raise ToolFailed(f"cannot connect: {exc}") from None
+    async def _steps(self, conns: list[Any], scripts: Sequence[str]) -> None:
         try:
             shells = await asyncio.gather(
                 *(conn.create_process("exec bash --noprofile --norc", encoding=None) for conn in conns)
@@ -352,10 +354,6 @@ class LongLivedBash(Runner):
                 await asyncio.gather(*(self._one(shell, line, marker) for shell in shells))
         except (OSError, asyncssh.Error, asyncio.IncompleteReadError) as exc:
             raise ToolFailed(f"the shell's channel failed: {exc}") from None
-        finally:
-            for conn in conns:
-                conn.close()
-            await asyncio.gather(*(conn.wait_closed() for conn in conns), return_exceptions=True)
 
     @staticmethod
     async def _one(shell: Any, script: str, marker: bytes) -> None:
