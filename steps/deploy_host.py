@@ -161,6 +161,10 @@ def stop_group(pgid: int, timeout: float, child: subprocess.Popen[bytes] | None 
 # ---------------------------------------------------------------- ports
 
 
+class BindError(Exception):
+    """The bind address cannot be used here at all (not this host's, say): the step fails saying so."""
+
+
 def port_free(bind: str, port: int) -> bool:
     """Whether a server could listen on bind:port now (a listener there, on any address, says no)."""
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
@@ -171,7 +175,7 @@ def port_free(bind: str, port: int) -> bool:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 return False
-            raise
+            raise BindError(f"cannot listen on {bind}:{port} on this host: {exc.strerror}") from None
     return True
 
 
@@ -374,7 +378,12 @@ def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, 
             forget(state_dir, port)
             recorded = None
     if recorded is None:
-        if not port_free(bind, port):
+        try:
+            free = port_free(bind, port)
+        except BindError as exc:
+            report["failure"] = str(exc)
+            return report
+        if not free:
             holder = port_holder(port)
             report["port_holder"] = holder
             report["failure"] = (

@@ -295,11 +295,11 @@ def test_proc_stat_fields_follow_the_last_parenthesis(name: str) -> None:
 
 
 def test_client_address_for_a_bind_address() -> None:
-    assert [deploy_host.base_url(b, 30000) for b in ("127.0.0.1", "0.0.0.0", "::", "10.0.0.5", "fe80::1")] == [
+    assert [deploy_host.base_url(b, 30000) for b in ("127.0.0.1", "0.0.0.0", "::", "192.0.2.5", "fe80::1")] == [
         "http://127.0.0.1:30000",
         "http://127.0.0.1:30000",
         "http://[::1]:30000",
-        "http://10.0.0.5:30000",
+        "http://192.0.2.5:30000",
         "http://[fe80::1]:30000",
     ]
 
@@ -590,3 +590,8 @@ def test_the_ready_timeout_may_come_from_a_runbook_var() -> None:
     facts.vars = {"ready": "soon"}
     with pytest.raises(FactsError, match="ready_timeout: runbook var ready = 'soon' does not fit: expected a duration"):
         step.render(facts)
+
+
+def test_a_bind_address_the_host_does_not_have_is_a_clear_failure() -> None:
+    with pytest.raises(deploy_host.BindError, match=r"cannot listen on 192\.0\.2\.5:\d+ on this host: "):
+        deploy_host.port_free("192.0.2.5", 30000)  # TEST-NET-1: never this machine's
