@@ -145,6 +145,9 @@ class HostContext(StepContext):
             if isinstance(exc, HostKeyError):
                 raise HostRefused(str(exc)) from None
             raise AttemptFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
+        finally:
+            for note in transport.take_notes():
+                engine.reporter.emit("note", host=self.host_name, step=self.spec.id, message=note)
         self._record(command.display, result)
         return result
 

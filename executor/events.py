@@ -23,7 +23,8 @@ class Reporter:
     """Receives run events; the base class ignores them."""
 
     def emit(self, event: str, **fields: Any) -> None:
-        """One event: run_started, step_started, command_finished, step_finished, run_finished, note."""
+        """One event: run_started, step_started, command_finished, attempt_failed, step_finished, progress,
+        note (something about a host worth saying once, e.g. a fallback taken), run_finished."""
 
     def close(self) -> None:
         """Stop any live display."""
@@ -82,6 +83,8 @@ class ConsoleReporter(Reporter):
             )
             for failure in fields.get("failures", []):
                 print_(failure, markup=False, style="red")
+        elif event == "note":
+            print_(f"    [yellow]note[/] {f['host']}: {f['message']}")
         elif event == "progress":
             self._live(f"[bold]{f['step']}[/]@{f['host']}: {f['message']}", keep=True)
         elif event == "run_finished":

@@ -208,5 +208,9 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def get(self, remote: str, local: Path) -> Transfer: ...
 
+    def take_notes(self) -> list[str]:
+        """What the user should hear about this host once (a fallback taken), since the last call."""
+        return []
+
     async def close(self) -> None:
         """Release the connection."""

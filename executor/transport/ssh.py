@@ -62,6 +62,7 @@ class SSHTransport(Transport):
         self._runner_started = False  # once it has run here, a failed restart is a transport error
         #: Why this host uses the exec path although `runner: persistent` asked for the runner.
         self.runner_unavailable: str | None = None
+        self._notes: list[str] = []
 
     def _options(self) -> dict[str, Any]:
         host = self.host
@@ -140,6 +141,7 @@ class SSHTransport(Transport):
                     raise TransportError(f"cannot restart the runner on {self.name}: {exc}") from None
                 self.runner_unavailable = str(exc)
                 log.warning("%s: %s; every command uses an exec channel of its own", self.name, exc)
+                self._notes.append(f"no persistent runner ({exc}): every command uses an exec channel of its own")
                 return None
             except TransportError:
                 self._drop(conn)
@@ -215,6 +217,10 @@ class SSHTransport(Transport):
             raise TransportError(f"download of {self.name}:{remote} failed: {exc}") from None
         data = local.read_bytes()
         return Transfer("get", str(local), remote, len(data), hashlib.sha256(data).hexdigest())
+
+    def take_notes(self) -> list[str]:
+        notes, self._notes = self._notes, []
+        return notes
 
     async def close(self) -> None:
         """Close the connection; a dead network gets the connect timeout, then the socket is dropped."""

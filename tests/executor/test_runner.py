@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -391,6 +392,29 @@ def test_a_host_without_python_falls_back_to_the_exec_path(
     assert "python3: command not found" in transport.runner_unavailable
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "exec channel of its own" in warnings[0]
+
+
+def test_the_fallback_is_said_once_in_the_run_s_events(
+    no_python: SSHServer, write_runbook: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_runbook(
+        """\
+        name: fallback
+        __HOSTS__
+        steps:
+          - {id: one, kind: shell, script: echo one}
+          - {id: two, kind: shell, script: echo two}
+        """,
+        hosts=no_python.host_yaml(),
+    )
+    code, out, _ = run(path, tmp_path / "logs", capsys, "--json")
+    assert code == 0
+    notes = [e for e in map(json.loads, out.splitlines()) if e["event"] == "note"]
+    assert [(n["host"], n["step"]) for n in notes] == [("box", "one")]
+    message = notes[0]["message"]
+    assert message.startswith("no persistent runner (") and "python3: command not found" in message
+    _, _, err = run(path, tmp_path / "logs-console", capsys)
+    assert "note box: no persistent runner" in err
 
 
 def test_runner_exec_never_starts_a_runner(noisy: SandboxHost, loop: asyncio.Runner) -> None:
