@@ -16,14 +16,19 @@ from executor.errors import (
 )
 from executor.loader import Runbook, load_runbook
 from executor.model import Gate, Host
+from executor.planner import plan_text, render_problems
 from executor.render import heredoc, host_word, render_command
 from executor.stepkind import (
     FactsError,
     Outcome,
+    ProgressLines,
     RenderContext,
     StepContext,
     StepSpec,
+    VarRef,
     host_document,
+    progress_messages,
+    resolve_var,
     step_kinds,
 )
 from executor.transport import CommandResult, Transport
@@ -38,6 +43,7 @@ __all__ = [
     "InvalidRunbook",
     "Outcome",
     "Problem",
+    "ProgressLines",
     "RenderContext",
     "ResumeError",
     "RunLocked",
@@ -49,10 +55,15 @@ __all__ = [
     "StepSpec",
     "Transport",
     "TransportError",
+    "VarRef",
     "heredoc",
     "host_document",
     "host_word",
     "load_runbook",
+    "plan_text",
+    "progress_messages",
     "render_command",
+    "render_problems",
+    "resolve_var",
     "step_kinds",
 ]
