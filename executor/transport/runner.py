@@ -100,10 +100,10 @@ class HostRunner:
     async def start(cls, conn: asyncssh.SSHClientConnection, name: str, timeout: float) -> HostRunner:
         """Start the runner; `RunnerUnavailable` where the host cannot run it, `TransportError`
         where the connection failed."""
-        try:
-            proc = await conn.create_process(START_COMMAND, encoding=None)
-        except (OSError, asyncssh.Error) as exc:
-            raise TransportError(f"cannot open a channel to {name}: {exc}") from None
+        try:  # a host that stopped answering: bounded here, whatever the keepalive settings
+            proc = await asyncio.wait_for(conn.create_process(START_COMMAND, encoding=None), timeout)
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            raise TransportError(f"cannot open a channel to {name}: {str(exc) or f'no answer within {timeout:g}s'}") from None
         runner = cls(name, conn, proc)
         token = secrets.token_hex(host.TOKEN_BYTES // 2).encode()
         try:

@@ -57,6 +57,8 @@ NOT_STARTED = 125
 #: bash's code for a command not found (the wrapper's `exec bash`, where a var PATH lacks bash).
 BASH_NOT_FOUND = 127
 CHUNK = 65536
+#: A step's `kill_at` once its group got KILL: no deadline left (a select timeout cannot be infinite).
+KILLED = float("inf")
 ENV_FD = 3
 SCRIPT_FILE = "script"  # in the step's folder, as the wrapper names it
 
@@ -334,7 +336,9 @@ class Runner:
     def serve(self) -> None:
         while self.connected or self.steps:
             now = time.monotonic()
-            deadlines = [s.kill_at for s in self.steps.values() if s.kill_at is not None and not s.exited]
+            deadlines = [
+                s.kill_at for s in self.steps.values() if s.kill_at is not None and s.kill_at < KILLED and not s.exited
+            ]
             for key, _ in self.selector.select(max(0.0, min(deadlines) - now) if deadlines else None):
                 if key.data == "stdin":
                     self.receive()
@@ -346,7 +350,7 @@ class Runner:
                 self.reap(step)
                 if not step.exited and step.kill_at is not None and time.monotonic() >= step.kill_at:
                     signal_group(step.proc.pid, signal.SIGKILL)
-                    step.kill_at = float("inf")
+                    step.kill_at = KILLED
             self.flush()
 
 

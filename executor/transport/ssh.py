@@ -153,11 +153,11 @@ class SSHTransport(Transport):
         """The exec path: one channel per command, running the wrapper through the login shell."""
         conn = await self._connection()
         collect = Collector(on_output)
-        try:
-            proc = await conn.create_process(command.command_line, encoding=None)
-        except (OSError, asyncssh.Error) as exc:
+        try:  # a host that stopped answering must not hold the command before its own timeout starts
+            proc = await asyncio.wait_for(conn.create_process(command.command_line, encoding=None), timeout)
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
             self._drop(conn)
-            raise TransportError(f"cannot open a channel to {self.name}: {exc}") from None
+            raise TransportError(f"cannot open a channel to {self.name}: {str(exc) or f'no answer within {timeout:g}s'}") from None
         with contextlib.suppress(BrokenPipeError, OSError, asyncssh.Error):
             proc.stdin.write(command.stdin)  # buffered by asyncssh; the wait below is under the timeout
 

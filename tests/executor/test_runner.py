@@ -238,6 +238,27 @@ def test_concurrent_large_outputs_are_not_mixed(sshd: SSHServer, loop: asyncio.R
         assert result.stderr_sha256 == hashlib.sha256(c.upper().encode() * size).hexdigest()
 
 
+def test_a_step_that_ignores_term_is_killed_and_the_runner_serves_on(sshd: SSHServer, loop: asyncio.Runner) -> None:
+    """A timed-out step that ignores TERM gets KILL after the grace and is reported as killed; the
+    runner, and the command running beside it, carry on (no deadline left must not stop its loop)."""
+    transport = transport_to(sshd)
+
+    async def scenario() -> tuple[CommandResult, CommandResult]:
+        beside = asyncio.ensure_future(transport.run(render_command("echo $PPID; sleep 5; echo done", {}), 30))
+        await asyncio.sleep(0.2)
+        stubborn = await transport.run(render_command("trap '' TERM; sleep 30", {}), 0.5)
+        return stubborn, await beside
+
+    try:
+        stubborn, beside = loop.run(scenario())
+        again = run_one(loop, transport, "echo $PPID")
+    finally:
+        loop.run(transport.close())
+    assert stubborn.timed_out and stubborn.exit_code == 128 + signal.SIGKILL
+    assert beside.exit_code == 0 and beside.stdout.endswith(b"\ndone\n")
+    assert again.stdout == beside.stdout.split(b"\n")[0] + b"\n"  # the same runner
+
+
 # --- a runner that dies, a connection that drops ------------------------------------------
 
 
