@@ -103,7 +103,8 @@ class HostRunner:
         try:  # a host that stopped answering: bounded here, whatever the keepalive settings
             proc = await asyncio.wait_for(conn.create_process(START_COMMAND, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
-            raise TransportError(f"cannot open a channel to {name}: {str(exc) or f'no answer within {timeout:g}s'}") from None
+            said = str(exc) or f"no answer within {timeout:g}s"
+            raise TransportError(f"cannot open a channel to {name}: {said}") from None
         runner = cls(name, conn, proc)
         token = secrets.token_hex(host.TOKEN_BYTES // 2).encode()
         try:

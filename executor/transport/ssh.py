@@ -157,7 +157,8 @@ class SSHTransport(Transport):
             proc = await asyncio.wait_for(conn.create_process(command.command_line, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             self._drop(conn)
-            raise TransportError(f"cannot open a channel to {self.name}: {str(exc) or f'no answer within {timeout:g}s'}") from None
+            said = str(exc) or f"no answer within {timeout:g}s"
+            raise TransportError(f"cannot open a channel to {self.name}: {said}") from None
         with contextlib.suppress(BrokenPipeError, OSError, asyncssh.Error):
             proc.stdin.write(command.stdin)  # buffered by asyncssh; the wait below is under the timeout
 
