@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
@@ -110,14 +111,6 @@ def parse_prompt_lines(text: str, source: str) -> list[Prompt]:
 
 
 # ---------------------------------------------------------------------------------------- statistics
-
-
-def percentile(ordered: list[float], q: float) -> float:
-    """The q-quantile (0..1) of sorted values, interpolating between neighbours (numpy's default)."""
-    position = (len(ordered) - 1) * q
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class Summary(Model):
@@ -198,9 +191,10 @@ def summarize(requests: Iterable[RequestFacts], expected: int) -> Summary:
     if values:
         low, high = values[0], values[-1]
         stats = {
-            "mean": min(max(math.fsum(values) / len(values), low), high),
-            "median": percentile(values, 0.5),
-            "p10": percentile(values, 0.1),
+            "mean": min(max(statistics.fmean(values), low), high),  # never outside by a rounding error
+            "median": statistics.median(values),
+            # linear between neighbours, numpy's default; one value is its own p10
+            "p10": statistics.quantiles(values, n=10, method="inclusive")[0] if len(values) > 1 else low,
             "min": low,
             "max": high,
             "weighted_mean": sum(r.completion_tokens or 0 for r in measured) / verify if verify else None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,6 @@ class Switches:
             raise ValueError(f"decode_tokens_per_s {self.decode_tokens_per_s!r}: > 0")
         if not self.startup_s >= 0:
             raise ValueError(f"startup_s {self.startup_s!r}: >= 0")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def path(home: str | os.PathLike[str] | None = None) -> Path:

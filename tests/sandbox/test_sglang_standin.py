@@ -121,6 +121,16 @@ def start(host: SandboxHost, flags: list[str], name: str = "sglang") -> Server:
     return Server(host, int(done.stdout.strip()), int(flags[flags.index("--port") + 1]), log)
 
 
+def start_pair(host: SandboxHost, models: Models, servers: list[Server]) -> tuple[Server, Server]:
+    """A baseline and a DFLASH server of the same model, healthy, at a speed the tests can compare."""
+    with host.standin(startup_s=0.3, decode_tokens_per_s=400.0):
+        servers.append(baseline := start(host, launch_flags(models, free_port(), draft=False), "baseline"))
+        servers.append(dflash := start(host, launch_flags(models, free_port()), "dflash"))
+        wait_healthy(baseline)
+        wait_healthy(dflash)
+    return baseline, dflash
+
+
 @pytest.fixture
 def servers() -> Iterator[list[Server]]:
     started: list[Server] = []
@@ -236,11 +246,7 @@ def test_dflash_is_faster_than_baseline_and_only_it_reports_acceptance(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
     host = testhost("h200")
-    with host.standin(startup_s=0.3, decode_tokens_per_s=400.0):
-        servers.append(baseline := start(host, launch_flags(models, free_port(), draft=False), "baseline"))
-        servers.append(dflash := start(host, launch_flags(models, free_port()), "dflash"))
-        wait_healthy(baseline)
-        wait_healthy(dflash)
+    baseline, dflash = start_pair(host, models, servers)
     slow, fast = generate(baseline, MATH, 96), generate(dflash, MATH, 96)
     assert slow["meta_info"]["completion_tokens"] == fast["meta_info"]["completion_tokens"] == 96
     assert not any(key.startswith("spec_") for key in slow["meta_info"])  # as SGLang without speculative decoding
@@ -419,11 +425,7 @@ def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server], tmp_path: Path
 ) -> None:
     host = testhost("h200")
-    with host.standin(startup_s=0.3, decode_tokens_per_s=400.0):
-        servers.append(baseline := start(host, launch_flags(models, free_port(), draft=False), "baseline"))
-        servers.append(dflash := start(host, launch_flags(models, free_port()), "dflash"))
-        wait_healthy(baseline)
-        wait_healthy(dflash)
+    baseline, dflash = start_pair(host, models, servers)
     out = tmp_path / "bench.jsonl"
     for server, concurrency in ((baseline, 1), (baseline, 4), (dflash, 1), (dflash, 4)):
         status, output = bench(host, server, out, concurrency)

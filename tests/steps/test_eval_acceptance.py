@@ -5,7 +5,6 @@ SGLang's HTTP server."""
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import socket
 import statistics
@@ -34,7 +33,6 @@ from steps.eval_acceptance import (
     RequestFacts,
     facts_from,
     parse_prompt_lines,
-    percentile,
     shipped_sets,
     summarize,
 )
@@ -191,14 +189,6 @@ def test_statistics_are_ordered_and_agree_with_the_stdlib(measured: list[Request
     assert summary.weighted_mean == pytest.approx(tokens / verify, abs=1e-4)
     assert summary.completion_tokens == tokens + 50 * without_spec and summary.verify_ct == verify
     assert summary.tokens_per_s == pytest.approx(summary.completion_tokens / (len(measured) + without_spec), rel=1e-3)
-
-
-@given(values=st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=50), q=st.floats(0, 1))
-def test_percentile_lies_between_its_neighbours(values: list[float], q: float) -> None:
-    ordered = sorted(values)
-    got = percentile(ordered, q)
-    assert ordered[0] <= got <= ordered[-1] or math.isclose(got, ordered[0]) or math.isclose(got, ordered[-1])
-    assert percentile(ordered, 0) == ordered[0] and percentile(ordered, 1) == ordered[-1]
 
 
 @given(count=st.integers(min_value=1, max_value=20))
