@@ -25,16 +25,19 @@ from rich.text import Text
 
 from executor import audit
 from executor.durations import format_duration
-from executor.engine import Engine, RunOptions
+from executor.engine import NOT_STARTED, Engine, RunOptions
 from executor.errors import InvalidRunbook, Problem, ResumeError, RunbookError, RunLocked, SecretMissing
-from executor.events import ConsoleReporter, JsonReporter, Reporter
+from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
 from executor.planner import plan_text, render_problems
 from executor.state import RunMeta, list_runs, open_state
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+#: `runbook status` shows a message's first line up to this many characters; the whole one follows the table.
+MESSAGE_CELL = 120
+
+err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
 
@@ -242,13 +245,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     table = Table(title=Text(f"run {meta.run_id} ({meta.runbook}): {status}"))
-    for column in ("step", "host", "status", "attempts", "duration", "via", "message"):
+    for column in ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message"):
         table.add_column(column)
+    details = []
     for r in records:
-        status_text = f"reused ({r.reused_from})" if r.reused_from else r.status
-        cells = (r.step, r.host, status_text, str(r.attempts), format_duration(r.duration_s or 0), r.via or "")
-        table.add_row(*map(Text, (*cells, (r.message or "")[:400])))  # run data is never rich markup
-    out.print(table)
+        status_text = f"passed (reused from {r.reused_from})" if r.reused_from else r.status
+        started = r.status not in NOT_STARTED
+        message = r.message or ""
+        first_line = message.partition("\n")[0]
+        cell = first_line if len(first_line) <= MESSAGE_CELL else first_line[: MESSAGE_CELL - 1] + "…"
+        cells = (
+            r.step,
+            r.host,
+            status_text,
+            str(r.attempts) if started else "",
+            format_duration(r.duration_s or 0) if started else "",
+            r.via or "",
+            r.gate or "",
+            cell,
+        )
+        table.add_row(*map(Text, cells))  # run data is never rich markup
+        if message.strip() != cell.strip() and r.status in ("failed", "interrupted"):
+            details.append(f"{r.step}@{r.host}: {message}")
+    _print_whole(table)
+    for detail in details:
+        out.print(Text(detail))
     return EXIT_OK
 
 
@@ -261,14 +282,29 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    table = Table(title=f"runs in {args.log_dir}")
-    for column in ("run", "runbook", "status", "started", "resumed from"):
+    if not rows:
+        out.print(Text(f"no runs in {args.log_dir}"))
+        return EXIT_OK
+    table = Table(title=Text(f"runs in {args.log_dir}"))
+    for column in ("run", "runbook", "status", "started", "finished", "resumed from"):
         table.add_column(column)
     for row in rows:
-        cells = (row["run_id"], row["runbook"], row["status"] or "", row["started_at"][:19], row["resumed_from"] or "")
+        cells = (
+            row["run_id"],
+            row["runbook"],
+            row["status"] or "",
+            _when(row["started_at"]),
+            _when(row["finished_at"]),
+            row["resumed_from"] or "",
+        )
         table.add_row(*map(Text, cells))
-    out.print(table)
+    _print_whole(table)
     return EXIT_OK
+
+
+def _when(timestamp: str | None) -> str:
+    """An ISO timestamp as `YYYY-MM-DD HH:MM:SS` (UTC), for tables."""
+    return timestamp[:19].replace("T", " ") if timestamp else ""
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -325,12 +361,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             table.add_column(Text(column), overflow="fold")
         for row in rows:
             table.add_row(*map(Text, row))  # report cells are data, never rich markup
-        # a table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut
-        wanted = out.measure(table, options=out.options.update_width(10_000)).maximum
-        Console(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
+        _print_whole(table)
     for title, figure in figures:
         out.print(Text(f"{title}: {args.run_dir / figure}"))
     return EXIT_OK
+
+
+def _print_whole(table: Table) -> None:
+    """A table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut."""
+    wanted = out.measure(table, options=out.options.update_width(10_000)).maximum
+    Console(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
 
 
 def _listed(value: Any) -> list[Any]:

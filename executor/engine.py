@@ -39,17 +39,22 @@ from executor.transport.base import Collector, CommandInterrupted, CommandResult
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+#: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
+NOT_STARTED = ("pending", "skipped")
 
 
 class AttemptFailed(Exception):
     """One attempt did not pass; the message says why (gate, timeout, transport, facts).
 
-    `facts` keeps what the attempt found, so that a failed step's record shows it too.
+    `facts` keeps what the attempt found, so that a failed step's record shows it too; `gate` is
+    the expression of the gate that failed (None when the attempt failed before its gates).
     """
 
-    def __init__(self, message: str, facts: Any = None) -> None:
+    def __init__(self, message: str, facts: Any = None, gate: str | None = None, exit_code: int | None = None) -> None:
         super().__init__(message)
         self.facts = facts
+        self.gate = gate
+        self.exit_code = exit_code
 
 
 class HostRefused(Exception):
@@ -274,11 +279,14 @@ class Engine:
                 reused.append(spec)
                 why[spec.id] = f"reused (passed in {source_id})"
             else:
-                if rerun_cause is None:
-                    rerun_cause = spec.id
+                started = any(r is not None and r.status not in NOT_STARTED for r in records)
+                if not started:
+                    why[spec.id] = f"runs (not reached in {source_id})"
+                elif rerun_cause is None:
                     why[spec.id] = f"runs again ({'changed since' if passed else 'did not pass in'} {source_id})"
                 else:
                     why[spec.id] = f"runs again (after '{rerun_cause}')"
+                rerun_cause = rerun_cause or spec.id
                 to_run.append(spec)
         self._check_needs(reused, to_run)
         return reused, to_run, why
@@ -299,6 +307,8 @@ class Engine:
         """`steps.<id>` as gates see it on `host`: facts, status, and per-host facts."""
         view: dict[str, Any] = {}
         for (step_id, step_host), rec in self.records.items():
+            if rec.status in NOT_STARTED:
+                continue
             entry = view.setdefault(step_id, {"hosts": {}, "facts": None, "status": rec.status})
             entry["hosts"][step_host] = {"facts": rec.facts, "status": rec.status}
             if step_host == host or (entry["facts"] is None and len(self.runbook.step_hosts[step_id]) == 1):
@@ -345,13 +355,24 @@ class Engine:
         self.state = state
         self.run_dir = run_dir
         self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
-        for spec in reused:
-            for host in self.runbook.step_hosts[spec.id]:
-                old = source_records[(spec.id, host)]
-                origin = old.reused_from or meta.resumed_from
-                self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
-        state.save(*self.records.values())
         reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
+        for spec in self.runbook.steps:  # every step of the run has a row from the start
+            for host in self.runbook.step_hosts[spec.id]:
+                if spec.id in reused_ids:
+                    old = source_records[(spec.id, host)]
+                    origin = old.reused_from or meta.resumed_from
+                    self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
+                else:
+                    status = "pending" if spec.id in run_ids else "skipped"
+                    self.records[(spec.id, host)] = StepRecord(
+                        step=spec.id,
+                        host=host,
+                        position=self.positions[spec.id],
+                        status=status,
+                        fingerprint="",
+                        message=why[spec.id] if status == "skipped" else None,
+                    )
+        state.save(*self.records.values())
         self.reporter.emit(
             "run_started",
             run_id=run_id,
@@ -460,11 +481,11 @@ class Engine:
                             record.attempts += 1
                             facts, exit_code = await self._attempt(variant, host, record.attempts, via)
                     record.status, record.facts, record.exit_code, record.via = "passed", facts, exit_code, via
-                    record.message = None
+                    record.message = record.gate = None
                     return record
                 except AttemptFailed as exc:
                     failures.append(f"[{via}] {exc}")
-                    record.facts = exc.facts
+                    record.facts, record.gate, record.exit_code = exc.facts, exc.gate, exc.exit_code
         except HostRefused as exc:
             failures.append(str(exc))
         except asyncio.CancelledError:
@@ -522,10 +543,19 @@ class Engine:
                     detail += "\n  (stdout was empty)"
                 out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
                 message = f"{detail}\n  output tail:\n{out}" if out else detail
-                self._attempt_failed(spec, host, attempt, message, facts)
+                self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
         return facts, result.exit_code
 
-    def _attempt_failed(self, spec: StepSpec, host: str, attempt: int, message: str, facts: Any = None) -> NoReturn:
+    def _attempt_failed(
+        self,
+        spec: StepSpec,
+        host: str,
+        attempt: int,
+        message: str,
+        facts: Any = None,
+        gate: str | None = None,
+        exit_code: int | None = None,
+    ) -> NoReturn:
         message = self.redactor.text(message)
         self.reporter.emit("attempt_failed", step=spec.id, host=host, attempt=attempt, message=message)
-        raise AttemptFailed(message, facts)
+        raise AttemptFailed(message, facts, gate, exit_code)

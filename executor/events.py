@@ -44,12 +44,23 @@ class JsonReporter(Reporter):
             self.out = None
 
 
+class UnattendedConsole(Console):
+    """A rich console that goes quiet when its reader goes away (`runbook run ... 2>&1 | head`).
+
+    rich's default exits the process on a broken pipe, which would stop a deployment half-way
+    because nobody is reading its progress; the run goes on, its state and audit log complete.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
 _STATUS_STYLE = {"passed": "green", "reused": "cyan", "failed": "bold red", "interrupted": "yellow"}
 
 
 class ConsoleReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+        self.console = console or UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
         self._status: Status | None = None
         self._t0 = time.monotonic()
 

@@ -14,7 +14,7 @@ import os
 import secrets
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS steps (
     message TEXT,
     via TEXT,
     reused_from TEXT,
+    gate TEXT,
     PRIMARY KEY (step, host)
 );
 CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT);
@@ -59,8 +60,8 @@ class StepRecord:
     step: str
     host: str
     position: int
-    status: str  # running | passed | failed | interrupted
-    fingerprint: str
+    status: str  # pending | running | passed | failed | skipped | interrupted
+    fingerprint: str  # of the step's definition when it ran ("" for pending and skipped)
     attempts: int = 0
     facts: Any = None
     started_at: str | None = None
@@ -69,6 +70,7 @@ class StepRecord:
     message: str | None = None
     via: str | None = None  # "primary" or "fallback N"
     reused_from: str | None = None
+    gate: str | None = None  # the expression of the gate that failed last
 
 
 @dataclass
@@ -139,6 +141,14 @@ class RunState:
         # which only makes a resume run a step again (the audit log itself is fsynced per record)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A store written by an older `runbook` lacks newer columns: add them (NULL), so it can be resumed."""
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(steps)")}
+        for name in (f.name for f in fields(StepRecord)):
+            if name not in present:
+                self._db.execute(f"ALTER TABLE steps ADD COLUMN {name}")
 
     @classmethod
     def create(cls, run_dir: Path, meta: RunMeta) -> RunState:
