@@ -235,10 +235,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     with open_state(args.log_dir / meta.run_id) as state:
         records = state.records()
         status = state.status()
+        finished_at = state.get("finished_at")
     if args.json:
         print(
             json.dumps(
-                {"run": meta.__dict__ | {"status": status}, "steps": [r.__dict__ for r in records]},
+                {
+                    "run": meta.__dict__ | {"status": status, "finished_at": finished_at},
+                    "steps": [r.__dict__ for r in records],
+                },
                 default=str,
                 indent=2,
             )

@@ -348,6 +348,7 @@ class Engine:
             resumed_from=source_meta.run_id if source_meta else None,
             audit_prev_hash=link,
             vars={k: self.redactor.text(v) for k, v in self.env.items()},
+            secrets=sorted(self.secrets),
         )
         state = RunState.create(run_dir, meta)
         lock = RunLock(run_dir)

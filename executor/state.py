@@ -84,6 +84,7 @@ class RunMeta:
     resumed_from: str | None = None
     audit_prev_hash: str = "0" * 64
     vars: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)  # names only: a secret's value is never stored
 
 
 class RunLock:

@@ -66,7 +66,10 @@ def test_status_lists_every_step_with_the_failing_gate(write_runbook: Any, tmp_p
     # the whole message (with the values the gate saw) follows the table
     assert "three@box: [primary] the marker file is missing\n  gate: exit_code == 0\n  exit_code = 4" in table
 
-    steps = json.loads(cli("status", "--log-dir", str(logs), "--json").stdout)["steps"]
+    document = json.loads(cli("status", "--log-dir", str(logs), "--json").stdout)
+    assert document["run"]["status"] == "failed"
+    assert document["run"]["started_at"] <= document["run"]["finished_at"]
+    steps = document["steps"]
     three = steps[2]
     assert (three["status"], three["gate"], three["exit_code"]) == ("failed", "exit_code == 0", 4)
     assert [s["status"] for s in steps] == ["passed", "passed", "failed", "pending", "pending"]
