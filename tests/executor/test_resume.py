@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import os
 import secrets
 import signal
 import sqlite3
@@ -143,7 +144,12 @@ def test_resume_after_fixing_the_cause_runs_only_the_rest(tmp_path: Path, write_
     assert first.returncode == 1, first.stderr
     assert side_lines(side) == ["s1", "s2", "s3"]
     old = newest(logs)
-    assert step_status(status_json(logs)) == {"s1": "passed", "s2": "passed", "s3": "failed"}
+    failed = status_json(logs)
+    assert step_status(failed) == {"s1": "passed", "s2": "passed", "s3": "failed", "s4": "pending", "s5": "pending"}
+    s3 = next(s for s in failed["steps"] if s["step"] == "s3")
+    assert s3["gate"] == "exit_code == 0" and s3["exit_code"] == 1 and s3["attempts"] == 1
+    table = cli("status", "--log-dir", str(logs)).stdout
+    assert "failing gate" in table and "exit_code == 0" in table and "pending" in table
 
     marker.touch()  # fix the cause
     second = cli("run", str(book), "--resume", "--log-dir", str(logs))
@@ -259,6 +265,98 @@ def test_kill_9_sweep_then_resume(tmp_path: Path, write_runbook: Any) -> None:
     # ... then the resumes and checks, two at a time
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         for future in [pool.submit(_check_after_kill, *case) for case in cases]:
+            future.result()
+
+
+KILLPOINTS = [sys.executable, "-m", "tests.executor.killpoints"]  # the CLI, with a kill at a chosen write
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _under_hook(
+    book: Path, logs: Path, journal: Path, kill_at: int | None = None, mode: str = "after"
+) -> subprocess.CompletedProcess[str]:
+    """Run `runbook run BOOK` through tests/executor/killpoints.py, maybe killed at write `kill_at`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_KILL_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env |= {"RUNBOOK_KILL_JOURNAL": str(journal), "RUNBOOK_KILL_MODE": mode}
+    if kill_at is not None:
+        env["RUNBOOK_KILL_AT"] = str(kill_at)
+    return subprocess.run(
+        [*KILLPOINTS, "run", str(book), "--log-dir", str(logs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_kill_9_at_every_durable_write_then_resume(tmp_path: Path, write_runbook: Any) -> None:
+    """Deterministic: a kill right after each write of the state store and the audit log, and halfway
+    through each audit line (a torn line); every time `--resume` completes the run as the sweep above."""
+    ids = ["w1", "w2", "w3"]
+
+    def book_in(folder: Path) -> Path:
+        folder.mkdir()
+        path: Path = write_runbook(header("kill-points", folder) + steps_yaml(ids), name=f"{folder.name}.yaml")
+        return path
+
+    # an undisturbed run names the writes, in order
+    book = book_in(tmp_path / "baseline")
+    done = _under_hook(book, tmp_path / "baseline" / "logs", tmp_path / "baseline" / "journal")
+    assert done.returncode == 0, done.stderr
+    points = (tmp_path / "baseline" / "journal").read_text().split()
+    kinds = {"state.save", "state.set:status", "state.set:finished_at", "audit.line", "audit.head"}
+    assert set(points) == kinds, points
+    assert points.count("audit.line") == len(ids), points
+    lines_at = [n for n, point in enumerate(points, start=1) if point == "audit.line"]
+    cases = [(n, "after") for n in range(1, len(points) + 1)] + [(n, "torn") for n in lines_at]
+
+    def passed_by(n: int) -> set[str]:
+        """Steps whose `passed` record was committed by write n: the first state.save after their line."""
+        done_writes = points[:n]
+        return {
+            step_id
+            for step_id, at in zip(ids, lines_at, strict=True)
+            if "state.save" in done_writes[at:]  # `at` is 1-based: the writes after the line
+        }
+
+    def check(n: int, mode: str, book: Path, folder: Path, context: str) -> None:
+        logs = folder / "logs"
+        killed = logs / runs(logs)[0]["run_id"]
+        line = points[:n].count("audit.line")  # audit lines begun before the kill
+        if mode == "torn":
+            torn = verify(killed)
+            assert torn.returncode == 0, (context, torn.stdout, torn.stderr)
+            assert "torn" in torn.stderr and f"audit.jsonl:{line}" in torn.stderr, (context, torn.stderr)
+            assert f"intact: {line - 1} records" in torn.stdout, (context, torn.stdout)
+        else:
+            assert len(audit_records(killed)) == line, context
+        _check_after_kill(book, logs, folder / "side.txt", ids, context)
+        # the killed run's store holds exactly what had been committed: no more, no less
+        with contextlib.closing(sqlite3.connect(killed / "state.db")) as db:
+            stored = {step for step, status in db.execute("SELECT step, status FROM steps") if status == "passed"}
+        assert stored == passed_by(n), (context, stored)
+        if mode == "torn":  # verifying the whole history still reports the torn line
+            final = verify(newest(logs))
+            assert final.returncode == 0 and f"{killed.name}/audit.jsonl:{line}: torn" in final.stderr, (
+                context,
+                final.stderr,
+            )
+
+    # the kills, one at a time; each killed run's resume and checks start at once, two at a time (a kill
+    # lands at its write whatever else runs, so unlike the sweep above the kills need no quiet machine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        checks = []
+        for n, mode in cases:
+            folder = tmp_path / f"{mode}{n}"
+            book, journal = book_in(folder), folder / "journal"
+            context = f"kill {mode} write #{n} of {len(points)} ({points[n - 1]})"
+            killed = _under_hook(book, folder / "logs", journal, kill_at=n, mode=mode)
+            assert killed.returncode == -signal.SIGKILL, (context, killed.returncode, killed.stderr)
+            assert journal.read_text().split() == points[:n], context  # the same writes, in the same order
+            checks.append(pool.submit(check, n, mode, book, folder, context))
+        for future in checks:
             future.result()
 
 
@@ -395,7 +493,7 @@ def test_only_and_from_reuse_earlier_facts(tmp_path: Path, write_runbook: Any) -
     state = {s["step"]: s for s in status_json(logs)["steps"]}
     assert state["a"]["reused_from"] == first_id and state["a"]["facts"] == {"x": 5}
     assert state["b"]["status"] == "passed" and not state["b"]["reused_from"]
-    assert "c" not in state
+    assert state["c"]["status"] == "skipped" and "--only" in state["c"]["message"]
     assert side_lines(side) == ["a", "b", "c", "b"]
 
     from_b = cli("run", str(book), "--from", "b", "--log-dir", str(logs))
@@ -480,7 +578,7 @@ def test_interrupt_kills_the_remote_step_and_resume_reruns_it(
 
     status = status_json(logs)
     assert status["run"]["status"] == "interrupted"
-    assert step_status(status) == {"i1": "passed", "i2": "interrupted"}
+    assert step_status(status) == {"i1": "passed", "i2": "interrupted", "i3": "pending"}
     run_dir = newest(logs)
     records = [r for r in audit_records(run_dir) if r["step"] == "i2"]
     assert len(records) == 1 and records[0]["interrupted"] is True
@@ -540,6 +638,7 @@ def test_a_secret_is_written_nowhere(tmp_path: Path, write_runbook: Any) -> None
     run_dir = newest(logs)
     show = next(r for r in audit_records(run_dir) if r["step"] == "show")
     assert show["stdout"] == "the token is ***\n"
+    assert json.loads((run_dir / "run.json").read_text())["secrets"] == ["TOK"]  # its name, not its value
     steps = status_json(logs)["steps"]
     assert steps[1]["facts"] == {"tok": "***", "n": 1}
     assert steps[2]["status"] == "failed"
