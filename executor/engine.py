@@ -83,17 +83,35 @@ def used_vars(spec: StepSpec, variables: Mapping[str, str], host: str) -> list[s
     ]
 
 
+#: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
+#: only say how commands get there: changing them, e.g. a longer connect_timeout after a timeout, reruns nothing.
+WHERE_A_STEP_RUNS = ("address", "port", "user")
+
+
 def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any]) -> str:
-    """Changes when the step's definition, its host, or the value of a var it uses changes."""
+    """Changes when the step's definition, where it runs, the value of a var it uses, or the contents
+    of a local file it reads change."""
     variants = [spec, *runbook.fallbacks.get(spec.id, [])]
     texts = {n: var_text(v) for n, v in variables.items()}
     used = sorted({n for v in variants for n in used_vars(v, texts, host)})
     body = {
         "step": [v.model_dump(mode="json", exclude={"description"}) for v in variants],
-        "host": runbook.hosts[host].model_dump(mode="json", exclude={"runner"}),  # how commands travel, not what
+        "host": runbook.hosts[host].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS)),
         "vars": {n: var_text(variables[n]) for n in used},
+        "files": {
+            f: _file_digest(runbook.path.parent / Path(f).expanduser()) for v in variants for f in v.local_files()
+        },
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    """The sha256 of a local file, or why there is none (a missing file fails the step when it runs)."""
+    try:
+        with path.open("rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:

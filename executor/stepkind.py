@@ -228,6 +228,13 @@ class StepSpec(Model):
         """
         return {ref for gate in self.effective_gates() for ref in step_refs(gate.that)}
 
+    def local_files(self) -> list[str]:
+        """Files on the controller this step reads (relative to the runbook's folder; `~` allowed).
+
+        Their contents are part of the step's fingerprint: editing one makes a resume run the step again.
+        """
+        return []
+
     def render(self, ctx: RenderContext) -> str:
         """The script this step runs."""
         raise NotImplementedError(f"step kind {self.kind!r} renders no script")

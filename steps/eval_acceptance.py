@@ -351,6 +351,9 @@ class EvalAcceptanceStep(StepSpec):
     def needs(self) -> set[str]:
         return super().needs() | ({self.server} if self.server else set())
 
+    def local_files(self) -> list[str]:
+        return [] if isinstance(self.prompt_sets, list) else list(self.prompt_sets.values())
+
     # ---- prompts ------------------------------------------------------------------------------------
 
     def _sets(self, base_dir: Path | None) -> dict[str, list[dict[str, str]] | str]:

@@ -27,6 +27,9 @@ class ShellStep(StepSpec):
     upload: list[FileCopy] = []
     fetch: list[FileCopy] = []
 
+    def local_files(self) -> list[str]:
+        return [copy.src for copy in self.upload]
+
     def render(self, ctx: RenderContext) -> str:
         return self.script
 

@@ -680,14 +680,50 @@ def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path
     from executor.engine import fingerprint
     from executor.loader import load_runbook
 
-    def fingerprints(runner: str, address: str = "gpu-box.example") -> str:
-        path = tmp_path / f"{runner}-{address}.yaml"
+    def fingerprint_with(**host: object) -> str:
+        settings = {"address": "gpu-box.example", **host}
+        path = tmp_path / "book.yaml"
         path.write_text(
-            f"name: t\nhosts: {{box: {{address: {address}, runner: {runner}}}}}\n"
-            "steps:\n  - {id: a, kind: shell, script: echo}\n"
+            f"name: t\nhosts: {{box: {json.dumps(settings)}}}\nsteps:\n  - {{id: a, kind: shell, script: echo}}\n"
         )
         runbook = load_runbook(path)
         return fingerprint(runbook, runbook.steps[0], "box", {})
 
-    assert fingerprints("persistent") == fingerprints("exec")  # switching the runner reruns nothing
-    assert fingerprints("exec") != fingerprints("exec", "other.example")  # another host does
+    plain = fingerprint_with()
+    how = {
+        "runner": "exec",
+        "connect_timeout": "2m",  # the natural fix after a connection timeout
+        "keepalive": "5s",
+        "identity_file": "~/.ssh/other",
+        "known_hosts": "/tmp/known",
+        "verify_host_key": False,
+        "proxy_jump": "bastion.example",
+        "ssh_config": "/tmp/ssh_config",
+    }
+    for name, value in how.items():
+        assert fingerprint_with(**{name: value}) == plain, f"changing {name} must rerun nothing"
+    for name, value in {"address": "other.example", "port": 2222, "user": "deploy"}.items():
+        assert fingerprint_with(**{name: value}) != plain, f"changing {name} is another place to run"
+
+
+def test_editing_an_uploaded_file_reruns_the_step(tmp_path: Path, write_runbook: Any) -> None:
+    side, logs, conf = tmp_path / "side.txt", tmp_path / "logs", tmp_path / "conf.txt"
+    conf.write_text("v1\n")
+    copied = tmp_path / "copied.txt"
+    book = write_runbook(
+        header("upload-edit", tmp_path)
+        + steps_yaml(["u1", "u2", "u3"])
+        + f"  - id: ship\n    kind: shell\n    upload: [{{src: conf.txt, dest: {copied}}}]\n"
+        + '    script: echo ship >> "$side"\n'
+    )
+    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 0
+    assert cli("run", str(book), "--resume", "--log-dir", str(logs)).returncode == 0
+    assert audited_steps(newest(logs)) == []  # same file: reused
+
+    conf.write_text("v2\n")
+    again = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert again.returncode == 0, again.stderr
+    assert "changed since" in again.stderr
+    assert audited_steps(newest(logs)) == ["ship"]
+    assert copied.read_text() == "v2\n"
+    assert side_lines(side) == ["u1", "u2", "u3", "ship", "ship"]
