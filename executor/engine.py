@@ -237,6 +237,7 @@ class Engine:
                 raise SecretMissing(f"secret {name}: environment variable {ref.env} is not set")
         self.redactor = Redactor(self.secrets.values())
         self.records: dict[tuple[str, str], StepRecord] = {}
+        self.hosts_to_run: dict[str, list[str]] = {}  # steps that run on fewer than their hosts (see _plan)
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
         self._fingerprints: dict[tuple[str, str], str] = {}
         self.transports: dict[str, Transport] = {}
@@ -267,7 +268,11 @@ class Engine:
     def _plan(
         self, source: dict[tuple[str, str], StepRecord], source_id: str | None
     ) -> tuple[list[StepSpec], list[StepSpec], dict[str, str]]:
-        """(reused, to_run, why) in runbook order; `why` says for each step what happens and why."""
+        """(reused, to_run, why) in runbook order; `why` says for each step what happens and why.
+
+        A step that passed on some of its hosts and not on others (and is unchanged) runs again only
+        on the others: `self.hosts_to_run` holds, for each step to run, the hosts it runs on.
+        """
         start_id = self.options.only_step or self.options.from_step
         if start_id is not None and start_id not in self.positions:
             raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(self.positions)})")
@@ -296,6 +301,14 @@ class Engine:
             elif rerun_cause is None and passed and same:
                 reused.append(spec)
                 why[spec.id] = f"reused (passed in {source_id})"
+            elif rerun_cause is None and (done := self._passed_hosts(spec, source)):
+                self.hosts_to_run[spec.id] = [h for h in self.runbook.step_hosts[spec.id] if h not in done]
+                rerun_cause = spec.id
+                to_run.append(spec)
+                again = self.hosts_to_run[spec.id]
+                changed = all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in again)
+                reason = f"changed there since {source_id}" if changed else f"did not pass there in {source_id}"
+                why[spec.id] = f"runs again on {', '.join(again)} ({reason}); reused on {', '.join(done)}"
             else:
                 started = any(r is not None and r.status not in NOT_STARTED for r in records)
                 if not started:
@@ -308,6 +321,16 @@ class Engine:
                 to_run.append(spec)
         self._check_needs(reused, to_run)
         return reused, to_run, why
+
+    def _passed_hosts(self, spec: StepSpec, source: dict[tuple[str, str], StepRecord]) -> list[str]:
+        """The hosts on which an unchanged step passed in the source run."""
+        return [
+            host
+            for host in self.runbook.step_hosts[spec.id]
+            if (record := source.get((spec.id, host))) is not None
+            and record.status == "passed"
+            and record.fingerprint == self.fingerprint(spec, host)
+        ]
 
     def _check_needs(self, reused: list[StepSpec], to_run: list[StepSpec]) -> None:
         available = {s.id for s in reused}
@@ -376,8 +399,9 @@ class Engine:
         self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
         reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
         for spec in self.runbook.steps:  # every step of the run has a row from the start
+            runs_on = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
             for host in self.runbook.step_hosts[spec.id]:
-                if spec.id in reused_ids:
+                if spec.id in reused_ids or (spec.id in run_ids and host not in runs_on):
                     old = source_records[(spec.id, host)]
                     origin = old.reused_from or meta.resumed_from
                     self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
@@ -439,7 +463,7 @@ class Engine:
         await asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True)
 
     async def _run_step(self, spec: StepSpec) -> bool:
-        hosts = self.runbook.step_hosts[spec.id]
+        hosts = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
         for host in hosts:
             if host not in self.transports:
                 self.transports[host] = transport_for(host, self.runbook.hosts[host])

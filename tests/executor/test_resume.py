@@ -453,6 +453,42 @@ def test_changing_a_var_reruns_only_the_steps_from_its_first_user(tmp_path: Path
     assert side_lines(side) == ["v1", "v2", "v3-one", "v4", "v3-two", "v4"]
 
 
+def test_a_step_that_failed_on_one_host_runs_again_only_there(tmp_path: Path, write_runbook: Any, sshd: Any) -> None:
+    """`hosts: all` over the test sshd and this machine: the resume does not redo the host that passed."""
+    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    where = 'if [ -n "$SSH_CONNECTION" ]; then w=ssh; else w=local; fi'
+    book = write_runbook(
+        header("two-hosts", tmp_path)
+        + "steps:\n"
+        + "  - id: both\n    kind: shell\n    hosts: all\n    script: |\n"
+        + f'      {where}\n      echo "both-$w" >> "$side"\n      [ $w = local ] || test -f "$marker"\n'
+        + "  - id: after\n    kind: shell\n    hosts: all\n    script: |\n"
+        + f'      {where}\n      echo "after-$w" >> "$side"\n',
+        hosts=sshd.host_yaml() + "  here: {address: local}\n",
+    )
+    first = cli("run", str(book), "--log-dir", str(logs))
+    assert first.returncode == 1, first.stderr
+    assert sorted(side_lines(side)) == ["both-local", "both-ssh"]
+    hosts = {(s["step"], s["host"]): s["status"] for s in status_json(logs)["steps"]}
+    assert hosts == {
+        ("both", "box"): "failed",
+        ("both", "here"): "passed",
+        ("after", "box"): "pending",
+        ("after", "here"): "pending",
+    }
+
+    marker.touch()
+    second = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert second.returncode == 0, second.stderr
+    assert "runs again on box (did not pass there in" in second.stderr and "reused on here" in second.stderr
+    commands = [(r["step"], r["host"]) for r in audit_records(newest(logs)) if r["event"] == "command"]
+    assert sorted(commands) == [("after", "box"), ("after", "here"), ("both", "box")]
+    assert sorted(side_lines(side)[2:]) == ["after-local", "after-ssh", "both-ssh"]
+    steps = {(s["step"], s["host"]): s for s in status_json(logs)["steps"]}
+    assert steps[("both", "here")]["reused_from"] == runs(logs)[0]["run_id"]
+    assert all(s["status"] == "passed" for s in steps.values())
+
+
 # ---- 4. --from and --only ------------------------------------------------------------------------
 
 
