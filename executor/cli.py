@@ -3,7 +3,7 @@ arguments, picks a reporter, maps outcomes to exit codes, and prints.
 
 Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering); 2 invalid input
 (runbook, arguments, nothing to resume, missing secret); 3 the run is locked by another
-process; 130 interrupted (SIGINT or SIGTERM).
+process; 130 interrupted (SIGINT, SIGTERM, or SIGHUP unless started under nohup).
 """
 
 from __future__ import annotations
@@ -214,8 +214,11 @@ async def _run_interruptible(engine: Engine) -> int:
             print("runbook: stopping: killing the running commands' process groups", file=sys.stderr)
             task.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # the terminal or SSH session of the controller closing is an interrupt, unless the user
+        # asked for the run to outlive it (`nohup runbook run ...` starts us with SIGHUP ignored)
+        if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, stop)
     try:
         return await engine.run()
     except asyncio.CancelledError:

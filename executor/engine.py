@@ -290,6 +290,8 @@ class Engine:
                     if passed:
                         reused.append(spec)
                     why[spec.id] = f"facts reused from {source_id}" if passed else "skipped (never passed)"
+                    if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
+                        why[spec.id] += f" although the step changed since (--from {spec.id} runs it again)"
                 elif self.options.only_step and position > start:
                     why[spec.id] = "skipped (--only)"
                 else:

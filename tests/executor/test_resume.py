@@ -537,6 +537,14 @@ def test_only_and_from_reuse_earlier_facts(tmp_path: Path, write_runbook: Any) -
     assert audited_steps(newest(logs)) == ["b", "c"]
     assert side_lines(side) == ["a", "b", "c", "b", "b", "c"]
     assert verify(newest(logs)).returncode == 0
+    assert "although the step changed" not in from_b.stderr
+
+    # a step before --from changed: its earlier facts are still used, and the plan says they may be stale
+    book.write_text(book.read_text().replace("echo a >>", "echo a-edited >>"))
+    stale = cli("run", str(book), "--from", "b", "--log-dir", str(logs))
+    assert stale.returncode == 0, stale.stderr
+    assert "although the step changed since (--from a runs it again)" in stale.stderr
+    assert audited_steps(newest(logs)) == ["b", "c"]
 
 
 def test_only_without_an_earlier_run_names_the_step_it_needs(tmp_path: Path, write_runbook: Any) -> None:
@@ -590,7 +598,7 @@ def test_a_running_run_is_locked_and_a_killed_one_is_not(tmp_path: Path, write_r
 # ---- 6. SIGINT / SIGTERM ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("sig", "seconds"), [(signal.SIGINT, 3457), (signal.SIGTERM, 3458)])
+@pytest.mark.parametrize(("sig", "seconds"), [(signal.SIGINT, 3457), (signal.SIGTERM, 3458), (signal.SIGHUP, 3459)])
 def test_interrupt_kills_the_remote_step_and_resume_reruns_it(
     tmp_path: Path, write_runbook: Any, sig: signal.Signals, seconds: int
 ) -> None:
@@ -693,6 +701,27 @@ def test_a_secret_is_written_nowhere(tmp_path: Path, write_runbook: Any) -> None
         data = path.read_bytes()
         for form in forms:
             assert form.encode() not in data, (path, form)
+
+
+def test_under_nohup_a_hangup_does_not_stop_the_run(tmp_path: Path, write_runbook: Any) -> None:
+    logs, marker = tmp_path / "logs", tmp_path / "marker"
+    wait = 'echo h2 >> "$side"; while [ ! -f "$marker" ]; do sleep 0.05; done'
+    book = write_runbook(header("nohup", tmp_path) + steps_yaml(["h1", "h2", "h3"], special={"h2": wait}))
+    proc = subprocess.Popen(
+        [*CLI, "run", str(book), "--log-dir", str(logs)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what `nohup` does
+    )
+    wait_for(lambda: "h2" in side_lines(tmp_path / "side.txt"), what="the second step to start")
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    marker.touch()
+    code, _out, err = finish(proc)
+    assert code == 0, err
+    assert side_lines(tmp_path / "side.txt") == ["h1", "h2", "h3"]
 
 
 def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, write_runbook: Any) -> None:
