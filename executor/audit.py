@@ -134,6 +134,20 @@ class AuditLog:
             {"direction": direction, "local": local, "remote": remote, "size": size, "sha256": sha256},
         )
 
+    def abandoned(self, log: Any, run_id: str, started_at: str | None, attempts: int) -> None:
+        """Record, at the start of a resumed run, a step that was running when run `run_id`'s process
+        died: its command never finished, so that run's log holds no record of it."""
+        self._emit(
+            log,
+            "abandoned",
+            {
+                "run": run_id,
+                "started_at": started_at,
+                "attempts": attempts,
+                "note": "the runbook process stopped while this step ran; its last command left no record",
+            },
+        )
+
     def _emit(self, log: Any, event: str, fields: dict[str, Any]) -> None:
         log.info(event, **fields)
         self._advance(self._pending)

@@ -399,6 +399,10 @@ class Engine:
         self.state = state
         self.run_dir = run_dir
         self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
+        for old in source_records.values():
+            if old.status == "running" and source_meta is not None:  # its process died mid-step
+                log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
+                self.audit.abandoned(log, source_meta.run_id, old.started_at, old.attempts)
         reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
         for spec in self.runbook.steps:  # every step of the run has a row from the start
             runs_on = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
