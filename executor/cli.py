@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -26,16 +28,19 @@ from rich.text import Text
 from executor import audit
 from executor.durations import format_duration
 from executor.engine import NOT_STARTED, Engine, RunOptions
-from executor.errors import InvalidRunbook, Problem, ResumeError, RunbookError, RunLocked, SecretMissing
+from executor.errors import InvalidRunbook, Problem, ResumeError, RunbookError, RunLocked, SecretMissing, StateError
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
 from executor.planner import plan_text, render_problems
-from executor.state import RunMeta, list_runs, open_state
+from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
+LOG_DIR = Path("logs")
 #: `runbook status` shows a message's first line up to this many characters; the whole one follows the table.
 MESSAGE_CELL = 120
+#: ... and a failing gate's first line up to this many (the whole gate follows the table too).
+GATE_CELL = 60
 
 err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -53,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
-    p.add_argument("--log-dir", type=Path, default=Path("logs"))
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
         "--resume",
@@ -75,13 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         if name == "status":
             p.add_argument("run_id", nargs="?")
-        p.add_argument("--log-dir", type=Path, default=Path("logs"))
+        p.add_argument("--log-dir", type=Path, default=LOG_DIR)
         p.add_argument("--json", action="store_true")
 
     p = sub.add_parser(
         "demo", help="run runbooks/k26_dflash.yaml end to end against the bundled test host on this machine"
     )
-    p.add_argument("--log-dir", type=Path, default=Path("logs"))
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
         "--ssh-server",
@@ -197,9 +202,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
     os.umask(0o077)
     try:
-        return asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
+        code = asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
     finally:
         reporter.close()
+    if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
+        log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
+        again = shlex.join(["runbook", "run", str(args.file), "--resume", *log_dir])
+        err.print(Text(f"after fixing the cause, continue where it stopped: {again}"))
+    return code
 
 
 async def _run_interruptible(engine: Engine) -> int:
@@ -226,11 +236,18 @@ async def _run_interruptible(engine: Engine) -> int:
 
 
 def _latest(log_dir: Path, run_id: str | None) -> RunMeta:
-    runs = list_runs(log_dir)
-    for meta in runs:
-        if run_id is None or meta.run_id == run_id:
-            return meta
-    raise ResumeError(f"no run {run_id or ''} in {log_dir}".replace("  ", " "))
+    """The run `run_id` names (a whole id or a unique prefix), or the latest; `runbook status` explains
+    an unreadable run folder rather than showing an older run in its place."""
+    meta = find_run(log_dir, run_id, naming="give the run to show (runbook status RUN_ID)")
+    if meta is None:
+        raise ResumeError(f"no run in {log_dir}")
+    return meta
+
+
+def _cell(text: str, width: int) -> str:
+    """A table cell: the first line of `text`, cut to `width` characters (the whole text follows the table)."""
+    first_line = text.partition("\n")[0]
+    return first_line if len(first_line) <= width else first_line[: width - 1] + "…"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -239,11 +256,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         records = state.records()
         status = state.status()
         finished_at = state.get("finished_at")
+    note = STOPPED_NOTE if status == STOPPED else None
     if args.json:
         print(
             json.dumps(
                 {
-                    "run": meta.__dict__ | {"status": status, "finished_at": finished_at},
+                    "run": meta.__dict__ | {"status": status, "note": note, "finished_at": finished_at},
                     "steps": [r.__dict__ for r in records],
                 },
                 default=str,
@@ -251,16 +269,20 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
-    table = Table(title=Text(f"run {meta.run_id} ({meta.runbook}): {status}"))
+    table = Table(title=Text(f"run {meta.run_id} ({meta.runbook}): {_run_status(status, note)}"))
     for column in ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message"):
         table.add_column(column)
     details = []
     for r in records:
-        status_text = f"passed (reused from {r.reused_from})" if r.reused_from else r.status
+        if r.reused_from:
+            status_text = f"passed (reused from {r.reused_from})"
+        elif r.status == "running" and status == STOPPED:
+            status_text = "running (process gone)"
+        else:
+            status_text = r.status
         started = r.status not in NOT_STARTED
-        message = r.message or ""
-        first_line = message.partition("\n")[0]
-        cell = first_line if len(first_line) <= MESSAGE_CELL else first_line[: MESSAGE_CELL - 1] + "…"
+        message, gate = r.message or "", r.gate or ""
+        cell, gate_cell = _cell(message, MESSAGE_CELL), _cell(gate, GATE_CELL)
         cells = (
             r.step,
             r.host,
@@ -268,12 +290,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             str(r.attempts) if started else "",
             format_duration(r.duration_s or 0) if started else "",
             r.via or "",
-            r.gate or "",
+            gate_cell,
             cell,
         )
         table.add_row(*map(Text, cells))  # run data is never rich markup
-        if message.strip() != cell.strip() and r.status in ("failed", "interrupted"):
-            details.append(f"{r.step}@{r.host}: {message}")
+        detail = message if message.strip() != cell.strip() and r.status in ("failed", "interrupted") else ""
+        if gate_cell != gate and gate not in detail:  # the whole gate, when its cell had to be cut
+            detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
+        if detail:
+            details.append(f"{r.step}@{r.host}: {detail}")
     _print_whole(table)
     for detail in details:
         out.print(Text(detail))
@@ -281,11 +306,24 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    metas = list_runs(args.log_dir)[:20]
-    rows = []
-    for meta in metas:
-        with open_state(args.log_dir / meta.run_id) as state:
-            rows.append(meta.__dict__ | {"status": state.status(), "finished_at": state.get("finished_at")})
+    """Recent runs, newest first; a run folder that cannot be read is a row saying why, never a traceback."""
+    found = scan_runs(args.log_dir)
+    rows: list[dict[str, Any]] = []
+    for meta in found.runs:
+        try:
+            with open_state(args.log_dir / meta.run_id) as state:
+                status, finished_at = state.status(), state.get("finished_at")
+            note = STOPPED_NOTE if status == STOPPED else None
+            rows.append(meta.__dict__ | {"status": status, "note": note, "finished_at": finished_at})
+        except StateError as exc:
+            rows.append(meta.__dict__ | {"status": "unreadable", "note": exc.reason, "finished_at": None})
+    for folder in found.unreadable:
+        unknown = dict.fromkeys(f.name for f in dataclasses.fields(RunMeta)) | {"run_id": folder.run_id}
+        rows.append(
+            unknown | {"runbook": folder.runbook, "status": "unreadable", "note": folder.reason, "finished_at": None}
+        )
+    # newest first, unreadable folders among the others: run ids start with their UTC start time
+    rows = sorted(rows, key=lambda row: (row["run_id"][:STAMP_LEN], row["started_at"] or ""), reverse=True)[:20]
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -298,8 +336,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for row in rows:
         cells = (
             row["run_id"],
-            row["runbook"],
-            row["status"] or "",
+            row["runbook"] or "",
+            _run_status(row["status"], row["note"]),
             _when(row["started_at"]),
             _when(row["finished_at"]),
             row["resumed_from"] or "",
@@ -307,6 +345,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
         table.add_row(*map(Text, cells))
     _print_whole(table)
     return EXIT_OK
+
+
+def _run_status(status: str | None, note: str | None) -> str:
+    """A run's status for a table: `unreadable: why`, `stopped (why)`, or the status alone."""
+    if note is None:
+        return status or ""
+    return f"{status}: {note}" if status == "unreadable" else f"{status} ({note})"
 
 
 def _when(timestamp: str | None) -> str:
@@ -393,6 +438,8 @@ def _describe(record: dict[str, Any]) -> str:
     if record.get("event") == "transfer":
         what = f"{record['direction']} {record['local']} <-> {record['remote']} ({record['size']} bytes)"
         return f"{who}  {what}"
+    if record.get("event") == "abandoned":
+        return f"{who}  abandoned: was running when run {record.get('run')} stopped; no record of its command"
     status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
     lines = str(record.get("command", "")).rstrip("\n").splitlines()
     return f"{who}  {status:<8} {record.get('duration_s', 0):>7.3f}s  {(lines or [''])[-1][:80]}"

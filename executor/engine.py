@@ -24,7 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from executor import audit as audit_mod
 from executor.audit import AuditLog
-from executor.errors import HostKeyError, ResumeError, SecretMissing, TransportError
+from executor.errors import HostKeyError, ResumeError, SecretMissing, StateError, TransportError
 from executor.events import Reporter
 from executor.gates import evaluate
 from executor.loader import Runbook
@@ -32,7 +32,7 @@ from executor.model import var_text
 from executor.planner import PlanContext
 from executor.redact import Redactor
 from executor.render import render_command
-from executor.state import RunLock, RunMeta, RunState, StepRecord, list_runs, new_run_id, now
+from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
 from executor.stepkind import FactsError, StepContext, StepSpec
 from executor.transport import Transport, transport_for
 from executor.transport.base import Collector, CommandInterrupted, CommandResult, OutputSink, Transfer
@@ -252,18 +252,14 @@ class Engine:
     # ---- planning: what runs, what is reused -------------------------------------------------
 
     def _source_run(self) -> RunMeta | None:
-        runs = list_runs(self.options.log_dir, self.runbook.name)
         wanted = self.options.resume
-        if wanted and wanted != "latest":
-            for meta in runs:
-                if meta.run_id == wanted:
-                    return meta
-            raise ResumeError(f"no run {wanted} of runbook '{self.runbook.name}' in {self.options.log_dir}")
-        if wanted == "latest" and not runs:
+        if not (wanted or self.options.from_step or self.options.only_step):
+            return None
+        # a run id, a unique prefix of one, or (None) the latest: never past a newer folder it cannot read
+        meta = find_run(self.options.log_dir, None if wanted in (None, "latest") else wanted, self.runbook.name)
+        if meta is None and wanted:
             raise ResumeError(f"nothing to resume: no earlier run of '{self.runbook.name}' in {self.options.log_dir}")
-        if wanted or self.options.from_step or self.options.only_step:
-            return runs[0] if runs else None
-        return None
+        return meta
 
     def _plan(
         self, source: dict[tuple[str, str], StepRecord], source_id: str | None
@@ -370,9 +366,12 @@ class Engine:
             source_dir = self.options.log_dir / source_meta.run_id
             source_lock = RunLock(source_dir)
             source_lock.acquire()  # a run being resumed must not be running, nor resumed twice
-            state = RunState(source_dir)
-            source_records = {(r.step, r.host): r for r in state.records()}
-            state.close()
+            try:
+                with open_state(source_dir) as state:
+                    source_records = {(r.step, r.host): r for r in state.records()}
+            except BaseException:
+                source_lock.release()
+                raise
         try:
             reused, to_run, why = self._plan(source_records, source_meta.run_id if source_meta else None)
         except BaseException:
@@ -381,7 +380,6 @@ class Engine:
             raise
         run_id = new_run_id()
         run_dir = self.options.log_dir / run_id
-        self.options.log_dir.mkdir(parents=True, exist_ok=True)
         link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
         meta = RunMeta(
             run_id=run_id,
@@ -392,8 +390,16 @@ class Engine:
             audit_prev_hash=link,
             vars={k: self.redactor.text(v) for k, v in self.env.items()},
             secrets=sorted(self.secrets),
+            runbook_sha256=hashlib.sha256(self.runbook.path.read_bytes()).hexdigest(),
         )
-        state = RunState.create(run_dir, meta)
+        try:
+            self.options.log_dir.mkdir(parents=True, exist_ok=True)
+            state = RunState.create(run_dir, meta)
+        except OSError as exc:  # a read-only or full disk, a log dir that is a file, no permission
+            if source_lock is not None:
+                source_lock.release()
+            reason = exc.strerror or str(exc)
+            raise StateError(f"cannot write the run folder {run_dir}: {reason}", reason=reason) from None
         lock = RunLock(run_dir)
         lock.acquire()
         self.state = state

@@ -5,6 +5,8 @@
     │     .problems: list[Problem]  each with file, line, column, message
     ├── RunLocked                another `runbook` process holds the run (CLI exit 3)
     ├── ResumeError              nothing to resume, or a needed step never passed (CLI exit 2)
+    │     └── StateError         a run folder cannot be read (state.db, run.json) or written
+    │           .reason: str     why, in a few words (for a table row)
     ├── SecretMissing            a declared secret has no value in the environment (CLI exit 2)
     └── TransportError           the host could not be reached or the channel broke
           └── HostKeyError       unknown or changed host key: never retried
@@ -50,6 +52,17 @@ class RunLocked(RunbookError):
 
 class ResumeError(RunbookError):
     """The requested resume, --from or --only cannot be honoured."""
+
+
+class StateError(ResumeError):
+    """A run folder cannot be read (its `state.db` or `run.json` is missing or damaged) or written.
+
+    A ResumeError, since what it holds can be neither shown nor resumed (CLI exit 2).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SecretMissing(RunbookError):

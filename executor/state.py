@@ -3,6 +3,12 @@
 Each step result is written in one transaction, after its audit records are on disk, so a
 kill at any point leaves a store that opens cleanly and never claims more than happened.
 A resumed run is a new run folder that names the run it continues (`resumed_from`).
+
+Only `RunState.create` makes a store, and it writes `run.json` last (atomically), so a folder
+with a `run.json` always has a whole store; reading a run never writes to it (but for adding
+the columns an older `runbook` did not know). A run folder that cannot be read (its `run.json`
+or `state.db` missing, damaged, or naming another run) raises `StateError`, and `scan_runs`
+reports such folders instead of skipping them.
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from executor.errors import RunLocked
+from executor.errors import ResumeError, RunLocked, StateError
 
 STATE_FILE = "state.db"
 META_FILE = "run.json"
 LOCK_FILE = "lock"
+#: written after `run.json` by the run itself: a folder holding one of these without a `run.json` was a run
+_RUN_FILES = ("audit.head", "audit.jsonl")
+#: what `RunState.status` returns for a run whose process died while it ran, and why
+STOPPED, STOPPED_NOTE = "stopped", "its process is gone; --resume continues it"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -85,6 +95,7 @@ class RunMeta:
     audit_prev_hash: str = "0" * 64
     vars: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # names only: a secret's value is never stored
+    runbook_sha256: str | None = None  # of the runbook file as this run read it
 
 
 class RunLock:
@@ -132,17 +143,33 @@ class RunState:
     """Read and write one run's state store."""
 
     def __init__(self, run_dir: Path) -> None:
+        """Open the store of an existing run: StateError when it is missing or unreadable.
+
+        Nothing is created and the schema is left as it is, but for adding the columns a store
+        written by an older `runbook` lacks (so that it can be resumed).
+        """
         self.run_dir = run_dir
         db = run_dir / STATE_FILE
-        if not db.exists():
-            os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
-        self._db = sqlite3.connect(db, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit log,
-        # which only makes a resume run a step again (the audit log itself is fsynced per record)
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        self._add_missing_columns()
+        if not db.is_file():
+            raise StateError(
+                f"{db} is missing: nothing of run {run_dir.name} can be reused; run without --resume to start over",
+                reason=f"{STATE_FILE} is missing",
+            )
+        try:
+            # mode=rw: never create the file (a deleted store must not come back empty)
+            self._db = sqlite3.connect(f"{db.absolute().as_uri()}?mode=rw", uri=True, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _unreadable(db, exc) from None
+        try:
+            with self._reading():
+                self._db.execute("PRAGMA synchronous=NORMAL")  # this connection's setting, not the file's
+                tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if not {"steps", "run"} <= tables:
+                    raise _unreadable(db, "no steps or run table: not a runbook state store")
+                self._add_missing_columns()
+        except BaseException:
+            self._db.close()
+            raise
 
     def _add_missing_columns(self) -> None:
         """A store written by an older `runbook` lacks newer columns: add them (NULL), so it can be resumed."""
@@ -151,15 +178,40 @@ class RunState:
             if name not in present:
                 self._db.execute(f"ALTER TABLE steps ADD COLUMN {name}")
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A damaged store (sqlite's error, or rows that are no step records) raises StateError."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise _unreadable(self.run_dir / STATE_FILE, exc) from None
+
     @classmethod
     def create(cls, run_dir: Path, meta: RunMeta) -> RunState:
+        """A new run folder: its store first, then `run.json` (atomically), then the status `running`."""
         run_dir.mkdir(mode=0o700, parents=True)
-        fd = os.open(run_dir / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        db = run_dir / STATE_FILE
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        state = cls.__new__(cls)
+        state.run_dir = run_dir
+        state._db = sqlite3.connect(db, isolation_level=None)
+        state._db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit log,
+        # which only makes a resume run a step again (the audit log itself is fsynced per record)
+        state._db.execute("PRAGMA synchronous=NORMAL")
+        state._db.executescript(_SCHEMA)
+        partial = run_dir / f"{META_FILE}.partial"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(asdict(meta), handle, indent=2)
             handle.flush()
             os.fsync(handle.fileno())
-        state = cls(run_dir)
+        os.rename(partial, run_dir / META_FILE)  # a kill leaves no run.json or a whole one, never half of one
+        directory = os.open(run_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
         state.set("status", "running")
         return state
 
@@ -167,14 +219,15 @@ class RunState:
         self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (key, value))
 
     def status(self) -> str:
-        """The run's status; a run whose process died shows as `stopped` rather than `running`."""
+        """The run's status: one word; a run whose process died is `stopped` (STOPPED_NOTE says why)."""
         status = self.get("status") or "unknown"
         if status == "running" and not RunLock(self.run_dir).held():
-            return "stopped (its process is gone; --resume continues it)"
+            return STOPPED
         return status
 
     def get(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
+        with self._reading():
+            row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     def save(self, *records: StepRecord) -> None:
@@ -189,13 +242,18 @@ class RunState:
                 self._db.execute(f"INSERT OR REPLACE INTO steps ({columns}) VALUES ({marks})", tuple(values.values()))
 
     def records(self) -> list[StepRecord]:
-        cursor = self._db.execute("SELECT * FROM steps ORDER BY position, host")
-        names = [d[0] for d in cursor.description]
+        with self._reading():
+            cursor = self._db.execute("SELECT * FROM steps ORDER BY position, host")
+            names = [d[0] for d in cursor.description]
+            rows = cursor.fetchall()
         out = []
-        for row in cursor.fetchall():
+        for row in rows:
             values = dict(zip(names, row, strict=True))
-            values["facts"] = json.loads(values["facts"]) if values["facts"] else None
-            out.append(StepRecord(**values))
+            try:
+                values["facts"] = json.loads(values["facts"]) if values["facts"] else None
+                out.append(StepRecord(**values))
+            except (ValueError, TypeError) as exc:
+                raise _unreadable(self.run_dir / STATE_FILE, f"step {values.get('step')!r}: {exc}") from None
         return out
 
     def close(self) -> None:
@@ -211,16 +269,121 @@ def open_state(run_dir: Path) -> Iterator[RunState]:
         state.close()
 
 
-def list_runs(log_dir: Path, runbook: str | None = None) -> list[RunMeta]:
-    """Runs in a log folder, newest first; only those of `runbook` when given."""
-    runs: list[RunMeta] = []
+def _unreadable(db: Path, why: object) -> StateError:
+    return StateError(f"{db} is unreadable ({why})", reason=f"{db.name}: {why}")
+
+
+@dataclass(frozen=True)
+class UnreadableRun:
+    """A run folder that cannot be read: its `run.json` is missing or damaged, or names another run."""
+
+    run_id: str  # the folder's name
+    reason: str
+    runbook: str | None = None  # when run.json could be read
+    named: str | None = None  # the run id run.json holds, when it is not the folder's name
+
+    def error(self, log_dir: Path) -> StateError:
+        return StateError(f"{log_dir / self.run_id} is unreadable ({self.reason})", reason=self.reason)
+
+
+@dataclass
+class RunFolders:
+    """The run folders of a log folder, newest first: the readable runs and the unreadable folders."""
+
+    runs: list[RunMeta]
+    unreadable: list[UnreadableRun]
+
+
+def _read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
+    """The folder's run.json; None when the folder is no run (or one cut short before its run.json)."""
+    meta_file = folder / META_FILE
+    if not meta_file.exists():
+        if any((folder / name).exists() for name in _RUN_FILES):
+            return UnreadableRun(folder.name, f"{META_FILE} is missing")
+        return None
+    try:
+        data = json.loads(meta_file.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"expected an object, got {type(data).__name__}")
+        meta = RunMeta(**data)
+        if not all(isinstance(v, str) for v in (meta.run_id, meta.runbook, meta.started_at)):
+            raise TypeError("run_id, runbook and started_at must be strings")
+    except OSError as exc:
+        return UnreadableRun(folder.name, f"{META_FILE}: {exc.strerror or exc}")
+    except (ValueError, TypeError) as exc:
+        return UnreadableRun(folder.name, f"{META_FILE}: {exc}")
+    if meta.run_id != folder.name:
+        why = f"its {META_FILE} names run {meta.run_id}, not {folder.name}"
+        return UnreadableRun(folder.name, why, runbook=meta.runbook, named=meta.run_id)
+    return meta
+
+
+def scan_runs(log_dir: Path, runbook: str | None = None) -> RunFolders:
+    """Runs in a log folder, newest first, and the folders that cannot be read; only those of `runbook`
+    when given (an unreadable folder whose runbook is unknown is listed for every runbook)."""
+    found = RunFolders([], [])
     if not log_dir.is_dir():
-        return runs
-    for meta_file in log_dir.glob(f"*/{META_FILE}"):
-        try:
-            meta = RunMeta(**json.loads(meta_file.read_text()))
-        except (OSError, ValueError, TypeError):
+        return found
+    for folder in log_dir.iterdir():
+        if not folder.is_dir():
             continue
-        if runbook is None or meta.runbook == runbook:
-            runs.append(meta)
-    return sorted(runs, key=lambda m: m.started_at, reverse=True)
+        entry = _read_meta(folder)
+        if entry is None or (runbook is not None and entry.runbook not in (runbook, None)):
+            continue
+        if isinstance(entry, UnreadableRun):
+            found.unreadable.append(entry)
+        else:
+            found.runs.append(entry)
+    found.runs.sort(key=lambda m: m.started_at, reverse=True)
+    found.unreadable.sort(key=lambda u: u.run_id, reverse=True)  # run ids start with their UTC start time
+    return found
+
+
+#: the length of a run id's time stamp, `YYYYMMDD-HHMMSS` (UTC): run folders sort by it
+STAMP_LEN = len("YYYYMMDD-HHMMSS")
+
+
+def find_run(
+    log_dir: Path,
+    wanted: str | None = None,
+    runbook: str | None = None,
+    naming: str = "give the run to resume (--resume RUN_ID)",
+) -> RunMeta | None:
+    """The run `wanted` names (a run id, or a prefix of exactly one), or the latest run when None.
+
+    None only when `wanted` is None and there is no run (of `runbook`, when given). ResumeError when
+    no run or several match `wanted`; StateError when the run named is an unreadable folder, or when
+    the latest would be picked while a folder at least as new cannot be read (it may be the latest
+    run): `naming` says how to pick a run instead.
+    """
+    found = scan_runs(log_dir, runbook)
+    of = f" of runbook '{runbook}'" if runbook else ""
+    if wanted is None:
+        latest = found.runs[0] if found.runs else None
+        for folder in found.unreadable:  # newest first
+            if latest is None or folder.run_id[:STAMP_LEN] >= latest.run_id[:STAMP_LEN]:
+                raise StateError(
+                    f"{log_dir / folder.run_id} is unreadable ({folder.reason}); {naming} or move that folder away",
+                    reason=folder.reason,
+                )
+        return latest
+    exact = [m for m in found.runs if m.run_id == wanted]
+    if exact:
+        return exact[0]
+    broken = [u for u in found.unreadable if wanted in (u.run_id, u.named)]
+    if broken:
+        raise broken[0].error(log_dir)
+    matches: list[RunMeta | UnreadableRun] = [m for m in found.runs if m.run_id.startswith(wanted)]
+    matches += [u for u in found.unreadable if u.run_id.startswith(wanted)]
+    if not matches:
+        others = [m for m in scan_runs(log_dir).runs if m.run_id.startswith(wanted)] if runbook else []
+        if len(others) == 1:
+            raise ResumeError(f"run {others[0].run_id} is a run of runbook '{others[0].runbook}', not '{runbook}'")
+        raise ResumeError(f"no run {wanted}{of} in {log_dir}")
+    if len(matches) > 1:
+        names = ", ".join(sorted((m.run_id for m in matches), reverse=True))
+        raise ResumeError(f"run id prefix '{wanted}' is ambiguous{of} in {log_dir}: it matches {names}")
+    (match,) = matches
+    if isinstance(match, UnreadableRun):
+        raise match.error(log_dir)
+    return match

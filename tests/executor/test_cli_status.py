@@ -5,10 +5,13 @@ Runs go through the real CLI in a subprocess against the real test sshd.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +139,203 @@ def test_a_run_whose_console_reader_went_away_still_finishes(write_runbook: Any,
     status = json.loads(cli("status", "--log-dir", str(logs), "--json").stdout)
     assert status["run"]["status"] == "passed"
     assert [s["status"] for s in status["steps"]] == ["passed"] * 5
+
+
+# ---- run folders that cannot be read ------------------------------------------------------------
+
+
+def _run(book: Path, logs: Path, *extra: str) -> tuple[int, str]:
+    """`runbook run BOOK`: its exit code and the id of the run folder it made."""
+    before = set(logs.iterdir()) if logs.exists() else set()
+    done = cli("run", str(book), "--log-dir", str(logs), *extra)
+    (made,) = set(logs.iterdir()) - before
+    return done.returncode, made.name
+
+
+def _failed_twice(write_runbook: Any, tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """Two failed runs of five (the second a fresh one, not a resume): book, log folder, ids oldest first."""
+    book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
+    (code_old, old), (code_new, new) = _run(book, logs), _run(book, logs)
+    assert code_old == code_new == 1
+    return book, logs, [old, new]
+
+
+def test_a_damaged_state_db_is_named_and_runs_lists_the_others(write_runbook: Any, tmp_path: Path) -> None:
+    book, logs, (old, new) = _failed_twice(write_runbook, tmp_path)
+    (logs / old / "state.db").write_text("junk\n")
+    said = f"runbook: {logs / old / 'state.db'} is unreadable (file is not a database)"
+
+    for args in (("status", old), ("run", str(book), "--resume", old)):
+        done = cli(*args, "--log-dir", str(logs))
+        assert (done.returncode, done.stderr.strip()) == (2, said), args
+    assert cli("status", "--log-dir", str(logs)).returncode == 0  # the other run is shown as ever
+
+    table = cli("runs", "--log-dir", str(logs)).stdout
+    rows = {line.split("│")[1].strip(): line for line in table.splitlines() if line.startswith("│")}
+    assert list(rows) == [new, old]
+    assert "failed" in rows[new] and "unreadable: state.db: file is not a database" in rows[old]
+    document = {row["run_id"]: row for row in json.loads(cli("runs", "--json", "--log-dir", str(logs)).stdout)}
+    assert document[old]["status"] == "unreadable" and document[old]["note"] == "state.db: file is not a database"
+    assert document[new]["status"] == "failed"
+
+
+def test_a_deleted_state_db_is_not_made_again_nor_resumed_as_empty(write_runbook: Any, tmp_path: Path) -> None:
+    book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
+    code, run_id = _run(book, logs)
+    assert code == 1
+    for store in (logs / run_id).glob("state.db*"):
+        store.unlink()
+    said = (
+        f"runbook: {logs / run_id / 'state.db'} is missing: nothing of run {run_id} can be reused; "
+        "run without --resume to start over"
+    )
+    for args in (("status",), ("run", str(book), "--resume")):
+        done = cli(*args, "--log-dir", str(logs))
+        assert (done.returncode, done.stderr.strip()) == (2, said), args
+        assert not (logs / run_id / "state.db").exists(), args  # a read does not make an empty store
+    assert [p.name for p in logs.iterdir()] == [run_id]  # the refused resume ran nothing
+    assert "unreadable: state.db is missing" in cli("runs", "--log-dir", str(logs)).stdout
+
+
+def test_a_damaged_run_json_is_reported_and_never_resumed_past(write_runbook: Any, tmp_path: Path) -> None:
+    """The newest run's run.json cannot be read: `--resume` must not pick an older (passed) run silently."""
+    book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
+    code, failed = _run(book, logs)
+    assert code == 1
+    (tmp_path / "marker").touch()
+    code, passed = _run(book, logs, "--resume")
+    assert code == 0
+    (tmp_path / "marker").unlink()
+    code, damaged = _run(book, logs)
+    assert code == 1
+    (logs / damaged / "run.json").write_text('{"run_id": ')
+    why = "run.json: Expecting value: line 1 column 12 (char 11)"
+
+    table = cli("runs", "--log-dir", str(logs)).stdout
+    rows = {line.split("│")[1].strip(): line for line in table.splitlines() if line.startswith("│")}
+    assert set(rows) == {damaged, passed, failed}
+    assert f"unreadable: {why}" in rows[damaged] and "passed" in rows[passed] and "failed" in rows[failed]
+
+    done = cli("status", damaged, "--log-dir", str(logs))
+    assert (done.returncode, done.stderr.strip()) == (2, f"runbook: {logs / damaged} is unreadable ({why})")
+    done = cli("status", "--log-dir", str(logs))  # the latest readable run is not the latest run
+    assert done.returncode == 2 and f"{logs / damaged} is unreadable ({why})" in done.stderr
+
+    done = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        f"runbook: {logs / damaged} is unreadable ({why}); give the run to resume (--resume RUN_ID) "
+        "or move that folder away",
+    )
+    assert {p.name for p in logs.iterdir()} == {failed, passed, damaged}  # nothing ran
+    assert cli("status", passed, "--log-dir", str(logs)).returncode == 0  # a run named is shown
+
+
+def test_a_renamed_run_folder_is_reported(write_runbook: Any, tmp_path: Path) -> None:
+    _, logs, (old, new) = _failed_twice(write_runbook, tmp_path)
+    (logs / old).rename(logs / f"{old}-copy")
+    why = f"its run.json names run {old}, not {old}-copy"
+    assert f"unreadable: {why}" in cli("runs", "--log-dir", str(logs)).stdout
+    done = cli("status", old, "--log-dir", str(logs))  # by the id it holds, or by the folder's name
+    assert (done.returncode, done.stderr.strip()) == (2, f"runbook: {logs / old}-copy is unreadable ({why})")
+    assert cli("status", f"{old}-copy", "--log-dir", str(logs)).returncode == 2
+    assert cli("status", new, "--log-dir", str(logs)).returncode == 0
+
+
+def test_a_run_id_prefix_names_a_run_when_only_one_matches(write_runbook: Any, tmp_path: Path) -> None:
+    book, logs, (old, new) = _failed_twice(write_runbook, tmp_path)
+    shared = old[: next(i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b)]  # e.g. the date
+    listed = ", ".join(sorted([old, new], reverse=True))
+    document = json.loads(cli("status", old[:-1], "--json", "--log-dir", str(logs)).stdout)
+    assert document["run"]["run_id"] == old
+
+    for args in (("status", shared), ("run", str(book), "--resume", shared)):
+        done = cli(*args, "--log-dir", str(logs))
+        assert done.returncode == 2, args
+        assert f"run id prefix '{shared}' is ambiguous" in done.stderr and f"it matches {listed}" in done.stderr
+
+    (tmp_path / "marker").touch()
+    code, resumed = _run(book, logs, "--resume", old[:-1])
+    assert code == 0
+    assert json.loads((logs / resumed / "run.json").read_text())["resumed_from"] == old
+
+
+def test_a_killed_run_is_stopped_in_json_and_its_step_running_without_a_process(
+    write_runbook: Any, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    book = write_runbook(f"""\
+        name: killed
+        __HOSTS__
+        steps:
+          - id: one
+            kind: shell
+            script: echo one
+          - id: slow
+            kind: shell
+            script: touch {started}; sleep 30
+        """)
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the slow step never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+    document = json.loads(cli("status", "--json", "--log-dir", str(logs)).stdout)
+    assert (document["run"]["status"], document["run"]["note"]) == (
+        "stopped",
+        "its process is gone; --resume continues it",
+    )
+    assert [s["status"] for s in document["steps"]] == ["passed", "running"]
+    table = cli("status", "--log-dir", str(logs)).stdout
+    assert "stopped (its process is gone; --resume continues it)" in table
+    (row,) = [line for line in table.splitlines() if line.startswith("│ slow")]
+    assert "running (process gone)" in row
+    (run,) = json.loads(cli("runs", "--json", "--log-dir", str(logs)).stdout)
+    assert run["status"] == "stopped"
+
+
+def test_a_long_gate_is_cut_in_the_table_and_whole_below_it(write_runbook: Any, tmp_path: Path) -> None:
+    gate = "exit_code == 0 and stdout is search('" + "because " * 30 + "THE-GATE-END')"
+    book = write_runbook(f"""\
+        name: gated
+        __HOSTS__
+        steps:
+          - id: gated
+            kind: shell
+            script: echo hello
+            gates:
+              - that: {json.dumps(gate)}
+                message: no reason found
+        """)
+    logs = tmp_path / "logs"
+    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+    table = cli("status", "--log-dir", str(logs)).stdout
+    (row,) = [line for line in table.splitlines() if line.startswith("│ gated")]
+    assert "exit_code == 0 and stdout is search" in row and "…" in row and "THE-GATE-END" not in row
+    assert len(row) < 200, row
+    assert gate in table.split("└")[-1]
+
+
+def test_a_log_dir_that_cannot_be_written_is_exit_2_with_the_reason(write_runbook: Any, tmp_path: Path) -> None:
+    book = _five(write_runbook, tmp_path)
+    (tmp_path / "a-file").write_text("")
+    done = cli("run", str(book), "--log-dir", str(tmp_path / "a-file" / "logs"))
+    assert done.returncode == 2
+    assert f"runbook: cannot write the run folder {tmp_path / 'a-file' / 'logs'}/" in done.stderr
+    assert "Not a directory" in done.stderr
+
+
+def test_run_json_holds_the_runbook_s_content_hash(write_runbook: Any, tmp_path: Path) -> None:
+    book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
+    cli("run", str(book), "--log-dir", str(logs))
+    (meta_file,) = logs.glob("*/run.json")
+    assert json.loads(meta_file.read_text())["runbook_sha256"] == hashlib.sha256(book.read_bytes()).hexdigest()

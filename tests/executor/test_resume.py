@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -151,9 +152,13 @@ def test_resume_after_fixing_the_cause_runs_only_the_rest(tmp_path: Path, write_
     table = cli("status", "--log-dir", str(logs)).stdout
     assert "failing gate" in table and "exit_code == 0" in table and "pending" in table
 
-    marker.touch()  # fix the cause
-    second = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    marker.touch()  # fix the cause, then do what the failed run said
+    hint = "after fixing the cause, continue where it stopped: "
+    (said,) = [line.removeprefix(hint) for line in first.stderr.splitlines() if line.startswith(hint)]
+    assert shlex.split(said) == ["runbook", "run", str(book), "--resume", "--log-dir", str(logs)]
+    second = cli(*shlex.split(said)[1:])
     assert second.returncode == 0, second.stderr
+    assert hint not in second.stderr
     new = newest(logs)
     assert new != old
     meta = json.loads((new / "run.json").read_text())
@@ -593,6 +598,13 @@ def test_a_running_run_is_locked_and_a_killed_one_is_not(tmp_path: Path, write_r
     new = newest(logs)
     assert json.loads((new / "run.json").read_text())["resumed_from"] == run_id
     assert audited_steps(new) == ["l2", "l3"]
+    # the killed run's log has no record of l2's command: the resumed run's log says so first
+    assert "l2" not in audited_steps(logs / run_id)
+    first = audit_records(new)[0]
+    assert (first["event"], first["step"], first["run"]) == ("abandoned", "l2", run_id)
+    shown = cli("audit", "show", str(new)).stdout
+    assert f"abandoned: was running when run {run_id} stopped" in shown
+    assert verify(new).returncode == 0
 
 
 # ---- 6. SIGINT / SIGTERM ---------------------------------------------------------------------------

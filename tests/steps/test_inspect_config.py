@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from executor.cli import main
 from executor.render import host_word
-from executor.state import list_runs, open_state
+from executor.state import open_state, scan_runs
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from sandbox.model_configs import custom_code_files, deepseek_v3_text_config, drafter_config, target_config
@@ -454,7 +454,7 @@ def test_host_word_stops_on_an_unset_var() -> None:
 def run_runbook(path: Path, logs: Path) -> tuple[int, dict[str, Any]]:
     """Run in-process; the exit code and each step's facts, read back from the run's state."""
     code = main(["run", str(path), "--log-dir", str(logs)])
-    with open_state(logs / list_runs(logs)[0].run_id) as state:
+    with open_state(logs / scan_runs(logs).runs[0].run_id) as state:
         return code, {r.step: r.facts for r in state.records()}
 
 
