@@ -192,12 +192,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     runbook, overrides = load_checked(args.file, args.inventory, args.var)
+    inventory, var_args = args.inventory, list(args.var)
+    if args.resume:
+        # continuing a run means continuing it as it was started: its --var and --inventory carry over
+        # (a --var given now overrides its own), or every step using them would run again
+        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, runbook.name)
+        if source is not None:
+            inventory = inventory or (Path(source.inventory) if source.inventory else None)
+            var_args = [*source.var_args, *var_args]
+            if (inventory, var_args) != (args.inventory, args.var):
+                carried = [*(["--inventory", str(inventory)] if inventory else []), *_var_flags(source.var_args)]
+                err.print(Text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
+                runbook, overrides = load_checked(args.file, inventory, var_args)
     options = RunOptions(
         log_dir=args.log_dir,
         var_overrides=overrides,
         resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
+        var_args=var_args,
+        inventory=inventory.resolve() if inventory else None,
     )
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
     os.umask(0o077)
@@ -210,6 +224,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         again = shlex.join(["runbook", "run", str(args.file), "--resume", *log_dir])
         err.print(Text(f"after fixing the cause, continue where it stopped: {again}"))
     return code
+
+
+def _var_flags(pairs: Sequence[str]) -> list[str]:
+    return [flag for pair in pairs for flag in ("--var", pair)]
 
 
 async def _run_interruptible(engine: Engine) -> int:

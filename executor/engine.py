@@ -14,7 +14,7 @@ import json
 import os
 import re
 import traceback
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -68,6 +68,9 @@ class RunOptions:
     resume: str | None = None  # a run id, or "latest"
     from_step: str | None = None
     only_step: str | None = None
+    # how the run was started, recorded in run.json so that `--resume` can start it the same way
+    var_args: Sequence[str] = ()
+    inventory: Path | None = None
 
 
 def used_vars(spec: StepSpec, variables: Mapping[str, str], host: str) -> list[str]:
@@ -391,6 +394,8 @@ class Engine:
             vars={k: self.redactor.text(v) for k, v in self.env.items()},
             secrets=sorted(self.secrets),
             runbook_sha256=hashlib.sha256(self.runbook.path.read_bytes()).hexdigest(),
+            var_args=[self.redactor.text(pair) for pair in self.options.var_args],
+            inventory=str(self.options.inventory) if self.options.inventory else None,
         )
         try:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)

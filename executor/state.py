@@ -96,6 +96,8 @@ class RunMeta:
     vars: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # names only: a secret's value is never stored
     runbook_sha256: str | None = None  # of the runbook file as this run read it
+    var_args: list[str] = field(default_factory=list)  # its --var K=V, as given
+    inventory: str | None = None  # its --inventory, absolute
 
 
 class RunLock:

@@ -494,6 +494,37 @@ def test_a_step_that_failed_on_one_host_runs_again_only_there(tmp_path: Path, wr
     assert all(s["status"] == "passed" for s in steps.values())
 
 
+def test_resume_carries_the_vars_and_inventory_the_run_was_started_with(
+    tmp_path: Path, write_runbook: Any, sshd: Any
+) -> None:
+    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    book = write_runbook(
+        header("carry", tmp_path, extra_vars="  color: red\n")
+        + steps_yaml(
+            ["c1", "c2", "c3", "c4"],
+            special={"c2": 'echo "c2-$color" >> "$side"', "c3": 'echo c3 >> "$side"; test -f "$marker"'},
+        ),
+        hosts="hosts:\n  box: {address: 127.0.0.1, port: 1}\n",  # nothing listens: the site file says where box is
+    )
+    site = tmp_path / "site.yaml"
+    site.write_text(sshd.host_yaml())  # where `box` really is comes only from the inventory
+    first = cli("run", str(book), "--inventory", str(site), "--var", "color=blue", "--log-dir", str(logs))
+    assert first.returncode == 1, first.stderr
+    assert side_lines(side) == ["c1", "c2-blue", "c3"]
+
+    marker.touch()
+    resumed = cli("run", str(book), "--resume", "--log-dir", str(logs))  # no --var, no --inventory
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"as it was started: --inventory {site} --var color=blue" in resumed.stderr
+    assert audited_steps(newest(logs)) == ["c3", "c4"]
+    assert side_lines(side) == ["c1", "c2-blue", "c3", "c3", "c4"]
+
+    changed = cli("run", str(book), "--resume", "--var", "color=green", "--log-dir", str(logs))
+    assert changed.returncode == 0, changed.stderr
+    assert audited_steps(newest(logs)) == ["c2", "c3", "c4"]  # a --var given now overrides the carried one
+    assert side_lines(side)[-3:] == ["c2-green", "c3", "c4"]
+
+
 # ---- 4. --from and --only ------------------------------------------------------------------------
 
 
