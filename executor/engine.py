@@ -535,23 +535,32 @@ class Engine:
                     retry=retry_if_exception_type(AttemptFailed),
                     reraise=True,
                 )
+                last: AttemptFailed | None = None
                 try:
                     async for attempt in retrying:
                         with attempt:
                             record.attempts += 1
-                            facts, exit_code = await self._attempt(variant, host, record.attempts, via)
+                            try:
+                                facts, exit_code = await self._attempt(variant, host, record.attempts, via)
+                            except AttemptFailed as exc:
+                                last = exc
+                                record.facts, record.gate, record.exit_code = exc.facts, exc.gate, exc.exit_code
+                                raise
                     record.status, record.facts, record.exit_code, record.via = "passed", facts, exit_code, via
                     record.message = record.gate = None
                     return record
                 except AttemptFailed as exc:
                     failures.append(f"[{via}] {exc}")
-                    record.facts, record.gate, record.exit_code = exc.facts, exc.gate, exc.exit_code
+                except asyncio.CancelledError:
+                    if last is not None:  # a signal in a retry delay: keep why the last attempt failed
+                        failures.append(f"[{via}] {last}")
+                    raise
         except HostRefused as exc:
             failures.append(str(exc))
         except asyncio.CancelledError:
-            record.status, record.message = (
-                "interrupted",
-                "interrupted by a signal; the remote process group was killed",
+            record.status = "interrupted"
+            record.message = "\n".join(
+                ["interrupted by a signal; a command still running had its remote process group killed", *failures]
             )
             raise
         finally:

@@ -746,6 +746,25 @@ def test_a_secret_is_written_nowhere(tmp_path: Path, write_runbook: Any) -> None
             assert form.encode() not in data, (path, form)
 
 
+def test_an_interrupt_in_a_retry_delay_keeps_why_the_attempt_failed(tmp_path: Path, write_runbook: Any) -> None:
+    logs = tmp_path / "logs"
+    book = write_runbook(
+        header("retry-wait", tmp_path)
+        + steps_yaml(["r1"], special={"r1": 'echo r1 >> "$side"; exit 3'})
+        + "    retry: {attempts: 3, delay: 60s}\n    gates:\n      - that: exit_code == 0\n"
+        + "        message: r1 must exit 0\n"
+    )
+    proc = start("run", str(book), "--log-dir", str(logs))
+    wait_for(lambda: side_lines(tmp_path / "side.txt") == ["r1"], what="the first attempt")
+    time.sleep(0.5)  # the attempt has failed; the run waits out the retry delay
+    proc.send_signal(signal.SIGINT)
+    code, _out, _err = finish(proc)
+    assert code == 130
+    (step,) = status_json(logs)["steps"]
+    assert step["status"] == "interrupted" and step["gate"] == "exit_code == 0"
+    assert "r1 must exit 0" in step["message"] and "exit_code = 3" in step["message"]
+
+
 def test_under_nohup_a_hangup_does_not_stop_the_run(tmp_path: Path, write_runbook: Any) -> None:
     logs, marker = tmp_path / "logs", tmp_path / "marker"
     wait = 'echo h2 >> "$side"; while [ ! -f "$marker" ]; do sleep 0.05; done'
