@@ -198,6 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # (a --var given now overrides its own), or every step using them would run again
         source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, runbook.name)
         if source is not None:
+            if source.path != str(args.file.resolve()):  # runs are found by the runbook's name
+                err.print(Text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
             inventory = inventory or (Path(source.inventory) if source.inventory else None)
             var_args = [*source.var_args, *var_args]
             if (inventory, var_args) != (args.inventory, args.var):

@@ -339,3 +339,15 @@ def test_run_json_holds_the_runbook_s_content_hash(write_runbook: Any, tmp_path:
     cli("run", str(book), "--log-dir", str(logs))
     (meta_file,) = logs.glob("*/run.json")
     assert json.loads(meta_file.read_text())["runbook_sha256"] == hashlib.sha256(book.read_bytes()).hexdigest()
+
+
+def test_resuming_a_run_of_another_file_with_the_same_name_says_so(write_runbook: Any, tmp_path: Path) -> None:
+    book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
+    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(book.read_text())
+    (tmp_path / "marker").touch()
+    resumed = cli("run", str(copy), "--resume", "--log-dir", str(logs))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"ran {book.resolve()}; this is {copy.resolve()}" in resumed.stderr
+    assert "runbook: note:" not in cli("run", str(copy), "--resume", "--log-dir", str(logs)).stderr
