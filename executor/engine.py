@@ -91,21 +91,40 @@ def used_vars(spec: StepSpec, variables: Mapping[str, str], host: str) -> list[s
 WHERE_A_STEP_RUNS = ("address", "port", "user")
 
 
-def fingerprint(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any]) -> str:
-    """Changes when the step's definition, where it runs, the value of a var it uses, or the contents
-    of a local file it reads change."""
+def definition_parts(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any]) -> dict[str, str]:
+    """What a step's result depends on, each part as a digest: its definition (`step`), where it runs
+    (`host`), the value of each var it uses (`var NAME`), the contents of each local file it reads
+    (`file PATH`). Kept per step so that a resume can say which part changed."""
     variants = [spec, *runbook.fallbacks.get(spec.id, [])]
     texts = {n: var_text(v) for n, v in variables.items()}
-    used = sorted({n for v in variants for n in used_vars(v, texts, host)})
-    body = {
-        "step": [v.model_dump(mode="json", exclude={"description"}) for v in variants],
-        "host": runbook.hosts[host].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS)),
-        "vars": {n: var_text(variables[n]) for n in used},
-        "files": {
-            f: _file_digest(runbook.path.parent / Path(f).expanduser()) for v in variants for f in v.local_files()
-        },
+    definition = [v.model_dump(mode="json", exclude={"description"}) for v in variants]
+    parts = {
+        "step": _digest(definition),
+        "host": _digest(runbook.hosts[host].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS))),
     }
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    for name in sorted({n for v in variants for n in used_vars(v, texts, host)}):
+        parts[f"var {name}"] = _digest(texts[name])
+    for file in sorted({f for v in variants for f in v.local_files()}):
+        parts[f"file {file}"] = _file_digest(runbook.path.parent / Path(file).expanduser())
+    return parts
+
+
+def fingerprint(parts: Mapping[str, str]) -> str:
+    """Changes when any part of a step's definition changes."""
+    return _digest(dict(parts))
+
+
+def changed_parts(old: Mapping[str, str] | None, new: Mapping[str, str]) -> str:
+    """Which parts differ, for the console: `var models_dir, file conf.txt` (`its definition` when the
+    old record predates the parts)."""
+    if old is None:
+        return "its definition"
+    names = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+    return ", ".join(names) or "its definition"
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def _file_digest(path: Path) -> str:
@@ -242,15 +261,25 @@ class Engine:
         self.records: dict[tuple[str, str], StepRecord] = {}
         self.hosts_to_run: dict[str, list[str]] = {}  # steps that run on fewer than their hosts (see _plan)
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
-        self._fingerprints: dict[tuple[str, str], str] = {}
+        self._parts: dict[tuple[str, str], dict[str, str]] = {}
         self.transports: dict[str, Transport] = {}
 
-    def fingerprint(self, spec: StepSpec, host: str) -> str:
-        """The step's fingerprint on a host, computed once per run (it renders the step's scripts)."""
+    def parts(self, spec: StepSpec, host: str) -> dict[str, str]:
+        """The step's definition parts on a host, computed once per run (it renders the step's scripts)."""
         key = (spec.id, host)
-        if key not in self._fingerprints:
-            self._fingerprints[key] = fingerprint(self.runbook, spec, host, self.variables)
-        return self._fingerprints[key]
+        if key not in self._parts:
+            self._parts[key] = definition_parts(self.runbook, spec, host, self.variables)
+        return self._parts[key]
+
+    def fingerprint(self, spec: StepSpec, host: str) -> str:
+        return fingerprint(self.parts(spec, host))
+
+    def _what_changed(self, spec: StepSpec, records: list[StepRecord | None]) -> str:
+        """`changed since RUN: var models_dir` — the parts that differ on the first host where one does."""
+        for record in records:
+            if record is not None and record.fingerprint != self.fingerprint(spec, record.host):
+                return changed_parts(record.parts, self.parts(spec, record.host))
+        return "its definition"
 
     # ---- planning: what runs, what is reused -------------------------------------------------
 
@@ -290,7 +319,10 @@ class Engine:
                         reused.append(spec)
                     why[spec.id] = f"facts reused from {source_id}" if passed else "skipped (never passed)"
                     if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
-                        why[spec.id] += f" although the step changed since (--from {spec.id} runs it again)"
+                        why[spec.id] += (
+                            f" although the step changed since ({self._what_changed(spec, records)}; "
+                            f"--from {spec.id} runs it again)"
+                        )
                 elif self.options.only_step and position > start:
                     why[spec.id] = "skipped (--only)"
                 else:
@@ -308,14 +340,19 @@ class Engine:
                 to_run.append(spec)
                 again = self.hosts_to_run[spec.id]
                 changed = all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in again)
-                reason = f"changed there since {source_id}" if changed else f"did not pass there in {source_id}"
+                what = self._what_changed(spec, [source.get((spec.id, h)) for h in again])
+                reason = f"changed there since {source_id}: {what}" if changed else f"did not pass there in {source_id}"
                 why[spec.id] = f"runs again on {', '.join(again)} ({reason}); reused on {', '.join(done)}"
             else:
                 started = any(r is not None and r.status not in NOT_STARTED for r in records)
                 if not started:
                     why[spec.id] = f"runs (not reached in {source_id})"
                 elif rerun_cause is None:
-                    why[spec.id] = f"runs again ({'changed since' if passed else 'did not pass in'} {source_id})"
+                    why[spec.id] = (
+                        f"runs again (changed since {source_id}: {self._what_changed(spec, records)})"
+                        if passed
+                        else f"runs again (did not pass in {source_id})"
+                    )
                 else:
                     why[spec.id] = f"runs again (after '{rerun_cause}')"
                 rerun_cause = rerun_cause or spec.id
@@ -515,6 +552,7 @@ class Engine:
             position=self.positions[spec.id],
             status="running",
             fingerprint=self.fingerprint(spec, host),
+            parts=self.parts(spec, host),
             started_at=now(),
         )
         self._save(record)

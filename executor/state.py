@@ -35,6 +35,9 @@ _RUN_FILES = ("audit.head", "audit.jsonl")
 #: what `RunState.status` returns for a run whose process died while it ran, and why
 STOPPED, STOPPED_NOTE = "stopped", "its process is gone; --resume continues it"
 
+#: step-record columns stored as JSON text
+_JSON_COLUMNS = ("facts", "parts")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
     step TEXT NOT NULL,
@@ -51,6 +54,7 @@ CREATE TABLE IF NOT EXISTS steps (
     via TEXT,
     reused_from TEXT,
     gate TEXT,
+    parts TEXT,
     PRIMARY KEY (step, host)
 );
 CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT);
@@ -81,6 +85,7 @@ class StepRecord:
     via: str | None = None  # "primary" or "fallback N"
     reused_from: str | None = None
     gate: str | None = None  # the expression of the gate that failed last
+    parts: dict[str, str] | None = None  # digests of what the fingerprint covers (engine.definition_parts)
 
 
 @dataclass
@@ -238,7 +243,8 @@ class RunState:
             self._db.execute("BEGIN")
             for record in records:
                 values = asdict(record)
-                values["facts"] = json.dumps(record.facts)
+                for name in _JSON_COLUMNS:
+                    values[name] = json.dumps(values[name])
                 columns = ", ".join(values)
                 marks = ", ".join("?" for _ in values)
                 self._db.execute(f"INSERT OR REPLACE INTO steps ({columns}) VALUES ({marks})", tuple(values.values()))
@@ -252,7 +258,8 @@ class RunState:
         for row in rows:
             values = dict(zip(names, row, strict=True))
             try:
-                values["facts"] = json.loads(values["facts"]) if values["facts"] else None
+                for name in _JSON_COLUMNS:
+                    values[name] = json.loads(values[name]) if values[name] else None
                 out.append(StepRecord(**values))
             except (ValueError, TypeError) as exc:
                 raise _unreadable(self.run_dir / STATE_FILE, f"step {values.get('step')!r}: {exc}") from None

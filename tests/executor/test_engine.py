@@ -535,14 +535,16 @@ def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -
 
 def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
     """download's host program reads HF_ENDPOINT from the environment: changing it reruns the step."""
-    from executor.engine import fingerprint
+    from executor.engine import definition_parts, fingerprint
     from executor.loader import load_runbook
 
     book = load_runbook(Path("runbooks/k26_dflash.yaml"))
     (step,) = [s for s in book.steps if s.id == "download_drafter"]
-    before = fingerprint(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:1"})
-    after = fingerprint(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:2"})
-    unrelated = fingerprint(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:1", "x": 1})
+    before = fingerprint(definition_parts(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:1"}))
+    after = fingerprint(definition_parts(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:2"}))
+    unrelated = fingerprint(
+        definition_parts(book, step, "gpu", {**book.header.vars, "HF_ENDPOINT": "http://127.0.0.1:1", "x": 1})
+    )
     assert before != after and before == unrelated
 
 
@@ -589,3 +591,12 @@ def test_status_shows_run_data_as_written_not_as_markup(tmp_path, capsys) -> Non
     assert main(["status", "--log-dir", str(tmp_path / "logs")]) == 0
     out = capsys.readouterr().out
     assert "[primary]" in out and "[/]" in out and "[bold]oops" in out and "([red]t)" in out
+
+
+def test_changed_parts_names_what_differs() -> None:
+    from executor.engine import changed_parts
+
+    old = {"step": "a", "host": "h", "var models_dir": "1", "file conf.txt": "x"}
+    new = {"step": "a", "host": "h", "var models_dir": "2", "file conf.txt": "y", "var extra": "z"}
+    assert changed_parts(old, new) == "file conf.txt, var extra, var models_dir"
+    assert changed_parts(None, new) == "its definition"  # a record from before parts were kept

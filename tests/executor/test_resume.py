@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -433,6 +434,7 @@ def test_editing_a_step_reruns_it_and_everything_after(tmp_path: Path, write_run
     marker.touch()
     second = cli("run", str(book), "--resume", "--log-dir", str(logs))
     assert second.returncode == 0, second.stderr
+    assert re.search(r"e2 .* runs again \(changed since [0-9a-f-]+: step\)", second.stderr), second.stderr
     assert audited_steps(newest(logs)) == ["e2", "e3", "e4"]
     assert side_lines(side) == ["e1", "e2", "e3", "e4", "e2", "e3", "e4"]
     assert verify(newest(logs)).returncode == 0
@@ -454,6 +456,7 @@ def test_changing_a_var_reruns_only_the_steps_from_its_first_user(tmp_path: Path
 
     changed = cli("run", str(book), "--resume", "--var", "only_third=two", "--log-dir", str(logs))
     assert changed.returncode == 0, changed.stderr
+    assert re.search(r"v3 .* runs again \(changed since [0-9a-f-]+: var only_third\)", changed.stderr), changed.stderr
     assert audited_steps(newest(logs)) == ["v3", "v4"]
     assert side_lines(side) == ["v1", "v2", "v3-one", "v4", "v3-two", "v4"]
 
@@ -579,7 +582,7 @@ def test_only_and_from_reuse_earlier_facts(tmp_path: Path, write_runbook: Any) -
     book.write_text(book.read_text().replace("echo a >>", "echo a-edited >>"))
     stale = cli("run", str(book), "--from", "b", "--log-dir", str(logs))
     assert stale.returncode == 0, stale.stderr
-    assert "although the step changed since (--from a runs it again)" in stale.stderr
+    assert "although the step changed since (step; --from a runs it again)" in stale.stderr
     assert audited_steps(newest(logs)) == ["b", "c"]
 
 
@@ -804,7 +807,7 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, writ
 
 
 def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path: Path) -> None:
-    from executor.engine import fingerprint
+    from executor.engine import definition_parts, fingerprint
     from executor.loader import load_runbook
 
     def fingerprint_with(**host: object) -> str:
@@ -814,7 +817,7 @@ def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path
             f"name: t\nhosts: {{box: {json.dumps(settings)}}}\nsteps:\n  - {{id: a, kind: shell, script: echo}}\n"
         )
         runbook = load_runbook(path)
-        return fingerprint(runbook, runbook.steps[0], "box", {})
+        return fingerprint(definition_parts(runbook, runbook.steps[0], "box", {}))
 
     plain = fingerprint_with()
     how = {
@@ -850,7 +853,7 @@ def test_editing_an_uploaded_file_reruns_the_step(tmp_path: Path, write_runbook:
     conf.write_text("v2\n")
     again = cli("run", str(book), "--resume", "--log-dir", str(logs))
     assert again.returncode == 0, again.stderr
-    assert "changed since" in again.stderr
+    assert re.search(r"ship .* runs again \(changed since [0-9a-f-]+: file conf\.txt\)", again.stderr), again.stderr
     assert audited_steps(newest(logs)) == ["ship"]
     assert copied.read_text() == "v2\n"
     assert side_lines(side) == ["u1", "u2", "u3", "ship", "ship"]
