@@ -2,7 +2,8 @@
 arguments, picks a reporter, maps outcomes to exit codes, and prints.
 
 Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering); 2 invalid input
-(runbook, arguments, nothing to resume, missing secret); 3 the run is locked by another
+(runbook, arguments, nothing to resume, missing secret, a run folder that cannot be read or
+written); 3 the run is locked by another
 process; 130 interrupted (SIGINT, SIGTERM, or SIGHUP unless started under nohup).
 """
 
@@ -16,7 +17,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,25 +192,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    runbook, overrides = load_checked(args.file, args.inventory, args.var)
-    inventory, var_args = args.inventory, list(args.var)
+    inventory, var_args, resume = args.inventory, list(args.var), args.resume
     if args.resume:
         # continuing a run means continuing it as it was started: its --var and --inventory carry over
         # (a --var given now overrides its own), or every step using them would run again
-        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, runbook.name)
+        name = load_runbook(args.file, args.inventory).name  # runs are found by the runbook's name
+        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, name)
         if source is not None:
-            if source.path != str(args.file.resolve()):  # runs are found by the runbook's name
-                err.print(Text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
-            inventory = inventory or (Path(source.inventory) if source.inventory else None)
-            var_args = [*source.var_args, *var_args]
-            if (inventory, var_args) != (args.inventory, args.var):
-                carried = [*(["--inventory", str(inventory)] if inventory else []), *_var_flags(source.var_args)]
-                err.print(Text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
-                runbook, overrides = load_checked(args.file, inventory, var_args)
+            resume = source.run_id  # the engine continues exactly this run
+            inventory, var_args = _as_started(args, source)
+    runbook, overrides = load_checked(args.file, inventory, var_args)
     options = RunOptions(
         log_dir=args.log_dir,
         var_overrides=overrides,
-        resume=args.resume,
+        resume=resume,
         from_step=args.from_step,
         only_step=args.only_step,
         var_args=var_args,
@@ -223,12 +219,37 @@ def cmd_run(args: argparse.Namespace) -> int:
         reporter.close()
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
         log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
-        again = shlex.join(["runbook", "run", str(args.file), "--resume", *log_dir])
+        # a run of one step continues as one step: --resume would also run the steps --only left out
+        scope = ["--only", args.only_step] if args.only_step else ["--resume"]
+        again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
         err.print(Text(f"after fixing the cause, continue where it stopped: {again}"))
     return code
 
 
-def _var_flags(pairs: Sequence[str]) -> list[str]:
+def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None, list[str]]:
+    """The --inventory and --var pairs to resume `source` with: its own, under those given now."""
+    if source.path != str(args.file.resolve()):
+        err.print(Text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
+    given = {pair.partition("=")[0] for pair in args.var}
+    withheld = [name for name in source.var_args_withheld if name not in given]
+    if withheld:
+        flags = " ".join(f"--var {name}=..." for name in withheld)
+        raise ResumeError(
+            f"run {source.run_id} was started with {flags} holding a secret's value, which is never stored; "
+            f"give it again: {flags}"
+        )
+    inventory = args.inventory or (Path(source.inventory) if source.inventory else None)
+    pairs = {pair.partition("=")[0]: pair for pair in [*source.var_args, *args.var]}  # the last one of a name wins
+    carried = [
+        *(["--inventory", str(inventory)] if inventory and not args.inventory else []),
+        *_var_flags(pair for name, pair in pairs.items() if name not in given),
+    ]
+    if carried:
+        err.print(Text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
+    return inventory, list(pairs.values())
+
+
+def _var_flags(pairs: Iterable[str]) -> list[str]:
     return [flag for pair in pairs for flag in ("--var", pair)]
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import sqlite3
 import traceback
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -275,7 +276,7 @@ class Engine:
         return fingerprint(self.parts(spec, host))
 
     def _what_changed(self, spec: StepSpec, records: list[StepRecord | None]) -> str:
-        """`changed since RUN: var models_dir` — the parts that differ on the first host where one does."""
+        """The parts that differ (`var models_dir, file conf.txt`) on the first host where one does."""
         for record in records:
             if record is not None and record.fingerprint != self.fingerprint(spec, record.host):
                 return changed_parts(record.parts, self.parts(spec, record.host))
@@ -346,7 +347,8 @@ class Engine:
             else:
                 started = any(r is not None and r.status not in NOT_STARTED for r in records)
                 if not started:
-                    why[spec.id] = f"runs (not reached in {source_id})"
+                    left_out = any(r is not None and r.status == "skipped" for r in records)
+                    why[spec.id] = f"runs ({'skipped' if left_out else 'not reached'} in {source_id})"
                 elif rerun_cause is None:
                     why[spec.id] = (
                         f"runs again (changed since {source_id}: {self._what_changed(spec, records)})"
@@ -407,8 +409,8 @@ class Engine:
             source_lock = RunLock(source_dir)
             source_lock.acquire()  # a run being resumed must not be running, nor resumed twice
             try:
-                with open_state(source_dir) as state:
-                    source_records = {(r.step, r.host): r for r in state.records()}
+                with open_state(source_dir) as source_state:
+                    source_records = {(r.step, r.host): r for r in source_state.records()}
             except BaseException:
                 source_lock.release()
                 raise
@@ -431,26 +433,10 @@ class Engine:
             vars={k: self.redactor.text(v) for k, v in self.env.items()},
             secrets=sorted(self.secrets),
             runbook_sha256=hashlib.sha256(self.runbook.path.read_bytes()).hexdigest(),
-            var_args=[self.redactor.text(pair) for pair in self.options.var_args],
+            var_args=[pair for pair in self.options.var_args if self.redactor.text(pair) == pair],
+            var_args_withheld=[p.partition("=")[0] for p in self.options.var_args if self.redactor.text(p) != p],
             inventory=str(self.options.inventory) if self.options.inventory else None,
         )
-        try:
-            self.options.log_dir.mkdir(parents=True, exist_ok=True)
-            state = RunState.create(run_dir, meta)
-        except OSError as exc:  # a read-only or full disk, a log dir that is a file, no permission
-            if source_lock is not None:
-                source_lock.release()
-            reason = exc.strerror or str(exc)
-            raise StateError(f"cannot write the run folder {run_dir}: {reason}", reason=reason) from None
-        lock = RunLock(run_dir)
-        lock.acquire()
-        self.state = state
-        self.run_dir = run_dir
-        self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
-        for old in source_records.values():
-            if old.status == "running" and source_meta is not None:  # its process died mid-step
-                log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
-                self.audit.abandoned(log, source_meta.run_id, old.started_at, old.attempts)
         reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
         for spec in self.runbook.steps:  # every step of the run has a row from the start
             runs_on = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
@@ -469,7 +455,25 @@ class Engine:
                         fingerprint="",
                         message=why[spec.id] if status == "skipped" else None,
                     )
-        state.save(*self.records.values())
+        state: RunState | None = None
+        try:
+            self.options.log_dir.mkdir(parents=True, exist_ok=True)
+            # published whole: locked, with its status and every step's row, before its run.json appears
+            state = RunState.create(run_dir, meta, list(self.records.values()))
+            self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
+        except (OSError, sqlite3.Error) as exc:  # a read-only or full disk, a log dir that is a file, no permission
+            if state is not None:
+                state.close()
+            if source_lock is not None:
+                source_lock.release()
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise StateError(f"cannot write the run folder {run_dir}: {reason}", reason=reason) from None
+        self.state = state
+        self.run_dir = run_dir
+        for old in source_records.values():
+            if old.status == "running" and source_meta is not None:  # its process died mid-step
+                log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
+                self.audit.abandoned(log, source_meta.run_id, old.started_at, old.attempts)
         self.reporter.emit(
             "run_started",
             run_id=run_id,
@@ -508,7 +512,6 @@ class Engine:
             await asyncio.shield(self._close_transports())
             self.audit.close()
             state.close()
-            lock.release()
             if source_lock is not None:
                 source_lock.release()
         return code
@@ -590,7 +593,7 @@ class Engine:
                 except AttemptFailed as exc:
                     failures.append(f"[{via}] {exc}")
                 except asyncio.CancelledError:
-                    if last is not None:  # a signal in a retry delay: keep why the last attempt failed
+                    if last is not None:  # keep why the attempt before the signal failed (often: a retry delay)
                         failures.append(f"[{via}] {last}")
                     raise
         except HostRefused as exc:

@@ -19,7 +19,7 @@ import json
 import os
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +102,7 @@ class RunMeta:
     secrets: list[str] = field(default_factory=list)  # names only: a secret's value is never stored
     runbook_sha256: str | None = None  # of the runbook file as this run read it
     var_args: list[str] = field(default_factory=list)  # its --var K=V, as given
+    var_args_withheld: list[str] = field(default_factory=list)  # names of --var whose value held a secret
     inventory: str | None = None  # its --inventory, absolute
 
 
@@ -156,6 +157,7 @@ class RunState:
         written by an older `runbook` lacks (so that it can be resumed).
         """
         self.run_dir = run_dir
+        self._lock: RunLock | None = None  # only a store this process creates holds its run's lock
         db = run_dir / STATE_FILE
         if not db.is_file():
             raise StateError(
@@ -179,7 +181,10 @@ class RunState:
             raise
 
     def _add_missing_columns(self) -> None:
-        """A store written by an older `runbook` lacks newer columns: add them (NULL), so it can be resumed."""
+        """A store written by an older `runbook` lacks newer columns: add them (NULL), so it can be opened.
+
+        Its steps' fingerprints were computed another way, so a resume runs them again (saying
+        "changed since RUN: its definition"): never a step reused on a stale definition."""
         present = {row[1] for row in self._db.execute("PRAGMA table_info(steps)")}
         for name in (f.name for f in fields(StepRecord)):
             if name not in present:
@@ -194,32 +199,45 @@ class RunState:
             raise _unreadable(self.run_dir / STATE_FILE, exc) from None
 
     @classmethod
-    def create(cls, run_dir: Path, meta: RunMeta) -> RunState:
-        """A new run folder: its store first, then `run.json` (atomically), then the status `running`."""
+    def create(cls, run_dir: Path, meta: RunMeta, records: Sequence[StepRecord] = ()) -> RunState:
+        """A new run folder, published whole: its lock taken (held until `close`), its store written
+        (status `running`, the first step rows), then `run.json` (atomically). A folder without a
+        `run.json` is no run: a process killed before then leaves nothing a resume could pick."""
         run_dir.mkdir(mode=0o700, parents=True)
+        lock = RunLock(run_dir)
+        lock.acquire()
         db = run_dir / STATE_FILE
-        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         state = cls.__new__(cls)
-        state.run_dir = run_dir
-        state._db = sqlite3.connect(db, isolation_level=None)
-        state._db.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit log,
-        # which only makes a resume run a step again (the audit log itself is fsynced per record)
-        state._db.execute("PRAGMA synchronous=NORMAL")
-        state._db.executescript(_SCHEMA)
-        partial = run_dir / f"{META_FILE}.partial"
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(asdict(meta), handle, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(partial, run_dir / META_FILE)  # a kill leaves no run.json or a whole one, never half of one
-        directory = os.open(run_dir, os.O_RDONLY)
+        state.run_dir, state._lock = run_dir, lock
         try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        state.set("status", "running")
+            os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            state._db = sqlite3.connect(db, isolation_level=None)
+            try:
+                state._db.execute("PRAGMA journal_mode=WAL")
+                # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit
+                # log, which only makes a resume run a step again (the audit log is fsynced per record)
+                state._db.execute("PRAGMA synchronous=NORMAL")
+                state._db.executescript(_SCHEMA)
+                state.set("status", "running")
+                state.save(*records)
+                partial = run_dir / f"{META_FILE}.partial"
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as handle:
+                    json.dump(asdict(meta), handle, indent=2)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.rename(partial, run_dir / META_FILE)  # a kill leaves no run.json or a whole one
+                directory = os.open(run_dir, os.O_RDONLY)
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
+            except BaseException:
+                state._db.close()
+                raise
+        except BaseException:
+            lock.release()
+            raise
         return state
 
     def set(self, key: str, value: str) -> None:
@@ -267,6 +285,8 @@ class RunState:
 
     def close(self) -> None:
         self._db.close()
+        if self._lock is not None:
+            self._lock.release()
 
 
 @contextlib.contextmanager

@@ -329,6 +329,10 @@ def test_kill_9_at_every_durable_write_then_resume(tmp_path: Path, write_runbook
 
     def check(n: int, mode: str, book: Path, folder: Path, context: str) -> None:
         logs = folder / "logs"
+        if not runs(logs):  # killed before its run.json appeared: no run; a fresh one works
+            assert "audit.line" not in points[:n], context
+            _check_after_kill(book, logs, folder / "side.txt", ids, context)
+            return
         killed = logs / runs(logs)[0]["run_id"]
         line = points[:n].count("audit.line")  # audit lines begun before the kill
         if mode == "torn":
@@ -528,6 +532,46 @@ def test_resume_carries_the_vars_and_inventory_the_run_was_started_with(
     assert side_lines(side)[-3:] == ["c2-green", "c3", "c4"]
 
 
+def test_resume_carries_a_var_the_runbook_s_default_would_not_accept(tmp_path: Path, write_runbook: Any) -> None:
+    """The default `port: CHANGE_ME` cannot render a deploy step: the resume must use the run's own --var."""
+    logs, marker = tmp_path / "logs", tmp_path / "marker"
+    book = write_runbook(
+        header("needs-var", tmp_path, extra_vars="  port: CHANGE_ME\n")
+        + steps_yaml(["n1"], special={"n1": 'test -f "$marker"'})
+        + "  - id: serve\n    kind: deploy\n    action: stop\n    port: $port\n"
+    )
+    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 2  # the default does not fit
+    first = cli("run", str(book), "--var", "port=30001", "--log-dir", str(logs))
+    assert first.returncode == 1, first.stderr
+    marker.touch()
+    resumed = cli("run", str(book), "--resume", "--log-dir", str(logs))
+    assert "as it was started: --var port=30001" in resumed.stderr, resumed.stderr
+    assert audited_steps(newest(logs))[:1] == ["n1"]
+
+
+def test_a_var_holding_a_secret_is_not_carried_but_asked_for(tmp_path: Path, write_runbook: Any) -> None:
+    logs, marker, token = tmp_path / "logs", tmp_path / "marker", "tok-" + secrets.token_hex(8)
+    book = write_runbook(
+        header("secret-var", tmp_path, extra_vars="  url: https://hub.example/none\n")
+        + "secrets:\n  TOK: {env: TOK}\n"
+        + steps_yaml(["s1"], special={"s1": 'echo "$url" >> "$side"; test -f "$marker"'})
+    )
+    given = f"url=https://hub.example/{token}"
+    first = cli("run", str(book), "--var", given, "--log-dir", str(logs), env={"TOK": token})
+    assert first.returncode == 1, first.stderr
+    meta = json.loads((newest(logs) / "run.json").read_text())
+    assert (meta["var_args"], meta["var_args_withheld"]) == ([], ["url"])
+    assert token not in (newest(logs) / "run.json").read_text()
+
+    marker.touch()
+    refused = cli("run", str(book), "--resume", "--log-dir", str(logs), env={"TOK": token})
+    assert refused.returncode == 2
+    assert "started with --var url=... holding a secret's value" in refused.stderr
+    again = cli("run", str(book), "--resume", "--var", given, "--log-dir", str(logs), env={"TOK": token})
+    assert again.returncode == 0, again.stderr
+    assert side_lines(tmp_path / "side.txt") == [f"https://hub.example/{token}"] * 2
+
+
 # ---- 4. --from and --only ------------------------------------------------------------------------
 
 
@@ -584,6 +628,25 @@ def test_only_and_from_reuse_earlier_facts(tmp_path: Path, write_runbook: Any) -
     assert stale.returncode == 0, stale.stderr
     assert "although the step changed since (step; --from a runs it again)" in stale.stderr
     assert audited_steps(newest(logs)) == ["b", "c"]
+
+
+def test_a_failed_only_run_is_continued_as_one_step(tmp_path: Path, write_runbook: Any) -> None:
+    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    book = write_runbook(
+        header("only-again", tmp_path) + steps_yaml(["o1", "o2", "o3"], special={"o2": 'test -f "$marker"'})
+    )
+    marker.touch()
+    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 0
+    marker.unlink()
+    failed = cli("run", str(book), "--only", "o2", "--log-dir", str(logs))
+    assert failed.returncode == 1
+    hint = "after fixing the cause, continue where it stopped: "
+    (said,) = [line.removeprefix(hint) for line in failed.stderr.splitlines() if line.startswith(hint)]
+    assert shlex.split(said)[3:] == ["--only", "o2", "--log-dir", str(logs)]  # not --resume, which would run o3
+    marker.touch()
+    assert cli(*shlex.split(said)[1:]).returncode == 0
+    assert audited_steps(newest(logs)) == ["o2"]
+    assert side_lines(side) == ["o1", "o3"]
 
 
 def test_only_without_an_earlier_run_names_the_step_it_needs(tmp_path: Path, write_runbook: Any) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from executor.errors import ResumeError, StateError
+from executor.errors import ResumeError, RunLocked, StateError
 from executor.state import (
     META_FILE,
     STATE_FILE,
+    RunLock,
     RunMeta,
     RunState,
     StepRecord,
@@ -83,7 +84,7 @@ def test_an_older_store_gains_the_missing_columns_and_nothing_else(tmp_path: Pat
 
 def test_run_json_comes_last_and_whole(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "20260101-000000-aaaaaa")
-    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(STATE_FILE)) == [META_FILE]
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(STATE_FILE)) == ["lock", META_FILE]
     # a folder a kill left before its run.json (store only) is no run; one with an audit log is a damaged run
     (tmp_path / "20260101-000001-bbbbbb").mkdir()
     (tmp_path / "20260101-000001-bbbbbb" / STATE_FILE).touch()
@@ -154,3 +155,19 @@ def test_a_run_of_another_runbook_is_named_as_such(tmp_path: Path) -> None:
         find_run(tmp_path, "20260101-000000", "book")
     with pytest.raises(ResumeError, match="no run 2027 of runbook 'book'"):
         find_run(tmp_path, "2027", "book")
+
+
+def test_a_new_run_is_published_locked_and_with_its_rows(tmp_path: Path) -> None:
+    """Another `runbook` never finds a new run without its step rows, nor takes its lock first."""
+    meta = RunMeta(run_id="20260101-000000-aaaaaa", runbook="book", path="/x.yaml", started_at="2026")
+    rows = [StepRecord(step="one", host="box", position=0, status="pending", fingerprint="")]
+    state = RunState.create(tmp_path / meta.run_id, meta, rows)
+    with pytest.raises(RunLocked):
+        RunLock(tmp_path / meta.run_id).acquire()
+    with open_state(tmp_path / meta.run_id) as reader:
+        assert [(r.step, r.status) for r in reader.records()] == [("one", "pending")]
+        assert reader.get("status") == "running"
+    state.close()
+    lock = RunLock(tmp_path / meta.run_id)
+    lock.acquire()  # closing the store released the run's lock
+    lock.release()
