@@ -558,7 +558,6 @@ class Engine:
             parts=self.parts(spec, host),
             started_at=now(),
         )
-        self._save(record)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         variants = [("primary", spec)] + [
@@ -581,6 +580,7 @@ class Engine:
                     async for attempt in retrying:
                         with attempt:
                             record.attempts += 1
+                            self._save(record)  # `runbook status` shows the attempt under way
                             try:
                                 facts, exit_code = await self._attempt(variant, host, record.attempts, via)
                             except AttemptFailed as exc:

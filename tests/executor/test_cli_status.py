@@ -351,3 +351,37 @@ def test_resuming_a_run_of_another_file_with_the_same_name_says_so(write_runbook
     assert resumed.returncode == 0, resumed.stderr
     assert f"ran {book.resolve()}; this is {copy.resolve()}" in resumed.stderr
     assert "runbook: note:" not in cli("run", str(copy), "--resume", "--log-dir", str(logs)).stderr
+
+
+def test_status_of_a_live_run_shows_the_attempt_under_way(write_runbook: Any, tmp_path: Path) -> None:
+    side, go, logs = tmp_path / "side.txt", tmp_path / "go", tmp_path / "logs"
+    script = (
+        f'echo try >> "{side}"; n=$(wc -l < "{side}")\n'
+        f'if [ "$n" = 2 ]; then while [ ! -f "{go}" ]; do sleep 0.05; done; fi\n'
+        '[ "$n" -ge 3 ]\n'
+    )
+    book = write_runbook(
+        "name: tries\n__HOSTS__\nsteps:\n  - id: flaky\n    kind: shell\n"
+        "    retry: {attempts: 3, delay: 100ms}\n    script: " + json.dumps(script) + "\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (side.exists() and len(side.read_text().split()) == 2):
+            assert time.monotonic() < deadline, "the second attempt never started"
+            time.sleep(0.05)
+        (step,) = json.loads(cli("status", "--log-dir", str(logs), "--json").stdout)["steps"]
+        assert (step["status"], step["attempts"]) == ("running", 2)
+        go.touch()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (step,) = json.loads(cli("status", "--log-dir", str(logs), "--json").stdout)["steps"]
+    assert (step["status"], step["attempts"]) == ("passed", 3)
