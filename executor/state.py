@@ -35,6 +35,8 @@ _RUN_FILES = ("audit.head", "audit.jsonl")
 #: what `RunState.status` returns for a run whose process died while it ran, and why
 STOPPED, STOPPED_NOTE = "stopped", "its process is gone; --resume continues it"
 
+#: the length of a run id's time stamp, `YYYYMMDD-HHMMSS` (UTC): run folders sort by it
+STAMP_LEN = len("YYYYMMDD-HHMMSS")
 #: step-record columns stored as JSON text
 _JSON_COLUMNS = ("facts", "parts")
 
@@ -311,8 +313,8 @@ class UnreadableRun:
     runbook: str | None = None  # when run.json could be read
     named: str | None = None  # the run id run.json holds, when it is not the folder's name
 
-    def error(self, log_dir: Path) -> StateError:
-        return StateError(f"{log_dir / self.run_id} is unreadable ({self.reason})", reason=self.reason)
+    def error(self, log_dir: Path, hint: str = "") -> StateError:
+        return StateError(f"{log_dir / self.run_id} is unreadable ({self.reason}){hint}", reason=self.reason)
 
 
 @dataclass
@@ -368,10 +370,6 @@ def scan_runs(log_dir: Path, runbook: str | None = None) -> RunFolders:
     return found
 
 
-#: the length of a run id's time stamp, `YYYYMMDD-HHMMSS` (UTC): run folders sort by it
-STAMP_LEN = len("YYYYMMDD-HHMMSS")
-
-
 def find_run(
     log_dir: Path,
     wanted: str | None = None,
@@ -391,10 +389,7 @@ def find_run(
         latest = found.runs[0] if found.runs else None
         for folder in found.unreadable:  # newest first
             if latest is None or folder.run_id[:STAMP_LEN] >= latest.run_id[:STAMP_LEN]:
-                raise StateError(
-                    f"{log_dir / folder.run_id} is unreadable ({folder.reason}); {naming} or move that folder away",
-                    reason=folder.reason,
-                )
+                raise folder.error(log_dir, f"; {naming} or move that folder away")
         return latest
     exact = [m for m in found.runs if m.run_id == wanted]
     if exact:

@@ -648,6 +648,10 @@ def test_a_failed_only_run_is_continued_as_one_step(tmp_path: Path, write_runboo
     assert audited_steps(newest(logs)) == ["o2"]
     assert side_lines(side) == ["o1", "o3"]
 
+    widened = cli("run", str(book), "--resume", "--log-dir", str(logs))  # what --only left out runs now
+    assert re.search(r"o3 .* runs \(skipped in [0-9a-f-]+\)", widened.stderr), widened.stderr
+    assert audited_steps(newest(logs)) == ["o3"]
+
 
 def test_only_without_an_earlier_run_names_the_step_it_needs(tmp_path: Path, write_runbook: Any) -> None:
     side, logs = tmp_path / "side.txt", tmp_path / "logs"
