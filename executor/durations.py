@@ -1,7 +1,12 @@
-"""Durations as runbooks write them: a number of seconds, or `500ms`, `30s`, `10m`, `2h`, `1h30m`."""
+"""Durations as runbooks write them: a number of seconds, or `500ms`, `30s`, `10m`, `2h`, `1h30m`.
+
+A duration is a bound, so it must be one: finite, positive and at most `MAX_DURATION_S` (`inf`, `1e999`,
+`nan`, `0` and negatives are refused where the runbook is read). A `Delay` (between retries) may be 0.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
@@ -9,25 +14,41 @@ from pydantic import BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+#: The longest duration a runbook may give (30 days: longer than any download, short enough for any clock).
+MAX_DURATION_S = 30 * 86400.0
 
 
-def parse_duration(value: Any) -> float:
-    """Return seconds for a duration; raise ValueError with the accepted forms otherwise."""
+def _seconds(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 30s, 10m or 2h, got {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative, got {value}")
         return float(value)
     if isinstance(value, str):
         text = value.strip().replace(" ", "")
         if text and _PART.sub("", text) == "":
             return sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
         try:
-            return parse_duration(float(text))
+            return float(text)
         except ValueError:
             pass
     raise ValueError(f"expected a duration such as 500ms, 30s, 10m or 2h, got {value!r}")
+
+
+def parse_duration(value: Any, *, zero: bool = False) -> float:
+    """Seconds for a duration: finite, positive (or 0 with `zero`), at most MAX_DURATION_S; else ValueError."""
+    seconds = _seconds(value)
+    if math.isnan(seconds):
+        raise ValueError(f"a duration must be a number of seconds, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise ValueError(f"a duration must be {'0 or more' if zero else 'more than 0'}, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"a duration must be finite and at most 30d, got {value!r}")
+    return seconds
+
+
+def parse_delay(value: Any) -> float:
+    """Seconds for a pause (a retry's delay), where 0 means none."""
+    return parse_duration(value, zero=True)
 
 
 def format_duration(seconds: float) -> str:
@@ -44,3 +65,4 @@ def format_duration(seconds: float) -> str:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+Delay = Annotated[float, BeforeValidator(parse_delay)]

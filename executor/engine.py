@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import traceback
 from collections.abc import Awaitable, Mapping, Sequence
@@ -24,22 +23,31 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from executor import audit as audit_mod
+from executor import durable
 from executor.audit import AuditLog
-from executor.errors import HostKeyError, ResumeError, SecretMissing, StateError, TransportError
+from executor.errors import (
+    DurableWriteError,
+    HostKeyError,
+    ResumeError,
+    SecretMissing,
+    StateError,
+    TransportError,
+)
 from executor.events import Reporter
-from executor.gates import evaluate
+from executor.gates import GateWorkers
 from executor.loader import Runbook
 from executor.model import var_text
-from executor.planner import PlanContext
 from executor.redact import Redactor
 from executor.render import render_command
 from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
-from executor.stepkind import FactsError, StepContext, StepSpec
+from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
 from executor.transport.base import Collector, CommandInterrupted, CommandResult, OutputSink, Transfer
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+#: A durable write to the run folder failed (DurableWriteError): the run's status, when it could be written
+WRITE_FAILED, EXIT_WRITE_FAILED = "write-failed", 4
 #: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
 NOT_STARTED = ("pending", "skipped")
 
@@ -74,28 +82,19 @@ class RunOptions:
     inventory: Path | None = None
 
 
-def used_vars(spec: StepSpec, variables: Mapping[str, str], host: str) -> list[str]:
-    """The vars a step may read: named in its definition or in the scripts it renders (a kind's host
-    program reads HF_ENDPOINT from the environment, say)."""
-    try:
-        scripts = [script for _label, script in spec.plan(PlanContext(host, variables))]
-    except FactsError:  # a parameter that cannot render fails the attempt; its definition still counts
-        scripts = []
-    text = "\n".join([spec.model_dump_json(), *scripts])
-    return [
-        name for name in sorted(variables) if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text)
-    ]
-
-
 #: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
 #: only say how commands get there: changing them, e.g. a longer connect_timeout after a timeout, reruns nothing.
 WHERE_A_STEP_RUNS = ("address", "port", "user")
 
 
-def definition_parts(runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any]) -> dict[str, str]:
+def definition_parts(
+    runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any], secrets: Sequence[str] = ()
+) -> dict[str, str]:
     """What a step's result depends on, each part as a digest: its definition (`step`), where it runs
-    (`host`), the value of each var it uses (`var NAME`), the contents of each local file it reads
-    (`file PATH`). Kept per step so that a resume can say which part changed."""
+    (`host`), the value of each var that reaches it (`var NAME`: those in its environment, see
+    `StepSpec.env_names`, and those its gates read), which secrets reach it (`secret NAME`: the name
+    only, a value is never kept), the contents of each local file it reads (`file PATH`). Kept per step
+    so that a resume can say which part changed."""
     variants = [spec, *runbook.fallbacks.get(spec.id, [])]
     texts = {n: var_text(v) for n, v in variables.items()}
     definition = [v.model_dump(mode="json", exclude={"description"}) for v in variants]
@@ -103,8 +102,10 @@ def definition_parts(runbook: Runbook, spec: StepSpec, host: str, variables: Map
         "step": _digest(definition),
         "host": _digest(runbook.hosts[host].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS))),
     }
-    for name in sorted({n for v in variants for n in used_vars(v, texts, host)}):
+    for name in sorted({n for v in variants for n in [*v.env_names(texts), *v.gate_vars(texts)]}):
         parts[f"var {name}"] = _digest(texts[name])
+    for name in sorted({n for v in variants for n in v.env_names(secrets)}):
+        parts[f"secret {name}"] = _digest("received")
     for file in sorted({f for v in variants for f in v.local_files()}):
         parts[f"file {file}"] = _file_digest(runbook.path.parent / Path(file).expanduser())
     return parts
@@ -143,9 +144,11 @@ def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
     return "\n".join(f"    | {line[:width]}{' ...' if len(line) > width else ''}" for line in kept)
 
 
-def _jsonable(facts: Any) -> Any:
+def _bounded_facts(facts: Any) -> Any:
+    """Facts as JSON data, nested at most FACTS_MAX_DEPTH deep (checked before anything recurses into them)."""
     if isinstance(facts, BaseModel):
-        return facts.model_dump(mode="json")
+        facts = facts.model_dump(mode="json")
+    check_depth(facts)
     return json.loads(json.dumps(facts, default=str))
 
 
@@ -173,7 +176,9 @@ class HostContext(StepContext):
         self, script: str | bytes, *, timeout: float | None = None, on_output: OutputSink | None = None
     ) -> CommandResult:
         engine = self.engine
-        command = render_command(script, engine.env, engine.secrets)
+        if engine.write_failure is not None:  # the run folder cannot be written: no new command starts
+            raise engine.write_failure
+        command = render_command(script, *self.spec.environment(engine.env, engine.secrets))
         transport = engine.transports[self.host_name]
         limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
         try:
@@ -264,12 +269,13 @@ class Engine:
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
         self._parts: dict[tuple[str, str], dict[str, str]] = {}
         self.transports: dict[str, Transport] = {}
+        self.gates = GateWorkers()
 
     def parts(self, spec: StepSpec, host: str) -> dict[str, str]:
         """The step's definition parts on a host, computed once per run (it renders the step's scripts)."""
         key = (spec.id, host)
         if key not in self._parts:
-            self._parts[key] = definition_parts(self.runbook, spec, host, self.variables)
+            self._parts[key] = definition_parts(self.runbook, spec, host, self.variables, sorted(self.secrets))
         return self._parts[key]
 
     def fingerprint(self, spec: StepSpec, host: str) -> str:
@@ -436,6 +442,7 @@ class Engine:
             var_args=[pair for pair in self.options.var_args if self.redactor.text(pair) == pair],
             var_args_withheld=[p.partition("=")[0] for p in self.options.var_args if self.redactor.text(p) != p],
             inventory=str(self.options.inventory) if self.options.inventory else None,
+            host_key_unverified=self._unverified_hosts(to_run),
         )
         reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
         for spec in self.runbook.steps:  # every step of the run has a row from the start
@@ -461,19 +468,28 @@ class Engine:
             # published whole: locked, with its status and every step's row, before its run.json appears
             state = RunState.create(run_dir, meta, list(self.records.values()))
             self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
-        except (OSError, sqlite3.Error) as exc:  # a read-only or full disk, a log dir that is a file, no permission
+        except (OSError, sqlite3.Error, DurableWriteError) as exc:  # a full disk, a log dir that is a file, ...
             if state is not None:
                 state.close()
             if source_lock is not None:
                 source_lock.release()
+            if isinstance(exc, DurableWriteError):
+                raise
+            if isinstance(exc, OSError) and exc.errno in durable.DISK_ERRNOS:  # full, read-only, failing
+                raise durable.failed(exc, self.options.log_dir, "the run folder") from None
             reason = getattr(exc, "strerror", None) or str(exc)
             raise StateError(f"cannot write the run folder {run_dir}: {reason}", reason=reason) from None
         self.state = state
         self.run_dir = run_dir
-        for old in source_records.values():
-            if old.status == "running" and source_meta is not None:  # its process died mid-step
-                log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
-                self.audit.abandoned(log, source_meta.run_id, old.started_at, old.attempts)
+        self.write_failure: DurableWriteError | None = None  # set by the first failed write: the run stops
+        for host in meta.host_key_unverified:  # said once per run, before anything connects
+            self.audit.host_key_unverified(self.audit.log.bind(host=host), host)
+            self.reporter.emit(
+                "note",
+                host=host,
+                message="host key verification is OFF (verify_host_key: false): any server answering at"
+                f" {self.runbook.hosts[host].address} is trusted",
+            )
         self.reporter.emit(
             "run_started",
             run_id=run_id,
@@ -494,27 +510,61 @@ class Engine:
         )
         status, code = "passed", EXIT_OK
         try:
+            if source_meta is not None and source_dir is not None:
+                self._record_abandoned(source_meta.run_id, source_dir, source_records)
             for spec in to_run:
                 if not await self._run_step(spec):
                     status, code = "failed", EXIT_FAILED
                     break
+        except DurableWriteError as exc:  # never a step failure, never retried, never a passed run
+            self.write_failure = self.write_failure or exc
         except asyncio.CancelledError:
             status, code = "interrupted", EXIT_INTERRUPTED
         except BaseException:
             status = "crashed"
             raise
         finally:
-            state.set("status", status)
-            state.set("finished_at", now())
+            if self.write_failure is not None:
+                status, code = WRITE_FAILED, EXIT_WRITE_FAILED
+            try:
+                # finished_at first: a run whose status says passed has every write behind it
+                state.set("finished_at", now())
+                state.set("status", status)
+            except DurableWriteError as exc:  # the status stays what it was (running: a resume continues it)
+                self.write_failure = self.write_failure or exc
+                status, code = WRITE_FAILED, EXIT_WRITE_FAILED
             self.reporter.emit(
-                "run_finished", run_id=run_id, status=status, exit_code=code, audit=str(run_dir / audit_mod.AUDIT_FILE)
+                "run_finished",
+                run_id=run_id,
+                status=status,
+                exit_code=code,
+                audit=str(run_dir / audit_mod.AUDIT_FILE),
+                **({"error": str(self.write_failure)} if self.write_failure else {}),
             )
             await asyncio.shield(self._close_transports())
+            await asyncio.shield(self.gates.close())
             self.audit.close()
             state.close()
             if source_lock is not None:
                 source_lock.release()
+        if self.write_failure is not None:
+            raise self.write_failure
         return code
+
+    def _record_abandoned(self, run_id: str, run_dir: Path, records: dict[tuple[str, str], StepRecord]) -> None:
+        """Open the log with an `abandoned` record for each step the resumed run's process stopped in
+        (killed, or stopped by a failed write), saying what that run's log holds of its last attempt."""
+        for old in records.values():
+            if old.status == "running":
+                found = audit_mod.attempt_records(run_dir, old.step, old.host, old.attempts)
+                log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
+                self.audit.abandoned(log, run_id, old.started_at, old.attempts, found)
+
+    def _unverified_hosts(self, to_run: list[StepSpec]) -> list[str]:
+        """The SSH hosts this run connects to whose host key is not verified (`verify_host_key: false`)."""
+        used = {host for spec in to_run for host in self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])}
+        hosts = self.runbook.hosts
+        return sorted(name for name in used if not hosts[name].is_local and not hosts[name].verify_host_key)
 
     async def _close_transports(self) -> None:
         await asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True)
@@ -529,12 +579,22 @@ class Engine:
 
         async def bounded(host: str) -> StepRecord:
             async with limit:
-                return await self._run_on_host(spec, host)
+                if self.write_failure is not None:  # another host's write failed: start nothing more
+                    raise self.write_failure
+                try:
+                    return await self._run_on_host(spec, host)
+                except DurableWriteError as exc:
+                    self.write_failure = self.write_failure or exc
+                    for task in tasks:  # the run stops at once: the other hosts' commands are killed
+                        if task is not asyncio.current_task():
+                            task.cancel()
+                    raise
 
-        results = await asyncio.gather(*(bounded(h) for h in hosts), return_exceptions=True)
+        tasks = [asyncio.ensure_future(bounded(h)) for h in hosts]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         cancelled = [r for r in results if isinstance(r, BaseException)]
         if cancelled:
-            raise cancelled[0]
+            raise next((r for r in cancelled if isinstance(r, DurableWriteError)), cancelled[0])
         records = [r for r in results if isinstance(r, StepRecord)]
         passed = all(r.status == "passed" for r in records)
         self.reporter.emit(
@@ -564,6 +624,7 @@ class Engine:
             (f"fallback {i}", fb) for i, fb in enumerate(self.runbook.fallbacks.get(spec.id, []), start=1)
         ]
         failures: list[str] = []
+        unsaved = False
         try:
             for via, variant in variants:
                 policy = variant.retry_policy(self.runbook.header.defaults.retry)
@@ -598,6 +659,11 @@ class Engine:
                     raise
         except HostRefused as exc:
             failures.append(str(exc))
+        except DurableWriteError:
+            # the run stops: the step's row stays as last saved (running), never `failed` for a disk's fault;
+            # what its log holds of the attempt is said by the resumed run's `abandoned` record
+            unsaved = True
+            raise
         except asyncio.CancelledError:
             record.status = "interrupted"
             record.message = "\n".join(
@@ -609,7 +675,8 @@ class Engine:
             if record.status == "running":
                 record.status = "failed"
                 record.message = failures[-1] if len(failures) == 1 else "\n".join(failures)
-            self._save(record)
+            if not unsaved:
+                self._save(record)
         return record
 
     def _save(self, record: StepRecord) -> None:
@@ -622,8 +689,10 @@ class Engine:
             outcome = await spec.execute(ctx)
         except FactsError as exc:
             self._attempt_failed(spec, host, attempt, str(exc))
-        except (AttemptFailed, HostRefused):
+        except (AttemptFailed, HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
             raise
+        except RecursionError:  # host output nested past what a kind's own parser bounds
+            self._attempt_failed(spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels")
         except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
             where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
             self._attempt_failed(spec, host, attempt, f"step kind '{spec.kind}' failed unexpectedly:\n{where}")
@@ -636,7 +705,10 @@ class Engine:
                 f"timed out after {result.timeout_s or 0:g}s; its remote process group was killed\n"
                 + tail(result.stdout_text + result.stderr_text),
             )
-        facts = self.redactor.deep(_jsonable(outcome.facts))
+        try:
+            facts = self.redactor.deep(_bounded_facts(outcome.facts))
+        except FactsError as exc:
+            self._attempt_failed(spec, host, attempt, str(exc))
         names = {
             "stdout": result.stdout_text,
             "stderr": result.stderr_text,
@@ -645,15 +717,16 @@ class Engine:
             "steps": self.facts_view(host),
             "vars": self.variables,
         }
-        for gate in spec.effective_gates():
-            verdict = evaluate(gate.that, names, gate.message)
-            if not verdict.passed:
-                detail = verdict.describe()
-                if not result.stdout.strip():
-                    detail += "\n  (stdout was empty)"
-                out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
-                message = f"{detail}\n  output tail:\n{out}" if out else detail
-                self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
+        async with self.gates.session(names) as worker:  # bounded in time and memory (executor.gates)
+            for gate in spec.effective_gates():
+                verdict = await worker.evaluate(gate.that, gate.message)
+                if not verdict.passed:
+                    detail = verdict.describe()
+                    if not result.stdout.strip():
+                        detail += "\n  (stdout was empty)"
+                    out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
+                    message = f"{detail}\n  output tail:\n{out}" if out else detail
+                    self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
         return facts, result.exit_code
 
     def _attempt_failed(

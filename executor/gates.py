@@ -2,23 +2,45 @@
 
 Never `eval`. A name that is missing fails the gate with a message naming it, and a failed
 gate explains itself with the values of the names it used.
+
+A gate sees what the host printed, so a gate can be made to run forever (a regex that backtracks
+catastrophically over 48 bytes, `10 ** 10 ** 8`) or to fill memory (`'a' * 10**10`). No sandbox
+rule can refuse every such expression, and neither Python's `re` nor a big power ever lets a signal
+in, so the run evaluates gates in worker processes (`GateWorkers`): this file run as a program,
+its address space limited to `GATE_MEMORY_BYTES` (a bigger allocation fails as MemoryError there)
+and killed when a gate takes longer than `GATE_TIME_S`. The run's event loop only waits on a pipe,
+so its timeouts and signals keep working while a gate runs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
+import os
+import pickle
 import re
-from collections.abc import Iterator, Mapping
+import struct
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+#: Wall-clock bound of one gate in a worker (CPU time is at most that); past it the worker is killed.
+GATE_TIME_S = 5.0
+#: Address space of a gate worker: an allocation past it fails as MemoryError inside the worker.
+GATE_MEMORY_BYTES = 1024 * 1024 * 1024
+_FRAME = struct.Struct(">I")
+
 _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+_VAR_REF = re.compile(r"""(?<![.\w])vars\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
+_BARE_VARS = re.compile(r"""(?<![.\w])vars\b(?!\s*[.\[])""")
 _STEP_REF = re.compile(r"""\bsteps\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
 # the two regex tests Ansible users write in `that:` (`stdout is search('H200')`)
 _ENV.tests["search"] = lambda value, pattern: re.search(pattern, str(value)) is not None
@@ -48,12 +70,20 @@ def step_refs(text: str) -> list[str]:
     return [m.group(1) or m.group(2) for m in _STEP_REF.finditer(text)]
 
 
+def var_refs(text: str) -> list[str]:
+    """Names of the vars a gate reads (`vars.port`, `vars['port']`); `*` when it reads `vars` whole."""
+    names = [m.group(1) or m.group(2) for m in _VAR_REF.finditer(text)]
+    return [*names, "*"] if _BARE_VARS.search(text) else names
+
+
 def syntax_error(expression: str) -> str | None:
     """None if the expression parses, else the parser's complaint."""
     try:
         _ENV.parse(f"{{{{ ({expression}) }}}}")
     except TemplateSyntaxError as exc:
         return exc.message or str(exc)
+    except RecursionError:
+        return "nested too deeply to parse"
     return None
 
 
@@ -112,6 +142,8 @@ def evaluate(expression: str, names: Mapping[str, Any], message: str | None = No
         why = f"  names something missing: {exc.message}"
     except SecurityError as exc:
         why = f"  refused by the sandbox: {exc}"
+    except MemoryError:
+        why = f"  exceeded the memory bound of a gate ({GATE_MEMORY_BYTES // 2**20} MiB)"
     except Exception as exc:  # a gate is user code: any error it raises is a failed gate
         why = f"  raised {type(exc).__name__}: {exc}"
     return GateVerdict(False, expression, message, "\n".join(filter(None, [why, _values(expression, names)])))
@@ -127,3 +159,139 @@ def _values(expression: str, names: Mapping[str, Any]) -> str:
             shown = f"<{exc}>"
         lines.append(f"  {name} = {shown}")
     return "\n".join(lines)
+
+
+# ---- bounded evaluation: worker processes --------------------------------------------------------
+
+
+class GateWorker:
+    """One worker process: it holds an attempt's names and evaluates that attempt's gates, one by one."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.killed = False
+
+    @classmethod
+    async def start(cls) -> GateWorker:
+        # this file as a program (not `-m executor.gates`: the package's __init__ would import the engine);
+        # -P keeps the folder of this file off sys.path, so none of its modules can shadow the stdlib
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-P",
+            __file__,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        return cls(proc)
+
+    async def _ask(self, request: Any) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        await self.proc.stdin.drain()
+        (size,) = _FRAME.unpack(await self.proc.stdout.readexactly(_FRAME.size))
+        # the answer is JSON, not pickle: the worker runs expressions written against hostile output
+        return json.loads(await self.proc.stdout.readexactly(size))
+
+    async def load(self, names: Mapping[str, Any]) -> None:
+        """Hand the worker an attempt's names (output up to the transport's cap: linear work, but bounded too)."""
+        try:
+            await asyncio.wait_for(self._ask(("names", dict(names))), GATE_TIME_S)
+        except (TimeoutError, OSError, EOFError, asyncio.IncompleteReadError, ValueError):
+            self.kill()  # its gates then fail as a worker that died
+
+    async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
+        """The verdict; a worker that does not answer within GATE_TIME_S is killed and the gate failed."""
+        if not self.alive:
+            detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
+            return GateVerdict(False, expression, message, detail)
+        try:
+            answer = await asyncio.wait_for(self._ask(("gate", expression)), GATE_TIME_S)
+        except TimeoutError:
+            self.kill()
+            detail = f"  did not finish within the time bound of a gate ({GATE_TIME_S:g}s); its evaluation was stopped"
+            return GateVerdict(False, expression, message, detail)
+        except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
+            self.kill()
+            detail = f"  its worker process died ({type(exc).__name__}); the gate cannot be trusted to hold"
+            return GateVerdict(False, expression, message, detail)
+        return GateVerdict(bool(answer["passed"]), expression, message, str(answer["detail"]))
+
+    @property
+    def alive(self) -> bool:
+        return not self.killed and self.proc.returncode is None
+
+    def kill(self) -> None:
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    async def close(self) -> None:
+        self.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 5)
+
+
+class GateWorkers:
+    """Idle workers of a run, reused across attempts; an attempt takes one for all its gates.
+
+    Starting one costs ~0.1 s (a Python with Jinja2), paid once per concurrent attempt and run; a gate
+    then costs a round trip over a pipe. A worker killed at a bound, or one whose attempt was cancelled
+    (Ctrl-C), is never reused.
+    """
+
+    def __init__(self) -> None:
+        self._idle: list[GateWorker] = []
+        self._all: set[GateWorker] = set()
+
+    @contextlib.asynccontextmanager
+    async def session(self, names: Mapping[str, Any]) -> AsyncIterator[GateWorker]:
+        worker = self._idle.pop() if self._idle else await self._start()
+        reusable = False
+        try:
+            await worker.load(names)
+            yield worker
+            reusable = worker.alive
+        finally:
+            if reusable:
+                self._idle.append(worker)
+            else:
+                self._all.discard(worker)
+                await asyncio.shield(worker.close())
+
+    async def _start(self) -> GateWorker:
+        worker = await GateWorker.start()
+        self._all.add(worker)
+        return worker
+
+    async def close(self) -> None:
+        workers, self._all, self._idle = list(self._all), set(), []
+        await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
+
+
+def _serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """The worker's loop: ("names", mapping) then ("gate", expression) requests, one JSON answer each."""
+    names: Mapping[str, Any] = {}
+    while header := stdin.read(_FRAME.size):
+        request = pickle.loads(stdin.read(_FRAME.unpack(header)[0]))
+        if request[0] == "names":
+            names, answer = request[1], {}
+        else:
+            verdict = evaluate(request[1], names)
+            answer = {"passed": verdict.passed, "detail": verdict.detail}
+        data = json.dumps(answer).encode()
+        stdout.write(_FRAME.pack(len(data)) + data)
+        stdout.flush()
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (GATE_MEMORY_BYTES, GATE_MEMORY_BYTES))
+
+
+if __name__ == "__main__":
+    _limit_memory()
+    os.nice(5)  # a gate that spins must not starve the run it belongs to
+    _serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -334,6 +334,11 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions, broken: 
                 for ref in step_refs(gate.that):
                     if ref not in seen or ref == spec.id:
                         pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
+        known = {*runbook.header.vars, *runbook.header.secrets}
+        for n, name in enumerate(spec.pass_env or []):
+            if not any(c in name for c in "*?[") and name not in known:
+                text = f"step '{spec.id}': pass_env names '{name}', which is neither a var nor a secret"
+                pos.problem((*loc[:-1], "pass_env", n), text + _did_you_mean(name, known))
         gate_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
         for ref in sorted(spec.needs() - gate_refs - broken):  # a parameter naming a step (server:, ...)
             if ref not in seen or ref == spec.id:

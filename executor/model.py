@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from executor.durations import Duration
+from executor.durations import Delay, Duration
 from executor.render import BASH_OWNED_NAMES
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -21,6 +21,20 @@ class Model(BaseModel):
     """Base of every runbook model: unknown keys are errors, values are immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: A host's name: it names a folder of the run (`hosts/NAME/`), so it can never leave it.
+HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def _host_names(hosts: dict[str, Any]) -> dict[str, Any]:
+    for name in hosts:
+        if not HOST_NAME.match(name):
+            raise ValueError(
+                f"host name {name!r} must be letters, digits, '_', '.' or '-', not starting with '.' or '-'"
+                " (it names a folder of the run)"
+            )
+    return hosts
 
 
 class Host(Model):
@@ -51,18 +65,18 @@ class RetryPolicy(Model):
     """How often an attempt is repeated before fallbacks are tried."""
 
     attempts: int = Field(default=1, ge=1, le=100)
-    delay: Duration = 2.0
-    backoff: float = Field(default=2.0, ge=1.0)
-    max_delay: Duration = 60.0
+    delay: Delay = 2.0
+    backoff: float = Field(default=2.0, ge=1.0, le=100.0)
+    max_delay: Delay = 60.0
 
 
 class RetryOverride(Model):
     """A step's partial retry policy; unset fields come from `defaults.retry`."""
 
     attempts: int | None = Field(default=None, ge=1, le=100)
-    delay: Duration | None = None
-    backoff: float | None = Field(default=None, ge=1.0)
-    max_delay: Duration | None = None
+    delay: Delay | None = None
+    backoff: float | None = Field(default=None, ge=1.0, le=100.0)
+    max_delay: Delay | None = None
 
     def over(self, base: RetryPolicy) -> RetryPolicy:
         return base.model_copy(update=self.model_dump(exclude_none=True))
@@ -107,6 +121,8 @@ class RunbookHeader(Model):
     defaults: Defaults = Defaults()
     steps: list[Any] = Field(min_length=1)
 
+    _hosts = field_validator("hosts")(_host_names)
+
     @field_validator("vars", "secrets")
     @classmethod
     def _names_are_identifiers(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +154,8 @@ class Inventory(Model):
 
     hosts: dict[str, Host] = Field(default_factory=dict)
     vars: dict[str, VarValue] = Field(default_factory=dict)
+
+    _hosts = field_validator("hosts")(_host_names)
 
 
 def var_text(value: VarValue) -> str:

@@ -63,5 +63,5 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
                 for label, script in variant.plan(PlanContext(host, env)):
                     if label:
                         lines.append(f"# {label}")
-                    lines.append(render_command(script, env, secrets).display.rstrip("\n"))
+                    lines.append(render_command(script, *variant.environment(env, secrets)).display.rstrip("\n"))
     return "\n".join(lines)

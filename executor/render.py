@@ -31,6 +31,14 @@ from dataclasses import dataclass, field
 #: less, and the step sees the same (tests/executor/test_runner.py compares the two).
 STEP_SHELL = '. "$1" && exec bash "$2"'
 
+#: The last line of a stopped step's stderr when the host confirmed that its session is empty.
+KILLED_NOTE = "[runbook] stopped: every process of the step's session was killed"
+#: The start of the last line of a step's stderr when the host could not confirm that (the runner
+#: writes both lines too: executor/transport/runner_host.py; base.kill_note reads them).
+UNCONFIRMED_NOTE = "[runbook] could not confirm that the step's processes were killed"
+#: Rounds of KILL over the step's session before its survivors are reported (the 6th on pause 50 ms).
+KILL_ROUNDS = 40
+
 WRAPPER = (
     r"""# runbook step wrapper. Arguments: byte lengths of the environment and of the script,
 # which follow on stdin. Exit 125: the payload did not arrive whole.
@@ -46,17 +54,82 @@ if ! IFS= read -r -n 1 _ <&3; then
   echo "runbook: the script did not arrive whole" >&2
   exit 125
 fi
+# The step's session into $found: every live process whose session id (field 6 of /proc/PID/stat,
+# counted after the command name, which may hold spaces and parens) is the step's pid, whatever
+# process group it moved to (GNU timeout, set -m). Only setsid leaves it.
+members() {
+  found=()
+  local f line
+  for f in /proc/[0-9]*/stat; do
+    { IFS= read -r line < "$f"; } 2> /dev/null || continue
+    line=${line##*) }
+    case $line in [ZX]*) continue ;; esac
+    line=${line#* }
+    line=${line#* }
+    line=${line#* }
+    [ "${line%% *}" = "$pid" ] && found+=("${f:6:-5}")
+  done
+}
+killed_note="""
+    + shlex.quote(KILLED_NOTE)
+    + r"""
+unconfirmed_note="""
+    + shlex.quote(UNCONFIRMED_NOTE)
+    + r"""
+# KILL the step's session until it is empty (its processes may fork meanwhile). Status 0: empty;
+# 1: $found survived every round; 2: no /proc, only the step's process group got KILL
+kill_session() {
+  local round
+  kill -KILL -- "-$pid" "$pid" 2> /dev/null
+  [ -r /proc/self/stat ] || return 2
+  for ((round = 1; round <= """
+    + str(KILL_ROUNDS)
+    + r"""; round++)); do
+    members
+    [ "${#found[@]}" -eq 0 ] && return 0
+    kill -KILL "${found[@]}" 2> /dev/null
+    [ "$round" -le 5 ] || sleep 0.05
+  done
+  members
+  [ "${#found[@]}" -eq 0 ]
+}
 setsid bash --norc -c '"""
     + STEP_SHELL
     + r"""' runbook-step "$dir/env" "$dir/script" < /dev/null 3<&- &
 pid=$!
-# stdin closed: stop the step. "$pid" too, as its group is missing until setsid has run
-( cat <&3 > /dev/null; kill -TERM -- "-$pid" "$pid"; sleep 2; kill -KILL -- "-$pid" ) > /dev/null 2>&1 &
+# stdin closed (the controller's timeout or interrupt, or a lost connection): stop the step. TERM to
+# its session, and to "$pid" itself, as its session is missing until setsid has run; KILL once the
+# session is still not empty after 2 s; then the last line of stderr says what the host confirmed.
+(
+  cat <&3
+  : > "$dir/stop"
+  members
+  kill -TERM -- "-$pid" "$pid" ${found[@]+"${found[@]}"} 2> /dev/null
+  for ((tick = 0; tick < 20; tick++)); do
+    members
+    [ "${#found[@]}" -eq 0 ] && break
+    sleep 0.1
+  done
+  kill_session
+  case $? in
+    0) printf '\n%s\n' "$killed_note" >&2 ;;
+    1) printf '\n%s: %s still running after KILL (pids %s)\n' "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2 ;;
+    *) printf '\n%s: %s\n' "$unconfirmed_note" "this host has no /proc, only its process group was killed" >&2 ;;
+  esac
+) > /dev/null &
 watcher=$!
-wait "$pid"
+wait "$pid" 2> /dev/null  # (bash's own note on a step killed by a signal is no line of the step's)
 rc=$?
-kill -KILL -- "-$pid" 2> /dev/null
-kill "$watcher" 2> /dev/null
+if [ -e "$dir/stop" ]; then
+  wait "$watcher"
+else
+  # the script ended: what it left running in its session dies with it
+  kill "$watcher" 2> /dev/null
+  kill_session
+  if [ $? = 1 ]; then
+    printf '\n%s: %s the script left running survived KILL (pids %s)\n' "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2
+  fi
+fi
 exit "$rc"
 """
 )
@@ -121,6 +194,14 @@ def render_command(
 
 
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+_REFERENCE = re.compile(r"\$\{?[#!]?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def var_names(text: str) -> list[str]:
+    """The names a text refers to: `$name`, and `${name}` in any of bash's forms (`${name:-x}`, `${#name}`)."""
+    return _REFERENCE.findall(text)
 
 
 def host_word(text: str) -> str:

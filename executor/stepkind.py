@@ -17,21 +17,62 @@ import importlib
 import json
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from executor.durations import Duration
-from executor.gates import step_refs
+from executor.gates import step_refs, var_refs
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
+from executor.render import var_names
 from executor.transport.base import CommandResult, OutputSink, Transfer
+
+#: What huggingface_hub and its `hf` CLI read from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME,
+#: HF_HUB_*, the legacy token name): kinds that talk to the Hub receive these vars and secrets.
+HUB_ENV = ("HF_*", "HUGGING_FACE_HUB_TOKEN")
+
+#: How deep facts drawn from host output may nest. Nothing a step reports needs more; a host printing
+#: `[[[[...` must fail its attempt with this number, not exhaust the controller's stack.
+FACTS_MAX_DEPTH = 64
 
 
 class FactsError(Exception):
     """The output could not be turned into facts; the attempt fails with this message."""
+
+
+def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:
+    """Raise FactsError when JSON-like data nests deeper than `limit` (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise FactsError(f"facts nested deeper than {limit} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def parse_json(text: str | bytes, what: str) -> Any:
+    """Host output as JSON data, its nesting bounded (FACTS_MAX_DEPTH); FactsError naming `what` otherwise."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise FactsError(f"{what}: facts nested deeper than {FACTS_MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise FactsError(f"{what} could not be parsed as JSON: {exc}") from None
+    try:
+        check_depth(data)
+    except FactsError as exc:
+        raise FactsError(f"{what}: {exc}") from None
+    return data
 
 
 DocumentT = TypeVar("DocumentT", bound=BaseModel)
@@ -192,6 +233,8 @@ class Outcome:
 class StepSpec(Model):
     """Fields every step has. Subclasses add their parameters and behaviour."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # a parameter such as request_timeout: .inf is no bound
+
     id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
     kind: str
     description: str | None = None
@@ -201,8 +244,19 @@ class StepSpec(Model):
     retry: RetryOverride | None = None
     gates: list[GateSpec] | None = None
     fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+    #: Vars and secrets the step's commands receive besides those its parameters name as `$var`: names
+    #: or patterns (`HF_*`, `*` for all). Unset: the kind's `default_pass_env`.
+    pass_env: list[str] | None = None
 
     registry: ClassVar[dict[str, type[StepSpec]]] = {}
+    #: What the kind's commands read from the environment whatever the runbook says (patterns).
+    kind_env: ClassVar[tuple[str, ...]] = ()
+    #: What a step of the kind receives when it gives no `pass_env` (a shell script may read anything).
+    default_pass_env: ClassVar[tuple[str, ...]] = ()
+    #: The fields every kind has: none of them reaches a command, so a `$name` in them names no var.
+    COMMON_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"id", "kind", "description", "host", "hosts", "timeout", "retry", "gates", "fallbacks", "pass_env"}
+    )
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -227,6 +281,32 @@ class StepSpec(Model):
         Kinds whose parameters point at another step's facts add those ids.
         """
         return {ref for gate in self.effective_gates() for ref in step_refs(gate.that)}
+
+    def env_names(self, available: Iterable[str]) -> list[str]:
+        """Which of the run's vars and secrets (`available`) this step's commands get in their environment.
+
+        Exactly these count for the step's fingerprint (with the vars its gates read): what reaches a
+        step and what a resume compares are one set. They are the names its parameters hold as `$name`
+        or `${name}`, those its kind reads (`kind_env`), and those its `pass_env` (or the kind's
+        `default_pass_env`) matches.
+        """
+        patterns = [*self.kind_env, *(self.pass_env if self.pass_env is not None else self.default_pass_env)]
+        named = set(var_names(self.model_dump_json(exclude=set(self.COMMON_FIELDS))))
+        return [n for n in available if n in named or any(fnmatchcase(n, p) for p in patterns)]
+
+    def environment(
+        self, variables: Mapping[str, str], secrets: Mapping[str, str]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """The vars and the secrets (name: value) that reach this step's commands (see `env_names`)."""
+        return (
+            {n: variables[n] for n in self.env_names(variables)},
+            {n: secrets[n] for n in self.env_names(secrets)},
+        )
+
+    def gate_vars(self, available: Iterable[str]) -> list[str]:
+        """The vars (of `available`) this step's gates read as `vars.NAME`; all of them for a bare `vars`."""
+        names = {name for gate in self.effective_gates() for name in var_refs(gate.that)}
+        return [n for n in available if n in names or "*" in names]
 
     def local_files(self) -> list[str]:
         """Files on the controller this step reads (relative to the runbook's folder; `~` allowed).

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from executor.model import Gate
 from executor.render import host_word
-from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
+from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepSpec
 from executor.transport.base import CommandResult
 from steps.benchmark_report import AcceptanceSet, ReportFiles, Side, Speedup, speedup, write_report
 from steps.benchmark_results import JSONL_MARKER, BenchRun, jsonl_lines, parse_run
@@ -52,6 +52,8 @@ class BenchmarkStep(StepSpec):
     """Run bench_serving at each concurrency; with `compare_to`, report against that baseline."""
 
     kind: Literal["benchmark"] = "benchmark"
+    #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
+    kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     server: str  # id of the deploy step: its facts.base_url is the server to measure
     python: str = "python3"  # the SGLang environment's interpreter; `~` and `$vars` expand on the host
     label: str | None = None  # the name in the report (default: the step's id)

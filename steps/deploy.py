@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
 
@@ -208,6 +208,8 @@ class DeployStep(StepSpec):
     """Start (or reuse) an SGLang server, or stop it."""
 
     kind: Literal["deploy"] = "deploy"
+    #: the server inherits its step's environment and reads what it likes (SGLANG_*, NCCL_*, HF_*, CUDA_*)
+    default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
     action: Literal["start", "stop"] = "start"
     python: str = "python3"  # the SGLang virtualenv's interpreter
     model_path: str | None = None  # required to start; `~` and `$vars` expand on the host

@@ -32,7 +32,7 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
@@ -40,6 +40,7 @@ from executor.durations import Duration, format_duration
 from executor.model import Gate
 from executor.render import heredoc, host_word
 from executor.stepkind import (
+    HUB_ENV,
     PROGRESS_PREFIX,
     FactsError,
     Outcome,
@@ -151,6 +152,8 @@ class DownloadFacts(BaseModel):
 
 class DownloadStep(StepSpec):
     kind: Literal["download"] = "download"
+    #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
+    kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId
     revision: str = Field(default="main", min_length=1)
     local_dir: str

@@ -315,6 +315,13 @@ class EvalAcceptanceStep(StepSpec):
     flush_retry_delay: float = Field(default=1.0, ge=0)  # seconds between flush attempts
     api_key_var: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # a runbook secret's name
 
+    def env_names(self, available: Iterable[str]) -> list[str]:
+        """Besides the `$vars` of its parameters, the secret holding the server's API key, if any."""
+        available = list(available)
+        names = super().env_names(available)
+        key = self.api_key_var
+        return [*names, key] if key is not None and key in available and key not in names else names
+
     @model_validator(mode="after")
     def _one_server(self) -> EvalAcceptanceStep:
         if (self.server is None) == (self.base_url is None):

@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from executor.durations import Duration
 from executor.model import Gate
 from executor.render import heredoc
-from executor.stepkind import RenderContext, StepSpec, host_document
+from executor.stepkind import HUB_ENV, RenderContext, StepSpec, host_document
 from executor.transport.base import CommandResult
 
 PROGRAM = (Path(__file__).parent / "probe_host.py").read_text(encoding="utf-8")
@@ -251,6 +251,8 @@ class ProbeStep(StepSpec):
     """Probe the host: disks, memory, CPUs, OS, GPUs, HF token, models, a Python and its SGLang."""
 
     kind: Literal["probe"] = "probe"
+    #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
+    kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     models_dir: str = "~/models"  # `~` and `$VARS` expand on the host (runbook vars are exported)
     paths: list[str] = ["/dev/shm"]  # measured besides the models dir
     python: str = "python3"  # the interpreter of the SGLang environment, e.g. /root/venv_sglang/bin/python

@@ -4,8 +4,10 @@ and parse stdout as JSON facts."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, Literal
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar, Literal
+
+from pydantic import field_validator
 
 from executor.model import Model
 from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
@@ -22,10 +24,23 @@ class FileCopy(Model):
 
 class ShellStep(StepSpec):
     kind: Literal["shell"] = "shell"
+    #: a script may read any var, through any program it starts: every var and secret reaches it
+    default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
     script: str
     parse: Literal["json", "text"] = "text"
     upload: list[FileCopy] = []
     fetch: list[FileCopy] = []
+
+    @field_validator("fetch")
+    @classmethod
+    def _fetch_stays_in_the_run_folder(cls, value: list[FileCopy]) -> list[FileCopy]:
+        for copy in value:
+            dest = PurePosixPath(copy.dest)
+            if dest.is_absolute() or ".." in dest.parts or "\x00" in copy.dest or not copy.dest.strip():
+                raise ValueError(
+                    f"fetch dest {copy.dest!r} must be a relative path inside the host's folder of the run (no '..')"
+                )
+        return value
 
     def local_files(self) -> list[str]:
         return [copy.src for copy in self.upload]

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.model import Gate
 from executor.render import heredoc, host_word
-from executor.stepkind import Outcome, ProgressLines, RenderContext, StepContext, StepSpec, host_document
+from executor.stepkind import HUB_ENV, Outcome, ProgressLines, RenderContext, StepContext, StepSpec, host_document
 from executor.transport.base import CommandResult, OutputSink
 from steps.download import Patterns, RepoId
 
@@ -85,6 +85,8 @@ class VerifyFacts(Facts):
 
 class VerifyStep(StepSpec):
     kind: Literal["verify"] = "verify"
+    #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
+    kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId
     revision: str = Field(default="main", min_length=1)
     local_dir: str  # on the host; `~` and `$VARS` expand there

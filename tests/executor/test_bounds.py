@@ -1,0 +1,272 @@
+"""Bounds on what hostile host output can make the controller do: gates, facts, and the runbook's limits.
+
+Gates run in worker processes (executor.gates) bounded in time and memory; facts are bounded in depth;
+durations must be bounds. Through the CLI against the real sshd, and at the worker directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from executor import gates
+from executor.cli import main
+from executor.gates import GATE_MEMORY_BYTES, GateWorkers
+from executor.stepkind import FACTS_MAX_DEPTH
+
+NAMES: dict[str, Any] = {"stdout": "a" * 48 + "!", "stderr": "", "exit_code": 0, "facts": {}, "steps": {}, "vars": {}}
+
+
+def run(path: Path, log_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = main(["run", str(path), "--log-dir", str(log_dir), *extra])
+    return code, capsys.readouterr().err
+
+
+def gate_step(script: str, gate: str, parse: str = "text") -> str:
+    return f"""\
+        name: bounded
+        __HOSTS__
+        steps:
+          - id: hostile
+            kind: shell
+            parse: {parse}
+            script: {json.dumps(script)}
+            gates:
+              - that: {json.dumps(gate)}
+          - id: after
+            kind: shell
+            script: echo after
+        """
+
+
+def evaluate_all(expressions: list[str], names: dict[str, Any] = NAMES) -> list[gates.GateVerdict]:
+    async def go() -> list[gates.GateVerdict]:
+        pool = GateWorkers()
+        try:
+            verdicts = []
+            for expression in expressions:
+                async with pool.session(names) as worker:
+                    verdicts.append(await worker.evaluate(expression, None))
+            return verdicts
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+# ---- gates: time and memory ------------------------------------------------------------------------
+
+
+def test_a_backtracking_regex_gate_fails_the_attempt_naming_the_gate_and_the_bound(
+    write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_runbook(gate_step("printf 'a%.0s' $(seq 48); echo '!'", "stdout is search('(a+)+$')"))
+    code, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert "gate: stdout is search('(a+)+$')" in err
+    assert f"did not finish within the time bound of a gate ({gates.GATE_TIME_S:g}s)" in err
+    assert main(["status", "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert [(s["step"], s["status"]) for s in steps] == [("hostile", "failed"), ("after", "pending")]
+
+
+def test_a_gate_that_allocates_too_much_fails_with_the_memory_bound(
+    write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_runbook(gate_step("echo hi", "('a' * 10**10) | length > 0"))
+    code, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert f"exceeded the memory bound of a gate ({GATE_MEMORY_BYTES // 2**20} MiB)" in err
+
+
+def test_a_worker_killed_at_its_bound_is_replaced_and_ordinary_gates_still_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gates, "GATE_TIME_S", 0.5)
+    slow, fine, big, fine_again = evaluate_all(
+        ["10 ** (10 ** 8) > 1", "exit_code == 0 and '!' in stdout", "[0] * 10**10", "stdout | length == 49"]
+    )
+    assert not slow.passed and "time bound of a gate (0.5s)" in slow.detail
+    assert fine.passed and fine_again.passed
+    assert not big.passed and "memory bound" in big.detail
+
+
+HOSTILE_PARTS = st.sampled_from(
+    [
+        "10 ** (10 ** 8)",
+        "'x' * 10 ** 10",
+        "stdout * 10 ** 9",
+        "stdout is search('(a|aa)+$')",
+        "stdout is match('(a*)*b')",
+        "range(10 ** 12) | list",
+        "'%s' % stdout",
+        "stdout.__class__.__mro__",
+        "exit_code == 0",
+        "stdout | length",
+    ]
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(HOSTILE_PARTS, min_size=1, max_size=3), joiner=st.sampled_from([" and ", " or ", " + "]))
+def test_any_gate_built_of_hostile_parts_gives_a_verdict_within_its_bound(
+    monkeypatch: pytest.MonkeyPatch, parts: list[str], joiner: str
+) -> None:
+    monkeypatch.setattr(gates, "GATE_TIME_S", 0.3)
+    started = time.monotonic()
+    (verdict,) = evaluate_all([joiner.join(f"({p})" for p in parts)])
+    assert isinstance(verdict.passed, bool)
+    # bounded: one gate's bound plus the worker's start and clean-up, never the expression's own time
+    assert time.monotonic() - started < 20
+
+
+def test_sigterm_during_a_spinning_gate_ends_the_run_with_130(write_runbook: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "gate-started"
+    path = write_runbook(gate_step(f"touch {marker}; echo x", "10 ** (10 ** 9) > 0"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(tmp_path / "logs")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the step never ran"
+    time.sleep(1.0)  # the command has finished; the gate is spinning in its worker
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=gates.GATE_TIME_S - 1)  # sooner than the gate's own bound
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    done = subprocess.run(
+        [sys.executable, "-m", "executor.cli", "status", "--log-dir", str(tmp_path / "logs"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout)["steps"][0]["status"] == "interrupted"
+
+
+# ---- facts: depth ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [FACTS_MAX_DEPTH + 1, 900, 200_000])
+def test_deeply_nested_json_from_the_host_fails_the_attempt_not_the_run(
+    write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], depth: int
+) -> None:
+    script = f"python3 -c \"print('[' * {depth} + ']' * {depth})\""
+    path = write_runbook(gate_step(script, "exit_code == 0", parse="json"))
+    code, err = run(path, tmp_path / "logs", capsys)
+    assert code == 1
+    assert f"facts nested deeper than {FACTS_MAX_DEPTH} levels" in err
+    assert main(["status", "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert [s["status"] for s in steps] == ["failed", "pending"]
+
+
+def test_facts_at_the_depth_bound_pass(write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    depth = FACTS_MAX_DEPTH
+    script = f"python3 -c \"print('[' * {depth} + ']' * {depth})\""
+    path = write_runbook(gate_step(script, "facts | length == 1", parse="json"))
+    code, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+
+
+# ---- limits that are limits --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [".inf", "1e999", ".nan", "0", "-5", "0s", "99999999h"])
+def test_a_duration_that_is_no_bound_is_refused_at_validate_with_its_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        f"name: t\nhosts: {{h: {{address: local}}}}\nsteps:\n  - id: a\n    kind: shell\n    timeout: {value}\n"
+        "    script: echo\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:6:14: steps[0].timeout: a duration must be" in err
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("connect_timeout", ".inf"), ("keepalive", "-1"), ("connect_timeout", "0")],
+)
+def test_host_durations_are_bounds_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, value: str
+) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        f"name: t\nhosts:\n  h:\n    address: local\n    {key}: {value}\nsteps:\n  - id: a\n    kind: shell\n"
+        "    script: echo\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    assert f"{path}:5:" in capsys.readouterr().err
+
+
+def test_a_parameter_float_cannot_be_infinite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        "name: t\nhosts: {h: {address: local}}\nsteps:\n  - id: e\n    kind: eval_acceptance\n"
+        "    base_url: http://127.0.0.1:1\n    request_timeout: .inf\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:7:" in err and "finite" in err
+
+
+def test_a_retry_delay_of_zero_is_a_pause_not_a_bound_and_is_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        "name: t\nhosts: {h: {address: local}}\ndefaults: {retry: {delay: 0}}\n"
+        "steps:\n  - id: a\n    kind: shell\n    script: echo\n"
+    )
+    assert main(["validate", str(path)]) == 0
+
+
+# ---- names that reach file paths --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "a/b", ".hidden", "/", "-rf", "a\\u0000b"])
+def test_a_host_name_that_could_leave_the_run_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        f'name: t\nhosts:\n  "{name}": {{address: local}}\nsteps:\n  - id: a\n    kind: shell\n    script: echo\n'
+    )
+    assert main(["validate", str(path)]) == 2
+    assert f"{path}:3:3: hosts: host name" in capsys.readouterr().err
+
+
+def test_an_inventory_host_name_is_checked_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    book, site = tmp_path / "book.yaml", tmp_path / "site.yaml"
+    book.write_text("name: t\nhosts: {h: {address: local}}\nsteps:\n  - id: a\n    kind: shell\n    script: echo\n")
+    site.write_text('hosts:\n  "../../etc": {address: local}\n')
+    assert main(["validate", str(book), "--inventory", str(site)]) == 2
+    assert "host name '../../etc'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dest", ["../../outside", "/tmp/outside", "a/../../b", ""])
+def test_a_fetch_that_would_write_outside_the_run_folder_is_refused_at_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dest: str
+) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        "name: t\nhosts: {h: {address: local}}\nsteps:\n  - id: a\n    kind: shell\n    script: echo\n"
+        f"    fetch: [{{src: /etc/hostname, dest: {json.dumps(dest)}}}]\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    assert "must be a relative path inside the host's folder of the run" in capsys.readouterr().err
