@@ -717,8 +717,9 @@ class Engine:
             "steps": self.facts_view(host),
             "vars": self.variables,
         }
-        async with self.gates.session(names) as worker:  # bounded in time and memory (executor.gates)
-            for gate in spec.effective_gates():
+        gates = spec.effective_gates()
+        async with self.gates.session(names, [g.that for g in gates]) as worker:  # bounded: executor.gates
+            for gate in gates:
                 verdict = await worker.evaluate(gate.that, gate.message)
                 if not verdict.passed:
                     detail = verdict.describe()

@@ -23,7 +23,7 @@ import pickle
 import re
 import struct
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -98,6 +98,11 @@ def _chain_text(node: nodes.Node) -> str | None:
         base = _chain_text(node.node)
         return f"{base}[{node.arg.value!r}]" if base else None
     return None
+
+
+def roots(expression: str) -> set[str]:
+    """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs."""
+    return {node.name for node in _ENV.parse(f"{{{{ ({expression}) }}}}").find_all(nodes.Name)}
 
 
 def names_used(expression: str) -> list[str]:
@@ -246,9 +251,13 @@ class GateWorkers:
         self._all: set[GateWorker] = set()
 
     @contextlib.asynccontextmanager
-    async def session(self, names: Mapping[str, Any]) -> AsyncIterator[GateWorker]:
+    async def session(self, names: Mapping[str, Any], expressions: Iterable[str] = ()) -> AsyncIterator[GateWorker]:
+        """A worker holding `names`: only those that `expressions` read, when given (stdout can be 64 MiB)."""
         worker = self._idle.pop() if self._idle else await self._start()
         reusable = False
+        if expressions:
+            wanted = set().union(*(roots(e) for e in expressions))
+            names = {name: value for name, value in names.items() if name in wanted}
         try:
             await worker.load(names)
             yield worker

@@ -60,21 +60,6 @@ def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def parse_json(text: str | bytes, what: str) -> Any:
-    """Host output as JSON data, its nesting bounded (FACTS_MAX_DEPTH); FactsError naming `what` otherwise."""
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise FactsError(f"{what}: facts nested deeper than {FACTS_MAX_DEPTH} levels") from None
-    except ValueError as exc:
-        raise FactsError(f"{what} could not be parsed as JSON: {exc}") from None
-    try:
-        check_depth(data)
-    except FactsError as exc:
-        raise FactsError(f"{what}: {exc}") from None
-    return data
-
-
 DocumentT = TypeVar("DocumentT", bound=BaseModel)
 
 

@@ -144,3 +144,13 @@ def test_main_writes_the_report(tmp_path: Path) -> None:
     assert "`python -m bench --quick --only audit --out " in text
     assert "## Machine" in text and "| OpenSSH | OpenSSH_" in text and "| cores |" in text
     assert "## 5. Audit cost — clean shell" in text
+
+
+def test_the_gate_benchmark_measures_both_ways_side_by_side() -> None:
+    from bench import gates
+
+    section = gates.section(reps=1, log=lambda _line: None, attempts=3)
+    (table,) = section.tables
+    assert [row[0] for row in table.rows] == ["1 KiB", "1 MiB", "1 MiB, one gate reads it"]
+    assert all("—" not in cell for row in table.rows for cell in row[1:])  # every case ran and was timed
+    assert [t.reached is not None for t in section.targets] == [True, True, True]
