@@ -181,7 +181,13 @@ class HostContext(StepContext):
         command = render_command(script, *self.spec.environment(engine.env, engine.secrets))
         transport = engine.transports[self.host_name]
         limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
+        # connecting (and starting the host's runner) never outlives the step's own timeout
+        reach = min(engine.runbook.hosts[self.host_name].connect_timeout, limit)
         try:
+            try:
+                await asyncio.wait_for(transport.connect(), reach)
+            except TimeoutError:
+                raise TransportError(f"could not connect to {self.host_name} within {reach:g}s") from None
             result = await transport.run(command, limit, on_output)
             result.timeout_s = limit
         except CommandInterrupted as exc:

@@ -270,3 +270,23 @@ def test_a_fetch_that_would_write_outside_the_run_folder_is_refused_at_validate(
     )
     assert main(["validate", str(path)]) == 2
     assert "must be a relative path inside the host's folder of the run" in capsys.readouterr().err
+
+
+def test_connecting_never_outlives_the_step_s_own_timeout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    silent = socket.socket()  # accepts TCP, never says a word of SSH: a host that stopped answering
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        path = tmp_path / "book.yaml"
+        path.write_text(
+            "name: t\nhosts:\n  box:\n    address: 127.0.0.1\n"
+            f"    port: {silent.getsockname()[1]}\n    user: nobody\n    connect_timeout: 10m\n"
+            "steps:\n  - id: a\n    kind: shell\n    timeout: 1s\n    script: echo\n"
+        )
+        code, err = run(path, tmp_path / "logs", capsys)
+    finally:
+        silent.close()
+    assert code == 1
+    assert "could not connect to box within 1s" in err
