@@ -20,7 +20,10 @@ from typing import Any
 
 import structlog
 
+from executor import durable
+from executor.errors import DurableWriteError, StateError
 from executor.redact import Redactor
+from executor.state import META_FILE, RunMeta, UnreadableRun, read_meta
 from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
 
 GENESIS = "0" * 64
@@ -49,30 +52,48 @@ def clip(text: str) -> tuple[str, bool]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Atomically replace a small file, mode 0600 (no fsync: a head that lags the log is tolerated)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    """Atomically replace a small file, mode 0600 (no fsync: a head that lags the log is tolerated).
+
+    A failed write raises DurableWriteError and leaves the old file as it was."""
+    durable.replace_file(path, text.encode("utf-8"), f"the audit head ({path.name})", sync=False)
 
 
 class _DurableFile:
-    """structlog's logger: appends each rendered line, then flushes and fsyncs."""
+    """structlog's logger: appends each rendered line in one unbuffered write, then fsyncs.
+
+    A write that fails (a full disk, an I/O error) is rolled back: the file is cut back to the
+    last whole line, so that the log never holds part of a record followed by more records, and
+    DurableWriteError is raised. When even that fails, the partial line stays last (`verify`
+    reports a torn last line, as after a kill) and the log takes no further line.
+    """
 
     def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._handle = os.fdopen(fd, "a", encoding="utf-8")
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._size = os.fstat(self._fd).st_size  # the end of the last whole line
+        self._torn: DurableWriteError | None = None
 
     def msg(self, message: str) -> None:
-        self._handle.write(message + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        if self._torn is not None:
+            raise self._torn
+        data = (message + "\n").encode("utf-8")
+        try:
+            durable.write_all(self._fd, data)
+            os.fsync(self._fd)
+        except OSError as exc:
+            error = durable.failed(exc, self.path.parent, f"the audit log ({self.path.name})")
+            try:
+                os.ftruncate(self._fd, self._size)
+                os.fsync(self._fd)
+            except OSError:
+                self._torn = error
+            raise error from None
+        self._size += len(data)
 
     info = msg
 
     def close(self) -> None:
-        self._handle.close()
+        os.close(self._fd)
 
 
 class AuditLog:
@@ -134,9 +155,9 @@ class AuditLog:
             {"direction": direction, "local": local, "remote": remote, "size": size, "sha256": sha256},
         )
 
-    def abandoned(self, log: Any, run_id: str, started_at: str | None, attempts: int) -> None:
+    def abandoned(self, log: Any, run_id: str, started_at: str | None, attempts: int, found: Abandoned) -> None:
         """Record, at the start of a resumed run, a step that was running when run `run_id`'s process
-        died: its command never finished, so that run's log holds no record of it."""
+        stopped (killed, or stopped by a failed write): what that run's log holds of its last attempt."""
         self._emit(
             log,
             "abandoned",
@@ -144,9 +165,16 @@ class AuditLog:
                 "run": run_id,
                 "started_at": started_at,
                 "attempts": attempts,
-                "note": "the runbook process stopped while this step ran; its last command left no record",
+                "recorded_lines": found.lines,
+                "last_exit_code": found.last_exit_code,
+                "torn_tail": found.torn_tail,
+                "note": found.note(run_id, attempts),
             },
         )
+
+    def host_key_unverified(self, log: Any, host: str) -> None:
+        """Record, at the start of a run, that `host`'s host key is not verified (`verify_host_key: false`)."""
+        self._emit(log, "host_key_unverified", {"note": f"host key verification is off for {host}"})
 
     def _emit(self, log: Any, event: str, fields: dict[str, Any]) -> None:
         log.info(event, **fields)
@@ -185,6 +213,46 @@ def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, by
             yield number, record if isinstance(record, dict) else None, raw
 
 
+@dataclass(frozen=True)
+class Abandoned:
+    """What a stopped run's log holds of a step's last attempt on a host (see `AuditLog.abandoned`)."""
+
+    lines: list[int]  # the line numbers of that attempt's records (commands, transfers)
+    last_exit_code: int | None  # of the last command among them
+    torn_tail: bool  # the log ends with a torn line (an interrupted write), which may be this attempt's
+
+    def note(self, run_id: str, attempt: int) -> str:
+        if not self.lines:
+            said = f"attempt {attempt}'s command left no record in run {run_id}'s log: it never finished there"
+        else:
+            where = ", ".join(map(str, self.lines))
+            exit_code = "" if self.last_exit_code is None else f", the last with exit code {self.last_exit_code}"
+            said = (
+                f"run {run_id}'s log holds {len(self.lines)} record(s) of attempt {attempt} (line {where}{exit_code}); "
+                "the process stopped after that, before the step's outcome was saved (e.g. in its retry delay)"
+            )
+        if self.torn_tail:
+            said += f"; run {run_id}'s log ends with a torn line (an interrupted write), which may be this step's"
+        return said
+
+
+def attempt_records(run_dir: Path, step: str, host: str, attempt: int) -> Abandoned:
+    """What `run_dir`'s log holds of `attempt` of `step` on `host`."""
+    lines: list[int] = []
+    last_exit: int | None = None
+    torn = False
+    for number, record, _raw in read_records(run_dir):
+        torn = record is None
+        if record is None or (record.get("step"), record.get("host"), record.get("attempt")) != (step, host, attempt):
+            continue
+        if record.get("event") in ("command", "transfer"):
+            lines.append(number)
+            if record.get("event") == "command":
+                code = record.get("exit_code")
+                last_exit = code if isinstance(code, int) else None
+    return Abandoned(lines, last_exit, torn)
+
+
 def chain_tail(run_dir: Path) -> str:
     """The hash the next run's first record links to: the last complete record's hash."""
     last = _start_hash(run_dir)
@@ -195,26 +263,62 @@ def chain_tail(run_dir: Path) -> str:
 
 
 def _start_hash(run_dir: Path) -> str:
-    try:
-        return str(json.loads((run_dir / "run.json").read_text())["audit_prev_hash"])
-    except (OSError, ValueError, KeyError):
-        return GENESIS
+    meta = _meta(run_dir)
+    return meta.audit_prev_hash if meta is not None else GENESIS
+
+
+def _meta(run_dir: Path) -> RunMeta | None:
+    """The run's run.json; None without one (a bare log starts at GENESIS); StateError when it is damaged."""
+    meta = read_meta(run_dir)
+    if isinstance(meta, UnreadableRun):
+        if not (run_dir / META_FILE).exists():
+            return None
+        raise meta.error(run_dir.parent)
+    return meta
+
+
+def history(run_dir: Path) -> list[Path]:
+    """`run_dir` and the runs it resumed, oldest first, following each `resumed_from`.
+
+    StateError when a run.json on the way cannot be read or the chain comes back to a run it passed.
+    A run it names that is gone ends the chain there (verify reports the broken link).
+    """
+    chain: list[Path] = []
+    folder: Path | None = run_dir
+    while folder is not None:
+        if folder in chain:
+            cycle = " -> ".join(f.name for f in [*reversed(chain), folder])
+            why = f"resumed_from goes round in a cycle ({cycle})"
+            raise StateError(f"{run_dir} is unreadable: its {why}", reason=why)
+        meta = _meta(folder)
+        if meta is None and chain and not folder.is_dir():
+            break  # a run it resumed is gone: verify reports the broken link
+        chain.append(folder)
+        folder = run_dir.parent / meta.resumed_from if meta is not None and meta.resumed_from else None
+    return list(reversed(chain))
 
 
 def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
-    """Check a run's chain, and the chains of the runs it resumed, oldest first."""
+    """Check a run's chain, and the chains of the runs it resumed, oldest first.
+
+    StateError (not tampering) when a run.json on the way is damaged or the runs it names go round.
+    """
     report = report or VerifyReport()
-    try:
-        meta = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        meta = {}
-    parent = meta.get("resumed_from")
-    expected = meta.get("audit_prev_hash", GENESIS)
-    if parent:
-        parent_dir = run_dir.parent / parent
-        verify(parent_dir, report)
-        if chain_tail(parent_dir) != expected:
-            report.problems.append(f"{run_dir.name}: does not link to the end of {parent}'s log")
+    previous: Path | None = None
+    for folder in history(run_dir):
+        meta = _meta(folder)
+        expected = meta.audit_prev_hash if meta is not None else GENESIS
+        if previous is not None and chain_tail(previous) != expected:
+            report.problems.append(f"{folder.name}: does not link to the end of {previous.name}'s log")
+        if meta is not None and meta.resumed_from and previous is None:
+            report.problems.append(f"{folder.name}: the run it resumes, {meta.resumed_from}, is gone")
+        _verify_log(folder, expected, report)
+        previous = folder
+    report.ok = not report.problems
+    return report
+
+
+def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> None:
     name = run_dir.name
     report.runs.append(name)
     lines = list(read_records(run_dir))
@@ -224,8 +328,8 @@ def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
         if record is None:
             if index == len(lines) - 1:
                 report.notes.append(
-                    f"{where}: torn last line ({len(raw)} bytes, an interrupted write); "
-                    "tolerated, its command may have run"
+                    f"{where}: torn last line ({len(raw)} bytes, a write cut short: the process was killed or "
+                    "the disk failed); tolerated, its command may have run"
                 )
                 continue
             report.problems.append(f"{where}: not a complete JSON record")
@@ -240,8 +344,6 @@ def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
         hashes.append(expected)
     report.records += len(hashes) - 1
     _check_head(run_dir, name, hashes, report)
-    report.ok = not report.problems
-    return report
 
 
 def _check_head(run_dir: Path, name: str, hashes: list[str], report: VerifyReport) -> None:

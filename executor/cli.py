@@ -3,14 +3,17 @@ arguments, picks a reporter, maps outcomes to exit codes, and prints.
 
 Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering); 2 invalid input
 (runbook, arguments, nothing to resume, missing secret, a run folder that cannot be read or
-written); 3 the run is locked by another
-process; 130 interrupted (SIGINT, SIGTERM, or SIGHUP unless started under nohup).
+made); 3 the run is locked by another process; 4 a write to the run folder failed (disk full,
+I/O error, read-only, quota: the run stopped at once, `--resume` continues it once the disk is
+fixed); 130 interrupted (SIGINT, SIGTERM, or SIGHUP unless started under nohup); 141 stdout was a
+pipe that closed early (`runbook status | head`): the command stops quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,14 +31,25 @@ from rich.text import Text
 
 from executor import audit
 from executor.durations import format_duration
-from executor.engine import NOT_STARTED, Engine, RunOptions
-from executor.errors import InvalidRunbook, Problem, ResumeError, RunbookError, RunLocked, SecretMissing, StateError
+from executor.engine import NOT_STARTED, WRITE_FAILED, Engine, RunOptions
+from executor.errors import (
+    DurableWriteError,
+    InvalidRunbook,
+    Problem,
+    ResumeError,
+    RunbookError,
+    RunLocked,
+    SecretMissing,
+    StateError,
+)
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
 from executor.planner import plan_text, render_problems
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_WRITE_FAILED = 4  # a durable write to the run folder failed (DurableWriteError)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
 LOG_DIR = Path("logs")
 #: `runbook status` shows a message's first line up to this many characters; the whole one follows the table.
@@ -43,8 +57,18 @@ MESSAGE_CELL = 120
 #: ... and a failing gate's first line up to this many (the whole gate follows the table too).
 GATE_CELL = 60
 
+
+class _PipedConsole(Console):
+    """stdout's console: a reader that went away (`runbook status | head`) ends the command quietly
+    (`main` exits 141), instead of rich's own exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+out = _PipedConsole(highlight=False, soft_wrap=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -213,17 +237,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
     os.umask(0o077)
+    log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
+    # a run of one step continues as one step: --resume would also run the steps --only left out
+    scope = ["--only", args.only_step] if args.only_step else ["--resume"]
+    again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:
         code = asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
+    except DurableWriteError as exc:
+        print(write_failed_message(exc, again), file=sys.stderr)
+        return EXIT_WRITE_FAILED
     finally:
         reporter.close()
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
-        log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
-        # a run of one step continues as one step: --resume would also run the steps --only left out
-        scope = ["--only", args.only_step] if args.only_step else ["--resume"]
-        again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
         err.print(Text(f"after fixing the cause, continue where it stopped: {again}"))
     return code
+
+
+def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
+    """The one paragraph a failed durable write ends with (exit 4)."""
+    then = f"continue it: {again}" if again else "continue the run with runbook run FILE --resume"
+    return (
+        f"runbook: the run stopped: {exc}. It is not a step failure and was not retried: no command was started "
+        "after it, and the command in flight was recorded if its record could still be written (otherwise the "
+        "resumed run's audit log opens with an `abandoned` record for it); the run is not passed. Free space "
+        f"(or fix the disk), then {then} (nothing that passed runs again)."
+    )
 
 
 def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None, list[str]]:
@@ -297,7 +335,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         records = state.records()
         status = state.status()
         finished_at = state.get("finished_at")
-    note = STOPPED_NOTE if status == STOPPED else None
+    note = _note(status)
     if args.json:
         print(
             json.dumps(
@@ -317,8 +355,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in records:
         if r.reused_from:
             status_text = f"passed (reused from {r.reused_from})"
-        elif r.status == "running" and status == STOPPED:
-            status_text = "running (process gone)"
+        elif r.status == "running" and status in (STOPPED, WRITE_FAILED):
+            status_text = "running (process gone)" if status == STOPPED else "running (stopped by a failed write)"
         else:
             status_text = r.status
         started = r.status not in NOT_STARTED
@@ -354,7 +392,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         try:
             with open_state(args.log_dir / meta.run_id) as state:
                 status, finished_at = state.status(), state.get("finished_at")
-            note = STOPPED_NOTE if status == STOPPED else None
+                state.records()  # a step row that cannot be read makes the run unreadable here too
+            note = _note(status)
             rows.append(meta.__dict__ | {"status": status, "note": note, "finished_at": finished_at})
         except StateError as exc:
             rows.append(meta.__dict__ | {"status": "unreadable", "note": exc.reason, "finished_at": None})
@@ -386,6 +425,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
         table.add_row(*map(Text, cells))
     _print_whole(table)
     return EXIT_OK
+
+
+def _note(status: str) -> str | None:
+    """What a run's status needs said beside it."""
+    if status == STOPPED:
+        return STOPPED_NOTE
+    if status == WRITE_FAILED:
+        return "a write to its run folder failed; --resume continues it once the disk is fixed"
+    return None
 
 
 def _run_status(status: str | None, note: str | None) -> str:
@@ -463,7 +511,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _print_whole(table: Table) -> None:
     """A table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut."""
     wanted = out.measure(table, options=out.options.update_width(10_000)).maximum
-    Console(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
+    _PipedConsole(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
 
 
 def _listed(value: Any) -> list[Any]:
@@ -474,16 +522,27 @@ def _listed(value: Any) -> list[Any]:
 
 
 def _describe(record: dict[str, Any]) -> str:
-    """One line per audit record for `audit show`."""
-    who = f"{record.get('started_at', '')[:19]}  {record.get('step')}@{record.get('host')} #{record.get('attempt')}"
+    """One line per audit record for `audit show` (a record of an unexpected shape says so)."""
+    try:
+        return _describe_record(record)
+    except (TypeError, ValueError, KeyError) as exc:
+        return f"(a record of an unexpected shape: {exc!r}; `audit verify` checks it)"
+
+
+def _describe_record(record: dict[str, Any]) -> str:
+    started = str(record.get("started_at") or "")[:19]
+    who = f"{started}  {record.get('step')}@{record.get('host')} #{record.get('attempt')}"
     if record.get("event") == "transfer":
         what = f"{record['direction']} {record['local']} <-> {record['remote']} ({record['size']} bytes)"
         return f"{who}  {what}"
     if record.get("event") == "abandoned":
-        return f"{who}  abandoned: was running when run {record.get('run')} stopped; no record of its command"
+        said = record.get("note") if "recorded_lines" in record else None  # older records: no record of it
+        return (
+            f"{who}  abandoned: was running when run {record.get('run')} stopped; {said or 'no record of its command'}"
+        )
     status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
     lines = str(record.get("command", "")).rstrip("\n").splitlines()
-    return f"{who}  {status:<8} {record.get('duration_s', 0):>7.3f}s  {(lines or [''])[-1][:80]}"
+    return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
 
 COMMANDS = {
@@ -501,7 +560,22 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        return _dispatch(args)
+    except BrokenPipeError:
+        # stdout's reader went away (`runbook audit show RUN | head`): stop quietly, and let nothing more
+        # (Python's own flush at exit included) write to the closed pipe
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
         return COMMANDS[args.command](args)
+    except DurableWriteError as exc:
+        print(write_failed_message(exc), file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except InvalidRunbook as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -8,6 +8,8 @@
     │     └── StateError         a run folder cannot be read (state.db, run.json) or written
     │           .reason: str     why, in a few words (for a table row)
     ├── SecretMissing            a declared secret has no value in the environment (CLI exit 2)
+    ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report
+    │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota; CLI exit 4)
     └── TransportError           the host could not be reached or the channel broke
           └── HostKeyError       unknown or changed host key: never retried
 
@@ -67,6 +69,30 @@ class StateError(ResumeError):
 
 class SecretMissing(RunbookError):
     """A secret declared by the runbook has no value in the controller's environment."""
+
+
+class DurableWriteError(RunbookError):
+    """A durable write to the run folder failed (ENOSPC, EIO, EROFS, EDQUOT, ...): the run stops at once.
+
+    Never a step failure and never retried: no new command starts, and the run is never passed.
+    `what` names the write (the audit log, the state store, run.json, report.json); `errno` is None
+    when the failure came from SQLite without one; `free_bytes` is what `os.statvfs` said was left
+    for this user on that filesystem (None when it could not be read).
+    """
+
+    def __init__(self, folder: str, what: str, reason: str, errno: int | None, free_bytes: int | None) -> None:
+        self.folder, self.what, self.reason, self.errno, self.free_bytes = folder, what, reason, errno, free_bytes
+        free = "free space unknown" if free_bytes is None else f"{_size(free_bytes)} free there"
+        super().__init__(f"cannot write {what} in {folder}: {reason} ({free})")
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 class TransportError(RunbookError):

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from executor import durable
 from executor.errors import ResumeError, RunLocked, StateError
 
 STATE_FILE = "state.db"
@@ -106,6 +107,7 @@ class RunMeta:
     var_args: list[str] = field(default_factory=list)  # its --var K=V, as given
     var_args_withheld: list[str] = field(default_factory=list)  # names of --var whose value held a secret
     inventory: str | None = None  # its --inventory, absolute
+    host_key_unverified: list[str] = field(default_factory=list)  # hosts run with `verify_host_key: false`
 
 
 class RunLock:
@@ -211,39 +213,68 @@ class RunState:
         db = run_dir / STATE_FILE
         state = cls.__new__(cls)
         state.run_dir, state._lock = run_dir, lock
+        published = False
         try:
-            os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            state._db = sqlite3.connect(db, isolation_level=None)
             try:
-                state._db.execute("PRAGMA journal_mode=WAL")
-                # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit
-                # log, which only makes a resume run a step again (the audit log is fsynced per record)
-                state._db.execute("PRAGMA synchronous=NORMAL")
-                state._db.executescript(_SCHEMA)
+                os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                state._db = sqlite3.connect(db, isolation_level=None)
+            except OSError as exc:
+                raise durable.failed(exc, run_dir, f"the state store ({STATE_FILE})") from None
+            except sqlite3.Error as exc:
+                raise durable.from_sqlite(exc, run_dir) from None
+            try:
+                with state._writing():
+                    state._db.execute("PRAGMA journal_mode=WAL")
+                    # WAL + NORMAL survives a killed process; after a power loss the state may lag the audit
+                    # log, which only makes a resume run a step again (the audit log is fsynced per record)
+                    state._db.execute("PRAGMA synchronous=NORMAL")
+                    state._db.executescript(_SCHEMA)
                 state.set("status", "running")
                 state.save(*records)
                 partial = run_dir / f"{META_FILE}.partial"
-                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as handle:
-                    json.dump(asdict(meta), handle, indent=2)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.rename(partial, run_dir / META_FILE)  # a kill leaves no run.json or a whole one
-                directory = os.open(run_dir, os.O_RDONLY)
                 try:
-                    os.fsync(directory)
-                finally:
-                    os.close(directory)
+                    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    try:
+                        durable.write_all(fd, json.dumps(asdict(meta), indent=2).encode("utf-8"))
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.rename(partial, run_dir / META_FILE)  # a kill leaves no run.json or a whole one
+                    published = True
+                    directory = os.open(run_dir, os.O_RDONLY)
+                    try:
+                        os.fsync(directory)
+                    finally:
+                        os.close(directory)
+                except OSError as exc:
+                    raise durable.failed(exc, run_dir, META_FILE) from None
             except BaseException:
                 state._db.close()
                 raise
         except BaseException:
+            # a folder whose run.json could not be made durable is no run: never one a resume could pick
+            with contextlib.suppress(OSError):
+                (run_dir / (META_FILE if published else f"{META_FILE}.partial")).unlink(missing_ok=True)
             lock.release()
             raise
         return state
 
     def set(self, key: str, value: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (key, value))
+        """Write a run key (`status`, `finished_at`); a failed write raises DurableWriteError."""
+        with self._writing():
+            self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (key, value))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write SQLite could not make (a full disk, an I/O error, a read-only file system) raises
+        DurableWriteError: the run stops, and the store keeps what it held before the write."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:  # a failed COMMIT can leave it open: never let a later write join it
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            raise durable.from_sqlite(exc, self.run_dir) from None
 
     def status(self) -> str:
         """The run's status: one word; a run whose process died is `stopped` (STOPPED_NOTE says why)."""
@@ -258,8 +289,8 @@ class RunState:
         return None if row is None else str(row[0])
 
     def save(self, *records: StepRecord) -> None:
-        """Write step records in one transaction: all of them or, after a kill, none."""
-        with self._db:
+        """Write step records in one transaction: all of them or, after a kill or a failed write, none."""
+        with self._writing(), self._db:
             self._db.execute("BEGIN")
             for record in records:
                 values = asdict(record)
@@ -279,7 +310,12 @@ class RunState:
             values = dict(zip(names, row, strict=True))
             try:
                 for name in _JSON_COLUMNS:
+                    if not isinstance(values[name], str | None):
+                        raise TypeError(f"field {name!r} must be JSON text, not {_shown(values[name])}")
                     values[name] = json.loads(values[name]) if values[name] else None
+                why = _misshapen(values, _RECORD_SHAPES)
+                if why:
+                    raise TypeError(why)
                 out.append(StepRecord(**values))
             except (ValueError, TypeError) as exc:
                 raise _unreadable(self.run_dir / STATE_FILE, f"step {values.get('step')!r}: {exc}") from None
@@ -325,8 +361,79 @@ class RunFolders:
     unreadable: list[UnreadableRun]
 
 
-def _read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
-    """The folder's run.json; None when the folder is no run (or one cut short before its run.json)."""
+#: What each field of `run.json` must hold: a value of another type makes the folder unreadable (named, exit 2)
+_META_SHAPES: dict[str, str] = {
+    "run_id": "text",
+    "runbook": "text",
+    "path": "text",
+    "started_at": "text",
+    "resumed_from": "run id or null",
+    "audit_prev_hash": "hash",
+    "vars": "object of texts",
+    "secrets": "list of texts",
+    "runbook_sha256": "text or null",
+    "var_args": "list of texts",
+    "var_args_withheld": "list of texts",
+    "inventory": "text or null",
+    "host_key_unverified": "list of texts",
+}
+#: ... and each column of a step's row in `state.db` (`facts` is any JSON value)
+_RECORD_SHAPES: dict[str, str] = {
+    "step": "text",
+    "host": "text",
+    "position": "integer",
+    "status": "text",
+    "fingerprint": "text",
+    "attempts": "integer",
+    "started_at": "text or null",
+    "duration_s": "number or null",
+    "exit_code": "integer or null",
+    "message": "text or null",
+    "via": "text or null",
+    "reused_from": "text or null",
+    "gate": "text or null",
+    "parts": "object of texts or null",
+}
+_HEX = frozenset("0123456789abcdef")
+
+
+def _fits(value: Any, shape: str) -> bool:
+    """Whether a value read from run.json or state.db has the shape a field needs."""
+    if shape.endswith(" or null"):
+        return value is None or _fits(value, shape.removesuffix(" or null"))
+    if shape == "text":
+        return isinstance(value, str)
+    if shape == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if shape == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if shape == "hash":
+        return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+    if shape == "run id":  # a folder beside this one: never a path
+        return isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\0" not in value
+    if shape == "list of texts":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if shape == "object of texts":
+        return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    raise AssertionError(shape)
+
+
+def _misshapen(values: dict[str, Any], shapes: dict[str, str]) -> str | None:
+    """Why `values` do not fit `shapes` (the first field that does not), or None."""
+    for name, shape in shapes.items():
+        if name in values and not _fits(values[name], shape):
+            return f"field {name!r} must be {shape}, not {_shown(values[name])}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, bytes) else repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
+    """The folder's run.json, each field of the type it must have; None when the folder is no run
+    (or one cut short before its run.json)."""
     meta_file = folder / META_FILE
     if not meta_file.exists():
         if any((folder / name).exists() for name in _RUN_FILES):
@@ -336,9 +443,10 @@ def _read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
         data = json.loads(meta_file.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise TypeError(f"expected an object, got {type(data).__name__}")
+        why = _misshapen(data, _META_SHAPES)
+        if why:
+            raise TypeError(why)
         meta = RunMeta(**data)
-        if not all(isinstance(v, str) for v in (meta.run_id, meta.runbook, meta.started_at)):
-            raise TypeError("run_id, runbook and started_at must be strings")
     except OSError as exc:
         return UnreadableRun(folder.name, f"{META_FILE}: {exc.strerror or exc}")
     except (ValueError, TypeError) as exc:
@@ -346,21 +454,47 @@ def _read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
     if meta.run_id != folder.name:
         why = f"its {META_FILE} names run {meta.run_id}, not {folder.name}"
         return UnreadableRun(folder.name, why, runbook=meta.runbook, named=meta.run_id)
+    if meta.resumed_from == meta.run_id:
+        return UnreadableRun(folder.name, f"its {META_FILE} says it resumed itself", runbook=meta.runbook)
     return meta
+
+
+def _cycles(metas: Sequence[RunMeta]) -> dict[str, str]:
+    """The runs whose `resumed_from` links go round in a cycle, each with the cycle as text."""
+    by_id = {m.run_id: m for m in metas}
+    found: dict[str, str] = {}
+    settled: set[str] = set()  # runs whose chain ends (or enters a cycle already found)
+    for meta in metas:
+        walk: list[str] = []
+        current: RunMeta | None = meta
+        while current is not None and current.run_id not in settled:
+            if current.run_id in walk:
+                cycle = walk[walk.index(current.run_id) :]
+                text = " -> ".join([*cycle, current.run_id])
+                found.update(dict.fromkeys(cycle, text))
+                break
+            walk.append(current.run_id)
+            current = by_id.get(current.resumed_from) if current.resumed_from else None
+        settled.update(walk)
+    return found
 
 
 def scan_runs(log_dir: Path, runbook: str | None = None) -> RunFolders:
     """Runs in a log folder, newest first, and the folders that cannot be read; only those of `runbook`
-    when given (an unreadable folder whose runbook is unknown is listed for every runbook)."""
+    when given (an unreadable folder whose runbook is unknown is listed for every runbook). Runs whose
+    `resumed_from` links go round in a cycle are unreadable."""
     found = RunFolders([], [])
     if not log_dir.is_dir():
         return found
-    for folder in log_dir.iterdir():
-        if not folder.is_dir():
+    entries = [entry for folder in log_dir.iterdir() if folder.is_dir() and (entry := read_meta(folder)) is not None]
+    metas = [entry for entry in entries if isinstance(entry, RunMeta)]
+    cycles = _cycles(metas)
+    for entry in entries:
+        if runbook is not None and entry.runbook not in (runbook, None):
             continue
-        entry = _read_meta(folder)
-        if entry is None or (runbook is not None and entry.runbook not in (runbook, None)):
-            continue
+        if isinstance(entry, RunMeta) and entry.run_id in cycles:
+            why = f"its {META_FILE} resumed_from goes round in a cycle ({cycles[entry.run_id]})"
+            entry = UnreadableRun(entry.run_id, why, runbook=entry.runbook)
         if isinstance(entry, UnreadableRun):
             found.unreadable.append(entry)
         else:

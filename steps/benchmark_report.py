@@ -17,14 +17,16 @@ where it cannot be computed (a throughput unknown or zero at one side), with the
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict
 
+from executor import durable
 from steps.benchmark_results import BenchRun
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
@@ -240,7 +242,7 @@ def _points(runs: Sequence[BenchRun], value: Callable[[BenchRun], float | None])
     return [c for c, _ in known], [v for _, v in known]
 
 
-def plot(baseline: Side, candidate: Side, gain: Speedup, path: Path) -> None:
+def plot(baseline: Side, candidate: Side, gain: Speedup, path: Path | BinaryIO) -> None:
     """speedup.png: throughput of both sides (left) and the speedup (right) against concurrency."""
     from matplotlib.figure import Figure as MplFigure  # imported here: only writing a report needs it
 
@@ -273,8 +275,16 @@ def write_report(
         markdown_file=str(run_dir / REPORT_MD),
         figure_file=str(run_dir / FIGURE_PNG),
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    Path(files.json_file).write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-    Path(files.markdown_file).write_text(markdown(report), encoding="utf-8")
-    plot(baseline, candidate, Speedup.model_validate(report.data["speedup"]), Path(files.figure_file))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise durable.failed(exc, run_dir, "the report") from None
+    # each through durable.replace_file: a full or failing disk raises DurableWriteError, which stops the run
+    # (never a failed step, never retried), and leaves no half-written report behind
+    document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+    durable.replace_file(Path(files.json_file), document.encode("utf-8"), REPORT_JSON, mode=0o644)
+    durable.replace_file(Path(files.markdown_file), markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
+    figure = io.BytesIO()
+    plot(baseline, candidate, Speedup.model_validate(report.data["speedup"]), figure)
+    durable.replace_file(Path(files.figure_file), figure.getvalue(), FIGURE_PNG, mode=0o644)
     return report, files

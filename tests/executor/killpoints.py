@@ -68,11 +68,8 @@ def _audit_line(write: Callable[[audit._DurableFile, str], None]) -> Callable[[a
         target = _is_target()
         if target and os.environ.get("RUNBOOK_KILL_MODE") == "torn":
             data = (message + "\n").encode("utf-8")
-            handle = self._handle  # the engine's open text file: write raw bytes under it
-            handle.flush()
-            handle.buffer.write(data[: len(data) // 2])
-            handle.buffer.flush()
-            os.fsync(handle.fileno())
+            os.write(self._fd, data[: len(data) // 2])  # the engine's unbuffered descriptor
+            os.fsync(self._fd)
             _die()
         write(self, message)
         if target:
