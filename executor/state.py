@@ -128,8 +128,9 @@ class RunLock:
                 f"run {self.path.parent.name} is in use by runbook process {holder}; "
                 "wait for it to finish or stop it first"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        with contextlib.suppress(OSError):  # who holds it, for the message above: the flock is the lock
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
     def held(self) -> bool:

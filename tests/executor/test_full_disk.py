@@ -144,6 +144,10 @@ def test_a_full_log_disk_stops_the_run_and_resume_continues(
     shown = cli("status", "--log-dir", str(logs))
     assert shown.returncode == 0 and "d2" in shown.stdout and "passed" not in shown.stdout.splitlines()[0]
 
+    still = cli("run", str(book), "--resume", "--log-dir", str(logs))  # the disk is still full
+    check_stopped(still, logs)
+    assert run_ids(logs) == [killed] and side(small_disk / "side.txt") == ["d1", "d2"]  # no run, nothing ran
+
     fill.unlink()  # space is back
     (tmp_path / "fixed").touch()
     again = cli("run", str(book), "--resume", "--log-dir", str(logs))
