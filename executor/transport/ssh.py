@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,48 @@ from executor.transport.runner import HostRunner, RunnerUnavailable
 log = logging.getLogger(__name__)
 
 
-def _trust_hint(host: Host) -> str:
-    port = f"-p {host.port} " if host.port else ""
-    known = host.known_hosts or "~/.ssh/known_hosts"
+#: Host keys are verified unless the runbook (or inventory) sets `verify_host_key: false` on the host. An
+#: ssh config that would take checking off (`UserKnownHostsFile none` or `/dev/null`, which asyncssh reads
+#: as "trust every key"; `StrictHostKeyChecking no`, which it ignores) is overridden: its known hosts files
+#: are used where they are real files, ~/.ssh/known_hosts where it named none.
+TURN_OFF = "set `verify_host_key: false` on the host (runbook or --inventory) to turn verification off on purpose"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+def _trust_hint(address: str, port: int | None, known: str) -> str:
+    port_arg = f"-p {port} " if port else ""
     return (
-        f"to trust it, check the key with the host's owner and run: ssh-keyscan {port}{host.address} >> {known}"
-        " (or set `verify_host_key: false` on the host to turn verification off)"
+        f"to trust it, check the key with the host's owner and run: ssh-keyscan {port_arg}{address} >> {known}"
+        f" (or {TURN_OFF}; an ssh config's StrictHostKeyChecking or UserKnownHostsFile never does)"
     )
+
+
+def _null_known_hosts(entry: str) -> bool:
+    """An ssh config's known hosts entry that means "no file": `none`, or /dev/null under any name."""
+    return entry.lower() == "none" or os.path.realpath(os.path.expanduser(entry)) == os.devnull
+
+
+@dataclass(frozen=True)
+class _Hop:
+    """One SSH connection on the way to a host: the host itself, or a jump host (ProxyJump) before it."""
+
+    address: str
+    port: int | None
+    user: str | None
+    label: str  # how messages name it: "gpu (10.0.0.5)", "jump host bastion of gpu"
+
+
+def _jump_hops(spec: str, name: str) -> list[_Hop]:
+    """`[user@]host[:port],...` as OpenSSH's ProxyJump (and asyncssh's tunnel) spell it."""
+    hops = []
+    for part in spec.split(","):
+        user, _, address = part.strip().rpartition("@")
+        port: int | None = None
+        if ":" in address:
+            address, _, port_text = address.rpartition(":")
+            port = int(port_text)
+        hops.append(_Hop(address, port, user or None, f"jump host {address} of {name}"))
+    return hops
 
 
 class SSHTransport(Transport):
@@ -63,8 +99,15 @@ class SSHTransport(Transport):
         #: Why this host uses the exec path although `runner: persistent` asked for the runner.
         self.runner_unavailable: str | None = None
         self._notes: list[str] = []
+        self._config_notes: list[str] = []  # what the ssh config asked of host keys and did not get, said once
+        self._tunnels: list[asyncssh.SSHClientConnection] = []  # the jump hosts of `_conn`, in order
+
+    def _config(self) -> Any:
+        """The ssh config files asyncssh reads: the host's `ssh_config`, else () for ~/.ssh/config."""
+        return [os.path.expanduser(self.host.ssh_config)] if self.host.ssh_config is not None else ()
 
     def _options(self) -> dict[str, Any]:
+        """The host's own connection options; host keys and jump hosts are settled in `_open`."""
         host = self.host
         options: dict[str, Any] = {
             "connect_timeout": host.connect_timeout,
@@ -80,15 +123,78 @@ class SSHTransport(Transport):
             options["username"] = host.user
         if host.identity_file is not None:
             options["client_keys"] = [os.path.expanduser(host.identity_file)]
-        if not host.verify_host_key:
-            options["known_hosts"] = None
-        elif host.known_hosts is not None:
-            options["known_hosts"] = os.path.expanduser(host.known_hosts)
-        if host.proxy_jump is not None:
-            options["tunnel"] = host.proxy_jump
         if host.ssh_config is not None:
-            options["config"] = [os.path.expanduser(host.ssh_config)]
+            options["config"] = self._config()
         return options
+
+    def _known_hosts(self, hop: _Hop, probe: Any, final: bool) -> tuple[list[str] | bytes | None, str]:
+        """What `hop`'s host key is checked against (None: nothing, with `verify_host_key: false` only),
+        and the file to name in a refusal's hint. The host's `known_hosts` is used as given (a file that
+        does not exist is a refusal); otherwise the ssh config's files, less those that mean "no file"."""
+        host = self.host
+        if not host.verify_host_key:
+            return None, ""
+        own = [os.path.expanduser(host.known_hosts)] if host.known_hosts is not None else []
+        for path in own:
+            if not os.path.exists(path):
+                raise HostKeyError(
+                    f"host key of {hop.label} cannot be verified: its known_hosts file {path} does not exist"
+                    f" (create it with the host's key: ssh-keyscan, or {TURN_OFF})"
+                )
+        if final and own:
+            return own, host.known_hosts or ""
+        user_files = probe.config.get("UserKnownHostsFile", ())
+        listed = [*(user_files or [DEFAULT_KNOWN_HOSTS]), *probe.config.get("GlobalKnownHostsFile", ())]
+        dropped = [entry for entry in listed if _null_known_hosts(entry)]
+        if user_files == [] or dropped:
+            said = "none" if user_files == [] else " ".join(dropped)
+            note = (
+                f"the ssh config says `UserKnownHostsFile {said}` for {hop.label}: not honoured, its host key is"
+                f" verified ({TURN_OFF})"
+            )
+            if note not in self._config_notes:
+                self._config_notes.append(note)
+                self._notes.append(note)
+                log.warning("%s", note)
+        files = [os.path.expanduser(entry) for entry in listed if not _null_known_hosts(entry)]
+        files = files or [os.path.expanduser(DEFAULT_KNOWN_HOSTS)]
+        hint = (own or files)[0]
+        present = [*own, *(path for path in files if os.path.isfile(path) and path not in own)]
+        return (present or b""), hint
+
+    async def _open(
+        self, hop: _Hop, options: dict[str, Any], via: asyncssh.SSHClientConnection | None, depth: int = 0
+    ) -> asyncssh.SSHClientConnection:
+        """Connect to `hop` (through `via`), opening the jump hosts that its ProxyJump names ourselves, so
+        that each one's host key is checked as the host's is (asyncssh would take them from the ssh config)."""
+        # what asyncssh makes of the ssh config for this hop (`config=()` reads ~/.ssh/config, as connect does)
+        probe_args = {k: v for k, v in options.items() if k in ("port", "username")}
+        config = options.get("config", ())
+        probe = asyncssh.SSHClientConnectionOptions(host=hop.address, client_keys=None, config=config, **probe_args)
+        known_hosts, hint_file = self._known_hosts(hop, probe, final=depth == 0)
+        jump = self.host.proxy_jump if depth == 0 and self.host.proxy_jump is not None else probe.tunnel
+        if via is None and isinstance(jump, str) and jump and jump.lower() != "none":
+            if depth > 8:
+                raise TransportError(f"cannot connect to {self.name}: its ProxyJump chain is longer than 8 hosts")
+            for jump_hop in _jump_hops(jump, self.name):
+                jump_options = {
+                    k: v for k, v in options.items() if k not in ("port", "username", "client_keys", "config")
+                }
+                if jump_hop.port is not None:
+                    jump_options["port"] = jump_hop.port
+                if jump_hop.user is not None:
+                    jump_options["username"] = jump_hop.user
+                jump_options["config"] = self._config()
+                via = await self._open(jump_hop, jump_options, via, depth + 1)
+                self._tunnels.append(via)
+        try:
+            return await asyncssh.connect(hop.address, known_hosts=known_hosts, tunnel=via or (), **options)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            hint = _trust_hint(hop.address, options.get("port"), hint_file)
+            raise HostKeyError(f"host key of {hop.label} not trusted: {exc}; {hint}") from None
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            where = "" if depth == 0 else f" through {hop.label}"
+            raise TransportError(f"cannot connect to {self.name} ({self.host.address}){where}: {exc}") from None
 
     async def connect(self) -> None:
         await self._connection()
@@ -100,15 +206,20 @@ class SSHTransport(Transport):
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
             self._conn = None
+            self._close_tunnels()
+            hop = _Hop(self.host.address, self.host.port, self.host.user, f"{self.name} ({self.host.address})")
             try:
-                self._conn = await asyncssh.connect(self.host.address, **self._options())
-            except asyncssh.HostKeyNotVerifiable as exc:
-                raise HostKeyError(
-                    f"host key of {self.name} ({self.host.address}) not trusted: {exc}; " + _trust_hint(self.host)
-                ) from None
-            except (OSError, asyncssh.Error, TimeoutError) as exc:
-                raise TransportError(f"cannot connect to {self.name} ({self.host.address}): {exc}") from None
+                self._conn = await self._open(hop, self._options(), None)
+            except BaseException:
+                self._close_tunnels()
+                raise
             return self._conn
+
+    def _close_tunnels(self) -> None:
+        """Close the jump host connections of the last connection (asyncssh does not: we opened them)."""
+        for tunnel in reversed(self._tunnels):
+            tunnel.abort()
+        self._tunnels.clear()
 
     def _drop(self, conn: asyncssh.SSHClientConnection) -> None:
         """Forget a broken connection so that the next command reconnects."""
@@ -235,3 +346,4 @@ class SSHTransport(Transport):
             except (TimeoutError, OSError, asyncssh.Error):
                 self._conn.abort()
             self._conn = None
+        self._close_tunnels()
