@@ -13,36 +13,47 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+) ?(ms|s|m|h|d)")
+_PARTS = re.compile(rf"(?:{_PART.pattern} ?)+")
+_NUMBER = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.|[-+]?(?:inf|nan|infinity)", re.IGNORECASE)
 #: The longest duration a runbook may give (30 days: longer than any download, short enough for any clock).
 MAX_DURATION_S = 30 * 86400.0
+#: The shortest bound: nothing answers in less (a pause may still be 0).
+MIN_DURATION_S = 0.001
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _seconds(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 30s, 10m or 2h, got {value!r}")
+        raise ValueError(f"expected a duration such as 30s, 10m or 2h, got {_shown(value)}")
     if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        if text and _PART.sub("", text) == "":
-            return sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
         try:
+            return float(value)
+        except OverflowError:  # an integer past any float
+            return math.inf
+    if isinstance(value, str):
+        text = value.strip()
+        if _PARTS.fullmatch(text):
+            return sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+        if _NUMBER.fullmatch(text):  # ASCII digits only: float() would also take `1_000` and other scripts
             return float(text)
-        except ValueError:
-            pass
-    raise ValueError(f"expected a duration such as 500ms, 30s, 10m or 2h, got {value!r}")
+    raise ValueError(f"expected a duration such as 500ms, 30s, 10m or 2h, got {_shown(value)}")
 
 
 def parse_duration(value: Any, *, zero: bool = False) -> float:
     """Seconds for a duration: finite, positive (or 0 with `zero`), at most MAX_DURATION_S; else ValueError."""
     seconds = _seconds(value)
     if math.isnan(seconds):
-        raise ValueError(f"a duration must be a number of seconds, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not zero):
-        raise ValueError(f"a duration must be {'0 or more' if zero else 'more than 0'}, got {value!r}")
+        raise ValueError(f"a duration must be a number of seconds, got {_shown(value)}")
+    if seconds < 0 or (seconds < MIN_DURATION_S and not (zero and seconds == 0)):
+        least = "0 or at least 1ms" if zero else "at least 1ms"
+        raise ValueError(f"a duration must be {least}, got {_shown(value)}")
     if seconds > MAX_DURATION_S:
-        raise ValueError(f"a duration must be finite and at most 30d, got {value!r}")
+        raise ValueError(f"a duration must be finite and at most 30d, got {_shown(value)}")
     return seconds
 
 

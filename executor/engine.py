@@ -34,7 +34,7 @@ from executor.errors import (
     TransportError,
 )
 from executor.events import Reporter
-from executor.gates import GateWorkers
+from executor.gates import GateWorkers, GateWorkerUnavailable
 from executor.loader import Runbook
 from executor.model import var_text
 from executor.redact import Redactor
@@ -42,7 +42,14 @@ from executor.render import render_command
 from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
 from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
-from executor.transport.base import Collector, CommandInterrupted, CommandResult, OutputSink, Transfer
+from executor.transport.base import (
+    Collector,
+    CommandInterrupted,
+    CommandResult,
+    OutputSink,
+    Transfer,
+    kill_report,
+)
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -670,11 +677,14 @@ class Engine:
             # what its log holds of the attempt is said by the resumed run's `abandoned` record
             unsaved = True
             raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             record.status = "interrupted"
-            record.message = "\n".join(
-                ["interrupted by a signal; a command still running had its remote process group killed", *failures]
+            said = (
+                f"interrupted by a signal; the command still running was stopped: {kill_report(exc.result)}"
+                if isinstance(exc, CommandInterrupted)
+                else "interrupted by a signal between the step's commands"
             )
+            record.message = "\n".join([said, *failures])
             raise
         finally:
             record.duration_s = round(loop.time() - t0, 3)
@@ -708,7 +718,7 @@ class Engine:
                 spec,
                 host,
                 attempt,
-                f"timed out after {result.timeout_s or 0:g}s; its remote process group was killed\n"
+                f"timed out after {result.timeout_s or 0:g}s; {kill_report(result)}\n"
                 + tail(result.stdout_text + result.stderr_text),
             )
         try:
@@ -724,16 +734,19 @@ class Engine:
             "vars": self.variables,
         }
         gates = spec.effective_gates()
-        async with self.gates.session(names, [g.that for g in gates]) as worker:  # bounded: executor.gates
-            for gate in gates:
-                verdict = await worker.evaluate(gate.that, gate.message)
-                if not verdict.passed:
-                    detail = verdict.describe()
-                    if not result.stdout.strip():
-                        detail += "\n  (stdout was empty)"
-                    out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
-                    message = f"{detail}\n  output tail:\n{out}" if out else detail
-                    self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
+        try:
+            async with self.gates.session(names, [g.that for g in gates]) as worker:  # bounded: executor.gates
+                for gate in gates:
+                    verdict = await worker.evaluate(gate.that, gate.message)
+                    if not verdict.passed:
+                        detail = verdict.describe()
+                        if not result.stdout.strip():
+                            detail += "\n  (stdout was empty)"
+                        out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
+                        message = f"{detail}\n  output tail:\n{out}" if out else detail
+                        self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
+        except GateWorkerUnavailable as exc:
+            self._attempt_failed(spec, host, attempt, str(exc), facts)
         return facts, result.exit_code
 
     def _attempt_failed(

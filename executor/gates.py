@@ -30,17 +30,20 @@ from typing import Any, BinaryIO
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError, UndefinedError
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 #: Wall-clock bound of one gate in a worker (CPU time is at most that); past it the worker is killed.
 GATE_TIME_S = 5.0
+#: Bound of a worker's start and of handing it an attempt's names (linear work, up to 2 x 64 MiB of output).
+LOAD_TIME_S = 30.0
 #: Address space of a gate worker: an allocation past it fails as MemoryError inside the worker.
 GATE_MEMORY_BYTES = 1024 * 1024 * 1024
 _FRAME = struct.Struct(">I")
 
 _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
-_VAR_REF = re.compile(r"""(?<![.\w])vars\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
-_BARE_VARS = re.compile(r"""(?<![.\w])vars\b(?!\s*[.\[])""")
+#: Longest detail of a failed gate: a key or value that the host printed must not carry its whole output.
+DETAIL_MAX = 4000
 _STEP_REF = re.compile(r"""\bsteps\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*['"]([^'"]+)['"]\s*\])""")
 # the two regex tests Ansible users write in `that:` (`stdout is search('H200')`)
 _ENV.tests["search"] = lambda value, pattern: re.search(pattern, str(value)) is not None
@@ -70,16 +73,45 @@ def step_refs(text: str) -> list[str]:
     return [m.group(1) or m.group(2) for m in _STEP_REF.finditer(text)]
 
 
-def var_refs(text: str) -> list[str]:
-    """Names of the vars a gate reads (`vars.port`, `vars['port']`); `*` when it reads `vars` whole."""
-    names = [m.group(1) or m.group(2) for m in _VAR_REF.finditer(text)]
-    return [*names, "*"] if _BARE_VARS.search(text) else names
+def parse(expression: str) -> nodes.Expr:
+    """The expression's tree, parsed as `compile_expression` parses it (`1) or (1` is an error), but never
+    compiled: Jinja's compiler folds constants, so `10 ** (10 ** 9)` would run here, in the controller."""
+    parser = Parser(_ENV, expression, state="variable")
+    tree = parser.parse_expression()
+    if not parser.stream.eos:
+        token = parser.stream.current
+        raise TemplateSyntaxError(f"unexpected {token.type!r} after the expression", token.lineno)
+    return tree
+
+
+def var_refs(expression: str) -> list[str]:
+    """Names of the vars a gate reads (`vars.port`, `vars['port']`), from its parse tree; `*` for any other
+    use of `vars` (`vars.get(x)`, `vars[stdout]`, `vars | length`), which may read any of them."""
+    try:
+        tree = parse(expression)
+    except (TemplateSyntaxError, RecursionError):
+        return ["*"]
+    names: list[str] = []
+    plain: set[int] = set()  # the `vars` Name nodes read as vars.NAME / vars['NAME']
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        assert isinstance(node, nodes.Getattr | nodes.Getitem)
+        if isinstance(node.node, nodes.Name) and node.node.name == "vars":
+            if isinstance(node, nodes.Getattr) and node.attr not in dir(dict):
+                names.append(node.attr)
+            elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and type(node.arg.value) is str:
+                names.append(node.arg.value)
+            else:
+                continue
+            plain.add(id(node.node))
+    if any(n.name == "vars" and id(n) not in plain for n in tree.find_all(nodes.Name)):
+        names.append("*")
+    return names
 
 
 def syntax_error(expression: str) -> str | None:
     """None if the expression parses, else the parser's complaint."""
     try:
-        _ENV.parse(f"{{{{ ({expression}) }}}}")
+        parse(expression)
     except TemplateSyntaxError as exc:
         return exc.message or str(exc)
     except RecursionError:
@@ -102,12 +134,12 @@ def _chain_text(node: nodes.Node) -> str | None:
 
 def roots(expression: str) -> set[str]:
     """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs."""
-    return {node.name for node in _ENV.parse(f"{{{{ ({expression}) }}}}").find_all(nodes.Name)}
+    return {node.name for node in parse(expression).find_all(nodes.Name)}
 
 
 def names_used(expression: str) -> list[str]:
     """The longest lookup chains in an expression, in order of appearance, without repeats."""
-    tree = _ENV.parse(f"{{{{ ({expression}) }}}}")
+    tree = parse(expression)
     found: list[str] = []
 
     def walk(node: nodes.Node) -> Iterator[str]:
@@ -140,6 +172,8 @@ def evaluate(expression: str, names: Mapping[str, Any], message: str | None = No
         value = _compiled(expression)(**names)
         if isinstance(value, StrictUndefined):
             raise UndefinedError(f"{expression} is undefined")
+        if isinstance(value, Iterator):  # `selectattr(...)` without `| list`: a generator is always true
+            value = list(value)
         if value:
             return GateVerdict(True, expression, message, "")
         why = ""
@@ -151,7 +185,10 @@ def evaluate(expression: str, names: Mapping[str, Any], message: str | None = No
         why = f"  exceeded the memory bound of a gate ({GATE_MEMORY_BYTES // 2**20} MiB)"
     except Exception as exc:  # a gate is user code: any error it raises is a failed gate
         why = f"  raised {type(exc).__name__}: {exc}"
-    return GateVerdict(False, expression, message, "\n".join(filter(None, [why, _values(expression, names)])))
+    detail = "\n".join(filter(None, [why, _values(expression, names)]))
+    if len(detail) > DETAIL_MAX:
+        detail = detail[:DETAIL_MAX] + f"... ({len(detail) - DETAIL_MAX} more chars)"
+    return GateVerdict(False, expression, message, detail)
 
 
 def _values(expression: str, names: Mapping[str, Any]) -> str:
@@ -167,6 +204,10 @@ def _values(expression: str, names: Mapping[str, Any]) -> str:
 
 
 # ---- bounded evaluation: worker processes --------------------------------------------------------
+
+
+class GateWorkerUnavailable(Exception):
+    """No worker process could be started (EMFILE, EAGAIN): the attempt's gates cannot be evaluated."""
 
 
 class GateWorker:
@@ -202,7 +243,7 @@ class GateWorker:
     async def load(self, names: Mapping[str, Any]) -> None:
         """Hand the worker an attempt's names (output up to the transport's cap: linear work, but bounded too)."""
         try:
-            await asyncio.wait_for(self._ask(("names", dict(names))), GATE_TIME_S)
+            await asyncio.wait_for(self._ask(("names", dict(names))), LOAD_TIME_S)
         except (TimeoutError, OSError, EOFError, asyncio.IncompleteReadError, ValueError):
             self.kill()  # its gates then fail as a worker that died
 
@@ -262,6 +303,9 @@ class GateWorkers:
             await worker.load(names)
             yield worker
             reusable = worker.alive
+        except Exception:  # a failed gate ends the attempt with an exception: the worker itself is fine
+            reusable = worker.alive
+            raise
         finally:
             if reusable:
                 self._idle.append(worker)
@@ -270,7 +314,10 @@ class GateWorkers:
                 await asyncio.shield(worker.close())
 
     async def _start(self) -> GateWorker:
-        worker = await GateWorker.start()
+        try:
+            worker = await GateWorker.start()
+        except OSError as exc:
+            raise GateWorkerUnavailable(f"could not start a gate worker: {exc.strerror or exc}") from None
         self._all.add(worker)
         return worker
 
@@ -300,7 +347,20 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (GATE_MEMORY_BYTES, GATE_MEMORY_BYTES))
 
 
+def _die_with_parent() -> None:
+    """A worker whose run was killed (kill -9) must not spin on: Linux kills it with its parent."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 if __name__ == "__main__":
+    _die_with_parent()
     _limit_memory()
     os.nice(5)  # a gate that spins must not starve the run it belongs to
     _serve(sys.stdin.buffer, sys.stdout.buffer)

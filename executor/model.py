@@ -27,9 +27,16 @@ class Model(BaseModel):
 HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
+def _no_nul(values: dict[str, Any]) -> dict[str, Any]:
+    for name, item in values.items():
+        if "\x00" in str(item):
+            raise ValueError(f"var {name!r} contains a NUL byte, which no environment can carry")
+    return values
+
+
 def _host_names(hosts: dict[str, Any]) -> dict[str, Any]:
     for name in hosts:
-        if not HOST_NAME.match(name):
+        if not HOST_NAME.fullmatch(name):
             raise ValueError(
                 f"host name {name!r} must be letters, digits, '_', '.' or '-', not starting with '.' or '-'"
                 " (it names a folder of the run)"
@@ -127,19 +134,13 @@ class RunbookHeader(Model):
     @classmethod
     def _names_are_identifiers(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:
-            if not IDENTIFIER.match(name):
+            if not IDENTIFIER.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
             if name in BASH_OWNED_NAMES:
                 raise ValueError(f"bash sets {name} itself: a step's var or secret cannot have that name")
         return value
 
-    @field_validator("vars")
-    @classmethod
-    def _no_nul(cls, value: dict[str, VarValue]) -> dict[str, VarValue]:
-        for name, item in value.items():
-            if "\x00" in str(item):
-                raise ValueError(f"var {name!r} contains a NUL byte, which no environment can carry")
-        return value
+    _vars = field_validator("vars")(_no_nul)
 
     @model_validator(mode="after")
     def _vars_and_secrets_distinct(self) -> RunbookHeader:
@@ -156,6 +157,7 @@ class Inventory(Model):
     vars: dict[str, VarValue] = Field(default_factory=dict)
 
     _hosts = field_validator("hosts")(_host_names)
+    _vars = field_validator("vars")(_no_nul)
 
 
 def var_text(value: VarValue) -> str:

@@ -36,7 +36,7 @@ class ShellStep(StepSpec):
     def _fetch_stays_in_the_run_folder(cls, value: list[FileCopy]) -> list[FileCopy]:
         for copy in value:
             dest = PurePosixPath(copy.dest)
-            if dest.is_absolute() or ".." in dest.parts or "\x00" in copy.dest or not copy.dest.strip():
+            if dest.is_absolute() or ".." in dest.parts or "\x00" in copy.dest or not dest.parts:  # `.`: the folder
                 raise ValueError(
                     f"fetch dest {copy.dest!r} must be a relative path inside the host's folder of the run (no '..')"
                 )

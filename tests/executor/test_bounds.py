@@ -186,7 +186,9 @@ def test_facts_at_the_depth_bound_pass(write_runbook: Any, tmp_path: Path, capsy
 # ---- limits that are limits --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [".inf", "1e999", ".nan", "0", "-5", "0s", "99999999h"])
+@pytest.mark.parametrize(
+    "value", [".inf", "1e999", ".nan", "0", "-5", "0s", "99999999h", "0.0000001ms", "1 5m", "'1_000'", "10" * 200]
+)
 def test_a_duration_that_is_no_bound_is_refused_at_validate_with_its_position(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
 ) -> None:
@@ -197,7 +199,7 @@ def test_a_duration_that_is_no_bound_is_refused_at_validate_with_its_position(
     )
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path}:6:14: steps[0].timeout: a duration must be" in err
+    assert f"{path}:6:14: steps[0].timeout: " in err and "duration" in err
 
 
 @pytest.mark.parametrize(
@@ -239,7 +241,7 @@ def test_a_retry_delay_of_zero_is_a_pause_not_a_bound_and_is_allowed(tmp_path: P
 # ---- names that reach file paths --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["..", "../x", "a/b", ".hidden", "/", "-rf", "a\\u0000b"])
+@pytest.mark.parametrize("name", ["..", "../x", "a/b", ".hidden", "/", "-rf", "a\\u0000b", "h\\n"])
 def test_a_host_name_that_could_leave_the_run_folder_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
@@ -259,7 +261,7 @@ def test_an_inventory_host_name_is_checked_alike(tmp_path: Path, capsys: pytest.
     assert "host name '../../etc'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("dest", ["../../outside", "/tmp/outside", "a/../../b", ""])
+@pytest.mark.parametrize("dest", ["../../outside", "/tmp/outside", "a/../../b", "", ".", "./."])
 def test_a_fetch_that_would_write_outside_the_run_folder_is_refused_at_validate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], dest: str
 ) -> None:
@@ -290,3 +292,99 @@ def test_connecting_never_outlives_the_step_s_own_timeout(tmp_path: Path, capsys
         silent.close()
     assert code == 1
     assert "could not connect to box within 1s" in err
+
+
+# ---- gates: what a second reader found ---------------------------------------------------------------
+
+
+def test_any_use_of_vars_but_a_plain_lookup_makes_a_gate_read_every_var() -> None:
+    assert gates.var_refs("vars.port > 1 and vars['x'] == 'y'") == ["port", "x"]
+    for expression in ("vars.get('want') == stdout", "vars['wa' ~ 'nt']", "vars | length", "vars[stdout]"):
+        assert "*" in gates.var_refs(expression), expression
+    assert gates.var_refs("facts.vars.port") == []
+
+
+def test_a_resume_reruns_a_step_whose_gate_reads_a_changed_var_through_get(tmp_path: Path, write_runbook: Any) -> None:
+    from tests.executor.test_resume import cli
+
+    book = write_runbook(
+        "name: t\n__HOSTS__\nvars: {want: hi}\nsteps:\n"
+        "  - id: a\n    kind: shell\n    pass_env: []\n    script: echo hi\n"
+        "    gates: [\"stdout.strip() == vars.get('want')\"]\n"
+    )
+    logs = tmp_path / "logs"
+    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 0
+    again = cli("run", str(book), "--resume", "--var", "want=bye", "--log-dir", str(logs))
+    assert again.returncode == 1 and "runs again (changed since" in again.stderr, again.stderr
+
+
+def test_a_generator_is_tested_for_what_it_yields() -> None:
+    names = {**NAMES, "facts": {"gpus": [{"ok": False}]}}
+    never, some = evaluate_all(["facts.gpus | selectattr('ok')", "facts.gpus | rejectattr('ok')"], names)
+    assert not never.passed and some.passed
+
+
+def test_a_failed_gate_s_detail_is_cut_whatever_the_host_printed() -> None:
+    (verdict,) = evaluate_all(["vars[stdout] == 1"], {**NAMES, "stdout": "A" * 2_000_000})
+    assert not verdict.passed and len(verdict.detail) < gates.DETAIL_MAX + 100
+
+
+def test_a_failed_gate_leaves_its_worker_for_the_next_attempt() -> None:
+    async def go() -> tuple[int, int]:
+        pool = GateWorkers()
+        try:
+            with pytest.raises(RuntimeError):
+                async with pool.session(NAMES) as worker:
+                    assert not (await worker.evaluate("exit_code == 1", None)).passed
+                    raise RuntimeError("the attempt failed")  # as the engine's AttemptFailed does
+            async with pool.session(NAMES) as again:
+                return id(worker), id(again)
+        finally:
+            await pool.close()
+
+    first, second = asyncio.run(go())
+    assert first == second
+
+
+def test_a_gate_that_parses_only_inside_a_wrapper_is_refused() -> None:
+    assert gates.syntax_error("exit_code == 0) or (true") is not None
+    assert gates.syntax_error("exit_code == 0") is None
+
+
+def test_a_worker_dies_with_a_run_that_was_killed_mid_gate(write_runbook: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "gate-started"
+    path = write_runbook(gate_step(f"touch {marker}; echo x", "10 ** (10 ** 9) > 0"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(tmp_path / "logs")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    workers = [p for p in Path("/proc").glob("[0-9]*") if _is_worker_of(p, proc.pid)]
+    assert workers, "no gate worker found"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(w.exists() and _state(w) != "Z" for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(w.exists() and _state(w) != "Z" for w in workers)
+
+
+def _is_worker_of(proc_dir: Path, parent: int) -> bool:
+    try:
+        stat = (proc_dir / "stat").read_text()
+        cmdline = (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"gates.py" in cmdline
+
+
+def _state(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

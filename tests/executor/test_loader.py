@@ -122,7 +122,7 @@ def test_cross_references_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 2
     assert lines == [
         "F:9:11: step 'a': unknown host 'bx'; did you mean 'box'?",
-        "F:11:15: gate 'exit_code == ' does not parse: unexpected ')'",
+        "F:11:15: gate 'exit_code == ' does not parse: unexpected 'end of template'",
         "F:12:9: gate refers to step 'zz', which does not run before 'a'",
         "F:12:9: gate refers to step 'a', which does not run before 'a'",
         "F:13:9: duplicate step id 'a' (also step 1)",
