@@ -132,6 +132,7 @@ class AuditLog:
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "interrupted": result.interrupted,
+            "kill_confirmed": result.kill_confirmed,
             "started_at": result.started_at,
             "duration_s": result.duration_s,
         }

@@ -61,14 +61,15 @@ members() {
   found=()
   local f line
   for f in /proc/[0-9]*/stat; do
-    { IFS= read -r line < "$f"; } 2> /dev/null || continue
-    line=${line##*) }
+    IFS= read -r line < "$f" || continue
+    line=${line#*) }
+    case $line in *")"*) line=${line##*) } ;; esac
     case $line in [ZX]*) continue ;; esac
     line=${line#* }
     line=${line#* }
     line=${line#* }
     [ "${line%% *}" = "$pid" ] && found+=("${f:6:-5}")
-  done
+  done 2> /dev/null
 }
 killed_note="""
     + shlex.quote(KILLED_NOTE)
@@ -101,7 +102,7 @@ pid=$!
 # its session, and to "$pid" itself, as its session is missing until setsid has run; KILL once the
 # session is still not empty after 2 s; then the last line of stderr says what the host confirmed.
 (
-  cat <&3
+  cat <&3 > /dev/null 2>&1
   : > "$dir/stop"
   members
   kill -TERM -- "-$pid" "$pid" ${found[@]+"${found[@]}"} 2> /dev/null
@@ -113,10 +114,11 @@ pid=$!
   kill_session
   case $? in
     0) printf '\n%s\n' "$killed_note" >&2 ;;
-    1) printf '\n%s: %s still running after KILL (pids %s)\n' "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2 ;;
+    1) printf '\n%s: %s still running after KILL (pids %s)\n' \
+      "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2 ;;
     *) printf '\n%s: %s\n' "$unconfirmed_note" "this host has no /proc, only its process group was killed" >&2 ;;
   esac
-) > /dev/null &
+) &
 watcher=$!
 wait "$pid" 2> /dev/null  # (bash's own note on a step killed by a signal is no line of the step's)
 rc=$?
@@ -127,7 +129,8 @@ else
   kill "$watcher" 2> /dev/null
   kill_session
   if [ $? = 1 ]; then
-    printf '\n%s: %s the script left running survived KILL (pids %s)\n' "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2
+    printf '\n%s: %s the script left running survived KILL (pids %s)\n' \
+      "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2
   fi
 fi
 exit "$rc"

@@ -4,8 +4,14 @@ A transport runs a `RenderedCommand` (a fixed wrapper plus a byte payload on std
 executor.render; the SSH transport's persistent runner runs the same vars and script its own
 way, alike) and gives back a `CommandResult`. A timeout is a result, not an exception: the
 transport stops the command (it closes the wrapper's stdin, or sends the runner STOP), which
-kills the step's whole process group, and reports `timed_out=True`. Cancellation (Ctrl-C) does
-the same and re-raises `CancelledError` once the remote side is cleaned up (`supervise`).
+kills every process of the step's session, whatever process group it moved to, and reports
+`timed_out=True`; `kill_confirmed` says whether the host confirmed that (its note, the last line of
+the step's stderr, `kill_note`). Cancellation (Ctrl-C) does the same and re-raises `CancelledError`
+once the remote side is cleaned up (`supervise`).
+
+Output beyond OUTPUT_KEEP_BYTES keeps its head and its tail (`Captured`). File transfers stream in
+TRANSFER_CHUNK pieces, hashing as they go, and `check_arrived` compares the source's size and sha256
+with what the destination's side computed from the file that arrived.
 """
 
 from __future__ import annotations
@@ -13,19 +19,27 @@ from __future__ import annotations
 import abc
 import asyncio
 import hashlib
+import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
-from executor.render import RenderedCommand
+from executor.errors import TransportError
+from executor.render import KILLED_NOTE, UNCONFIRMED_NOTE, RenderedCommand
 
-#: Output kept in memory per stream; beyond it only the byte count and sha256 are exact.
+#: Output kept in memory per stream: its first half and its last half (an error is printed last);
+#: between them a line says how much was dropped. The byte count and sha256 cover everything.
 OUTPUT_KEEP_BYTES = 32 * 1024 * 1024
-#: After stdin is closed on a timeout, how long the wrapper gets to kill and report.
+DROPPED_NOTE = b"\n[runbook] %d bytes of output dropped here (the first %d and the last %d of %d bytes are kept)\n"
+#: After stdin is closed on a timeout, how long the wrapper gets to kill and report (it needs at
+#: most ~2 s of TERM's grace and ~2 s of KILL rounds).
 KILL_GRACE_S = 10.0
+#: File transfers move this much at a time: memory stays bounded whatever a file's size.
+TRANSFER_CHUNK = 4 * 1024 * 1024
 #: After a command has exited, how long its output may stay open (a background process holding it).
 OUTPUT_DRAIN_S = 2.0
 _EXIT_POLL_S = 0.2
@@ -41,12 +55,17 @@ OutputSink = Callable[[str, bytes], None]
 
 @dataclass
 class Captured:
-    """One output stream: the kept bytes, plus the full count and hash of everything seen."""
+    """One output stream: its first `head_limit` bytes and its last `tail_limit` bytes (`data`), plus
+    the full count and hash of everything seen. Memory stays within the two limits and a chunk."""
 
     name: str = "stdout"
     sink: OutputSink | None = None
-    data: bytearray = field(default_factory=bytearray)
+    head_limit: int = field(default_factory=lambda: OUTPUT_KEEP_BYTES // 2)
+    tail_limit: int = field(default_factory=lambda: OUTPUT_KEEP_BYTES - OUTPUT_KEEP_BYTES // 2)
     total: int = 0
+    _head: bytearray = field(default_factory=bytearray)
+    _tail: deque[bytes] = field(default_factory=deque)  # chunks; only the last `tail_limit` bytes count
+    _tail_size: int = 0
     _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
 
     def feed(self, chunk: bytes) -> None:
@@ -54,9 +73,45 @@ class Captured:
             self.sink(self.name, chunk)
         self.total += len(chunk)
         self._hash.update(chunk)
-        room = OUTPUT_KEEP_BYTES - len(self.data)
+        room = self.head_limit - len(self._head)
         if room > 0:
-            self.data += chunk[:room]
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk and self.tail_limit > 0:
+            self._tail.append(bytes(chunk))
+            self._tail_size += len(chunk)
+            while self._tail_size - len(self._tail[0]) >= self.tail_limit:
+                self._tail_size -= len(self._tail.popleft())
+
+    @property
+    def dropped(self) -> int:
+        """Bytes seen but not kept (between the head and the tail)."""
+        return self.total - len(self._head) - min(self._tail_size, self.tail_limit)
+
+    @property
+    def data(self) -> bytes:
+        """What is kept: everything, or the head, a line saying how much was dropped, and the tail."""
+        tail = b"".join(self._tail)[-self.tail_limit :] if self.tail_limit > 0 else b""
+        dropped = self.dropped
+        if dropped <= 0:
+            return bytes(self._head) + tail
+        note = DROPPED_NOTE % (dropped, len(self._head), len(tail), self.total)
+        return bytes(self._head) + note + tail
+
+    def end(self, size: int = 4096) -> bytes:
+        """The last `size` bytes of what is kept (the note between head and tail left out), without
+        joining the whole tail."""
+        from_tail = min(size, self._tail_size, self.tail_limit)
+        kept: list[bytes] = []
+        need = from_tail
+        for chunk in reversed(self._tail):
+            if need <= 0:
+                break
+            kept.append(chunk[-need:])
+            need -= len(kept[-1])
+        if size > from_tail:
+            kept.append(bytes(self._head[-(size - from_tail) :]))
+        return b"".join(reversed(kept))
 
     @property
     def sha256(self) -> str:
@@ -79,6 +134,11 @@ class CommandResult:
     timed_out: bool = False
     interrupted: bool = False
     timeout_s: float | None = None  # the limit the command ran under (set by the step context)
+    #: True: the command was stopped (timeout, interrupt) and the host confirmed that every process of
+    #: its session was killed. False: the host could not confirm that (no answer, a process that would
+    #: not die, no /proc), after a stop or for what the script left running. None: not stopped, and
+    #: nothing it left survived.
+    kill_confirmed: bool | None = None
 
     @property
     def stdout_text(self) -> str:
@@ -87,6 +147,13 @@ class CommandResult:
     @property
     def stderr_text(self) -> str:
         return self.stderr.decode("utf-8", "replace")
+
+
+def kill_report(result: CommandResult) -> str:
+    """What a stopped command's messages may say of its processes: only what the host confirmed."""
+    if result.kill_confirmed:
+        return "every process it started was killed (the host confirmed its session empty)"
+    return "could not confirm that the step's processes were killed"
 
 
 class CommandInterrupted(asyncio.CancelledError):
@@ -110,6 +177,19 @@ class Transfer:
 
 class ByteReader(Protocol):
     async def read(self, n: int = -1) -> bytes: ...
+
+
+def kill_note(stderr_end: bytes) -> bool | None:
+    """What the last line of a step's stderr says of its kill, as the wrapper or the runner wrote it
+    (a note of the controller's about output held open may follow): True confirmed, False not, None
+    no such line."""
+    text = stderr_end.removesuffix(HELD_OPEN_NOTE).rstrip(b"\n")
+    last = text[text.rfind(b"\n") + 1 :].decode("utf-8", "replace")
+    if last == KILLED_NOTE:
+        return True
+    if last.startswith(UNCONFIRMED_NOTE):
+        return False
+    return None
 
 
 class Collector:
@@ -145,7 +225,28 @@ class Collector:
             pumps.cancel()
             pumps.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody else will read it
 
-    def result(self, exit_code: int | None, *, timed_out: bool = False, interrupted: bool = False) -> CommandResult:
+    def stopped(self, exit_code: int | None) -> bool:
+        """After a stop: whether the host confirmed the kill; where it said nothing, a note on stderr
+        says that it could not be confirmed, and why."""
+        said = kill_note(self.stderr.end())
+        if exit_code is not None and said is not None:
+            return said
+        why = (
+            f"no answer from the host within {KILL_GRACE_S:g}s of stopping it"
+            if exit_code is None
+            else "the host did not report it"
+        )
+        self.stderr.feed(f"\n{UNCONFIRMED_NOTE}: {why}\n".encode())
+        return False
+
+    def result(
+        self,
+        exit_code: int | None,
+        *,
+        timed_out: bool = False,
+        interrupted: bool = False,
+        kill_confirmed: bool | None = None,
+    ) -> CommandResult:
         return CommandResult(
             exit_code=exit_code,
             stdout=bytes(self.stdout.data),
@@ -158,6 +259,7 @@ class Collector:
             duration_s=round(time.monotonic() - self._t0, 6),
             timed_out=timed_out,
             interrupted=interrupted,
+            kill_confirmed=kill_confirmed,
         )
 
 
@@ -175,18 +277,82 @@ async def supervise(collect: Collector, finish: Awaitable[int | None], timeout: 
     try:
         exit_code = await asyncio.wait_for(asyncio.shield(task), timeout)
     except TimeoutError:
-        return collect.result(await stop(task), timed_out=True)
+        code = await stop(task)
+        return collect.result(code, timed_out=True, kill_confirmed=collect.stopped(code))
     except asyncio.CancelledError:
-        raise CommandInterrupted(collect.result(await stop(task), interrupted=True)) from None
-    return collect.result(exit_code)
+        code = await stop(task)
+        raise CommandInterrupted(collect.result(code, interrupted=True, kill_confirmed=collect.stopped(code))) from None
+    # the host notes what the script left running that would not die
+    return collect.result(exit_code, kill_confirmed=False if kill_note(collect.stderr.end()) is False else None)
+
+
+@dataclass
+class Digest:
+    """Size and sha256 of a byte stream, computed as it passes."""
+
+    size: int = 0
+    _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self._hash.update(chunk)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+def is_hole(chunk: bytes) -> bool:
+    """All zeros: a copy leaves a hole there (seek past it) and the destination stays sparse."""
+    return chunk.count(0) == len(chunk)
+
+
+def read_hashed(source: BinaryIO, digest: Digest) -> bytes:
+    """The next TRANSFER_CHUNK of `source`, counted into `digest` (in a thread: hashing frees the GIL)."""
+    chunk = source.read(TRANSFER_CHUNK)
+    digest.update(chunk)
+    return chunk
+
+
+def write_piece(target: BinaryIO, chunk: bytes) -> None:
+    """Write a chunk at the file's position, or seek past it where it is a hole."""
+    if is_hole(chunk):
+        target.seek(len(chunk), os.SEEK_CUR)
+    else:
+        target.write(chunk)
+
+
+def copy_file(source: Path, target: Path) -> Digest:
+    """Copy in TRANSFER_CHUNK pieces, hashing what was read; holes stay holes, and the copy has the
+    source's full size (a trailing hole included)."""
+    digest = Digest()
+    with source.open("rb") as src, target.open("wb") as dst:
+        while chunk := read_hashed(src, digest):
+            write_piece(dst, chunk)
+        dst.truncate(digest.size)
+    return digest
+
+
+def file_digest(path: Path) -> Digest:
+    """Size and sha256 of a file as read back (the bytes a reader gets, holes as zeros)."""
+    digest = Digest()
+    with path.open("rb") as handle:
+        while read_hashed(handle, digest):
+            pass
+    return digest
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(path).sha256
+
+
+def check_arrived(what: str, sent: Digest, size: int, sha256: str) -> None:
+    """A transfer's source against what its destination's side computed; TransportError on a difference."""
+    if (size, sha256) != (sent.size, sent.sha256):
+        raise TransportError(
+            f"{what} did not arrive whole: the source is {sent.size} bytes (sha256 {sent.sha256}), "
+            f"what arrived is {size} bytes (sha256 {sha256})"
+        )
 
 
 class Transport(abc.ABC):

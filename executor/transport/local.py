@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 from pathlib import Path
 
 from executor.render import RenderedCommand
@@ -15,7 +14,9 @@ from executor.transport.base import (
     OutputSink,
     Transfer,
     Transport,
-    file_sha256,
+    check_arrived,
+    copy_file,
+    file_digest,
     supervise,
 )
 
@@ -58,7 +59,8 @@ class LocalTransport(Transport):
 
     @staticmethod
     async def _stop(proc: asyncio.subprocess.Process, task: asyncio.Future[int | None]) -> int | None:
-        """Close stdin (the wrapper then kills the step's group) and wait for the exit."""
+        """Close stdin (the wrapper then kills the step's session) and wait for the exit; None when the
+        wrapper did not finish within the grace (it is killed: what it should have killed is unconfirmed)."""
         assert proc.stdin
         proc.stdin.close()
         try:
@@ -66,14 +68,21 @@ class LocalTransport(Transport):
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            return await proc.wait()
+            await proc.wait()
+            return None
 
     async def put(self, local: Path, remote: str) -> Transfer:
-        target = Path(remote).expanduser()
-        await asyncio.to_thread(shutil.copyfile, local, target)
-        return Transfer("put", str(local), remote, target.stat().st_size, file_sha256(target))
+        return await self._copy("put", local, Path(remote).expanduser(), str(local), remote)
 
     async def get(self, remote: str, local: Path) -> Transfer:
-        source = Path(remote).expanduser()
-        await asyncio.to_thread(shutil.copyfile, source, local)
-        return Transfer("get", str(local), remote, local.stat().st_size, file_sha256(local))
+        return await self._copy("get", Path(remote).expanduser(), local, str(local), remote)
+
+    @staticmethod
+    async def _copy(direction: str, source: Path, target: Path, local: str, remote: str) -> Transfer:
+        """Stream `source` to `target`, hashing as it goes, then hash the file that arrived."""
+        sent = await asyncio.to_thread(copy_file, source, target)
+        arrived = await asyncio.to_thread(file_digest, target)
+        check_arrived(
+            f"{'upload' if direction == 'put' else 'download'} {source} -> {target}", sent, arrived.size, arrived.sha256
+        )
+        return Transfer(direction, local, remote, sent.size, sent.sha256)

@@ -11,8 +11,9 @@ dropped, the channel's stderr is drained and kept only as the last words for an 
 
 After the token, frames (runner_host.HEADER) carry commands both ways, so several commands share
 the one channel side by side. A command's end follows the same rules as on an exec channel
-(`base.supervise`, `Collector.read_until_exit`): a timeout or interrupt sends STOP (TERM to the
-step's group, KILL after a grace), output a leftover process holds open is abandoned after
+(`base.supervise`, `Collector.read_until_exit`): a timeout or interrupt sends STOP (TERM to every
+process of the step's session, KILL after a grace until it is empty; the runner's note on the step's
+stderr says whether that was confirmed), output a leftover process holds open is abandoned after
 OUTPUT_DRAIN_S. A runner that dies or a channel that breaks fails every command in flight with
 `TransportError` (with the output that had arrived): no command is ever reported finished that
 did not report its exit code.
@@ -154,7 +155,8 @@ class HostRunner:
                     self._send(request_id, host.ABANDON)
 
     async def _stop(self, request_id: int, task: asyncio.Future[int | None]) -> int | None:
-        """STOP (TERM to the step's group, KILL after the runner's grace), then wait for its exit."""
+        """STOP (TERM to the step's session, KILL after the runner's grace), then wait for its exit; None
+        when it did not come within KILL_GRACE_S (the kill is then unconfirmed)."""
         try:
             self._send(request_id, host.STOP)
             return await asyncio.wait_for(asyncio.shield(task), KILL_GRACE_S)

@@ -22,18 +22,23 @@ code as bash's `wait` reports it. Where the wrapper starts a bash that sources t
 one bash start (~1 ms) less. The step sees the same (the names bash would treat apart, as SHLVL,
 no step may have: executor.render.BASH_OWNED_NAMES), except that its folder holds only `script`:
 no vars file, so no secret on the host's disk.
-STOP sends TERM to the step's process group and KILL after STOP_GRACE_S; when the step ends,
-whatever it left in its group is killed. Several steps run side by side.
+STOP sends TERM to every process of the step's session (whatever process group it moved to: GNU
+`timeout`, `set -m`; only `setsid` leaves it) and KILL, round after round until the session is empty,
+once STOP_GRACE_S has passed with the session not yet empty; the step's stderr then ends with a line
+that says whether the host confirmed it (KILLED_NOTE, else UNCONFIRMED_NOTE: the wrapper writes the
+same lines). When the step ends, whatever it left in its session is killed the same way. Several
+steps run side by side.
 
-When the controller goes away (stdin closed: the connection dropped) every step's group is stopped
-as on STOP. If the runner itself dies, a small guard process it forked at start does that, so no
-step outlives its runner.
+When the controller goes away (stdin closed: the connection dropped) every step is stopped as on
+STOP. If the runner itself dies, a small guard process it forked at start does that, so no step
+outlives its runner.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -50,8 +55,15 @@ TOKEN_BYTES = 32
 RUN, STOP, ABANDON = 1, 2, 3
 # runner -> controller
 STDOUT, STDERR, EXIT = 1, 2, 3
-#: As the wrapper's `sleep 2` between TERM and KILL.
+#: As the wrapper's wait (up to 2 s) between TERM and KILL.
 STOP_GRACE_S = 2.0
+#: While a stopped step's session empties after TERM, how often the runner looks (as the wrapper's `sleep 0.1`).
+STOP_POLL_S = 0.1
+#: As executor.render.KILL_ROUNDS, KILLED_NOTE and UNCONFIRMED_NOTE (this program imports nothing of the
+#: controller's; tests/executor/test_kill.py checks that they are equal).
+KILL_ROUNDS = 40
+KILLED_NOTE = b"[runbook] stopped: every process of the step's session was killed"
+UNCONFIRMED_NOTE = b"[runbook] could not confirm that the step's processes were killed"
 #: The exit code the wrapper gives a step that could not start (its payload could not be stored).
 NOT_STARTED = 125
 #: bash's code for a command not found (the wrapper's `exec bash`, where a var PATH lacks bash).
@@ -105,6 +117,69 @@ def signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
+def session_members(sid: int) -> list[int] | None:
+    """Every live process of session `sid` (field 6 of /proc/PID/stat, counted after the command
+    name, which may hold spaces and parens), whatever process group it is in; None without /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    if not os.path.exists("/proc/self/stat"):
+        return None
+    found = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:  # it ended meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 1 :].split()
+        if len(fields) > 3 and fields[0] not in (b"Z", b"X") and int(fields[3]) == sid:
+            found.append(int(entry))
+    return found
+
+
+def signal_session(sid: int, signum: int) -> list[int] | None:
+    """Send `signum` to the step's process group, to its leader and to every process of its session;
+    the processes found there (None without /proc: then only the group got it)."""
+    signal_group(sid, signum)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(sid, signum)
+    members = session_members(sid)
+    for pid in members or ():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    return members
+
+
+def kill_session(sid: int) -> list[int] | None:
+    """KILL session `sid` round after round until it is empty (its processes may fork meanwhile):
+    [] once it is, the survivors of the last round, None without /proc (only the group got KILL)."""
+    for turn in range(KILL_ROUNDS):
+        members = signal_session(sid, signal.SIGKILL)
+        if not members:
+            return members
+        if turn >= 5:
+            time.sleep(0.05)
+    return session_members(sid)
+
+
+def kill_note(survivors: list[int] | None, stopped: bool) -> bytes:
+    """The last line of the step's stderr: what the host confirmed (as the wrapper writes it). Empty
+    for a step that ended on its own and left nothing that survived."""
+    if survivors is None:
+        return (
+            b"\n%s: this host has no /proc, only its process group was killed\n" % UNCONFIRMED_NOTE if stopped else b""
+        )
+    if survivors:
+        what = b"still running after KILL" if stopped else b"the script left running survived KILL"
+        pids = b" ".join(b"%d" % pid for pid in survivors)
+        return b"\n%s: %d %s (pids %s)\n" % (UNCONFIRMED_NOTE, len(survivors), what, pids)
+    return b"\n%s\n" % KILLED_NOTE if stopped else b""
+
+
 def login_environment() -> dict[bytes, bytes]:
     """The login shell's environment as `env -0` wrote it on fd 3, else this process's own."""
     try:
@@ -132,6 +207,8 @@ class Step:
         self.exited = False
         self.kill_at: float | None = None
         self.streams: dict[int, int] = {}  # fd -> STDOUT | STDERR
+        #: Its stderr ended before its session was killed: the end is sent after the note that says so.
+        self.stderr_ended = False
 
 
 class Guard:
@@ -150,7 +227,7 @@ class Guard:
 
     @staticmethod
     def _watch(fd: int) -> None:
-        groups: set[int] = set()
+        groups: set[int] = set()  # the steps' sessions (a step's pid is its session's and its group's id)
         data = b""
         while True:
             chunk = os.read(fd, 4096)
@@ -160,11 +237,12 @@ class Guard:
             *lines, data = data.split(b"\n")
             for line in lines:
                 (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            for pgid in groups:
-                signal_group(pgid, signum)
-            if groups and signum == signal.SIGTERM:
-                time.sleep(STOP_GRACE_S)
+        for sid in groups:
+            signal_session(sid, signal.SIGTERM)
+        if groups:
+            time.sleep(STOP_GRACE_S)
+        for sid in groups:
+            kill_session(sid)
         os._exit(0)
 
     def tell(self, sign: bytes, pgid: int) -> None:
@@ -296,18 +374,37 @@ class Runner:
         return proc, fds[0], fds[1]
 
     def stop(self, step: Step) -> None:
+        """TERM to the step's session; KILL follows once it is empty or STOP_GRACE_S has passed (`serve`)."""
         if not step.exited and step.kill_at is None:
-            signal_group(step.proc.pid, signal.SIGTERM)
+            signal_session(step.proc.pid, signal.SIGTERM)
             step.kill_at = time.monotonic() + STOP_GRACE_S
 
     def forward(self, fd: int, step: Step) -> None:
         data = os.read(fd, CHUNK)
-        self.send(step.request, step.streams[fd], data)
-        if not data:
-            self.selector.unregister(fd)
-            os.close(fd)
-            del step.streams[fd]
-            self.forget(step)
+        kind = step.streams[fd]
+        if data:
+            self.send(step.request, kind, data)
+            return
+        self.selector.unregister(fd)
+        os.close(fd)
+        del step.streams[fd]
+        if kind == STDERR and not step.exited:
+            step.stderr_ended = True  # `reap` sends the end after its note
+        else:
+            self.send(step.request, kind, b"")
+        self.forget(step)
+
+    def drain(self, step: Step) -> None:
+        """Forward what the step's pipes still hold, once its session is dead (so before the note that
+        says so, as in the wrapper, where the note follows the step's output in the same pipe).
+        Bounded: a process that left the session (setsid) may hold a pipe and keep writing."""
+        for fd in list(step.streams):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            for _ in range(256):
+                if fd not in step.streams or not poller.poll(0):
+                    break
+                self.forward(fd, step)
 
     def close_streams(self, step: Step) -> None:
         for fd in list(step.streams):
@@ -317,11 +414,21 @@ class Runner:
         self.forget(step)
 
     def reap(self, step: Step) -> None:
-        """Once the step's process has exited: kill what it left in its group, report the exit."""
+        """Once the step's process has exited: kill what it left in its session (a stopped step's
+        session gets TERM's grace to empty itself first), say what the host confirmed, report the exit."""
         pid = step.proc.pid
         if step.exited or os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return
-        signal_group(pid, signal.SIGKILL)  # before reaping: the group's id cannot be reused yet
+        kill_at = step.kill_at
+        if kill_at is not None and time.monotonic() < kill_at < KILLED and session_members(pid):
+            return  # `serve` looks again every STOP_POLL_S
+        survivors = kill_session(pid)  # before reaping: the session's id cannot be reused yet
+        self.drain(step)
+        note = kill_note(survivors, stopped=kill_at is not None)
+        if note:
+            self.send(step.request, STDERR, note)
+        if step.stderr_ended:
+            self.send(step.request, STDERR, b"")
         code = exit_code(step.proc.wait())
         self.guard.tell(b"-", pid)
         step.exited = True
@@ -337,7 +444,9 @@ class Runner:
         while self.connected or self.steps:
             now = time.monotonic()
             deadlines = [
-                s.kill_at for s in self.steps.values() if s.kill_at is not None and s.kill_at < KILLED and not s.exited
+                min(s.kill_at, now + STOP_POLL_S)  # a stopped step's session may empty before its grace ends
+                for s in self.steps.values()
+                if s.kill_at is not None and s.kill_at < KILLED and not s.exited
             ]
             for key, _ in self.selector.select(max(0.0, min(deadlines) - now) if deadlines else None):
                 if key.data == "stdin":
@@ -349,7 +458,7 @@ class Runner:
             for step in list(self.steps.values()):
                 self.reap(step)
                 if not step.exited and step.kill_at is not None and time.monotonic() >= step.kill_at:
-                    signal_group(step.proc.pid, signal.SIGKILL)
+                    kill_session(step.proc.pid)
                     step.kill_at = KILLED
             self.flush()
 

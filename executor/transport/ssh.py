@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -33,12 +32,15 @@ from executor.transport.base import (
     KILL_GRACE_S,
     Collector,
     CommandResult,
+    Digest,
     OutputSink,
     Transfer,
     Transport,
+    check_arrived,
     supervise,
 )
 from executor.transport.runner import HostRunner, RunnerUnavailable
+from executor.transport.transfer import CHECK_TIMEOUT_S, check_command, parse_check, sftp_download, sftp_upload
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +301,8 @@ class SSHTransport(Transport):
 
     @staticmethod
     async def _stop(proc: asyncssh.SSHClientProcess[bytes], task: asyncio.Future[int | None]) -> int | None:
-        """Send EOF (the wrapper then kills the step's group), wait for the exit, then close."""
+        """Send EOF (the wrapper then kills the step's session), wait for the exit, then close; None
+        when no exit came within the grace (the kill is then unconfirmed)."""
         with contextlib.suppress(OSError, asyncssh.Error):
             proc.stdin.write_eof()
         try:
@@ -310,25 +313,35 @@ class SSHTransport(Transport):
             proc.close()
 
     async def put(self, local: Path, remote: str) -> Transfer:
+        """Stream `local` to the host over SFTP (executor/transport/transfer.py), then check on the host
+        that the file there has the source's size and sha256."""
         conn = await self._connection()
-        digest = hashlib.sha256(local.read_bytes()).hexdigest()
+        what = f"upload of {local} to {self.name}:{remote}"
         try:
             async with conn.start_sftp_client() as sftp:
-                await sftp.put(str(local), remote)
-                size = (await sftp.stat(remote)).size
+                sent, path = await sftp_upload(sftp, local, remote)
         except (OSError, asyncssh.Error) as exc:
-            raise TransportError(f"upload of {local} to {self.name}:{remote} failed: {exc}") from None
-        return Transfer("put", str(local), remote, int(size or 0), digest)
+            raise TransportError(f"{what} failed: {exc}") from None
+        await self._check_arrived(what, path, sent)
+        return Transfer("put", str(local), remote, sent.size, sent.sha256)
 
     async def get(self, remote: str, local: Path) -> Transfer:
+        """Stream the host's file into `local` over SFTP, then check that what arrived has the size and
+        sha256 the host computes for its file."""
         conn = await self._connection()
+        what = f"download of {self.name}:{remote}"
         try:
             async with conn.start_sftp_client() as sftp:
-                await sftp.get(remote, str(local))
+                received, path = await sftp_download(sftp, remote, local)
         except (OSError, asyncssh.Error) as exc:
-            raise TransportError(f"download of {self.name}:{remote} failed: {exc}") from None
-        data = local.read_bytes()
-        return Transfer("get", str(local), remote, len(data), hashlib.sha256(data).hexdigest())
+            raise TransportError(f"{what} failed: {exc}") from None
+        await self._check_arrived(what, path, received)
+        return Transfer("get", str(local), remote, received.size, received.sha256)
+
+    async def _check_arrived(self, what: str, path: str, streamed: Digest) -> None:
+        """The host's size and sha256 of its file at `path` against what the controller streamed."""
+        size, sha256 = parse_check(await self.run(check_command(path), CHECK_TIMEOUT_S), what)
+        check_arrived(what, streamed, size, sha256)
 
     def take_notes(self) -> list[str]:
         notes, self._notes = self._notes, []
