@@ -8,9 +8,12 @@ a line equal to any heredoc delimiter), and no size limit of the command line ap
 
 The wrapper runs the script as its own session (`setsid`) with stdin at EOF, so a `read` in
 the script cannot swallow anything. It then waits on its own stdin: when that closes (the
-controller's timeout or interrupt, or a lost connection) it kills the step's whole process
-group. When the script ends, whatever it left in its group is killed too: a daemon that must
-outlive its step has to start its own session.
+controller's timeout or interrupt, or a lost connection) it kills every process of the step's
+session, whatever process group it moved to (GNU `timeout`, jobs under `set -m`): TERM, up to 2 s
+for the session to empty, then KILL round after round until /proc shows none left; the last line
+of its stderr then says what it confirmed (KILLED_NOTE, or UNCONFIRMED_NOTE and why). When the
+script ends, whatever it left in its session is killed the same way: a daemon that must outlive
+its step has to start its own session (`setsid`).
 
 Step kinds that embed a program in a script (Python for a probe, say) use `heredoc`, whose
 delimiter is random and checked to be absent from the body.
