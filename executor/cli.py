@@ -297,10 +297,10 @@ async def _run_interruptible(engine: Engine) -> int:
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
-        # the first signal starts a bounded clean-up (remote process groups killed, audit written);
+        # the first signal starts a bounded clean-up (remote sessions killed, audit written);
         # a second one must not cut that short, or the interrupted command would go unrecorded
         if not task.cancelling():
-            print("runbook: stopping: killing the running commands' process groups", file=sys.stderr)
+            print("runbook: stopping: killing every process of the running commands' sessions", file=sys.stderr)
             task.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

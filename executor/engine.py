@@ -8,6 +8,7 @@ audited before the step's state is written, so the state never claims more than 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -243,15 +244,26 @@ class HostContext(StepContext):
         return await self._transfer(self.engine.transports[self.host_name].put(local, remote))
 
     async def get(self, remote: str, local: Path) -> Transfer:
-        return await self._transfer(self.engine.transports[self.host_name].get(remote, local))
+        return await self._transfer(self.engine.transports[self.host_name].get(remote, local), into=local)
 
-    async def _transfer(self, transfer: Awaitable[Transfer]) -> Transfer:
+    async def _transfer(self, transfer: Awaitable[Transfer], into: Path | None = None) -> Transfer:
+        """`into`: the file of the run folder that a fetch writes; a full or failing disk there stops the run."""
         limit = self.spec.timeout or self.engine.runbook.header.defaults.timeout  # a stalled SFTP must not hang
         try:
-            done = await asyncio.wait_for(transfer, limit)
+            try:
+                done = await asyncio.wait_for(transfer, limit)
+            except BaseException:
+                if into is not None:  # no half-fetched file is left behind (on a full disk, it filled it)
+                    with contextlib.suppress(OSError):
+                        into.unlink(missing_ok=True)
+                raise
         except TimeoutError:
             raise AttemptFailed(f"file transfer timed out after {limit:g}s") from None
-        except (TransportError, OSError) as exc:
+        except OSError as exc:
+            if into is not None and exc.errno in durable.DISK_ERRNOS:
+                raise durable.failed(exc, into.parent, "a fetched file") from None
+            raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
+        except TransportError as exc:
             raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
@@ -679,10 +691,12 @@ class Engine:
             raise
         except asyncio.CancelledError as exc:
             record.status = "interrupted"
+            # cancelled by a signal, or because another host's write to the run folder failed
+            why = "stopped: a write to the run folder failed" if self.write_failure else "interrupted by a signal"
             said = (
-                f"interrupted by a signal; the command still running was stopped: {kill_report(exc.result)}"
+                f"{why}; the command still running was stopped: {kill_report(exc.result)}"
                 if isinstance(exc, CommandInterrupted)
-                else "interrupted by a signal between the step's commands"
+                else f"{why} between the step's commands"
             )
             record.message = "\n".join([said, *failures])
             raise

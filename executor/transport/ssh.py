@@ -333,7 +333,7 @@ class SSHTransport(Transport):
         try:
             async with conn.start_sftp_client() as sftp:
                 received, path = await sftp_download(sftp, remote, local)
-        except (OSError, asyncssh.Error) as exc:
+        except (ConnectionError, asyncssh.Error) as exc:  # the host's side; an OSError of `local` is the caller's
             raise TransportError(f"{what} failed: {exc}") from None
         await self._check_arrived(what, path, received)
         return Transfer("get", str(local), remote, received.size, received.sha256)

@@ -329,3 +329,16 @@ def test_a_report_that_does_not_fit_raises_a_durable_write_error(small_disk: Pat
         write_report(run_dir, BASELINE, DFLASH)
     assert raised.value.errno == errno.ENOSPC and "report" in raised.value.what
     assert not list(run_dir.glob("*.tmp"))  # nothing half-written left behind
+
+
+def test_a_fetch_into_a_full_run_folder_stops_the_run(
+    small_disk: Path, tmp_path: Path, write_runbook: Any, sshd: Any
+) -> None:
+    logs, big = small_disk / "logs", tmp_path / "big.bin"
+    big.write_bytes(os.urandom(8 << 20))  # random: no holes to keep, twice the disk
+    text = book_text("fetch-full", tmp_path, {"f1": "true", "f2": 'echo f2 >> "$side"'}, "__HOSTS__\n")
+    text = text.replace('    script: "true"\n', f'    script: "true"\n    fetch: [{{src: {big}, dest: big.bin}}]\n', 1)
+    book = write_runbook(text)
+    done = cli("run", str(book), "--log-dir", str(logs))
+    check_stopped(done, logs)
+    assert "a fetched file" in done.stderr and side(tmp_path / "side.txt") == []  # f2 never started
