@@ -140,13 +140,17 @@ def test_sigterm_during_a_spinning_gate_ends_the_run_with_130(write_runbook: Any
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the step never ran"
-    time.sleep(1.0)  # the command has finished; the gate is spinning in its worker
-    proc.send_signal(signal.SIGTERM)
-    _out, err = proc.communicate(timeout=gates.GATE_TIME_S - 1)  # sooner than the gate's own bound
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the step never ran"
+        time.sleep(1.0)  # the command has finished; the gate is spinning in its worker
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=gates.GATE_TIME_S - 1)  # sooner than the gate's own bound
+    finally:
+        proc.kill()  # whatever happened: never leave a spinning run behind
+        proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     done = subprocess.run(
@@ -360,14 +364,16 @@ def test_a_worker_dies_with_a_run_that_was_killed_mid_gate(write_runbook: Any, t
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)
-    workers = [p for p in Path("/proc").glob("[0-9]*") if _is_worker_of(p, proc.pid)]
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        workers = [p for p in Path("/proc").glob("[0-9]*") if _is_worker_of(p, proc.pid)]
+    finally:
+        proc.kill()
+        proc.wait()
     assert workers, "no gate worker found"
-    proc.kill()
-    proc.wait()
     deadline = time.monotonic() + 10
     while any(w.exists() and _state(w) != "Z" for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
