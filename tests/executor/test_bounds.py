@@ -23,6 +23,7 @@ from executor import gates
 from executor.cli import main
 from executor.gates import GATE_MEMORY_BYTES, GateWorkers
 from executor.stepkind import FACTS_MAX_DEPTH
+from tests.executor.test_resume import start
 
 NAMES: dict[str, Any] = {"stdout": "a" * 48 + "!", "stderr": "", "exit_code": 0, "facts": {}, "steps": {}, "vars": {}}
 
@@ -130,22 +131,25 @@ def test_any_gate_built_of_hostile_parts_gives_a_verdict_within_its_bound(
     assert time.monotonic() - started < 20
 
 
-def test_sigterm_during_a_spinning_gate_ends_the_run_with_130(write_runbook: Any, tmp_path: Path) -> None:
+def start_spinning_gate(write_runbook: Any, tmp_path: Path) -> subprocess.Popen[str]:
+    """`runbook run` of a step whose gate spins in its worker, returned once the gate is spinning."""
     marker = tmp_path / "gate-started"
     path = write_runbook(gate_step(f"touch {marker}; echo x", "10 ** (10 ** 9) > 0"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(tmp_path / "logs")],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start("run", str(path), "--log-dir", str(tmp_path / "logs"))
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not marker.exists():
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the step never ran")
+    time.sleep(1.0)  # the command has finished; the gate is spinning in its worker
+    return proc
+
+
+def test_sigterm_during_a_spinning_gate_ends_the_run_with_130(write_runbook: Any, tmp_path: Path) -> None:
+    proc = start_spinning_gate(write_runbook, tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), "the step never ran"
-        time.sleep(1.0)  # the command has finished; the gate is spinning in its worker
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=gates.GATE_TIME_S - 1)  # sooner than the gate's own bound
     finally:
@@ -356,23 +360,12 @@ def test_a_gate_that_parses_only_inside_a_wrapper_is_refused() -> None:
 
 
 def test_a_worker_dies_with_a_run_that_was_killed_mid_gate(write_runbook: Any, tmp_path: Path) -> None:
-    marker = tmp_path / "gate-started"
-    path = write_runbook(gate_step(f"touch {marker}; echo x", "10 ** (10 ** 9) > 0"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(tmp_path / "logs")],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_spinning_gate(write_runbook, tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)
         workers = [p for p in Path("/proc").glob("[0-9]*") if _is_worker_of(p, proc.pid)]
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # its pipes too
     assert workers, "no gate worker found"
     deadline = time.monotonic() + 10
     while any(w.exists() and _state(w) != "Z" for w in workers) and time.monotonic() < deadline:
