@@ -50,6 +50,7 @@ from executor.transport.base import (
     OutputSink,
     Transfer,
     kill_report,
+    open_regular,
 )
 
 TAIL_LINES = 20
@@ -140,7 +141,7 @@ def _digest(value: Any) -> str:
 def _file_digest(path: Path) -> str:
     """The sha256 of a local file, or why there is none (a missing file fails the step when it runs)."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:  # never a FIFO (its open blocks) or a device (it never ends)
             return hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError as exc:
         return f"unreadable: {exc.strerror}"

@@ -41,6 +41,9 @@ KILLED_NOTE = "[runbook] stopped: every process of the step's session was killed
 UNCONFIRMED_NOTE = "[runbook] could not confirm that the step's processes were killed"
 #: Rounds of KILL over the step's session before its survivors are reported (the 6th on pause 50 ms).
 KILL_ROUNDS = 40
+#: Scans of the step's session in a row that must find it empty before it counts as empty (a process
+#: that forks and exits between a scan's listing of /proc and its reads is missed by one scan).
+EMPTY_SCANS = 3
 
 WRAPPER = (
     r"""# runbook step wrapper. Arguments: byte lengths of the environment and of the script,
@@ -64,7 +67,9 @@ members() {
   found=()
   local f line
   for f in /proc/[0-9]*/stat; do
-    IFS= read -r line < "$f" || continue
+    # the whole file: a command name may hold a newline (read stops at none; its status is 1 at EOF)
+    IFS= read -r -d '' line < "$f"
+    [ -n "$line" ] || continue
     line=${line#*) }
     case $line in *")"*) line=${line##*) } ;; esac
     case $line in [ZX]*) continue ;; esac
@@ -81,16 +86,23 @@ unconfirmed_note="""
     + shlex.quote(UNCONFIRMED_NOTE)
     + r"""
 # KILL the step's session until it is empty (its processes may fork meanwhile). Status 0: empty;
-# 1: $found survived every round; 2: no /proc, only the step's process group got KILL
+# 1: $found survived every round; 2: no /proc, only the step's process group got KILL. Empty means
+# that many scans in a row found nothing: one scan can miss a process that forks and exits meanwhile.
 kill_session() {
-  local round
+  local round empty=0
   kill -KILL -- "-$pid" "$pid" 2> /dev/null
   [ -r /proc/self/stat ] || return 2
   for ((round = 1; round <= """
     + str(KILL_ROUNDS)
     + r"""; round++)); do
     members
-    [ "${#found[@]}" -eq 0 ] && return 0
+    if [ "${#found[@]}" -eq 0 ]; then
+      ((++empty < """
+    + str(EMPTY_SCANS)
+    + r""")) || return 0
+      continue
+    fi
+    empty=0
     kill -KILL "${found[@]}" 2> /dev/null
     [ "$round" -le 5 ] || sleep 0.05
   done

@@ -27,9 +27,12 @@ from typing import Any
 
 from executor import durable
 from executor.errors import ResumeError, RunLocked, StateError
+from executor.transport.base import open_regular
 
 STATE_FILE = "state.db"
 META_FILE = "run.json"
+#: A run.json is a few KiB; one past this is damaged, and is not read whole.
+META_MAX_BYTES = 1024 * 1024
 LOCK_FILE = "lock"
 #: written after `run.json` by the run itself: a folder holding one of these without a `run.json` was a run
 _RUN_FILES = ("audit.head", "audit.jsonl")
@@ -441,7 +444,11 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
             return UnreadableRun(folder.name, f"{META_FILE} is missing")
         return None
     try:
-        data = json.loads(meta_file.read_text(encoding="utf-8"))
+        with open_regular(meta_file) as handle:  # a FIFO or /dev/zero in its place must not hang a listing
+            raw = handle.read(META_MAX_BYTES + 1)
+        if len(raw) > META_MAX_BYTES:
+            raise TypeError(f"larger than {META_MAX_BYTES // 1024} KiB: no run.json is")
+        data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise TypeError(f"expected an object, got {type(data).__name__}")
         why = _misshapen(data, _META_SHAPES)

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import errno
 import hashlib
+import io
 import os
+import stat
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -307,6 +310,20 @@ def is_hole(chunk: bytes) -> bool:
     return chunk.count(0) == len(chunk)
 
 
+def open_regular(path: Path) -> io.BufferedReader:
+    """`path` opened for reading, refused unless it is a regular file: opening a FIFO waits for a writer
+    (forever, and in the event loop's thread), and a device such as /dev/zero never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once this way
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder is never transferred)", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_hashed(source: BinaryIO, digest: Digest) -> bytes:
     """The next TRANSFER_CHUNK of `source`, counted into `digest` (in a thread: hashing frees the GIL)."""
     chunk = source.read(TRANSFER_CHUNK)
@@ -326,7 +343,7 @@ def copy_file(source: Path, target: Path) -> Digest:
     """Copy in TRANSFER_CHUNK pieces, hashing what was read; holes stay holes, and the copy has the
     source's full size (a trailing hole included)."""
     digest = Digest()
-    with source.open("rb") as src, target.open("wb") as dst:
+    with open_regular(source) as src, target.open("wb") as dst:
         while chunk := read_hashed(src, digest):
             write_piece(dst, chunk)
         dst.truncate(digest.size)

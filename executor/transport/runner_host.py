@@ -59,9 +59,10 @@ STDOUT, STDERR, EXIT = 1, 2, 3
 STOP_GRACE_S = 2.0
 #: While a stopped step's session empties after TERM, how often the runner looks (as the wrapper's `sleep 0.1`).
 STOP_POLL_S = 0.1
-#: As executor.render.KILL_ROUNDS, KILLED_NOTE and UNCONFIRMED_NOTE (this program imports nothing of the
+#: As executor.render.KILL_ROUNDS, EMPTY_SCANS, KILLED_NOTE and UNCONFIRMED_NOTE (this program imports nothing of the
 #: controller's; tests/executor/test_kill.py checks that they are equal).
 KILL_ROUNDS = 40
+EMPTY_SCANS = 3
 KILLED_NOTE = b"[runbook] stopped: every process of the step's session was killed"
 UNCONFIRMED_NOTE = b"[runbook] could not confirm that the step's processes were killed"
 #: The exit code the wrapper gives a step that could not start (its payload could not be stored).
@@ -157,10 +158,17 @@ def signal_session(sid: int, signum: int) -> list[int] | None:
 def kill_session(sid: int) -> list[int] | None:
     """KILL session `sid` round after round until it is empty (its processes may fork meanwhile):
     [] once it is, the survivors of the last round, None without /proc (only the group got KILL)."""
+    empty = 0
     for turn in range(KILL_ROUNDS):
         members = signal_session(sid, signal.SIGKILL)
+        if members is None:
+            return None
         if not members:
-            return members
+            empty += 1
+            if empty >= EMPTY_SCANS:  # one scan can miss a process that forks and exits meanwhile
+                return members
+            continue
+        empty = 0
         if turn >= 5:
             time.sleep(0.05)
     return session_members(sid)

@@ -138,9 +138,10 @@ class SSHTransport(Transport):
             return None, ""
         own = [os.path.expanduser(host.known_hosts)] if host.known_hosts is not None else []
         for path in own:
-            if not os.path.exists(path):
+            if not os.path.isfile(path):
+                what = "is not a file" if os.path.exists(path) else "does not exist"
                 raise HostKeyError(
-                    f"host key of {hop.label} cannot be verified: its known_hosts file {path} does not exist"
+                    f"host key of {hop.label} cannot be verified: its known_hosts file {path} {what}"
                     f" (create it with the host's key: ssh-keyscan, or {TURN_OFF})"
                 )
         if final and own:

@@ -61,7 +61,7 @@ def parse_check(result: CommandResult, what: str) -> tuple[int, str]:
 async def sftp_upload(sftp: Any, local: Path, remote: str) -> tuple[Digest, str]:
     """Send `local` to `remote`; what was sent, and the file's absolute path on the host."""
     sent = Digest()
-    with local.open("rb") as source:
+    with base.open_regular(local) as source:
         async with sftp.open(remote, "wb") as target:
             offset = 0
             while chunk := await asyncio.to_thread(read_hashed, source, sent):

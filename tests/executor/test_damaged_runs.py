@@ -318,3 +318,24 @@ def test_a_kill_in_a_retry_delay_is_said_to_have_its_record(tmp_path: Path, writ
     shown = cli("audit", "show", str(resumed)).stdout
     assert f"abandoned: was running when run {killed} stopped; run {killed}'s log holds 1 record(s)" in shown
     assert cli("audit", "verify", str(resumed)).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "huge"])
+def test_a_run_json_that_is_no_small_file_is_named_not_read_forever(finished_run: tuple[Path, Path], kind: str) -> None:
+    book, logs = finished_run
+    with _copy(logs) as copy:
+        run_id = sorted(p.name for p in copy.iterdir() if p.is_dir())[-1]
+        meta = copy / run_id / "run.json"
+        meta.unlink()
+        if kind == "dev-zero":
+            meta.symlink_to("/dev/zero")
+        elif kind == "fifo":
+            os.mkfifo(meta)
+        else:
+            meta.write_text(" " * (2 << 20) + "{}")
+        code, out, _err = _main("runs", "--log-dir", str(copy))
+        assert code == 0 and "unreadable" in out
+        for command, (code, _out, err) in _every_command(book, copy, run_id).items():
+            if command.startswith("runs") or command == "audit show":  # show prints the log as it is
+                continue
+            assert code == 2, (command, code, err)

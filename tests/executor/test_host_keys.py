@@ -135,12 +135,15 @@ def test_jump_host_key_is_verified_despite_its_ssh_config(write_runbook, sshd: S
         proc.wait(timeout=10)
 
 
-def test_missing_known_hosts_file_is_a_refusal_not_retried(write_runbook, sshd: SSHServer, tmp_path) -> None:
+@pytest.mark.parametrize("what", ["does not exist", "is not a file"])
+def test_missing_known_hosts_file_is_a_refusal_not_retried(write_runbook, sshd: SSHServer, tmp_path, what) -> None:
     missing = tmp_path / "no" / "known_hosts"
+    if what == "is not a file":
+        missing.mkdir(parents=True)
     path = write_runbook(RUNBOOK, hosts=_host(sshd, known_hosts=missing))
     done = runbook_cli("run", str(path), "--log-dir", str(tmp_path / "logs"), env=_home(tmp_path))
     assert done.returncode == 1, done.stderr
-    assert f"its known_hosts file {missing} does not exist" in done.stderr
+    assert f"its known_hosts file {missing} {what}" in done.stderr
     assert TURN_OFF in done.stderr
     assert _attempts(tmp_path / "logs") == 1
 

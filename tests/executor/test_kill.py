@@ -158,6 +158,52 @@ def test_a_command_name_with_spaces_and_parens_is_read_right(run: Callable[..., 
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_command_name_with_a_newline_is_read_right(run: Callable[..., CommandResult], tmp_path: Path) -> None:
+    """A name may hold a newline too: a reader that stops at the first line never sees the session field."""
+    odd = tmp_path / "nl\nZ 1 1 1"
+    os.symlink(shutil.which("sleep") or "/bin/sleep", odd)
+    seconds = str(810_000 + os.getpid() % 1000)
+    try:
+        result = run(f'set -m\n"{tmp_path}/nl"$\'\\n\'"Z 1 1 1" {seconds} &\nset +m\nsleep 0.3\nexit 0\n', timeout=30)
+        assert result.exit_code == 0, result.stderr
+        assert all_gone(f"{seconds}"), "a process whose name holds a newline survived the step"
+    finally:
+        for pid in live_pids(cmdline=seconds):
+            os.kill(pid, signal.SIGKILL)
+
+
+CHAIN = """import os, sys, time
+deadline = time.time() + float(sys.argv[1])
+while time.time() < deadline:  # one process at a time, each in a new group: forks, then exits
+    if os.fork():
+        os._exit(0)
+    os.setpgid(0, 0)
+    time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("ends", ["timeout", "end of script"])
+def test_a_chain_of_forks_that_exit_is_killed_or_not_claimed(
+    run: Callable[..., CommandResult], tmp_path: Path, ends: str
+) -> None:
+    """A process that forks and exits in a loop is never where one scan of /proc saw it: the session
+    counts as empty only after several scans in a row find nothing, and the chain dies with the step."""
+    chain = tmp_path / "chain.py"
+    chain.write_text(CHAIN)
+    marker = str(12.0 + (os.getpid() % 1000) / 10_000)  # its own argv, to find it in /proc
+    tail = "sleep 100" if ends == "timeout" else "sleep 0.5"
+    result = run(f"python3 {chain} {marker} > /dev/null 2>&1 < /dev/null &\n{tail}\n", timeout=2)
+    try:
+        survived = wait_until(lambda: bool(live_pids(cmdline=marker)), 1.0)  # seen in any scan for 1 s
+        if survived:  # honest at least: never "confirmed" while it runs on
+            assert result.kill_confirmed is not True, "the chain survived a kill the host confirmed"
+        assert not survived, "a chain of forks outlived its step"
+    finally:
+        for pid in live_pids(cmdline=marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 # --- what could not be confirmed ------------------------------------------------------------
 
 
@@ -324,6 +370,7 @@ def test_the_runner_writes_the_wrapper_s_lines() -> None:
     assert KILLED_NOTE.encode() == runner_host.KILLED_NOTE
     assert UNCONFIRMED_NOTE.encode() == runner_host.UNCONFIRMED_NOTE
     assert runner_host.KILL_ROUNDS == render.KILL_ROUNDS
+    assert runner_host.EMPTY_SCANS == render.EMPTY_SCANS
 
 
 def test_the_wrapper_confirms_the_kill_when_its_stdin_closes(sleeper: Callable[[], str]) -> None:

@@ -194,3 +194,27 @@ def test_the_cli_fails_a_fetch_that_did_not_arrive_whole(write_runbook, tmp_path
     done = runbook_cli("run", str(path), "--log-dir", str(tmp_path / "logs"))
     assert done.returncode == 1
     assert "did not arrive whole" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("source", ["fifo", "dev-zero"])
+def test_an_upload_of_no_regular_file_fails_at_once(write_runbook, tmp_path: Path, source: str) -> None:
+    """A FIFO's open waits for a writer and /dev/zero never ends: neither may hang the run (nor its
+    fingerprint, which hashes what an upload reads), whatever the step's timeout."""
+    src = tmp_path / "src"
+    if source == "fifo":
+        os.mkfifo(src)
+    else:
+        src.symlink_to("/dev/zero")
+    book = write_runbook(f"""\
+        name: t
+        __HOSTS__
+        steps:
+          - id: up
+            kind: shell
+            timeout: 10m
+            upload: [{{src: {src}, dest: {tmp_path / "dest"}}}]
+            script: "true"
+        """)
+    done = runbook_cli("run", str(book), "--log-dir", str(tmp_path / "logs"), timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "not a regular file" in done.stderr
