@@ -42,8 +42,11 @@ UNCONFIRMED_NOTE = "[runbook] could not confirm that the step's processes were k
 #: Rounds of KILL over the step's session before its survivors are reported (the 6th on pause 50 ms).
 KILL_ROUNDS = 40
 #: Scans of the step's session in a row that must find it empty before it counts as empty (a process
-#: that forks and exits between a scan's listing of /proc and its reads is missed by one scan).
+#: that forks and exits between a scan's listing of /proc and its reads is missed by one scan): after a
+#: stop, or once a scan found anyone; END_SCANS at the end of a script that left nothing behind, the
+#: common case, paid by every step.
 EMPTY_SCANS = 3
+END_SCANS = 2
 
 WRAPPER = (
     r"""# runbook step wrapper. Arguments: byte lengths of the environment and of the script,
@@ -67,7 +70,10 @@ members() {
   found=()
   local f line
   for f in /proc/[0-9]*/stat; do
-    # the whole file: a command name may hold a newline (read stops at none; its status is 1 at EOF)
+    # the whole file: a command name may hold a newline (read stops at none; its status is 1 at EOF).
+    # Emptied first: a file that ended meanwhile must not leave the last one's line (nor, under set -u,
+    # an unset one: that would end the watcher without a word)
+    line=
     IFS= read -r -d '' line < "$f"
     [ -n "$line" ] || continue
     line=${line#*) }
@@ -89,7 +95,9 @@ unconfirmed_note="""
 # 1: $found survived every round; 2: no /proc, only the step's process group got KILL. Empty means
 # that many scans in a row found nothing: one scan can miss a process that forks and exits meanwhile.
 kill_session() {
-  local round empty=0
+  local round empty=0 needed=${1:-"""
+    + str(EMPTY_SCANS)
+    + r"""}
   kill -KILL -- "-$pid" "$pid" 2> /dev/null
   [ -r /proc/self/stat ] || return 2
   for ((round = 1; round <= """
@@ -97,12 +105,12 @@ kill_session() {
     + r"""; round++)); do
     members
     if [ "${#found[@]}" -eq 0 ]; then
-      ((++empty < """
-    + str(EMPTY_SCANS)
-    + r""")) || return 0
+      ((++empty < needed)) || return 0
       continue
     fi
-    empty=0
+    empty=0 needed="""
+    + str(EMPTY_SCANS)
+    + r"""
     kill -KILL "${found[@]}" 2> /dev/null
     [ "$round" -le 5 ] || sleep 0.05
   done
@@ -142,7 +150,9 @@ if [ -e "$dir/stop" ]; then
 else
   # the script ended: what it left running in its session dies with it
   kill "$watcher" 2> /dev/null
-  kill_session
+  kill_session """
+    + str(END_SCANS)
+    + r"""
   if [ $? = 1 ]; then
     printf '\n%s: %s the script left running survived KILL (pids %s)\n' \
       "$unconfirmed_note" "${#found[@]}" "${found[*]}" >&2

@@ -370,7 +370,7 @@ def test_the_runner_writes_the_wrapper_s_lines() -> None:
     assert KILLED_NOTE.encode() == runner_host.KILLED_NOTE
     assert UNCONFIRMED_NOTE.encode() == runner_host.UNCONFIRMED_NOTE
     assert runner_host.KILL_ROUNDS == render.KILL_ROUNDS
-    assert runner_host.EMPTY_SCANS == render.EMPTY_SCANS
+    assert (runner_host.EMPTY_SCANS, runner_host.END_SCANS) == (render.EMPTY_SCANS, render.END_SCANS)
 
 
 def test_the_wrapper_confirms_the_kill_when_its_stdin_closes(sleeper: Callable[[], str]) -> None:
