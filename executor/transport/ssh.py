@@ -73,7 +73,7 @@ class _Hop:
     address: str
     port: int | None
     user: str | None
-    label: str  # how messages name it: "gpu (10.0.0.5)", "jump host bastion of gpu"
+    label: str  # how messages name it: "gpu (gpu-box.example)", "jump host bastion of gpu"
 
 
 def _jump_hops(spec: str, name: str) -> list[_Hop]:
