@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Collection, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,21 +237,23 @@ class Abandoned:
         return said
 
 
-def attempt_records(run_dir: Path, step: str, host: str, attempt: int) -> Abandoned:
-    """What `run_dir`'s log holds of `attempt` of `step` on `host`."""
-    lines: list[int] = []
-    last_exit: int | None = None
+def attempt_records(run_dir: Path, attempts: Collection[tuple[str, str, int]]) -> dict[tuple[str, str, int], Abandoned]:
+    """What `run_dir`'s log holds of each (step, host, attempt), read in one pass."""
+    lines: dict[tuple[str, str, int], list[int]] = {key: [] for key in attempts}
+    last_exit: dict[tuple[str, str, int], int | None] = dict.fromkeys(attempts)
     torn = False
     for number, record, _raw in read_records(run_dir):
         torn = record is None
-        if record is None or (record.get("step"), record.get("host"), record.get("attempt")) != (step, host, attempt):
+        if record is None or record.get("event") not in ("command", "transfer"):
             continue
-        if record.get("event") in ("command", "transfer"):
-            lines.append(number)
-            if record.get("event") == "command":
-                code = record.get("exit_code")
-                last_exit = code if isinstance(code, int) else None
-    return Abandoned(lines, last_exit, torn)
+        key = (record.get("step"), record.get("host"), record.get("attempt"))
+        if not all(isinstance(part, str | int) for part in key) or key not in lines:  # a damaged line: no key
+            continue
+        lines[key].append(number)
+        if record.get("event") == "command":
+            code = record.get("exit_code")
+            last_exit[key] = code if isinstance(code, int) else None
+    return {key: Abandoned(lines[key], last_exit[key], torn) for key in lines}
 
 
 def chain_tail(run_dir: Path) -> str:

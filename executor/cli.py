@@ -31,7 +31,7 @@ from rich.text import Text
 
 from executor import audit
 from executor.durations import format_duration
-from executor.engine import NOT_STARTED, WRITE_FAILED, Engine, RunOptions
+from executor.engine import EXIT_WRITE_FAILED, NOT_STARTED, WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
     DurableWriteError,
     InvalidRunbook,
@@ -48,7 +48,6 @@ from executor.planner import plan_text, render_problems
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_WRITE_FAILED = 4  # a durable write to the run folder failed (DurableWriteError)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
 LOG_DIR = Path("logs")

@@ -5,7 +5,8 @@ the reports steps write. A write to it that fails (a full disk, an I/O error, a 
 read-only, a quota) stops the run: retrying cannot help, and a step must never be recorded as
 failed, or the run as passed, because the controller's disk failed. Every such write goes through
 here (or, for SQLite, `from_sqlite`), so each failure carries the folder, the errno and the space
-left. `write_all` and `replace_file` are the only places bytes reach a run folder's files.
+left. `write_all` and `replace_file` are the only places bytes reach a run folder's files, but for
+fetched files, which their transport writes (the engine maps their OSError to the same error).
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ from executor.transport.base import (
     CommandResult,
     OutputSink,
     Transfer,
+    file_sha256,
     kill_report,
-    open_regular,
 )
 
 TAIL_LINES = 20
@@ -141,8 +141,7 @@ def _digest(value: Any) -> str:
 def _file_digest(path: Path) -> str:
     """The sha256 of a local file, or why there is none (a missing file fails the step when it runs)."""
     try:
-        with open_regular(path) as handle:  # never a FIFO (its open blocks) or a device (it never ends)
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+        return file_sha256(path)
     except OSError as exc:
         return f"unreadable: {exc.strerror}"
 
@@ -190,13 +189,7 @@ class HostContext(StepContext):
         command = render_command(script, *self.spec.environment(engine.env, engine.secrets))
         transport = engine.transports[self.host_name]
         limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
-        # connecting (and starting the host's runner) never outlives the step's own timeout
-        reach = min(engine.runbook.hosts[self.host_name].connect_timeout, limit)
         try:
-            try:
-                await asyncio.wait_for(transport.connect(), reach)
-            except TimeoutError:
-                raise TransportError(f"could not connect to {self.host_name} within {reach:g}s") from None
             result = await transport.run(command, limit, on_output)
             result.timeout_s = limit
         except CommandInterrupted as exc:
@@ -580,11 +573,13 @@ class Engine:
     def _record_abandoned(self, run_id: str, run_dir: Path, records: dict[tuple[str, str], StepRecord]) -> None:
         """Open the log with an `abandoned` record for each step the resumed run's process stopped in
         (killed, or stopped by a failed write), saying what that run's log holds of its last attempt."""
-        for old in records.values():
-            if old.status == "running":
-                found = audit_mod.attempt_records(run_dir, old.step, old.host, old.attempts)
-                log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
-                self.audit.abandoned(log, run_id, old.started_at, old.attempts, found)
+        running = [old for old in records.values() if old.status == "running"]
+        if not running:
+            return
+        found = audit_mod.attempt_records(run_dir, [(old.step, old.host, old.attempts) for old in running])
+        for old in running:
+            log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
+            self.audit.abandoned(log, run_id, old.started_at, old.attempts, found[(old.step, old.host, old.attempts)])
 
     def _unverified_hosts(self, to_run: list[StepSpec]) -> list[str]:
         """The SSH hosts this run connects to whose host key is not verified (`verify_host_key: false`)."""

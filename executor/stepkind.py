@@ -13,6 +13,7 @@ imports every module of the `steps` package, so adding a kind never touches the 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import pkgutil
@@ -276,8 +277,13 @@ class StepSpec(Model):
         `default_pass_env`) matches.
         """
         patterns = [*self.kind_env, *(self.pass_env if self.pass_env is not None else self.default_pass_env)]
-        named = set(var_names(self.model_dump_json(exclude=set(self.COMMON_FIELDS))))
+        named = self._referenced_vars
         return [n for n in available if n in named or any(fnmatchcase(n, p) for p in patterns)]
+
+    @functools.cached_property
+    def _referenced_vars(self) -> frozenset[str]:
+        """The names its parameters hold as `$name`: once per step, not per command (the model is frozen)."""
+        return frozenset(var_names(self.model_dump_json(exclude=set(self.COMMON_FIELDS))))
 
     def environment(
         self, variables: Mapping[str, str], secrets: Mapping[str, str]

@@ -57,6 +57,22 @@ OutputSink = Callable[[str, bytes], None]
 
 
 @dataclass
+class Digest:
+    """Size and sha256 of a byte stream, computed as it passes."""
+
+    size: int = 0
+    _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self._hash.update(chunk)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+@dataclass
 class Captured:
     """One output stream: its first `head_limit` bytes and its last `tail_limit` bytes (`data`), plus
     the full count and hash of everything seen. Memory stays within the two limits and a chunk."""
@@ -65,17 +81,15 @@ class Captured:
     sink: OutputSink | None = None
     head_limit: int = field(default_factory=lambda: OUTPUT_KEEP_BYTES // 2)
     tail_limit: int = field(default_factory=lambda: OUTPUT_KEEP_BYTES - OUTPUT_KEEP_BYTES // 2)
-    total: int = 0
+    _seen: Digest = field(default_factory=Digest)  # everything, kept or not
     _head: bytearray = field(default_factory=bytearray)
     _tail: deque[bytes] = field(default_factory=deque)  # chunks; only the last `tail_limit` bytes count
     _tail_size: int = 0
-    _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
 
     def feed(self, chunk: bytes) -> None:
         if self.sink is not None:
             self.sink(self.name, chunk)
-        self.total += len(chunk)
-        self._hash.update(chunk)
+        self._seen.update(chunk)
         room = self.head_limit - len(self._head)
         if room > 0:
             self._head += chunk[:room]
@@ -117,8 +131,12 @@ class Captured:
         return b"".join(reversed(kept))
 
     @property
+    def total(self) -> int:
+        return self._seen.size
+
+    @property
     def sha256(self) -> str:
-        return self._hash.hexdigest()
+        return self._seen.sha256
 
 
 @dataclass
@@ -289,22 +307,6 @@ async def supervise(collect: Collector, finish: Awaitable[int | None], timeout: 
     return collect.result(exit_code, kill_confirmed=False if kill_note(collect.stderr.end()) is False else None)
 
 
-@dataclass
-class Digest:
-    """Size and sha256 of a byte stream, computed as it passes."""
-
-    size: int = 0
-    _hash: hashlib._Hash = field(default_factory=hashlib.sha256)
-
-    def update(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        self._hash.update(chunk)
-
-    @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
-
-
 def is_hole(chunk: bytes) -> bool:
     """All zeros: a copy leaves a hole there (seek past it) and the destination stays sparse."""
     return chunk.count(0) == len(chunk)
@@ -353,7 +355,7 @@ def copy_file(source: Path, target: Path) -> Digest:
 def file_digest(path: Path) -> Digest:
     """Size and sha256 of a file as read back (the bytes a reader gets, holes as zeros)."""
     digest = Digest()
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:  # never a FIFO (its open blocks) or a device (it never ends)
         while read_hashed(handle, digest):
             pass
     return digest

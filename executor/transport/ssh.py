@@ -231,7 +231,15 @@ class SSHTransport(Transport):
             self._conn = None
 
     async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
-        runner = await self._host_runner() if self.host.runner == "persistent" else None
+        reach = min(self.host.connect_timeout, timeout)  # connecting never outlives the command's own timeout
+        try:
+            if self.host.runner == "persistent":
+                runner = await asyncio.wait_for(self._host_runner(), reach)
+            else:
+                runner = None
+                await asyncio.wait_for(self._connection(), reach)
+        except TimeoutError:
+            raise TransportError(f"could not connect to {self.name} within {reach:g}s") from None
         if runner is not None:
             return await runner.run(command, timeout, on_output)
         return await self._exec(command, timeout, on_output)
