@@ -14,10 +14,11 @@ in the rest of the first plane, `\\UHHHHHHHH` beyond, lower-case hex: `\\x1b]52;
 
 The escaping is unambiguous (so the original can always be read back): a run of literal
 backslashes is written doubled exactly where it stands before an escape or before text that
-reads like one (`x` and 2 hex digits, `u` and 4, `U` and 8, in either case); anywhere else a
+reads like one (`x` and 2 hex digits, `u` and 4, `U` and 8, digits of either case); anywhere else a
 backslash stays as it is, so `C:\\dir`, `\\n` and `\\d+` read unchanged. Reading back: a run of
 backslashes before such text is a real escape when the run is odd (its last backslash starts it),
-half as many literal backslashes before literal text when even.
+half as many literal backslashes before literal text when even. `shown(shown(t))` is not `shown(t)`:
+escape a text once, where it is shown (a `Problem` line is already shown text).
 
 Only what is shown is escaped: the audit log, the state store and `--json` keep the exact text.
 """
