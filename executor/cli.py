@@ -27,7 +27,6 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from executor import audit
 from executor.durations import format_duration
@@ -46,6 +45,7 @@ from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedC
 from executor.loader import Runbook, load_runbook
 from executor.planner import plan_text, render_problems
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
+from executor.terminal import shown, shown_text
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
@@ -160,13 +160,13 @@ def load_checked(file: Path, inventory: Path | None, var_pairs: Sequence[str]) -
 def cmd_validate(args: argparse.Namespace) -> int:
     runbook, _ = load_checked(args.file, args.inventory, [])
     hosts = sum(len(h) for h in runbook.step_hosts.values())
-    print(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)", file=sys.stderr)
+    print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     runbook, overrides = load_checked(args.file, args.inventory, args.var)
-    out.print(plan_text(runbook, overrides), markup=False, highlight=False, soft_wrap=True)
+    out.print(shown_text(plan_text(runbook, overrides)))
     return EXIT_OK
 
 
@@ -210,7 +210,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "runbook working, not how fast Kimi-K2.6 is",
         "on your GPU host: HF_TOKEN=hf_... runbook run runbooks/k26_dflash.yaml --inventory my-site.yaml",
     ):
-        err.print(Text(f"demo: {line}"))
+        err.print(shown_text(f"demo: {line}"))
     return code
 
 
@@ -243,12 +243,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         code = asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
     except DurableWriteError as exc:
-        print(write_failed_message(exc, again), file=sys.stderr)
+        print(shown(write_failed_message(exc, again)), file=sys.stderr)
         return EXIT_WRITE_FAILED
     finally:
         reporter.close()
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
-        err.print(Text(f"after fixing the cause, continue where it stopped: {again}"))
+        err.print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
     return code
 
 
@@ -266,7 +266,7 @@ def write_failed_message(exc: DurableWriteError, again: str | None = None) -> st
 def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None, list[str]]:
     """The --inventory and --var pairs to resume `source` with: its own, under those given now."""
     if source.path != str(args.file.resolve()):
-        err.print(Text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
+        err.print(shown_text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
     given = {pair.partition("=")[0] for pair in args.var}
     withheld = [name for name in source.var_args_withheld if name not in given]
     if withheld:
@@ -282,7 +282,7 @@ def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None,
         *_var_flags(pair for name, pair in pairs.items() if name not in given),
     ]
     if carried:
-        err.print(Text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
+        err.print(shown_text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
     return inventory, list(pairs.values())
 
 
@@ -347,7 +347,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
-    table = Table(title=Text(f"run {meta.run_id} ({meta.runbook}): {_run_status(status, note)}"))
+    table = Table(title=shown_text(f"run {meta.run_id} ({meta.runbook}): {_run_status(status, note)}"))
     for column in ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message"):
         table.add_column(column)
     details = []
@@ -371,7 +371,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             gate_cell,
             cell,
         )
-        table.add_row(*map(Text, cells))  # run data is never rich markup
+        table.add_row(*map(shown_text, cells))  # run data is never rich markup
         detail = message if message.strip() != cell.strip() and r.status in ("failed", "interrupted") else ""
         if gate_cell != gate and gate not in detail:  # the whole gate, when its cell had to be cut
             detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
@@ -379,7 +379,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             details.append(f"{r.step}@{r.host}: {detail}")
     _print_whole(table)
     for detail in details:
-        out.print(Text(detail))
+        out.print(shown_text(detail))
     return EXIT_OK
 
 
@@ -407,9 +407,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
     if not rows:
-        out.print(Text(f"no runs in {args.log_dir}"))
+        out.print(shown_text(f"no runs in {args.log_dir}"))
         return EXIT_OK
-    table = Table(title=Text(f"runs in {args.log_dir}"))
+    table = Table(title=shown_text(f"runs in {args.log_dir}"))
     for column in ("run", "runbook", "status", "started", "finished", "resumed from"):
         table.add_column(column)
     for row in rows:
@@ -421,7 +421,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             _when(row["finished_at"]),
             row["resumed_from"] or "",
         )
-        table.add_row(*map(Text, cells))
+        table.add_row(*map(shown_text, cells))
     _print_whole(table)
     return EXIT_OK
 
@@ -450,20 +450,20 @@ def _when(timestamp: str | None) -> str:
 def cmd_audit(args: argparse.Namespace) -> int:
     if not (args.run_dir / audit.AUDIT_FILE).exists():
         if (args.run_dir / "run.json").exists() and args.action == "verify":
-            print(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone", file=sys.stderr)
+            print(shown(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone"), file=sys.stderr)
             return EXIT_FAILED
         raise ResumeError(f"{args.run_dir}: not a run folder (no {audit.AUDIT_FILE} here)")
     if args.action == "verify":
         report = audit.verify(args.run_dir)
         for note in report.notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(shown(f"note: {note}"), file=sys.stderr)
         for problem in report.problems:
-            print(f"TAMPERED: {problem}", file=sys.stderr)
+            print(shown(f"TAMPERED: {problem}"), file=sys.stderr)
         verdict = "intact" if report.ok else "tampered"
-        print(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {', '.join(report.runs)}")
+        print(shown(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {', '.join(report.runs)}"))
         return EXIT_OK if report.ok else EXIT_FAILED
     for number, record, raw in audit.read_records(args.run_dir):
-        print(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}")
+        print(shown(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}"))
     return EXIT_OK
 
 
@@ -492,18 +492,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    out.print(Text(str(report.get("title", path)), style="bold"))
+    out.print(shown_text(str(report.get("title", path)), style="bold"))
     for note in notes:
-        out.print(Text(f"- {note}"))
+        out.print(shown_text(f"- {note}"))
     for title, columns, rows in tables:
-        table = Table(title=Text(title))
+        table = Table(title=shown_text(title))
         for column in columns:
-            table.add_column(Text(column), overflow="fold")
+            table.add_column(shown_text(column), overflow="fold")
         for row in rows:
-            table.add_row(*map(Text, row))  # report cells are data, never rich markup
+            table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
         _print_whole(table)
     for title, figure in figures:
-        out.print(Text(f"{title}: {args.run_dir / figure}"))
+        out.print(shown_text(f"{title}: {args.run_dir / figure}"))
     return EXIT_OK
 
 
@@ -540,7 +540,7 @@ def _describe_record(record: dict[str, Any]) -> str:
             f"{who}  abandoned: was running when run {record.get('run')} stopped; {said or 'no record of its command'}"
         )
     status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
-    lines = str(record.get("command", "")).rstrip("\n").splitlines()
+    lines = str(record.get("command", "")).rstrip("\n").split("\n")  # a CR is shown, never a line break
     return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
 
@@ -573,20 +573,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except DurableWriteError as exc:
-        print(write_failed_message(exc), file=sys.stderr)
+        print(shown(write_failed_message(exc)), file=sys.stderr)
         return EXIT_WRITE_FAILED
     except InvalidRunbook as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(problem, file=sys.stderr)  # a Problem is written safe to show (executor.errors)
         return EXIT_INVALID
     except RunLocked as exc:
-        print(f"runbook: {exc}", file=sys.stderr)
+        print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_LOCKED
     except (ResumeError, SecretMissing) as exc:
-        print(f"runbook: {exc}", file=sys.stderr)
+        print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_INVALID
     except RunbookError as exc:
-        print(f"runbook: {exc}", file=sys.stderr)
+        print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -147,8 +147,12 @@ def _file_digest(path: Path) -> str:
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
-    """The last lines of an output, each cut to `width` (a one-line JSON document can be megabytes)."""
-    kept = text.rstrip("\n").splitlines()[-lines:]
+    """The last lines of an output, each cut to `width` (a one-line JSON document can be megabytes).
+
+    Lines end at newlines only: a CR, form feed or U+2028 stays in its line, where the display
+    shows it escaped (executor.terminal), instead of passing for a line break the host never sent."""
+    body = text.rstrip("\n")
+    kept = body.split("\n")[-lines:] if body else []
     return "\n".join(f"    | {line[:width]}{' ...' if len(line) > width else ''}" for line in kept)
 
 

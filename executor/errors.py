@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from executor.terminal import shown
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -31,9 +33,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        # one line per problem, whatever the input held: escape what would break or hide a line
-        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.message)
-        return f"{self.file}:{self.line}:{self.column}: {message}"
+        # one line per problem, whatever the input held: a newline, and what would drive or lie to a
+        # terminal, is escaped as everything shown is (executor.terminal); a tab is kept
+        return shown(f"{self.file}:{self.line}:{self.column}: {self.message}", keep="\t")
 
 
 class RunbookError(Exception):

@@ -1,8 +1,10 @@
 """What the run loop tells the outside world, and the two ways of showing it.
 
 `Reporter` is the interface the engine calls. `JsonReporter` prints one JSON event per line
-on stdout for agents; `ConsoleReporter` shows humans the step list, the running step and the
-elapsed time on stderr with rich. Both print only redacted text.
+on stdout for agents (json.dumps writes every control character as a JSON escape);
+`ConsoleReporter` shows humans the step list, the running step and the elapsed time on stderr
+with rich, every text of an event first made safe for a terminal (executor.terminal). Both print
+only redacted text.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import time
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.markup import escape
 from rich.status import Status
+from rich.text import Text
 
 from executor.durations import format_duration
+from executor.terminal import shown
 
 
 class Reporter:
@@ -55,6 +58,18 @@ class UnattendedConsole(Console):
         self.quiet = True
 
 
+def shown_fields(value: Any) -> Any:
+    """An event's fields with every string in them, however nested, as `shown` writes it: the console
+    renderer's one seam, so a host's control sequences never reach the terminal."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, list | tuple):
+        return [shown_fields(item) for item in value]
+    if isinstance(value, dict):
+        return {key: shown_fields(item) for key, item in value.items()}
+    return value
+
+
 _STATUS_STYLE = {"passed": "green", "reused": "cyan", "failed": "bold red", "interrupted": "yellow"}
 
 
@@ -69,41 +84,51 @@ class ConsoleReporter(Reporter):
 
     def emit(self, event: str, **fields: Any) -> None:
         print_ = self.console.print
-        f = {k: escape(v) if isinstance(v, str) else v for k, v in fields.items()}  # data is never markup
+        f = shown_fields(fields)  # every text as rich Text, never markup: `[red]` and `:smile:` stay as written
         if event == "run_started":
-            print_(f"[bold]runbook[/] {f['runbook']}  run [bold]{f['run_id']}[/]  -> {f['run_dir']}")
-            for step in fields["steps"]:
-                hosts = escape(", ".join(step["hosts"]))
-                print_(f"  {escape(step['id']):<24} {step['kind']:<16} {hosts:<20} {escape(step['plan'])}")
+            print_(
+                Text.assemble(
+                    ("runbook", "bold"), f" {f['runbook']}  run ", (f["run_id"], "bold"), f"  -> {f['run_dir']}"
+                )
+            )
+            for step in f["steps"]:
+                print_(Text(f"  {step['id']:<24} {step['kind']:<16} {', '.join(step['hosts']):<20} {step['plan']}"))
         elif event == "step_started":
-            self._live(f"[bold]{f['step']}[/] on {escape(', '.join(fields['hosts']))}")
+            self._live(Text.assemble((f["step"], "bold"), f" on {', '.join(f['hosts'])}"))
         elif event == "command_finished":
-            if fields.get("exit_code") != 0 or fields.get("timed_out"):
-                how = "timed out" if fields.get("timed_out") else f"exit {fields.get('exit_code')}"
-                print_(f"    [dim]{f['step']}@{f['host']} attempt {f['attempt']}: {how}[/]")
+            if f.get("exit_code") != 0 or f.get("timed_out"):
+                how = "timed out" if f.get("timed_out") else f"exit {f.get('exit_code')}"
+                print_(Text(f"    {f['step']}@{f['host']} attempt {f['attempt']}: {how}", style="dim"))
         elif event == "attempt_failed":
-            first_line = escape(fields["message"].splitlines()[0]) if fields["message"] else ""
-            print_(f"    [yellow]{f['step']}@{f['host']} attempt {f['attempt']} failed:[/] {first_line}")
+            first_line = f["message"].splitlines()[0] if f["message"] else ""
+            print_(
+                Text.assemble(
+                    (f"    {f['step']}@{f['host']} attempt {f['attempt']} failed:", "yellow"), f" {first_line}"
+                )
+            )
         elif event == "step_finished":
             self._stop_live()
-            style = _STATUS_STYLE.get(fields["status"], "default")
-            via = f" via {f['via']}" if fields.get("via") not in (None, "primary") else ""
+            style = _STATUS_STYLE.get(f["status"], "default")
+            via = f" via {f['via']}" if f.get("via") not in (None, "primary") else ""
             print_(
-                f"[{style}]{f['status']:>11}[/] {f['step']}{via}  "
-                f"{format_duration(fields.get('duration_s') or 0)}  [dim]({self._elapsed()} elapsed)[/]"
+                Text.assemble(
+                    (f"{f['status']:>11}", style),
+                    f" {f['step']}{via}  {format_duration(f.get('duration_s') or 0)}  ",
+                    (f"({self._elapsed()} elapsed)", "dim"),
+                )
             )
-            for failure in fields.get("failures", []):
-                print_(failure, markup=False, style="red")
+            for failure in f.get("failures", []):
+                print_(Text(failure, style="red"))
         elif event == "note":
-            print_(f"    [yellow]note[/] {f['host']}: {f['message']}")
+            print_(Text.assemble(("    note", "yellow"), f" {f['host']}: {f['message']}"))
         elif event == "progress":
-            self._live(f"[bold]{f['step']}[/]@{f['host']}: {f['message']}", keep=True)
+            self._live(Text.assemble((f["step"], "bold"), f"@{f['host']}: {f['message']}"), keep=True)
         elif event == "run_finished":
             self._stop_live()
-            style = _STATUS_STYLE.get(fields["status"], "default")
-            print_(f"[{style}]run {f['status']}[/] in {self._elapsed()}  (audit log: {f['audit']})")
+            style = _STATUS_STYLE.get(f["status"], "default")
+            print_(Text.assemble((f"run {f['status']}", style), f" in {self._elapsed()}  (audit log: {f['audit']})"))
 
-    def _live(self, text: str, keep: bool = False) -> None:
+    def _live(self, text: Text, keep: bool = False) -> None:
         """Show `text` as the live status line; off a terminal, print it (progress only if `keep`
         is false, so that a log file gets step starts but not every progress update)."""
         if keep and self._status is not None:
@@ -116,7 +141,7 @@ class ConsoleReporter(Reporter):
             self._status = self.console.status(text)
             self._status.start()
         else:
-            self.console.print(f"    running {text}")
+            self.console.print(Text.assemble("    running ", text))
 
     def _stop_live(self) -> None:
         if self._status is not None:
