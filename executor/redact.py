@@ -68,7 +68,9 @@ class Redactor:
         encoded = sorted({form.encode("utf-8") for form in distinct}, key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, distinct))) if distinct else None
         self._bytes = re.compile(b"|".join(map(re.escape, encoded))) if encoded else None
-        #: The longest form in bytes: a stream's redactor holds back one byte less.
+        self._encoded = encoded
+        self._starts = {form[:n] for form in encoded for n in (1, 2)}  # a cheap test before a whole one
+        #: The longest form in bytes: a stream's redactor holds back at most one byte less.
         self.longest = len(encoded[0]) if encoded else 0
 
     def text(self, value: str) -> str:
@@ -97,6 +99,16 @@ class Redactor:
         """The first occurrence of a form at or after `start` (the longest form where several start there)."""
         return self._bytes.search(data, start) if self._bytes else None
 
+    def undecided(self, data: bytes) -> int:
+        """Where the end of `data` may start a form that more data would complete (len(data): nowhere).
+        Before that point, which form (if any) starts at each position is known from `data` alone."""
+        for start in range(max(0, len(data) - self.longest + 1), len(data)):
+            if data[start : start + 2] in self._starts:
+                rest = data[start:]
+                if any(len(form) > len(rest) and form.startswith(rest) for form in self._encoded):
+                    return start
+        return len(data)
+
 
 #: Masks nothing: where a run has no secrets (and the default of a transport's output).
 NO_SECRETS = Redactor(())
@@ -105,9 +117,10 @@ NO_SECRETS = Redactor(())
 class StreamRedactor:
     """Redacts a byte stream chunk by chunk exactly as `Redactor.data` redacts it whole.
 
-    It holds back the last `longest - 1` bytes, which may be the start of a secret that the next chunk
-    completes: a form starting before that point lies whole in what has arrived, so the decision
-    there is final. `flush` (at the end of the stream) redacts and returns what is held back.
+    It holds back the end of what has arrived from the first position where a form may start that the
+    next chunk would complete (at most `longest - 1` bytes; usually none, so the live display does not
+    lag): before that point the decision is final. `flush` (at the end of the stream) redacts and returns
+    what is held back.
     """
 
     def __init__(self, redactor: Redactor) -> None:
@@ -119,13 +132,13 @@ class StreamRedactor:
         if not self._redactor.longest:
             return chunk
         data = self._held + chunk
-        settled = len(data) - (self._redactor.longest - 1)  # a form starting before this lies whole in `data`
+        undecided = self._redactor.undecided(data)
         out: list[bytes] = []
         done = 0
-        while (found := self._redactor.find(data, done)) is not None and found.start() < settled:
+        while (found := self._redactor.find(data, done)) is not None and found.start() < undecided:
             out += (data[done : found.start()], MASK_BYTES)
             done = found.end()
-        cut = max(done, settled)
+        cut = max(done, undecided)
         out.append(data[done:cut])
         self._held = data[cut:]
         return b"".join(out)
