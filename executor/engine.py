@@ -201,7 +201,7 @@ class HostContext(StepContext):
             partial = collect.result(None)
             self._record(command.display, partial)
             if isinstance(exc, HostKeyError):
-                raise HostRefused(str(exc)) from None
+                raise HostRefused(engine.redactor.text(str(exc))) from None
             raise AttemptFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
         finally:
             for note in transport.take_notes():
