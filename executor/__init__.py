@@ -11,7 +11,6 @@ from executor.errors import (
     ResumeError,
     RunbookError,
     RunLocked,
-    SecretMissing,
     TransportError,
 )
 from executor.loader import Runbook, load_runbook
@@ -50,7 +49,6 @@ __all__ = [
     "RunOptions",
     "Runbook",
     "RunbookError",
-    "SecretMissing",
     "StepContext",
     "StepSpec",
     "Transport",

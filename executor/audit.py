@@ -114,7 +114,7 @@ class AuditLog:
         ).bind(run_id=run_id)
 
     def _chain(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
-        record: dict[str, Any] = self._redact.deep(dict(event))
+        record: dict[str, Any] = {key: self._redact.deep(value) for key, value in event.items()}  # keys are ours
         record["seq"] = self._count + 1
         record["prev_hash"] = self._prev
         record["hash"] = self._pending = record_hash(record)
@@ -144,7 +144,7 @@ class AuditLog:
             fields[name] = text
             fields[f"{name}_bytes"] = total
             fields[f"{name}_sha256"] = digest
-            # `data` may be shorter than `total` because secrets were masked in it: only the transport's
+            # `total` and `digest` are of the redacted stream (transport.base.Captured): only the transport's
             # memory cap (or the clip above) truncates
             fields[f"{name}_truncated"] = clipped or total > OUTPUT_KEEP_BYTES
         self._emit(log, "command", fields)

@@ -20,7 +20,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,12 @@ from executor.errors import (
     ResumeError,
     RunbookError,
     RunLocked,
-    SecretMissing,
     StateError,
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
-from executor.planner import plan_text, render_problems
+from executor.planner import plan_text, render_problems, secrets_redactor
+from executor.redact import NO_SECRETS
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 from executor.terminal import shown, shown_text
 
@@ -147,11 +147,16 @@ def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
     return values
 
 
-def load_checked(file: Path, inventory: Path | None, var_pairs: Sequence[str]) -> tuple[Runbook, dict[str, Any]]:
-    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook)."""
+def load_checked(
+    file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[Runbook, dict[str, Any]]:
+    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook). With
+    `environ` (plan, run), the secrets' values are read from it and masked in every problem's message."""
     runbook = load_runbook(file, inventory)
     overrides = _parse_vars(var_pairs, runbook)
-    problems = render_problems(runbook, overrides)
+    problems = render_problems(
+        runbook, overrides, NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
+    )
     if problems:
         raise InvalidRunbook(problems)
     return runbook, overrides
@@ -165,8 +170,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    runbook, overrides = load_checked(args.file, args.inventory, args.var)
-    out.print(shown_text(plan_text(runbook, overrides)))
+    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
+    out.print(shown_text(plan_text(runbook, overrides, secrets_redactor(runbook, os.environ))))
     return EXIT_OK
 
 
@@ -224,7 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if source is not None:
             resume = source.run_id  # the engine continues exactly this run
             inventory, var_args = _as_started(args, source)
-    runbook, overrides = load_checked(args.file, inventory, var_args)
+    runbook, overrides = load_checked(args.file, inventory, var_args, os.environ)
     options = RunOptions(
         log_dir=args.log_dir,
         var_overrides=overrides,
@@ -582,7 +587,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     except RunLocked as exc:
         print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_LOCKED
-    except (ResumeError, SecretMissing) as exc:
+    except ResumeError as exc:
         print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_INVALID
     except RunbookError as exc:

@@ -30,13 +30,12 @@ from executor.errors import (
     DurableWriteError,
     HostKeyError,
     ResumeError,
-    SecretMissing,
     StateError,
     TransportError,
 )
-from executor.events import Reporter
+from executor.events import RedactingReporter, Reporter
 from executor.gates import GateWorkers, GateWorkerUnavailable
-from executor.loader import Runbook
+from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
 from executor.render import render_command
@@ -100,7 +99,7 @@ def definition_parts(
     runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any], secrets: Sequence[str] = ()
 ) -> dict[str, str]:
     """What a step's result depends on, each part as a digest: its definition (`step`), where it runs
-    (`host`), the value of each var that reaches it (`var NAME`: those in its environment, see
+    (`host`), the value of each var that reaches it (`var NAME`, given redacted: those in its environment, see
     `StepSpec.env_names`, and those its gates read), which secrets reach it (`secret NAME`: the name
     only, a value is never kept), the contents of each local file it reads (`file PATH`). Kept per step
     so that a resume can say which part changed."""
@@ -200,13 +199,13 @@ class HostContext(StepContext):
             self._record(command.display, exc.result)
             raise
         except TransportError as exc:
-            collect = Collector()
+            collect = Collector(redactor=engine.redactor)
             collect.stdout.feed(exc.partial_stdout)
             collect.stderr.feed(exc.partial_stderr + f"\n[runbook] transport error: {exc}".encode())
             partial = collect.result(None)
             self._record(command.display, partial)
             if isinstance(exc, HostKeyError):
-                raise HostRefused(str(exc)) from None
+                raise HostRefused(engine.redactor.text(str(exc))) from None
             raise AttemptFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
         finally:
             for note in transport.take_notes():
@@ -215,9 +214,7 @@ class HostContext(StepContext):
         return result
 
     def _record(self, display: str, result: CommandResult) -> None:
-        engine = self.engine
-        result.stdout = engine.redactor.data(result.stdout)
-        result.stderr = engine.redactor.data(result.stderr)
+        engine = self.engine  # the output was redacted as it arrived (transport.base.Captured)
         engine.audit.command(self.log, display, result)
         engine.reporter.emit(
             "command_finished",
@@ -234,8 +231,8 @@ class HostContext(StepContext):
             "progress",
             step=self.spec.id,
             host=self.host_name,
-            message=self.engine.redactor.text(message),
-            fields=self.engine.redactor.deep(fields),
+            message=message,
+            fields=fields,
         )
 
     async def put(self, local: Path, remote: str) -> Transfer:
@@ -275,18 +272,13 @@ class Engine:
     ) -> None:
         self.runbook = runbook
         self.options = options
-        self.reporter = reporter
         header = runbook.header
         self.variables: dict[str, Any] = {**header.vars, **options.var_overrides}
         self.env = {name: var_text(value) for name, value in self.variables.items()}
-        environ = os.environ if environ is None else environ
-        self.secrets: dict[str, str] = {}
-        for name, ref in header.secrets.items():
-            if ref.env in environ:
-                self.secrets[name] = environ[ref.env]
-            elif ref.required:
-                raise SecretMissing(f"secret {name}: environment variable {ref.env} is not set")
+        # refused (InvalidRunbook, at the secret's line) before anything connects or a run folder is written
+        self.secrets = secret_values(runbook, os.environ if environ is None else environ)
         self.redactor = Redactor(self.secrets.values())
+        self.reporter = RedactingReporter(reporter, self.redactor)  # events and the console: masked as stored
         self.records: dict[tuple[str, str], StepRecord] = {}
         self.hosts_to_run: dict[str, list[str]] = {}  # steps that run on fewer than their hosts (see _plan)
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
@@ -298,7 +290,9 @@ class Engine:
         """The step's definition parts on a host, computed once per run (it renders the step's scripts)."""
         key = (spec.id, host)
         if key not in self._parts:
-            self._parts[key] = definition_parts(self.runbook, spec, host, self.variables, sorted(self.secrets))
+            # a var holding a secret counts by its redacted text: no digest of a secret is stored
+            shown = {name: self.redactor.text(text) for name, text in self.env.items()}
+            self._parts[key] = definition_parts(self.runbook, spec, host, shown, sorted(self.secrets))
         return self._parts[key]
 
     def fingerprint(self, spec: StepSpec, host: str) -> str:
@@ -598,7 +592,7 @@ class Engine:
         hosts = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
         for host in hosts:
             if host not in self.transports:
-                self.transports[host] = transport_for(host, self.runbook.hosts[host])
+                self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor)
         self.reporter.emit("step_started", step=spec.id, kind=spec.kind, hosts=hosts)
         limit = asyncio.Semaphore(self.runbook.header.defaults.max_parallel)
 
@@ -745,7 +739,7 @@ class Engine:
             "exit_code": result.exit_code,
             "facts": facts,
             "steps": self.facts_view(host),
-            "vars": self.variables,
+            "vars": self.redactor.deep(self.variables),  # as the output: a failed gate shows no secret
         }
         gates = spec.effective_gates()
         try:

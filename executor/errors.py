@@ -1,13 +1,13 @@
 """The exception tree of `runbook`, documented in one place.
 
     RunbookError                 base of everything this package raises on purpose
-    ├── InvalidRunbook           bad input: YAML, schema, references (CLI exit 2)
+    ├── InvalidRunbook           bad input: YAML, schema, references; a secret's value that is unset,
+    │                            empty or too short to redact, at its declaration (CLI exit 2)
     │     .problems: list[Problem]  each with file, line, column, message
     ├── RunLocked                another `runbook` process holds the run (CLI exit 3)
     ├── ResumeError              nothing to resume, or a needed step never passed (CLI exit 2)
     │     └── StateError         a run folder cannot be read (state.db, run.json) or written
     │           .reason: str     why, in a few words (for a table row)
-    ├── SecretMissing            a declared secret has no value in the environment (CLI exit 2)
     ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report
     │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota; CLI exit 4)
     └── TransportError           the host could not be reached or the channel broke
@@ -67,10 +67,6 @@ class StateError(ResumeError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-class SecretMissing(RunbookError):
-    """A secret declared by the runbook has no value in the controller's environment."""
 
 
 class DurableWriteError(RunbookError):

@@ -19,6 +19,7 @@ from rich.status import Status
 from rich.text import Text
 
 from executor.durations import format_duration
+from executor.redact import Redactor
 from executor.terminal import shown
 
 
@@ -31,6 +32,21 @@ class Reporter:
 
     def close(self) -> None:
         """Stop any live display."""
+
+
+class RedactingReporter(Reporter):
+    """Passes every event on with the run's secrets masked in its values (the field names are ours), so
+    that the console and `--json` show exactly what the run stores."""
+
+    def __init__(self, inner: Reporter, redactor: Redactor) -> None:
+        self.inner = inner
+        self.redactor = redactor
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.inner.emit(event, **{name: self.redactor.deep(value) for name, value in fields.items()})
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class JsonReporter(Reporter):

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from executor.errors import InvalidRunbook, Problem
 from executor.gates import step_refs, syntax_error
-from executor.model import Host, Inventory, RunbookHeader
+from executor.model import Host, Inventory, RunbookHeader, SecretRef
+from executor.redact import MIN_SECRET_CHARS
 from executor.stepkind import StepSpec, step_kinds
 
 Loc = tuple[str | int, ...]
@@ -38,6 +40,7 @@ class Runbook:
     fallbacks: dict[str, list[StepSpec]] = field(default_factory=dict)
     step_hosts: dict[str, list[str]] = field(default_factory=dict)
     step_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (line, column) of each step
+    secret_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # of each secret's declaration
 
     @property
     def name(self) -> str:
@@ -270,6 +273,8 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         ]
     runbook = Runbook(path, header, steps, fallbacks) if header is not None else None
     if runbook is not None:
+        runbook.secret_positions = {name: pos.at(("secrets", name), key=True) for name in runbook.header.secrets}
+    if runbook is not None:
         _cross_check(runbook, indices, pos, broken)
     if pos.problems or runbook is None:
         raise InvalidRunbook(sorted(pos.problems, key=lambda p: (p.line, p.column)))
@@ -364,3 +369,43 @@ def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions)
             hint = _did_you_mean(name, hosts)
             pos.problem((*loc, key), f"step '{spec.id}': unknown host '{name}'{hint}")
     return [name for name in wanted if name in hosts]
+
+
+def secret_values(runbook: Runbook, environ: Mapping[str, str], *, required: bool = True) -> dict[str, str]:
+    """The values of the runbook's secrets, read from `environ` (the controller's environment).
+
+    Read at the start of a run, before anything connects or a run folder is written; every problem is
+    at its secret's declaration (FILE:LINE:COL), and no message holds a value. A value shorter than
+    MIN_SECRET_CHARS (without surrounding whitespace) is refused: redacting it by value would mask
+    ordinary text and spell it out. An empty variable counts as unset: a required secret that is
+    unset or empty is refused, an optional one is absent. `required=False` (`runbook plan`, which
+    runs nothing) leaves out every secret that has no value instead of refusing it.
+    """
+    values: dict[str, str] = {}
+    problems: list[Problem] = []
+    for name, ref in runbook.header.secrets.items():
+        value = environ.get(ref.env)
+        why = _secret_problem(name, ref, value, required and ref.required)
+        if why is not None:
+            problems.append(Problem(str(runbook.path), *runbook.secret_positions.get(name, (1, 1)), why))
+        elif value is not None and value.strip():
+            values[name] = value
+    if problems:
+        raise InvalidRunbook(problems)
+    return values
+
+
+def _secret_problem(name: str, ref: SecretRef, value: str | None, required: bool) -> str | None:
+    """Why a secret's value (None: its variable is unset) cannot be used, or None."""
+    if value is None or not value.strip():
+        if not required:
+            return None
+        said = "is not set" if value is None else "is empty"
+        return f"secret {name}: environment variable {ref.env} {said} (`required: false` allows it to be absent)"
+    if len(value.strip()) < MIN_SECRET_CHARS:
+        return (
+            f"secret {name}: the value of environment variable {ref.env} has fewer than {MIN_SECRET_CHARS} "
+            "characters (surrounding whitespace left out); a secret that short cannot be redacted by value "
+            "without masking ordinary text and so spelling itself out"
+        )
+    return None

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from executor.errors import Problem
-from executor.loader import Runbook
+from executor.loader import Runbook, secret_values
 from executor.model import var_text
+from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
 from executor.stepkind import FactsError, RenderContext
 
@@ -23,11 +24,18 @@ class PlanContext(RenderContext):
         return f"<known at run time: steps.{step_id}.facts.{path}>"
 
 
-def render_problems(runbook: Runbook, overrides: Mapping[str, Any]) -> list[Problem]:
+def secrets_redactor(runbook: Runbook, environ: Mapping[str, str]) -> Redactor:
+    """Masks the values of the runbook's secrets that `environ` holds, as a run masks them (a value that
+    is too short is refused as a run refuses it; one that is unset is left out: nothing runs)."""
+    return Redactor(secret_values(runbook, environ, required=False).values())
+
+
+def render_problems(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> list[Problem]:
     """Steps that cannot render with these vars (a port var holding `abc`, say), each at its line.
 
     Checked before a run starts, so that a bad value stops it at once instead of at step 7 after
-    hours of downloads; `validate` and `plan` report the same.
+    hours of downloads; `validate` and `plan` report the same. A message never shows a secret's value
+    (a `--var` may hold one): `redactor` masks it.
     """
     env = {k: var_text(v) for k, v in {**runbook.header.vars, **overrides}.items()}
     problems = []
@@ -38,11 +46,13 @@ def render_problems(runbook: Runbook, overrides: Mapping[str, Any]) -> list[Prob
                     variant.plan(PlanContext(host, env))
                 except FactsError as exc:
                     line, column = runbook.step_positions.get(spec.id, (1, 1))
-                    problems.append(Problem(str(runbook.path), line, column, f"step '{spec.id}': {exc}"))
+                    message = redactor.text(f"step '{spec.id}': {exc}")
+                    problems.append(Problem(str(runbook.path), line, column, message))
     return list(dict.fromkeys(problems))
 
 
-def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
+def plan_text(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> str:
+    """The plan, masked by `redactor` exactly as a run masks what it records (a `--var` holding a secret)."""
     env = {k: var_text(v) for k, v in {**runbook.header.vars, **overrides}.items()}
     secrets = dict.fromkeys(runbook.header.secrets, "<secret>")
     lines = [f"# runbook {runbook.name}: {len(runbook.steps)} steps; nothing is run"]
@@ -64,4 +74,4 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any]) -> str:
                     if label:
                         lines.append(f"# {label}")
                     lines.append(render_command(script, *variant.environment(env, secrets)).display.rstrip("\n"))
-    return "\n".join(lines)
+    return redactor.text("\n".join(lines))

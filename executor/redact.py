@@ -1,4 +1,16 @@
-"""Secret values are redacted by value, not by key name, from everything the run writes."""
+"""Secret values are redacted by value, not by key name, from everything the run writes or shows.
+
+A secret leaves a host in more shapes than its exact value: a key file's single lines, the value
+without the newline it was read with, the value escaped inside a JSON string or a Python repr (a gate
+shows values so). `forms` lists them; `Redactor` masks each with `***`, longest first. Output is
+redacted as it streams in (`StreamRedactor`), before anything keeps, cuts, hashes or shows it, so no
+cut of a capped output and no chunk boundary can leave a secret's prefix or suffix behind.
+
+A text shorter than MIN_SECRET_CHARS is never masked on its own: masking a 1-character secret would
+mask that character everywhere (`st***p`) and so spell the secret out. A secret must be at least that
+long (the loader refuses a shorter one, `executor.loader.secret_values`); a line of a multi-line
+secret that is shorter (a `{`, a PEM armour's last `==`) is masked only as part of the whole value.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +21,63 @@ from typing import Any
 
 from executor.render import MASK
 
+#: The shortest secret (without surrounding whitespace), and the shortest text masked as one.
+MIN_SECRET_CHARS = 8
+MASK_BYTES = MASK.encode()
+
+
+def forms(value: str) -> set[str]:
+    """Every text in which `value` may be printed by a host or shown by the run: the value, the value
+    without surrounding whitespace, each of its lines (stripped), the forms of each string in it when it
+    is a JSON document (a credential file's `private_key`, printed alone), each of those escaped as inside
+    a JSON string (ASCII-only and not) and inside a Python repr; those shorter than MIN_SECRET_CHARS left out."""
+    plain = {value, value.strip(), *(line.strip() for line in value.splitlines())}
+    return {
+        escaped
+        for text in plain
+        if len(text) >= MIN_SECRET_CHARS
+        for escaped in (text, json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1], repr(text)[1:-1])
+    }.union(*(forms(leaf) for leaf in _json_strings(value)))
+
+
+def _json_strings(value: str) -> list[str]:
+    """The string values of a JSON object or array, at any depth (not its keys: names such as `type` are
+    no secret); none for other text."""
+    try:
+        document = json.loads(value)
+    except (ValueError, RecursionError):
+        return []
+    found: list[str] = []
+    pending = [document] if isinstance(document, dict | list) else []
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+        elif isinstance(item, str):
+            found.append(item)
+    return found
+
 
 class Redactor:
-    """Replaces every occurrence of any secret value with `***`, longest value first."""
+    """Replaces every occurrence of any form of any secret value with `***`, longest form first."""
 
     def __init__(self, values: Iterable[str]) -> None:
-        # also as it appears inside a JSON string (a step printing JSON escapes quotes and backslashes)
-        forms = {
-            form for v in values if v for form in (v, json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1])
-        }
-        distinct = sorted(forms, key=len, reverse=True)
-        self._bytes = [v.encode("utf-8") for v in distinct]
-        self._pattern = re.compile("|".join(re.escape(v) for v in distinct)) if distinct else None
+        distinct = sorted({form for value in values for form in forms(value)}, key=len, reverse=True)
+        encoded = sorted({form.encode("utf-8") for form in distinct}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, distinct))) if distinct else None
+        self._bytes = re.compile(b"|".join(map(re.escape, encoded))) if encoded else None
+        self._encoded = encoded
+        self._starts = {form[:n] for form in encoded for n in (1, 2)}  # a cheap test before a whole one
+        #: The longest form in bytes: a stream's redactor holds back at most one byte less.
+        self.longest = len(encoded[0]) if encoded else 0
 
     def text(self, value: str) -> str:
         return self._pattern.sub(MASK, value) if self._pattern else value
 
     def data(self, value: bytes) -> bytes:
-        for secret in self._bytes:
-            value = value.replace(secret, MASK.encode())
-        return value
+        return self._bytes.sub(MASK_BYTES, value) if self._bytes else value
 
     def deep(self, value: Any) -> Any:
         """Redact strings anywhere inside JSON-like data (facts, events)."""
@@ -41,3 +90,60 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.deep(v) for v in value]
         return value
+
+    def stream(self) -> StreamRedactor:
+        """A redactor for one byte stream that arrives in chunks."""
+        return StreamRedactor(self)
+
+    def find(self, data: bytes, start: int) -> re.Match[bytes] | None:
+        """The first occurrence of a form at or after `start` (the longest form where several start there)."""
+        return self._bytes.search(data, start) if self._bytes else None
+
+    def undecided(self, data: bytes) -> int:
+        """Where the end of `data` may start a form that more data would complete (len(data): nowhere).
+        Before that point, which form (if any) starts at each position is known from `data` alone."""
+        for start in range(max(0, len(data) - self.longest + 1), len(data)):
+            if data[start : start + 2] in self._starts:
+                rest = data[start:]
+                if any(len(form) > len(rest) and form.startswith(rest) for form in self._encoded):
+                    return start
+        return len(data)
+
+
+#: Masks nothing: where a run has no secrets (and the default of a transport's output).
+NO_SECRETS = Redactor(())
+
+
+class StreamRedactor:
+    """Redacts a byte stream chunk by chunk exactly as `Redactor.data` redacts it whole.
+
+    It holds back the end of what has arrived from the first position where a form may start that the
+    next chunk would complete (at most `longest - 1` bytes; usually none, so the live display does not
+    lag): before that point the decision is final. `flush` (at the end of the stream) redacts and returns
+    what is held back.
+    """
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._redactor = redactor
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of the stream so far is now safe to pass on, redacted."""
+        if not self._redactor.longest:
+            return chunk
+        data = self._held + chunk
+        undecided = self._redactor.undecided(data)
+        out: list[bytes] = []
+        done = 0
+        while (found := self._redactor.find(data, done)) is not None and found.start() < undecided:
+            out += (data[done : found.start()], MASK_BYTES)
+            done = found.end()
+        cut = max(done, undecided)
+        out.append(data[done:cut])
+        self._held = data[cut:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The rest of the stream, redacted; the redactor is then empty."""
+        rest, self._held = self._redactor.data(self._held), b""
+        return rest

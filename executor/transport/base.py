@@ -9,9 +9,9 @@ kills every process of the step's session, whatever process group it moved to, a
 the step's stderr, `kill_note`). Cancellation (Ctrl-C) does the same and re-raises `CancelledError`
 once the remote side is cleaned up (`supervise`).
 
-Output beyond OUTPUT_KEEP_BYTES keeps its head and its tail (`Captured`). File transfers stream in
-TRANSFER_CHUNK pieces, hashing as they go, and `check_arrived` compares the source's size and sha256
-with what the destination's side computed from the file that arrived.
+Output is redacted as it arrives; beyond OUTPUT_KEEP_BYTES, it keeps its head and its tail (`Captured`).
+File transfers stream in TRANSFER_CHUNK pieces, hashing as they go, and `check_arrived` compares the
+source's size and sha256 with what the destination's side computed from the file that arrived.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from executor.errors import TransportError
+from executor.redact import NO_SECRETS, Redactor, StreamRedactor
 from executor.render import KILLED_NOTE, UNCONFIRMED_NOTE, RenderedCommand
 
 #: Output kept in memory per stream: its first half and its last half (an error is printed last);
-#: between them a line says how much was dropped. The byte count and sha256 cover everything.
+#: between them a line says how much was dropped. The byte count and sha256 cover everything (redacted).
 OUTPUT_KEEP_BYTES = 32 * 1024 * 1024
 DROPPED_NOTE = b"\n[runbook] %d bytes of output dropped here (the first %d and the last %d of %d bytes are kept)\n"
 #: After stdin is closed on a timeout, how long the wrapper gets to kill and report (it needs at
@@ -75,18 +76,39 @@ class Digest:
 @dataclass
 class Captured:
     """One output stream: its first `head_limit` bytes and its last `tail_limit` bytes (`data`), plus
-    the full count and hash of everything seen. Memory stays within the two limits and a chunk."""
+    the full count and hash of everything seen. Memory stays within the two limits and a chunk.
+
+    The stream is redacted as it arrives (`redactor`), before anything else sees it: the live sink,
+    the count and the hash (so neither is a digest of a secret that could be checked offline), and the
+    cut between head and tail (so no cut leaves a part of a secret). The redactor holds back the last
+    few bytes of the stream, which may start a secret; reading what is kept (`data`, `end`, `total`,
+    `sha256`) first takes them in, as it is done once the stream has ended.
+    """
 
     name: str = "stdout"
     sink: OutputSink | None = None
     head_limit: int = field(default_factory=lambda: OUTPUT_KEEP_BYTES // 2)
     tail_limit: int = field(default_factory=lambda: OUTPUT_KEEP_BYTES - OUTPUT_KEEP_BYTES // 2)
-    _seen: Digest = field(default_factory=Digest)  # everything, kept or not
+    redactor: Redactor = NO_SECRETS
+    _seen: Digest = field(default_factory=Digest)  # everything, kept or not (redacted)
     _head: bytearray = field(default_factory=bytearray)
     _tail: deque[bytes] = field(default_factory=deque)  # chunks; only the last `tail_limit` bytes count
     _tail_size: int = 0
+    _stream: StreamRedactor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._stream = self.redactor.stream()
 
     def feed(self, chunk: bytes) -> None:
+        self._keep(self._stream.feed(chunk))
+
+    def _settle(self) -> None:
+        """Take in what the redactor holds back (the stream has ended, or its end is being read)."""
+        self._keep(self._stream.flush())
+
+    def _keep(self, chunk: bytes) -> None:
+        if not chunk:
+            return
         if self.sink is not None:
             self.sink(self.name, chunk)
         self._seen.update(chunk)
@@ -108,6 +130,7 @@ class Captured:
     @property
     def data(self) -> bytes:
         """What is kept: everything, or the head, a line saying how much was dropped, and the tail."""
+        self._settle()
         tail = b"".join(self._tail)[-self.tail_limit :] if self.tail_limit > 0 else b""
         dropped = self.dropped
         if dropped <= 0:
@@ -118,6 +141,7 @@ class Captured:
     def end(self, size: int = 4096) -> bytes:
         """The last `size` bytes of what is kept (the note between head and tail left out), without
         joining the whole tail."""
+        self._settle()
         from_tail = min(size, self._tail_size, self.tail_limit)
         kept: list[bytes] = []
         need = from_tail
@@ -132,10 +156,12 @@ class Captured:
 
     @property
     def total(self) -> int:
+        self._settle()
         return self._seen.size
 
     @property
     def sha256(self) -> str:
+        self._settle()
         return self._seen.sha256
 
 
@@ -216,9 +242,9 @@ def kill_note(stderr_end: bytes) -> bool | None:
 class Collector:
     """Times a command and gathers its two streams into a `CommandResult`."""
 
-    def __init__(self, on_output: OutputSink | None = None) -> None:
-        self.stdout = Captured("stdout", on_output)
-        self.stderr = Captured("stderr", on_output)
+    def __init__(self, on_output: OutputSink | None = None, redactor: Redactor = NO_SECRETS) -> None:
+        self.stdout = Captured("stdout", on_output, redactor=redactor)
+        self.stderr = Captured("stderr", on_output, redactor=redactor)
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._t0 = time.monotonic()
 
@@ -378,6 +404,8 @@ class Transport(abc.ABC):
     """One host's connection. `run` may be called concurrently; each call is its own command."""
 
     name: str
+    #: Masks the run's secrets in every command's output as it arrives (set by `transport_for`).
+    redactor: Redactor = NO_SECRETS
 
     async def connect(self) -> None:
         """Open the connection ahead of the first command (optional; `run` connects lazily)."""

@@ -26,7 +26,7 @@ class LocalTransport(Transport):
         self.name = name
 
     async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
-        collect = Collector(on_output)
+        collect = Collector(on_output, self.redactor)
         proc = await asyncio.create_subprocess_exec(
             *command.argv,
             stdin=asyncio.subprocess.PIPE,

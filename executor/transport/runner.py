@@ -34,6 +34,7 @@ from pathlib import Path
 import asyncssh
 
 from executor.errors import TransportError
+from executor.redact import NO_SECRETS, Redactor
 from executor.render import RenderedCommand
 from executor.transport import runner_host as host
 from executor.transport.base import KILL_GRACE_S, Collector, CommandResult, OutputSink, supervise
@@ -131,10 +132,16 @@ class HostRunner:
     def alive(self) -> bool:
         return self._lost is None and not self.conn.is_closed()
 
-    async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
+    async def run(
+        self,
+        command: RenderedCommand,
+        timeout: float,
+        on_output: OutputSink | None = None,
+        redactor: Redactor = NO_SECRETS,
+    ) -> CommandResult:
         request_id, request = next(self._ids), _Request()
         self._requests[request_id] = request
-        collect = Collector(on_output)
+        collect = Collector(on_output, redactor)
 
         async def finish() -> int:
             if not await collect.read_until_exit(request.stdout, request.stderr, request.exit.done):

@@ -241,7 +241,7 @@ class SSHTransport(Transport):
         except TimeoutError:
             raise TransportError(f"could not connect to {self.name} within {reach:g}s") from None
         if runner is not None:
-            return await runner.run(command, timeout, on_output)
+            return await runner.run(command, timeout, on_output, self.redactor)
         return await self._exec(command, timeout, on_output)
 
     async def _host_runner(self) -> HostRunner | None:
@@ -274,7 +274,7 @@ class SSHTransport(Transport):
     async def _exec(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None) -> CommandResult:
         """The exec path: one channel per command, running the wrapper through the login shell."""
         conn = await self._connection()
-        collect = Collector(on_output)
+        collect = Collector(on_output, self.redactor)
         try:  # a host that stopped answering must not hold the command before its own timeout starts
             proc = await asyncio.wait_for(conn.create_process(command.command_line, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
