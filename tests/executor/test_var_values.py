@@ -98,9 +98,18 @@ def test_a_text_that_would_not_reach_the_steps_as_given_is_refused(
     assert line.startswith(f"--var:1:1: {expected}")
 
 
-def test_a_var_name_is_matched_whole(local_book: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_var_and_secret_names_are_matched_whole(
+    local_book: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name with a trailing newline is no name (a `$`-anchored pattern would accept it)."""
     assert main(["plan", str(local_book), "--var", "v\n=x"]) == 2
     assert "unknown var 'v\\n'" in capsys.readouterr().err
+    book = tmp_path / "secret.yaml"
+    book.write_text(LOCAL.replace("steps:", 'secrets:\n  TOK: {env: "TOK\\n"}\nsteps:'))
+    assert main(["validate", str(book)]) == 2
+    assert capsys.readouterr().err == (
+        f"{book}:11:14: secrets.TOK.env: 'TOK\\n' is not a valid environment variable name\n"
+    )
 
 
 # ---- against the real sshd: the script's environment, run.json and --resume -------------------------
