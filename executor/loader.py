@@ -40,6 +40,7 @@ MAX_DEPTH = 64  # collections (and merges) nested in one another, aliases expand
 MAX_ALIASES = 1000  # `*name` written in the file
 MAX_VALUES = 100_000  # values and keys of the document, aliases expanded (an alias bomb stops here)
 MAX_TEXT = 4 << 20  # characters of all values and keys, aliases expanded
+MAX_PROBLEMS = 100  # reported; the rest of a file of 50 000 unknown keys is not worth the seconds
 _MERGE = "tag:yaml.org,2002:merge"
 
 
@@ -64,7 +65,8 @@ class Runbook:
 
 
 class _Positions:
-    """Where each value (and each mapping key) of the document starts."""
+    """Where each value (and each mapping key) of the document starts, the problems found, and what
+    reading the document has cost so far (the limits above)."""
 
     def __init__(self, file: str) -> None:
         self.file = file
@@ -92,6 +94,15 @@ class _Positions:
     def problem(self, loc: Loc, message: str, *, key: bool = False) -> None:
         line, column = self.at(loc, key=key)
         self.problems.append(Problem(self.file, line, column, message))
+
+    def invalid(self) -> InvalidRunbook:
+        """The error for the problems found, in the order of the file, at most MAX_PROBLEMS of them."""
+        problems = sorted(self.problems, key=lambda p: (p.line, p.column))
+        if len(problems) <= MAX_PROBLEMS:
+            return InvalidRunbook(problems)
+        rest = problems[MAX_PROBLEMS]
+        more = f"more problems from here on; only the first {MAX_PROBLEMS} are reported (the limit)"
+        return InvalidRunbook([*problems[:MAX_PROBLEMS], Problem(self.file, rest.line, rest.column, more)])
 
     def refuse(self, mark: tuple[int, int], message: str) -> NoReturn:
         """Stop reading: a limit was passed at `mark` (nothing after it is worth the time)."""
@@ -413,6 +424,8 @@ def _loc_text(loc: Loc) -> str:
 
 def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Positions) -> None:
     for error in exc.errors():
+        if len(pos.problems) > MAX_PROBLEMS:
+            break  # `invalid` reports no more
         loc = tuple(error["loc"])
         full = (*prefix, *loc)
         kind = error["type"]
@@ -479,14 +492,14 @@ def apply_inventory(runbook: Runbook, path: Path) -> Runbook:
         inventory = Inventory.model_validate(data)
     except ValidationError as exc:
         _report(exc, Inventory, (), pos)
-        raise InvalidRunbook(pos.problems) from None
+        raise pos.invalid() from None
     for section, known in (("hosts", runbook.hosts), ("vars", runbook.header.vars)):
         for name in getattr(inventory, section):
             if name not in known:
                 hint = _did_you_mean(name, known)
                 pos.problem((section, name), f"{section}: '{name}' is not in the runbook{hint}", key=True)
     if pos.problems:
-        raise InvalidRunbook(pos.problems)
+        raise pos.invalid()
     header = runbook.header.model_copy(
         update={"hosts": {**runbook.hosts, **inventory.hosts}, "vars": {**runbook.header.vars, **inventory.vars}}
     )
@@ -527,7 +540,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     if runbook is not None:
         _cross_check(runbook, indices, pos, broken)
     if pos.problems or runbook is None:
-        raise InvalidRunbook(sorted(pos.problems, key=lambda p: (p.line, p.column)))
+        raise pos.invalid()
     return runbook
 
 

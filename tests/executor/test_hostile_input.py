@@ -23,6 +23,7 @@ from executor.loader import (
     MAX_ALIASES,
     MAX_FILE_BYTES,
     MAX_NUMBER_CHARS,
+    MAX_PROBLEMS,
     MAX_SCALAR_CHARS,
     MAX_VALUES,
     load_runbook,
@@ -127,6 +128,17 @@ def test_a_file_over_the_size_limit_is_refused_unread(tmp_path: Path, capsys: py
     code, lines = validate(tmp_path, "# " + "x" * MAX_FILE_BYTES + "\n" + GOOD, capsys)
     assert code == 2
     assert lines == [f"F:1:1: the runbook is larger than {MAX_FILE_BYTES} bytes (the limit of a file `runbook` reads)"]
+
+
+def test_a_file_of_many_problems_reports_the_first_ones_quickly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    code, lines = validate(tmp_path, GOOD + "".join(f"k{i}: 1\n" for i in range(40_000)), capsys)
+    assert time.monotonic() - started < SECONDS
+    assert code == 2 and len(lines) == MAX_PROBLEMS + 1
+    assert lines[0] == "F:8:1: unknown key 'k0'"
+    assert lines[-1] == f"F:108:1: more problems from here on; only the first {MAX_PROBLEMS} are reported (the limit)"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
