@@ -132,8 +132,6 @@ class _Alias(yaml.Node):
     """An alias where it is written (`*name`), standing for the node its anchor names. `_build` expands it,
     counting what it adds, so a bomb is refused at its alias rather than filling memory."""
 
-    id = "alias"
-
     def __init__(self, target: yaml.Node, mark: yaml.Mark) -> None:
         super().__init__(target.tag, target.value, mark, mark)
         self.target = target

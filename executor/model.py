@@ -40,7 +40,8 @@ def env_text_problem(text: str) -> str | None:
     return None
 
 
-def _no_nul(values: dict[str, Any]) -> dict[str, Any]:
+def _env_texts(values: dict[str, Any]) -> dict[str, Any]:
+    """Refuse, at load time, a var value no environment can carry (`env_text_problem`)."""
     for name, item in values.items():
         problem = env_text_problem(str(item))
         if problem:
@@ -161,7 +162,7 @@ class RunbookHeader(Model):
                 raise ValueError(f"bash sets {name} itself: a step's var or secret cannot have that name")
         return value
 
-    _vars = field_validator("vars")(_no_nul)
+    _vars = field_validator("vars")(_env_texts)
 
     @model_validator(mode="after")
     def _vars_and_secrets_distinct(self) -> RunbookHeader:
@@ -178,7 +179,7 @@ class Inventory(Model):
     vars: dict[str, VarValue] = Field(default_factory=dict)
 
     _hosts = field_validator("hosts")(_host_names)
-    _vars = field_validator("vars")(_no_nul)
+    _vars = field_validator("vars")(_env_texts)
 
 
 def var_text(value: VarValue) -> str:
@@ -221,7 +222,10 @@ def _plain_number(text: str) -> int | float | None:
     """`text` as an int or a float where that is written back as `text` itself, else None."""
     if not _PLAIN_NUMBER.fullmatch(text):
         return None
-    number = float(text) if "." in text else int(text)
+    try:
+        number = float(text) if "." in text else int(text)
+    except ValueError:  # more digits than int() reads (4300)
+        return None
     return number if var_text(number) == text else None
 
 
