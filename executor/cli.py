@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -42,6 +41,7 @@ from executor.errors import (
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
+from executor.model import VarValue, override_value
 from executor.planner import plan_text, render_problems, secrets_redactor
 from executor.redact import NO_SECRETS
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
@@ -129,19 +129,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
+def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, VarValue]:
+    """`--var K=V` pairs as var values: V is the exact text after the first `=` (see `override_value`)."""
     problems = []
-    values: dict[str, Any] = {}
+    values: dict[str, VarValue] = {}
     for pair in pairs:
-        name, sep, raw = pair.partition("=")
+        name, sep, text = pair.partition("=")
         if not sep:
             problems.append(Problem("--var", 1, 1, f"expected K=V, got {pair!r}"))
         elif name not in runbook.header.vars:
             known = ", ".join(runbook.header.vars) or "none"
             problems.append(Problem("--var", 1, 1, f"unknown var '{name}' (the runbook declares: {known})"))
         else:
-            parsed = yaml.safe_load(raw) if raw else ""
-            values[name] = parsed if isinstance(parsed, str | int | float | bool) else raw
+            try:
+                values[name] = override_value(name, text, runbook.header.vars[name])
+            except ValueError as exc:
+                problems.append(Problem("--var", 1, 1, str(exc)))
     if problems:
         raise InvalidRunbook(problems)
     return values

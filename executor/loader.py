@@ -1,8 +1,11 @@
 """Load and validate a runbook, reporting every problem as `FILE:LINE:COL: message`.
 
-PyYAML builds a node tree with positions; we turn it into plain data ourselves so that each
-value's position is known and duplicate keys (which PyYAML silently collapses) are found.
-Pydantic validates the data; its error locations are mapped back to lines and columns.
+PyYAML's parser gives events with positions; we compose the node tree from them ourselves (without
+recursion, so a file nested 100 000 deep is refused, not a crash of libyaml's recursive composer) and
+turn it into plain data, so that each value's position is known, duplicate keys (which PyYAML silently
+collapses) are found, and a hostile file is refused at its position: every limit below is checked while
+reading, before the work or memory it bounds is spent. Pydantic validates the data; its error
+locations are mapped back to lines and columns.
 """
 
 from __future__ import annotations
@@ -14,20 +17,33 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from executor.errors import InvalidRunbook, Problem
 from executor.gates import step_refs, syntax_error
-from executor.model import Host, Inventory, RunbookHeader, SecretRef
+from executor.model import Host, Inventory, RunbookHeader, SecretRef, var_text
 from executor.redact import MIN_SECRET_CHARS
 from executor.stepkind import StepSpec, step_kinds
+from executor.transport.base import open_regular
 
 Loc = tuple[str | int, ...]
 LOCAL = "local"
 _FALLBACK_FORBIDDEN = {"id", "kind", "host", "hosts", "fallbacks"}
+
+# Limits of a runbook or inventory file (README, "Limits of a runbook file"): what `validate` refuses,
+# each at its position, so that any file is answered within seconds and in bounded memory.
+MAX_FILE_BYTES = 1 << 20  # read at most one byte more
+MAX_SCALAR_CHARS = 256 << 10  # one value (a script) as written
+MAX_NUMBER_CHARS = 100  # a value YAML reads as a number: int() of a long one is quadratic, `1:2:...` worse
+MAX_DEPTH = 64  # collections (and merges) nested in one another, aliases expanded
+MAX_ALIASES = 1000  # `*name` written in the file
+MAX_VALUES = 100_000  # values and keys of the document, aliases expanded (an alias bomb stops here)
+MAX_TEXT = 4 << 20  # characters of all values and keys, aliases expanded
+MAX_PROBLEMS = 100  # reported; the rest of a file of 50 000 unknown keys is not worth the seconds
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 @dataclass
@@ -52,13 +68,18 @@ class Runbook:
 
 
 class _Positions:
-    """Where each value (and each mapping key) of the document starts."""
+    """Where each value (and each mapping key) of the document starts, the problems found, and what
+    reading the document has cost so far (the limits above)."""
 
     def __init__(self, file: str) -> None:
         self.file = file
         self.values: dict[Loc, tuple[int, int]] = {}
         self.keys: dict[Loc, tuple[int, int]] = {}
         self.problems: list[Problem] = []
+        #: the text as written of each scalar YAML read as something else (a number, a boolean, a date, null)
+        self.written: dict[Loc, str] = {}
+        self.built = 0  # values and keys built so far, aliases expanded (MAX_VALUES)
+        self.built_text = 0  # their characters (MAX_TEXT)
 
     def at(self, loc: Loc, *, key: bool = False) -> tuple[int, int]:
         """The position of the longest prefix of `loc` found in the document."""
@@ -77,6 +98,30 @@ class _Positions:
         line, column = self.at(loc, key=key)
         self.problems.append(Problem(self.file, line, column, message))
 
+    def invalid(self) -> InvalidRunbook:
+        """The error for the problems found, in the order of the file, at most MAX_PROBLEMS of them."""
+        problems = sorted(self.problems, key=lambda p: (p.line, p.column))
+        if len(problems) <= MAX_PROBLEMS:
+            return InvalidRunbook(problems)
+        rest = problems[MAX_PROBLEMS]
+        more = f"more problems from here on; only the first {MAX_PROBLEMS} are reported (the limit)"
+        return InvalidRunbook([*problems[:MAX_PROBLEMS], Problem(self.file, rest.line, rest.column, more)])
+
+    def refuse(self, mark: tuple[int, int], message: str) -> NoReturn:
+        """Stop reading: a limit was passed at `mark` (nothing after it is worth the time)."""
+        raise InvalidRunbook([Problem(self.file, *mark, message)])
+
+    def spend(self, node: yaml.Node, via: tuple[int, int] | None) -> None:
+        """Count a value (or key) into the document's size; refuse it past MAX_VALUES or MAX_TEXT, at the
+        alias being expanded (`via`) where there is one, since that is what made the document grow."""
+        self.built += 1
+        self.built_text += len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+        expanded = " once its aliases are expanded" if via else ""
+        if self.built > MAX_VALUES:
+            self.refuse(via or _mark(node), f"the document holds more than {MAX_VALUES} values{expanded} (the limit)")
+        if self.built_text > MAX_TEXT:
+            self.refuse(via or _mark(node), f"the document holds more than {MAX_TEXT} characters{expanded} (the limit)")
+
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
@@ -86,30 +131,219 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _build(loader: yaml.SafeLoader, node: yaml.Node, loc: Loc, pos: _Positions) -> Any:
-    pos.values[loc] = _mark(node)
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, yaml.Node] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
+class _Alias(yaml.Node):
+    """An alias where it is written (`*name`), standing for the node its anchor names. `_build` expands it,
+    counting what it adds, so a bomb is refused at its alias rather than filling memory."""
+
+    def __init__(self, target: yaml.Node, mark: yaml.Mark) -> None:
+        super().__init__(target.tag, target.value, mark, mark)
+        self.target = target
+
+
+class _Open:
+    """A collection being composed: its node, its anchor (defined once it is complete, so no value can
+    hold an alias of itself) and, in a mapping, the key waiting for its value."""
+
+    def __init__(self, node: yaml.CollectionNode, anchor: str | None) -> None:
+        self.node, self.anchor = node, anchor
+        self.key: yaml.Node | None = None
+
+    def add(self, child: yaml.Node) -> None:
+        if isinstance(self.node, yaml.SequenceNode):
+            self.node.value.append(child)
+        elif self.key is None:
+            self.key = child
+        else:
+            self.node.value.append((self.key, child))
+            self.key = None
+
+
+class _Composer:
+    """The single document's node tree, composed from the parser's events in a loop: PyYAML's composer
+    recurses once per level (libyaml's in C, where 100 000 `[` crash the process). Depth, scalar length,
+    alias count and node count are checked per event, before the node is made."""
+
+    def __init__(self, loader: yaml.SafeLoader, pos: _Positions) -> None:
+        self.loader, self.pos = loader, pos
+        self.anchors: dict[str, yaml.Node] = {}
+        self.stack: list[_Open] = []
+        self.aliases = self.nodes = 0
+
+    def _event(self) -> Any:  # PyYAML's events carry no types
+        return self.loader.get_event()  # type: ignore[no-untyped-call]
+
+    def document(self) -> yaml.Node | None:
+        self._event()  # the stream's start
+        if self.loader.check_event(yaml.StreamEndEvent):
+            return None
+        self._event()  # the document's start
+        while True:
+            event = self._event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                self._open(event)
                 continue
-            key = loader.construct_object(key_node)
-            if key in seen:
-                line = _mark(seen[key])[0]
-                pos.problems.append(
-                    Problem(pos.file, *_mark(key_node), f"duplicate key '{key}' (first defined at line {line})")
-                )
-            seen[key] = key_node
-        loader.flatten_mapping(node)
-        result: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = loader.construct_object(key_node)
-            pos.keys[(*loc, key)] = _mark(key_node)
-            result[key] = _build(loader, value_node, (*loc, key), pos)
-        return result
+            node = self._node(event)
+            if not self.stack:
+                break
+            self.stack[-1].add(node)
+        self._event()  # the document's end
+        if not self.loader.check_event(yaml.StreamEndEvent):
+            text = "expected a single document, found another one"
+            raise yaml.composer.ComposerError(None, None, text, self._event().start_mark)
+        return node
+
+    def _open(self, event: Any) -> None:
+        if len(self.stack) >= MAX_DEPTH:
+            self.pos.refuse(_event_mark(event), f"nested more than {MAX_DEPTH} levels deep (the limit)")
+        kind = yaml.SequenceNode if isinstance(event, yaml.SequenceStartEvent) else yaml.MappingNode
+        node = kind(self._tag(event, kind, None), [], event.start_mark, None, flow_style=event.flow_style)
+        self.stack.append(_Open(node, event.anchor))
+
+    def _node(self, event: Any) -> yaml.Node:
+        """The node an alias, a scalar or the end of a collection completes, counted and anchored."""
+        node: yaml.Node
+        anchor = None
+        if isinstance(event, yaml.AliasEvent):
+            node = self._alias(event)
+        elif isinstance(event, yaml.ScalarEvent):
+            node, anchor = self._scalar(event), event.anchor
+        else:  # the end of the innermost collection
+            done = self.stack.pop()
+            node, anchor = done.node, done.anchor
+            node.end_mark = event.end_mark
+        self.nodes += 1
+        if self.nodes > MAX_VALUES:
+            self.pos.refuse(_mark(node), f"the document holds more than {MAX_VALUES} values (the limit)")
+        if anchor is not None:
+            self._anchor(anchor, node)
+        return node
+
+    def _scalar(self, event: Any) -> yaml.ScalarNode:
+        if len(event.value) > MAX_SCALAR_CHARS:
+            text = f"a value of {len(event.value)} characters (the limit is {MAX_SCALAR_CHARS})"
+            self.pos.refuse(_event_mark(event), text)
+        tag = self._tag(event, yaml.ScalarNode, event.value)
+        return yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+
+    def _alias(self, event: Any) -> _Alias:
+        self.aliases += 1
+        if self.aliases > MAX_ALIASES:
+            self.pos.refuse(_event_mark(event), f"more than {MAX_ALIASES} aliases (the limit)")
+        if event.anchor not in self.anchors:
+            text = f"found undefined alias {event.anchor!r} (an alias names an anchor before it)"
+            raise yaml.composer.ComposerError(None, None, text, event.start_mark)
+        return _Alias(self.anchors[event.anchor], event.start_mark)
+
+    def _anchor(self, anchor: str, node: yaml.Node) -> None:
+        if anchor in self.anchors:
+            first = _mark(self.anchors[anchor])[0]
+            text = f"found duplicate anchor {anchor!r} (first defined at line {first})"
+            raise yaml.composer.ComposerError(None, None, text, node.start_mark)
+        self.anchors[anchor] = node
+
+    def _tag(self, event: Any, kind: type[yaml.Node], value: str | None) -> str:
+        """The node's tag: as written, or resolved as PyYAML's composer does."""
+        if event.tag not in (None, "!"):
+            return str(event.tag)
+        return str(self.loader.resolve(kind, value, event.implicit))  # type: ignore[no-untyped-call]
+
+
+def _event_mark(event: Any) -> tuple[int, int]:
+    return event.start_mark.line + 1, event.start_mark.column + 1
+
+
+def _build(
+    loader: yaml.SafeLoader,
+    node: yaml.Node,
+    loc: Loc,
+    pos: _Positions,
+    depth: int = 0,
+    via: tuple[int, int] | None = None,
+) -> Any:
+    """Plain data from `node`, every value's position kept. `depth` counts nesting with aliases expanded,
+    `via` is the outermost alias being expanded (where a limit it passes is reported)."""
+    if isinstance(node, _Alias):
+        value = _build(loader, node.target, loc, pos, depth, via or _mark(node))  # the outermost alias
+        pos.values[loc] = _mark(node)  # a value's problem is shown where it is used
+        return value
+    pos.spend(node, via)
+    pos.values[loc] = _mark(node)
+    if isinstance(node, yaml.CollectionNode) and depth >= MAX_DEPTH:
+        pos.refuse(
+            via or _mark(node), f"nested more than {MAX_DEPTH} levels deep once aliases are expanded (the limit)"
+        )
+    if isinstance(node, yaml.MappingNode):
+        return _mapping(loader, node, loc, pos, depth, via)
     if isinstance(node, yaml.SequenceNode):
-        return [_build(loader, item, (*loc, i), pos) for i, item in enumerate(node.value)]
-    return loader.construct_object(node)
+        return [_build(loader, item, (*loc, i), pos, depth + 1, via) for i, item in enumerate(node.value)]
+    assert isinstance(node, yaml.ScalarNode)  # the one kind of node left
+    return _scalar(loader, node, loc, pos)
+
+
+def _target(node: yaml.Node) -> yaml.Node:
+    return node.target if isinstance(node, _Alias) else node
+
+
+def _mapping(
+    loader: yaml.SafeLoader, node: yaml.MappingNode, loc: Loc, pos: _Positions, depth: int, via: tuple[int, int] | None
+) -> dict[str, Any]:
+    """A mapping's keys are their text as written (`on:` is the key 'on', not true); a key that is no
+    scalar (`? [x, y]`) is refused. Merges (`<<: *base`, `<<: [*a, *b]`) give the keys the mapping does
+    not, the first merged mapping winning, as in YAML's merge key."""
+    merged: list[yaml.Node] = []
+    pairs: list[tuple[str, yaml.Node, yaml.Node]] = []
+    seen: dict[str, yaml.Node] = {}
+    for key_node, value_node in node.value:
+        written = _target(key_node)
+        if written.tag == _MERGE:
+            merged.extend(_merged(value_node, pos))
+        elif not isinstance(written, yaml.ScalarNode):
+            what = "sequence (`? [x, y]`)" if isinstance(written, yaml.SequenceNode) else "mapping (`? {a: 1}`)"
+            pos.problems.append(Problem(pos.file, *_mark(key_node), f"a key must be text, not a {what}"))
+        else:
+            pos.spend(written, via)
+            if written.value in seen:
+                line = _mark(seen[written.value])[0]
+                text = f"duplicate key '{written.value}' (first defined at line {line})"
+                pos.problems.append(Problem(pos.file, *_mark(key_node), text))
+            seen[written.value] = key_node
+            pairs.append((written.value, key_node, value_node))
+    result: dict[str, Any] = {}
+    for source in reversed(merged):  # the first one's keys are set last: it wins
+        result.update(_build(loader, source, loc, pos, depth + 1, via))
+    pos.values[loc] = _mark(node)
+    for key, key_node, value_node in pairs:
+        pos.keys[(*loc, key)] = _mark(key_node)
+        result[key] = _build(loader, value_node, (*loc, key), pos, depth + 1, via)
+    return result
+
+
+def _merged(value: yaml.Node, pos: _Positions) -> list[yaml.Node]:
+    """The mappings a merge key names: one, or a sequence of them."""
+    target = _target(value)
+    items = target.value if isinstance(target, yaml.SequenceNode) else [value]
+    if all(isinstance(_target(item), yaml.MappingNode) for item in items):
+        return list(items)
+    pos.problems.append(Problem(pos.file, *_mark(value), "a merge (`<<:`) takes a mapping or a list of mappings"))
+    return []
+
+
+def _scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, loc: Loc, pos: _Positions) -> Any:
+    """The scalar's value as YAML reads it; where that is no text, its text as written is noted (vars
+    must reach a step as written). A value YAML cannot read as its type (`2026-13-45`) is a problem."""
+    kind = node.tag.rpartition(":")[2]
+    if kind in ("int", "float") and len(node.value) > MAX_NUMBER_CHARS:
+        text = f"a number of {len(node.value)} characters (the limit is {MAX_NUMBER_CHARS}; quote it if it is text)"
+        pos.problems.append(Problem(pos.file, *_mark(node), text))
+        return node.value
+    try:
+        value = loader.construct_object(node)
+    except (ValueError, OverflowError) as exc:
+        pos.problems.append(Problem(pos.file, *_mark(node), f"YAML cannot read {node.value!r} as {kind}: {exc}"))
+        return node.value
+    if not isinstance(value, str):
+        pos.written[loc] = node.value
+    return value
 
 
 def _reader_problem(exc: yaml.reader.ReaderError, text: str, file: str) -> Problem:
@@ -126,7 +360,7 @@ def _parse(text: str, file: str) -> tuple[Any, _Positions]:
     except yaml.reader.ReaderError as exc:
         raise InvalidRunbook([_reader_problem(exc, text, file)]) from None
     try:
-        node = loader.get_single_node()
+        node = _Composer(loader, pos).document()
         if node is None:
             raise InvalidRunbook([Problem(file, 1, 1, "the file is empty; expected a runbook mapping")])
         data = _build(loader, node, (), pos)
@@ -191,6 +425,8 @@ def _loc_text(loc: Loc) -> str:
 
 def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Positions) -> None:
     for error in exc.errors():
+        if len(pos.problems) > MAX_PROBLEMS:
+            break  # `invalid` reports no more
         loc = tuple(error["loc"])
         full = (*prefix, *loc)
         kind = error["type"]
@@ -207,10 +443,38 @@ def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Pos
 
 
 def _read(path: Path, what: str) -> str:
+    """The file's text, at most MAX_FILE_BYTES of it; never a FIFO (its open would wait for a writer) or
+    a device (/dev/zero never ends)."""
     try:
-        return path.read_text(encoding="utf-8")
+        with open_regular(path) as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            text = f"the {what} is larger than {MAX_FILE_BYTES} bytes (the limit of a file `runbook` reads)"
+            raise InvalidRunbook([Problem(str(path), 1, 1, text)])
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRunbook([Problem(str(path), 1, 1, f"cannot read the {what}: {exc}")]) from None
+
+
+def _check_var_texts(data: dict[str, Any], pos: _Positions) -> None:
+    """A var reaches a step as text: one YAML reads as something else whose text differs from what was
+    written (`0123` is 83, `12:30` is 750, `yes` is true, `2026-12-01` a date, `~` null) is refused with a
+    hint to quote it. Its text takes its place, so the schema does not report it a second time."""
+    variables = data.get("vars")
+    if not isinstance(variables, dict):
+        return
+    for name, value in variables.items():
+        written = pos.written.get(("vars", name))
+        if written is None or (isinstance(value, bool | int | float) and var_text(value) == written):
+            continue
+        read = "null (no value)" if value is None else f"the {type(value).__name__} {_shown(value)}"
+        text = f"vars.{name}: YAML reads {written} as {read}; quote it to keep the text: '{written}'"
+        pos.problem(("vars", name), text)
+        variables[name] = written
+
+
+def _shown(value: Any) -> str:
+    return var_text(value) if isinstance(value, bool | int | float) else str(value)
 
 
 def load_runbook(path: Path, inventory: Path | None = None) -> Runbook:
@@ -224,18 +488,19 @@ def apply_inventory(runbook: Runbook, path: Path) -> Runbook:
     data, pos = _parse(_read(path, "inventory"), str(path))
     if not isinstance(data, dict):
         raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with hosts and vars")])
+    _check_var_texts(data, pos)
     try:
         inventory = Inventory.model_validate(data)
     except ValidationError as exc:
         _report(exc, Inventory, (), pos)
-        raise InvalidRunbook(pos.problems) from None
+        raise pos.invalid() from None
     for section, known in (("hosts", runbook.hosts), ("vars", runbook.header.vars)):
         for name in getattr(inventory, section):
             if name not in known:
                 hint = _did_you_mean(name, known)
                 pos.problem((section, name), f"{section}: '{name}' is not in the runbook{hint}", key=True)
     if pos.problems:
-        raise InvalidRunbook(pos.problems)
+        raise pos.invalid()
     header = runbook.header.model_copy(
         update={"hosts": {**runbook.hosts, **inventory.hosts}, "vars": {**runbook.header.vars, **inventory.vars}}
     )
@@ -246,6 +511,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     data, pos = _parse(text, str(path))
     if not isinstance(data, dict):
         raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with name, hosts, steps")])
+    _check_var_texts(data, pos)
     try:
         header = RunbookHeader.model_validate(data)
     except ValidationError as exc:
@@ -277,7 +543,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     if runbook is not None:
         _cross_check(runbook, indices, pos, broken)
     if pos.problems or runbook is None:
-        raise InvalidRunbook(sorted(pos.problems, key=lambda p: (p.line, p.column)))
+        raise pos.invalid()
     return runbook
 
 

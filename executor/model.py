@@ -27,10 +27,25 @@ class Model(BaseModel):
 HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-def _no_nul(values: dict[str, Any]) -> dict[str, Any]:
+def env_text_problem(text: str) -> str | None:
+    """Why `text` cannot be an environment variable's value, or None: a NUL ends a C string (no
+    environment can carry one), and a value that is no UTF-8 text (an argument of undecodable bytes)
+    cannot be sent."""
+    if "\x00" in text:
+        return "contains a NUL byte, which no environment can carry"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8 text"
+    return None
+
+
+def _env_texts(values: dict[str, Any]) -> dict[str, Any]:
+    """Refuse, at load time, a var value no environment can carry (`env_text_problem`)."""
     for name, item in values.items():
-        if "\x00" in str(item):
-            raise ValueError(f"var {name!r} contains a NUL byte, which no environment can carry")
+        problem = env_text_problem(str(item))
+        if problem:
+            raise ValueError(f"var {name!r} {problem}")
     return values
 
 
@@ -101,6 +116,13 @@ class SecretRef(Model):
     env: str
     required: bool = True
 
+    @field_validator("env")
+    @classmethod
+    def _env_is_a_name(cls, value: str) -> str:
+        if not IDENTIFIER.fullmatch(value):  # whole: "HF_TOKEN\n" names no variable
+            raise ValueError(f"{value!r} is not a valid environment variable name")
+        return value
+
 
 def _gate_from_str(value: Any) -> Any:
     return {"that": value} if isinstance(value, str) else value
@@ -140,7 +162,7 @@ class RunbookHeader(Model):
                 raise ValueError(f"bash sets {name} itself: a step's var or secret cannot have that name")
         return value
 
-    _vars = field_validator("vars")(_no_nul)
+    _vars = field_validator("vars")(_env_texts)
 
     @model_validator(mode="after")
     def _vars_and_secrets_distinct(self) -> RunbookHeader:
@@ -157,7 +179,7 @@ class Inventory(Model):
     vars: dict[str, VarValue] = Field(default_factory=dict)
 
     _hosts = field_validator("hosts")(_host_names)
-    _vars = field_validator("vars")(_no_nul)
+    _vars = field_validator("vars")(_env_texts)
 
 
 def var_text(value: VarValue) -> str:
@@ -165,6 +187,46 @@ def var_text(value: VarValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+#: A number as `var_text` writes it back: no sign but `-`, no leading zeros, no exponent, no `_`
+_PLAIN_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", re.ASCII)
+
+
+def override_value(name: str, text: str, declared: VarValue) -> VarValue:
+    """The value of `--var NAME=TEXT`: TEXT exactly, never re-read as YAML. Where the runbook's (or the
+    inventory's) value is a number or a boolean, TEXT must be one too, in the one form that reaches the
+    steps as TEXT itself (`8000`, `2.5`, `true`), and is typed like it: a gate compares `vars.port > 8000`
+    as a number whether the port came from the file or the command line, and the script's environment,
+    the gate and the resume fingerprint all see TEXT. Anything else raises ValueError saying why."""
+    problem = env_text_problem(text)
+    if problem:
+        raise ValueError(f"{name}: the value {problem}")
+    if isinstance(declared, bool):
+        if text not in ("true", "false"):
+            raise ValueError(f"{name}={text}: {name} is a boolean in the runbook; give true or false")
+        return text == "true"
+    if isinstance(declared, int | float):
+        number = _plain_number(text)
+        if number is None:
+            raise ValueError(
+                f"{name}={text}: {name} is a number in the runbook ({var_text(declared)}); give one as the "
+                "steps get it back: digits, an optional leading '-' and '.' (8000, -3, 2.5: no leading or trailing "
+                "zeros, '+', '_' or exponent); quote the runbook's value to make it text"
+            )
+        return number
+    return text
+
+
+def _plain_number(text: str) -> int | float | None:
+    """`text` as an int or a float where that is written back as `text` itself, else None."""
+    if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    try:
+        number = float(text) if "." in text else int(text)
+    except ValueError:  # more digits than int() reads (4300)
+        return None
+    return number if var_text(number) == text else None
 
 
 HostsSelector = Literal["all"] | list[str]

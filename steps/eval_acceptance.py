@@ -335,7 +335,7 @@ class EvalAcceptanceStep(StepSpec):
         if not names:
             raise ValueError("name at least one prompt set")
         for name in names:
-            if not re.match(SET_NAME, name):
+            if not re.fullmatch(SET_NAME, name):  # whole: `$` also matches before a trailing newline
                 raise ValueError(
                     f"prompt set name {name!r}: letters, digits and _ only (it is used as facts.sets.NAME)"
                 )

@@ -6,6 +6,7 @@ No SSH layer is mocked: transports and the CLI talk to this sshd through asyncss
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -41,9 +42,19 @@ def write_runbook(tmp_path: Path, sshd: SSHServer):
 
 
 def runbook_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    memory_bytes: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `runbook` CLI in a subprocess, as a user would."""
+    """Run the real `runbook` CLI in a subprocess, as a user would; `memory_bytes` bounds its address
+    space (an allocation past it fails there, as MemoryError)."""
+
+    def bound() -> None:
+        if memory_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
     return subprocess.run(
         [sys.executable, "-m", "executor.cli", *args],
         capture_output=True,
@@ -52,6 +63,7 @@ def runbook_cli(
         env={**os.environ, **(env or {})},
         cwd=cwd,
         stdin=subprocess.DEVNULL,
+        preexec_fn=bound if memory_bytes is not None else None,
     )
 
 

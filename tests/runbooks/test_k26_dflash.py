@@ -241,16 +241,18 @@ def test_a_var_a_step_cannot_use_stops_the_run_before_anything_runs(
     tmp_path: Path, testhost: Any, hub: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inventory, logs = site(tmp_path, testhost("h200"), hub), tmp_path / "logs"
-    args = ["--inventory", str(inventory), "--log-dir", str(logs), "--var", "sglang_port=abc"]
+    args = ["--inventory", str(inventory), "--log-dir", str(logs), "--var", "sglang_ready_timeout=forever"]
     assert main(["run", str(RUNBOOK), *args]) == 2
     problems = capsys.readouterr().err.splitlines()
     assert problems[0].startswith(f"{RUNBOOK}:")
     assert problems[0].endswith(
-        "step 'deploy_baseline': port: runbook var sglang_port = 'abc' does not fit: "
-        "expected a whole number such as 30000"
+        "step 'deploy_baseline': ready_timeout: runbook var sglang_ready_timeout = 'forever' does not fit: "
+        "expected a duration such as 500ms, 30s, 10m or 2h, got 'forever'"
     )
     assert not logs.exists()  # no run folder, no state, no audit log: nothing ran
-    assert main(["plan", str(RUNBOOK), "--inventory", str(inventory), "--var", "sglang_ready_timeout=forever"]) == 2
+    # a number in the runbook takes only a number from --var (the text itself, typed like the runbook's)
+    assert main(["plan", str(RUNBOOK), "--inventory", str(inventory), "--var", "sglang_port=abc"]) == 2
+    assert "sglang_port=abc: sglang_port is a number in the runbook (" in capsys.readouterr().err
 
 
 def test_plan_shows_every_download_method(tmp_path, testhost, hub, capsys) -> None:

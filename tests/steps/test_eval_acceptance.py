@@ -113,6 +113,7 @@ def test_shipped_sets_are_math_code_and_chat_with_twelve_to_twenty_prompts_each(
         ({"server": "d", "prompt_sets": ["math", "poetry"]}, "unknown prompt sets \\['poetry'\\]"),
         ({"server": "d", "prompt_sets": []}, "at least one prompt set"),
         ({"server": "d", "prompt_sets": {"my set": "a.jsonl"}}, "letters, digits and _ only"),
+        ({"server": "d", "prompt_sets": {"mine\n": "a.jsonl"}}, "letters, digits and _ only"),  # matched whole
         ({"server": "d", "prompt_template": "<user>{text}</user>"}, "must contain {prompt}"),
         ({"server": "d", "max_new_tokens": 0}, "greater than or equal to 1"),
     ],
