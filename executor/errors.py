@@ -8,6 +8,7 @@
     │     └── StateError         a run folder cannot be read (state.db, run.json) or written
     │           .reason: str     why, in a few words (for a table row)
     ├── SecretMissing            a declared secret has no value in the environment (CLI exit 2)
+    ├── AuditKeyError            the audit key is missing, unusable or already there (CLI exit 2)
     ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report
     │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota; CLI exit 4)
     └── TransportError           the host could not be reached or the channel broke
@@ -69,6 +70,11 @@ class StateError(ResumeError):
 
 class SecretMissing(RunbookError):
     """A secret declared by the runbook has no value in the controller's environment."""
+
+
+class AuditKeyError(RunbookError):
+    """The audit key (executor/seal.py) cannot be used: missing, no regular file, open to other users,
+    malformed, or (for `runbook audit key`) already there."""
 
 
 class DurableWriteError(RunbookError):
