@@ -31,6 +31,7 @@ KEY_FILE = "audit.key"
 KEY_BYTES = 32
 #: a key file is a few dozen bytes: one past this is not read whole
 _KEY_FILE_MAX = 256
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 def default_key_path() -> Path:
@@ -99,17 +100,13 @@ def load_key(path: Path) -> AuditKey:
 
 def _parse(path: Path, raw: bytes) -> bytes:
     """The key's bytes from the file's text: 64 hex digits, surrounding blanks allowed."""
-    text = raw.decode("ascii", "replace").strip() if len(raw) <= _KEY_FILE_MAX else ""
-    try:
-        secret = bytes.fromhex(text)
-    except ValueError:
-        secret = b""
-    if len(secret) != KEY_BYTES:
+    text = raw.decode("ascii", "replace").strip()
+    if len(text) != KEY_BYTES * 2 or not set(text) <= _HEX_DIGITS:
         raise AuditKeyError(
             f"{path}:1:1: expected {KEY_BYTES * 2} hex digits (as runbook audit key writes), "
             f"got something else ({len(raw)} bytes)"
         )
-    return secret
+    return bytes.fromhex(text)
 
 
 def configured_key() -> AuditKey | None:
