@@ -29,8 +29,8 @@ import structlog
 from executor import durable
 from executor.errors import DurableWriteError, StateError
 from executor.redact import Redactor
-from executor.seal import AuditKey, HeadSeal
-from executor.state import META_FILE, STOPPED, RunMeta, UnreadableRun, open_state, read_meta
+from executor.seal import AuditKey, HeadSeal, is_key_id
+from executor.state import META_FILE, STOPPED, WRITE_FAILED, RunMeta, UnreadableRun, open_state, read_meta
 from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
 
 GENESIS = "0" * 64
@@ -59,7 +59,7 @@ def clip(text: str) -> tuple[str, bool]:
 
 
 #: run statuses (state.db) of a run that did not finish: its head may lag the log (written without fsync)
-UNFINISHED = ("running", STOPPED, "write-failed")
+UNFINISHED = ("running", STOPPED, WRITE_FAILED)
 
 
 def write_private(path: Path, text: str, sync: bool = False) -> None:
@@ -234,7 +234,6 @@ class VerifyReport:
     runs: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # tampering: makes `ok` false
     notes: list[str] = field(default_factory=list)  # tolerated: a torn last line, a lagging head
-    sealed: list[str] = field(default_factory=list)  # runs whose head's seal was checked with the key and held
 
 
 def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes]]:
@@ -421,9 +420,9 @@ def _check_run(
     _check_head(name, hashes, head, status, report)
     if position is not None:
         _check_position(name, hashes, position, report)
-    elif status is not None:
+    elif status is not None and len(hashes) > 1:
         report.notes.append(
-            f"{name}: its state.db does not record the log's length (written by an older runbook): "
+            f"{name}: its state.db does not record the log's length (an older runbook wrote it): "
             "records cut from its end are found by its head alone"
         )
     seal = HeadSeal(key, name, hashes[0], meta.resumed_from if meta else None) if key is not None else None
@@ -450,7 +449,7 @@ def _check_head(name: str, hashes: list[str], head: _Head | None, status: str | 
             why = {
                 "running": "the run is still running",
                 STOPPED: "the run did not finish (crashed?); tolerated",
-                "write-failed": "the run did not finish (a write to its run folder failed); tolerated",
+                WRITE_FAILED: "the run did not finish (a write to its run folder failed); tolerated",
             }[status]
             report.notes.append(f"{name}: head lags by {lag} record(s): {why}")
         else:
@@ -470,14 +469,15 @@ def _check_position(name: str, hashes: list[str], position: tuple[int, str], rep
             f"{count}: records were cut from its end"
         )
     elif hashes[saved] != last:
-        report.problems.append(f"{name}: record {saved} does not match state.db's record of it: the log was rewritten")
+        where = f"record {saved}" if saved else "the hash the log starts from"
+        report.problems.append(f"{name}: {where} does not match state.db's record of it: the log was rewritten")
 
 
 def _check_seal(name: str, count: int, head: _Head | None, seal: HeadSeal | None, report: VerifyReport) -> None:
     """Without a key, say that a sealed head can be checked; with one, the head must carry its valid seal."""
     if seal is None:
         found = head.seal if head is not None else None
-        if isinstance(found, dict) and isinstance(found.get("key_id"), str):
+        if isinstance(found, dict) and is_key_id(found.get("key_id")):
             report.notes.append(f"{name}: sealed (key id {found['key_id']}); pass --key to check the seal")
         return
     if head is None:
@@ -487,7 +487,6 @@ def _check_seal(name: str, count: int, head: _Head | None, seal: HeadSeal | None
     if why is not None:
         report.problems.append(f"{name}: {why}")
         return
-    report.sealed.append(name)
     if head.count < count:
         report.notes.append(
             f"{name}: the last {count - head.count} record(s) come after its sealed head: the seal does not cover them"

@@ -40,6 +40,7 @@ from executor.loader import Runbook
 from executor.model import var_text
 from executor.redact import Redactor
 from executor.render import render_command
+from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
 from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
 from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
@@ -55,8 +56,8 @@ from executor.transport.base import (
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
-#: A durable write to the run folder failed (DurableWriteError): the run's status, when it could be written
-WRITE_FAILED, EXIT_WRITE_FAILED = "write-failed", 4
+#: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
+EXIT_WRITE_FAILED = 4
 #: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
 NOT_STARTED = ("pending", "skipped")
 

@@ -32,6 +32,8 @@ KEY_BYTES = 32
 #: a key file is a few dozen bytes: one past this is not read whole
 _KEY_FILE_MAX = 256
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+#: a key id is this many lowercase hex digits; an HMAC, 64
+KEY_ID_LEN = 16
 
 
 def default_key_path() -> Path:
@@ -50,7 +52,7 @@ class AuditKey:
     @property
     def key_id(self) -> str:
         """A name for the key, safe to show and to store in a run folder (a digest, not the key)."""
-        return hmac.new(self.secret, b"runbook audit key id", hashlib.sha256).hexdigest()[:16]
+        return hmac.new(self.secret, b"runbook audit key id", hashlib.sha256).hexdigest()[:KEY_ID_LEN]
 
 
 def create_key(path: Path) -> AuditKey:
@@ -118,6 +120,15 @@ def configured_key() -> AuditKey | None:
     return load_key(path)
 
 
+def is_key_id(value: Any) -> bool:
+    """Whether a value read from a run folder is a key id (it is shown: nothing else may be)."""
+    return _is_hex(value, KEY_ID_LEN)
+
+
+def _is_hex(value: Any, length: int) -> bool:
+    return isinstance(value, str) and len(value) == length and set(value) <= frozenset("0123456789abcdef")
+
+
 @dataclass(frozen=True)
 class HeadSeal:
     """Seals the heads of one run's log: what the HMAC covers besides the head itself."""
@@ -146,7 +157,7 @@ class HeadSeal:
         """Why `seal` does not prove the head `{count, hash}` (None when it does)."""
         if seal is None:
             return "its head carries no seal (the run had no audit key, or the seal was removed)"
-        if not isinstance(seal, dict) or not all(isinstance(seal.get(k), str) for k in ("key_id", "hmac")):
+        if not isinstance(seal, dict) or not is_key_id(seal.get("key_id")) or not _is_hex(seal.get("hmac"), 64):
             return "its head's seal is malformed (edited)"
         if seal["key_id"] != self.key.key_id:
             return (

@@ -38,6 +38,8 @@ LOCK_FILE = "lock"
 _RUN_FILES = ("audit.head", "audit.jsonl")
 #: what `RunState.status` returns for a run whose process died while it ran, and why
 STOPPED, STOPPED_NOTE = "stopped", "its process is gone; --resume continues it"
+#: the status of a run stopped by a failed write to its run folder (when that status could be written)
+WRITE_FAILED = "write-failed"
 
 #: the run key under which each step save records the audit log's (count, last hash) at that moment
 AUDIT_POSITION = "audit_position"
@@ -237,7 +239,7 @@ class RunState:
                     state._db.execute("PRAGMA synchronous=NORMAL")
                     state._db.executescript(_SCHEMA)
                 state.set("status", "running")
-                state.save(*records)
+                state.save(*records, audit=(0, meta.audit_prev_hash))  # the log is empty yet
                 partial = run_dir / f"{META_FILE}.partial"
                 try:
                     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -202,36 +202,43 @@ def test_any_cut_is_found_and_only_an_unfinished_run_may_lag(
 
 def test_a_killed_run_may_lag_and_is_said_to_have_crashed(tmp_path: Path, sshd: SSHServer) -> None:
     """Killed (-9) between an audit line and its head: the head lags by one, tolerated, and the message
-    says the run did not finish; the resumed run verifies over both. A cut below what state.db
-    saw is found in a killed run too."""
+    says the run did not finish (with the key: that the seal does not cover that record); the resumed
+    run verifies over both. A cut below what state.db saw is found in a killed run too."""
     (tmp_path / "marker").touch()
     book = tmp_path / "book.yaml"
     book.write_text(book_text(sshd.host_yaml(), tmp_path / "marker"))
-    empty = {"XDG_CONFIG_HOME": str(tmp_path)}
-    baseline = run_book(book, tmp_path / "baseline", tmp_path / "journal", env=empty)
+    config = tmp_path / "config"
+    assert cli("audit", "key", config=config).returncode == 0
+    keyed = {"XDG_CONFIG_HOME": str(config)}
+    baseline = run_book(book, tmp_path / "baseline", tmp_path / "journal", env=keyed)
     assert baseline.returncode == 0, baseline.stderr
     points = (tmp_path / "journal").read_text().split()
     second_line = [n for n, point in enumerate(points, start=1) if point == "audit.line"][1]
     logs = tmp_path / "logs"
-    killed = run_book(book, logs, tmp_path / "journal-killed", kill_at=second_line, env=empty)
+    killed = run_book(book, logs, tmp_path / "journal-killed", kill_at=second_line, env=keyed)
     assert killed.returncode == -9, killed.stderr
     (run_dir,) = run_dirs(logs)
     assert (head(run_dir)["count"], len(records(run_dir))) == (1, 2)
 
-    done = cli("audit", "verify", str(run_dir), config=tmp_path)
+    done = cli("audit", "verify", str(run_dir), config=config)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{run_dir.name}: head lags by 1 record(s): the run did not finish (crashed?)" in done.stderr
     assert done.stdout.startswith("intact: 2 records")
+    checked = cli("audit", "verify", str(run_dir), "--key", config=config)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{run_dir.name}: the last 1 record(s) come after its sealed head: the seal does not cover them" in (
+        checked.stderr
+    )
 
-    resumed = cli("run", str(book), "--resume", "--log-dir", str(logs), config=tmp_path)
+    resumed = cli("run", str(book), "--resume", "--log-dir", str(logs), config=config)
     assert resumed.returncode == 0, resumed.stderr
-    whole = cli("audit", "verify", str(run_dirs(logs)[-1]), config=tmp_path)
+    whole = cli("audit", "verify", str(run_dirs(logs)[-1]), "--key", config=config)
     assert whole.returncode == 0 and "2 run(s)" in whole.stdout, whole.stdout + whole.stderr
     assert f"{run_dir.name}: head lags by 1 record(s)" in whole.stderr
 
     write_records(run_dir, [])  # state.db saw a1's record: the killed run's log cannot be emptied unseen
     (run_dir / "audit.head").write_text(json.dumps({"count": 0, "hash": GENESIS}))
-    cut = cli("audit", "verify", str(run_dir), config=tmp_path)
+    cut = cli("audit", "verify", str(run_dir), config=config)
     assert cut.returncode == 1 and "state.db says the log held 1 records" in cut.stderr, cut.stderr
 
 
