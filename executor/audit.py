@@ -30,7 +30,16 @@ from executor import durable
 from executor.errors import DurableWriteError, StateError
 from executor.redact import Redactor
 from executor.seal import AuditKey, HeadSeal, is_key_id
-from executor.state import META_FILE, STOPPED, WRITE_FAILED, RunMeta, UnreadableRun, open_state, read_meta
+from executor.state import (
+    META_FILE,
+    STOPPED,
+    WRITE_FAILED,
+    RunMeta,
+    StepRecord,
+    UnreadableRun,
+    open_state,
+    read_meta,
+)
 from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
 
 GENESIS = "0" * 64
@@ -412,14 +421,15 @@ def _check_run(
 ) -> None:
     """The log against what the run recorded beside it: its head, state.db and, with `key`, the seal."""
     name = run_dir.name
-    status, position = None, None
+    status, position, rows = None, None, []
     if meta is not None:  # a bare log (no run.json) has only its head
         with open_state(run_dir) as state:
-            status, position = state.status(), state.audit_position()
+            status, position, rows = state.status(), state.audit_position(), state.records()
     head = _read_head(run_dir)
     _check_head(name, hashes, head, status, report)
     if position is not None:
-        _check_position(name, hashes, position, report)
+        if _check_position(name, hashes, position, report):
+            _name_unrecorded(run_dir, rows, report)
     elif status is not None and len(hashes) > 1:
         report.notes.append(
             f"{name}: its state.db does not record the log's length (an older runbook wrote it): "
@@ -459,8 +469,9 @@ def _check_head(name: str, hashes: list[str], head: _Head | None, status: str | 
             )
 
 
-def _check_position(name: str, hashes: list[str], position: tuple[int, str], report: VerifyReport) -> None:
-    """The log holds at least the records state.db says it held when it last saved a step."""
+def _check_position(name: str, hashes: list[str], position: tuple[int, str], report: VerifyReport) -> bool:
+    """The log holds at least the records state.db says it held when it last saved a step; whether
+    records were cut from its end."""
     saved, last = position
     count = len(hashes) - 1
     if saved > count:
@@ -468,9 +479,28 @@ def _check_position(name: str, hashes: list[str], position: tuple[int, str], rep
             f"{name}: state.db says the log held {saved} records when the run last saved a step, but it holds "
             f"{count}: records were cut from its end"
         )
-    elif hashes[saved] != last:
+        return True
+    if hashes[saved] != last:
         where = f"record {saved}" if saved else "the hash the log starts from"
         report.problems.append(f"{name}: {where} does not match state.db's record of it: the log was rewritten")
+    return False
+
+
+def _name_unrecorded(run_dir: Path, rows: list[StepRecord], report: VerifyReport) -> None:
+    """After a cut, name the attempts state.db says ran a command in this run (it passed, or its command
+    exited) that the log no longer holds a record of."""
+    ran = [(r.step, r.host, r.attempts) for r in rows if r.reused_from is None and r.attempts and _ran(r)]
+    for (step, host, attempt), found in attempt_records(run_dir, ran).items():
+        if not found.lines:
+            report.problems.append(
+                f"{run_dir.name}: state.db records that step {step!r} ran on {host} (attempt {attempt}), "
+                "but the log holds no record of it"
+            )
+
+
+def _ran(row: StepRecord) -> bool:
+    """Whether a step record's last attempt ran a command (recorded before the record was saved)."""
+    return row.status == "passed" or row.exit_code is not None
 
 
 def _check_seal(name: str, count: int, head: _Head | None, seal: HeadSeal | None, report: VerifyReport) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executor import durable
 from executor.errors import AuditKeyError
 
 KEY_FILE = "audit.key"
@@ -56,10 +57,11 @@ class AuditKey:
 
 
 def create_key(path: Path) -> AuditKey:
-    """A new random key written to `path` (its folder made 0700, the file 0600); never overwrites one."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """A new random key written to `path` (its folder made 0700, the file 0600); never overwrites one.
+    A write that fails leaves no key file behind (a partial one would pass for a bad key)."""
     secret = secrets.token_bytes(KEY_BYTES)
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise AuditKeyError(
@@ -69,10 +71,14 @@ def create_key(path: Path) -> AuditKey:
     except OSError as exc:
         raise AuditKeyError(f"{path}: cannot create the key: {exc.strerror or exc}") from None
     try:
-        os.write(fd, (secret.hex() + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            durable.write_all(fd, (secret.hex() + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise AuditKeyError(f"{path}: cannot write the key: {exc.strerror or exc}") from None
     return AuditKey(path, secret)
 
 

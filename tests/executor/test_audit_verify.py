@@ -147,6 +147,8 @@ def test_a_cut_last_record_with_its_head_rolled_back_is_found(plain: Runs, tmp_p
     assert done.stdout.startswith("tampered: 2 records")
     said = "state.db says the log held 3 records when the run last saved a step, but it holds 2"
     assert f"TAMPERED: {run_dir.name}: {said}" in done.stderr, done.stderr
+    ran = f"TAMPERED: {run_dir.name}: state.db records that step 'a3' ran on box (attempt 1), but the log holds no"
+    assert ran in done.stderr, done.stderr
     if rolled_back == "to nothing":
         assert "the run finished (passed), but its head records 0 of the log's 2 records" in done.stderr
 
@@ -198,6 +200,16 @@ def test_any_cut_is_found_and_only_an_unfinished_run_may_lag(
         assert UNFINISHED[status] in err, err
     else:
         assert code == 0 and out.startswith("intact: 3 records"), (out, err)
+        assert err.count("note: ") == int(torn), err  # a whole, untouched log: nothing to say but a torn line
+
+
+def test_a_store_from_before_the_audit_position_is_said_to_be_checked_by_its_head(plain: Runs, tmp_path: Path) -> None:
+    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    with contextlib.closing(sqlite3.connect(run_dir / "state.db")) as db, db:
+        db.execute("DELETE FROM run WHERE key = 'audit_position'")
+    code, out, err = _main("audit", "verify", str(run_dir))
+    assert code == 0 and out.startswith("intact: 3 records"), (out, err)
+    assert "its state.db does not record the log's length (an older runbook wrote it)" in err, err
 
 
 def test_a_killed_run_may_lag_and_is_said_to_have_crashed(tmp_path: Path, sshd: SSHServer) -> None:
