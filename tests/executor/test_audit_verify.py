@@ -5,7 +5,8 @@ that finished and through state.db, which records at each step save how long the
 that was killed may have a head that lags its log, and is said to have crashed. An audit key
 (`runbook audit key`, outside the run folder) seals every head: a log rewritten by someone who
 can write the run folder (chain recomputed, head and state.db edited) passes the unkeyed checks and
-is found only with `--key`. The runs are real, over the test sshd, and every check goes through the CLI.
+is found only with `--key`. The runs are real, over the test sshd; the checks go through the CLI (in a
+subprocess, or through its `main` in this process where hypothesis draws many cases).
 """
 
 from __future__ import annotations
