@@ -5,7 +5,13 @@ fsynced before the next command starts. Lines form a hash chain: `hash` is the s
 the line's canonical JSON without `hash`, and `prev_hash` is the hash of the line before
 (for the first line of a resumed run, the last line of the run it resumes). After every
 line the head (count and last hash) is recorded beside the log, so that deleting lines
-from the end is found too.
+from the end is found too; with an audit key (executor/seal.py) every head also carries an HMAC.
+
+`verify` checks the chain, then the head and the state store against it: a run that finished has
+a head that matches the log's end exactly, and the log holds at least the records state.db says
+it held when it last saved a step; only a run that did not finish (killed, or stopped by a failed
+write) may have a head that lags the log. What each check can and cannot prove: the README's
+"What `audit verify` proves".
 """
 
 from __future__ import annotations
@@ -23,7 +29,17 @@ import structlog
 from executor import durable
 from executor.errors import DurableWriteError, StateError
 from executor.redact import Redactor
-from executor.state import META_FILE, RunMeta, UnreadableRun, read_meta
+from executor.seal import AuditKey, HeadSeal, is_key_id
+from executor.state import (
+    META_FILE,
+    STOPPED,
+    WRITE_FAILED,
+    RunMeta,
+    StepRecord,
+    UnreadableRun,
+    open_state,
+    read_meta,
+)
 from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
 
 GENESIS = "0" * 64
@@ -51,11 +67,16 @@ def clip(text: str) -> tuple[str, bool]:
     return f"{text[:KEEP_HEAD]}\n[... {omitted} characters omitted ...]\n{text[-KEEP_TAIL:]}", True
 
 
-def write_private(path: Path, text: str) -> None:
-    """Atomically replace a small file, mode 0600 (no fsync: a head that lags the log is tolerated).
+#: run statuses (state.db) of a run that did not finish: its head may lag the log (written without fsync)
+UNFINISHED = ("running", STOPPED, WRITE_FAILED)
+
+
+def write_private(path: Path, text: str, sync: bool = False) -> None:
+    """Atomically replace a small file, mode 0600 (no fsync unless `sync`: while a run runs, a head
+    that lags the log is tolerated).
 
     A failed write raises DurableWriteError and leaves the old file as it was."""
-    durable.replace_file(path, text.encode("utf-8"), f"the audit head ({path.name})", sync=False)
+    durable.replace_file(path, text.encode("utf-8"), f"the audit head ({path.name})", sync=sync)
 
 
 class _DurableFile:
@@ -97,16 +118,24 @@ class _DurableFile:
 
 
 class AuditLog:
-    """Appends hash-chained records to `<run-dir>/audit.jsonl`."""
+    """Appends hash-chained records to `<run-dir>/audit.jsonl`; `seal` seals each head written."""
 
-    def __init__(self, run_dir: Path, run_id: str, redactor: Redactor, prev_hash: str = GENESIS) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        redactor: Redactor,
+        prev_hash: str = GENESIS,
+        seal: HeadSeal | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self._redact = redactor
+        self._seal = seal
         self._file = _DurableFile(run_dir / AUDIT_FILE)
         self._prev = prev_hash
         self._count = 0
         self._pending = prev_hash
-        write_private(run_dir / HEAD_FILE, json.dumps({"count": 0, "hash": prev_hash}))
+        self._write_head()
         self.log = structlog.wrap_logger(
             self._file,
             processors=[self._chain, structlog.processors.JSONRenderer(serializer=lambda obj, **_: canonical(obj))],
@@ -123,7 +152,23 @@ class AuditLog:
     def _advance(self, record_hash_value: str) -> None:
         self._count += 1
         self._prev = record_hash_value
-        write_private(self.run_dir / HEAD_FILE, json.dumps({"count": self._count, "hash": self._prev}))
+        self._write_head()
+
+    def _write_head(self, sync: bool = False) -> None:
+        head: dict[str, Any] = {"count": self._count, "hash": self._prev}
+        if self._seal is not None:
+            head["seal"] = self._seal.seal(self._count, self._prev)
+        write_private(self.run_dir / HEAD_FILE, json.dumps(head), sync=sync)
+
+    def finish(self) -> None:
+        """Make the head durable (fsync) before the run records that it finished: from then on
+        `verify` requires the head to match the log's end exactly."""
+        self._write_head(sync=True)
+
+    @property
+    def position(self) -> tuple[int, str]:
+        """(records written, last hash): what the state store keeps with each step save."""
+        return self._count, self._prev
 
     def command(self, log: Any, command: str, result: CommandResult) -> None:
         """Record one command attempt; `log` is `self.log` with step, host and attempt bound."""
@@ -301,10 +346,11 @@ def history(run_dir: Path) -> list[Path]:
     return list(reversed(chain))
 
 
-def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
-    """Check a run's chain, and the chains of the runs it resumed, oldest first.
+def verify(run_dir: Path, report: VerifyReport | None = None, key: AuditKey | None = None) -> VerifyReport:
+    """Check a run's chain, and the chains of the runs it resumed, oldest first; each against its
+    head and its state store, and with `key` against the head's seal.
 
-    StateError (not tampering) when a run.json on the way is damaged or the runs it names go round.
+    StateError (not tampering) when a run.json or state.db on the way is damaged or the runs it names go round.
     """
     report = report or VerifyReport()
     previous: Path | None = None
@@ -315,13 +361,16 @@ def verify(run_dir: Path, report: VerifyReport | None = None) -> VerifyReport:
             report.problems.append(f"{folder.name}: does not link to the end of {previous.name}'s log")
         if meta is not None and meta.resumed_from and previous is None:
             report.problems.append(f"{folder.name}: the run it resumes, {meta.resumed_from}, is gone")
-        _verify_log(folder, expected, report)
+        hashes = _verify_log(folder, expected, report)
+        _check_run(folder, meta, hashes, key, report)
         previous = folder
     report.ok = not report.problems
     return report
 
 
-def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> None:
+def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> list[str]:
+    """Check the chain of one run's log; the chain's hashes, `[start, after record 1, ...]`, up to
+    the first broken record."""
     name = run_dir.name
     report.runs.append(name)
     lines = list(read_records(run_dir))
@@ -346,24 +395,129 @@ def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> None:
         expected = str(record["hash"])
         hashes.append(expected)
     report.records += len(hashes) - 1
-    _check_head(run_dir, name, hashes, report)
+    return hashes
 
 
-def _check_head(run_dir: Path, name: str, hashes: list[str], report: VerifyReport) -> None:
-    """The head may lag the log (it is written after each record, without fsync) but never lead it."""
-    count = len(hashes) - 1
+@dataclass(frozen=True)
+class _Head:
+    """What `audit.head` holds: the record count and last hash the run wrote, and its seal (if any)."""
+
+    count: int
+    hash: str
+    seal: Any = None
+
+
+def _read_head(run_dir: Path) -> _Head | None:
+    """The run's head; None when it is missing or unreadable."""
     try:
         head = json.loads((run_dir / HEAD_FILE).read_text())
-        recorded, head_hash = int(head["count"]), str(head["hash"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return _Head(int(head["count"]), str(head["hash"]), head.get("seal"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _check_run(
+    run_dir: Path, meta: RunMeta | None, hashes: list[str], key: AuditKey | None, report: VerifyReport
+) -> None:
+    """The log against what the run recorded beside it: its head, state.db and, with `key`, the seal."""
+    name = run_dir.name
+    status, position, rows = None, None, []
+    if meta is not None:  # a bare log (no run.json) has only its head
+        with open_state(run_dir) as state:
+            status, position, rows = state.status(), state.audit_position(), state.records()
+    head = _read_head(run_dir)
+    _check_head(name, hashes, head, status, report)
+    if position is not None:
+        if _check_position(name, hashes, position, report):
+            _name_unrecorded(run_dir, rows, report)
+    elif status is not None and len(hashes) > 1:
+        report.notes.append(
+            f"{name}: its state.db does not record the log's length (an older runbook wrote it): "
+            "records cut from its end are found by its head alone"
+        )
+    seal = HeadSeal(key, name, hashes[0], meta.resumed_from if meta else None) if key is not None else None
+    _check_seal(name, len(hashes) - 1, head, seal, report)
+
+
+def _check_head(name: str, hashes: list[str], head: _Head | None, status: str | None, report: VerifyReport) -> None:
+    """The head never leads the log; it may lag it only while the run has not finished (it is written
+    after each record, without fsync, and made durable before the run records that it finished)."""
+    count = len(hashes) - 1
+    if head is None:
         if count:
             report.problems.append(f"{name}: {HEAD_FILE} is missing or unreadable")
         return
-    if recorded > count:
-        report.problems.append(f"{name}: log has {count} records but the run recorded {recorded}: lines were removed")
-    elif hashes[recorded] != head_hash:
-        report.problems.append(f"{name}: record {recorded} does not match the recorded head: the log was rewritten")
-    elif recorded < count:
+    if head.count > count:
+        report.problems.append(f"{name}: log has {count} records but the run recorded {head.count}: lines were removed")
+    elif hashes[head.count] != head.hash:
+        report.problems.append(f"{name}: record {head.count} does not match the recorded head: the log was rewritten")
+    elif head.count < count:
+        lag = count - head.count
+        if status is None:
+            report.notes.append(f"{name}: the last {lag} record(s) were written just before the run stopped; tolerated")
+        elif status in UNFINISHED:
+            why = {
+                "running": "the run is still running",
+                STOPPED: "the run did not finish (crashed?); tolerated",
+                WRITE_FAILED: "the run did not finish (a write to its run folder failed); tolerated",
+            }[status]
+            report.notes.append(f"{name}: head lags by {lag} record(s): {why}")
+        else:
+            report.problems.append(
+                f"{name}: the run finished ({status}), but its head records {head.count} of the log's {count} "
+                "records: the head was rolled back (a cut), or records were added after the run finished"
+            )
+
+
+def _check_position(name: str, hashes: list[str], position: tuple[int, str], report: VerifyReport) -> bool:
+    """The log holds at least the records state.db says it held when it last saved a step; whether
+    records were cut from its end."""
+    saved, last = position
+    count = len(hashes) - 1
+    if saved > count:
+        report.problems.append(
+            f"{name}: state.db says the log held {saved} records when the run last saved a step, but it holds "
+            f"{count}: records were cut from its end"
+        )
+        return True
+    if hashes[saved] != last:
+        where = f"record {saved}" if saved else "the hash the log starts from"
+        report.problems.append(f"{name}: {where} does not match state.db's record of it: the log was rewritten")
+    return False
+
+
+def _name_unrecorded(run_dir: Path, rows: list[StepRecord], report: VerifyReport) -> None:
+    """After a cut, name the attempts state.db says ran a command in this run (it passed, or its command
+    exited) that the log no longer holds a record of."""
+    ran = [(r.step, r.host, r.attempts) for r in rows if r.reused_from is None and r.attempts and _ran(r)]
+    for (step, host, attempt), found in attempt_records(run_dir, ran).items():
+        if not found.lines:
+            report.problems.append(
+                f"{run_dir.name}: state.db records that step {step!r} ran on {host} (attempt {attempt}), "
+                "but the log holds no record of it"
+            )
+
+
+def _ran(row: StepRecord) -> bool:
+    """Whether a step record's last attempt ran a command (recorded before the record was saved)."""
+    return row.status == "passed" or row.exit_code is not None
+
+
+def _check_seal(name: str, count: int, head: _Head | None, seal: HeadSeal | None, report: VerifyReport) -> None:
+    """Without a key, say that a sealed head can be checked; with one, the head must carry its valid seal."""
+    if seal is None:
+        found = head.seal if head is not None else None
+        if isinstance(found, dict) and is_key_id(found.get("key_id")):
+            report.notes.append(f"{name}: sealed (key id {found['key_id']}); pass --key to check the seal")
+        return
+    if head is None:
+        report.problems.append(f"{name}: not sealed: {HEAD_FILE} is missing or unreadable")
+        return
+    why = seal.problem(head.count, head.hash, head.seal)
+    if why is not None:
+        report.problems.append(f"{name}: {why}")
+        return
+    if head.count < count:
         report.notes.append(
-            f"{name}: the last {count - recorded} record(s) were written just before the run stopped; tolerated"
+            f"{name}: the last {count - head.count} record(s) come after its sealed head: the seal does not cover them"
         )

@@ -7,6 +7,8 @@ made); 3 the run is locked by another process; 4 a write to the run folder faile
 I/O error, read-only, quota: the run stopped at once, `--resume` continues it once the disk is
 fixed); 130 interrupted (SIGINT, SIGTERM, or SIGHUP unless started under nohup); 141 stdout was a
 pipe that closed early (`runbook status | head`): the command stops quietly.
+`audit verify` exits 1 for a cut or a seal the key does not prove too, and `audit` 2 for an audit
+key that is missing or unusable (or, for `audit key`, already there).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from executor import audit
+from executor import audit, seal
 from executor.durations import format_duration
 from executor.engine import EXIT_WRITE_FAILED, NOT_STARTED, WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
+    AuditKeyError,
     DurableWriteError,
     InvalidRunbook,
     Problem,
@@ -123,9 +126,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", action="store_true", help="print report.json as it is")
 
-    p = sub.add_parser("audit", help="show or verify a run's audit log")
-    p.add_argument("action", choices=["show", "verify"])
-    p.add_argument("run_dir", type=Path)
+    p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("show", help="one line per record").add_argument("run_dir", type=Path)
+    a = actions.add_parser("verify", help="check the chain, the head, state.db and (--key) the seal")
+    a.add_argument("run_dir", type=Path)
+    a.add_argument(
+        "--key",
+        nargs="?",
+        const=seal.default_key_path(),
+        type=Path,
+        metavar="PATH",
+        help=f"check the seal with this key (default: {seal.default_key_path()})",
+    )
+    actions.add_parser("key", help=f"create the key that seals every later run's log ({seal.default_key_path()})")
     return parser
 
 
@@ -456,22 +470,39 @@ def _when(timestamp: str | None) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    if args.action == "key":
+        return _make_key()
     if not (args.run_dir / audit.AUDIT_FILE).exists():
         if (args.run_dir / "run.json").exists() and args.action == "verify":
             print(shown(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone"), file=sys.stderr)
             return EXIT_FAILED
         raise ResumeError(f"{args.run_dir}: not a run folder (no {audit.AUDIT_FILE} here)")
     if args.action == "verify":
-        report = audit.verify(args.run_dir)
+        key = seal.load_key(args.key) if args.key else None
+        report = audit.verify(args.run_dir, key=key)
         for note in report.notes:
             print(shown(f"note: {note}"), file=sys.stderr)
         for problem in report.problems:
             print(shown(f"TAMPERED: {problem}"), file=sys.stderr)
         verdict = "intact" if report.ok else "tampered"
-        print(shown(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {', '.join(report.runs)}"))
+        sealed = f"; sealed with key id {key.key_id}: seal checked" if key and report.ok else ""
+        runs = ", ".join(report.runs)
+        print(shown(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {runs}{sealed}"))
         return EXIT_OK if report.ok else EXIT_FAILED
     for number, record, raw in audit.read_records(args.run_dir):
         print(shown(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}"))
+    return EXIT_OK
+
+
+def _make_key() -> int:
+    """`runbook audit key`: create the audit key (never over an existing one); its id is shown, never its bytes."""
+    key = seal.create_key(seal.default_key_path())
+    print(
+        f"runbook: created the audit key {key.path} (key id {key.key_id}); every run started from now on seals "
+        "its audit head with it. Keep a copy away from this machine's run folders: `runbook audit verify RUN_DIR "
+        "--key PATH` proves with it that a log was not rewritten.",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 
@@ -590,7 +621,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     except RunLocked as exc:
         print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_LOCKED
-    except ResumeError as exc:
+    except (ResumeError, AuditKeyError) as exc:
         print(shown(f"runbook: {exc}"), file=sys.stderr)
         return EXIT_INVALID
     except RunbookError as exc:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from executor import audit as audit_mod
-from executor import durable
+from executor import durable, seal
 from executor.audit import AuditLog
 from executor.errors import (
     DurableWriteError,
@@ -39,6 +39,7 @@ from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
 from executor.render import render_command
+from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
 from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
 from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
@@ -54,8 +55,8 @@ from executor.transport.base import (
 
 TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
-#: A durable write to the run folder failed (DurableWriteError): the run's status, when it could be written
-WRITE_FAILED, EXIT_WRITE_FAILED = "write-failed", 4
+#: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
+EXIT_WRITE_FAILED = 4
 #: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
 NOT_STARTED = ("pending", "skipped")
 
@@ -279,6 +280,7 @@ class Engine:
         self.secrets = secret_values(runbook, os.environ if environ is None else environ)
         self.redactor = Redactor(self.secrets.values())
         self.reporter = RedactingReporter(reporter, self.redactor)  # events and the console: masked as stored
+        self.audit_key = seal.configured_key()  # opt-in: sealing when the user made a key (AuditKeyError if unusable)
         self.records: dict[tuple[str, str], StepRecord] = {}
         self.hosts_to_run: dict[str, list[str]] = {}  # steps that run on fewer than their hosts (see _plan)
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
@@ -484,7 +486,8 @@ class Engine:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
             # published whole: locked, with its status and every step's row, before its run.json appears
             state = RunState.create(run_dir, meta, list(self.records.values()))
-            self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link)
+            sealer = seal.HeadSeal(self.audit_key, run_id, link, meta.resumed_from) if self.audit_key else None
+            self.audit = AuditLog(run_dir, run_id, self.redactor, prev_hash=link, seal=sealer)
         except (OSError, sqlite3.Error, DurableWriteError) as exc:  # a full disk, a log dir that is a file, ...
             if state is not None:
                 state.close()
@@ -544,6 +547,8 @@ class Engine:
             if self.write_failure is not None:
                 status, code = WRITE_FAILED, EXIT_WRITE_FAILED
             try:
+                if self.write_failure is None:  # a finished run's head matches its log exactly (audit verify)
+                    self.audit.finish()
                 # finished_at first: a run whose status says passed has every write behind it
                 state.set("finished_at", now())
                 state.set("status", status)
@@ -705,7 +710,7 @@ class Engine:
 
     def _save(self, record: StepRecord) -> None:
         self.records[(record.step, record.host)] = record
-        self.state.save(record)
+        self.state.save(record, audit=self.audit.position)  # what the log holds by now: audit verify checks it
 
     async def _attempt(self, spec: StepSpec, host: str, attempt: int, via: str) -> tuple[Any, int | None]:
         ctx = HostContext(self, spec, host, attempt, via)

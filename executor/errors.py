@@ -8,6 +8,7 @@
     ├── ResumeError              nothing to resume, or a needed step never passed (CLI exit 2)
     │     └── StateError         a run folder cannot be read (state.db, run.json) or written
     │           .reason: str     why, in a few words (for a table row)
+    ├── AuditKeyError            the audit key is missing, unusable or already there (CLI exit 2)
     ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report
     │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota; CLI exit 4)
     └── TransportError           the host could not be reached or the channel broke
@@ -67,6 +68,11 @@ class StateError(ResumeError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class AuditKeyError(RunbookError):
+    """The audit key (executor/seal.py) cannot be used: missing, no regular file, open to other users,
+    malformed, or (for `runbook audit key`) already there."""
 
 
 class DurableWriteError(RunbookError):

@@ -38,6 +38,11 @@ LOCK_FILE = "lock"
 _RUN_FILES = ("audit.head", "audit.jsonl")
 #: what `RunState.status` returns for a run whose process died while it ran, and why
 STOPPED, STOPPED_NOTE = "stopped", "its process is gone; --resume continues it"
+#: the status of a run stopped by a failed write to its run folder (when that status could be written)
+WRITE_FAILED = "write-failed"
+
+#: the run key under which each step save records the audit log's (count, last hash) at that moment
+AUDIT_POSITION = "audit_position"
 
 #: the length of a run id's time stamp, `YYYYMMDD-HHMMSS` (UTC): run folders sort by it
 STAMP_LEN = len("YYYYMMDD-HHMMSS")
@@ -234,7 +239,7 @@ class RunState:
                     state._db.execute("PRAGMA synchronous=NORMAL")
                     state._db.executescript(_SCHEMA)
                 state.set("status", "running")
-                state.save(*records)
+                state.save(*records, audit=(0, meta.audit_prev_hash))  # the log is empty yet
                 partial = run_dir / f"{META_FILE}.partial"
                 try:
                     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -292,10 +297,17 @@ class RunState:
             row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
-    def save(self, *records: StepRecord) -> None:
-        """Write step records in one transaction: all of them or, after a kill or a failed write, none."""
+    def save(self, *records: StepRecord, audit: tuple[int, str] | None = None) -> None:
+        """Write step records in one transaction: all of them or, after a kill or a failed write, none.
+
+        `audit`: the audit log's (record count, last hash) at this moment, kept with them, so that
+        `audit verify` finds records cut from the log's end (the step records are saved after
+        their audit records are on disk: the log holds at least that much)."""
         with self._writing(), self._db:
             self._db.execute("BEGIN")
+            if audit is not None:
+                position = json.dumps({"count": audit[0], "hash": audit[1]})
+                self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (AUDIT_POSITION, position))
             for record in records:
                 values = asdict(record)
                 for name in _JSON_COLUMNS:
@@ -303,6 +315,21 @@ class RunState:
                 columns = ", ".join(values)
                 marks = ", ".join("?" for _ in values)
                 self._db.execute(f"INSERT OR REPLACE INTO steps ({columns}) VALUES ({marks})", tuple(values.values()))
+
+    def audit_position(self) -> tuple[int, str] | None:
+        """What the last `save` recorded of the audit log (None for a store written before it did so);
+        StateError when it is damaged."""
+        raw = self.get(AUDIT_POSITION)
+        if raw is None:
+            return None
+        try:
+            position = json.loads(raw)
+            count, last = position["count"], position["hash"]
+            if not (_fits(count, "integer") and count >= 0 and _fits(last, "hash")):
+                raise TypeError(f"expected a count and a hash, got {raw[:80]!r}")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _unreadable(self.run_dir / STATE_FILE, f"run key {AUDIT_POSITION!r}: {exc}") from None
+        return count, last
 
     def records(self) -> list[StepRecord]:
         with self._reading():

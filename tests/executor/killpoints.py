@@ -9,7 +9,7 @@ The engine's durable writes are counted across all kinds, 1-based: a step-record
 mode `torn` kills it halfway through the N-th write when that is an audit line (half its bytes on
 disk, fsynced), and behaves as `after` otherwise. Every write appends its point name to the journal
 file, before it happens. Without RUNBOOK_KILL_AT the CLI just runs. The engine is not modified:
-the writes are wrapped here, where the engine looks them up.
+the writes are wrapped here, where the engine looks them up. Tests start it with `run_book`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from executor import audit, cli, state
@@ -90,6 +92,34 @@ def install() -> None:
     audit._DurableFile.info = line  # type: ignore[assignment]
     # AuditLog calls `write_private` through the module's globals, so patching the module is enough
     audit.write_private = _hook(lambda *_a, **_k: "audit.head", audit.write_private)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_book(
+    book: Path,
+    logs: Path,
+    journal: Path,
+    kill_at: int | None = None,
+    mode: str = "after",
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `runbook run BOOK --log-dir LOGS` through this hook, killed at write `kill_at` (never when None);
+    `env` is laid over the environment."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_KILL_")} | (env or {})
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    environ |= {"RUNBOOK_KILL_JOURNAL": str(journal), "RUNBOOK_KILL_MODE": mode}
+    if kill_at is not None:
+        environ["RUNBOOK_KILL_AT"] = str(kill_at)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.executor.killpoints", "run", str(book), "--log-dir", str(logs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def main(argv: list[str]) -> int:

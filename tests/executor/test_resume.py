@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
-import os
 import re
 import secrets
 import shlex
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import runbook_cli
+from tests.executor.killpoints import run_book
 
 CLI = [sys.executable, "-m", "executor.cli"]
 
@@ -274,29 +274,6 @@ def test_kill_9_sweep_then_resume(tmp_path: Path, write_runbook: Any) -> None:
             future.result()
 
 
-KILLPOINTS = [sys.executable, "-m", "tests.executor.killpoints"]  # the CLI, with a kill at a chosen write
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _under_hook(
-    book: Path, logs: Path, journal: Path, kill_at: int | None = None, mode: str = "after"
-) -> subprocess.CompletedProcess[str]:
-    """Run `runbook run BOOK` through tests/executor/killpoints.py, maybe killed at write `kill_at`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_KILL_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env |= {"RUNBOOK_KILL_JOURNAL": str(journal), "RUNBOOK_KILL_MODE": mode}
-    if kill_at is not None:
-        env["RUNBOOK_KILL_AT"] = str(kill_at)
-    return subprocess.run(
-        [*KILLPOINTS, "run", str(book), "--log-dir", str(logs)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def test_kill_9_at_every_durable_write_then_resume(tmp_path: Path, write_runbook: Any) -> None:
     """Deterministic: a kill right after each write of the state store and the audit log, and halfway
     through each audit line (a torn line); every time `--resume` completes the run as the sweep above."""
@@ -309,7 +286,7 @@ def test_kill_9_at_every_durable_write_then_resume(tmp_path: Path, write_runbook
 
     # an undisturbed run names the writes, in order
     book = book_in(tmp_path / "baseline")
-    done = _under_hook(book, tmp_path / "baseline" / "logs", tmp_path / "baseline" / "journal")
+    done = run_book(book, tmp_path / "baseline" / "logs", tmp_path / "baseline" / "journal")
     assert done.returncode == 0, done.stderr
     points = (tmp_path / "baseline" / "journal").read_text().split()
     kinds = {"state.save", "state.set:status", "state.set:finished_at", "audit.line", "audit.head"}
@@ -362,7 +339,7 @@ def test_kill_9_at_every_durable_write_then_resume(tmp_path: Path, write_runbook
             folder = tmp_path / f"{mode}{n}"
             book, journal = book_in(folder), folder / "journal"
             context = f"kill {mode} write #{n} of {len(points)} ({points[n - 1]})"
-            killed = _under_hook(book, folder / "logs", journal, kill_at=n, mode=mode)
+            killed = run_book(book, folder / "logs", journal, kill_at=n, mode=mode)
             assert killed.returncode == -signal.SIGKILL, (context, killed.returncode, killed.stderr)
             assert journal.read_text().split() == points[:n], context  # the same writes, in the same order
             checks.append(pool.submit(check, n, mode, book, folder, context))
