@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import signal
@@ -41,9 +42,9 @@ from executor.errors import (
     StateError,
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
-from executor.loader import Runbook, load_runbook
+from executor.loader import Runbook, is_utf8, load_runbook
 from executor.planner import plan_text, render_problems, secrets_redactor
-from executor.redact import NO_SECRETS
+from executor.redact import NO_SECRETS, Redactor
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 from executor.terminal import shown, shown_text
 
@@ -65,6 +66,10 @@ class _PipedConsole(Console):
         self.quiet = True
         raise BrokenPipeError
 
+
+# what the transports log (a host without python3, an ssh config not honoured) reaches the console as the
+# run's `note` event, redacted and escaped; Python's last-resort handler would print it again, raw, on stderr
+logging.getLogger("executor").addHandler(logging.NullHandler())
 
 err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _PipedConsole(highlight=False, soft_wrap=True)
@@ -129,22 +134,41 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, Any]:
+def _parse_vars(pairs: Sequence[str], runbook: Runbook, redactor: Redactor = NO_SECRETS) -> dict[str, Any]:
+    """The `--var K=V` overrides: V read as a YAML scalar (`8080` a number), else as the text given (a URL
+    such as `http://[::1]:80` that YAML cannot read is text, never a traceback). A problem's message
+    quotes the pair masked by `redactor`: a pair is where a careless user pastes a token."""
     problems = []
     values: dict[str, Any] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
+        # quoted masked, whole or by its name; never `name` as given, which is all of a pasted base64
+        # token but its `=` padding
+        masked = redactor.text(pair)
         if not sep:
-            problems.append(Problem("--var", 1, 1, f"expected K=V, got {pair!r}"))
+            problems.append(Problem("--var", 1, 1, f"expected K=V, got {masked!r}"))
         elif name not in runbook.header.vars:
             known = ", ".join(runbook.header.vars) or "none"
-            problems.append(Problem("--var", 1, 1, f"unknown var '{name}' (the runbook declares: {known})"))
+            said = masked.partition("=")[0]
+            problems.append(Problem("--var", 1, 1, f"unknown var '{said}' (the runbook declares: {known})"))
+        elif not is_utf8(raw):
+            problems.append(
+                Problem("--var", 1, 1, f"var '{name}': the value is not valid UTF-8 (a host gets vars as UTF-8)")
+            )
         else:
-            parsed = yaml.safe_load(raw) if raw else ""
-            values[name] = parsed if isinstance(parsed, str | int | float | bool) else raw
+            values[name] = _scalar(raw)
     if problems:
         raise InvalidRunbook(problems)
     return values
+
+
+def _scalar(raw: str) -> Any:
+    """A `--var` value as YAML reads it when that is a scalar, else the text as given."""
+    try:
+        parsed = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return raw
+    return parsed if isinstance(parsed, str | int | float | bool) else raw
 
 
 def load_checked(
@@ -153,10 +177,9 @@ def load_checked(
     """The runbook with its var overrides, every step renderable with them (or InvalidRunbook). With
     `environ` (plan, run), the secrets' values are read from it and masked in every problem's message."""
     runbook = load_runbook(file, inventory)
-    overrides = _parse_vars(var_pairs, runbook)
-    problems = render_problems(
-        runbook, overrides, NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    )
+    redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
+    overrides = _parse_vars(var_pairs, runbook, redactor)
+    problems = render_problems(runbook, overrides, redactor)
     if problems:
         raise InvalidRunbook(problems)
     return runbook, overrides

@@ -408,4 +408,19 @@ def _secret_problem(name: str, ref: SecretRef, value: str | None, required: bool
             "characters (surrounding whitespace left out); a secret that short cannot be redacted by value "
             "without masking ordinary text and so spelling itself out"
         )
+    if not is_utf8(value):
+        return (
+            f"secret {name}: the value of environment variable {ref.env} is not valid UTF-8 (Python holds its "
+            "bytes as lone surrogates); a secret reaches a host, and is redacted, as UTF-8 text"
+        )
     return None
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: one read from the environment or argv holds the bytes
+    that are not UTF-8 as lone surrogates (surrogateescape), which no encoder writes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

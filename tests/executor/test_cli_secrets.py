@@ -1,0 +1,128 @@
+"""A second reader's attacks on secret redaction at the command line, each a leak or a traceback on the
+main it was written against: a `--var` pair holding a secret, quoted back in its problem; a `--var`
+value that YAML cannot read; a secret or a var whose bytes are not UTF-8 (os.environ and argv hold them
+as lone surrogates).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from executor.cli import _parse_vars
+from executor.errors import InvalidRunbook
+from executor.loader import Runbook, load_runbook
+from executor.redact import MIN_SECRET_CHARS, Redactor
+from tests.conftest import runbook_cli
+
+BOOK = """\
+name: pasted
+hosts:
+  box: {address: local}
+vars:
+  url: https://hub.example/
+secrets:
+  TOKEN: {env: RB_PASTED_TOKEN}
+steps:
+  - id: echo
+    kind: shell
+    script: echo "$url"
+"""
+
+
+@pytest.fixture
+def book(tmp_path: Path) -> Path:
+    path = tmp_path / "runbook.yaml"
+    path.write_text(BOOK)
+    return path
+
+
+def token() -> str:
+    """A base64 token: its `=` padding makes a pasted one read as `NAME=` to a K=V parser."""
+    return secrets.token_urlsafe(18)[:22] + "=="
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("shape", ["{t}", "{t}x", "url:{t}", "nope=https://u:{t}@h/"])
+def test_a_var_pair_holding_a_secret_is_refused_without_it(
+    command: str, shape: str, book: Path, tmp_path: Path
+) -> None:
+    """Before: `--var:1:1: expected K=V, got 'TOKEN'`, or `unknown var 'TOKEN-less-its-padding'`."""
+    value = token()
+    args = [command, str(book), "--var", shape.format(t=value)]
+    done = runbook_cli(
+        *args, *(["--log-dir", str(tmp_path / "logs")] if command == "run" else []), env={"RB_PASTED_TOKEN": value}
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("--var:1:1: ") and "Traceback" not in done.stderr, done.stderr
+    assert value.rstrip("=") not in done.stderr + done.stdout
+    assert not (tmp_path / "logs").exists()
+
+
+#: a secret's characters (`=` for the K=V split, quotes and a backslash for the repr) and those of the
+#: pair around it, disjoint from each other and (but `=`) from the problems' own words
+SECRET_CHARS = '0123456789QZ="\\é'
+LEAKED = set(SECRET_CHARS) - {"="}
+AROUND = "XY_.-"
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> Runbook:
+    path = tmp_path_factory.mktemp("pasted") / "runbook.yaml"
+    path.write_text(BOOK)
+    return load_runbook(path, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    secret=st.text(SECRET_CHARS, min_size=MIN_SECRET_CHARS, max_size=24),
+    shape=st.sampled_from(["{s}", "{a}{s}{b}", "{a}={s}{b}", "{s}={b}", "{a}{s}={b}"]),
+    before=st.text(AROUND, max_size=6),
+    after=st.text(AROUND, max_size=6),
+)
+def test_no_var_problem_quotes_a_character_of_a_secret(
+    loaded: Runbook, secret: str, shape: str, before: str, after: str
+) -> None:
+    """Whatever a bad pair holds around a secret, its problem holds none of the secret's characters."""
+    pair = shape.format(s=secret, a=before, b=after)
+    with pytest.raises(InvalidRunbook) as refused:
+        _parse_vars([pair], loaded, Redactor([secret]))
+    said = "\n".join(problem.message for problem in refused.value.problems)
+    assert not LEAKED & set(said), said
+
+
+@pytest.mark.parametrize("value", ["[::1]:8080", "*{t}", "[{t}", "a: b: {t}", "@{t}"])
+def test_a_var_value_yaml_cannot_read_is_its_text(value: str, book: Path) -> None:
+    """Before: a yaml ParserError traceback (exit 1) that quoted the value, secret and all."""
+    secret = token()
+    done = runbook_cli("plan", str(book), "--var", f"url={value.format(t=secret)}", env={"RB_PASTED_TOKEN": secret})
+    assert done.returncode == 0, done.stderr
+    assert f"export url={shlex.quote(value.format(t=secret)).replace(secret, '***')}\n" in done.stdout
+    assert secret not in done.stdout + done.stderr
+
+
+def test_a_secret_whose_bytes_are_not_utf8_is_refused_at_its_line(book: Path, tmp_path: Path) -> None:
+    """Before: a UnicodeEncodeError traceback from the redactor, for `plan` and `run` alike."""
+    line = BOOK.splitlines().index("  TOKEN: {env: RB_PASTED_TOKEN}") + 1
+    not_utf8 = "hf_abc\udcffdefghij"  # the byte 0xff, as os.environ holds it
+    for command in (["plan", str(book)], ["run", str(book), "--log-dir", str(tmp_path / "logs")]):
+        done = runbook_cli(*command, env={"RB_PASTED_TOKEN": not_utf8})
+        assert done.returncode == 2, done.stderr
+        said = f"{book}:{line}:3: secret TOKEN: the value of environment variable RB_PASTED_TOKEN is not valid UTF-8"
+        assert done.stderr.startswith(said), done.stderr
+        assert "hf_abc" not in done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_var_whose_bytes_are_not_utf8_is_refused(book: Path, tmp_path: Path) -> None:
+    """Before: `plan` ended in a UnicodeEncodeError traceback; `run` failed the step at the host."""
+    for command in (["plan", str(book)], ["run", str(book), "--log-dir", str(tmp_path / "logs")]):
+        done = runbook_cli(*command, "--var", "url=https://h/\udcff", env={"RB_PASTED_TOKEN": token()})
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == "--var:1:1: var 'url': the value is not valid UTF-8 (a host gets vars as UTF-8)\n"
+    assert not (tmp_path / "logs").exists()
