@@ -126,3 +126,39 @@ def test_a_var_whose_bytes_are_not_utf8_is_refused(book: Path, tmp_path: Path) -
         assert done.returncode == 2, done.stderr
         assert done.stderr == "--var:1:1: var 'url': the value is not valid UTF-8 (a host gets vars as UTF-8)\n"
     assert not (tmp_path / "logs").exists()
+
+
+WIDE = """\
+name: wide
+hosts:
+  box: {address: local}
+secrets:
+  TOKEN: {env: RB_WIDE_TOKEN}
+steps:
+  - id: wide
+    kind: shell
+    retry: {attempts: 1}
+    script: |
+      printf '%s' "$TOKEN" | iconv -t UTF-16LE; echo
+      printf '%s' "$TOKEN" | iconv -t UTF-16BE >&2
+    gates:
+      - that: "'never' in stdout"
+"""
+
+
+def test_a_secret_printed_in_utf16_is_masked_in_the_console_status_and_audit(tmp_path: Path) -> None:
+    """Before: the failure's output tail showed `h\\x00f\\x00_\\x00...`, the token a NUL between each character."""
+    book, logs, secret = tmp_path / "wide.yaml", tmp_path / "logs", token()
+    book.write_text(WIDE)
+    env = {"RB_WIDE_TOKEN": secret}
+    done = runbook_cli("run", str(book), "--log-dir", str(logs), env=env)
+    assert done.returncode == 1, done.stderr
+    status = runbook_cli("status", "--log-dir", str(logs), env=env)
+    (run_dir,) = logs.iterdir()
+    stored = (run_dir / "audit.jsonl").read_bytes().decode() + (run_dir / "state.db").read_bytes().decode("latin-1")
+    for text in (done.stderr, status.stdout, stored):
+        assert "| ***" in text or '"stdout":"***\\n"' in text, text
+        for width in (secret.encode("utf-16-le"), secret.encode("utf-16-be")):
+            assert width.decode() not in text
+            assert width.decode().encode("unicode_escape").decode() not in text  # as `shown` or JSON escape it
+        assert "\\x00".join(secret[:6]) not in text and "\\u0000".join(secret[:6]) not in text
