@@ -247,11 +247,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         # continuing a run means continuing it as it was started: its --var and --inventory carry over
         # (a --var given now overrides its own), or every step using them would run again
-        name = load_runbook(args.file, args.inventory).name  # runs are found by the runbook's name
-        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, name)
+        book = load_runbook(args.file, args.inventory)
+        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, book.name)
         if source is not None:
             resume = source.run_id  # the engine continues exactly this run
-            inventory, var_args = _as_started(args, source)
+            inventory, var_args = _as_started(args, source, secrets_redactor(book, os.environ))
     runbook, overrides = load_checked(args.file, inventory, var_args, os.environ)
     options = RunOptions(
         log_dir=args.log_dir,
@@ -291,8 +291,10 @@ def write_failed_message(exc: DurableWriteError, again: str | None = None) -> st
     )
 
 
-def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None, list[str]]:
-    """The --inventory and --var pairs to resume `source` with: its own, under those given now."""
+def _as_started(args: argparse.Namespace, source: RunMeta, redactor: Redactor) -> tuple[Path | None, list[str]]:
+    """The --inventory and --var pairs to resume `source` with: its own, under those given now. The line
+    that names them is masked by the secrets of this run (a var stored in clear may hold one now: a token
+    moved out of a `--var` into a secret before the resume)."""
     if source.path != str(args.file.resolve()):
         err.print(shown_text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
     given = {pair.partition("=")[0] for pair in args.var}
@@ -310,7 +312,8 @@ def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None,
         *_var_flags(pair for name, pair in pairs.items() if name not in given),
     ]
     if carried:
-        err.print(shown_text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
+        said = redactor.text(shlex.join(carried))
+        err.print(shown_text(f"runbook: resuming {source.run_id} as it was started: {said}"))
     return inventory, list(pairs.values())
 
 

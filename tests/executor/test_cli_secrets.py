@@ -162,3 +162,33 @@ def test_a_secret_printed_in_utf16_is_masked_in_the_console_status_and_audit(tmp
             assert width.decode() not in text
             assert width.decode().encode("unicode_escape").decode() not in text  # as `shown` or JSON escape it
         assert "\\x00".join(secret[:6]) not in text and "\\u0000".join(secret[:6]) not in text
+
+
+MOVED = """\
+name: moved
+hosts:
+  box: {{address: local}}
+vars:
+  url: https://hub.example/
+secrets:
+  TOKEN: {{env: RB_MOVED_TOKEN, required: false}}
+steps:
+  - id: once
+    kind: shell
+    retry: {{attempts: 1}}
+    script: test -e {marker}
+"""
+
+
+def test_a_resume_masks_a_carried_var_holding_a_secret_set_since(tmp_path: Path) -> None:
+    """A token first given in a `--var` (stored: no secret held it then), then exported as the secret
+    before `--resume`: the line naming the carried flags masks it. Before, it printed the token in clear."""
+    book, logs, marker, secret = tmp_path / "moved.yaml", tmp_path / "logs", tmp_path / "marker", token()
+    book.write_text(MOVED.format(marker=marker))
+    first = runbook_cli("run", str(book), "--log-dir", str(logs), "--var", f"url=https://u:{secret}@h/")
+    assert first.returncode == 1, first.stderr
+    marker.touch()
+    done = runbook_cli("run", str(book), "--log-dir", str(logs), "--resume", env={"RB_MOVED_TOKEN": secret})
+    assert done.returncode == 0, done.stderr
+    assert "as it was started: --var url=https://u:***@h/\n" in done.stderr
+    assert secret.rstrip("=") not in done.stderr + done.stdout
