@@ -203,8 +203,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with demo_site(args.log_dir, args.ssh_server, say=err.print) as site:
         err.print(
-            f"demo: {site.runbook.name} against the test host on this machine (SSH served by {site.ssh_server}), "
-            f"laid over with {site.inventory}; a real site needs only its own inventory"
+            shown_text(
+                f"demo: {site.runbook.name} against the test host on this machine (SSH served by {site.ssh_server}), "
+                f"laid over with {site.inventory}; a real site needs only its own inventory"
+            )
         )
         saved = os.environ.get("HF_TOKEN")
         os.environ["HF_TOKEN"] = site.hf_token  # the local Hub's token, never a real one

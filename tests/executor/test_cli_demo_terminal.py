@@ -1,0 +1,47 @@
+"""`runbook demo`'s own lines are shown as every other line is (executor.terminal): its log folder's name,
+which the user gives, is never rich markup and never a raw control sequence."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.cli import main
+from sandbox import demo
+
+TINY = """\
+name: tiny
+hosts:
+  gpu: {address: local}
+secrets:
+  HF_TOKEN: {env: HF_TOKEN}
+steps:
+  - {id: hello, kind: shell, script: echo hello}
+"""
+
+
+def test_the_demo_s_lines_show_the_log_folder_as_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the first line went through rich markup, so `[red]` vanished and an ESC reached the terminal."""
+    logs = tmp_path / "logs [red]x[/red] \x1b]0;t\x07"
+    book = tmp_path / "tiny.yaml"
+    book.write_text(TINY)
+
+    @contextlib.contextmanager
+    def site(log_dir: Path, ssh: str, say: Any) -> Iterator[demo.DemoSite]:
+        inventory = log_dir.resolve() / "demo-host" / "inventory.yaml"
+        inventory.parent.mkdir(parents=True)
+        inventory.write_text("vars: {}\n")
+        yield demo.DemoSite(book, inventory, "hf_local_hub_token", "embedded", inventory.parent)
+
+    monkeypatch.setattr(demo, "demo_site", site)
+    assert main(["demo", "--log-dir", str(logs)]) == 0
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith("demo: tiny.yaml against the test host") and "\x1b" not in err
+    assert f"laid over with {tmp_path}/logs [red]x[/red] \\x1b]0;t\\x07/demo-host/inventory.yaml" in first
