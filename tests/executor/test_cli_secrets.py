@@ -192,3 +192,16 @@ def test_a_resume_masks_a_carried_var_holding_a_secret_set_since(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     assert "as it was started: --var url=https://u:***@h/\n" in done.stderr
     assert secret.rstrip("=") not in done.stderr + done.stdout
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    secret=st.text("abcdefgh0123'", min_size=MIN_SECRET_CHARS, max_size=20),
+    before=st.text('XY" ', max_size=8),
+    after=st.text('XY" ', max_size=8),
+)
+def test_a_secret_quoted_within_a_longer_repr_is_masked(secret: str, before: str, after: str) -> None:
+    """A repr of a longer string holding both quotes escapes the secret's `'` as `\\'` (the runner's
+    stderr quoted in a note: `stderr: '+ export TOKEN="it\\'s..."'`). Before, that form was not masked."""
+    shown = Redactor([secret]).text(repr(before + secret + after))[1:-1]
+    assert not set(shown) & set("abcdefgh0123"), shown
