@@ -23,7 +23,7 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
@@ -47,6 +47,9 @@ from executor.planner import plan_text, render_problems, secrets_redactor
 from executor.redact import NO_SECRETS, Redactor
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 from executor.terminal import shown, shown_text
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
@@ -75,8 +78,16 @@ err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _PipedConsole(highlight=False, soft_wrap=True)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors shown as everything else is: `unrecognized arguments: ...` quotes argv
+    as given, which a script may have built from a host's output (an ESC in it would reach the terminal)."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        super()._print_message(shown(message), file)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runbook", description="Run YAML runbooks on remote hosts, unattended.")
+    parser = _Parser(prog="runbook", description="Run YAML runbooks on remote hosts, unattended.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a runbook; print FILE:LINE:COL: message per problem")

@@ -1,5 +1,6 @@
-"""`runbook demo`'s own lines are shown as every other line is (executor.terminal): its log folder's name,
-which the user gives, is never rich markup and never a raw control sequence."""
+"""A second reader's attacks on terminal safety, each a raw control sequence or rich markup on the main it
+was written against: `runbook demo`'s first line (its log folder's name), and argparse's usage errors
+(`unrecognized arguments:` quotes argv as given)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from executor.cli import main
 from sandbox import demo
+from tests.conftest import runbook_cli
 
 TINY = """\
 name: tiny
@@ -45,3 +47,11 @@ def test_the_demo_s_lines_show_the_log_folder_as_named(
     first = err.splitlines()[0]
     assert first.startswith("demo: tiny.yaml against the test host") and "\x1b" not in err
     assert f"laid over with {tmp_path}/logs [red]x[/red] \\x1b]0;t\\x07/demo-host/inventory.yaml" in first
+
+
+def test_a_usage_error_shows_argv_escaped() -> None:
+    """Before: `runbook: error: unrecognized arguments: ` and the ESC, BEL and override as given."""
+    done = runbook_cli("plan", "book.yaml", "\x1b]0;t\x07 \u202e")
+    assert done.returncode == 2
+    assert "unrecognized arguments: \\x1b]0;t\\x07 \\u202e" in done.stderr
+    assert not {"\x1b", "\x07", "\u202e"} & set(done.stderr)
