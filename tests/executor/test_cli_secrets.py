@@ -128,6 +128,37 @@ def test_a_var_whose_bytes_are_not_utf8_is_refused(book: Path, tmp_path: Path) -
     assert not (tmp_path / "logs").exists()
 
 
+URL = """\
+name: url
+hosts:
+  box: {address: local}
+secrets:
+  DB_PASSWORD: {env: RB_DB_PASSWORD}
+steps:
+  - id: connect
+    kind: shell
+    retry: {attempts: 1}
+    script: |
+      python3 -c 'import os, urllib.parse as u; p = os.environ["DB_PASSWORD"]
+      print(f"could not connect to postgresql://app:{u.quote(p, safe=str())}@db:5432/app")
+      print(f"GET /login?password={u.quote_plus(p)}")' >&2
+      exit 1
+"""
+
+
+def test_a_password_percent_encoded_in_a_url_is_masked(tmp_path: Path) -> None:
+    """A password with `@`, `/`, `+` and a space, as a failing client prints its URL. Before, the tail
+    showed `p%40ss%2Fw%2Brd%20x...` in full."""
+    book, logs = tmp_path / "url.yaml", tmp_path / "logs"
+    book.write_text(URL)
+    password = f"p@ss/w+rd {secrets.token_hex(4)}"
+    done = runbook_cli("run", str(book), "--log-dir", str(logs), env={"RB_DB_PASSWORD": password})
+    assert done.returncode == 1, done.stderr
+    assert "postgresql://app:***@db:5432/app" in done.stderr and "password=***" in done.stderr, done.stderr
+    (run_dir,) = logs.iterdir()
+    assert password[-8:] not in done.stderr + (run_dir / "audit.jsonl").read_text()
+
+
 WIDE = """\
 name: wide
 hosts:
