@@ -44,7 +44,7 @@ def book(tmp_path: Path) -> Path:
 
 def token() -> str:
     """A base64 token: its `=` padding makes a pasted one read as `NAME=` to a K=V parser."""
-    return secrets.token_urlsafe(18)[:22] + "=="
+    return "k" + secrets.token_urlsafe(18)[:21] + "=="  # never `-...`, which argparse reads as an option
 
 
 @pytest.mark.parametrize("command", ["plan", "run"])
