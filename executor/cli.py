@@ -197,7 +197,8 @@ def load_checked(
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    runbook, _ = load_checked(args.file, args.inventory, [])
+    # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
+    runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
     return EXIT_OK

@@ -236,3 +236,29 @@ def test_a_secret_quoted_within_a_longer_repr_is_masked(secret: str, before: str
     stderr quoted in a note: `stderr: '+ export TOKEN="it\\'s..."'`). Before, that form was not masked."""
     shown = Redactor([secret]).text(repr(before + secret + after))[1:-1]
     assert not set(shown) & set("abcdefgh0123"), shown
+
+
+PORT = """\
+name: port
+hosts:
+  box: {address: local}
+vars:
+  port: 30000
+secrets:
+  TOKEN: {env: RB_PORT_TOKEN}
+steps:
+  - {id: serve, kind: deploy, model_path: /m, tp_size: 1, port: $port}
+"""
+
+
+def test_validate_masks_a_secret_in_an_inventory_var_as_plan_does(tmp_path: Path) -> None:
+    """The token pasted into the inventory's port: `validate` quoted it in `port = '...' does not fit`
+    (plan masked it). Before, validate never read the secrets."""
+    book, inventory, secret = tmp_path / "port.yaml", tmp_path / "site.yaml", token()
+    book.write_text(PORT)
+    inventory.write_text(f"vars:\n  port: '{secret}'\n")
+    for command in ("validate", "plan"):
+        done = runbook_cli(command, str(book), "--inventory", str(inventory), env={"RB_PORT_TOKEN": secret})
+        assert done.returncode == 2, done.stderr
+        assert "port: runbook var port = '***' does not fit: expected a whole number" in done.stderr, done.stderr
+        assert secret.rstrip("=") not in done.stderr
