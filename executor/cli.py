@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -602,6 +603,10 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a character stdout's encoding lacks (ASCII under cron, Latin-1) is written as the escape `shown` uses
+    # (`\u2713`), as Python writes stderr, never a UnicodeEncodeError traceback half-way through a table
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

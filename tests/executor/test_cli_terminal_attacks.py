@@ -55,3 +55,30 @@ def test_a_usage_error_shows_argv_escaped() -> None:
     assert done.returncode == 2
     assert "unrecognized arguments: \\x1b]0;t\\x07 \\u202e" in done.stderr
     assert not {"\x1b", "\x07", "\u202e"} & set(done.stderr)
+
+
+ACCENTS = """\
+name: caf\u00e9 \u2713
+hosts:
+  box: {address: local}
+steps:
+  - {id: say, kind: shell, retry: {attempts: 1}, script: 'echo "\u65e5\u672c \U0001f600"; exit 1'}
+"""
+
+
+def test_an_encoding_without_the_host_s_characters_shows_their_escapes(tmp_path: Path) -> None:
+    """stdout in ASCII (cron, a serial console; Latin-1 alike): `status`, `runs` and `audit show` write a
+    character it lacks as `shown` writes an escape. Before: a UnicodeEncodeError traceback, exit 1."""
+    book, logs = tmp_path / "accents.yaml", tmp_path / "logs"
+    book.write_text(ACCENTS, encoding="utf-8")
+    assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+    (run_dir,) = logs.iterdir()
+    env = {"PYTHONIOENCODING": "ascii"}
+    for command in (
+        ["status", "--log-dir", str(logs)],
+        ["runs", "--log-dir", str(logs)],
+        ["audit", "show", str(run_dir)],
+    ):
+        done = runbook_cli(*command, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "\\u2713" in done.stdout if command[0] != "audit" else "\\u65e5\\u672c \\U0001f600" in done.stdout
