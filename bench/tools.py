@@ -260,6 +260,12 @@ class NoAudit:
     def transfer(self, *_args: Any) -> None:
         """Drop a transfer record."""
 
+    #: (records written, last hash) as an empty log's: nothing is ever written
+    position = (0, "")
+
+    def finish(self) -> None:
+        """No head to make durable."""
+
     def close(self) -> None:
         """Nothing to close."""
 

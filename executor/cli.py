@@ -17,14 +17,16 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
+import logging
 import os
 import shlex
 import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -46,9 +48,12 @@ from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedC
 from executor.loader import Runbook, load_runbook
 from executor.model import VarValue, override_value
 from executor.planner import plan_text, render_problems, secrets_redactor
-from executor.redact import NO_SECRETS
+from executor.redact import NO_SECRETS, Redactor
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 from executor.terminal import shown, shown_text
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
@@ -69,12 +74,24 @@ class _PipedConsole(Console):
         raise BrokenPipeError
 
 
+# what the transports log (a host without python3, an ssh config not honoured) reaches the console as the
+# run's `note` event, redacted and escaped; Python's last-resort handler would print it again, raw, on stderr
+logging.getLogger("executor").addHandler(logging.NullHandler())
+
 err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _PipedConsole(highlight=False, soft_wrap=True)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors shown as everything else is: `unrecognized arguments: ...` quotes argv
+    as given, which a script may have built from a host's output (an ESC in it would reach the terminal)."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        super()._print_message(shown(message), file)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runbook", description="Run YAML runbooks on remote hosts, unattended.")
+    parser = _Parser(prog="runbook", description="Run YAML runbooks on remote hosts, unattended.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a runbook; print FILE:LINE:COL: message per problem")
@@ -143,22 +160,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_vars(pairs: Sequence[str], runbook: Runbook) -> dict[str, VarValue]:
-    """`--var K=V` pairs as var values: V is the exact text after the first `=` (see `override_value`)."""
+def _parse_vars(pairs: Sequence[str], runbook: Runbook, redactor: Redactor = NO_SECRETS) -> dict[str, VarValue]:
+    """`--var K=V` pairs as var values: V is the exact text after the first `=` (see `override_value`).
+    A problem's message is masked by `redactor`: a pair is where a careless user pastes a token."""
     problems = []
     values: dict[str, VarValue] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
+        # quoted masked, whole or by its name; never `name` as given, which is all of a pasted base64
+        # token but its `=` padding
+        masked = redactor.text(pair)
         if not sep:
-            problems.append(Problem("--var", 1, 1, f"expected K=V, got {pair!r}"))
+            problems.append(Problem("--var", 1, 1, f"expected K=V, got {masked!r}"))
         elif name not in runbook.header.vars:
             known = ", ".join(runbook.header.vars) or "none"
-            problems.append(Problem("--var", 1, 1, f"unknown var '{name}' (the runbook declares: {known})"))
+            said = masked.partition("=")[0]
+            problems.append(Problem("--var", 1, 1, f"unknown var '{said}' (the runbook declares: {known})"))
         else:
             try:
                 values[name] = override_value(name, text, runbook.header.vars[name])
             except ValueError as exc:
-                problems.append(Problem("--var", 1, 1, str(exc)))
+                problems.append(Problem("--var", 1, 1, redactor.text(str(exc))))
     if problems:
         raise InvalidRunbook(problems)
     return values
@@ -170,17 +192,17 @@ def load_checked(
     """The runbook with its var overrides, every step renderable with them (or InvalidRunbook). With
     `environ` (plan, run), the secrets' values are read from it and masked in every problem's message."""
     runbook = load_runbook(file, inventory)
-    overrides = _parse_vars(var_pairs, runbook)
-    problems = render_problems(
-        runbook, overrides, NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    )
+    redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
+    overrides = _parse_vars(var_pairs, runbook, redactor)
+    problems = render_problems(runbook, overrides, redactor)
     if problems:
         raise InvalidRunbook(problems)
     return runbook, overrides
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    runbook, _ = load_checked(args.file, args.inventory, [])
+    # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
+    runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
     return EXIT_OK
@@ -197,8 +219,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with demo_site(args.log_dir, args.ssh_server, say=err.print) as site:
         err.print(
-            f"demo: {site.runbook.name} against the test host on this machine (SSH served by {site.ssh_server}), "
-            f"laid over with {site.inventory}; a real site needs only its own inventory"
+            shown_text(
+                f"demo: {site.runbook.name} against the test host on this machine (SSH served by {site.ssh_server}), "
+                f"laid over with {site.inventory}; a real site needs only its own inventory"
+            )
         )
         saved = os.environ.get("HF_TOKEN")
         os.environ["HF_TOKEN"] = site.hf_token  # the local Hub's token, never a real one
@@ -241,11 +265,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         # continuing a run means continuing it as it was started: its --var and --inventory carry over
         # (a --var given now overrides its own), or every step using them would run again
-        name = load_runbook(args.file, args.inventory).name  # runs are found by the runbook's name
-        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, name)
+        book = load_runbook(args.file, args.inventory)
+        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, book.name)
         if source is not None:
             resume = source.run_id  # the engine continues exactly this run
-            inventory, var_args = _as_started(args, source)
+            inventory, var_args = _as_started(args, source, secrets_redactor(book, os.environ))
     runbook, overrides = load_checked(args.file, inventory, var_args, os.environ)
     options = RunOptions(
         log_dir=args.log_dir,
@@ -285,8 +309,10 @@ def write_failed_message(exc: DurableWriteError, again: str | None = None) -> st
     )
 
 
-def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None, list[str]]:
-    """The --inventory and --var pairs to resume `source` with: its own, under those given now."""
+def _as_started(args: argparse.Namespace, source: RunMeta, redactor: Redactor) -> tuple[Path | None, list[str]]:
+    """The --inventory and --var pairs to resume `source` with: its own, under those given now. The line
+    that names them is masked by the secrets of this run (a var stored in clear may hold one now: a token
+    moved out of a `--var` into a secret before the resume)."""
     if source.path != str(args.file.resolve()):
         err.print(shown_text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
     given = {pair.partition("=")[0] for pair in args.var}
@@ -304,7 +330,8 @@ def _as_started(args: argparse.Namespace, source: RunMeta) -> tuple[Path | None,
         *_var_flags(pair for name, pair in pairs.items() if name not in given),
     ]
     if carried:
-        err.print(shown_text(f"runbook: resuming {source.run_id} as it was started: {shlex.join(carried)}"))
+        said = redactor.text(shlex.join(carried))
+        err.print(shown_text(f"runbook: resuming {source.run_id} as it was started: {said}"))
     return inventory, list(pairs.values())
 
 
@@ -596,6 +623,10 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a character stdout's encoding lacks (ASCII under cron, Latin-1) is written as the escape `shown` uses
+    # (`\u2713`), as Python writes stderr, never a UnicodeEncodeError traceback half-way through a table
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

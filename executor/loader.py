@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from executor.errors import InvalidRunbook, Problem
 from executor.gates import step_refs, syntax_error
-from executor.model import Host, Inventory, RunbookHeader, SecretRef, var_text
+from executor.model import Host, Inventory, RunbookHeader, SecretRef, env_text_problem, var_text
 from executor.redact import MIN_SECRET_CHARS
 from executor.stepkind import StepSpec, step_kinds
 from executor.transport.base import open_regular
@@ -673,5 +673,10 @@ def _secret_problem(name: str, ref: SecretRef, value: str | None, required: bool
             f"secret {name}: the value of environment variable {ref.env} has fewer than {MIN_SECRET_CHARS} "
             "characters (surrounding whitespace left out); a secret that short cannot be redacted by value "
             "without masking ordinary text and so spelling itself out"
+        )
+    if env_text_problem(value) is not None:
+        return (
+            f"secret {name}: the value of environment variable {ref.env} is not valid UTF-8 (Python holds its "
+            "bytes as lone surrogates); a secret reaches a host, and is redacted, as UTF-8 text"
         )
     return None

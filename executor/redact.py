@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 from executor.render import MASK
 
@@ -30,14 +31,43 @@ def forms(value: str) -> set[str]:
     """Every text in which `value` may be printed by a host or shown by the run: the value, the value
     without surrounding whitespace, each of its lines (stripped), the forms of each string in it when it
     is a JSON document (a credential file's `private_key`, printed alone), each of those escaped as inside
-    a JSON string (ASCII-only and not) and inside a Python repr; those shorter than MIN_SECRET_CHARS left out."""
+    a JSON string (ASCII-only and not), inside a Python repr (`'` escaped or not) and percent-encoded in a
+    URL, and each ASCII one in UTF-16; those shorter than MIN_SECRET_CHARS left out."""
     plain = {value, value.strip(), *(line.strip() for line in value.splitlines())}
-    return {
-        escaped
+    escaped = {
+        form
         for text in plain
         if len(text) >= MIN_SECRET_CHARS
-        for escaped in (text, json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1], repr(text)[1:-1])
-    }.union(*(forms(leaf) for leaf in _json_strings(value)))
+        for form in (
+            text,
+            json.dumps(text)[1:-1],
+            json.dumps(text, ensure_ascii=False)[1:-1],
+            *_reprs(text),
+            *_urls(text),
+        )
+    }
+    return escaped.union(*map(_utf16, escaped), *(forms(leaf) for leaf in _json_strings(value)))
+
+
+def _reprs(text: str) -> tuple[str, str]:
+    """`text` inside a Python repr, both ways: alone, and within a longer string that also holds a `"`
+    (the runner's last words quoted in a note), where the repr escapes each `'` as `\\'`."""
+    return repr(text)[1:-1], repr(text + '"')[1:-2]
+
+
+def _urls(text: str) -> tuple[str, str, str]:
+    """`text` percent-encoded as in a URL (a password with `@` or `/` in `postgresql://app:...@db/`, which a
+    failing client prints): every reserved character encoded, `/` kept, and a form's `+` for a space."""
+    return quote(text, safe=""), quote(text), quote_plus(text, safe="")
+
+
+def _utf16(text: str) -> set[str]:
+    """An ASCII text in UTF-16, little- and big-endian, as the text its bytes decode to (a NUL beside each
+    character): what a Windows tool or `iconv -t UTF-16` writes, which a terminal shows as
+    `t\\x00o\\x00k\\x00...`, readable. (Another text's UTF-16 bytes are no UTF-8: they never decode to it.)"""
+    if not text.isascii():
+        return set()
+    return {"".join(f"{char}\0" for char in text), "".join(f"\0{char}" for char in text)}
 
 
 def _json_strings(value: str) -> list[str]:

@@ -34,7 +34,7 @@ from executor.transport import runner_host as host_program
 from executor.transport.base import CommandResult
 from sandbox import testhost as sandbox_host
 from sandbox.sshd import SSHServer, start_sshd
-from tests.conftest import SandboxHost
+from tests.conftest import SandboxHost, runbook_cli
 from tests.executor.test_engine import audit_records, run, status
 from tests.executor.test_transport import live_pids, sleeper, wait_until
 
@@ -436,6 +436,41 @@ def test_the_fallback_is_said_once_in_the_run_s_events(
     assert message.startswith("no persistent runner (") and "python3: command not found" in message
     _, _, err = run(path, tmp_path / "logs-console", capsys)
     assert "note box: no persistent runner" in err
+
+
+def test_the_fallback_note_reaches_the_console_once_and_masked(
+    no_python: SSHServer, write_runbook: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The login shell's last words (here `bash: python3: command not found`) are quoted in the note; when
+    they hold a secret's value (a ~/.bashrc under `set -x` exporting the token), it is masked. Before, the
+    transport's logging warning printed the note a second time on stderr, raw (Python's last-resort handler)."""
+    path = write_runbook(
+        """\
+        name: fallback
+        __HOSTS__
+        secrets:
+          TOKEN: {env: RB_SHELL_TOKEN}
+        steps:
+          - {id: one, kind: shell, script: echo one}
+        """,
+        hosts=no_python.host_yaml(),
+    )
+    for json_events in ([], ["--json"]):
+        done = runbook_cli(
+            "run",
+            str(path),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            *json_events,
+            env={"RB_SHELL_TOKEN": "command not found"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert "command not found" not in done.stderr + done.stdout
+    assert done.stderr == ""  # --json: every note is an event on stdout
+    assert (
+        '"message": "no persistent runner (the runner did not start (exit status 127; stderr: \'bash: python3: ***\')'
+        in done.stdout
+    )
 
 
 def test_runner_exec_never_starts_a_runner(noisy: SandboxHost, loop: asyncio.Runner) -> None:
