@@ -40,12 +40,13 @@ from executor.state import (
     open_state,
     read_meta,
 )
-from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
+from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult, open_regular
 
 GENESIS = "0" * 64
 AUDIT_FILE = "audit.jsonl"
 HEAD_FILE = "audit.head"
 #: Output kept in a record per stream; the full byte count and sha256 are always recorded.
+HEAD_MAX_BYTES = 4096  # an audit.head is one short JSON object
 KEEP_HEAD = 16 * 1024
 KEEP_TAIL = 48 * 1024
 
@@ -246,11 +247,19 @@ class VerifyReport:
 
 
 def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes]]:
-    """(line number, record or None when unparsable, raw line) for each line of a run's log."""
+    """(line number, record or None when unparsable, raw line) for each line of a run's log.
+
+    StateError when the log is no regular file: a FIFO in its place would hang `audit verify` (and a
+    resume) waiting for a writer, a link to /dev/zero fill memory with one endless line."""
     path = run_dir / AUDIT_FILE
     if not path.exists():
         return
-    with path.open("rb") as handle:
+    try:
+        handle = open_regular(path)
+    except OSError as exc:
+        why = f"{AUDIT_FILE}: {exc.strerror or exc}"
+        raise StateError(f"{run_dir} is unreadable ({why})", reason=why) from None
+    with handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 record = json.loads(raw) if raw.endswith(b"\n") else None
@@ -408,9 +417,10 @@ class _Head:
 
 
 def _read_head(run_dir: Path) -> _Head | None:
-    """The run's head; None when it is missing or unreadable."""
+    """The run's head; None when it is missing or unreadable (a FIFO or a device in its place too)."""
     try:
-        head = json.loads((run_dir / HEAD_FILE).read_text())
+        with open_regular(run_dir / HEAD_FILE) as handle:
+            head = json.loads(handle.read(HEAD_MAX_BYTES))
         return _Head(int(head["count"]), str(head["hash"]), head.get("seal"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

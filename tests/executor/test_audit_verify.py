@@ -404,3 +404,31 @@ def test_any_key_file_content_loads_or_is_named(content: bytes) -> None:
             assert not valid and str(exc).startswith(f"{path}:1:1: expected 64 hex digits"), exc
         else:
             assert valid and key.secret == bytes.fromhex(text)
+
+
+# ---- found by a second reader ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("name", ["audit.jsonl", "audit.head"])
+def test_a_log_or_head_that_is_no_regular_file_is_answered_at_once(
+    plain: Runs, tmp_path: Path, name: str, what: str
+) -> None:
+    """A FIFO in its place hung `audit verify` (and `audit show`) waiting for a writer, a link to
+    /dev/zero read forever: a log that is no file is an unreadable run folder (2), a head that is none is
+    an unreadable head (1)."""
+    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir / name).unlink()
+    if what == "fifo":
+        os.mkfifo(run_dir / name)
+    else:
+        (run_dir / name).symlink_to(what)
+    for action in ("verify", "show"):
+        done = runbook_cli("audit", action, str(run_dir), env={"XDG_CONFIG_HOME": str(plain.empty)}, timeout=20)
+        assert "Traceback" not in done.stderr, done.stderr
+        if name == "audit.jsonl":
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert f"{run_dir} is unreadable (audit.jsonl: not a regular file" in done.stderr, done.stderr
+        elif action == "verify":
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"TAMPERED: {run_dir.name}: audit.head is missing or unreadable" in done.stderr, done.stderr
