@@ -419,13 +419,18 @@ class _Head:
 
 
 def _read_head(run_dir: Path) -> _Head | None:
-    """The run's head; None when it is missing or unreadable (a FIFO or a device in its place too)."""
+    """The run's head; None when it is missing or unreadable (a FIFO or a device in its place too), or
+    not as a run writes it: a count that is no whole number from 0 (`4.5` read as 4, `true` as 1, `-1`
+    indexing from the end, `1e400` an OverflowError) or a hash that is no text."""
     try:
         with open_regular(run_dir / HEAD_FILE) as handle:
             head = json.loads(handle.read(HEAD_MAX_BYTES))
-        return _Head(int(head["count"]), str(head["hash"]), head.get("seal"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        count, head_hash = head["count"], head["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    if type(count) is not int or count < 0 or not isinstance(head_hash, str):
+        return None
+    return _Head(count, head_hash, head.get("seal"))
 
 
 def _check_run(

@@ -432,3 +432,15 @@ def test_a_log_or_head_that_is_no_regular_file_is_answered_at_once(
         elif action == "verify":
             assert done.returncode == 1, done.stdout + done.stderr
             assert f"TAMPERED: {run_dir.name}: audit.head is missing or unreadable" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("count", ["1e400", "3.5", '"3"', "true", "-1", "null"])
+def test_a_head_whose_count_no_run_writes_is_an_unreadable_head(plain: Runs, tmp_path: Path, count: str) -> None:
+    """`int()` of the head's count read 3.5 and "3" as 3 (intact), true as 1, -1 as the last record, and
+    1e400 raised OverflowError (a traceback): a count that is no whole number from 0 is no head."""
+    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    last = records(run_dir)[-1]["hash"]
+    (run_dir / "audit.head").write_text(f'{{"count": {count}, "hash": "{last}"}}')
+    code, out, err = _main("audit", "verify", str(run_dir))
+    assert code == 1, (out, err)
+    assert f"TAMPERED: {run_dir.name}: audit.head is missing or unreadable" in err, err
