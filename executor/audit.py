@@ -40,12 +40,13 @@ from executor.state import (
     open_state,
     read_meta,
 )
-from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult
+from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult, open_regular
 
 GENESIS = "0" * 64
 AUDIT_FILE = "audit.jsonl"
 HEAD_FILE = "audit.head"
 #: Output kept in a record per stream; the full byte count and sha256 are always recorded.
+HEAD_MAX_BYTES = 4096  # an audit.head is one short JSON object
 KEEP_HEAD = 16 * 1024
 KEEP_TAIL = 48 * 1024
 
@@ -246,11 +247,19 @@ class VerifyReport:
 
 
 def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes]]:
-    """(line number, record or None when unparsable, raw line) for each line of a run's log."""
+    """(line number, record or None when unparsable, raw line) for each line of a run's log.
+
+    StateError when the log is no regular file: a FIFO in its place would hang `audit verify` (and a
+    resume) waiting for a writer, a link to /dev/zero fill memory with one endless line."""
     path = run_dir / AUDIT_FILE
     if not path.exists():
         return
-    with path.open("rb") as handle:
+    try:
+        handle = open_regular(path)
+    except OSError as exc:
+        why = f"{AUDIT_FILE}: {exc.strerror or exc}"
+        raise StateError(f"{run_dir} is unreadable ({why})", reason=why) from None
+    with handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 record = json.loads(raw) if raw.endswith(b"\n") else None
@@ -378,7 +387,9 @@ def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> list[str]
     for index, (number, record, raw) in enumerate(lines):
         where = f"{name}/{AUDIT_FILE}:{number}"
         if record is None:
-            if index == len(lines) - 1:
+            # a record and its newline go in one write, and JSON escapes any other newline: only a line
+            # without its newline can be a write cut short; a whole line that is no record was added
+            if index == len(lines) - 1 and not raw.endswith(b"\n"):
                 report.notes.append(
                     f"{where}: torn last line ({len(raw)} bytes, a write cut short: the process was killed or "
                     "the disk failed); tolerated, its command may have run"
@@ -408,12 +419,18 @@ class _Head:
 
 
 def _read_head(run_dir: Path) -> _Head | None:
-    """The run's head; None when it is missing or unreadable."""
+    """The run's head; None when it is missing or unreadable (a FIFO or a device in its place too), or
+    not as a run writes it: a count that is no whole number from 0 (`4.5` read as 4, `true` as 1, `-1`
+    indexing from the end, `1e400` an OverflowError) or a hash that is no text."""
     try:
-        head = json.loads((run_dir / HEAD_FILE).read_text())
-        return _Head(int(head["count"]), str(head["hash"]), head.get("seal"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        with open_regular(run_dir / HEAD_FILE) as handle:
+            head = json.loads(handle.read(HEAD_MAX_BYTES))
+        count, head_hash = head["count"], head["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    if type(count) is not int or count < 0 or not isinstance(head_hash, str):
+        return None
+    return _Head(count, head_hash, head.get("seal"))
 
 
 def _check_run(

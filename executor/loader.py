@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -43,6 +43,7 @@ MAX_ALIASES = 1000  # `*name` written in the file
 MAX_VALUES = 100_000  # values and keys of the document, aliases expanded (an alias bomb stops here)
 MAX_TEXT = 4 << 20  # characters of all values and keys, aliases expanded
 MAX_PROBLEMS = 100  # reported; the rest of a file of 50 000 unknown keys is not worth the seconds
+MAX_HINT_CHOICES = 1000  # names a did-you-mean compares with (difflib's cost grows with each); past it, no hint
 _MERGE = "tag:yaml.org,2002:merge"
 
 
@@ -76,6 +77,8 @@ class _Positions:
         self.values: dict[Loc, tuple[int, int]] = {}
         self.keys: dict[Loc, tuple[int, int]] = {}
         self.problems: list[Problem] = []
+        #: a problem's did-you-mean (the word, the names it may be a typo of), worked out only where reported
+        self.hints: dict[Problem, tuple[str, Collection[str]]] = {}
         #: the text as written of each scalar YAML read as something else (a number, a boolean, a date, null)
         self.written: dict[Loc, str] = {}
         self.built = 0  # values and keys built so far, aliases expanded (MAX_VALUES)
@@ -94,18 +97,30 @@ class _Positions:
             return self.keys[path]
         return best
 
-    def problem(self, loc: Loc, message: str, *, key: bool = False) -> None:
+    def problem(
+        self, loc: Loc, message: str, *, key: bool = False, near: tuple[str, Collection[str]] | None = None
+    ) -> None:
+        """Note a problem at `loc`; `near` (a word, the names it may be a typo of) adds a did-you-mean to it."""
         line, column = self.at(loc, key=key)
-        self.problems.append(Problem(self.file, line, column, message))
+        problem = Problem(self.file, line, column, message)
+        self.problems.append(problem)
+        if near is not None:
+            self.hints[problem] = near
 
     def invalid(self) -> InvalidRunbook:
-        """The error for the problems found, in the order of the file, at most MAX_PROBLEMS of them."""
+        """The error for the problems found, in the order of the file, at most MAX_PROBLEMS of them. Only
+        these get their did-you-mean: a file of 30 000 unknown names costs 100 of them, not 30 000."""
         problems = sorted(self.problems, key=lambda p: (p.line, p.column))
+        shown = [self._hinted(p) for p in problems[:MAX_PROBLEMS]]
         if len(problems) <= MAX_PROBLEMS:
-            return InvalidRunbook(problems)
+            return InvalidRunbook(shown)
         rest = problems[MAX_PROBLEMS]
         more = f"more problems from here on; only the first {MAX_PROBLEMS} are reported (the limit)"
-        return InvalidRunbook([*problems[:MAX_PROBLEMS], Problem(self.file, rest.line, rest.column, more)])
+        return InvalidRunbook([*shown, Problem(self.file, rest.line, rest.column, more)])
+
+    def _hinted(self, problem: Problem) -> Problem:
+        near = self.hints.get(problem)
+        return problem if near is None else dataclasses.replace(problem, message=problem.message + _did_you_mean(*near))
 
     def refuse(self, mark: tuple[int, int], message: str) -> NoReturn:
         """Stop reading: a limit was passed at `mark` (nothing after it is worth the time)."""
@@ -328,6 +343,10 @@ def _merged(value: yaml.Node, pos: _Positions) -> list[yaml.Node]:
     return []
 
 
+#: what PyYAML's safe constructors raise on text that is not of the type its tag (`!!bool "abc"`) says
+_UNREADABLE = (ValueError, ArithmeticError, LookupError, AttributeError, TypeError)
+
+
 def _scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, loc: Loc, pos: _Positions) -> Any:
     """The scalar's value as YAML reads it; where that is no text, its text as written is noted (vars
     must reach a step as written). A value YAML cannot read as its type (`2026-13-45`) is a problem."""
@@ -338,8 +357,9 @@ def _scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, loc: Loc, pos: _Posi
         return node.value
     try:
         value = loader.construct_object(node)
-    except (ValueError, OverflowError) as exc:
-        pos.problems.append(Problem(pos.file, *_mark(node), f"YAML cannot read {node.value!r} as {kind}: {exc}"))
+    except _UNREADABLE as exc:  # `!!bool abc` is a KeyError, `!!int ""` an IndexError, `!!timestamp x` ...
+        why = f": {exc}" if isinstance(exc, ValueError) else ""  # the others say nothing a person could use
+        pos.problems.append(Problem(pos.file, *_mark(node), f"YAML cannot read {node.value!r} as {kind}{why}"))
         return node.value
     if not isinstance(value, str):
         pos.written[loc] = node.value
@@ -411,7 +431,11 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
-def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+def _did_you_mean(word: str, choices: Collection[str]) -> str:
+    """ "; did you mean 'x'?" where one of `choices` is close to `word`; none among more than
+    MAX_HINT_CHOICES names (each costs difflib a comparison; such a list is no typo's neighbourhood)."""
+    if len(choices) > MAX_HINT_CHOICES:
+        return ""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -432,8 +456,8 @@ def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Pos
         kind = error["type"]
         if kind == "extra_forbidden":
             owner = _model_at(model, loc[:-1])
-            hint = _did_you_mean(str(loc[-1]), owner.model_fields if owner else ())
-            pos.problem(full, f"unknown key '{loc[-1]}'{hint}", key=True)
+            near = (str(loc[-1]), owner.model_fields if owner else ())
+            pos.problem(full, f"unknown key '{loc[-1]}'", key=True, near=near)
         elif kind == "missing":
             where = _loc_text(full[:-1]) or "the runbook"
             pos.problem(full[:-1], f"{where}: missing required key '{loc[-1]}'")
@@ -497,8 +521,8 @@ def apply_inventory(runbook: Runbook, path: Path) -> Runbook:
     for section, known in (("hosts", runbook.hosts), ("vars", runbook.header.vars)):
         for name in getattr(inventory, section):
             if name not in known:
-                hint = _did_you_mean(name, known)
-                pos.problem((section, name), f"{section}: '{name}' is not in the runbook{hint}", key=True)
+                text = f"{section}: '{name}' is not in the runbook"
+                pos.problem((section, name), text, key=True, near=(name, known))
     if pos.problems:
         raise pos.invalid()
     header = runbook.header.model_copy(
@@ -588,6 +612,7 @@ def _check_fallback_keys(raw: Any, loc: Loc, pos: _Positions) -> None:
 
 def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions, broken: set[str]) -> None:
     hosts = runbook.hosts
+    known = {*runbook.header.vars, *runbook.header.secrets}
     seen: dict[str, int] = {}
     for index, spec in zip(indices, runbook.steps, strict=True):
         loc: Loc = ("steps", index, "id")
@@ -596,8 +621,12 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions, broken: 
         seen.setdefault(spec.id, index)
         runbook.step_positions.setdefault(spec.id, pos.at(loc[:-1]))
         runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, loc[:-1], pos)
+        checked: set[str] = set()  # a fallback's gates are mostly the step's own: each text is checked once
         for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
             for g, gate in enumerate(variant.effective_gates()):
+                if variant_index > 0 and gate.that in checked:
+                    continue
+                checked.add(gate.that)
                 gate_loc = (*loc[:-1], "gates", g, "that") if variant_index == 0 else (*loc[:-1], "fallbacks")
                 problem = syntax_error(gate.that)
                 if problem:
@@ -605,16 +634,15 @@ def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions, broken: 
                 for ref in step_refs(gate.that):
                     if ref not in seen or ref == spec.id:
                         pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
-        known = {*runbook.header.vars, *runbook.header.secrets}
         for n, name in enumerate(spec.pass_env or []):
             if not any(c in name for c in "*?[") and name not in known:
                 text = f"step '{spec.id}': pass_env names '{name}', which is neither a var nor a secret"
-                pos.problem((*loc[:-1], "pass_env", n), text + _did_you_mean(name, known))
+                pos.problem((*loc[:-1], "pass_env", n), text, near=(name, known))
         gate_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
         for ref in sorted(spec.needs() - gate_refs - broken):  # a parameter naming a step (server:, ...)
             if ref not in seen or ref == spec.id:
                 text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
-                pos.problem(loc[:-1], text + _did_you_mean(ref, seen))
+                pos.problem(loc[:-1], text, near=(ref, list(seen) if len(seen) <= MAX_HINT_CHOICES else ()))
 
 
 def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions) -> list[str]:
@@ -632,8 +660,7 @@ def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions)
     key = "host" if spec.host is not None else "hosts"
     for name in wanted:
         if name not in hosts:
-            hint = _did_you_mean(name, hosts)
-            pos.problem((*loc, key), f"step '{spec.id}': unknown host '{name}'{hint}")
+            pos.problem((*loc, key), f"step '{spec.id}': unknown host '{name}'", near=(name, hosts))
     return [name for name in wanted if name in hosts]
 
 

@@ -35,6 +35,7 @@ from executor.transport.base import CommandResult, OutputSink, Transfer
 #: What huggingface_hub and its `hf` CLI read from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME,
 #: HF_HUB_*, the legacy token name): kinds that talk to the Hub receive these vars and secrets.
 HUB_ENV = ("HF_*", "HUGGING_FACE_HUB_TOKEN")
+MAX_FALLBACKS = 16  # of one step (README, "Limits of a runbook file")
 
 #: How deep facts drawn from host output may nest. Nothing a step reports needs more; a host printing
 #: `[[[[...` must fail its attempt with this number, not exhaust the controller's stack.
@@ -229,7 +230,8 @@ class StepSpec(Model):
     timeout: Duration | None = None
     retry: RetryOverride | None = None
     gates: list[GateSpec] | None = None
-    fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+    # each is the step validated again, gates and all: a bound keeps `[{}, {}, ...]` from multiplying a step
+    fallbacks: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_FALLBACKS)
     #: Vars and secrets the step's commands receive besides those its parameters name as `$var`: names
     #: or patterns (`HF_*`, `*` for all). Unset: the kind's `default_pass_env`.
     pass_env: list[str] | None = None

@@ -8,6 +8,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from executor import audit
 from executor.audit import AuditLog, verify
@@ -138,6 +140,21 @@ def test_torn_last_line_is_reported_and_tolerated(tmp_path: Path, capsys: pytest
     captured = capsys.readouterr()
     assert "audit.jsonl:5: torn last line" in captured.err
     assert captured.out.startswith("intact: 4 records")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=60))
+def test_a_whole_last_line_that_is_no_record_is_tampering(tmp_path_factory: pytest.TempPathFactory, line: str) -> None:
+    """A record is written with its newline in one write, and JSON escapes every other newline: a cut
+    write never ends in one. So a last line that ends in a newline but is no record (`garbage`, `[1]`,
+    an empty line) was added, not torn; it was tolerated as a torn line, and the run verified intact."""
+    run_dir = tmp_path_factory.mktemp("r")
+    write_log(run_dir)
+    with (run_dir / audit.AUDIT_FILE).open("a") as handle:
+        handle.write(line + "\n")
+    report = verify(run_dir)
+    assert not report.ok, report
+    assert not any("torn" in note for note in report.notes), report.notes
 
 
 def test_torn_line_in_the_middle_is_tampering(tmp_path: Path) -> None:

@@ -404,3 +404,43 @@ def test_any_key_file_content_loads_or_is_named(content: bytes) -> None:
             assert not valid and str(exc).startswith(f"{path}:1:1: expected 64 hex digits"), exc
         else:
             assert valid and key.secret == bytes.fromhex(text)
+
+
+# ---- found by a second reader ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("name", ["audit.jsonl", "audit.head"])
+def test_a_log_or_head_that_is_no_regular_file_is_answered_at_once(
+    plain: Runs, tmp_path: Path, name: str, what: str
+) -> None:
+    """A FIFO in its place hung `audit verify` (and `audit show`) waiting for a writer, a link to
+    /dev/zero read forever: a log that is no file is an unreadable run folder (2), a head that is none is
+    an unreadable head (1)."""
+    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir / name).unlink()
+    if what == "fifo":
+        os.mkfifo(run_dir / name)
+    else:
+        (run_dir / name).symlink_to(what)
+    for action in ("verify", "show"):
+        done = runbook_cli("audit", action, str(run_dir), env={"XDG_CONFIG_HOME": str(plain.empty)}, timeout=20)
+        assert "Traceback" not in done.stderr, done.stderr
+        if name == "audit.jsonl":
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert f"{run_dir} is unreadable (audit.jsonl: not a regular file" in done.stderr, done.stderr
+        elif action == "verify":
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"TAMPERED: {run_dir.name}: audit.head is missing or unreadable" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("count", ["1e400", "3.5", '"3"', "true", "-1", "null"])
+def test_a_head_whose_count_no_run_writes_is_an_unreadable_head(plain: Runs, tmp_path: Path, count: str) -> None:
+    """`int()` of the head's count read 3.5 and "3" as 3 (intact), true as 1, -1 as the last record, and
+    1e400 raised OverflowError (a traceback): a count that is no whole number from 0 is no head."""
+    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    last = records(run_dir)[-1]["hash"]
+    (run_dir / "audit.head").write_text(f'{{"count": {count}, "hash": "{last}"}}')
+    code, out, err = _main("audit", "verify", str(run_dir))
+    assert code == 1, (out, err)
+    assert f"TAMPERED: {run_dir.name}: audit.head is missing or unreadable" in err, err

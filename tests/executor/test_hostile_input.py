@@ -29,6 +29,7 @@ from executor.loader import (
     load_runbook,
 )
 from executor.model import var_text
+from executor.stepkind import MAX_FALLBACKS
 from tests.conftest import runbook_cli
 
 GOOD = """\
@@ -316,3 +317,87 @@ def test_any_yaml_like_text_is_answered_with_0_or_2_and_positions_in_bounded_tim
     assert time.monotonic() - started < 2
     assert code in (0, 2)
     assert lines and (code == 0 or all(PROBLEM.match(line) for line in lines)), lines
+
+
+# ---- found by a second reader ---------------------------------------------------------------------
+
+#: every tag PyYAML's safe loader knows, on a scalar or a collection
+safe_tags = st.sampled_from(
+    ["bool", "int", "float", "timestamp", "binary", "null", "str", "set", "omap", "pairs", "map", "seq", "merge"]
+)
+tagged_values = st.one_of(
+    st.text(alphabet="abc01-_:.+ xé", max_size=12).map(lambda t: '"' + t + '"'),
+    st.sampled_from(["[1]", "{a: 1}", "[a: 1]", "[{a: 1, b: 2}]", "''"]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tag=safe_tags, value=tagged_values, where=st.sampled_from(["vars: {v: %s}\n", "x: %s\n"]))
+def test_a_value_its_tag_cannot_read_is_refused_at_its_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tag: str, value: str, where: str
+) -> None:
+    """Only ever exit 0 or 2: `!!bool "abc"` is a KeyError in PyYAML, `!!int ""` an IndexError, `!!timestamp "x"` an
+    AttributeError: each is a problem at its position, never a traceback."""
+    code, lines = validate(tmp_path, GOOD + where % f"!!{tag} {value}", capsys)
+    assert code in (0, 2)  # `!!str ""` is a fine var
+    assert lines and (code == 0 or all(PROBLEM.match(line) for line in lines)), lines
+
+
+def test_a_bool_tag_on_other_text_names_the_value_and_the_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = ["F:8:11: YAML cannot read 'abc' as bool"]
+    assert validate(tmp_path, GOOD + 'vars: {v: !!bool "abc"}\n', capsys) == (2, expected)
+
+
+def _near_misses(section: str, count: int) -> str:
+    """`count` names each close to every other: difflib compares each unknown one with all of them."""
+    if section == "pass_env":
+        names = "".join(f"  variable_name_{i}: x\n" for i in range(30_000))
+        unknown = ", ".join(f"variable_name_x{i}" for i in range(count))
+        return GOOD.replace("steps:", "vars:\n" + names + "steps:") + f"    pass_env: [{unknown}]\n"
+    hosts = "".join(f"  host_number_{i}: {{address: local}}\n" for i in range(20_000))
+    steps = "".join(f"  - {{id: s{i}, kind: shell, script: e, host: host_number_x{i}}}\n" for i in range(count))
+    return f"name: t\nhosts:\n{hosts}steps:\n{steps}"
+
+
+@pytest.mark.parametrize("section", ["pass_env", "host"])
+def test_many_unknown_names_among_many_known_ones_are_answered_in_seconds(tmp_path: Path, section: str) -> None:
+    """A did-you-mean is worked out only for the problems reported, and only among a list of names short
+    enough to hold a typo's neighbour: 300 near-misses of 30 000 names took difflib minutes."""
+    path = tmp_path / "rb.yaml"
+    path.write_text(_near_misses(section, 300))
+    started = time.monotonic()
+    done = runbook_cli("validate", str(path), timeout=60, memory_bytes=MEMORY)
+    assert time.monotonic() - started < SECONDS
+    lines = done.stderr.replace(str(path), "F").splitlines()
+    assert done.returncode == 2 and len(lines) == MAX_PROBLEMS + 1, lines[-3:]
+    assert all(PROBLEM.match(line) and "did you mean" not in line for line in lines), lines[:3]
+
+
+def test_a_did_you_mean_still_comes_with_the_problems_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = GOOD.replace("kind: shell", "kind: shell\n    host: bax\n    pass_env: [HF_TOKN]")
+    text = text.replace("steps:", "secrets: {HF_TOKEN: {env: HF_TOKEN, required: false}}\nsteps:")
+    code, lines = validate(tmp_path, text + "  - {id: b, kind: shell, scrip: x}\n", capsys)
+    assert code == 2
+    assert "F:11:26: unknown key 'scrip'; did you mean 'script'?" in lines, lines
+    assert any(line.endswith("unknown host 'bax'; did you mean 'box'?") for line in lines), lines
+    assert any(line.endswith("neither a var nor a secret; did you mean 'HF_TOKEN'?") for line in lines), lines
+
+
+def test_a_step_of_thousands_of_fallbacks_is_refused_at_once(tmp_path: Path) -> None:
+    """Each fallback is the step validated again, gates and all: 50 000 `{}` under 100 gates filled
+    a gigabyte; more than MAX_FALLBACKS is refused at the list."""
+    gates = "".join(f"      - that: exit_code == {i}\n" for i in range(100))
+    text = GOOD + "    gates:\n" + gates + "    fallbacks: [" + ", ".join(["{}"] * 50_000) + "]\n"
+    path = tmp_path / "rb.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    done = runbook_cli("validate", str(path), timeout=60, memory_bytes=MEMORY)
+    assert time.monotonic() - started < SECONDS
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.replace(str(path), "F").splitlines() == [
+        f"F:109:16: steps[0].fallbacks: List should have at most {MAX_FALLBACKS} items after validation, not 50000"
+    ]
