@@ -31,16 +31,8 @@ from executor.loader import (
 from executor.model import var_text
 from executor.stepkind import MAX_FALLBACKS
 from tests.conftest import runbook_cli
+from tests.executor.test_loader import GOOD
 
-GOOD = """\
-name: t
-hosts:
-  box: {address: local}
-steps:
-  - id: a
-    kind: shell
-    script: echo hi
-"""
 PROBLEM = re.compile(r"^F:\d+:\d+: \S")
 #: the answer for any file, however hostile, comes within these bounds (a CLI start included)
 SECONDS = 10
