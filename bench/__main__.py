@@ -5,7 +5,8 @@ run takes about 40 minutes on two cores (ansible-playbook alone spends a quarter
 per task); `--quick` runs every benchmark at a tiny size, one repetition, in about a minute,
 to show that everything works, and its numbers mean little. Progress goes to stderr.
 
-Benchmarks: overhead (1), transfer (2), fanout (3), verify (4), audit (5), gates (6). Those that depend on how
+Benchmarks: overhead (1), transfer (2), fanout (3), verify (4), audit (5), gates (6), redaction (7). Those
+that depend on how
 a host's login shell starts (1, 2, 3, 5) run once per `--shell`: `clean` (no ~/.bashrc) and
 `login` (this machine's own ~/.bashrc, as a real host has one).
 """
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from bench import fanout, gates, overhead, transfer, verify_throughput
+from bench import fanout, gates, overhead, redaction, transfer, verify_throughput
 from bench.fleet import SHELLS, Shell
 from bench.harness import REPO, Section, machine_info, render_report
 
-NAMES = ("overhead", "transfer", "fanout", "verify", "audit", "gates")
+NAMES = ("overhead", "transfer", "fanout", "verify", "audit", "gates", "redaction")
 MIB = 1 << 20
 
 
@@ -40,6 +41,7 @@ class Sizes:
     verify_bytes: int
     verify_shards: int
     gate_attempts: int
+    redaction_bytes: int
     reps: int
 
 
@@ -51,6 +53,7 @@ FULL = Sizes(
     verify_bytes=2 * verify_throughput.GIB,
     verify_shards=8,
     gate_attempts=gates.ATTEMPTS,
+    redaction_bytes=redaction.OUTPUT_BYTES,
     reps=3,
 )
 QUICK = Sizes(
@@ -61,6 +64,7 @@ QUICK = Sizes(
     verify_bytes=64 * MIB,
     verify_shards=4,
     gate_attempts=10,
+    redaction_bytes=MIB,
     reps=1,
 )
 
@@ -85,7 +89,7 @@ def _log(message: str) -> None:
 
 
 def run(names: Sequence[str], sizes: Sizes, shells: Sequence[Shell], log: Callable[[str], None]) -> list[Section]:
-    """The sections of the chosen benchmarks, in their order (1, 2, 3, 4, 5, 6)."""
+    """The sections of the chosen benchmarks, in their order (1, 2, 3, 4, 5, 6, 7)."""
     sections: list[Section] = []
     reps = sizes.reps
     step_parts = [name for name in ("overhead", "audit") if name in names]
@@ -114,6 +118,9 @@ def run(names: Sequence[str], sizes: Sizes, shells: Sequence[Shell], log: Callab
     if "gates" in names:
         log("benchmark gates")
         sections.append(gates.section(reps, log, attempts=sizes.gate_attempts))
+    if "redaction" in names:
+        log("benchmark redaction")
+        sections.append(redaction.section(reps, log, size=sizes.redaction_bytes))
     return sections
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -99,7 +99,13 @@ class Redactor:
         self._pattern = re.compile("|".join(map(re.escape, distinct))) if distinct else None
         self._bytes = re.compile(b"|".join(map(re.escape, encoded))) if encoded else None
         self._encoded = encoded
-        self._starts = {form[:n] for form in encoded for n in (1, 2)}  # a cheap test before a whole one
+        #: The forms that hold no other form: any occurrence of a form holds one of these, which
+        #: `bytes.find` looks for an order of magnitude faster than the alternation searches
+        self._cores = [form for form in encoded if not any(other in form for other in encoded if other != form)]
+        # where a form may start: a cheap test (run by the regex engine) before a whole one
+        pairs = sorted({form[:2] for form in encoded})
+        self._pair_starts = re.compile(b"(?=" + b"|".join(map(re.escape, pairs)) + b")") if encoded else None
+        self._first_bytes = {form[:1] for form in encoded}
         #: The longest form in bytes: a stream's redactor holds back at most one byte less.
         self.longest = len(encoded[0]) if encoded else 0
 
@@ -107,7 +113,12 @@ class Redactor:
         return self._pattern.sub(MASK, value) if self._pattern else value
 
     def data(self, value: bytes) -> bytes:
-        return self._bytes.sub(MASK_BYTES, value) if self._bytes else value
+        out: list[bytes] = []
+        done = 0
+        for found in self.matches(value):
+            out += (value[done : found.start()], MASK_BYTES)
+            done = found.end()
+        return b"".join([*out, value[done:]]) if out else value
 
     def deep(self, value: Any) -> Any:
         """Redact strings anywhere inside JSON-like data (facts, events)."""
@@ -125,18 +136,43 @@ class Redactor:
         """A redactor for one byte stream that arrives in chunks."""
         return StreamRedactor(self)
 
-    def find(self, data: bytes, start: int) -> re.Match[bytes] | None:
-        """The first occurrence of a form at or after `start` (the longest form where several start there)."""
-        return self._bytes.search(data, start) if self._bytes else None
+    def matches(self, data: bytes, before: int | None = None) -> Iterator[re.Match[bytes]]:
+        """The occurrences of forms in `data` that `re.sub` would replace (leftmost, the longest where
+        several start there, not overlapping), those that start before `before`.
+
+        The alternation is searched only from where a match may start: a match holds an occurrence of
+        a core form (`_cores`), so none starts more than `longest - 1` bytes before the next one."""
+        if self._bytes is None:
+            return
+        limit = len(data) if before is None else before
+        ahead = dict.fromkeys(self._cores, -1)  # each core's next occurrence at or after `start` (-1: unknown)
+        start = 0
+        while start < limit:
+            for core, at in ahead.items():
+                if at != len(data) and at < start:
+                    found_at = data.find(core, start)
+                    ahead[core] = len(data) if found_at < 0 else found_at
+            nearest = min(ahead.values())
+            if nearest >= len(data):
+                return
+            found = self._bytes.search(data, max(start, nearest - self.longest + 1))
+            if found is None or found.start() >= limit:
+                return
+            yield found
+            start = found.end()
 
     def undecided(self, data: bytes) -> int:
         """Where the end of `data` may start a form that more data would complete (len(data): nowhere).
         Before that point, which form (if any) starts at each position is known from `data` alone."""
-        for start in range(max(0, len(data) - self.longest + 1), len(data)):
-            if data[start : start + 2] in self._starts:
-                rest = data[start:]
-                if any(len(form) > len(rest) and form.startswith(rest) for form in self._encoded):
-                    return start
+        if self._pair_starts is None or not data:
+            return len(data)
+        candidates = [m.start() for m in self._pair_starts.finditer(data, max(0, len(data) - self.longest + 1))]
+        if data[-1:] in self._first_bytes:
+            candidates.append(len(data) - 1)
+        for start in candidates:
+            rest = data[start:]
+            if any(len(form) > len(rest) and form.startswith(rest) for form in self._encoded):
+                return start
         return len(data)
 
 
@@ -165,7 +201,7 @@ class StreamRedactor:
         undecided = self._redactor.undecided(data)
         out: list[bytes] = []
         done = 0
-        while (found := self._redactor.find(data, done)) is not None and found.start() < undecided:
+        for found in self._redactor.matches(data, undecided):
             out += (data[done : found.start()], MASK_BYTES)
             done = found.end()
         cut = max(done, undecided)

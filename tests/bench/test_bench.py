@@ -154,3 +154,12 @@ def test_the_gate_benchmark_measures_both_ways_side_by_side() -> None:
     assert [row[0] for row in table.rows] == ["1 KiB", "1 MiB", "1 MiB, one gate reads it"]
     assert all("—" not in cell for row in table.rows for cell in row[1:])  # every case ran and was timed
     assert [t.reached is not None for t in section.targets] == [True, True, True]
+
+
+def test_the_redaction_benchmark_measures_each_secret_set_against_none() -> None:
+    from bench import redaction
+
+    section = redaction.section(reps=1, log=lambda _line: None, size=1 << 20)
+    (table,) = section.tables
+    assert [row[0] for row in table.rows] == ["no secret", "one token", "a 20-line SSH key"]
+    assert all("—" not in cell for row in table.rows for cell in row[1:])  # every case ran and was timed
