@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import secrets
 import sqlite3
 from pathlib import Path
@@ -72,6 +73,29 @@ def test_the_stream_is_redacted_as_the_whole_output_would_be(output: tuple[list[
     redacted = b"".join(stream.feed(chunk) for chunk in chunked(data, cuts)) + stream.flush()
     assert redacted == redactor.data(data)
     assert set(redacted.decode()) <= set(FILLER_CHARS + "*")
+
+
+@st.composite
+def nested_secrets(draw: st.DrawFn) -> tuple[list[str], bytes]:
+    """Secrets that hold one another, in a two-letter alphabet, and output made of their forms and of
+    filler of the same letters: forms overlap everywhere."""
+    core = draw(st.text("ab", min_size=MIN_SECRET_CHARS, max_size=10))
+    wraps = draw(st.lists(st.tuples(st.text("ab\n", max_size=3), st.text("ab\n", max_size=3)), max_size=3))
+    values = [core, *(before + core + after for before, after in wraps)]
+    every_form = sorted({form for value in values for form in forms(value)})
+    pieces = draw(st.lists(st.one_of(st.sampled_from(every_form), st.text("ab\n", max_size=4)), max_size=12))
+    return values, "".join(pieces).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=nested_secrets())
+def test_the_search_replaces_what_the_alternation_of_every_form_would(case: tuple[list[str], bytes]) -> None:
+    """The fast search (the cores found with bytes.find, the alternation run only from where a match may
+    start) masks exactly what one alternation of every form, longest first, would."""
+    values, data = case
+    encoded = sorted({form.encode() for value in values for form in forms(value)}, key=len, reverse=True)
+    reference = re.compile(b"|".join(map(re.escape, encoded))).sub(b"***", data)
+    assert Redactor(values).data(data) == reference
 
 
 @settings(max_examples=200, deadline=None)
