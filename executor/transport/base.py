@@ -344,7 +344,7 @@ def open_regular(path: Path) -> io.BufferedReader:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once this way
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder is never transferred)", str(path))
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder is never read)", str(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
