@@ -17,6 +17,7 @@ write) may have a head that lags the log. What each check can and cannot prove: 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Collection, Iterator, MutableMapping
@@ -47,6 +48,9 @@ AUDIT_FILE = "audit.jsonl"
 HEAD_FILE = "audit.head"
 #: Output kept in a record per stream; the full byte count and sha256 are always recorded.
 HEAD_MAX_BYTES = 4096  # an audit.head is one short JSON object
+#: The longest line read as a record: one is at most a few MiB (its outputs are clipped, KEEP_HEAD and
+#: KEEP_TAIL, its command is a runbook value, loader.MAX_SCALAR_CHARS); a longer line is no record.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
 KEEP_HEAD = 16 * 1024
 KEEP_TAIL = 48 * 1024
 
@@ -260,12 +264,26 @@ def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, by
         why = f"{AUDIT_FILE}: {exc.strerror or exc}"
         raise StateError(f"{run_dir} is unreadable ({why})", reason=why) from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        number = 0
+        while raw := handle.readline(MAX_RECORD_BYTES + 1):
+            number += 1
+            if len(raw) > MAX_RECORD_BYTES and not raw.endswith(b"\n"):
+                yield number, None, _skip_line(handle, raw[:MAX_RECORD_BYTES])
+                continue
             try:
                 record = json.loads(raw) if raw.endswith(b"\n") else None
             except ValueError:
                 record = None
             yield number, record if isinstance(record, dict) else None, raw
+
+
+def _skip_line(handle: io.BufferedReader, head: bytes) -> bytes:
+    """Read past the rest of a line longer than any record (a piece at a time: memory stays bounded);
+    what stands for it is its head and a newline, a whole line that is no record (a torn write is a
+    record's prefix, never this long), so verify calls it tampering wherever it is."""
+    while (piece := handle.readline(MAX_RECORD_BYTES)) and not piece.endswith(b"\n"):
+        pass
+    return head + b"\n"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from executor import audit as audit_mod
 from executor import cli as cli_mod
 from executor.audit import GENESIS, record_hash
 from executor.errors import AuditKeyError
@@ -444,3 +445,23 @@ def test_a_head_whose_count_no_run_writes_is_an_unreadable_head(plain: Runs, tmp
     code, out, err = _main("audit", "verify", str(run_dir))
     assert code == 1, (out, err)
     assert f"TAMPERED: {run_dir.name}: audit.head is missing or unreadable" in err, err
+
+
+@pytest.mark.parametrize("where", ["middle", "end"])
+def test_a_line_longer_than_any_record_is_tampering_read_in_bounded_pieces(
+    plain: Runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A line of gigabytes was read whole into memory; now no more than MAX_RECORD_BYTES of a line is
+    held, and such a line, wherever it is, ended by a newline or not, is no record (a torn write is the
+    prefix of a record, never that long)."""
+    monkeypatch.setattr(audit_mod, "MAX_RECORD_BYTES", 4096)
+    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    lines = (run_dir / "audit.jsonl").read_bytes().splitlines(keepends=True)
+    long_line = b"x" * 50_000 + (b"\n" if where == "middle" else b"")
+    lines.insert(1 if where == "middle" else len(lines), long_line)
+    (run_dir / "audit.jsonl").write_bytes(b"".join(lines))
+    held = [len(raw) for _number, _record, raw in audit_mod.read_records(run_dir)]
+    assert max(held) <= 4096 + 1 and len(held) == len(lines)
+    code, out, err = _main("audit", "verify", str(run_dir))
+    assert code == 1, (out, err)
+    assert out.startswith("tampered"), out
