@@ -66,24 +66,36 @@ fi
 # The step's session into $found: every live process whose session id (field 6 of /proc/PID/stat,
 # counted after the command name, which may hold spaces and parens) is the step's pid, whatever
 # process group it moved to (GNU timeout, set -m). Only setsid leaves it.
+# The listing is read one file at a time: a process that forks and exits meanwhile (a chain of them)
+# is gone when its file is read, its child not listed. So the pids started since the listing (the
+# 5th field of /proc/loadavg is the newest) are read next, newest range after range, until none is new.
 members() {
   found=()
-  local f line
-  for f in /proc/[0-9]*/stat; do
-    # the whole file: a command name may hold a newline (read stops at none; its status is 1 at EOF).
-    # Emptied first: a file that ended meanwhile must not leave the last one's line (nor, under set -u,
-    # an unset one: that would end the watcher without a word)
-    line=
-    IFS= read -r -d '' line < "$f"
-    [ -n "$line" ] || continue
-    line=${line#*) }
-    case $line in *")"*) line=${line##*) } ;; esac
-    case $line in [ZX]*) continue ;; esac
-    line=${line#* }
-    line=${line#* }
-    line=${line#* }
-    [ "${line%% *}" = "$pid" ] && found+=("${f:6:-5}")
-  done 2> /dev/null
+  local f newest seen=0 n rounds=0
+  { read -r _ _ _ _ seen < /proc/loadavg; } 2> /dev/null
+  for f in /proc/[0-9]*/stat; do member "$f"; done
+  while { read -r _ _ _ _ newest < /proc/loadavg; } 2> /dev/null && [ "$newest" -gt "$seen" ] \
+    && [ $((rounds += 1)) -le 64 ]; do
+    [ $((newest - seen)) -le 4096 ] || seen=$((newest - 4096))
+    for ((n = seen + 1; n <= newest; n++)); do member "/proc/$n/stat"; done
+    seen=$newest
+  done
+}
+member() {
+  # the whole file: a command name may hold a newline (read stops at none; its status is 1 at EOF).
+  # Emptied first: a file that ended meanwhile must not leave the last one's line (nor, under set -u,
+  # an unset one: that would end the watcher without a word)
+  local line=
+  { IFS= read -r -d '' line < "$1"; } 2> /dev/null
+  [ -n "$line" ] || return 0
+  line=${line#*) }
+  case $line in *")"*) line=${line##*) } ;; esac
+  case $line in [ZX]*) return 0 ;; esac
+  line=${line#* }
+  line=${line#* }
+  line=${line#* }
+  [ "${line%% *}" = "$pid" ] && found+=("${1:6:-5}")
+  return 0
 }
 killed_note="""
     + shlex.quote(KILLED_NOTE)
