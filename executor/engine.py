@@ -279,6 +279,9 @@ class Engine:
         # refused (InvalidRunbook, at the secret's line) before anything connects or a run folder is written
         self.secrets = secret_values(runbook, os.environ if environ is None else environ)
         self.redactor = Redactor(self.secrets.values())
+        #: the vars as the fingerprint counts them, once per run: a var holding a secret by its redacted
+        #: text (no digest of a secret is stored)
+        self._env_shown = {name: self.redactor.text(text) for name, text in self.env.items()}
         self.reporter = RedactingReporter(reporter, self.redactor)  # events and the console: masked as stored
         self.audit_key = seal.configured_key()  # opt-in: sealing when the user made a key (AuditKeyError if unusable)
         self.records: dict[tuple[str, str], StepRecord] = {}
@@ -292,9 +295,7 @@ class Engine:
         """The step's definition parts on a host, computed once per run (it renders the step's scripts)."""
         key = (spec.id, host)
         if key not in self._parts:
-            # a var holding a secret counts by its redacted text: no digest of a secret is stored
-            shown = {name: self.redactor.text(text) for name, text in self.env.items()}
-            self._parts[key] = definition_parts(self.runbook, spec, host, shown, sorted(self.secrets))
+            self._parts[key] = definition_parts(self.runbook, spec, host, self._env_shown, sorted(self.secrets))
         return self._parts[key]
 
     def fingerprint(self, spec: StepSpec, host: str) -> str:
