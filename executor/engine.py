@@ -24,8 +24,9 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from executor import audit as audit_mod
-from executor import durable, seal
+from executor import durable, event_models, seal
 from executor.audit import AuditLog
+from executor.emitter import Emitter, EventStream
 from executor.errors import (
     DurableWriteError,
     HostKeyError,
@@ -177,6 +178,7 @@ class HostContext(StepContext):
         self.output_dir = engine.run_dir / "hosts" / host
         self.run_dir = engine.run_dir
         self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
+        self.events = engine.events.bind(step=spec.id, host=host, attempt=attempt)
 
     def fact(self, step_id: str, path: str) -> Any:
         value: Any = self.engine.facts_view(self.host_name)[step_id]["facts"]
@@ -210,31 +212,22 @@ class HostContext(StepContext):
             raise AttemptFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
         finally:
             for note in transport.take_notes():
-                engine.reporter.emit("note", host=self.host_name, step=self.spec.id, message=note)
+                self.events.emit(event_models.Note, message=note)
         self._record(command.display, result)
         return result
 
     def _record(self, display: str, result: CommandResult) -> None:
         engine = self.engine  # the output was redacted as it arrived (transport.base.Captured)
         engine.audit.command(self.log, display, result)
-        engine.reporter.emit(
-            "command_finished",
-            step=self.spec.id,
-            host=self.host_name,
-            attempt=self.attempt,
+        self.events.emit(
+            event_models.CommandFinished,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             duration_s=result.duration_s,
         )
 
     def progress(self, message: str, **fields: Any) -> None:
-        self.engine.reporter.emit(
-            "progress",
-            step=self.spec.id,
-            host=self.host_name,
-            message=message,
-            fields=fields,
-        )
+        self.events.emit(event_models.Progress, message=message, fields=fields)
 
     async def put(self, local: Path, remote: str) -> Transfer:
         return await self._transfer(self.engine.transports[self.host_name].put(local, remote))
@@ -503,17 +496,9 @@ class Engine:
         self.state = state
         self.run_dir = run_dir
         self.write_failure: DurableWriteError | None = None  # set by the first failed write: the run stops
-        for host in meta.host_key_unverified:  # said once per run, before anything connects
-            self.audit.host_key_unverified(self.audit.log.bind(host=host), host)
-            self.reporter.emit(
-                "note",
-                host=host,
-                message="host key verification is OFF (verify_host_key: false): any server answering at"
-                f" {self.runbook.hosts[host].address} is trusted",
-            )
-        self.reporter.emit(
-            "run_started",
-            run_id=run_id,
+        self.events = Emitter(EventStream(self.reporter, run_id, self.redactor))
+        self.events.emit(
+            event_models.RunStarted,
             run_dir=str(run_dir),
             runbook=self.runbook.name,
             resumed_from=meta.resumed_from,
@@ -529,6 +514,14 @@ class Engine:
                 for s in self.runbook.steps
             ],
         )
+        for host in meta.host_key_unverified:  # said once per run, before anything connects
+            self.audit.host_key_unverified(self.audit.log.bind(host=host), host)
+            self.events.emit(
+                event_models.Note,
+                host=host,
+                message="host key verification is OFF (verify_host_key: false): any server answering at"
+                f" {self.runbook.hosts[host].address} is trusted",
+            )
         status, code = "passed", EXIT_OK
         try:
             if source_meta is not None and source_dir is not None:
@@ -556,13 +549,12 @@ class Engine:
             except DurableWriteError as exc:  # the status stays what it was (running: a resume continues it)
                 self.write_failure = self.write_failure or exc
                 status, code = WRITE_FAILED, EXIT_WRITE_FAILED
-            self.reporter.emit(
-                "run_finished",
-                run_id=run_id,
+            self.events.emit(
+                event_models.RunFinished,
                 status=status,
                 exit_code=code,
                 audit=str(run_dir / audit_mod.AUDIT_FILE),
-                **({"error": str(self.write_failure)} if self.write_failure else {}),
+                error=str(self.write_failure) if self.write_failure else None,
             )
             await asyncio.shield(self._close_transports())
             await asyncio.shield(self.gates.close())
@@ -599,7 +591,7 @@ class Engine:
         for host in hosts:
             if host not in self.transports:
                 self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor)
-        self.reporter.emit("step_started", step=spec.id, kind=spec.kind, hosts=hosts)
+        self.events.emit(event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts)
         limit = asyncio.Semaphore(self.runbook.header.defaults.max_parallel)
 
         async def bounded(host: str) -> StepRecord:
@@ -622,8 +614,8 @@ class Engine:
             raise next((r for r in cancelled if isinstance(r, DurableWriteError)), cancelled[0])
         records = [r for r in results if isinstance(r, StepRecord)]
         passed = all(r.status == "passed" for r in records)
-        self.reporter.emit(
-            "step_finished",
+        self.events.emit(
+            event_models.StepFinished,
             step=spec.id,
             status="passed" if passed else "failed",
             via=records[0].via if records else None,
@@ -774,5 +766,5 @@ class Engine:
         exit_code: int | None = None,
     ) -> NoReturn:
         message = self.redactor.text(message)
-        self.reporter.emit("attempt_failed", step=spec.id, host=host, attempt=attempt, message=message)
+        self.events.emit(event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message)
         raise AttemptFailed(message, facts, gate, exit_code)

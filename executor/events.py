@@ -1,10 +1,10 @@
-"""What the run loop tells the outside world, and the two ways of showing it.
+"""How a run's events are shown: the reporter interface and its two displays.
 
-`Reporter` is the interface the engine calls. `JsonReporter` prints one JSON event per line
-on stdout for agents (json.dumps writes every control character as a JSON escape);
-`ConsoleReporter` shows humans the step list, the running step and the elapsed time on stderr
-with rich, every text of an event first made safe for a terminal (executor.terminal). Both print
-only redacted text.
+The engine hands each typed event (executor.event_models) to a `Reporter` through its Emitter
+(executor.emitter). `JsonReporter` prints one JSON event per line on stdout for agents (json.dumps
+writes every control character as a JSON escape); `ConsoleReporter` shows humans the step list, the
+running step and the elapsed time on stderr with rich, every text of an event first made safe for a
+terminal (executor.terminal), one handler per event type. Both print only redacted text.
 """
 
 from __future__ import annotations
@@ -12,38 +12,69 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
 from executor.durations import format_duration
+from executor.event_models import (
+    AttemptFailed,
+    CommandFinished,
+    Event,
+    Note,
+    Progress,
+    RunFinished,
+    RunStarted,
+    StepFinished,
+    StepStarted,
+)
 from executor.redact import Redactor
 from executor.terminal import shown
+
+
+def with_strings(value: Any, change: Callable[[str], str]) -> Any:
+    """`value` with every string in it, however nested (in a model, a list, a dict's keys and values),
+    replaced by `change(string)`: the one way a reporter masks (RedactingReporter) or escapes
+    (ConsoleReporter) an event's texts, so that no field is forgotten."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, BaseModel):
+        return value.model_copy(
+            update={name: with_strings(getattr(value, name), change) for name in type(value).model_fields}
+        )
+    if isinstance(value, list | tuple):
+        return [with_strings(item, change) for item in value]
+    if isinstance(value, dict):
+        return {with_strings(key, change): with_strings(item, change) for key, item in value.items()}
+    return value
 
 
 class Reporter:
     """Receives run events; the base class ignores them."""
 
-    def emit(self, event: str, **fields: Any) -> None:
-        """One event: run_started, step_started, command_finished, attempt_failed, step_finished, progress,
-        note (something about a host worth saying once, e.g. a fallback taken), run_finished."""
+    def emit(self, event: Event) -> None:
+        """One event (executor.event_models): run_started, step_started, command_finished, attempt_failed,
+        step_finished, progress, note (something about a host worth saying once, e.g. a fallback taken),
+        run_finished. An exception here stops this reporter, never the run (executor.emitter)."""
 
     def close(self) -> None:
         """Stop any live display."""
 
 
 class RedactingReporter(Reporter):
-    """Passes every event on with the run's secrets masked in its values (the field names are ours), so
-    that the console and `--json` show exactly what the run stores."""
+    """Passes every event on with the run's secrets masked in every string of it, so that the console
+    and `--json` show exactly what the run stores."""
 
     def __init__(self, inner: Reporter, redactor: Redactor) -> None:
         self.inner = inner
         self.redactor = redactor
 
-    def emit(self, event: str, **fields: Any) -> None:
-        self.inner.emit(event, **{name: self.redactor.deep(value) for name, value in fields.items()})
+    def emit(self, event: Event) -> None:
+        self.inner.emit(with_strings(event, self.redactor.text))
 
     def close(self) -> None:
         self.inner.close()
@@ -53,11 +84,12 @@ class JsonReporter(Reporter):
     def __init__(self, out: TextIO | None = None) -> None:
         self.out: TextIO | None = out or sys.stdout
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: Event) -> None:
         if self.out is None:
             return
+        line = json.dumps(event.model_dump(by_alias=True), default=str) + "\n"
         try:
-            self.out.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}, default=str) + "\n")
+            self.out.write(line)
             self.out.flush()
         except BrokenPipeError:  # the reader went away; the run goes on, its state and audit log stay complete
             self.out = None
@@ -74,75 +106,79 @@ class UnattendedConsole(Console):
         self.quiet = True
 
 
-def shown_fields(value: Any) -> Any:
-    """An event's fields with every string in them, however nested, as `shown` writes it: the console
-    renderer's one seam, so a host's control sequences never reach the terminal."""
-    if isinstance(value, str):
-        return shown(value)
-    if isinstance(value, list | tuple):
-        return [shown_fields(item) for item in value]
-    if isinstance(value, dict):
-        return {key: shown_fields(item) for key, item in value.items()}
-    return value
-
-
 _STATUS_STYLE = {"passed": "green", "reused": "cyan", "failed": "bold red", "interrupted": "yellow"}
 
 
 class ConsoleReporter(Reporter):
+    """One handler per event type (`handlers`); each gets the event with every text as `shown` writes
+    it, and prints it as rich Text, never markup: `[red]` and `:smile:` stay as written."""
+
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
         self._status: Status | None = None
         self._t0 = time.monotonic()
+        self.handlers: dict[type[Event], Callable[[Any], None]] = {
+            RunStarted: self._run_started,
+            StepStarted: self._step_started,
+            CommandFinished: self._command_finished,
+            AttemptFailed: self._attempt_failed,
+            StepFinished: self._step_finished,
+            Progress: self._progress,
+            Note: self._note,
+            RunFinished: self._run_finished,
+        }
 
     def _elapsed(self) -> str:
         return format_duration(time.monotonic() - self._t0)
 
-    def emit(self, event: str, **fields: Any) -> None:
-        print_ = self.console.print
-        f = shown_fields(fields)  # every text as rich Text, never markup: `[red]` and `:smile:` stay as written
-        if event == "run_started":
-            print_(
-                Text.assemble(
-                    ("runbook", "bold"), f" {f['runbook']}  run ", (f["run_id"], "bold"), f"  -> {f['run_dir']}"
-                )
+    def emit(self, event: Event) -> None:
+        self.handlers[type(event)](with_strings(event, shown))  # the console's one seam to the terminal
+
+    def _run_started(self, e: RunStarted) -> None:
+        self.console.print(
+            Text.assemble(("runbook", "bold"), f" {e.runbook}  run ", (e.run_id, "bold"), f"  -> {e.run_dir}")
+        )
+        for step in e.steps:
+            self.console.print(Text(f"  {step.id:<24} {step.kind:<16} {', '.join(step.hosts):<20} {step.plan}"))
+
+    def _step_started(self, e: StepStarted) -> None:
+        self._live(Text.assemble((e.step or "", "bold"), f" on {', '.join(e.hosts)}"))
+
+    def _command_finished(self, e: CommandFinished) -> None:
+        if e.exit_code != 0 or e.timed_out:
+            how = "timed out" if e.timed_out else f"exit {e.exit_code}"
+            self.console.print(Text(f"    {e.step}@{e.host} attempt {e.attempt}: {how}", style="dim"))
+
+    def _attempt_failed(self, e: AttemptFailed) -> None:
+        first_line = e.message.splitlines()[0] if e.message else ""
+        self.console.print(
+            Text.assemble((f"    {e.step}@{e.host} attempt {e.attempt} failed:", "yellow"), f" {first_line}")
+        )
+
+    def _step_finished(self, e: StepFinished) -> None:
+        self._stop_live()
+        style = _STATUS_STYLE.get(e.status, "default")
+        via = f" via {e.via}" if e.via not in (None, "primary") else ""
+        self.console.print(
+            Text.assemble(
+                (f"{e.status:>11}", style),
+                f" {e.step}{via}  {format_duration(e.duration_s)}  ",
+                (f"({self._elapsed()} elapsed)", "dim"),
             )
-            for step in f["steps"]:
-                print_(Text(f"  {step['id']:<24} {step['kind']:<16} {', '.join(step['hosts']):<20} {step['plan']}"))
-        elif event == "step_started":
-            self._live(Text.assemble((f["step"], "bold"), f" on {', '.join(f['hosts'])}"))
-        elif event == "command_finished":
-            if f.get("exit_code") != 0 or f.get("timed_out"):
-                how = "timed out" if f.get("timed_out") else f"exit {f.get('exit_code')}"
-                print_(Text(f"    {f['step']}@{f['host']} attempt {f['attempt']}: {how}", style="dim"))
-        elif event == "attempt_failed":
-            first_line = f["message"].splitlines()[0] if f["message"] else ""
-            print_(
-                Text.assemble(
-                    (f"    {f['step']}@{f['host']} attempt {f['attempt']} failed:", "yellow"), f" {first_line}"
-                )
-            )
-        elif event == "step_finished":
-            self._stop_live()
-            style = _STATUS_STYLE.get(f["status"], "default")
-            via = f" via {f['via']}" if f.get("via") not in (None, "primary") else ""
-            print_(
-                Text.assemble(
-                    (f"{f['status']:>11}", style),
-                    f" {f['step']}{via}  {format_duration(f.get('duration_s') or 0)}  ",
-                    (f"({self._elapsed()} elapsed)", "dim"),
-                )
-            )
-            for failure in f.get("failures", []):
-                print_(Text(failure, style="red"))
-        elif event == "note":
-            print_(Text.assemble(("    note", "yellow"), f" {f['host']}: {f['message']}"))
-        elif event == "progress":
-            self._live(Text.assemble((f["step"], "bold"), f"@{f['host']}: {f['message']}"), keep=True)
-        elif event == "run_finished":
-            self._stop_live()
-            style = _STATUS_STYLE.get(f["status"], "default")
-            print_(Text.assemble((f"run {f['status']}", style), f" in {self._elapsed()}  (audit log: {f['audit']})"))
+        )
+        for failure in e.failures:
+            self.console.print(Text(failure, style="red"))
+
+    def _progress(self, e: Progress) -> None:
+        self._live(Text.assemble((e.step or "", "bold"), f"@{e.host}: {e.message}"), keep=True)
+
+    def _note(self, e: Note) -> None:
+        self.console.print(Text.assemble(("    note", "yellow"), f" {e.host}: {e.message}"))
+
+    def _run_finished(self, e: RunFinished) -> None:
+        self._stop_live()
+        style = _STATUS_STYLE.get(e.status, "default")
+        self.console.print(Text.assemble((f"run {e.status}", style), f" in {self._elapsed()}  (audit log: {e.audit})"))
 
     def _live(self, text: Text, keep: bool = False) -> None:
         """Show `text` as the live status line; off a terminal, print it (progress only if `keep`

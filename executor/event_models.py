@@ -1,0 +1,130 @@
+"""The events a run reports, one frozen pydantic model each: the `--json` contract for agents and CI.
+
+Every event carries the schema version, its name (`event`, the union's discriminator), `seq` (1, 2, ...
+per run, without gaps, in the order they are printed), `run_id`, `time` (Unix seconds) and the step, host
+and attempt it belongs to (None where it belongs to none). README.md's "Events" section documents each
+one; tests/executor/test_events.py keeps that table and these models in step. A change that would make
+a reader of this schema misread a line (a field removed, renamed or retyped) raises SCHEMA_VERSION.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+#: The version of the event schema, in every line as `schema`.
+SCHEMA_VERSION: Final = 1
+
+
+class Event(BaseModel):
+    """What every event carries; the engine's Emitter stamps `seq`, `run_id` and `time`."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+    schema_: Literal[1] = Field(default=SCHEMA_VERSION, alias="schema")
+    event: str
+    seq: int = Field(ge=1)
+    run_id: str
+    time: float
+    step: str | None = None
+    host: str | None = None
+    attempt: int | None = Field(default=None, ge=1)
+
+
+class PlannedStep(BaseModel):
+    """One step of the run as planned: what `run_started.steps` lists, in runbook order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    kind: str
+    hosts: list[str]
+    reused: bool
+    runs: bool
+    plan: str  # what happens and why: `reused (passed in RUN)`, `runs again (changed since RUN: var x)`, ...
+
+
+class HostOutcome(BaseModel):
+    """How a step ended on one host: `step_finished.hosts` maps each host to one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: str
+    attempts: int
+    via: str | None
+
+
+class RunStarted(Event):
+    event: Literal["run_started"] = "run_started"
+    run_dir: str
+    runbook: str
+    resumed_from: str | None
+    steps: list[PlannedStep]
+
+
+class StepStarted(Event):
+    event: Literal["step_started"] = "step_started"
+    kind: str
+    hosts: list[str]
+
+
+class CommandFinished(Event):
+    event: Literal["command_finished"] = "command_finished"
+    exit_code: int | None
+    timed_out: bool
+    duration_s: float
+
+
+class AttemptFailed(Event):
+    event: Literal["attempt_failed"] = "attempt_failed"
+    message: str
+
+
+class StepFinished(Event):
+    event: Literal["step_finished"] = "step_finished"
+    status: str
+    via: str | None
+    duration_s: float
+    hosts: dict[str, HostOutcome]
+    failures: list[str]
+
+
+class Progress(Event):
+    event: Literal["progress"] = "progress"
+    message: str
+    fields: dict[str, Any]  # the step kind's own: bytes done, a prompt's acceptance length, ...
+
+
+class Note(Event):
+    event: Literal["note"] = "note"
+    message: str
+
+
+class RunFinished(Event):
+    event: Literal["run_finished"] = "run_finished"
+    status: str
+    exit_code: int
+    audit: str
+    error: str | None = None  # why a write to the run folder failed (status write-failed)
+
+
+#: Every event type, in the order a run emits them first.
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RunStarted,
+    StepStarted,
+    CommandFinished,
+    AttemptFailed,
+    StepFinished,
+    Progress,
+    Note,
+    RunFinished,
+)
+
+AnyEvent = Annotated[
+    RunStarted | StepStarted | CommandFinished | AttemptFailed | StepFinished | Progress | Note | RunFinished,
+    Field(discriminator="event"),
+]
+
+#: Reads one `--json` line (`EVENTS.validate_json(line)`) into its model; its `json_schema()` is the contract.
+EVENTS: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
