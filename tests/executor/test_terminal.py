@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from executor import cli
 from executor.errors import Problem
+from executor.event_models import AttemptFailed, Note, StepFinished
 from executor.events import ConsoleReporter
 from executor.terminal import ESCAPED_CATEGORIES, escaped, shown
 
@@ -118,9 +119,10 @@ def test_the_console_shows_event_text_exactly_as_shown_writes_it(text: str, caps
     text reaches the run's console: it prints the escaped text, character for character."""
     capsys.readouterr()
     reporter = ConsoleReporter(cli.err)
-    reporter.emit("note", host="box", message=text)
-    reporter.emit("attempt_failed", step="s", host="box", attempt=1, message=text)
-    reporter.emit("step_finished", step="s", status="failed", duration_s=1, failures=[text])
+    stamp = {"seq": 1, "run_id": "r", "time": 0.0}
+    reporter.emit(Note(**stamp, host="box", message=text))
+    reporter.emit(AttemptFailed(**stamp, step="s", host="box", attempt=1, message=text))
+    reporter.emit(StepFinished(**stamp, step="s", status="failed", via=None, duration_s=1, hosts={}, failures=[text]))
     err = capsys.readouterr().err
     assert f"    note box: {shown(text)}\n" in err
     assert f"attempt 1 failed: {shown(text.split(chr(10))[0])}\n" in err
