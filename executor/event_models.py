@@ -9,7 +9,7 @@ a reader of this schema misread a line (a field removed, renamed or retyped) rai
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -56,6 +56,8 @@ class HostOutcome(BaseModel):
 
 
 class RunStarted(Event):
+    """Once, first (`seq` 1), before anything connects: the run folder and every step's plan."""
+
     event: Literal["run_started"] = "run_started"
     run_dir: str
     runbook: str
@@ -64,12 +66,16 @@ class RunStarted(Event):
 
 
 class StepStarted(Event):
+    """A step starts on the hosts it runs on in this run."""
+
     event: Literal["step_started"] = "step_started"
     kind: str
     hosts: list[str]
 
 
 class CommandFinished(Event):
+    """One command of an attempt ended (also when it timed out or its transport failed)."""
+
     event: Literal["command_finished"] = "command_finished"
     exit_code: int | None
     timed_out: bool
@@ -77,11 +83,15 @@ class CommandFinished(Event):
 
 
 class AttemptFailed(Event):
+    """An attempt did not pass: why, with the gate's values and the output's tail."""
+
     event: Literal["attempt_failed"] = "attempt_failed"
     message: str
 
 
 class StepFinished(Event):
+    """A step ended on all its hosts: how on each, and each failure's message."""
+
     event: Literal["step_finished"] = "step_finished"
     status: str
     via: str | None
@@ -91,17 +101,23 @@ class StepFinished(Event):
 
 
 class Progress(Event):
+    """Live progress of an attempt (a status line on the console)."""
+
     event: Literal["progress"] = "progress"
     message: str
     fields: dict[str, Any]  # the step kind's own: bytes done, a prompt's acceptance length, ...
 
 
 class Note(Event):
+    """Something about a host worth saying once: a host key not verified, a runner fallback."""
+
     event: Literal["note"] = "note"
     message: str
 
 
 class RunFinished(Event):
+    """Once, last: the run's status and exit code."""
+
     event: Literal["run_finished"] = "run_finished"
     status: str
     exit_code: int
@@ -109,22 +125,13 @@ class RunFinished(Event):
     error: str | None = None  # why a write to the run folder failed (status write-failed)
 
 
-#: Every event type, in the order a run emits them first.
-EVENT_TYPES: tuple[type[Event], ...] = (
-    RunStarted,
-    StepStarted,
-    CommandFinished,
-    AttemptFailed,
-    StepFinished,
-    Progress,
-    Note,
-    RunFinished,
-)
-
 AnyEvent = Annotated[
     RunStarted | StepStarted | CommandFinished | AttemptFailed | StepFinished | Progress | Note | RunFinished,
     Field(discriminator="event"),
 ]
+
+#: Every event type, in the order a run emits them first.
+EVENT_TYPES: tuple[type[Event], ...] = get_args(get_args(AnyEvent)[0])
 
 #: Reads one `--json` line (`EVENTS.validate_json(line)`) into its model; its `json_schema()` is the contract.
 EVENTS: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)

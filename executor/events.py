@@ -39,17 +39,23 @@ from executor.terminal import shown
 def with_strings(value: Any, change: Callable[[str], str]) -> Any:
     """`value` with every string in it, however nested (in a model, a list, a dict's keys and values),
     replaced by `change(string)`: the one way a reporter masks (RedactingReporter) or escapes
-    (ConsoleReporter) an event's texts, so that no field is forgotten."""
+    (ConsoleReporter) an event's texts, so that no field is forgotten. What `change` leaves as it is
+    stays the same object, so that an event without a secret or a control character is not copied."""
     if isinstance(value, str):
         return change(value)
     if isinstance(value, BaseModel):
-        return value.model_copy(
-            update={name: with_strings(getattr(value, name), change) for name in type(value).model_fields}
-        )
+        update = {name: new for name, item in value.__dict__.items() if (new := with_strings(item, change)) is not item}
+        return value.model_copy(update=update) if update else value
     if isinstance(value, list | tuple):
-        return [with_strings(item, change) for item in value]
+        items = [with_strings(item, change) for item in value]
+        return items if any(new is not old for new, old in zip(items, value, strict=True)) else value
     if isinstance(value, dict):
-        return {with_strings(key, change): with_strings(item, change) for key, item in value.items()}
+        pairs = [(with_strings(key, change), with_strings(item, change)) for key, item in value.items()]
+        if all(
+            new_key is key and new is item for (new_key, new), (key, item) in zip(pairs, value.items(), strict=True)
+        ):
+            return value
+        return dict(pairs)
     return value
 
 
