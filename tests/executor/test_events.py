@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,24 @@ def test_seq_has_no_gaps_across_hosts_emitting_at_once() -> None:
     asyncio.run(hosts())
     assert [e.seq for e in got.events] == list(range(1, 401))  # delivered in seq order, none missing
     assert {e.host for e in got.events} == {f"h{n}" for n in range(8)}
-    per_host = [[e.fields["i"] for e in got.events if e.host == "h3"]]
-    assert per_host == [list(range(50))]
+    assert [e.fields["i"] for e in got.events if e.host == "h3"] == list(range(50))
+
+
+def test_events_from_several_threads_reach_the_reporter_in_seq_order() -> None:
+    got = Collect()
+    emitter = stream(got)
+
+    def host(name: str) -> None:
+        bound = emitter.bind(step="s", host=name, attempt=1)
+        for i in range(200):
+            bound.emit(Progress, message=str(i), fields={})
+
+    threads = [threading.Thread(target=host, args=(f"h{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [e.seq for e in got.events] == list(range(1, 801))
 
 
 def test_a_failing_reporter_is_said_once_closed_and_given_nothing_more() -> None:
