@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from executor.emitter import Emitter, EventStream
 from executor.engine import Engine, RunOptions
@@ -35,6 +36,8 @@ from executor.event_models import (
 from executor.events import ConsoleReporter, JsonReporter, RedactingReporter, Reporter
 from executor.loader import load_runbook
 from executor.redact import Redactor
+from sandbox.hub import HubServer
+from sandbox.repos import DRAFTER_ID
 from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
 
@@ -325,3 +328,22 @@ def test_a_json_stdout_that_cannot_be_written_leaves_the_run_passing(write_runbo
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("runbook: the reporter failed on event 1 (run_started)") == 1
     assert "No space left on device" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_reporter_that_raises_on_progress_fails_no_download(
+    testhost: Any, hub: HubServer, write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real `progress` events: the second download finds the first one's files complete and says so. Fails
+    on main: there the reporter's exception fails that step ("step kind 'download' failed unexpectedly")."""
+    hf = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    fetch = {"kind": "download", "repo": DRAFTER_ID, "local_dir": str(tmp_path / "drafter")}
+    doc = {"vars": hf, "steps": [{"id": "first", **fetch}, {"id": "again", **fetch}]}
+    path = write_runbook("name: dl\n__HOSTS__\n" + yaml.safe_dump(doc), hosts=testhost("h200").host_yaml())
+    reporter = RaiseOn(Progress)
+    code = asyncio.run(Engine(load_runbook(path), RunOptions(log_dir=tmp_path / "logs"), reporter).run())
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert reporter.raised == 1 and reporter.closed
+    assert err.count("runbook: the reporter failed") == 1 and "(progress)" in err
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert runbook_cli("audit", "verify", str(run_dir)).returncode == 0
