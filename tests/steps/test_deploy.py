@@ -32,9 +32,9 @@ from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config,
 from sandbox.prepare import VENV
 from steps import deploy_host
 from steps.deploy import Choice, DeployStep
-from steps.stop_server import StopServerStep
 from steps.probe import MLA_BACKEND_ARCHS
 from steps.probe_host import literal_lists
+from steps.stop_server import StopServerStep
 
 SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
 
