@@ -600,6 +600,14 @@ def test_deploy_s_former_action_stop_names_the_stop_server_kind(tmp_path: Path, 
     ]
 
 
+def test_a_stop_gets_only_the_vars_it_names() -> None:
+    """Stopping starts no server, so unlike `deploy` (whose server inherits everything) a stop_server step
+    receives no var or secret it does not name: no HF_TOKEN for a kill (deploy's `action: stop` got them all)."""
+    stop = StopServerStep.model_validate({"id": "stop", "kind": "stop_server", "port": "$sglang_port"})
+    assert stop.env_names(["HF_TOKEN", "models_dir", "sglang_port"]) == ["sglang_port"]
+    assert dflash().env_names(["HF_TOKEN", "models_dir"]) == ["HF_TOKEN", "models_dir"]
+
+
 def test_the_port_may_come_from_a_runbook_var() -> None:
     step = dflash(port="$sglang_port")
     assert "--port 31234" in step.launch(PlanContext("box", {"sglang_port": "31234"})).comment().replace(" \\\n#", "")
