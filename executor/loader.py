@@ -456,6 +456,10 @@ def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Pos
         kind = error["type"]
         if kind == "extra_forbidden":
             owner = _model_at(model, loc[:-1])
+            retired = owner.retired_keys.get(str(loc[-1])) if owner and issubclass(owner, StepSpec) else None
+            if retired:
+                pos.problem(full, f"unknown key '{loc[-1]}': {retired}", key=True)
+                continue
             near = (str(loc[-1]), owner.model_fields if owner else ())
             pos.problem(full, f"unknown key '{loc[-1]}'", key=True, near=near)
         elif kind == "missing":

@@ -1,4 +1,4 @@
-"""`runbook plan`: every command exactly as it would run, with run-time values marked."""
+"""`runbook plan`: every command exactly as it would run, with run-time values marked (`RunTime`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
-from executor.stepkind import FactsError, RenderContext
+from executor.stepkind import FactsError, RenderContext, RunTime
 
 
 class PlanContext(RenderContext):
@@ -20,8 +20,8 @@ class PlanContext(RenderContext):
         self.host_name = host
         self.vars = variables
 
-    def fact(self, step_id: str, path: str) -> Any:
-        return f"<known at run time: steps.{step_id}.facts.{path}>"
+    def fact(self, step_id: str, path: str) -> RunTime:
+        return RunTime.fact(step_id, path)
 
 
 def secrets_redactor(runbook: Runbook, environ: Mapping[str, str]) -> Redactor:

@@ -162,11 +162,34 @@ def resolve_var(ctx: RenderContext, value: ValueT | str, what: str, parse: Calla
         raise FactsError(f"{what}: runbook var {name} = {text!r} does not fit: {exc}") from None
 
 
+@dataclass(frozen=True)
+class RunTime:
+    """A value not known before the run: what `runbook plan` has where a run has a fact.
+
+    `source` names where the value will come from: a fact's path (`steps.probe.facts.gpu_count`) or the
+    rule that derives it from facts (`--trust-remote-code if steps.inspect.facts.deploy.trust_remote_code`).
+    Kinds tell it from a value with `isinstance`, never by its text: a host may print anything, even this
+    text, and what it printed is a value. `str()` is how the plan shows it (`<known at run time: SOURCE>`,
+    or `<WHAT, known at run time>` where the value is better named by what it is than by its source).
+    """
+
+    source: str
+    what: str | None = None
+
+    @classmethod
+    def fact(cls, step_id: str, path: str) -> RunTime:
+        """An earlier step's fact, by dotted path."""
+        return cls(f"steps.{step_id}.facts.{path}")
+
+    def __str__(self) -> str:
+        return f"<{self.what}, known at run time>" if self.what else f"<known at run time: {self.source}>"
+
+
 class RenderContext(ABC):
     """What a step sees while rendering: vars, its host, and earlier steps' facts.
 
-    In `runbook plan` the facts of earlier steps are not known yet; `fact` then returns a
-    visible placeholder instead of a value.
+    In `runbook plan` the facts of earlier steps are not known yet; `fact` then returns a `RunTime`
+    naming the fact instead of a value.
     """
 
     host_name: str
@@ -241,6 +264,9 @@ class StepSpec(Model):
     kind_env: ClassVar[tuple[str, ...]] = ()
     #: What a step of the kind receives when it gives no `pass_env` (a shell script may read anything).
     default_pass_env: ClassVar[tuple[str, ...]] = ()
+    #: Keys the kind no longer has, each with what replaces it: `validate` says so instead of a bare
+    #: "unknown key" (deploy's `action: stop` became the kind `stop_server`).
+    retired_keys: ClassVar[Mapping[str, str]] = {}
     #: The fields every kind has: none of them reaches a command, so a `$name` in them names no var.
     COMMON_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"id", "kind", "description", "host", "hosts", "timeout", "retry", "gates", "fallbacks", "pass_env"}

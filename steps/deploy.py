@@ -1,5 +1,5 @@
 """`deploy`: start an SGLang server on the host (DFlash, another speculative algorithm, or a plain
-baseline), wait until it really serves, reuse it when it already does; or stop it (`action: stop`).
+baseline), wait until it really serves, reuse it when it already does (`stop_server` stops it).
 
 The launch command is rendered here from the step's parameters and earlier steps' facts. Every choice
 that is not spelled out in the runbook is made from a fact and recorded with where it came from
@@ -8,7 +8,7 @@ GPU architecture and the target's attention (`probe`, `inspect`): the seeds' trt
 and stops SGLang with "Unsupported architecture" on SM120, FA3 is Hopper-only; the drafter's attention
 backend (never trtllm_mha, which the draft rejects); the draft token count from the drafter's block size
 and `--trust-remote-code` from custom code in the configs (`inspect`). Each is overridable. `runbook
-plan` shows the full command, values chosen at run time marked `<known at run time: ...>`.
+plan` shows the full command, values chosen at run time marked `<known at run time: ...>` (`RunTime`).
 
 One command does the rest on the host, steps/deploy_host.py (stdlib only, run by the SGLang virtualenv's
 python): a server already recorded on the port with the same arguments is reused; one with other
@@ -16,6 +16,9 @@ arguments is stopped first (process group: TERM, wait, KILL, so its GPUs are fre
 port is refused, named. A new server gets its own session (it outlives SSH) and log file, recorded in
 `<state_dir>/<port>.json`. Ready means /health 200 and then a real one-token /generate; if the process
 exits meanwhile the step fails at once with the error line of its log in the gate's message.
+
+`ServerStep` holds what `deploy` and `stop_server` (steps/stop_server.py) share: the server is found by
+its port in `state_dir`, and the same host program stops it (process group, GPUs freed).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from executor.stepkind import (
     FactsError,
     Outcome,
     RenderContext,
+    RunTime,
     StepContext,
     StepSpec,
     VarRef,
@@ -45,8 +49,6 @@ from executor.stepkind import (
 )
 
 HOST_PROGRAM = Path(__file__).with_name("deploy_host.py")
-#: How executor/planner.py's PlanContext answers `fact()` before the run: such a value is not a fact yet.
-RUN_TIME_MARK = "<known at run time"
 #: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
 #: installed ones run on the GPU architecture (steps/probe.py MLA_BACKEND_ARCHS). SGLang's own defaults
 #: on Blackwell (trtllm_mla) and Hopper (fa3) lead; flashinfer and triton run on SM120.
@@ -135,23 +137,6 @@ class DeployFacts(StartReport):
     choices: dict[str, Choice]
 
 
-class StopFacts(BaseModel):
-    """The document deploy_host.py prints for `stop`."""
-
-    action: Literal["stop"]
-    port: int
-    state_file: str
-    stopped: bool  # a running server was stopped
-    pid: int | None
-    argv: list[str] | None
-    log_file: str | None
-    pids: list[int]
-    killed: bool
-    gpu_freed: bool | None  # None: there was no server
-    note: str | None  # why nothing was stopped
-    failure: str | None
-
-
 class _NotYet(Exception):
     """A fact `runbook plan` cannot know yet."""
 
@@ -178,7 +163,7 @@ class Launch:
     """The launch command in groups (the program, then one flag with its value per group) and its choices."""
 
     groups: list[list[Arg]]
-    choices: dict[str, Choice]
+    choices: dict[str, Choice | RunTime]  # a RunTime: chosen from facts known only at run time
 
     def words(self) -> list[str]:
         return [arg.word for group in self.groups for arg in group]
@@ -191,10 +176,8 @@ class Launch:
             lines.append(("#   " if i == 0 else "#       ") + words + (" \\" if i < last else ""))
         lines.append("# choices (value <- where it came from; null: the flag is left out):")
         for name, choice in self.choices.items():
-            later = isinstance(choice.value, str) and choice.value.startswith(RUN_TIME_MARK)
-            lines.append(
-                f"#   {name}: " + (str(choice.value) if later else f"{json.dumps(choice.value)} <- {choice.source}")
-            )
+            shown = str(choice) if isinstance(choice, RunTime) else f"{json.dumps(choice.value)} <- {choice.source}"
+            lines.append(f"#   {name}: {shown}")
         return "".join(line.replace("\n", "\\n") + "\n" for line in lines)
 
 
@@ -204,15 +187,38 @@ def _whole_number(text: str) -> int:
     return int(text)
 
 
-class DeployStep(StepSpec):
-    """Start (or reuse) an SGLang server, or stop it."""
+class ServerStep(StepSpec):
+    """What starting (`deploy`) and stopping (`stop_server`) a server share: the server is the one recorded
+    on its port in `state_dir` on the host, and one host program, run by `python`, starts or stops it (the
+    process-group kill and the GPU-freed check are its, for both)."""
+
+    python: str = "python3"  # the SGLang virtualenv's interpreter
+    port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
+    stop_timeout: Duration = 60.0
+    state_dir: str = "~/.runbook/sglang"
+
+    def _program(self, config: dict[str, Any], words: list[str]) -> str:
+        command = [host_word(self.python), "-", shlex.quote(json.dumps(config)), host_word(self.state_dir), *words]
+        return heredoc(HOST_PROGRAM.read_text(), command=" ".join(command))
+
+    def port_number(self, ctx: RenderContext) -> int:
+        port = resolve_var(ctx, self.port, "port", _whole_number)
+        if not 1 <= port <= 65535:
+            raise FactsError(f"port: {port} is not a TCP port (1-65535)")
+        return port
+
+
+class DeployStep(ServerStep):
+    """Start (or reuse) an SGLang server."""
 
     kind: Literal["deploy"] = "deploy"
     #: the server inherits its step's environment and reads what it likes (SGLANG_*, NCCL_*, HF_*, CUDA_*)
     default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
-    action: Literal["start", "stop"] = "start"
-    python: str = "python3"  # the SGLang virtualenv's interpreter
-    model_path: str | None = None  # required to start; `~` and `$vars` expand on the host
+    #: what `action: stop` was: the loader's "unknown key 'action'" says so
+    retired_keys: ClassVar[dict[str, str]] = {
+        "action": "deploy only starts a server; to stop one, use a step of `kind: stop_server` (same port)"
+    }
+    model_path: str  # `~` and `$vars` expand on the host
     draft_model_path: str | None = None  # None: a baseline without speculative decoding
     speculative_algorithm: str | None = None  # DFLASH when a drafter is given
     probe: str | None = None  # probe step: GPU count and architecture, SGLang's backends
@@ -224,12 +230,9 @@ class DeployStep(StepSpec):
     trust_remote_code: Literal["auto"] | bool = "auto"
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
     bind: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
     extra_args: list[str] = []
     env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
-    stop_timeout: Duration = 60.0
-    state_dir: str = "~/.runbook/sglang"
 
     @field_validator("attention_backend", "draft_attention_backend")
     @classmethod
@@ -248,10 +251,6 @@ class DeployStep(StepSpec):
 
     @model_validator(mode="after")
     def _consistent(self) -> DeployStep:
-        if self.action == "stop":
-            return self
-        if self.model_path is None:
-            raise ValueError("model_path is required to start a server")
         if self.algorithm == "DFLASH" and self.draft_model_path is None:
             raise ValueError("speculative_algorithm DFLASH needs draft_model_path (SGLang refuses DFLASH without it)")
         if self.tp_size == "auto" and self.probe is None:
@@ -274,8 +273,6 @@ class DeployStep(StepSpec):
         return super().needs() | {ref for ref in (self.probe, self.inspect) if ref is not None}
 
     def default_gates(self) -> list[Gate]:
-        if self.action == "stop":
-            return [Gate(that="facts.failure is none", message="the SGLang server did not stop")]
         return [Gate(that="facts.failure is none", message="the SGLang server is not serving")]
 
     # ---- choices ---------------------------------------------------------------------------------------
@@ -285,11 +282,11 @@ class DeployStep(StepSpec):
             value = ctx.fact(step, path)
         except (KeyError, IndexError, TypeError):
             raise FactsError(f"step '{step}' has no fact `{path}` on host {ctx.host_name}") from None
-        if isinstance(value, str) and value.startswith(RUN_TIME_MARK):
+        if isinstance(value, RunTime):
             raise _NotYet
         return value
 
-    def choices(self, ctx: RenderContext) -> dict[str, Choice]:
+    def choices(self, ctx: RenderContext) -> dict[str, Choice | RunTime]:
         rules: dict[str, tuple[Callable[[RenderContext], Choice], str]] = {
             "speculative_algorithm": (self._algorithm, ""),
             "tp_size": (self._tp_size, f"steps.{self.probe}.facts.gpu_count"),
@@ -309,12 +306,12 @@ class DeployStep(StepSpec):
             "trust_remote_code": (self._trust_remote_code, f"steps.{self.inspect}.facts.deploy.trust_remote_code"),
             "mem_fraction_static": (self._mem_fraction, ""),
         }
-        chosen = {}
+        chosen: dict[str, Choice | RunTime] = {}
         for name, (rule, where) in rules.items():
             try:
                 chosen[name] = rule(ctx)
             except _NotYet:
-                chosen[name] = Choice(value=f"{RUN_TIME_MARK}: {where}>", source=where)
+                chosen[name] = RunTime(where)
         return chosen
 
     def _algorithm(self, ctx: RenderContext) -> Choice:
@@ -426,11 +423,11 @@ class DeployStep(StepSpec):
     # ---- the command -----------------------------------------------------------------------------------
 
     def launch(self, ctx: RenderContext) -> Launch:
-        assert self.model_path is not None  # the validator requires it to start
         chosen = self.choices(ctx)
 
         def flag(name: str, option: str) -> list[list[Arg]]:
-            value = chosen[name].value
+            choice = chosen[name]
+            value = choice if isinstance(choice, RunTime) else choice.value
             return [] if value is None else [[literal(option), literal(value)]]
 
         groups = [[on_host(self.python), literal("-m"), literal("sglang.launch_server")]]
@@ -443,25 +440,15 @@ class DeployStep(StepSpec):
         groups += flag("attention_backend", "--attention-backend")
         groups += flag("draft_attention_backend", "--speculative-draft-attention-backend")
         groups += flag("mem_fraction_static", "--mem-fraction-static")
-        trust = chosen["trust_remote_code"].value
-        if isinstance(trust, str):  # not known before the run
-            groups.append([literal(f"{RUN_TIME_MARK}: --trust-remote-code if {chosen['trust_remote_code'].source}>")])
-        elif trust:
+        trust = chosen["trust_remote_code"]
+        if isinstance(trust, RunTime):  # the flag itself is known only at run time
+            groups.append([literal(RunTime(f"--trust-remote-code if {trust.source}"))])
+        elif trust.value:
             groups.append([literal("--trust-remote-code")])
         groups.append([literal("--host"), literal(self.bind), literal("--port"), literal(self.port_number(ctx))])
         if self.extra_args:
             groups.append([on_host(arg) for arg in self.extra_args])
         return Launch(groups, chosen)
-
-    def _program(self, config: dict[str, Any], words: list[str]) -> str:
-        command = [host_word(self.python), "-", shlex.quote(json.dumps(config)), host_word(self.state_dir), *words]
-        return heredoc(HOST_PROGRAM.read_text(), command=" ".join(command))
-
-    def port_number(self, ctx: RenderContext) -> int:
-        port = resolve_var(ctx, self.port, "port", _whole_number)
-        if not 1 <= port <= 65535:
-            raise FactsError(f"port: {port} is not a TCP port (1-65535)")
-        return port
 
     def ready_limit(self, ctx: RenderContext) -> float:
         return resolve_var(ctx, self.ready_timeout, "ready_timeout", parse_duration)
@@ -474,40 +461,29 @@ class DeployStep(StepSpec):
             "arguments\n" + launch.comment() + self._program(config, launch.words())
         )
 
-    def stop_script(self, port: int) -> str:
-        config = {"action": "stop", "port": port, "stop_timeout": self.stop_timeout}
-        return f"# stop the SGLang server this runbook started on port {port}\n" + self._program(config, [])
-
     def render(self, ctx: RenderContext) -> str:
-        port = self.port_number(ctx)
-        if self.action == "stop":
-            return self.stop_script(port)
-        return self.start_script(self.launch(ctx), port, self.ready_limit(ctx))
+        return self.start_script(self.launch(ctx), self.port_number(ctx), self.ready_limit(ctx))
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
-        port = self.port_number(ctx)
-        if self.action == "stop":
-            return [(f"stop the server on port {port}", self.stop_script(port))]
         label = (
-            f"start or reuse the SGLang server on port {port}; "
-            f"'{RUN_TIME_MARK}: ...>' marks values chosen from earlier steps' facts"
+            f"start or reuse the SGLang server on port {self.port_number(ctx)}; "
+            f"'{RunTime('...')}' marks values chosen from earlier steps' facts"
         )
         return [(label, self.render(ctx))]
 
     # ---- running ---------------------------------------------------------------------------------------
 
     async def execute(self, ctx: StepContext) -> Outcome:
-        port = self.port_number(ctx)
-        launch = None if self.action == "stop" else self.launch(ctx)
+        launch = self.launch(ctx)
         ready = self.ready_limit(ctx)
-        script = self.stop_script(port) if launch is None else self.start_script(launch, port, ready)
+        script = self.start_script(launch, self.port_number(ctx), ready)
         limit = self.timeout or ready + 2 * self.stop_timeout + 60
         result = await ctx.run(script, timeout=limit, on_output=progress_messages(ctx).feed)
         if result.timed_out or result.interrupted:
             return Outcome(result)
-        if launch is None:
-            return Outcome(result, host_document(result, StopFacts, "the deploy program (stop)"))
         report = host_document(result, StartReport, "the deploy program")
+        choices = {name: c for name, c in launch.choices.items() if isinstance(c, Choice)}
+        assert len(choices) == len(launch.choices)  # a run knows every fact: no RunTime
         draft = self._argv_value(report.argv, "--speculative-draft-model-path")
         facts = DeployFacts(
             **dict(report),
@@ -515,7 +491,7 @@ class DeployStep(StepSpec):
             model_path=self._argv_value(report.argv, "--model-path") or "",
             draft_model_path=draft,
             env=self.env,
-            choices=launch.choices,
+            choices=choices,
         )
         return Outcome(result, facts)
 

@@ -47,6 +47,7 @@ from executor.stepkind import (
     ProgressLines,
     ProgressSink,
     RenderContext,
+    RunTime,
     StepContext,
     StepSpec,
 )
@@ -207,38 +208,38 @@ class DownloadStep(StepSpec):
             + self._host_program(config)
         )
 
-    def _with_manifest(self, manifest: str, body: str) -> str:
+    def _with_manifest(self, manifest: str | RunTime, body: str) -> str:
         """`body` with the precheck's file list in a temporary file `$manifest`, removed on exit (a timeout's
         TERM included)."""
         return (
             "manifest=$(mktemp) || exit 1\ntrap 'rm -f -- \"$manifest\"' EXIT\ntrap 'exit 143' TERM\n"
-            + heredoc(manifest, command='cat > "$manifest"')
+            + heredoc(str(manifest), command='cat > "$manifest"')
             + body
         )
 
-    def check_script(self, manifest: str) -> str:
+    def check_script(self, manifest: str | RunTime) -> str:
         return (
             "# is every file of the precheck's list complete in local_dir?\n"
             + self._local_dir()
             + self._with_manifest(manifest, self._host_program({"command": "check"}, manifest_file=True))
         )
 
-    def method_command(self, method: Method, commit: str, manifest: str) -> str:
+    def method_command(self, method: Method, commit: str | RunTime, manifest: str | RunTime) -> str:
         if method == "hf_cli":
-            words = [self.repo, "--revision", commit]
+            words = [self.repo, "--revision", str(commit)]
             words += [w for p in self.include for w in ("--include", p)]
             words += [w for p in self.exclude for w in ("--exclude", p)]
             return f'{host_word(self.hf_cli)} download {shlex.join(words)} --local-dir "$local_dir"\n'
         if method == "snapshot_download":
             call = (
                 "import sys\n\nfrom huggingface_hub import snapshot_download\n\n"
-                f"snapshot_download(repo_id={self.repo!r}, revision={commit!r}, local_dir=sys.argv[1], "
+                f"snapshot_download(repo_id={self.repo!r}, revision={str(commit)!r}, local_dir=sys.argv[1], "
                 f"allow_patterns={self.include or None!r}, ignore_patterns={self.exclude or None!r})\n"
             )
             return heredoc(call, command=f'{host_word(self.python)} - "$local_dir"')
         return self._with_manifest(manifest, self._host_program({"command": "fetch"}, manifest_file=True))
 
-    def method_script(self, method: Method, commit: str, manifest: str) -> str:
+    def method_script(self, method: Method, commit: str | RunTime, manifest: str | RunTime) -> str:
         """The method's command, with the size of local_dir printed now and every few seconds (progress)."""
         position = f"{self.methods.index(method) + 1} of {len(self.methods)}"
         return (
@@ -255,8 +256,8 @@ class DownloadStep(StepSpec):
         )
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
-        commit = f"<commit of {self.revision}, known at run time>"
-        manifest = "<the precheck's file list, known at run time>"
+        commit = RunTime("the precheck", what=f"commit of {self.revision}")
+        manifest = RunTime("the precheck", what="the precheck's file list")
         steps = [("precheck", self.precheck_script())]
         steps += [(f"method: {m}", self.method_script(m, commit, manifest)) for m in self.methods]
         return [*steps, ("after each method", self.check_script(manifest))]

@@ -495,7 +495,7 @@ def test_resume_carries_a_var_the_runbook_s_default_would_not_accept(tmp_path: P
     book = write_runbook(
         header("needs-var", tmp_path, extra_vars="  port: CHANGE_ME\n")
         + steps_yaml(["n1"], special={"n1": 'test -f "$marker"'})
-        + "  - id: serve\n    kind: deploy\n    action: stop\n    port: $port\n"
+        + "  - id: serve\n    kind: stop_server\n    port: $port\n"
     )
     assert cli("run", str(book), "--log-dir", str(logs)).returncode == 2  # the default does not fit
     first = cli("run", str(book), "--var", "port=30001", "--log-dir", str(logs))

@@ -243,7 +243,7 @@ def standin(testhost: Any, write_runbook: Any, tmp_path: Path) -> Iterator[dict[
     deploy |= {"attention_backend": "fa3", "trust_remote_code": True}
     yield {"host": host, "port": port, "deploy": deploy, "drafter": str(drafter)}
     stop = write_runbook(
-        "name: stop\n__HOSTS__\n" + yaml_steps({"id": "stop", "kind": "deploy", "action": "stop", "port": port}),
+        "name: stop\n__HOSTS__\n" + yaml_steps({"id": "stop", "kind": "stop_server", "port": port}),
         name="stop.yaml",
         hosts=host.host_yaml(),
     )

@@ -27,13 +27,14 @@ from pydantic import ValidationError
 
 from executor.cli import main
 from executor.planner import PlanContext
-from executor.stepkind import FactsError, RenderContext
+from executor.stepkind import FactsError, RenderContext, RunTime
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
 from steps import deploy_host
-from steps.deploy import DeployStep
+from steps.deploy import Choice, DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
 from steps.probe_host import literal_lists
+from steps.stop_server import StopServerStep
 
 SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
 
@@ -211,13 +212,13 @@ def test_parameters_are_checked() -> None:
         "tp_size: auto takes the GPU count from a probe step": {"probe": None},
         "SGLang rejects it for the draft": {"draft_attention_backend": "trtllm_mha"},
         "extra_args set --tp, --port=1": {"extra_args": ["--tp", "2", "--port=1"]},
-        "model_path is required": {"model_path": None},
+        "model_path\n  Input should be a valid string": {"model_path": None},
         "not a variable name": {"env": {"A B": "1"}},
     }
     for message, params in problems.items():
         with pytest.raises(ValidationError, match=message):
             dflash(**params)
-    stop = DeployStep.model_validate({"id": "stop", "kind": "deploy", "action": "stop", "port": 30001})
+    stop = StopServerStep.model_validate({"id": "stop", "kind": "stop_server", "port": 30001})
     assert stop.default_gates()[0].message == "the SGLang server did not stop"
     assert dflash().needs() == {"probe", "inspect"}
 
@@ -231,6 +232,22 @@ def test_plan_marks_what_is_chosen_at_run_time() -> None:
     assert (
         "#   ~/venv/bin/python -m sglang.launch_server \\\n#       --model-path $models_dir/Kimi-K2.6 \\\n" in comment
     )
+
+
+def test_a_fact_that_reads_like_the_plan_s_mark_is_a_value_at_run_time() -> None:
+    """Only the plan's `RunTime` is unknown: a host may print any text as a fact, even the plan's mark (on main
+    the prefix `<known at run time` made such a fact "not known yet" and the launch command carried the mark)."""
+    mark = "<known at run time: steps.probe.facts.gpu_arch>"
+    probe = probe_facts("sm90") | {"gpu_arch": mark}
+    choices = dflash().choices(Facts(probe=probe, inspect=inspect_facts(attention="MHA")))
+    assert not [name for name, choice in choices.items() if isinstance(choice, RunTime)]
+    backend = choices["attention_backend"]
+    assert isinstance(backend, Choice) and backend.value == "flashinfer"  # the default for an arch not listed
+    assert f"steps.probe.facts.gpu_arch = {mark}" in backend.source
+    planned = dflash().choices(PlanContext("box", {}))
+    assert planned["tp_size"] == RunTime("steps.probe.facts.gpu_count")
+    assert isinstance(planned["attention_backend"], RunTime)  # derived from an unknown: unknown, naming its source
+    assert planned["attention_backend"].source.startswith("by steps.probe.facts.gpu_arch")
 
 
 def test_runbook_plan_shows_the_launch_command(tmp_path: Path, write_runbook: Any, capsys: Any) -> None:
@@ -254,8 +271,7 @@ def test_runbook_plan_shows_the_launch_command(tmp_path: Path, write_runbook: An
             inspect: inspect
             env: {SGLANG_ENABLE_SPEC_V2: "1"}
           - id: stop
-            kind: deploy
-            action: stop
+            kind: stop_server
         """)
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
@@ -498,14 +514,14 @@ def test_dflash_from_facts_serves_is_reused_replaced_by_a_baseline_and_stopped(s
     assert base["speculative_algorithm"] is None and not [a for a in base["argv"] if a.startswith("--speculative")]
     assert "spec_accept_length" not in post_generate(base["base_url"])["meta_info"]
 
-    code, facts, err = site.run({"id": "stop", "kind": "deploy", "action": "stop", "port": site.port})
+    code, facts, err = site.run({"id": "stop", "kind": "stop_server", "port": site.port})
     assert code == 0, err
     stopped = facts["stop"]
     assert (
         stopped["stopped"] and stopped["gpu_freed"] and stopped["pid"] == base["pid"] and base["pid"] in stopped["pids"]
     )
     assert not running(base["pid"]) and not site.state_file.exists()
-    code, facts, err = site.run({"id": "stop", "kind": "deploy", "action": "stop", "port": site.port})
+    code, facts, err = site.run({"id": "stop", "kind": "stop_server", "port": site.port})
     assert code == 0 and facts["stop"]["stopped"] is False
     assert facts["stop"]["note"] == f"no server recorded on port {site.port}: nothing to stop"
 
@@ -570,10 +586,32 @@ def test_a_new_environment_restarts_the_server(site: Site) -> None:
     assert b"SGLANG_ENABLE_SPEC_V2=1" in environ
 
 
+def test_deploy_s_former_action_stop_names_the_stop_server_kind(tmp_path: Path, capsys: Any) -> None:
+    """`action: stop` was deploy's second kind; a runbook that still says it is told what to write instead."""
+    path = tmp_path / "old.yaml"
+    path.write_text(
+        "name: old\nhosts:\n  box: {address: local}\nsteps:\n"
+        "  - id: stop\n    kind: deploy\n    model_path: /m\n    tp_size: 1\n    action: stop\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}:9:5: unknown key 'action': deploy only starts a server; to stop one, use a step of "
+        "`kind: stop_server` (same port)"
+    ]
+
+
+def test_a_stop_gets_only_the_vars_it_names() -> None:
+    """Stopping starts no server, so unlike `deploy` (whose server inherits everything) a stop_server step
+    receives no var or secret it does not name: no HF_TOKEN for a kill (deploy's `action: stop` got them all)."""
+    stop = StopServerStep.model_validate({"id": "stop", "kind": "stop_server", "port": "$sglang_port"})
+    assert stop.env_names(["HF_TOKEN", "models_dir", "sglang_port"]) == ["sglang_port"]
+    assert dflash().env_names(["HF_TOKEN", "models_dir"]) == ["HF_TOKEN", "models_dir"]
+
+
 def test_the_port_may_come_from_a_runbook_var() -> None:
     step = dflash(port="$sglang_port")
     assert "--port 31234" in step.launch(PlanContext("box", {"sglang_port": "31234"})).comment().replace(" \\\n#", "")
-    stop = DeployStep.model_validate({"id": "stop", "kind": "deploy", "action": "stop", "port": "${sglang_port}"})
+    stop = StopServerStep.model_validate({"id": "stop", "kind": "stop_server", "port": "${sglang_port}"})
     assert '"port": 31234' in stop.render(PlanContext("box", {"sglang_port": "31234"}))
     for value, message in (("web", "sglang_port = 'web' does not fit"), ("70000", "70000 is not a TCP port")):
         with pytest.raises(FactsError, match=message):

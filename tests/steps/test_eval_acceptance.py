@@ -454,7 +454,7 @@ def servers(testhost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
         yield Servers(host, yaml, ports)
     finally:
         (host.home / "sglang-standin.json").unlink(missing_ok=True)
-        stop = "".join(f"- {{id: stop_{n}, kind: deploy, action: stop, port: {p}, python: {host.python}}}\n"
+        stop = "".join(f"- {{id: stop_{n}, kind: stop_server, port: {p}, python: {host.python}}}\n"
                        for n, p in ports.items())  # fmt: skip
         stopped = runbook_cli("run", str(runbook_file(host, tmp / "stop", stop)), "--log-dir", str(tmp / "logs"))
         assert stopped.returncode == 0, stopped.stderr

@@ -1,0 +1,60 @@
+"""`stop_server`: stop the SGLang server a `deploy` step started on a port, so that its GPUs are free.
+
+The server is the one recorded on the port in `state_dir` on the host; the deploy step's host program
+(steps/deploy_host.py, `stop`) stops its process group (TERM, wait `stop_timeout`, KILL) and checks that
+no process of it is left to hold GPU memory. No server recorded, or one no longer running, is no failure:
+the facts say so (`stopped: false` and a `note`). Kept apart from `deploy` so that each kind has one job,
+its own parameters and its own facts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from executor.model import Gate
+from executor.stepkind import Outcome, RenderContext, StepContext, host_document, progress_messages
+from steps.deploy import ServerStep
+
+
+class StopFacts(BaseModel):
+    """The document deploy_host.py prints for `stop`."""
+
+    action: Literal["stop"]
+    port: int
+    state_file: str
+    stopped: bool  # a running server was stopped
+    pid: int | None
+    argv: list[str] | None
+    log_file: str | None
+    pids: list[int]
+    killed: bool
+    gpu_freed: bool | None  # None: there was no server
+    note: str | None  # why nothing was stopped
+    failure: str | None
+
+
+class StopServerStep(ServerStep):
+    """Stop the server recorded on `port` (any python3 runs the host program: it is stdlib only)."""
+
+    kind: Literal["stop_server"] = "stop_server"
+
+    def default_gates(self) -> list[Gate]:
+        return [Gate(that="facts.failure is none", message="the SGLang server did not stop")]
+
+    def render(self, ctx: RenderContext) -> str:
+        port = self.port_number(ctx)
+        config = {"action": "stop", "port": port, "stop_timeout": self.stop_timeout}
+        return f"# stop the SGLang server this runbook started on port {port}\n" + self._program(config, [])
+
+    def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        return [(f"stop the server on port {self.port_number(ctx)}", self.render(ctx))]
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        # the TERM wait, then the KILL wait, and the host program's start-up and the port lock
+        limit = self.timeout or 2 * self.stop_timeout + 60
+        result = await ctx.run(self.render(ctx), timeout=limit, on_output=progress_messages(ctx).feed)
+        if result.timed_out or result.interrupted:
+            return Outcome(result)
+        return Outcome(result, host_document(result, StopFacts, "the deploy program (stop)"))
