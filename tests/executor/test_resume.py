@@ -831,7 +831,7 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, writ
 
 
 def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path: Path) -> None:
-    from executor.engine import definition_parts, fingerprint
+    from executor.resume import definition_parts, fingerprint
     from executor.loader import load_runbook
 
     def fingerprint_with(**host: object) -> str:
