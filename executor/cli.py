@@ -45,9 +45,9 @@ from executor.errors import (
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
-from executor.planner import plan_text, render_problems, secrets_redactor
+from executor.planner import plan_text, secrets_redactor
 from executor.redact import NO_SECRETS
-from executor.resume import NOT_STARTED, parse_var_args
+from executor.resume import NOT_STARTED, checked_vars
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 from executor.terminal import shown, shown_text
 
@@ -162,15 +162,12 @@ def _parser() -> argparse.ArgumentParser:
 def load_checked(
     file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
 ) -> tuple[Runbook, dict[str, Any]]:
-    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook). With
-    `environ` (plan, run), the secrets' values are read from it and masked in every problem's message."""
+    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
+    `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
+    read from it and masked in every problem's message."""
     runbook = load_runbook(file, inventory)
     redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    overrides = parse_var_args(var_pairs, runbook, redactor)
-    problems = render_problems(runbook, overrides, redactor)
-    if problems:
-        raise InvalidRunbook(problems)
-    return runbook, overrides
+    return runbook, checked_vars(runbook, var_pairs, {}, redactor)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

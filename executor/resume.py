@@ -160,6 +160,19 @@ def parse_var_args(pairs: Sequence[str], runbook: Runbook, redactor: Redactor = 
     return values
 
 
+def checked_vars(
+    runbook: Runbook, var_args: Sequence[str], values: Mapping[str, Any], redactor: Redactor = NO_SECRETS
+) -> dict[str, Any]:
+    """The vars of `--var` pairs, under `values` given as such, with every step renderable with them (or
+    InvalidRunbook, each problem at its step's line, masked by `redactor`): checked before a run starts,
+    so that a bad value stops it at once instead of at step 7; `validate` and `plan` report the same."""
+    overrides = {**parse_var_args(var_args, runbook, redactor), **values}
+    problems = render_problems(runbook, overrides, redactor)
+    if problems:
+        raise InvalidRunbook(problems)
+    return overrides
+
+
 @dataclass(frozen=True)
 class Carry:
     """How a resume of a run is started: with that run's --inventory and --var pairs under those given now."""
@@ -261,10 +274,7 @@ def begin(
         var_args, inventory = carry.var_args, carry.inventory
         if carry.carried_inventory and inventory is not None:
             runbook = apply_inventory(runbook, inventory)
-    overrides = {**parse_var_args(var_args, runbook, redactor), **options.var_overrides}
-    problems = render_problems(runbook, overrides, redactor)
-    if problems:
-        raise InvalidRunbook(problems)
+    overrides = checked_vars(runbook, var_args, options.var_overrides, redactor)
     resume = source.run_id if source is not None and options.resume else options.resume
     started = dataclasses.replace(
         options,

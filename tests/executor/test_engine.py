@@ -535,8 +535,8 @@ def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -
 
 def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
     """download's host program reads HF_ENDPOINT from the environment: changing it reruns the step."""
-    from executor.resume import definition_parts, fingerprint
     from executor.loader import load_runbook
+    from executor.resume import definition_parts, fingerprint
 
     book = load_runbook(Path("runbooks/k26_dflash.yaml"))
     (step,) = [s for s in book.steps if s.id == "download_drafter"]
