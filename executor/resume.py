@@ -4,9 +4,9 @@ steps' fingerprints, and for each step what happens and why.
 The planning is a set of functions of the runbook, the source run's meta and records, and the options,
 so that the hardest logic of a resume is tested without a host (tests/executor/test_resume_plan.py),
 and so that the CLI and an API caller (`Engine(runbook, RunOptions(resume=...))`) resume the same way:
-the Engine calls `begin` itself, the CLI only hands it what it was given. `begin` reads the log folder
-(the one `find_run` of a run) and a carried inventory file; `carry_over` and `plan` read nothing but
-the local files a step's fingerprint covers, and neither writes anything.
+the Engine calls `begin` itself, the CLI only hands it the flags it was given. `begin` reads the log
+folder (the one `find_run` of a run) and a carried inventory file; `carry_over` reads nothing, `plan_steps`
+nothing but the local files a step's fingerprint covers (an upload's); none of them writes anything.
 """
 
 from __future__ import annotations
@@ -224,16 +224,16 @@ def carry_over(
     return Carry(inventory, carried_inventory, kept)
 
 
-def find_source(log_dir: Path, runbook: str, options: RunOptions) -> RunMeta | None:
+def find_source(runbook: str, options: RunOptions) -> RunMeta | None:
     """The run a `--resume` continues, or whose facts `--from`/`--only` reuse (None: a fresh run, or
     `--from`/`--only` with no earlier run). A run id, a unique prefix of one, or the latest: never past
     a newer folder it cannot read (see `find_run`)."""
     wanted = options.resume
     if not (wanted or options.from_step or options.only_step):
         return None
-    meta = find_run(log_dir, None if wanted in (None, "latest") else wanted, runbook)
+    meta = find_run(options.log_dir, None if wanted in (None, "latest") else wanted, runbook)
     if meta is None and wanted:
-        raise ResumeError(f"nothing to resume: no earlier run of '{runbook}' in {log_dir}")
+        raise ResumeError(f"nothing to resume: no earlier run of '{runbook}' in {options.log_dir}")
     return meta
 
 
@@ -267,7 +267,7 @@ def begin(
             say(text)
 
     redactor = secrets_redactor(runbook, environ)
-    source = find_source(options.log_dir, runbook.name, options)
+    source = find_source(runbook.name, options)
     var_args, inventory = list(options.var_args), options.inventory
     if source is not None and options.resume:
         carry = carry_over(source, runbook.path, var_args, inventory, options.var_overrides.keys(), redactor, note)
