@@ -24,7 +24,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +33,11 @@ from rich.table import Table
 
 from executor import audit, seal
 from executor.durations import format_duration
-from executor.engine import EXIT_WRITE_FAILED, NOT_STARTED, WRITE_FAILED, Engine, RunOptions
+from executor.engine import EXIT_WRITE_FAILED, WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
     AuditKeyError,
     DurableWriteError,
     InvalidRunbook,
-    Problem,
     ResumeError,
     RunbookError,
     RunLocked,
@@ -46,9 +45,9 @@ from executor.errors import (
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
 from executor.loader import Runbook, load_runbook
-from executor.model import VarValue, override_value
-from executor.planner import plan_text, render_problems, secrets_redactor
-from executor.redact import NO_SECRETS, Redactor
+from executor.planner import plan_text, secrets_redactor
+from executor.redact import NO_SECRETS
+from executor.resume import NOT_STARTED, checked_vars
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
 from executor.terminal import shown, shown_text
 
@@ -160,44 +159,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_vars(pairs: Sequence[str], runbook: Runbook, redactor: Redactor = NO_SECRETS) -> dict[str, VarValue]:
-    """`--var K=V` pairs as var values: V is the exact text after the first `=` (see `override_value`).
-    A problem's message is masked by `redactor`: a pair is where a careless user pastes a token."""
-    problems = []
-    values: dict[str, VarValue] = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        # quoted masked, whole or by its name; never `name` as given, which is all of a pasted base64
-        # token but its `=` padding
-        masked = redactor.text(pair)
-        if not sep:
-            problems.append(Problem("--var", 1, 1, f"expected K=V, got {masked!r}"))
-        elif name not in runbook.header.vars:
-            known = ", ".join(runbook.header.vars) or "none"
-            said = masked.partition("=")[0]
-            problems.append(Problem("--var", 1, 1, f"unknown var '{said}' (the runbook declares: {known})"))
-        else:
-            try:
-                values[name] = override_value(name, text, runbook.header.vars[name])
-            except ValueError as exc:
-                problems.append(Problem("--var", 1, 1, redactor.text(str(exc))))
-    if problems:
-        raise InvalidRunbook(problems)
-    return values
-
-
 def load_checked(
     file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
 ) -> tuple[Runbook, dict[str, Any]]:
-    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook). With
-    `environ` (plan, run), the secrets' values are read from it and masked in every problem's message."""
+    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
+    `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
+    read from it and masked in every problem's message."""
     runbook = load_runbook(file, inventory)
     redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    overrides = _parse_vars(var_pairs, runbook, redactor)
-    problems = render_problems(runbook, overrides, redactor)
-    if problems:
-        raise InvalidRunbook(problems)
-    return runbook, overrides
+    return runbook, checked_vars(runbook, var_pairs, {}, redactor)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -261,24 +231,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    inventory, var_args, resume = args.inventory, list(args.var), args.resume
-    if args.resume:
-        # continuing a run means continuing it as it was started: its --var and --inventory carry over
-        # (a --var given now overrides its own), or every step using them would run again
-        book = load_runbook(args.file, args.inventory)
-        source = find_run(args.log_dir, None if args.resume == "latest" else args.resume, book.name)
-        if source is not None:
-            resume = source.run_id  # the engine continues exactly this run
-            inventory, var_args = _as_started(args, source, secrets_redactor(book, os.environ))
-    runbook, overrides = load_checked(args.file, inventory, var_args, os.environ)
+    # read once: the Engine finds the run a --resume continues, and continues it as it was started (its
+    # --var and --inventory carry over, a --var given now overriding its own; executor.resume.begin)
+    runbook = load_runbook(args.file, args.inventory)
     options = RunOptions(
         log_dir=args.log_dir,
-        var_overrides=overrides,
-        resume=resume,
+        resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
-        var_args=var_args,
-        inventory=inventory.resolve() if inventory else None,
+        var_args=list(args.var),
+        inventory=args.inventory,
     )
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
     os.umask(0o077)
@@ -287,7 +249,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     scope = ["--only", args.only_step] if args.only_step else ["--resume"]
     again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:
-        code = asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
+        engine = Engine(runbook, options, reporter, say=lambda note: err.print(shown_text(f"runbook: {note}")))
+        code = asyncio.run(_run_interruptible(engine))
     except DurableWriteError as exc:
         print(shown(write_failed_message(exc, again)), file=sys.stderr)
         return EXIT_WRITE_FAILED
@@ -307,36 +270,6 @@ def write_failed_message(exc: DurableWriteError, again: str | None = None) -> st
         "resumed run's audit log opens with an `abandoned` record for it); the run is not passed. Free space "
         f"(or fix the disk), then {then} (nothing that passed runs again)."
     )
-
-
-def _as_started(args: argparse.Namespace, source: RunMeta, redactor: Redactor) -> tuple[Path | None, list[str]]:
-    """The --inventory and --var pairs to resume `source` with: its own, under those given now. The line
-    that names them is masked by the secrets of this run (a var stored in clear may hold one now: a token
-    moved out of a `--var` into a secret before the resume)."""
-    if source.path != str(args.file.resolve()):
-        err.print(shown_text(f"runbook: note: run {source.run_id} ran {source.path}; this is {args.file.resolve()}"))
-    given = {pair.partition("=")[0] for pair in args.var}
-    withheld = [name for name in source.var_args_withheld if name not in given]
-    if withheld:
-        flags = " ".join(f"--var {name}=..." for name in withheld)
-        raise ResumeError(
-            f"run {source.run_id} was started with {flags} holding a secret's value, which is never stored; "
-            f"give it again: {flags}"
-        )
-    inventory = args.inventory or (Path(source.inventory) if source.inventory else None)
-    pairs = {pair.partition("=")[0]: pair for pair in [*source.var_args, *args.var]}  # the last one of a name wins
-    carried = [
-        *(["--inventory", str(inventory)] if inventory and not args.inventory else []),
-        *_var_flags(pair for name, pair in pairs.items() if name not in given),
-    ]
-    if carried:
-        said = redactor.text(shlex.join(carried))
-        err.print(shown_text(f"runbook: resuming {source.run_id} as it was started: {said}"))
-    return inventory, list(pairs.values())
-
-
-def _var_flags(pairs: Iterable[str]) -> list[str]:
-    return [flag for pair in pairs for flag in ("--var", pair)]
 
 
 async def _run_interruptible(engine: Engine) -> int:

@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 import traceback
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,7 +30,6 @@ from executor.emitter import Emitter, EventStream
 from executor.errors import (
     DurableWriteError,
     HostKeyError,
-    ResumeError,
     StateError,
     TransportError,
 )
@@ -40,8 +39,9 @@ from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
 from executor.render import render_command
+from executor.resume import NOT_STARTED, Fingerprints, begin, plan_steps
 from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
-from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
+from executor.state import RunLock, RunMeta, RunState, StepRecord, new_run_id, now, open_state
 from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
 from executor.transport.base import (
@@ -50,7 +50,6 @@ from executor.transport.base import (
     CommandResult,
     OutputSink,
     Transfer,
-    file_sha256,
     kill_report,
 )
 
@@ -58,8 +57,6 @@ TAIL_LINES = 20
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 #: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
 EXIT_WRITE_FAILED = 4
-#: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
-NOT_STARTED = ("pending", "skipped")
 
 
 class AttemptFailed(Exception):
@@ -82,69 +79,16 @@ class HostRefused(Exception):
 
 @dataclass
 class RunOptions:
+    """How a run is started: what the CLI's flags say, and what an API caller gives the Engine alike."""
+
     log_dir: Path = Path("logs")
-    var_overrides: Mapping[str, Any] = field(default_factory=dict)
+    var_overrides: Mapping[str, Any] = field(default_factory=dict)  # var values, over the `var_args`
     resume: str | None = None  # a run id, or "latest"
     from_step: str | None = None
     only_step: str | None = None
     # how the run was started, recorded in run.json so that `--resume` can start it the same way
-    var_args: Sequence[str] = ()
-    inventory: Path | None = None
-
-
-#: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
-#: only say how commands get there: changing them, e.g. a longer connect_timeout after a timeout, reruns nothing.
-WHERE_A_STEP_RUNS = ("address", "port", "user")
-
-
-def definition_parts(
-    runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any], secrets: Sequence[str] = ()
-) -> dict[str, str]:
-    """What a step's result depends on, each part as a digest: its definition (`step`), where it runs
-    (`host`), the value of each var that reaches it (`var NAME`, given redacted: those in its environment, see
-    `StepSpec.env_names`, and those its gates read), which secrets reach it (`secret NAME`: the name
-    only, a value is never kept), the contents of each local file it reads (`file PATH`). Kept per step
-    so that a resume can say which part changed."""
-    variants = [spec, *runbook.fallbacks.get(spec.id, [])]
-    texts = {n: var_text(v) for n, v in variables.items()}
-    definition = [v.model_dump(mode="json", exclude={"description"}) for v in variants]
-    parts = {
-        "step": _digest(definition),
-        "host": _digest(runbook.hosts[host].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS))),
-    }
-    for name in sorted({n for v in variants for n in [*v.env_names(texts), *v.gate_vars(texts)]}):
-        parts[f"var {name}"] = _digest(texts[name])
-    for name in sorted({n for v in variants for n in v.env_names(secrets)}):
-        parts[f"secret {name}"] = _digest("received")
-    for file in sorted({f for v in variants for f in v.local_files()}):
-        parts[f"file {file}"] = _file_digest(runbook.path.parent / Path(file).expanduser())
-    return parts
-
-
-def fingerprint(parts: Mapping[str, str]) -> str:
-    """Changes when any part of a step's definition changes."""
-    return _digest(dict(parts))
-
-
-def changed_parts(old: Mapping[str, str] | None, new: Mapping[str, str]) -> str:
-    """Which parts differ, for the console: `var models_dir, file conf.txt` (`its definition` when the
-    old record predates the parts)."""
-    if old is None:
-        return "its definition"
-    names = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
-    return ", ".join(names) or "its definition"
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    """The sha256 of a local file, or why there is none (a missing file fails the step when it runs)."""
-    try:
-        return file_sha256(path)
-    except OSError as exc:
-        return f"unreadable: {exc.strerror}"
+    var_args: Sequence[str] = ()  # --var K=V pairs
+    inventory: Path | None = None  # the inventory the runbook was loaded with
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
@@ -259,18 +203,34 @@ class HostContext(StepContext):
 
 
 class Engine:
-    """Runs one runbook once: `await Engine(...).run()` returns the exit code."""
+    """Runs one runbook once: `await Engine(...).run()` returns the exit code.
+
+    The Engine starts the run as `executor.resume.begin` says, for the CLI and an API caller alike: a
+    `RunOptions(resume=...)` continues its source run as that run was started (its --var pairs and
+    --inventory carried over, under those given now), and every step must render with the vars it
+    runs with (InvalidRunbook). `say` gets the notes the CLI prints (the carried flags, a source run of
+    another runbook file); `self.start.notes` keeps them. `self.runbook` and `self.options` are the
+    run's as it starts (a carried inventory laid over the runbook, every --var parsed).
+    """
 
     def __init__(
-        self, runbook: Runbook, options: RunOptions, reporter: Reporter, environ: Mapping[str, str] | None = None
+        self,
+        runbook: Runbook,
+        options: RunOptions,
+        reporter: Reporter,
+        environ: Mapping[str, str] | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
+        environ = os.environ if environ is None else environ
+        self.start = begin(runbook, options, environ, say)  # the source run found once, the vars carried
+        runbook, options = self.start.runbook, self.start.options
         self.runbook = runbook
         self.options = options
         header = runbook.header
         self.variables: dict[str, Any] = {**header.vars, **options.var_overrides}
         self.env = {name: var_text(value) for name, value in self.variables.items()}
         # refused (InvalidRunbook, at the secret's line) before anything connects or a run folder is written
-        self.secrets = secret_values(runbook, os.environ if environ is None else environ)
+        self.secrets = secret_values(runbook, environ)
         self.redactor = Redactor(self.secrets.values())
         #: the vars as the fingerprint counts them, once per run: a var holding a secret by its redacted
         #: text (no digest of a secret is stored)
@@ -278,130 +238,11 @@ class Engine:
         self.reporter = RedactingReporter(reporter, self.redactor)  # events and the console: masked as stored
         self.audit_key = seal.configured_key()  # opt-in: sealing when the user made a key (AuditKeyError if unusable)
         self.records: dict[tuple[str, str], StepRecord] = {}
-        self.hosts_to_run: dict[str, list[str]] = {}  # steps that run on fewer than their hosts (see _plan)
+        self.hosts_to_run: dict[str, list[str]] = {}  # the hosts each step that runs runs on (see plan_steps)
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
-        self._parts: dict[tuple[str, str], dict[str, str]] = {}
+        self.fingerprints = Fingerprints(runbook, self._env_shown, sorted(self.secrets))
         self.transports: dict[str, Transport] = {}
         self.gates = GateWorkers()
-
-    def parts(self, spec: StepSpec, host: str) -> dict[str, str]:
-        """The step's definition parts on a host, computed once per run (it renders the step's scripts)."""
-        key = (spec.id, host)
-        if key not in self._parts:
-            self._parts[key] = definition_parts(self.runbook, spec, host, self._env_shown, sorted(self.secrets))
-        return self._parts[key]
-
-    def fingerprint(self, spec: StepSpec, host: str) -> str:
-        return fingerprint(self.parts(spec, host))
-
-    def _what_changed(self, spec: StepSpec, records: list[StepRecord | None]) -> str:
-        """The parts that differ (`var models_dir, file conf.txt`) on the first host where one does."""
-        for record in records:
-            if record is not None and record.fingerprint != self.fingerprint(spec, record.host):
-                return changed_parts(record.parts, self.parts(spec, record.host))
-        return "its definition"
-
-    # ---- planning: what runs, what is reused -------------------------------------------------
-
-    def _source_run(self) -> RunMeta | None:
-        wanted = self.options.resume
-        if not (wanted or self.options.from_step or self.options.only_step):
-            return None
-        # a run id, a unique prefix of one, or (None) the latest: never past a newer folder it cannot read
-        meta = find_run(self.options.log_dir, None if wanted in (None, "latest") else wanted, self.runbook.name)
-        if meta is None and wanted:
-            raise ResumeError(f"nothing to resume: no earlier run of '{self.runbook.name}' in {self.options.log_dir}")
-        return meta
-
-    def _plan(
-        self, source: dict[tuple[str, str], StepRecord], source_id: str | None
-    ) -> tuple[list[StepSpec], list[StepSpec], dict[str, str]]:
-        """(reused, to_run, why) in runbook order; `why` says for each step what happens and why.
-
-        A step that passed on some of its hosts and not on others (and is unchanged) runs again only
-        on the others: `self.hosts_to_run` holds, for each step to run, the hosts it runs on.
-        """
-        start_id = self.options.only_step or self.options.from_step
-        if start_id is not None and start_id not in self.positions:
-            raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(self.positions)})")
-        reused: list[StepSpec] = []
-        to_run: list[StepSpec] = []
-        why: dict[str, str] = {}
-        rerun_cause: str | None = None  # once a step runs again, every later step does too
-        for spec in self.runbook.steps:
-            records = [source.get((spec.id, h)) for h in self.runbook.step_hosts[spec.id]]
-            passed = all(r is not None and r.status == "passed" for r in records)
-            same = all(r is not None and r.fingerprint == self.fingerprint(spec, r.host) for r in records)
-            if start_id is not None:
-                position, start = self.positions[spec.id], self.positions[start_id]
-                if position < start:
-                    if passed:
-                        reused.append(spec)
-                    why[spec.id] = f"facts reused from {source_id}" if passed else "skipped (never passed)"
-                    if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
-                        why[spec.id] += (
-                            f" although the step changed since ({self._what_changed(spec, records)}; "
-                            f"--from {spec.id} runs it again)"
-                        )
-                elif self.options.only_step and position > start:
-                    why[spec.id] = "skipped (--only)"
-                else:
-                    to_run.append(spec)
-                    why[spec.id] = "runs (--only)" if self.options.only_step else "runs (--from)"
-            elif source_id is None:
-                to_run.append(spec)
-                why[spec.id] = "runs"
-            elif rerun_cause is None and passed and same:
-                reused.append(spec)
-                why[spec.id] = f"reused (passed in {source_id})"
-            elif rerun_cause is None and (done := self._passed_hosts(spec, source)):
-                self.hosts_to_run[spec.id] = [h for h in self.runbook.step_hosts[spec.id] if h not in done]
-                rerun_cause = spec.id
-                to_run.append(spec)
-                again = self.hosts_to_run[spec.id]
-                changed = all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in again)
-                what = self._what_changed(spec, [source.get((spec.id, h)) for h in again])
-                reason = f"changed there since {source_id}: {what}" if changed else f"did not pass there in {source_id}"
-                why[spec.id] = f"runs again on {', '.join(again)} ({reason}); reused on {', '.join(done)}"
-            else:
-                started = any(r is not None and r.status not in NOT_STARTED for r in records)
-                if not started:
-                    left_out = any(r is not None and r.status == "skipped" for r in records)
-                    why[spec.id] = f"runs ({'skipped' if left_out else 'not reached'} in {source_id})"
-                elif rerun_cause is None:
-                    why[spec.id] = (
-                        f"runs again (changed since {source_id}: {self._what_changed(spec, records)})"
-                        if passed
-                        else f"runs again (did not pass in {source_id})"
-                    )
-                else:
-                    why[spec.id] = f"runs again (after '{rerun_cause}')"
-                rerun_cause = rerun_cause or spec.id
-                to_run.append(spec)
-        self._check_needs(reused, to_run)
-        return reused, to_run, why
-
-    def _passed_hosts(self, spec: StepSpec, source: dict[tuple[str, str], StepRecord]) -> list[str]:
-        """The hosts on which an unchanged step passed in the source run."""
-        return [
-            host
-            for host in self.runbook.step_hosts[spec.id]
-            if (record := source.get((spec.id, host))) is not None
-            and record.status == "passed"
-            and record.fingerprint == self.fingerprint(spec, host)
-        ]
-
-    def _check_needs(self, reused: list[StepSpec], to_run: list[StepSpec]) -> None:
-        available = {s.id for s in reused}
-        for spec in to_run:
-            variants = [spec, *self.runbook.fallbacks.get(spec.id, [])]
-            for needed in sorted(set().union(*(v.needs() for v in variants))):
-                if needed not in available:
-                    raise ResumeError(
-                        f"step '{spec.id}' needs facts from step '{needed}', which has never passed; "
-                        f"run it first (e.g. --from {needed})"
-                    )
-            available.add(spec.id)
 
     def facts_view(self, host: str) -> dict[str, Any]:
         """`steps.<id>` as gates see it on `host`: facts, status, and per-host facts."""
@@ -419,7 +260,7 @@ class Engine:
     # ---- running ------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        source_meta = self._source_run()
+        source_meta = self.start.source
         source_records: dict[tuple[str, str], StepRecord] = {}
         source_dir: Path | None = None
         source_lock: RunLock | None = None
@@ -434,11 +275,20 @@ class Engine:
                 source_lock.release()
                 raise
         try:
-            reused, to_run, why = self._plan(source_records, source_meta.run_id if source_meta else None)
+            plan = plan_steps(
+                self.runbook,
+                self.fingerprints,
+                source_records,
+                source_meta.run_id if source_meta else None,
+                self.options.from_step,
+                self.options.only_step,
+            )
         except BaseException:
             if source_lock is not None:
                 source_lock.release()
             raise
+        self.hosts_to_run, why = plan.hosts_to_run, plan.why
+        to_run = [spec for spec in self.runbook.steps if spec.id in self.hosts_to_run]
         run_id = new_run_id()
         run_dir = self.options.log_dir / run_id
         link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
@@ -457,7 +307,7 @@ class Engine:
             inventory=str(self.options.inventory) if self.options.inventory else None,
             host_key_unverified=self._unverified_hosts(to_run),
         )
-        reused_ids, run_ids = {s.id for s in reused}, {s.id for s in to_run}
+        reused_ids, run_ids = set(plan.reused), set(plan.to_run)
         for spec in self.runbook.steps:  # every step of the run has a row from the start
             runs_on = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
             for host in self.runbook.step_hosts[spec.id]:
@@ -631,8 +481,8 @@ class Engine:
             host=host,
             position=self.positions[spec.id],
             status="running",
-            fingerprint=self.fingerprint(spec, host),
-            parts=self.parts(spec, host),
+            fingerprint=self.fingerprints.fingerprint(spec, host),
+            parts=self.fingerprints.parts(spec, host),
             started_at=now(),
         )
         loop = asyncio.get_running_loop()

@@ -96,7 +96,7 @@ class StepRecord:
     via: str | None = None  # "primary" or "fallback N"
     reused_from: str | None = None
     gate: str | None = None  # the expression of the gate that failed last
-    parts: dict[str, str] | None = None  # digests of what the fingerprint covers (engine.definition_parts)
+    parts: dict[str, str] | None = None  # digests of what the fingerprint covers (resume.definition_parts)
 
 
 @dataclass

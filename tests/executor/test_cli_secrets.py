@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.cli import _parse_vars
 from executor.errors import InvalidRunbook
 from executor.loader import Runbook, load_runbook
 from executor.redact import MIN_SECRET_CHARS, Redactor
+from executor.resume import parse_var_args
 from tests.conftest import runbook_cli
 
 BOOK = """\
@@ -91,7 +91,7 @@ def test_no_var_problem_quotes_a_character_of_a_secret(
     """Whatever a bad pair holds around a secret, its problem holds none of the secret's characters."""
     pair = shape.format(s=secret, a=before, b=after)
     with pytest.raises(InvalidRunbook) as refused:
-        _parse_vars([pair], loaded, Redactor([secret]))
+        parse_var_args([pair], loaded, Redactor([secret]))
     said = "\n".join(problem.message for problem in refused.value.problems)
     assert not LEAKED & set(said), said
 

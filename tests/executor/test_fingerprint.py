@@ -82,7 +82,7 @@ def test_only_what_reaches_a_command_is_exported_and_plan_shows_it(
 
 
 def test_the_fingerprint_counts_exactly_the_exported_vars_and_the_gate_vars(tmp_path: Path) -> None:
-    from executor.engine import definition_parts
+    from executor.resume import definition_parts
 
     path = tmp_path / "book.yaml"
     path.write_text(

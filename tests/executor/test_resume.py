@@ -831,8 +831,8 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, writ
 
 
 def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path: Path) -> None:
-    from executor.engine import definition_parts, fingerprint
     from executor.loader import load_runbook
+    from executor.resume import definition_parts, fingerprint
 
     def fingerprint_with(**host: object) -> str:
         settings = {"address": "gpu-box.example", **host}

@@ -1,0 +1,431 @@
+"""How a run starts and what it reuses: the carry-over of `--var`/`--inventory` into a `--resume`, the
+steps' fingerprints, and for each step what happens and why.
+
+The planning is a set of functions of the runbook, the source run's meta and records, and the options,
+so that the hardest logic of a resume is tested without a host (tests/executor/test_resume_plan.py),
+and so that the CLI and an API caller (`Engine(runbook, RunOptions(resume=...))`) resume the same way:
+the Engine calls `begin` itself, the CLI only hands it the flags it was given. `begin` reads the log
+folder (the one `find_run` of a run) and a carried inventory file; `carry_over` reads nothing, `plan_steps`
+nothing but the local files a step's fingerprint covers (an upload's); none of them writes anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from executor.errors import InvalidRunbook, Problem, ResumeError
+from executor.loader import Runbook, apply_inventory
+from executor.model import VarValue, override_value, var_text
+from executor.planner import render_problems, secrets_redactor
+from executor.redact import NO_SECRETS, Redactor
+from executor.state import RunMeta, StepRecord, find_run
+from executor.stepkind import StepSpec
+from executor.transport.base import file_sha256
+
+if TYPE_CHECKING:
+    from executor.engine import RunOptions
+
+#: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
+NOT_STARTED = ("pending", "skipped")
+
+#: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
+#: only say how commands get there: changing them, e.g. a longer connect_timeout after a timeout, reruns nothing.
+WHERE_A_STEP_RUNS = ("address", "port", "user")
+
+#: A source run's step records by (step, host).
+Records = Mapping[tuple[str, str], StepRecord]
+
+
+# ---- fingerprints ---------------------------------------------------------------------------------
+
+
+def definition_parts(
+    runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any], secrets: Sequence[str] = ()
+) -> dict[str, str]:
+    """What a step's result depends on, each part as a digest: its definition (`step`), where it runs
+    (`host`), the value of each var that reaches it (`var NAME`, given redacted: those in its environment, see
+    `StepSpec.env_names`, and those its gates read), which secrets reach it (`secret NAME`: the name
+    only, a value is never kept), the contents of each local file it reads (`file PATH`). Kept per step
+    so that a resume can say which part changed."""
+    variants = [spec, *runbook.fallbacks.get(spec.id, [])]
+    texts = {n: var_text(v) for n, v in variables.items()}
+    definition = [v.model_dump(mode="json", exclude={"description"}) for v in variants]
+    parts = {
+        "step": _digest(definition),
+        "host": _digest(runbook.hosts[host].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS))),
+    }
+    for name in sorted({n for v in variants for n in [*v.env_names(texts), *v.gate_vars(texts)]}):
+        parts[f"var {name}"] = _digest(texts[name])
+    for name in sorted({n for v in variants for n in v.env_names(secrets)}):
+        parts[f"secret {name}"] = _digest("received")
+    for file in sorted({f for v in variants for f in v.local_files()}):
+        parts[f"file {file}"] = _file_digest(runbook.path.parent / Path(file).expanduser())
+    return parts
+
+
+def fingerprint(parts: Mapping[str, str]) -> str:
+    """Changes when any part of a step's definition changes."""
+    return _digest(dict(parts))
+
+
+def changed_parts(old: Mapping[str, str] | None, new: Mapping[str, str]) -> str:
+    """Which parts differ, for the console: `var models_dir, file conf.txt` (`its definition` when the
+    old record predates the parts)."""
+    if old is None:
+        return "its definition"
+    names = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+    return ", ".join(names) or "its definition"
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    """The sha256 of a local file, or why there is none (a missing file fails the step when it runs)."""
+    try:
+        return file_sha256(path)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+
+
+class Fingerprints:
+    """The steps' definition parts on each host for one run, each computed once (it renders the step's
+    scripts): the plan compares them with the source run's records, the Engine stores them in the new ones.
+
+    `variables` are the run's vars as the fingerprint counts them: a var holding a secret by its redacted
+    text (no digest of a secret is stored); `secrets` the names of the secrets the run has.
+    """
+
+    def __init__(self, runbook: Runbook, variables: Mapping[str, str], secrets: Sequence[str]) -> None:
+        self.runbook = runbook
+        self.variables = variables
+        self.secrets = secrets
+        self._parts: dict[tuple[str, str], dict[str, str]] = {}
+
+    def parts(self, spec: StepSpec, host: str) -> dict[str, str]:
+        key = (spec.id, host)
+        if key not in self._parts:
+            self._parts[key] = definition_parts(self.runbook, spec, host, self.variables, self.secrets)
+        return self._parts[key]
+
+    def fingerprint(self, spec: StepSpec, host: str) -> str:
+        return fingerprint(self.parts(spec, host))
+
+    def same(self, spec: StepSpec, record: StepRecord | None) -> bool:
+        """Whether `record` (of the source run) is of the step as it is now, on its host."""
+        return record is not None and record.fingerprint == self.fingerprint(spec, record.host)
+
+    def what_changed(self, spec: StepSpec, records: Iterable[StepRecord | None]) -> str:
+        """The parts that differ (`var models_dir, file conf.txt`) on the first host where one does."""
+        for record in records:
+            if record is not None and not self.same(spec, record):
+                return changed_parts(record.parts, self.parts(spec, record.host))
+        return "its definition"
+
+
+# ---- the carry-over of --var and --inventory -------------------------------------------------------
+
+
+def parse_var_args(pairs: Sequence[str], runbook: Runbook, redactor: Redactor = NO_SECRETS) -> dict[str, VarValue]:
+    """`--var K=V` pairs as var values: V is the exact text after the first `=` (see `override_value`).
+    A problem's message is masked by `redactor`: a pair is where a careless user pastes a token."""
+    problems = []
+    values: dict[str, VarValue] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        # quoted masked, whole or by its name; never `name` as given, which is all of a pasted base64
+        # token but its `=` padding
+        masked = redactor.text(pair)
+        if not sep:
+            problems.append(Problem("--var", 1, 1, f"expected K=V, got {masked!r}"))
+        elif name not in runbook.header.vars:
+            known = ", ".join(runbook.header.vars) or "none"
+            said = masked.partition("=")[0]
+            problems.append(Problem("--var", 1, 1, f"unknown var '{said}' (the runbook declares: {known})"))
+        else:
+            try:
+                values[name] = override_value(name, text, runbook.header.vars[name])
+            except ValueError as exc:
+                problems.append(Problem("--var", 1, 1, redactor.text(str(exc))))
+    if problems:
+        raise InvalidRunbook(problems)
+    return values
+
+
+def checked_vars(
+    runbook: Runbook, var_args: Sequence[str], values: Mapping[str, Any], redactor: Redactor = NO_SECRETS
+) -> dict[str, Any]:
+    """The vars of `--var` pairs, under `values` given as such, with every step renderable with them (or
+    InvalidRunbook, each problem at its step's line, masked by `redactor`): checked before a run starts,
+    so that a bad value stops it at once instead of at step 7; `validate` and `plan` report the same."""
+    overrides = {**parse_var_args(var_args, runbook, redactor), **values}
+    problems = render_problems(runbook, overrides, redactor)
+    if problems:
+        raise InvalidRunbook(problems)
+    return overrides
+
+
+@dataclass(frozen=True)
+class Carry:
+    """How a resume of a run is started: with that run's --inventory and --var pairs under those given now."""
+
+    inventory: Path | None  # the one given now, else the source run's
+    carried_inventory: bool  # the source run's: to be laid over the runbook, loaded without one
+    var_args: list[str]  # every --var pair the resume runs with, the source's first (the last of a name wins)
+
+
+def carry_over(
+    source: RunMeta,
+    runbook_path: Path,
+    var_args: Sequence[str],
+    inventory: Path | None,
+    values_given: Collection[str] = (),
+    redactor: Redactor = NO_SECRETS,
+    say: Callable[[str], None] = lambda note: None,
+) -> Carry:
+    """The --inventory and --var pairs to resume `source` with: its own, under those given now (`var_args`,
+    `inventory`, and `values_given`: the names of the vars an API caller gives as values). ResumeError when
+    the source run had a --var holding a secret's value (never stored) that is not given again.
+
+    `say` gets what the console says (without the `runbook: ` prefix): that the source ran another runbook
+    file, and which flags are carried. That line is masked by `redactor`, the secrets of this run (a var
+    stored in clear may hold one now: a token moved out of a `--var` into a secret before the resume)."""
+    if source.path != str(runbook_path.resolve()):
+        say(f"note: run {source.run_id} ran {source.path}; this is {runbook_path.resolve()}")
+    named_now = {pair.partition("=")[0] for pair in var_args}
+    given = {*named_now, *values_given}
+    withheld = [name for name in source.var_args_withheld if name not in given]
+    if withheld:
+        flags = " ".join(f"--var {name}=..." for name in withheld)
+        raise ResumeError(
+            f"run {source.run_id} was started with {flags} holding a secret's value, which is never stored; "
+            f"give it again: {flags}"
+        )
+    carried_inventory = inventory is None and bool(source.inventory)
+    if carried_inventory:
+        inventory = Path(str(source.inventory))
+    pairs = {pair.partition("=")[0]: pair for pair in [*source.var_args, *var_args]}  # the last one of a name wins
+    carried = [
+        *(["--inventory", str(inventory)] if carried_inventory else []),
+        *(flag for name, pair in pairs.items() if name not in given for flag in ("--var", pair)),
+    ]
+    if carried:
+        say(f"resuming {source.run_id} as it was started: {redactor.text(shlex.join(carried))}")
+    # a var given now as a value (not as a pair) wins over the source's pair, which is not run with
+    kept = [pair for name, pair in pairs.items() if name in named_now or name not in values_given]
+    return Carry(inventory, carried_inventory, kept)
+
+
+def find_source(runbook: str, options: RunOptions) -> RunMeta | None:
+    """The run a `--resume` continues, or whose facts `--from`/`--only` reuse (None: a fresh run, or
+    `--from`/`--only` with no earlier run). A run id, a unique prefix of one, or the latest: never past
+    a newer folder it cannot read (see `find_run`)."""
+    wanted = options.resume
+    if not (wanted or options.from_step or options.only_step):
+        return None
+    meta = find_run(options.log_dir, None if wanted in (None, "latest") else wanted, runbook)
+    if meta is None and wanted:
+        raise ResumeError(f"nothing to resume: no earlier run of '{runbook}' in {options.log_dir}")
+    return meta
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a run starts from: the runbook as it runs (a carried inventory laid over it), the options with
+    every var it runs with (`var_overrides`), `resume` the source run's id, and that run (`source`)."""
+
+    runbook: Runbook
+    options: RunOptions
+    source: RunMeta | None
+    notes: list[str] = field(default_factory=list)  # what `say` got
+
+
+def begin(
+    runbook: Runbook,
+    options: RunOptions,
+    environ: Mapping[str, str],
+    say: Callable[[str], None] | None = None,
+) -> Start:
+    """The run as it starts: its source run found once, a `--resume` continued as that run was started
+    (`carry_over`), the --var pairs parsed (under the values an API caller gives in `var_overrides`), and
+    every step checked to render with them (InvalidRunbook at the step's line): a bad value stops the run
+    at once instead of at step 7. `options.inventory` is the inventory `runbook` was loaded with (None:
+    none, and a resume lays the source run's over it). The secrets set in `environ` mask every message."""
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        notes.append(text)
+        if say is not None:
+            say(text)
+
+    redactor = secrets_redactor(runbook, environ)
+    source = find_source(runbook.name, options)
+    var_args, inventory = list(options.var_args), options.inventory
+    if source is not None and options.resume:
+        carry = carry_over(source, runbook.path, var_args, inventory, options.var_overrides.keys(), redactor, note)
+        var_args, inventory = carry.var_args, carry.inventory
+        if carry.carried_inventory and inventory is not None:
+            runbook = apply_inventory(runbook, inventory)
+    overrides = checked_vars(runbook, var_args, options.var_overrides, redactor)
+    resume = source.run_id if source is not None and options.resume else options.resume
+    started = dataclasses.replace(
+        options,
+        var_overrides=overrides,
+        var_args=var_args,
+        inventory=inventory.resolve() if inventory else None,
+        resume=resume,
+    )
+    return Start(runbook, started, source, notes)
+
+
+# ---- the plan: what runs, what is reused, and why ---------------------------------------------------
+
+#: What a step does in a run: its facts are reused from the source run, it runs, or it is left out.
+Action = Literal["reuse", "run", "skip"]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's part in the run. `why` is what the console says of it (`reused (passed in RUN)`, ...)."""
+
+    step: str
+    action: Action
+    why: str
+    runs_on: tuple[str, ...] = ()  # the hosts it runs on (all of its hosts, or those it did not pass on)
+    reused_on: tuple[str, ...] = ()  # the hosts whose record (with its facts) it keeps from the source run
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every step's part in the run, in runbook order."""
+
+    source_id: str | None
+    steps: tuple[StepPlan, ...]
+
+    def step(self, step_id: str) -> StepPlan:
+        return next(p for p in self.steps if p.step == step_id)
+
+    @property
+    def reused(self) -> list[str]:
+        return [p.step for p in self.steps if p.action == "reuse"]
+
+    @property
+    def to_run(self) -> list[str]:
+        return [p.step for p in self.steps if p.action == "run"]
+
+    @property
+    def why(self) -> dict[str, str]:
+        return {p.step: p.why for p in self.steps}
+
+    @property
+    def hosts_to_run(self) -> dict[str, list[str]]:
+        """For each step that runs, the hosts it runs on."""
+        return {p.step: list(p.runs_on) for p in self.steps if p.action == "run"}
+
+
+def plan_steps(
+    runbook: Runbook,
+    fingerprints: Fingerprints,
+    source: Records,
+    source_id: str | None,
+    from_step: str | None = None,
+    only_step: str | None = None,
+) -> Plan:
+    """What each step does, in runbook order, and why. With no source run, every step runs. A resume
+    reuses each step that passed on all its hosts with the fingerprint it has now, up to the first that
+    did not; that one and every later step run. A step that passed on some of its hosts and not on the
+    others (and is unchanged) runs again only on the others. `--from`/`--only` reuse the facts of every
+    earlier step that passed (saying when the step changed since), and `--only` skips the later ones.
+    ResumeError for an unknown step, or a step to run that needs facts of a step that never passed."""
+    positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
+    start_id = only_step or from_step
+    if start_id is not None and start_id not in positions:
+        raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(positions)})")
+    steps: list[StepPlan] = []
+    rerun_cause: str | None = None  # once a step runs again, every later step does too
+    for spec in runbook.steps:
+        hosts = tuple(runbook.step_hosts[spec.id])
+        records = [source.get((spec.id, h)) for h in hosts]
+        passed = all(r is not None and r.status == "passed" for r in records)
+        same = all(fingerprints.same(spec, r) for r in records)
+        if start_id is not None:
+            position, start = positions[spec.id], positions[start_id]
+            if position < start:
+                why = f"facts reused from {source_id}" if passed else "skipped (never passed)"
+                if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
+                    why += (
+                        f" although the step changed since ({fingerprints.what_changed(spec, records)}; "
+                        f"--from {spec.id} runs it again)"
+                    )
+                steps.append(
+                    StepPlan(spec.id, "reuse", why, reused_on=hosts) if passed else StepPlan(spec.id, "skip", why)
+                )
+            elif only_step and position > start:
+                steps.append(StepPlan(spec.id, "skip", "skipped (--only)"))
+            else:
+                steps.append(StepPlan(spec.id, "run", "runs (--only)" if only_step else "runs (--from)", hosts))
+        elif source_id is None:
+            steps.append(StepPlan(spec.id, "run", "runs", hosts))
+        elif rerun_cause is None and passed and same:
+            steps.append(StepPlan(spec.id, "reuse", f"reused (passed in {source_id})", reused_on=hosts))
+        elif rerun_cause is None and (done := _passed_hosts(spec, hosts, source, fingerprints)):
+            rerun_cause = spec.id
+            again = tuple(h for h in hosts if h not in done)
+            changed = all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in again)
+            what = fingerprints.what_changed(spec, [source.get((spec.id, h)) for h in again])
+            reason = f"changed there since {source_id}: {what}" if changed else f"did not pass there in {source_id}"
+            why = f"runs again on {', '.join(again)} ({reason}); reused on {', '.join(done)}"
+            steps.append(StepPlan(spec.id, "run", why, again, tuple(done)))
+        else:
+            started = any(r is not None and r.status not in NOT_STARTED for r in records)
+            if not started:
+                left_out = any(r is not None and r.status == "skipped" for r in records)
+                why = f"runs ({'skipped' if left_out else 'not reached'} in {source_id})"
+            elif rerun_cause is None:
+                why = (
+                    f"runs again (changed since {source_id}: {fingerprints.what_changed(spec, records)})"
+                    if passed
+                    else f"runs again (did not pass in {source_id})"
+                )
+            else:
+                why = f"runs again (after '{rerun_cause}')"
+            rerun_cause = rerun_cause or spec.id
+            steps.append(StepPlan(spec.id, "run", why, hosts))
+    result = Plan(source_id, tuple(steps))
+    _check_needs(runbook, result)
+    return result
+
+
+def _passed_hosts(spec: StepSpec, hosts: Sequence[str], source: Records, fingerprints: Fingerprints) -> list[str]:
+    """The hosts on which an unchanged step passed in the source run."""
+    return [
+        host
+        for host in hosts
+        if (record := source.get((spec.id, host))) is not None
+        and record.status == "passed"
+        and fingerprints.same(spec, record)
+    ]
+
+
+def _check_needs(runbook: Runbook, plan: Plan) -> None:
+    """Every step to run has the facts it needs: of a step reused, or of one that runs before it."""
+    available = set(plan.reused)
+    for spec in runbook.steps:
+        if spec.id not in plan.to_run:
+            continue
+        variants = [spec, *runbook.fallbacks.get(spec.id, [])]
+        for needed in sorted(set().union(*(v.needs() for v in variants))):
+            if needed not in available:
+                raise ResumeError(
+                    f"step '{spec.id}' needs facts from step '{needed}', which has never passed; "
+                    f"run it first (e.g. --from {needed})"
+                )
+        available.add(spec.id)

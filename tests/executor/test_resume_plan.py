@@ -1,0 +1,421 @@
+"""executor.resume without a host: the plan of each step (what, why, where), the carry-over of --var and
+--inventory, and that the CLI and the Engine API resume alike, reading the runbook and the run once.
+
+The plans are of runbooks loaded from small YAML files and of constructed source records; the last tests
+run the real CLI in-process on the controller (`address: local`), no sshd needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from executor.cli import main
+from executor.engine import Engine, RunOptions
+from executor.errors import ResumeError
+from executor.events import Reporter
+from executor.loader import Runbook, load_runbook
+from executor.model import var_text
+from executor.resume import Fingerprints, Plan, carry_over, plan_steps
+from executor.state import RunMeta, StepRecord
+
+SOURCE = "20260101-000000-abcdef"
+
+#: s1 and s2 run on both hosts, s2's gate reads s1's facts, s3 and s4 run on `a` only
+BOOK = """\
+    name: plans
+    hosts: {a: {address: local}, b: {address: 10.0.0.2}}
+    vars: {color: red, size: 1}
+    steps:
+      - {id: s1, kind: shell, script: 'echo $color', hosts: all}
+      - {id: s2, kind: shell, script: 'echo two', hosts: all, gates: ['steps.s1.exit_code == 0']}
+      - {id: s3, kind: shell, script: 'echo $size', hosts: [a]}
+      - {id: s4, kind: shell, script: 'echo four', hosts: [a]}
+    """
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory: pytest.TempPathFactory) -> Runbook:
+    path = tmp_path_factory.mktemp("plans") / "book.yaml"
+    path.write_text(textwrap.dedent(BOOK))
+    return load_runbook(path)
+
+
+def fingerprints(book: Runbook, **variables: Any) -> Fingerprints:
+    values = {**book.header.vars, **variables}
+    return Fingerprints(book, {name: var_text(value) for name, value in values.items()}, [])
+
+
+class Source:
+    """The records of a source run, each of the step as `made` (the run's fingerprints) sees it."""
+
+    def __init__(self, book: Runbook, made: Fingerprints) -> None:
+        self.book, self.made = book, made
+        self.records: dict[tuple[str, str], StepRecord] = {}
+
+    def add(self, step: str, host: str, status: str = "passed") -> Source:
+        spec = next(s for s in self.book.steps if s.id == step)
+        started = status not in ("pending", "skipped")
+        self.records[step, host] = StepRecord(
+            step=step,
+            host=host,
+            position=[s.id for s in self.book.steps].index(step),
+            status=status,
+            fingerprint=self.made.fingerprint(spec, host) if started else "",
+            parts=self.made.parts(spec, host) if started else None,
+        )
+        return self
+
+    def all(self, status: str = "passed", *steps: str) -> Source:
+        for step in steps or [s.id for s in self.book.steps]:
+            for host in self.book.step_hosts[step]:
+                self.add(step, host, status)
+        return self
+
+
+def planned(plan: Plan) -> dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    return {p.step: (p.action, p.why, p.runs_on, p.reused_on) for p in plan.steps}
+
+
+# ---- each branch of the plan, with the console's words ---------------------------------------------
+
+
+def test_a_fresh_run_runs_every_step_on_all_its_hosts(book: Runbook) -> None:
+    plan = plan_steps(book, fingerprints(book), {}, None)
+    assert planned(plan) == {
+        "s1": ("run", "runs", ("a", "b"), ()),
+        "s2": ("run", "runs", ("a", "b"), ()),
+        "s3": ("run", "runs", ("a",), ()),
+        "s4": ("run", "runs", ("a",), ()),
+    }
+    assert plan.hosts_to_run == {"s1": ["a", "b"], "s2": ["a", "b"], "s3": ["a"], "s4": ["a"]}
+
+
+def test_a_run_that_passed_is_reused_whole(book: Runbook) -> None:
+    now = fingerprints(book)
+    plan = plan_steps(book, now, Source(book, now).all().records, SOURCE)
+    assert plan.to_run == [] and plan.reused == ["s1", "s2", "s3", "s4"]
+    assert plan.why == dict.fromkeys(plan.reused, f"reused (passed in {SOURCE})")
+    assert plan.step("s1").reused_on == ("a", "b") and plan.hosts_to_run == {}
+
+
+def test_the_step_that_failed_runs_again_and_the_ones_not_reached_run(book: Runbook) -> None:
+    now = fingerprints(book)
+    source = Source(book, now).all("passed", "s1", "s2").add("s3", "a", "failed").add("s4", "a", "pending")
+    plan = plan_steps(book, now, source.records, SOURCE)
+    assert plan.why == {
+        "s1": f"reused (passed in {SOURCE})",
+        "s2": f"reused (passed in {SOURCE})",
+        "s3": f"runs again (did not pass in {SOURCE})",
+        "s4": f"runs (not reached in {SOURCE})",
+    }
+    source.add("s4", "a", "skipped")  # left out by an --only run
+    assert plan_steps(book, now, source.records, SOURCE).why["s4"] == f"runs (skipped in {SOURCE})"
+
+
+def test_a_changed_part_names_itself_and_every_later_step_runs_again(book: Runbook, tmp_path: Path) -> None:
+    source = Source(book, fingerprints(book)).all()
+    plan = plan_steps(book, fingerprints(book, color="blue"), source.records, SOURCE)  # a shell step gets every var
+    assert plan.why == {
+        "s1": f"runs again (changed since {SOURCE}: var color)",
+        "s2": "runs again (after 's1')",
+        "s3": "runs again (after 's1')",
+        "s4": "runs again (after 's1')",
+    }
+    edited = tmp_path / "book.yaml"
+    edited.write_text(textwrap.dedent(BOOK).replace("echo $size", "echo size=$size"))
+    now = load_runbook(edited)
+    plan = plan_steps(now, fingerprints(now), source.records, SOURCE)
+    assert (plan.reused, plan.why["s3"], plan.why["s4"]) == (
+        ["s1", "s2"],
+        f"runs again (changed since {SOURCE}: step)",
+        "runs again (after 's3')",
+    )
+    # a record from before the parts were kept can only say that the definition changed
+    source.records["s3", "a"].parts = None
+    assert plan_steps(now, fingerprints(now), source.records, SOURCE).why["s3"] == (
+        f"runs again (changed since {SOURCE}: its definition)"
+    )
+
+
+def test_a_step_that_passed_on_some_hosts_runs_again_only_on_the_others(book: Runbook) -> None:
+    now = fingerprints(book)
+    source = Source(book, now).add("s1", "a").add("s1", "b", "failed").all("pending", "s2", "s3", "s4")
+    plan = plan_steps(book, now, source.records, SOURCE)
+    assert planned(plan)["s1"] == (
+        "run",
+        f"runs again on b (did not pass there in {SOURCE}); reused on a",
+        ("b",),
+        ("a",),
+    )
+    assert plan.why["s2"] == f"runs (not reached in {SOURCE})" and plan.step("s2").runs_on == ("a", "b")
+
+
+def test_a_step_changed_on_one_host_only_runs_again_there(book: Runbook, tmp_path: Path) -> None:
+    """Host b moved: s1 passed on both hosts, and runs again on b alone, saying what changed there."""
+    source = Source(book, fingerprints(book)).all()
+    moved = tmp_path / "book.yaml"
+    moved.write_text(textwrap.dedent(BOOK).replace("10.0.0.2", "10.0.0.3"))
+    now = load_runbook(moved)
+    plan = plan_steps(now, fingerprints(now), source.records, SOURCE)
+    assert planned(plan)["s1"] == (
+        "run",
+        f"runs again on b (changed there since {SOURCE}: host); reused on a",
+        ("b",),
+        ("a",),
+    )
+    assert plan.why["s2"] == "runs again (after 's1')" and plan.step("s2").reused_on == ()
+
+
+def test_from_and_only_reuse_earlier_facts_and_warn_when_they_may_be_stale(book: Runbook) -> None:
+    source = Source(book, fingerprints(book)).all()
+    plan = plan_steps(book, fingerprints(book), source.records, SOURCE, from_step="s3")
+    assert plan.why == {
+        "s1": f"facts reused from {SOURCE}",
+        "s2": f"facts reused from {SOURCE}",
+        "s3": "runs (--from)",
+        "s4": "runs (--from)",
+    }
+    only = plan_steps(book, fingerprints(book, color="blue"), source.records, SOURCE, only_step="s2")
+    assert only.why == {
+        "s1": f"facts reused from {SOURCE} although the step changed since (var color; --from s1 runs it again)",
+        "s2": "runs (--only)",
+        "s3": "skipped (--only)",
+        "s4": "skipped (--only)",
+    }
+    assert (only.reused, only.to_run, only.step("s1").reused_on) == (["s1"], ["s2"], ("a", "b"))
+
+
+def test_from_refuses_an_unknown_step_and_a_step_whose_facts_never_passed(book: Runbook) -> None:
+    now = fingerprints(book)
+    with pytest.raises(ResumeError, match=r"no step 'nosuch' in the runbook \(steps: s1, s2, s3, s4\)"):
+        plan_steps(book, now, {}, None, from_step="nosuch")
+    with pytest.raises(ResumeError) as refused:
+        plan_steps(book, now, {}, None, from_step="s2")  # s2's gate reads s1's facts: there are none
+    assert str(refused.value) == (
+        "step 's2' needs facts from step 's1', which has never passed; run it first (e.g. --from s1)"
+    )
+    source = Source(book, now).add("s1", "a").add("s1", "b", "failed")
+    plan = plan_steps(book, now, source.records, SOURCE, from_step="s3")  # s3 and s4 need nothing
+    assert plan.step("s1").action == "skip" and plan.why["s1"] == "skipped (never passed)"
+
+
+# ---- properties over random outcomes of a source run -----------------------------------------------
+
+OUTCOMES = st.sampled_from(["passed", "passed", "passed", "failed", "running", "interrupted", "pending", "skipped"])
+#: for each step and host: what the source run recorded (None: no row) and whether the step changed since
+CELL = st.tuples(st.none() | OUTCOMES, st.booleans())
+
+
+def _source_of(book: Runbook, cells: list[tuple[str | None, bool]]) -> dict[tuple[str, str], StepRecord]:
+    now, before = fingerprints(book), fingerprints(book, color="old", size=0)
+    pairs = [(spec, host) for spec in book.steps for host in book.step_hosts[spec.id]]
+    records: dict[tuple[str, str], StepRecord] = {}
+    for (spec, host), (status, changed) in zip(pairs, cells, strict=False):
+        if status is not None:
+            made = before if changed else now  # a shell step gets every var: each of them changed
+            records.update(Source(book, made).add(spec.id, host, status).records)
+    return records
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cells=st.lists(CELL, min_size=6, max_size=6))
+def test_a_resume_reuses_exactly_the_unchanged_passed_prefix(book: Runbook, cells: list[Any]) -> None:
+    now = fingerprints(book)
+    source = _source_of(book, cells)
+    plan = plan_steps(book, now, source, SOURCE)
+    actions = [p.action for p in plan.steps]
+    assert "skip" not in actions
+    first_run = actions.index("run") if "run" in actions else len(actions)
+    assert actions[first_run:] == ["run"] * (len(actions) - first_run), "once a step runs, every later step runs"
+    for spec, step in zip(book.steps, plan.steps, strict=True):
+        hosts = book.step_hosts[spec.id]
+        assert set(step.runs_on) | set(step.reused_on) == set(hosts) and not set(step.runs_on) & set(step.reused_on)
+        for host in step.reused_on:  # a reused record passed, with the fingerprint the step has now
+            record = source[spec.id, host]
+            assert record.status == "passed" and record.fingerprint == now.fingerprint(spec, host)
+        if step.action == "run":
+            assert step.runs_on, step
+            unchanged_pass = all(now.same(spec, source.get((spec.id, h))) for h in hosts) and all(
+                source[spec.id, h].status == "passed" for h in hosts
+            )
+            assert not unchanged_pass or spec.id != plan.to_run[0], "the first step to run is not one to reuse"
+            assert step.reused_on == () or spec.id == plan.to_run[0], "only the first step to run reuses hosts"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cells=st.lists(CELL, min_size=6, max_size=6), start=st.sampled_from(["s1", "s2", "s3", "s4"]), only=st.booleans()
+)
+def test_from_and_only_run_from_their_step_and_reuse_what_passed_before(
+    book: Runbook, cells: list[Any], start: str, only: bool
+) -> None:
+    source = _source_of(book, cells)
+    s1_passed = all((r := source.get(("s1", h))) is not None and r.status == "passed" for h in "ab")
+    scope = {"only_step": start} if only else {"from_step": start}
+    if start == "s2" and not s1_passed:  # s2's gate reads s1's facts, which never passed
+        with pytest.raises(ResumeError, match="needs facts from step 's1', which has never passed"):
+            plan_steps(book, fingerprints(book), source, SOURCE, **scope)
+        return
+    plan = plan_steps(book, fingerprints(book), source, SOURCE, **scope)
+    ids = [s.id for s in book.steps]
+    for index, step in enumerate(plan.steps):
+        hosts = tuple(book.step_hosts[step.step])
+        passed = all((r := source.get((step.step, h))) is not None and r.status == "passed" for h in hosts)
+        if index < ids.index(start):
+            assert step.action == ("reuse" if passed else "skip")
+        elif index == ids.index(start) or not only:
+            assert (step.action, step.runs_on) == ("run", hosts)
+        else:
+            assert (step.action, step.why) == ("skip", "skipped (--only)")
+
+
+# ---- the carry-over of --var and --inventory -------------------------------------------------------
+
+
+def _meta(book: Runbook, **fields: Any) -> RunMeta:
+    return RunMeta(
+        **{"run_id": SOURCE, "runbook": book.name, "path": str(book.path.resolve()), "started_at": ""} | fields
+    )
+
+
+def test_a_resume_carries_the_source_s_vars_and_inventory_under_those_given_now(book: Runbook) -> None:
+    said: list[str] = []
+    source = _meta(book, var_args=["color=blue", "size=3"], inventory="/site/inv.yaml")
+    carry = carry_over(source, book.path, [], None, say=said.append)
+    assert (carry.inventory, carry.carried_inventory, carry.var_args) == (
+        Path("/site/inv.yaml"),
+        True,
+        ["color=blue", "size=3"],
+    )
+    assert said == [f"resuming {SOURCE} as it was started: --inventory /site/inv.yaml --var color=blue --var size=3"]
+
+    said.clear()
+    carry = carry_over(source, book.path, ["size=9"], Path("/other.yaml"), say=said.append)
+    assert (carry.inventory, carry.carried_inventory, carry.var_args) == (
+        Path("/other.yaml"),
+        False,
+        ["color=blue", "size=9"],
+    )
+    assert said == [f"resuming {SOURCE} as it was started: --var color=blue"]
+    # an API caller's value given now wins over the source's pair, which the run then neither says nor keeps
+    said.clear()
+    assert carry_over(source, book.path, [], Path("/x"), values_given={"color"}, say=said.append).var_args == ["size=3"]
+    assert said == [f"resuming {SOURCE} as it was started: --var size=3"]
+
+
+def test_nothing_carried_is_nothing_said_but_another_runbook_file_is(book: Runbook) -> None:
+    said: list[str] = []
+    assert carry_over(_meta(book), book.path, [], None, say=said.append).var_args == []
+    assert said == []
+    elsewhere = _meta(book, path="/old/book.yaml")
+    carry_over(elsewhere, book.path, [], None, say=said.append)
+    assert said == [f"note: run {SOURCE} ran /old/book.yaml; this is {book.path.resolve()}"]
+
+
+def test_a_var_that_held_a_secret_is_asked_for_again(book: Runbook) -> None:
+    source = _meta(book, var_args=["size=3"], var_args_withheld=["color"])
+    with pytest.raises(ResumeError) as refused:
+        carry_over(source, book.path, [], None)
+    assert str(refused.value) == (
+        f"run {SOURCE} was started with --var color=... holding a secret's value, which is never stored; "
+        "give it again: --var color=..."
+    )
+    assert carry_over(source, book.path, ["color=tok"], None).var_args == ["size=3", "color=tok"]
+    assert carry_over(source, book.path, [], None, values_given={"color"}).var_args == ["size=3"]
+
+
+def test_the_carried_line_is_masked_by_this_run_s_secrets(book: Runbook) -> None:
+    from executor.redact import Redactor
+
+    said: list[str] = []
+    token = "hf_" + "k" * 30
+    carry_over(
+        _meta(book, var_args=[f"color={token}"]), book.path, [], None, redactor=Redactor([token]), say=said.append
+    )
+    assert said == [f"resuming {SOURCE} as it was started: --var color=***"] and token not in said[0]
+
+
+# ---- the CLI and the Engine API, in-process on the controller ---------------------------------------
+
+LOCAL_BOOK = """\
+    name: local-carry
+    hosts: {here: {address: local}}
+    vars: {color: red, size: small}
+    steps:
+      - {id: c1, kind: shell, script: 'echo "$color-$size"'}
+      - {id: c2, kind: shell, script: 'test -f "{marker}"'}
+    """
+
+
+@pytest.fixture
+def failed_local_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[tuple[Path, Path, Path]]:
+    """A run of LOCAL_BOOK started with --var and --inventory that failed at c2: (book, logs, marker)."""
+    book, logs, marker, site = tmp_path / "book.yaml", tmp_path / "logs", tmp_path / "marker", tmp_path / "site.yaml"
+    book.write_text(textwrap.dedent(LOCAL_BOOK).replace("{marker}", str(marker)))
+    site.write_text("vars: {size: large}\n")
+    args = ["run", str(book), "--var", "color=blue", "--inventory", str(site), "--log-dir", str(logs)]
+    assert main(args) == 1, capsys.readouterr().err
+    capsys.readouterr()
+    marker.touch()
+    yield book, logs, marker
+
+
+def _newest(logs: Path) -> dict[str, Any]:
+    metas = [json.loads(p.read_text()) for p in logs.glob("*/run.json")]
+    return max(metas, key=lambda m: m["started_at"])  # type: ignore[no-any-return]
+
+
+def test_an_engine_started_through_the_api_resumes_as_the_cli_does(failed_local_run: tuple[Path, Path, Path]) -> None:
+    """The API caller gives neither the --var nor the --inventory: the source run's carry over, so the
+    step that passed is reused (not run again as changed), and the resumed run records them."""
+    book, logs, _marker = failed_local_run
+    first = _newest(logs)
+    engine = Engine(load_runbook(book), RunOptions(log_dir=logs, resume="latest"), Reporter())
+    assert asyncio.run(engine.run()) == 0
+    assert engine.records["c1", "here"].reused_from == first["run_id"]
+    assert engine.variables["color"] == "blue" and engine.variables["size"] == "large"
+    site = Path(first["inventory"])
+    assert engine.start.notes == [f"resuming {first['run_id']} as it was started: --inventory {site} --var color=blue"]
+    resumed = _newest(logs)
+    assert (resumed["resumed_from"], resumed["var_args"], resumed["inventory"]) == (
+        first["run_id"],
+        ["color=blue"],
+        str(site),
+    )
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, function: Callable[..., Any]) -> list[int]:
+    """Wrap `function` wherever a module of this project imported it; the list counts its calls."""
+    calls: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return function(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in ("executor", "steps") and getattr(module, function.__name__, None) is function:
+            monkeypatch.setattr(module, function.__name__, counted)
+    return calls
+
+
+def test_a_resume_reads_the_runbook_and_finds_the_run_once(
+    failed_local_run: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from executor import loader, state
+
+    book, logs, _marker = failed_local_run
+    loads, finds = _counting(monkeypatch, loader.load_runbook), _counting(monkeypatch, state.find_run)
+    assert main(["run", str(book), "--resume", "--log-dir", str(logs)]) == 0
+    err = capsys.readouterr().err
+    assert "as it was started: --inventory" in err and "--var color=blue" in err
+    assert (len(loads), len(finds)) == (1, 1)
