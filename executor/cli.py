@@ -33,15 +33,16 @@ from rich.table import Table
 
 from executor import audit, seal
 from executor.durations import format_duration
-from executor.engine import EXIT_WRITE_FAILED, NOT_STARTED, WRITE_FAILED, Engine, RunOptions
+from executor.engine import NOT_STARTED, WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
-    AuditKeyError,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
     DurableWriteError,
     InvalidRunbook,
     Problem,
     ResumeError,
     RunbookError,
-    RunLocked,
     StateError,
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
@@ -55,7 +56,6 @@ from executor.terminal import shown, shown_text
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
 LOG_DIR = Path("logs")
@@ -289,8 +289,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         code = asyncio.run(_run_interruptible(Engine(runbook, options, reporter)))
     except DurableWriteError as exc:
-        print(shown(write_failed_message(exc, again)), file=sys.stderr)
-        return EXIT_WRITE_FAILED
+        return failed(exc, again)
     finally:
         reporter.close()
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
@@ -642,24 +641,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
-    except DurableWriteError as exc:
-        print(shown(write_failed_message(exc)), file=sys.stderr)
-        return EXIT_WRITE_FAILED
-    except InvalidRunbook as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)  # a Problem is written safe to show (executor.errors)
-        return EXIT_INVALID
-    except RunLocked as exc:
-        print(shown(f"runbook: {exc}"), file=sys.stderr)
-        return EXIT_LOCKED
-    except (ResumeError, AuditKeyError) as exc:
-        print(shown(f"runbook: {exc}"), file=sys.stderr)
-        return EXIT_INVALID
     except RunbookError as exc:
-        print(shown(f"runbook: {exc}"), file=sys.stderr)
-        return EXIT_FAILED
+        return failed(exc)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def failed(exc: RunbookError, again: str | None = None) -> int:
+    """The one place an error becomes what the CLI prints and its exit status: the error's own `exit_code`
+    (executor.errors documents the tree). `again`: the command that continues a run a failed write stopped."""
+    if isinstance(exc, InvalidRunbook):
+        lines = [str(problem) for problem in exc.problems]  # a Problem is written safe to show (executor.errors)
+    elif isinstance(exc, DurableWriteError):
+        lines = [shown(write_failed_message(exc, again))]
+    else:
+        lines = [shown(f"runbook: {exc}")]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":

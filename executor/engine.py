@@ -27,25 +27,32 @@ from executor import audit as audit_mod
 from executor import durable, seal
 from executor.audit import AuditLog
 from executor.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    AttemptFailed,
+    CommandInterrupted,
     DurableWriteError,
+    FactsError,
+    GateWorkerUnavailable,
     HostKeyError,
+    HostRefused,
     ResumeError,
     StateError,
     TransportError,
 )
 from executor.events import RedactingReporter, Reporter
-from executor.gates import GateWorkers, GateWorkerUnavailable
+from executor.gates import GateWorkers
 from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
 from executor.render import render_command
 from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
 from executor.state import RunLock, RunMeta, RunState, StepRecord, find_run, new_run_id, now, open_state
-from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
+from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
 from executor.transport.base import (
     Collector,
-    CommandInterrupted,
     CommandResult,
     OutputSink,
     Transfer,
@@ -54,29 +61,10 @@ from executor.transport.base import (
 )
 
 TAIL_LINES = 20
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 #: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
-EXIT_WRITE_FAILED = 4
+EXIT_WRITE_FAILED = DurableWriteError.exit_code
 #: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
 NOT_STARTED = ("pending", "skipped")
-
-
-class AttemptFailed(Exception):
-    """One attempt did not pass; the message says why (gate, timeout, transport, facts).
-
-    `facts` keeps what the attempt found, so that a failed step's record shows it too; `gate` is
-    the expression of the gate that failed (None when the attempt failed before its gates).
-    """
-
-    def __init__(self, message: str, facts: Any = None, gate: str | None = None, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        self.facts = facts
-        self.gate = gate
-        self.exit_code = exit_code
-
-
-class HostRefused(Exception):
-    """The host cannot be used at all (unknown host key): no retry, no fallback."""
 
 
 @dataclass

@@ -206,10 +206,6 @@ def _values(expression: str, names: Mapping[str, Any]) -> str:
 # ---- bounded evaluation: worker processes --------------------------------------------------------
 
 
-class GateWorkerUnavailable(Exception):
-    """No worker process could be started (EMFILE, EAGAIN): the attempt's gates cannot be evaluated."""
-
-
 class GateWorker:
     """One worker process: it holds an attempt's names and evaluates that attempt's gates, one by one."""
 
@@ -314,6 +310,9 @@ class GateWorkers:
                 await asyncio.shield(worker.close())
 
     async def _start(self) -> GateWorker:
+        # imported here, on the controller's side: the worker (this file as a program) imports no package
+        from executor.errors import GateWorkerUnavailable
+
         try:
             worker = await GateWorker.start()
         except OSError as exc:

@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncssh
 
-from executor.errors import HostKeyError, TransportError
+from executor.errors import HostKeyError, RunnerUnavailable, TransportError, transport_error
 from executor.model import Host
 from executor.render import RenderedCommand
 from executor.transport.base import (
@@ -39,7 +39,7 @@ from executor.transport.base import (
     check_arrived,
     supervise,
 )
-from executor.transport.runner import HostRunner, RunnerUnavailable
+from executor.transport.runner import HostRunner
 from executor.transport.transfer import CHECK_TIMEOUT_S, check_command, parse_check, sftp_download, sftp_upload
 
 log = logging.getLogger(__name__)
@@ -192,12 +192,17 @@ class SSHTransport(Transport):
                 self._tunnels.append(via)
         try:
             return await asyncssh.connect(hop.address, known_hosts=known_hosts, tunnel=via or (), **options)
-        except asyncssh.HostKeyNotVerifiable as exc:
-            hint = _trust_hint(hop.address, options.get("port"), hint_file)
-            raise HostKeyError(f"host key of {hop.label} not trusted: {exc}; {hint}") from None
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             where = "" if depth == 0 else f" through {hop.label}"
-            raise TransportError(f"cannot connect to {self.name} ({self.host.address}){where}: {exc}") from None
+            raise transport_error(
+                exc,
+                f"cannot connect to {self.name} ({self.host.address}){where}",
+                timeout=options["connect_timeout"],
+                untrusted_key=(
+                    f"host key of {hop.label} not trusted",
+                    _trust_hint(hop.address, options.get("port"), hint_file),
+                ),
+            ) from None
 
     async def connect(self) -> None:
         await self._connection()
@@ -238,8 +243,8 @@ class SSHTransport(Transport):
             else:
                 runner = None
                 await asyncio.wait_for(self._connection(), reach)
-        except TimeoutError:
-            raise TransportError(f"could not connect to {self.name} within {reach:g}s") from None
+        except TimeoutError as exc:
+            raise transport_error(exc, f"could not connect to {self.name}", timeout=reach) from None
         if runner is not None:
             return await runner.run(command, timeout, on_output, self.redactor)
         return await self._exec(command, timeout, on_output)
@@ -279,8 +284,7 @@ class SSHTransport(Transport):
             proc = await asyncio.wait_for(conn.create_process(command.command_line, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             self._drop(conn)
-            said = str(exc) or f"no answer within {timeout:g}s"
-            raise TransportError(f"cannot open a channel to {self.name}: {said}") from None
+            raise transport_error(exc, f"cannot open a channel to {self.name}", timeout=timeout) from None
         with contextlib.suppress(BrokenPipeError, OSError, asyncssh.Error):
             proc.stdin.write(command.stdin)  # buffered by asyncssh; the wait below is under the timeout
 
@@ -293,10 +297,10 @@ class SSHTransport(Transport):
             result = await supervise(collect, finish(), timeout, lambda task: self._stop(proc, task))
         except (OSError, asyncssh.Error) as exc:
             self._drop(conn)
-            raise TransportError(
-                f"connection to {self.name} broke during the command: {exc}",
-                bytes(collect.stdout.data),
-                bytes(collect.stderr.data),
+            raise transport_error(
+                exc,
+                f"connection to {self.name} broke during the command",
+                partial=(bytes(collect.stdout.data), bytes(collect.stderr.data)),
             ) from None
         if result.exit_code is None and not result.timed_out:  # closed without an exit status: the connection died
             self._drop(conn)
@@ -330,7 +334,7 @@ class SSHTransport(Transport):
             async with conn.start_sftp_client() as sftp:
                 sent, path = await sftp_upload(sftp, local, remote)
         except (OSError, asyncssh.Error) as exc:
-            raise TransportError(f"{what} failed: {exc}") from None
+            raise transport_error(exc, f"{what} failed") from None
         await self._check_arrived(what, path, sent)
         return Transfer("put", str(local), remote, sent.size, sent.sha256)
 
@@ -343,7 +347,7 @@ class SSHTransport(Transport):
             async with conn.start_sftp_client() as sftp:
                 received, path = await sftp_download(sftp, remote, local)
         except (ConnectionError, asyncssh.Error) as exc:  # the host's side; an OSError of `local` is the caller's
-            raise TransportError(f"{what} failed: {exc}") from None
+            raise transport_error(exc, f"{what} failed") from None
         await self._check_arrived(what, path, received)
         return Transfer("get", str(local), remote, received.size, received.sha256)
 
