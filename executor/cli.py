@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import logging
 import os
 import shlex
 import signal
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from executor import audit, seal
+from executor import audit, diagnostics, seal
 from executor.durations import format_duration
 from executor.engine import NOT_STARTED, WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
@@ -74,10 +73,6 @@ class _PipedConsole(Console):
         raise BrokenPipeError
 
 
-# what the transports log (a host without python3, an ssh config not honoured) reaches the console as the
-# run's `note` event, redacted and escaped; Python's last-resort handler would print it again, raw, on stderr
-logging.getLogger("executor").addHandler(logging.NullHandler())
-
 err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _PipedConsole(highlight=False, soft_wrap=True)
 
@@ -104,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="the run's diagnostics (its debug.log) on stderr as well"
+    )
     p.add_argument(
         "--resume",
         nargs="?",
@@ -234,6 +232,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     var=[],
                     log_dir=args.log_dir,
                     json=args.json,
+                    verbose=False,
                     resume=None,
                     from_step=None,
                     only_step=None,
@@ -279,6 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         only_step=args.only_step,
         var_args=var_args,
         inventory=inventory.resolve() if inventory else None,
+        verbose=args.verbose,
     )
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
     os.umask(0o077)
@@ -627,6 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
+    # what asyncssh logs reaches the run's debug.log, never the console (executor.diagnostics)
+    diagnostics.route_asyncssh()
     try:
         return _dispatch(args)
     except BrokenPipeError:

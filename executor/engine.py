@@ -21,10 +21,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import BaseModel
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from executor import audit as audit_mod
-from executor import durable, seal
+from executor import diagnostics, durable, seal
 from executor.audit import AuditLog
 from executor.errors import (
     EXIT_FAILED,
@@ -77,6 +83,7 @@ class RunOptions:
     # how the run was started, recorded in run.json so that `--resume` can start it the same way
     var_args: Sequence[str] = ()
     inventory: Path | None = None
+    verbose: bool = False  # the run's diagnostics (debug.log) on stderr too: `runbook run -v`
 
 
 #: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
@@ -165,6 +172,7 @@ class HostContext(StepContext):
         self.output_dir = engine.run_dir / "hosts" / host
         self.run_dir = engine.run_dir
         self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
+        self.debug_log = engine.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
 
     def fact(self, step_id: str, path: str) -> Any:
         value: Any = self.engine.facts_view(self.host_name)[step_id]["facts"]
@@ -185,9 +193,11 @@ class HostContext(StepContext):
             result = await transport.run(command, limit, on_output)
             result.timeout_s = limit
         except CommandInterrupted as exc:
+            self.debug_log.info("command interrupted", kill_confirmed=exc.result.kill_confirmed)
             self._record(command.display, exc.result)
             raise
         except TransportError as exc:
+            self.debug_log.warning("transport error", error=str(exc), kind=type(exc).__name__)
             collect = Collector(redactor=engine.redactor)
             collect.stdout.feed(exc.partial_stdout)
             collect.stderr.feed(exc.partial_stderr + f"\n[runbook] transport error: {exc}".encode())
@@ -199,6 +209,9 @@ class HostContext(StepContext):
         finally:
             for note in transport.take_notes():
                 engine.reporter.emit("note", host=self.host_name, step=self.spec.id, message=note)
+        self.debug_log.debug(
+            "command finished", exit_code=result.exit_code, timed_out=result.timed_out, duration_s=result.duration_s
+        )
         self._record(command.display, result)
         return result
 
@@ -491,6 +504,11 @@ class Engine:
         self.state = state
         self.run_dir = run_dir
         self.write_failure: DurableWriteError | None = None  # set by the first failed write: the run stops
+        self.debug = diagnostics.DebugLog(run_dir / diagnostics.DEBUG_FILE, self.redactor, echo=self.options.verbose)
+        self.log = self.debug.log.bind(run_id=run_id)  # every diagnostic line of the run names it
+        self.gates.log = self.log
+        current_run = diagnostics.CURRENT.set(self.log)  # asyncssh's records from this run's tasks go here
+        self.log.info("run started", run_dir=str(run_dir), resumed_from=meta.resumed_from, runs=sorted(run_ids))
         for host in meta.host_key_unverified:  # said once per run, before anything connects
             self.audit.host_key_unverified(self.audit.log.bind(host=host), host)
             self.reporter.emit(
@@ -556,6 +574,9 @@ class Engine:
             await asyncio.shield(self.gates.close())
             self.audit.close()
             state.close()
+            self.log.info("run finished", status=status, exit_code=code)
+            self.debug.close()
+            diagnostics.CURRENT.reset(current_run)
             if source_lock is not None:
                 source_lock.release()
         if self.write_failure is not None:
@@ -586,7 +607,7 @@ class Engine:
         hosts = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
         for host in hosts:
             if host not in self.transports:
-                self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor)
+                self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor, self.log)
         self.reporter.emit("step_started", step=spec.id, kind=spec.kind, hosts=hosts)
         limit = asyncio.Semaphore(self.runbook.header.defaults.max_parallel)
 
@@ -638,8 +659,17 @@ class Engine:
         ]
         failures: list[str] = []
         unsaved = False
+        log = self.log.bind(step=spec.id, host=host)
+
+        def retry_scheduled(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else None
+            log.info("retry scheduled", attempt=record.attempts, delay_s=delay, after=str(failure).partition("\n")[0])
+
         try:
             for via, variant in variants:
+                if failures:
+                    log.info("fallback taken", via=via, after=failures[-1].partition("\n")[0])
                 policy = variant.retry_policy(self.runbook.header.defaults.retry)
                 retrying = AsyncRetrying(
                     stop=stop_after_attempt(policy.attempts),
@@ -647,6 +677,7 @@ class Engine:
                         multiplier=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
                     ),
                     retry=retry_if_exception_type(AttemptFailed),
+                    before_sleep=retry_scheduled,
                     reraise=True,
                 )
                 last: AttemptFailed | None = None

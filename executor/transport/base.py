@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from executor.diagnostics import NO_LOG, Log
 from executor.errors import CommandInterrupted as CommandInterrupted  # supervise raises it (executor.errors)
 from executor.errors import TransportError
 from executor.redact import NO_SECRETS, Redactor, StreamRedactor
@@ -399,6 +400,8 @@ class Transport(abc.ABC):
     name: str
     #: Masks the run's secrets in every command's output as it arrives (set by `transport_for`).
     redactor: Redactor = NO_SECRETS
+    #: The run's diagnostics with this host bound (set by `transport_for`; outside a run, nowhere).
+    log: Log = NO_LOG
 
     async def connect(self) -> None:
         """Open the connection ahead of the first command (optional; `run` connects lazily)."""

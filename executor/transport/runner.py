@@ -33,6 +33,7 @@ from pathlib import Path
 
 import asyncssh
 
+from executor.diagnostics import Log
 from executor.errors import RunnerLost, RunnerUnavailable, TransportError, failure_text, transport_error
 from executor.redact import NO_SECRETS, Redactor
 from executor.render import RenderedCommand
@@ -79,8 +80,11 @@ class _Request:
 class HostRunner:
     """One running runner on one connection. `run` may be called concurrently."""
 
-    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+    def __init__(
+        self, name: str, conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess[bytes], log: Log
+    ) -> None:
         self.name = name
+        self.log = log
         self.conn = conn
         self._proc = proc
         self._requests: dict[int, _Request] = {}
@@ -91,14 +95,14 @@ class HostRunner:
         self._reader: asyncio.Future[None] | None = None
 
     @classmethod
-    async def start(cls, conn: asyncssh.SSHClientConnection, name: str, timeout: float) -> HostRunner:
+    async def start(cls, conn: asyncssh.SSHClientConnection, name: str, timeout: float, log: Log) -> HostRunner:
         """Start the runner; `RunnerUnavailable` where the host cannot run it, `TransportError`
-        where the connection failed."""
+        where the connection failed. `log`: the connection's diagnostics."""
         try:  # a host that stopped answering: bounded here, whatever the keepalive settings
             proc = await asyncio.wait_for(conn.create_process(START_COMMAND, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             raise transport_error(exc, f"cannot open a channel to {name}", timeout=timeout) from None
-        runner = cls(name, conn, proc)
+        runner = cls(name, conn, proc, log)
         token = secrets.token_hex(host.TOKEN_BYTES // 2).encode()
         try:
             proc.stdin.write(b"%010d" % len(PROGRAM) + PROGRAM + token)
@@ -117,6 +121,7 @@ class HostRunner:
             runner.close()
             raise transport_error(exc, f"the runner's channel to {name} broke while it started") from None
         runner._reader = asyncio.ensure_future(runner._read())
+        log.info("runner started")
         return runner
 
     @property
@@ -225,6 +230,7 @@ class HostRunner:
         """Mark the runner lost and fail every command in flight."""
         if self._lost is None:
             self._lost = reason
+            self.log.info("runner ended", reason=reason, commands_in_flight=len(self._requests))
         for request in self._requests.values():
             request.stdout.feed_eof()
             request.stderr.feed_eof()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import asyncssh
 
+from executor.diagnostics import Log
 from executor.errors import HostKeyError, RunnerUnavailable, TransportError, transport_error
 from executor.model import Host
 from executor.render import RenderedCommand
@@ -41,9 +41,6 @@ from executor.transport.base import (
 )
 from executor.transport.runner import HostRunner
 from executor.transport.transfer import CHECK_TIMEOUT_S, check_command, parse_check, sftp_download, sftp_upload
-
-log = logging.getLogger(__name__)
-
 
 #: Host keys are verified unless the runbook (or inventory) sets `verify_host_key: false` on the host. An
 #: ssh config that would take checking off (`UserKnownHostsFile none` or `/dev/null`, which asyncssh reads
@@ -103,6 +100,8 @@ class SSHTransport(Transport):
         self._notes: list[str] = []
         self._config_notes: list[str] = []  # what the ssh config asked of host keys and did not get, said once
         self._tunnels: list[asyncssh.SSHClientConnection] = []  # the jump hosts of `_conn`, in order
+        self._connections = 0  # opened so far: a connection's number in the diagnostics
+        self._conn_log: Log = self.log  # the diagnostics of the current connection (bound when it opens)
 
     def _config(self) -> Any:
         """The ssh config files asyncssh reads: the host's `ssh_config`, else () for ~/.ssh/config."""
@@ -158,7 +157,7 @@ class SSHTransport(Transport):
             if note not in self._config_notes:
                 self._config_notes.append(note)
                 self._notes.append(note)
-                log.warning("%s", note)
+                self.log.warning("ssh config not honoured", note=note)
         files = [os.path.expanduser(entry) for entry in listed if not _null_known_hosts(entry)]
         files = files or [os.path.expanduser(DEFAULT_KNOWN_HOSTS)]
         hint = (own or files)[0]
@@ -218,9 +217,16 @@ class SSHTransport(Transport):
             hop = _Hop(self.host.address, self.host.port, self.host.user, f"{self.name} ({self.host.address})")
             try:
                 self._conn = await self._open(hop, self._options(), None)
+            except TransportError as exc:
+                self._close_tunnels()
+                self.log.warning("connection failed", address=self.host.address, error=str(exc))
+                raise
             except BaseException:
                 self._close_tunnels()
                 raise
+            self._connections += 1
+            self._conn_log = self.log.bind(connection=self._connections, address=self.host.address)
+            self._conn_log.info("connection opened", port=self.host.port, jump_hosts=len(self._tunnels))
             return self._conn
 
     def _close_tunnels(self) -> None:
@@ -232,6 +238,7 @@ class SSHTransport(Transport):
     def _drop(self, conn: asyncssh.SSHClientConnection) -> None:
         """Forget a broken connection so that the next command reconnects."""
         if self._conn is conn:
+            self._conn_log.warning("connection dropped: the next command reconnects")
             conn.abort()
             self._conn = None
 
@@ -261,13 +268,15 @@ class SSHTransport(Transport):
                 self._runner.close()
                 self._runner = None
             try:
-                self._runner = await HostRunner.start(conn, self.name, self.host.connect_timeout)
+                self._runner = await HostRunner.start(conn, self.name, self.host.connect_timeout, self._conn_log)
             except RunnerUnavailable as exc:
                 if self._runner_started:  # it ran here before: this is no property of the host
                     self._drop(conn)
                     raise TransportError(f"cannot restart the runner on {self.name}: {exc}") from None
                 self.runner_unavailable = str(exc)
-                log.warning("%s: %s; every command uses an exec channel of its own", self.name, exc)
+                self._conn_log.warning(
+                    "fallback to the exec path: every command uses an exec channel of its own", reason=str(exc)
+                )
                 self._notes.append(f"no persistent runner ({exc}): every command uses an exec channel of its own")
                 return None
             except TransportError:
@@ -372,4 +381,5 @@ class SSHTransport(Transport):
             except (TimeoutError, OSError, asyncssh.Error):
                 self._conn.abort()
             self._conn = None
+            self._conn_log.info("connection closed")
         self._close_tunnels()

@@ -13,7 +13,6 @@ import asyncio
 import difflib
 import hashlib
 import json
-import logging
 import os
 import re
 import signal
@@ -26,8 +25,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from executor.diagnostics import DEBUG_FILE, DebugLog
 from executor.errors import TransportError
 from executor.model import Host
+from executor.redact import NO_SECRETS
 from executor.render import render_command
 from executor.transport import SSHTransport
 from executor.transport import runner_host as host_program
@@ -399,20 +400,24 @@ def no_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
 
 
 def test_a_host_without_python_falls_back_to_the_exec_path(
-    no_python: SSHServer, loop: asyncio.Runner, caplog: pytest.LogCaptureFixture
+    no_python: SSHServer, loop: asyncio.Runner, tmp_path: Path
 ) -> None:
     transport = transport_to(no_python)
-    with caplog.at_level(logging.WARNING, logger="executor.transport.ssh"):
-        try:
-            results = [run_one(loop, transport, "echo ok; exit 4") for _ in range(2)]
-        finally:
-            loop.run(transport.close())
+    debug = DebugLog(tmp_path / DEBUG_FILE, NO_SECRETS)
+    transport.log = debug.log.bind(host="box")
+    try:
+        results = [run_one(loop, transport, "echo ok; exit 4") for _ in range(2)]
+    finally:
+        loop.run(transport.close())
+        debug.close()
     assert [(r.exit_code, r.stdout) for r in results] == [(4, b"ok\n")] * 2
     assert transport.runner_unavailable is not None
     assert "exit status 127" in transport.runner_unavailable
     assert "python3: command not found" in transport.runner_unavailable
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "exec channel of its own" in warnings[0]
+    lines = [json.loads(line) for line in (tmp_path / DEBUG_FILE).read_text().splitlines()]
+    warnings = [line for line in lines if line["level"] == "warning"]  # said once, in the run's diagnostics
+    assert len(warnings) == 1 and "exec channel of its own" in warnings[0]["event"]
+    assert warnings[0]["host"] == "box" and "python3: command not found" in warnings[0]["reason"]
 
 
 def test_the_fallback_is_said_once_in_the_run_s_events(
