@@ -19,9 +19,6 @@ from executor.loader import load_runbook
 from executor.redact import Redactor
 from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
-from tests.executor.test_runner import no_python
-
-__all__ = ["no_python"]  # a fixture of the runner suite: a host whose python3 cannot start
 
 SECRET = "s3cr3t-diagnostic-value"
 #: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback
@@ -104,31 +101,6 @@ def test_verbose_shows_the_diagnostics_on_stderr_and_json_stdout_stays_events(
     assert events and all("event" in event for event in events)
     assert {"run_started", "run_finished"} <= {event["event"] for event in events}
     assert "debug: retry scheduled" in err and "debug:" not in out
-
-
-def test_a_secret_in_a_diagnostic_is_masked(
-    no_python: SSHServer, write_runbook: Callable[..., Path], tmp_path: Path
-) -> None:
-    """The exec fallback's reason quotes the login shell's last words (`bash: python3: command not found`),
-    here a secret's value: debug.log and the -v console mask it as everything else the run writes."""
-    book = write_runbook(
-        """\
-        name: fallback
-        __HOSTS__
-        secrets:
-          TOKEN: {env: RB_SHELL_TOKEN}
-        steps:
-          - {id: one, kind: shell, script: echo one}
-        """,
-        hosts=no_python.host_yaml(),
-    )
-    logs = tmp_path / "logs"
-    done = runbook_cli("run", str(book), "--log-dir", str(logs), "-v", env={"RB_SHELL_TOKEN": "command not found"})
-    assert done.returncode == 0, done.stderr
-    (warning,) = [line for line in debug_lines(logs) if line["event"].startswith("fallback to the exec path")]
-    assert warning["host"] == "box" and "bash: python3: ***" in warning["reason"]
-    (run_dir,) = [p for p in logs.iterdir() if p.is_dir()]
-    assert "command not found" not in (run_dir / DEBUG_FILE).read_text() + done.stderr + done.stdout
 
 
 def test_debug_log_masks_every_form_of_a_secret(tmp_path: Path) -> None:

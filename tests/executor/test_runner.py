@@ -448,7 +448,8 @@ def test_the_fallback_note_reaches_the_console_once_and_masked(
 ) -> None:
     """The login shell's last words (here `bash: python3: command not found`) are quoted in the note; when
     they hold a secret's value (a ~/.bashrc under `set -x` exporting the token), it is masked. Before, the
-    transport's logging warning printed the note a second time on stderr, raw (Python's last-resort handler)."""
+    transport's logging warning printed the note a second time on stderr, raw (Python's last-resort handler).
+    The run's debug.log (and `-v`, on stderr) says it too, masked as well."""
     path = write_runbook(
         """\
         name: fallback
@@ -460,18 +461,24 @@ def test_the_fallback_note_reaches_the_console_once_and_masked(
         """,
         hosts=no_python.host_yaml(),
     )
-    for json_events in ([], ["--json"]):
+    for options in ([], ["-v"], ["--json"]):
         done = runbook_cli(
             "run",
             str(path),
             "--log-dir",
             str(tmp_path / "logs"),
-            *json_events,
+            *options,
             env={"RB_SHELL_TOKEN": "command not found"},
         )
         assert done.returncode == 0, done.stderr
         assert "command not found" not in done.stderr + done.stdout
+        assert ("debug: fallback to the exec path" in done.stderr) == (options == ["-v"])
     assert done.stderr == ""  # --json: every note is an event on stdout
+    for debug_log in (tmp_path / "logs").glob(f"*/{DEBUG_FILE}"):
+        assert "command not found" not in debug_log.read_text()
+        (said,) = [json.loads(line) for line in debug_log.read_text().splitlines() if "exec path" in line]
+        assert said["host"] == "box" and "bash: python3: ***" in said["reason"]
+    assert len(list((tmp_path / "logs").glob(f"*/{DEBUG_FILE}"))) == 3
     assert (
         '"message": "no persistent runner (the runner did not start (exit status 127; stderr: \'bash: python3: ***\')'
         in done.stdout
