@@ -9,8 +9,9 @@ that logger). So a line says where it comes from without any call site repeating
 
 Lines go to `debug.log` in the run folder: one JSON document per line, written with one unbuffered write
 (flushed) and never fsynced, since it is a diagnostic and not the audit log. A write that fails (a full
-disk) turns it off and never stops the run; the run's durable writes report the disk themselves. Every
-value is masked by the run's Redactor before it is written. With `runbook run -v` each line goes to stderr
+disk) turns it off and never stops the run; the run's durable writes report the disk themselves. Each
+line is masked by the run's Redactor (its JSON text, whose escaped forms of a secret the Redactor knows)
+before it is written. With `runbook run -v` each line goes to stderr
 too, escaped as everything shown is (executor.terminal); never to stdout, which under `--json` holds only
 the run's events.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import sys
@@ -71,11 +73,10 @@ class DebugLog:
         processors: list[Any] = [
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
-            self._redact,
         ]
         if echo:
-            processors.append(_echo)
-        processors.append(structlog.processors.JSONRenderer())
+            processors.append(self._echo)
+        processors.append(self._render)
         self.log: Log = structlog.wrap_logger(
             self,
             processors=processors,
@@ -84,9 +85,19 @@ class DebugLog:
             cache_logger_on_first_use=False,
         )
 
-    def _redact(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        redacted: MutableMapping[str, Any] = self._redactor.deep(_plain(dict(event)))
-        return redacted
+    def _render(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> str:
+        """The line, masked: one pass over the JSON text, whose escaped forms of a secret the Redactor knows
+        (a pass per value would cost ten times as much, on every command)."""
+        return self._redactor.text(json.dumps(event, default=_text))
+
+    def _echo(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        """`-v`: the line on stderr as well, masked and shown safe (stderr looked up now: a live display on
+        the console may have wrapped it)."""
+        fields = " ".join(f"{key}={_text(value)}" for key, value in event.items() if key not in ("event", "time"))
+        text = self._redactor.text(f"debug: {_text(event.get('event'))}  {fields}")
+        with contextlib.suppress(OSError):  # stderr's reader went away; the debug log file still gets the line
+            print(shown(text), file=sys.stderr, flush=True)
+        return event
 
     def msg(self, line: str) -> None:
         """structlog's logger method: append the rendered line in one write."""
@@ -105,26 +116,10 @@ class DebugLog:
             os.close(fd)
 
 
-def _plain(value: Any) -> Any:
-    """`value` as JSON data, every other value (bytes, a path, an exception) as its text: what the Redactor
-    masks is all that is written."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_plain(item) for item in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return str(value)
-
-
-def _echo(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """`-v`: the line on stderr as well (looked up now: a live display on the console may have wrapped it)."""
-    fields = " ".join(f"{key}={value}" for key, value in event.items() if key not in ("event", "time", "level"))
-    with contextlib.suppress(OSError):  # stderr's reader went away; the debug log file still gets the line
-        print(shown(f"debug: {event.get('event')}  {fields}"), file=sys.stderr, flush=True)
-    return event
+def _text(value: Any) -> str:
+    """What JSON cannot hold (bytes, a path, an exception, a set) as its text, so that the Redactor sees
+    everything that is written."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 class _ToCurrentRun(logging.Handler):
