@@ -5,6 +5,7 @@ The CLI (executor.cli) is one user of this API; tests and bench/ are others.
 
 from executor.engine import Engine, RunOptions
 from executor.errors import (
+    FactsError,
     HostKeyError,
     InvalidRunbook,
     Problem,
@@ -18,7 +19,6 @@ from executor.model import Gate, Host
 from executor.planner import plan_text, render_problems
 from executor.render import heredoc, host_word, render_command
 from executor.stepkind import (
-    FactsError,
     Outcome,
     ProgressLines,
     RenderContext,

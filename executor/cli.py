@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import logging
 import os
 import shlex
 import signal
@@ -31,16 +30,17 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from executor import audit, seal
+from executor import audit, diagnostics, seal
 from executor.durations import format_duration
-from executor.engine import EXIT_WRITE_FAILED, WRITE_FAILED, Engine, RunOptions
+from executor.engine import WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
-    AuditKeyError,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
     DurableWriteError,
     InvalidRunbook,
     ResumeError,
     RunbookError,
-    RunLocked,
     StateError,
 )
 from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
@@ -54,7 +54,6 @@ from executor.terminal import shown, shown_text
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
 LOG_DIR = Path("logs")
@@ -72,10 +71,6 @@ class _PipedConsole(Console):
         self.quiet = True
         raise BrokenPipeError
 
-
-# what the transports log (a host without python3, an ssh config not honoured) reaches the console as the
-# run's `note` event, redacted and escaped; Python's last-resort handler would print it again, raw, on stderr
-logging.getLogger("executor").addHandler(logging.NullHandler())
 
 err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 out = _PipedConsole(highlight=False, soft_wrap=True)
@@ -103,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="the run's diagnostics (its debug.log) on stderr as well"
+    )
     p.add_argument(
         "--resume",
         nargs="?",
@@ -204,6 +202,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     var=[],
                     log_dir=args.log_dir,
                     json=args.json,
+                    verbose=False,
                     resume=None,
                     from_step=None,
                     only_step=None,
@@ -241,6 +240,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         only_step=args.only_step,
         var_args=list(args.var),
         inventory=args.inventory,
+        verbose=args.verbose,
     )
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
     os.umask(0o077)
@@ -252,8 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine = Engine(runbook, options, reporter, say=lambda note: err.print(shown_text(f"runbook: {note}")))
         code = asyncio.run(_run_interruptible(engine))
     except DurableWriteError as exc:
-        print(shown(write_failed_message(exc, again)), file=sys.stderr)
-        return EXIT_WRITE_FAILED
+        return failed(exc, again)
     finally:
         reporter.close()
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
@@ -561,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
+    # what asyncssh logs reaches the run's debug.log, never the console (executor.diagnostics)
+    diagnostics.route_asyncssh()
     try:
         return _dispatch(args)
     except BrokenPipeError:
@@ -575,24 +576,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
-    except DurableWriteError as exc:
-        print(shown(write_failed_message(exc)), file=sys.stderr)
-        return EXIT_WRITE_FAILED
-    except InvalidRunbook as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)  # a Problem is written safe to show (executor.errors)
-        return EXIT_INVALID
-    except RunLocked as exc:
-        print(shown(f"runbook: {exc}"), file=sys.stderr)
-        return EXIT_LOCKED
-    except (ResumeError, AuditKeyError) as exc:
-        print(shown(f"runbook: {exc}"), file=sys.stderr)
-        return EXIT_INVALID
     except RunbookError as exc:
-        print(shown(f"runbook: {exc}"), file=sys.stderr)
-        return EXIT_FAILED
+        return failed(exc)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def failed(exc: RunbookError, again: str | None = None) -> int:
+    """The one place an error becomes what the CLI prints and its exit status: the error's own `exit_code`
+    (executor.errors documents the tree). `again`: the command that continues a run a failed write stopped."""
+    if isinstance(exc, InvalidRunbook):
+        lines = [str(problem) for problem in exc.problems]  # a Problem is written safe to show (executor.errors)
+    elif isinstance(exc, DurableWriteError):
+        lines = [shown(write_failed_message(exc, again))]
+    else:
+        lines = [shown(f"runbook: {exc}")]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -21,20 +21,34 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import BaseModel
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from executor import audit as audit_mod
-from executor import durable, event_models, seal
+from executor import diagnostics, durable, event_models, seal
 from executor.audit import AuditLog
 from executor.emitter import Emitter, EventStream
 from executor.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    AttemptFailed,
+    CommandInterrupted,
     DurableWriteError,
+    FactsError,
+    GateWorkerUnavailable,
     HostKeyError,
+    HostRefused,
     StateError,
     TransportError,
 )
 from executor.events import RedactingReporter, Reporter
-from executor.gates import GateWorkers, GateWorkerUnavailable
+from executor.gates import GateWorkers
 from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
@@ -42,11 +56,10 @@ from executor.render import render_command
 from executor.resume import NOT_STARTED, Fingerprints, begin, plan_steps
 from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
 from executor.state import RunLock, RunMeta, RunState, StepRecord, new_run_id, now, open_state
-from executor.stepkind import FACTS_MAX_DEPTH, FactsError, StepContext, StepSpec, check_depth
+from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, check_depth
 from executor.transport import Transport, transport_for
 from executor.transport.base import (
     Collector,
-    CommandInterrupted,
     CommandResult,
     OutputSink,
     Transfer,
@@ -54,27 +67,8 @@ from executor.transport.base import (
 )
 
 TAIL_LINES = 20
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 #: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
-EXIT_WRITE_FAILED = 4
-
-
-class AttemptFailed(Exception):
-    """One attempt did not pass; the message says why (gate, timeout, transport, facts).
-
-    `facts` keeps what the attempt found, so that a failed step's record shows it too; `gate` is
-    the expression of the gate that failed (None when the attempt failed before its gates).
-    """
-
-    def __init__(self, message: str, facts: Any = None, gate: str | None = None, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        self.facts = facts
-        self.gate = gate
-        self.exit_code = exit_code
-
-
-class HostRefused(Exception):
-    """The host cannot be used at all (unknown host key): no retry, no fallback."""
+EXIT_WRITE_FAILED = DurableWriteError.exit_code
 
 
 @dataclass
@@ -89,6 +83,7 @@ class RunOptions:
     # how the run was started, recorded in run.json so that `--resume` can start it the same way
     var_args: Sequence[str] = ()  # --var K=V pairs
     inventory: Path | None = None  # the inventory the runbook was loaded with
+    verbose: bool = False  # the run's diagnostics (debug.log) on stderr too: `runbook run -v`
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
@@ -123,6 +118,7 @@ class HostContext(StepContext):
         self.run_dir = engine.run_dir
         self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
         self.events = engine.events.bind(step=spec.id, host=host, attempt=attempt)
+        self.debug_log = engine.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
 
     def fact(self, step_id: str, path: str) -> Any:
         value: Any = self.engine.facts_view(self.host_name)[step_id]["facts"]
@@ -143,9 +139,11 @@ class HostContext(StepContext):
             result = await transport.run(command, limit, on_output)
             result.timeout_s = limit
         except CommandInterrupted as exc:
+            self.debug_log.info("command interrupted", kill_confirmed=exc.result.kill_confirmed)
             self._record(command.display, exc.result)
             raise
         except TransportError as exc:
+            self.debug_log.warning("transport error", error=str(exc), kind=type(exc).__name__)
             collect = Collector(redactor=engine.redactor)
             collect.stdout.feed(exc.partial_stdout)
             collect.stderr.feed(exc.partial_stderr + f"\n[runbook] transport error: {exc}".encode())
@@ -157,6 +155,9 @@ class HostContext(StepContext):
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
+        self.debug_log.debug(
+            "command finished", exit_code=result.exit_code, timed_out=result.timed_out, duration_s=result.duration_s
+        )
         self._record(command.display, result)
         return result
 
@@ -346,6 +347,11 @@ class Engine:
         self.state = state
         self.run_dir = run_dir
         self.write_failure: DurableWriteError | None = None  # set by the first failed write: the run stops
+        self.debug = diagnostics.DebugLog(run_dir / diagnostics.DEBUG_FILE, self.redactor, echo=self.options.verbose)
+        self.log = self.debug.log.bind(run_id=run_id)  # every diagnostic line of the run names it
+        self.gates.log = self.log
+        current_run = diagnostics.CURRENT.set(self.log)  # asyncssh's records from this run's tasks go here
+        self.log.info("run started", run_dir=str(run_dir), resumed_from=meta.resumed_from, runs=sorted(run_ids))
         self.events = Emitter(EventStream(self.reporter, run_id, self.redactor))
         self.events.emit(
             event_models.RunStarted,
@@ -410,6 +416,9 @@ class Engine:
             await asyncio.shield(self.gates.close())
             self.audit.close()
             state.close()
+            self.log.info("run finished", status=status, exit_code=code)
+            self.debug.close()
+            diagnostics.CURRENT.reset(current_run)
             if source_lock is not None:
                 source_lock.release()
         if self.write_failure is not None:
@@ -440,7 +449,7 @@ class Engine:
         hosts = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
         for host in hosts:
             if host not in self.transports:
-                self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor)
+                self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor, self.log)
         self.events.emit(event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts)
         limit = asyncio.Semaphore(self.runbook.header.defaults.max_parallel)
 
@@ -492,8 +501,17 @@ class Engine:
         ]
         failures: list[str] = []
         unsaved = False
+        log = self.log.bind(step=spec.id, host=host)
+
+        def retry_scheduled(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else None
+            log.info("retry scheduled", attempt=record.attempts, delay_s=delay, after=str(failure).partition("\n")[0])
+
         try:
             for via, variant in variants:
+                if failures:
+                    log.info("fallback taken", via=via, after=failures[-1].partition("\n")[0])
                 policy = variant.retry_policy(self.runbook.header.defaults.retry)
                 retrying = AsyncRetrying(
                     stop=stop_after_attempt(policy.attempts),
@@ -501,6 +519,7 @@ class Engine:
                         multiplier=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
                     ),
                     retry=retry_if_exception_type(AttemptFailed),
+                    before_sleep=retry_scheduled,
                     reraise=True,
                 )
                 last: AttemptFailed | None = None

@@ -1,27 +1,59 @@
-"""The exception tree of `runbook`, documented in one place.
+"""The exception tree of `runbook`, documented in one place, and the one mapping of asyncssh and OS errors
+to transport errors (`transport_error`).
 
-    RunbookError                 base of everything this package raises on purpose
-    ├── InvalidRunbook           bad input: YAML, schema, references; a secret's value that is unset,
-    │                            empty or too short to redact, at its declaration (CLI exit 2)
+    RunbookError                 base of everything this package raises on purpose      .exit_code 1
+    ├── InvalidRunbook           bad input: YAML, schema, references; a secret's value that is unset,   2
+    │                            empty or too short to redact, at its declaration
     │     .problems: list[Problem]  each with file, line, column, message
-    ├── RunLocked                another `runbook` process holds the run (CLI exit 3)
-    ├── ResumeError              nothing to resume, or a needed step never passed (CLI exit 2)
-    │     └── StateError         a run folder cannot be read (state.db, run.json) or written
+    ├── RunLocked                another `runbook` process holds the run                                3
+    ├── ResumeError              nothing to resume, or a needed step never passed                       2
+    │     └── StateError         a run folder cannot be read (state.db, run.json) or written            2
     │           .reason: str     why, in a few words (for a table row)
-    ├── AuditKeyError            the audit key is missing, unusable or already there (CLI exit 2)
-    ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report
-    │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota; CLI exit 4)
-    └── TransportError           the host could not be reached or the channel broke
-          └── HostKeyError       unknown or changed host key: never retried
+    ├── AuditKeyError            the audit key is missing, unusable or already there                    2
+    ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report   4
+    │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota)
+    └── TransportError           the host could not be reached or the channel broke                     1
+          └── HostKeyError       unknown or changed host key: never retried                             1
 
-A failed step is not an exception: the engine records it and the CLI exits 1.
+`exit_code` is a class attribute: the status `runbook` exits with when the error reaches the CLI, which maps
+every RunbookError by it in one place (executor/cli.py, `_failed`); README, "Commands", lists them. Besides
+those, the CLI exits 0 (success), 1 (a step failed: a failed step is not an exception, the engine records it),
+130 (interrupted) and 141 (stdout's reader went away).
+
+The engine's own signals are no RunbookError and carry no exit code: each ends an attempt, a step or a
+transport's choice of path, is recorded there, and never leaves `Engine.run` (one that did would be a bug,
+shown as its traceback, not an error of the user's):
+
+    AttemptFailed                one attempt did not pass (gate, timeout, facts, transport): retried
+    HostRefused                  the host cannot be used at all (its host key): the step fails at once
+    FactsError                   a step kind's output could not become facts: the attempt fails
+    GateWorkerUnavailable        no gate worker process could be started: the attempt fails
+    RunnerUnavailable            the persistent runner cannot start on a host: the exec path serves it
+    RunnerLost                   the runner or its channel ended: the command in flight is a TransportError
+
+    asyncio.CancelledError
+    └── CommandInterrupted       an interrupted command's cancellation, carrying its partial result
+
+CommandInterrupted stays a CancelledError, outside the tree, on purpose: a Ctrl-C must pass every
+`except Exception` (a step kind's, tenacity's) and be seen by asyncio as cancellation (`Task.cancelling`,
+`gather`); the run then exits 130 as for any interrupt, and the audit log keeps the partial result.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import asyncssh
 
 from executor.terminal import shown
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
+
+#: The exit statuses of the CLI that no RunbookError carries (README, "Commands").
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 @dataclass(frozen=True)
@@ -42,9 +74,14 @@ class Problem:
 class RunbookError(Exception):
     """Base class of the errors `runbook` raises on purpose."""
 
+    #: The CLI's exit status when this error reaches it: a run that could not do its work.
+    exit_code = EXIT_FAILED
+
 
 class InvalidRunbook(RunbookError):
     """The runbook (or a command-line value) is not valid; carries every problem found."""
+
+    exit_code = 2
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
@@ -54,9 +91,13 @@ class InvalidRunbook(RunbookError):
 class RunLocked(RunbookError):
     """Another live `runbook` process holds the lock of this run."""
 
+    exit_code = 3
+
 
 class ResumeError(RunbookError):
     """The requested resume, --from or --only cannot be honoured."""
+
+    exit_code = 2
 
 
 class StateError(ResumeError):
@@ -74,6 +115,8 @@ class AuditKeyError(RunbookError):
     """The audit key (executor/seal.py) cannot be used: missing, no regular file, open to other users,
     malformed, or (for `runbook audit key`) already there."""
 
+    exit_code = 2
+
 
 class DurableWriteError(RunbookError):
     """A durable write to the run folder failed (ENOSPC, EIO, EROFS, EDQUOT, ...): the run stops at once.
@@ -83,6 +126,8 @@ class DurableWriteError(RunbookError):
     when the failure came from SQLite without one; `free_bytes` is what `os.statvfs` said was left
     for this user on that filesystem (None when it could not be read).
     """
+
+    exit_code = 4
 
     def __init__(self, folder: str, what: str, reason: str, errno: int | None, free_bytes: int | None) -> None:
         self.folder, self.what, self.reason, self.errno, self.free_bytes = folder, what, reason, errno, free_bytes
@@ -113,3 +158,89 @@ class TransportError(RunbookError):
 
 class HostKeyError(TransportError):
     """The host key is unknown or changed; retrying cannot help, so it never is."""
+
+
+# ---- the one mapping of asyncssh and OS errors ---------------------------------------------------
+
+
+def failure_text(exc: BaseException) -> str:
+    """What an asyncssh or OS error says, for a message: its own text (asyncssh's reason, `[Errno 111]
+    Connection refused`), or, where it says nothing, its type: a message never ends in an empty reason."""
+    return str(exc) or type(exc).__name__
+
+
+def is_host_key_failure(exc: BaseException) -> bool:
+    """asyncssh could not verify the server's host key (unknown, changed, revoked), by its class or by
+    the disconnect code a peer sent: retrying cannot help."""
+    return isinstance(exc, asyncssh.HostKeyNotVerifiable) or (
+        isinstance(exc, asyncssh.DisconnectError) and exc.code == asyncssh.DISC_HOST_KEY_NOT_VERIFIABLE
+    )
+
+
+def transport_error(
+    exc: BaseException,
+    what: str,
+    *,
+    timeout: float | None = None,
+    partial: tuple[bytes, bytes] = (b"", b""),
+    untrusted_key: tuple[str, str] | None = None,
+) -> TransportError:
+    """The TransportError that `exc` (an asyncssh.Error, an OSError, a TimeoutError) raised while doing
+    `what` becomes: `{what}: {failure_text(exc)}`, or `{what} within {timeout}s` for a timeout that says
+    nothing else (asyncio's), with `partial` (stdout, stderr) as the output that had arrived. A host key
+    failure is a HostKeyError, never retried: `untrusted_key` (what to call it, the hint that says how to
+    trust the key) words it `{called}: {reason}; {hint}`."""
+    if is_host_key_failure(exc):
+        if untrusted_key is None:
+            return HostKeyError(f"{what}: {failure_text(exc)}", *partial)
+        called, hint = untrusted_key
+        return HostKeyError(f"{called}: {failure_text(exc)}; {hint}", *partial)
+    if isinstance(exc, TimeoutError) and not str(exc) and timeout is not None:
+        return TransportError(f"{what} within {timeout:g}s", *partial)
+    return TransportError(f"{what}: {failure_text(exc)}", *partial)
+
+
+# ---- the engine's own signals (never leave Engine.run; see the tree above) ----------------------
+
+
+class AttemptFailed(Exception):
+    """One attempt did not pass; the message says why (gate, timeout, transport, facts).
+
+    `facts` keeps what the attempt found, so that a failed step's record shows it too; `gate` is
+    the expression of the gate that failed (None when the attempt failed before its gates);
+    `exit_code` is the exit code of the attempt's command (not a CLI status: this is no RunbookError).
+    """
+
+    def __init__(self, message: str, facts: Any = None, gate: str | None = None, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.facts = facts
+        self.gate = gate
+        self.exit_code = exit_code
+
+
+class HostRefused(Exception):
+    """The host cannot be used at all (unknown host key): no retry, no fallback."""
+
+
+class FactsError(Exception):
+    """The output could not be turned into facts; the attempt fails with this message."""
+
+
+class GateWorkerUnavailable(Exception):
+    """No worker process could be started (EMFILE, EAGAIN): the attempt's gates cannot be evaluated."""
+
+
+class RunnerUnavailable(Exception):
+    """The runner could not start on this host (no python3, say); the exec path serves it instead."""
+
+
+class RunnerLost(Exception):
+    """The runner or its channel ended while a command was in flight."""
+
+
+class CommandInterrupted(asyncio.CancelledError):
+    """Cancellation that carries the interrupted command's partial result, for the audit log."""
+
+    def __init__(self, result: CommandResult) -> None:
+        super().__init__("interrupted")
+        self.result = result

@@ -33,6 +33,10 @@ from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+if __name__ != "__main__":  # the controller's side; the worker (this file as a program) imports no package
+    from executor.diagnostics import NO_LOG, Log
+    from executor.errors import GateWorkerUnavailable
+
 #: Wall-clock bound of one gate in a worker (CPU time is at most that); past it the worker is killed.
 GATE_TIME_S = 5.0
 #: Bound of a worker's start and of handing it an attempt's names (linear work, up to 2 x 64 MiB of output).
@@ -206,10 +210,6 @@ def _values(expression: str, names: Mapping[str, Any]) -> str:
 # ---- bounded evaluation: worker processes --------------------------------------------------------
 
 
-class GateWorkerUnavailable(Exception):
-    """No worker process could be started (EMFILE, EAGAIN): the attempt's gates cannot be evaluated."""
-
-
 class GateWorker:
     """One worker process: it holds an attempt's names and evaluates that attempt's gates, one by one."""
 
@@ -290,6 +290,7 @@ class GateWorkers:
     def __init__(self) -> None:
         self._idle: list[GateWorker] = []
         self._all: set[GateWorker] = set()
+        self.log: Log = NO_LOG  # the run's diagnostics, once it has them
 
     @contextlib.asynccontextmanager
     async def session(self, names: Mapping[str, Any], expressions: Iterable[str] = ()) -> AsyncIterator[GateWorker]:
@@ -319,6 +320,7 @@ class GateWorkers:
         except OSError as exc:
             raise GateWorkerUnavailable(f"could not start a gate worker: {exc.strerror or exc}") from None
         self._all.add(worker)
+        self.log.debug("gate worker started", pid=worker.proc.pid, workers=len(self._all))
         return worker
 
     async def close(self) -> None:

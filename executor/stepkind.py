@@ -27,6 +27,7 @@ from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from executor.durations import Duration
+from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
 from executor.gates import step_refs, var_refs
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
@@ -40,10 +41,6 @@ MAX_FALLBACKS = 16  # of one step (README, "Limits of a runbook file")
 #: How deep facts drawn from host output may nest. Nothing a step reports needs more; a host printing
 #: `[[[[...` must fail its attempt with this number, not exhaust the controller's stack.
 FACTS_MAX_DEPTH = 64
-
-
-class FactsError(Exception):
-    """The output could not be turned into facts; the attempt fails with this message."""
 
 
 def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:

@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from executor.diagnostics import NO_LOG, Log
+from executor.errors import CommandInterrupted as CommandInterrupted  # supervise raises it (executor.errors)
 from executor.errors import TransportError
 from executor.redact import NO_SECRETS, Redactor, StreamRedactor
 from executor.render import KILLED_NOTE, UNCONFIRMED_NOTE, RenderedCommand
@@ -201,14 +203,6 @@ def kill_report(result: CommandResult) -> str:
     if result.kill_confirmed:
         return "every process it started was killed (the host confirmed its session empty)"
     return "could not confirm that the step's processes were killed"
-
-
-class CommandInterrupted(asyncio.CancelledError):
-    """Cancellation that carries the interrupted command's partial result, for the audit log."""
-
-    def __init__(self, result: CommandResult) -> None:
-        super().__init__("interrupted")
-        self.result = result
 
 
 @dataclass
@@ -406,6 +400,8 @@ class Transport(abc.ABC):
     name: str
     #: Masks the run's secrets in every command's output as it arrives (set by `transport_for`).
     redactor: Redactor = NO_SECRETS
+    #: The run's diagnostics with this host bound (set by `transport_for`; outside a run, nowhere).
+    log: Log = NO_LOG
 
     async def connect(self) -> None:
         """Open the connection ahead of the first command (optional; `run` connects lazily)."""

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import asyncssh
 
-from executor.errors import TransportError
+from executor.diagnostics import Log
+from executor.errors import RunnerLost, RunnerUnavailable, TransportError, failure_text, transport_error
 from executor.redact import NO_SECRETS, Redactor
 from executor.render import RenderedCommand
 from executor.transport import runner_host as host
@@ -67,14 +68,6 @@ START_COMMAND = "exec " + shlex.join(
 STDERR_TAIL_BYTES = 2048
 
 
-class RunnerUnavailable(Exception):
-    """The runner could not start on this host (no python3, say); the exec path serves it instead."""
-
-
-class RunnerLost(Exception):
-    """The runner or its channel ended while a command was in flight."""
-
-
 @dataclass
 class _Request:
     """One command in flight: its two streams as the frames fill them, and its exit code."""
@@ -87,8 +80,11 @@ class _Request:
 class HostRunner:
     """One running runner on one connection. `run` may be called concurrently."""
 
-    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+    def __init__(
+        self, name: str, conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess[bytes], log: Log
+    ) -> None:
         self.name = name
+        self.log = log
         self.conn = conn
         self._proc = proc
         self._requests: dict[int, _Request] = {}
@@ -99,15 +95,14 @@ class HostRunner:
         self._reader: asyncio.Future[None] | None = None
 
     @classmethod
-    async def start(cls, conn: asyncssh.SSHClientConnection, name: str, timeout: float) -> HostRunner:
+    async def start(cls, conn: asyncssh.SSHClientConnection, name: str, timeout: float, log: Log) -> HostRunner:
         """Start the runner; `RunnerUnavailable` where the host cannot run it, `TransportError`
-        where the connection failed."""
+        where the connection failed. `log`: the connection's diagnostics."""
         try:  # a host that stopped answering: bounded here, whatever the keepalive settings
             proc = await asyncio.wait_for(conn.create_process(START_COMMAND, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
-            said = str(exc) or f"no answer within {timeout:g}s"
-            raise TransportError(f"cannot open a channel to {name}: {said}") from None
-        runner = cls(name, conn, proc)
+            raise transport_error(exc, f"cannot open a channel to {name}", timeout=timeout) from None
+        runner = cls(name, conn, proc, log)
         token = secrets.token_hex(host.TOKEN_BYTES // 2).encode()
         try:
             proc.stdin.write(b"%010d" % len(PROGRAM) + PROGRAM + token)
@@ -124,8 +119,9 @@ class HostRunner:
             raise RunnerUnavailable(f"the runner did not answer within {timeout:g}s ({runner._ended()})") from None
         except (OSError, asyncssh.Error) as exc:
             runner.close()
-            raise TransportError(f"the runner's channel to {name} broke while it started: {exc}") from None
+            raise transport_error(exc, f"the runner's channel to {name} broke while it started") from None
         runner._reader = asyncio.ensure_future(runner._read())
+        log.info("runner started")
         return runner
 
     @property
@@ -176,7 +172,7 @@ class HostRunner:
         try:
             self._proc.stdin.write(host.frame(request_id, kind, payload))
         except (OSError, asyncssh.Error) as exc:
-            self._fail(f"the runner's channel to {self.name} broke: {exc}")
+            self._fail(f"the runner's channel to {self.name} broke: {failure_text(exc)}")
             raise RunnerLost(self._lost) from None
 
     async def _read(self) -> None:
@@ -202,7 +198,7 @@ class HostRunner:
         except asyncio.IncompleteReadError:
             pass
         except (OSError, asyncssh.Error) as exc:
-            reason = f"the runner's channel to {self.name} broke: {exc}"
+            reason = f"the runner's channel to {self.name} broke: {failure_text(exc)}"
         with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):  # for its exit status in the message
             await asyncio.wait_for(self._proc.wait(), 1.0)
         self._fail(f"{reason} ({self._ended()})")
@@ -234,6 +230,7 @@ class HostRunner:
         """Mark the runner lost and fail every command in flight."""
         if self._lost is None:
             self._lost = reason
+            self.log.info("runner ended", reason=reason, commands_in_flight=len(self._requests))
         for request in self._requests.values():
             request.stdout.feed_eof()
             request.stderr.feed_eof()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 
 import asyncssh
 
-from executor.errors import HostKeyError, TransportError
+from executor.diagnostics import Log
+from executor.errors import HostKeyError, RunnerUnavailable, TransportError, transport_error
 from executor.model import Host
 from executor.render import RenderedCommand
 from executor.transport.base import (
@@ -39,11 +39,8 @@ from executor.transport.base import (
     check_arrived,
     supervise,
 )
-from executor.transport.runner import HostRunner, RunnerUnavailable
+from executor.transport.runner import HostRunner
 from executor.transport.transfer import CHECK_TIMEOUT_S, check_command, parse_check, sftp_download, sftp_upload
-
-log = logging.getLogger(__name__)
-
 
 #: Host keys are verified unless the runbook (or inventory) sets `verify_host_key: false` on the host. An
 #: ssh config that would take checking off (`UserKnownHostsFile none` or `/dev/null`, which asyncssh reads
@@ -103,6 +100,8 @@ class SSHTransport(Transport):
         self._notes: list[str] = []
         self._config_notes: list[str] = []  # what the ssh config asked of host keys and did not get, said once
         self._tunnels: list[asyncssh.SSHClientConnection] = []  # the jump hosts of `_conn`, in order
+        self._connections = 0  # opened so far: a connection's number in the diagnostics
+        self._conn_log: Log = self.log  # the diagnostics of the current connection (bound when it opens)
 
     def _config(self) -> Any:
         """The ssh config files asyncssh reads: the host's `ssh_config`, else () for ~/.ssh/config."""
@@ -158,7 +157,7 @@ class SSHTransport(Transport):
             if note not in self._config_notes:
                 self._config_notes.append(note)
                 self._notes.append(note)
-                log.warning("%s", note)
+                self.log.warning("ssh config not honoured", note=note)
         files = [os.path.expanduser(entry) for entry in listed if not _null_known_hosts(entry)]
         files = files or [os.path.expanduser(DEFAULT_KNOWN_HOSTS)]
         hint = (own or files)[0]
@@ -192,12 +191,17 @@ class SSHTransport(Transport):
                 self._tunnels.append(via)
         try:
             return await asyncssh.connect(hop.address, known_hosts=known_hosts, tunnel=via or (), **options)
-        except asyncssh.HostKeyNotVerifiable as exc:
-            hint = _trust_hint(hop.address, options.get("port"), hint_file)
-            raise HostKeyError(f"host key of {hop.label} not trusted: {exc}; {hint}") from None
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             where = "" if depth == 0 else f" through {hop.label}"
-            raise TransportError(f"cannot connect to {self.name} ({self.host.address}){where}: {exc}") from None
+            raise transport_error(
+                exc,
+                f"cannot connect to {self.name} ({self.host.address}){where}",
+                timeout=options["connect_timeout"],
+                untrusted_key=(
+                    f"host key of {hop.label} not trusted",
+                    _trust_hint(hop.address, options.get("port"), hint_file),
+                ),
+            ) from None
 
     async def connect(self) -> None:
         await self._connection()
@@ -213,9 +217,16 @@ class SSHTransport(Transport):
             hop = _Hop(self.host.address, self.host.port, self.host.user, f"{self.name} ({self.host.address})")
             try:
                 self._conn = await self._open(hop, self._options(), None)
+            except TransportError as exc:
+                self._close_tunnels()
+                self.log.warning("connection failed", address=self.host.address, error=str(exc))
+                raise
             except BaseException:
                 self._close_tunnels()
                 raise
+            self._connections += 1
+            self._conn_log = self.log.bind(connection=self._connections, address=self.host.address)
+            self._conn_log.info("connection opened", port=self.host.port, jump_hosts=len(self._tunnels))
             return self._conn
 
     def _close_tunnels(self) -> None:
@@ -227,6 +238,7 @@ class SSHTransport(Transport):
     def _drop(self, conn: asyncssh.SSHClientConnection) -> None:
         """Forget a broken connection so that the next command reconnects."""
         if self._conn is conn:
+            self._conn_log.warning("connection dropped: the next command reconnects")
             conn.abort()
             self._conn = None
 
@@ -238,8 +250,8 @@ class SSHTransport(Transport):
             else:
                 runner = None
                 await asyncio.wait_for(self._connection(), reach)
-        except TimeoutError:
-            raise TransportError(f"could not connect to {self.name} within {reach:g}s") from None
+        except TimeoutError as exc:
+            raise transport_error(exc, f"could not connect to {self.name}", timeout=reach) from None
         if runner is not None:
             return await runner.run(command, timeout, on_output, self.redactor)
         return await self._exec(command, timeout, on_output)
@@ -256,13 +268,15 @@ class SSHTransport(Transport):
                 self._runner.close()
                 self._runner = None
             try:
-                self._runner = await HostRunner.start(conn, self.name, self.host.connect_timeout)
+                self._runner = await HostRunner.start(conn, self.name, self.host.connect_timeout, self._conn_log)
             except RunnerUnavailable as exc:
                 if self._runner_started:  # it ran here before: this is no property of the host
                     self._drop(conn)
                     raise TransportError(f"cannot restart the runner on {self.name}: {exc}") from None
                 self.runner_unavailable = str(exc)
-                log.warning("%s: %s; every command uses an exec channel of its own", self.name, exc)
+                self._conn_log.warning(
+                    "fallback to the exec path: every command uses an exec channel of its own", reason=str(exc)
+                )
                 self._notes.append(f"no persistent runner ({exc}): every command uses an exec channel of its own")
                 return None
             except TransportError:
@@ -279,8 +293,7 @@ class SSHTransport(Transport):
             proc = await asyncio.wait_for(conn.create_process(command.command_line, encoding=None), timeout)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             self._drop(conn)
-            said = str(exc) or f"no answer within {timeout:g}s"
-            raise TransportError(f"cannot open a channel to {self.name}: {said}") from None
+            raise transport_error(exc, f"cannot open a channel to {self.name}", timeout=timeout) from None
         with contextlib.suppress(BrokenPipeError, OSError, asyncssh.Error):
             proc.stdin.write(command.stdin)  # buffered by asyncssh; the wait below is under the timeout
 
@@ -293,10 +306,10 @@ class SSHTransport(Transport):
             result = await supervise(collect, finish(), timeout, lambda task: self._stop(proc, task))
         except (OSError, asyncssh.Error) as exc:
             self._drop(conn)
-            raise TransportError(
-                f"connection to {self.name} broke during the command: {exc}",
-                bytes(collect.stdout.data),
-                bytes(collect.stderr.data),
+            raise transport_error(
+                exc,
+                f"connection to {self.name} broke during the command",
+                partial=(bytes(collect.stdout.data), bytes(collect.stderr.data)),
             ) from None
         if result.exit_code is None and not result.timed_out:  # closed without an exit status: the connection died
             self._drop(conn)
@@ -330,7 +343,7 @@ class SSHTransport(Transport):
             async with conn.start_sftp_client() as sftp:
                 sent, path = await sftp_upload(sftp, local, remote)
         except (OSError, asyncssh.Error) as exc:
-            raise TransportError(f"{what} failed: {exc}") from None
+            raise transport_error(exc, f"{what} failed") from None
         await self._check_arrived(what, path, sent)
         return Transfer("put", str(local), remote, sent.size, sent.sha256)
 
@@ -343,7 +356,7 @@ class SSHTransport(Transport):
             async with conn.start_sftp_client() as sftp:
                 received, path = await sftp_download(sftp, remote, local)
         except (ConnectionError, asyncssh.Error) as exc:  # the host's side; an OSError of `local` is the caller's
-            raise TransportError(f"{what} failed: {exc}") from None
+            raise transport_error(exc, f"{what} failed") from None
         await self._check_arrived(what, path, received)
         return Transfer("get", str(local), remote, received.size, received.sha256)
 
@@ -368,4 +381,5 @@ class SSHTransport(Transport):
             except (TimeoutError, OSError, asyncssh.Error):
                 self._conn.abort()
             self._conn = None
+            self._conn_log.info("connection closed")
         self._close_tunnels()

@@ -13,7 +13,6 @@ import asyncio
 import difflib
 import hashlib
 import json
-import logging
 import os
 import re
 import signal
@@ -26,8 +25,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from executor.diagnostics import DEBUG_FILE, DebugLog
 from executor.errors import TransportError
 from executor.model import Host
+from executor.redact import NO_SECRETS
 from executor.render import render_command
 from executor.transport import SSHTransport
 from executor.transport import runner_host as host_program
@@ -399,20 +400,24 @@ def no_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
 
 
 def test_a_host_without_python_falls_back_to_the_exec_path(
-    no_python: SSHServer, loop: asyncio.Runner, caplog: pytest.LogCaptureFixture
+    no_python: SSHServer, loop: asyncio.Runner, tmp_path: Path
 ) -> None:
     transport = transport_to(no_python)
-    with caplog.at_level(logging.WARNING, logger="executor.transport.ssh"):
-        try:
-            results = [run_one(loop, transport, "echo ok; exit 4") for _ in range(2)]
-        finally:
-            loop.run(transport.close())
+    debug = DebugLog(tmp_path / DEBUG_FILE, NO_SECRETS)
+    transport.log = debug.log.bind(host="box")
+    try:
+        results = [run_one(loop, transport, "echo ok; exit 4") for _ in range(2)]
+    finally:
+        loop.run(transport.close())
+        debug.close()
     assert [(r.exit_code, r.stdout) for r in results] == [(4, b"ok\n")] * 2
     assert transport.runner_unavailable is not None
     assert "exit status 127" in transport.runner_unavailable
     assert "python3: command not found" in transport.runner_unavailable
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "exec channel of its own" in warnings[0]
+    lines = [json.loads(line) for line in (tmp_path / DEBUG_FILE).read_text().splitlines()]
+    warnings = [line for line in lines if line["level"] == "warning"]  # said once, in the run's diagnostics
+    assert len(warnings) == 1 and "exec channel of its own" in warnings[0]["event"]
+    assert warnings[0]["host"] == "box" and "python3: command not found" in warnings[0]["reason"]
 
 
 def test_the_fallback_is_said_once_in_the_run_s_events(
@@ -443,7 +448,8 @@ def test_the_fallback_note_reaches_the_console_once_and_masked(
 ) -> None:
     """The login shell's last words (here `bash: python3: command not found`) are quoted in the note; when
     they hold a secret's value (a ~/.bashrc under `set -x` exporting the token), it is masked. Before, the
-    transport's logging warning printed the note a second time on stderr, raw (Python's last-resort handler)."""
+    transport's logging warning printed the note a second time on stderr, raw (Python's last-resort handler).
+    The run's debug.log (and `-v`, on stderr) says it too, masked as well."""
     path = write_runbook(
         """\
         name: fallback
@@ -455,18 +461,24 @@ def test_the_fallback_note_reaches_the_console_once_and_masked(
         """,
         hosts=no_python.host_yaml(),
     )
-    for json_events in ([], ["--json"]):
+    for options in ([], ["-v"], ["--json"]):
         done = runbook_cli(
             "run",
             str(path),
             "--log-dir",
             str(tmp_path / "logs"),
-            *json_events,
+            *options,
             env={"RB_SHELL_TOKEN": "command not found"},
         )
         assert done.returncode == 0, done.stderr
         assert "command not found" not in done.stderr + done.stdout
+        assert ("debug: fallback to the exec path" in done.stderr) == (options == ["-v"])
     assert done.stderr == ""  # --json: every note is an event on stdout
+    for debug_log in (tmp_path / "logs").glob(f"*/{DEBUG_FILE}"):
+        assert "command not found" not in debug_log.read_text()
+        (said,) = [json.loads(line) for line in debug_log.read_text().splitlines() if "exec path" in line]
+        assert said["host"] == "box" and "bash: python3: ***" in said["reason"]
+    assert len(list((tmp_path / "logs").glob(f"*/{DEBUG_FILE}"))) == 3
     assert (
         '"message": "no persistent runner (the runner did not start (exit status 127; stderr: \'bash: python3: ***\')'
         in done.stdout
