@@ -24,8 +24,8 @@ from executor.render import host_word
 from executor.state import open_state, scan_runs
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
-from sandbox.model_configs import custom_code_files, deepseek_v3_text_config, drafter_config, target_config
 from hostprograms import inspect_config as host
+from sandbox.model_configs import custom_code_files, deepseek_v3_text_config, drafter_config, target_config
 from steps.inspect_config import InspectConfigFacts, InspectConfigStep
 
 Config = dict[str, Any]

@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor.cli import main
+from executor.stepkind import PROGRESS_PREFIX
+from hostprograms.verify import Entry, header_problem, safetensors_problem, verify
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID, TARGET_ID, Repo, build_repo, safetensors_bytes, target_repo
 from steps.verify import VerifyStep, progress_sink
-from steps.verify_host import PROGRESS_PREFIX, Entry, header_problem, safetensors_problem, verify
 from tests.conftest import SandboxHost
 
 SHARD = "model-00002-of-00004.safetensors"
@@ -375,7 +376,7 @@ def test_progress_lines_become_progress_events() -> None:
 
     sink = progress_sink(Ctx())  # type: ignore[arg-type]  # only progress() is used
     fields = {"files_done": 1, "files_total": 4, "bytes_done": 3 << 30, "bytes_total": 12 << 30, "bytes_per_s": 1 << 30}
-    line = f"{PROGRESS_PREFIX}{json.dumps(fields)}\n".encode()
+    line = PROGRESS_PREFIX + f"{json.dumps(fields)}\n".encode()
     sink("stdout", line)
     sink("stderr", b"a warning\n" + line[:10])
     sink("stderr", line[10:] + b"runbook-progress {broken\n")
@@ -414,8 +415,9 @@ def test_unreadable_manifest_is_a_named_gate_failure(run_verify: Run, hub: HubSe
     assert hub.token not in err
 
 
-def test_render_embeds_the_program_and_quotes_every_parameter() -> None:
+def test_render_ships_the_program_with_every_parameter_as_data() -> None:
     step = VerifyStep(id="v", repo="a/b", local_dir="/models/it's here", python="/opt/venv/bin/python", workers=4)
     script = step.render(None)  # type: ignore[arg-type]  # render reads no context
-    assert script.startswith("/opt/venv/bin/python - '{")
-    assert "def safetensors_problem" in script
+    assert script.startswith("# hostprograms/verify.py with the kit, zip sha256:")
+    assert '"local_dir": "/models/it\'s here"' in script and '"workers": 4' in script
+    assert script.endswith('/opt/venv/bin/python "$prog/program.pyz" "$prog/config.json"\n')
