@@ -103,9 +103,9 @@ class HubToken:
         self.token: str | None = None
         self.source: str | None = None
         self.reason: str | None = None
-        self.checked: list[str] = ["env HF_TOKEN", "env HUGGING_FACE_HUB_TOKEN"]
         # as huggingface_hub: `os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")`
         name = "HF_TOKEN" if environ.get("HF_TOKEN") else "HUGGING_FACE_HUB_TOKEN"
+        self.checked: list[str] = ["env HF_TOKEN"] + ([] if name == "HF_TOKEN" else [f"env {name}"])
         self.token = _clean(environ.get(name))
         if self.token is not None:
             self.source = f"env {name}"

@@ -28,12 +28,12 @@ from pydantic import ValidationError
 from executor.cli import main
 from executor.planner import PlanContext
 from executor.stepkind import FactsError, RenderContext
+from hostprograms.probe import literal_lists
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
 from steps import deploy_host
 from steps.deploy import DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
-from steps.probe_host import literal_lists
 
 SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
 

@@ -20,12 +20,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from executor.cli import main
+from executor.hostprogram import bundle
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
+from hostprograms import probe as probe_host
 from sandbox import gpu
 from sandbox.prepare import VENV
 from sandbox.sshd import free_port
-from steps import probe_host
 from steps.probe import HostReport, ProbeFacts, ProbeStep, sm_arch
 from tests.conftest import SandboxHost
 
@@ -168,9 +169,12 @@ def test_dflash_and_kimi_are_read_from_the_real_sglang_source() -> None:
 
 
 def interpreter_role(python_path: Path) -> dict[str, Any]:
-    """The probe program's --interpreter role, run as the probe runs it, with PYTHONPATH=python_path."""
+    """The probe program's interpreter role, run as the probe runs it, with PYTHONPATH=python_path."""
+    program, config = python_path / "probe.pyz", python_path / "config.json"
+    program.write_bytes(bundle("probe"))
+    config.write_text(json.dumps({"role": "interpreter", "packages": ["sglang"]}))
     done = subprocess.run(
-        [sys.executable, probe_host.__file__, "--interpreter", json.dumps({"packages": ["sglang"]})],
+        [sys.executable, str(program), str(config)],
         capture_output=True,
         text=True,
         check=True,
@@ -558,10 +562,11 @@ def test_hub_sizes_are_asked_from_the_host_and_a_failure_is_a_reason(testhost, t
     assert "ConnectError" in repo["unknown_reason"] and "127.0.0.1" in repo["unknown_reason"]
 
 
-def test_plan_shows_one_command_with_the_program_in_a_quoted_heredoc(tmp_path, capsys) -> None:
+def test_plan_shows_one_command_shipping_the_program_and_its_config(tmp_path, capsys) -> None:
     path = tmp_path / "rb.yaml"
     path.write_text("name: p\nsteps:\n  - {id: probe, kind: probe, python: /root/venv_sglang/bin/python}\n")
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
-    assert 'cat > "$prog" <<\'RUNBOOK_EOF_' in out and "def parse_gpu_query" in out
+    assert "# hostprograms/probe.py with the kit, zip sha256:" in out
+    assert 'python3 "$prog/program.pyz" "$prog/config.json"' in out
     assert '"python": "/root/venv_sglang/bin/python"' in out
