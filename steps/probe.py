@@ -3,8 +3,9 @@
 The seeds' probe was a chain of greps whose empty answer ("no MLA backend") looked like a pass,
 with a quoting bug on top. Here the host program (hostprograms/probe.py, stdlib only) travels as
 data through `executor.hostprogram.host_program`, so no quoting applies; it reads SGLang's
-capabilities from its files with the interpreter the deployment will use; and a fact it cannot determine is null with its reason in
-an `unknown` map, so a gate on it fails instead of passing on an empty list.
+capabilities from its files with the interpreter the deployment will use; and a fact it cannot
+determine is null with its reason in an `unknown` map, so a gate on it fails instead of passing on
+an empty list.
 
 Beyond what the host reports, the facts carry what later gates need: `gpu_arch` (sm90, sm100,
 sm120, ...), `gpu_memory_min_mib`, the MLA backends of the installed SGLang and those of them
