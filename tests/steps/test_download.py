@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from executor.cli import main
 from executor.transport.base import Collector, CommandResult
+from hostprograms.download import compare, fetch, selected
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID, TARGET_ID
 from steps.download import (
@@ -32,7 +33,6 @@ from steps.download import (
     parse_margin,
     resumed_bytes,
 )
-from steps.download_host import compare, fetch, selected
 
 SHARD = "model-00002-of-00004.safetensors"
 
@@ -141,9 +141,9 @@ OUTPUT = (
 
 
 def test_progress_lines_become_bytes_rate_and_eta() -> None:
-    calls = meter_calls([("stdout", OUTPUT)])
+    calls = meter_calls([("stderr", OUTPUT)])
     assert [fields["bytes_done"] for _, fields in calls] == [100_000, 300_000, 500_000]
-    assert meter_calls([("stderr", OUTPUT)]) == []  # the script prints sizes on stdout; stderr is the method's
+    assert meter_calls([("stdout", OUTPUT)]) == []  # the script prints sizes on stderr, as every program does
     assert calls[0][0] == "org/model via hf_cli: 100.0 kB of 1.0 MB (10%)"
     assert calls[2][0] == "org/model via hf_cli: 500.0 kB of 1.0 MB (50%), 100.0 kB/s, ETA 5.0s"
     assert calls[2][1] == {
@@ -180,12 +180,12 @@ def test_how_a_method_ended_in_brief_and_in_full() -> None:
     assert incomplete_summary(after) == "4 of 5 files incomplete: f0 missing, f1 missing, f2 missing, ..."
 
 
-def test_the_http_method_report_is_found_among_progress_lines() -> None:
-    report = b'{\n "fetched": [{"path": "a", "resumed_from": 7}, {"path": "b", "resumed_from": 0}]\n}\n'
+def test_the_http_method_report_is_the_last_line_of_its_stdout() -> None:
+    report = b'{"fetched": [{"path": "a", "resumed_from": 7}, {"path": "b", "resumed_from": 0}], "failed": []}\n'
     progress = b'runbook-progress {"disk_bytes": 1}\n'
-    assert resumed_bytes(result(0, stdout=progress + report + progress)) == 7
-    assert resumed_bytes(result(0, stdout=report)) == 7
-    assert resumed_bytes(result(1, stdout=progress)) == 0
+    assert resumed_bytes(result(0, stdout=b"a line of the method's\n" + report, stderr=progress)) == 7
+    assert resumed_bytes(result(1, stdout=report + b"not json\n")) == 0
+    assert resumed_bytes(result(1, stderr=progress)) == 0
 
 
 def test_compare_tells_each_file_state_and_removes_leftovers_only_when_complete(tmp_path: Path) -> None:
@@ -282,11 +282,11 @@ def download(
     host_yaml = testhost("h200").host_yaml()
     runs = itertools.count(1)
 
-    def go(token: bool = False, vars: dict[str, str] | None = None, **params: Any) -> Run:
+    def go(token: bool = False, vars: dict[str, str] | None = None, token_name: str = "HF_TOKEN", **params: Any) -> Run:
         number = next(runs)
         doc = {
             "vars": {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})},
-            "secrets": {"HF_TOKEN": {"env": "TEST_DL_HF_TOKEN", "required": False}},
+            "secrets": {token_name: {"env": "TEST_DL_HF_TOKEN", "required": False}},
             "steps": [{"id": "fetch", "kind": "download", **params}],
         }
         path = write_runbook("name: dl\n__HOSTS__\n" + yaml.safe_dump(doc), name=f"dl{number}.yaml", hosts=host_yaml)
@@ -417,6 +417,29 @@ def test_a_gated_repo_needs_the_token_which_never_shows(tmp_path: Path, download
         assert hub.token not in run.out + run.err
 
 
+def test_the_token_is_found_where_huggingface_hub_finds_it(
+    tmp_path: Path, download: Any, hub: HubServer, testhost: Any
+) -> None:
+    """The legacy HUGGING_FACE_HUB_TOKEN, and a token file at an HF_TOKEN_PATH holding `$HOME`, reach the HTTP
+    method as they reach the Hub client and the probe (before, the download's own lookup knew neither)."""
+    hub.faults.gate(DRAFTER_ID)
+    legacy = download(token=True, token_name="HUGGING_FACE_HUB_TOKEN", repo=DRAFTER_ID, local_dir=str(tmp_path / "a"))
+    assert legacy.code == 0, legacy.failure
+    assert legacy.facts["token_source"] == "env HUGGING_FACE_HUB_TOKEN"
+    token_file = testhost("h200").home / ".runbook-test-hf-token"
+    token_file.write_text(hub.token + "\n")
+    try:
+        params = {"repo": DRAFTER_ID, "local_dir": str(tmp_path / "b"), "methods": ["http"]}
+        from_file = download(vars={"HF_TOKEN_PATH": "$HOME/.runbook-test-hf-token"}, **params)
+    finally:
+        token_file.unlink()
+    assert from_file.code == 0, from_file.failure
+    assert from_file.facts["token_source"] == f"file {token_file}" and from_file.facts["method"] == "http"
+    assert all(r.authorized for r in hub.requests.entries(DRAFTER_ID, kind="resolve"))
+    for run in (legacy, from_file):
+        assert hub.token not in run.out + run.err + (run.run_dir / "audit.jsonl").read_text()
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MB tmpfs: a real file system too small for the target repo (needs root, as CI runs)."""
@@ -500,7 +523,8 @@ def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: A
         """)
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.count('local_dir="${models_dir:?runbook var models_dir is unset or empty}"/Kimi-K2.6\n') == 5
+    assert out.count('local_dir="${models_dir:?runbook var models_dir is unset or empty}"/Kimi-K2.6\n') == 3
+    assert out.count('"local_dir": "$models_dir/Kimi-K2.6"') == 3  # precheck, http, check: expanded by the kit
     commit = "'<commit of main, known at run time>'"
     hf = f"hf download {TARGET_ID} --revision {commit} --include '*.json' --include '*.safetensors' --local-dir"
     assert hf + ' "$local_dir"\n' in out
@@ -508,6 +532,7 @@ def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: A
     assert f'{python} - "$local_dir" <<' in out
     assert f"snapshot_download(repo_id='{TARGET_ID}', revision={commit[1:-1]!r}, local_dir=sys.argv[1], " in out
     assert "allow_patterns=['*.json', '*.safetensors'], ignore_patterns=None)" in out
-    assert f'{python} - \'{{"command": "fetch"}}\' "$local_dir" "$manifest" <<' in out
+    assert out.count(f'{python} "$prog/program.pyz" "$prog/config.json"\n') == 3
+    assert '{"command": "fetch", "local_dir": "$models_dir/Kimi-K2.6", "repo": ' in out
     assert out.index("# method: hf_cli") < out.index("# method: snapshot_download") < out.index("# method: http")
     assert "#   gate: facts.failure is none" in out
