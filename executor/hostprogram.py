@@ -78,13 +78,19 @@ def bundle(name: str) -> bytes:
     return out.getvalue()
 
 
+@functools.cache
+def _shipped(name: str) -> tuple[str, str]:
+    """(short sha256, base64 text) of the bundle: once per program, not once per rendered script."""
+    data = bundle(name)
+    return hashlib.sha256(data).hexdigest()[:16], base64.encodebytes(data).decode()
+
+
 def host_program(name: str, config: Mapping[str, Any], python: str = "python3") -> str:
     """Bash lines that run program `name` with `config` under the host's `python` (a host word: `~` and
     `$var` expand there) and leave its exit status as theirs."""
-    data = bundle(name)
-    encoded = base64.encodebytes(data).decode()
+    digest, encoded = _shipped(name)
     return (
-        f"# hostprograms/{name}.py with the kit, zip sha256:{hashlib.sha256(data).hexdigest()[:16]}\n"
+        f"# hostprograms/{name}.py with the kit, zip sha256:{digest}\n"
         'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.XXXXXXXX") || exit 1\n'
         "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\n"
         + heredoc(encoded, command='base64 -d > "$prog/program.pyz"')
