@@ -9,8 +9,7 @@ leftover, sha256 equal to the Hub's for LFS files (git blob sha1 for small files
 Hashing runs in a thread pool, one worker per core: hashlib releases the GIL while it hashes
 a large buffer, so threads with 8 MiB reads scale like processes (measured on a 16-core H200
 host over 8 GiB of cached shards: 1 thread 0.84 GiB/s, 16 threads 8.7 GiB/s, 16 processes
-9.0 GiB/s) without pickling or re-importing this program, which arrives on stdin where a
-`spawn`ed process cannot find it again.
+9.0 GiB/s) without pickling or re-importing this program from its zip in each process.
 Digests are cached in `LOCAL_DIR/.cache/runbook-verify.json` by (path, size, mtime_ns), so an
 unchanged tree re-verifies without reading it. As in git's "racy" rule, a file modified less than
 RACY_NS before its hash began is not cached: a change within the same timestamp tick would keep
