@@ -99,7 +99,7 @@ class HubToken:
     """
 
     def __init__(self) -> None:
-        environ = os.environ
+        environ = os.environ  # read as huggingface_hub reads it, when the lookup is made
         self.token: str | None = None
         self.source: str | None = None
         self.reason: str | None = None
