@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from executor.hostprogram import bundle, host_program, minimum_python
-from executor.render import host_word
+from executor.render import host_word, render_command
 from executor.stepkind import FactsError, host_document
 from executor.transport.base import Collector
 from hostprograms import kit
@@ -107,6 +107,24 @@ def test_the_bundle_is_the_same_bytes_every_time_and_runs_its_program(tmp_path: 
     assert done.returncode == 0, done.stderr
     facts = InspectConfigFacts.model_validate_json(done.stdout.splitlines()[-1])
     assert facts.target.dir == f"{tmp_path}/t" and facts.problems == [f"{tmp_path}/t: no such directory"]
+
+
+def test_a_large_config_travels_whole(tmp_path: Path) -> None:
+    """Eval's prompt sets are megabytes: the config is a file, never an argument (no ARG_MAX), byte for byte."""
+    padding = "".join(chr(c) for c in range(32, 0x2FF)) * 4000  # 2.6 MB of text, quotes and non-ASCII
+    config = {"target_dir": str(tmp_path), "drafter_dir": None, "padding": padding}
+    script = host_program("inspect_config", config, sys.executable) + 'cat "$prog/config.json" >&2\n'
+    command = render_command(script, {})  # as a transport runs it: on the wrapper's stdin, held open till it ends
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(command.argv, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr)
+        assert proc.stdin is not None
+        proc.stdin.write(command.stdin)
+        proc.stdin.flush()
+        code = proc.wait(timeout=60)
+        proc.stdin.close()
+    assert code == 0, err.read_bytes()[-500:]
+    assert json.loads(err.read_text().splitlines()[-1]) == config
 
 
 def test_an_unset_var_stops_the_program_with_its_name() -> None:
