@@ -2,7 +2,7 @@
 
 After a download of hundreds of GiB the verify step reads every byte once; whether that takes
 minutes or an hour is its throughput. The measured code is the verify host program's own hashing
-(`steps.verify_host.hash_files`, imported, not copied) called as `verify()` calls it: one job per
+(`hostprograms.verify.hash_files`, imported, not copied) called as `verify()` calls it: one job per
 file, one worker thread per core, BLOCK-sized reads. It is the part the step times for its
 `throughput_bytes_per_s` fact. The baseline is what a person would type: `sha256sum` over the same
 files, one after the other.
@@ -46,7 +46,7 @@ from bench.harness import (
     interleave,
     ratio,
 )
-from steps.verify_host import BLOCK, Entry, hash_files
+from hostprograms.verify import BLOCK, Entry, hash_files
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -123,7 +123,7 @@ def verify_case(folder: Folder, workers: int) -> Callable[[], float]:
         with Stopwatch() as watch:
             digests, _ = hash_files(folder.root, jobs, workers, lambda _fields: None)
         if digests != folder.digests:
-            raise ToolFailed(f"verify_host.hash_files gave wrong digests: {digests}")
+            raise ToolFailed(f"hostprograms.verify.hash_files gave wrong digests: {digests}")
         return watch.seconds
 
     return case
@@ -216,7 +216,7 @@ def section(
     return Section(
         title="4. Verify throughput",
         method=(
-            f"The verify step's parallel sha256 (`steps.verify_host.hash_files`, the host program's own code) "
+            f"The verify step's parallel sha256 (`hostprograms.verify.hash_files`, the host program's own code) "
             f"against one sequential `sha256sum` over a synthetic model folder of {size / GIB:.2f} GiB in "
             f"{len(folder.shards)} shards, from the page cache; {reps} interleaved repetitions, medians. "
             "GB/s are 10^9 bytes per second. The in-memory rows hash a buffer with the same hashlib and no "

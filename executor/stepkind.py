@@ -32,6 +32,7 @@ from executor.gates import step_refs, var_refs
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
 from executor.transport.base import CommandResult, OutputSink, Transfer
+from hostprograms import kit
 
 #: What huggingface_hub and its `hf` CLI read from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME,
 #: HF_HUB_*, the legacy token name): kinds that talk to the Hub receive these vars and secrets.
@@ -70,6 +71,8 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     """
     lines = result.stdout_text.strip().splitlines()
     said = "\n".join(result.stderr_text.strip().splitlines()[-10:]) or "(nothing)"
+    if result.exit_code == kit.TOO_OLD and not lines:
+        raise FactsError(f"{program} cannot run on the host's interpreter: {said}")
     if not lines:
         raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
     try:
@@ -78,9 +81,9 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         raise FactsError(f"{program} printed a document of an unexpected shape: {exc}; stderr: {said}") from None
 
 
-#: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline.
-#: Host programs (steps/*_host.py) are shipped alone and keep their own copy; tests hold them to this one.
-PROGRESS_PREFIX = b"runbook-progress "
+#: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline
+#: (hostprograms/kit.py prints it; the kit is bundled into each program, so both sides read one definition).
+PROGRESS_PREFIX = kit.PROGRESS_PREFIX.encode()
 
 #: Bytes of an unfinished line kept while waiting for its end. A progress line is short: a longer line is
 #: not progress, and keeping all of it would let a chatty program grow the controller's memory.

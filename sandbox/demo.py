@@ -31,12 +31,12 @@ from typing import Literal
 
 import yaml
 
+from hostprograms import deploy as deploy_host
 from sandbox import prepare, testhost
 from sandbox.embedded_sshd import start_embedded_sshd
 from sandbox.hub import HubServer
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import SSHD, SSHServer, free_port, start_sshd
-from steps import deploy_host
 
 RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash.yaml"
 SshServerKind = Literal["auto", "openssh", "embedded"]

@@ -10,7 +10,7 @@ backend (never trtllm_mha, which the draft rejects); the draft token count from 
 and `--trust-remote-code` from custom code in the configs (`inspect`). Each is overridable. `runbook
 plan` shows the full command, values chosen at run time marked `<known at run time: ...>` (`RunTime`).
 
-One command does the rest on the host, steps/deploy_host.py (stdlib only, run by the SGLang virtualenv's
+One command does the rest on the host, hostprograms/deploy.py (stdlib only, run by the SGLang virtualenv's
 python): a server already recorded on the port with the same arguments is reused; one with other
 arguments is stopped first (process group: TERM, wait, KILL, so its GPUs are free); anything else on the
 port is refused, named. A new server gets its own session (it outlives SSH) and log file, recorded in
@@ -24,17 +24,15 @@ its port in `state_dir`, and the same host program stops it (process group, GPUs
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
 
 from executor.durations import Duration, parse_duration
+from executor.hostprogram import host_program
 from executor.model import Gate, Model
-from executor.render import heredoc, host_word
 from executor.stepkind import (
     FactsError,
     Outcome,
@@ -48,7 +46,6 @@ from executor.stepkind import (
     resolve_var,
 )
 
-HOST_PROGRAM = Path(__file__).with_name("deploy_host.py")
 #: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
 #: installed ones run on the GPU architecture (steps/probe.py MLA_BACKEND_ARCHS). SGLang's own defaults
 #: on Blackwell (trtllm_mla) and Hopper (fa3) lead; flashinfer and triton run on SM120.
@@ -105,7 +102,7 @@ class Stopped(BaseModel):
 
 
 class StartReport(BaseModel):
-    """The document deploy_host.py prints for `start`."""
+    """The document hostprograms/deploy.py prints for `start`."""
 
     action: Literal["start"]
     port: int
@@ -143,19 +140,20 @@ class _NotYet(Exception):
 
 @dataclass(frozen=True)
 class Arg:
-    """One word of the launch command: as the runbook reads (`$models_dir/x`) and as bash gets it."""
+    """One word of the launch command, as the runbook reads (`$models_dir/x`); `expands`: `~` and `$vars` in
+    it expand on the host (the host program's kit.expand_path, as bash's would: executor.render.host_word)."""
 
     text: str
-    word: str
+    expands: bool
 
 
 def literal(value: Any) -> Arg:
-    return Arg(str(value), shlex.quote(str(value)))
+    return Arg(str(value), False)
 
 
 def on_host(text: str) -> Arg:
     """A path or word in which `~` and `$vars` expand on the host."""
-    return Arg(text, host_word(text))
+    return Arg(text, True)
 
 
 @dataclass(frozen=True)
@@ -165,8 +163,9 @@ class Launch:
     groups: list[list[Arg]]
     choices: dict[str, Choice | RunTime]  # a RunTime: chosen from facts known only at run time
 
-    def words(self) -> list[str]:
-        return [arg.word for group in self.groups for arg in group]
+    def words(self) -> list[tuple[str, bool]]:
+        """The command as the host program's config gives it: each word with whether it expands."""
+        return [(arg.text, arg.expands) for group in self.groups for arg in group]
 
     def comment(self) -> str:
         lines = ["# launch command (~ and $vars expand on the host):"]
@@ -197,9 +196,8 @@ class ServerStep(StepSpec):
     stop_timeout: Duration = 60.0
     state_dir: str = "~/.runbook/sglang"
 
-    def _program(self, config: dict[str, Any], words: list[str]) -> str:
-        command = [host_word(self.python), "-", shlex.quote(json.dumps(config)), host_word(self.state_dir), *words]
-        return heredoc(HOST_PROGRAM.read_text(), command=" ".join(command))
+    def _program(self, config: dict[str, Any], words: list[tuple[str, bool]]) -> str:
+        return host_program("deploy", config | {"state_dir": self.state_dir, "launch": words}, self.python)
 
     def port_number(self, ctx: RenderContext) -> int:
         port = resolve_var(ctx, self.port, "port", _whole_number)

@@ -3,7 +3,7 @@
 The seeds' first download method (`huggingface-cli`) exited without downloading and nobody noticed.
 So no method is trusted: one attempt of this step runs, each an audited command on the host,
 
-1. a precheck (steps/download_host.py `check`): the Hub's commit and file list for the revision (after
+1. a precheck (hostprograms/download.py `check`): the Hub's commit and file list for the revision (after
    include/exclude), access to the files with the token at hand, what `local_dir` already holds, free disk.
    Complete already: done, no method runs (`skipped`). Not enough disk for the bytes still to fetch plus
    `min_free_margin`: refused before anything is downloaded, with the numbers;
@@ -12,10 +12,11 @@ So no method is trusted: one attempt of this step runs, each an audited command 
    that file list: a method has won only when every file is at its path with the Hub's size, whatever its
    exit status said.
 
-The token is the secret HF_TOKEN, which the engine exports into the host's environment; the Hub client
-and the HTTP method read it from there (or from the host's token file), never from a command line.
-Progress: while a method runs, its script prints the size of `local_dir` every few seconds, and the step
-turns these lines into live progress (bytes done of total, rate, ETA); the audit log keeps one record per
+The token is the secret HF_TOKEN (or HUGGING_FACE_HUB_TOKEN), which the engine exports into the host's
+environment; the Hub client and the HTTP method read it from there (or from the host's token file) the same
+way (the kit's HubToken is huggingface_hub's lookup), never from a command line.
+Progress: while a method runs, its script prints the size of `local_dir` on stderr every few seconds, and the
+step turns these lines into live progress (bytes done of total, rate, ETA); the audit log keeps one record per
 command, its output clipped. The Hub client's own progress bars are off (HF_HUB_DISABLE_PROGRESS_BARS).
 
 Resuming: the HTTP method continues a file from the bytes already fetched (its `{path}.incomplete`, or a
@@ -26,17 +27,16 @@ interruption it starts that file over, keeping only the files it had completed.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
 import time
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, RootModel, field_validator
 
 from executor.durations import Duration, format_duration
+from executor.hostprogram import host_program
 from executor.model import Gate
 from executor.render import heredoc, host_word
 from executor.stepkind import (
@@ -50,11 +50,11 @@ from executor.stepkind import (
     RunTime,
     StepContext,
     StepSpec,
+    host_document,
 )
 from executor.transport.base import CommandResult
 
 Method = Literal["hf_cli", "snapshot_download", "http"]
-HOST_PROGRAM = Path(__file__).with_name("download_host.py")
 PROGRESS_EVERY_S = 2
 #: The checks list files and stat them; they get this long whatever the step's own timeout.
 CHECK_TIMEOUT_S = 120.0
@@ -195,36 +195,21 @@ class DownloadStep(StepSpec):
     def _local_dir(self) -> str:
         return f"local_dir={host_word(self.local_dir)}\n"
 
-    def _host_program(self, config: dict[str, Any], manifest_file: bool = False) -> str:
-        words = f'{host_word(self.python)} - {shlex.quote(json.dumps(config))} "$local_dir"'
-        return heredoc(HOST_PROGRAM.read_text(), command=words + (' "$manifest"' if manifest_file else ""))
+    def _host_program(self, command: str, known: Any = None) -> str:
+        """The host program doing `command`; `known` is the precheck's file list (after the precheck)."""
+        config: dict[str, Any] = {"command": command, "local_dir": self.local_dir}
+        config |= {"repo": self.repo, "revision": self.revision, "include": self.include, "exclude": self.exclude}
+        return host_program("download", config if known is None else config | {"known": known}, self.python)
 
     def precheck_script(self) -> str:
-        config: dict[str, Any] = {"command": "check", "repo": self.repo, "revision": self.revision}
-        config |= {"include": self.include, "exclude": self.exclude}
-        return (
-            "# the Hub's file list for the revision, access to the files, what is on disk, free disk\n"
-            + self._local_dir()
-            + self._host_program(config)
+        return "# the Hub's file list for the revision, access to the files, what is on disk, free disk\n" + (
+            self._host_program("check")
         )
 
-    def _with_manifest(self, manifest: str | RunTime, body: str) -> str:
-        """`body` with the precheck's file list in a temporary file `$manifest`, removed on exit (a timeout's
-        TERM included)."""
-        return (
-            "manifest=$(mktemp) || exit 1\ntrap 'rm -f -- \"$manifest\"' EXIT\ntrap 'exit 143' TERM\n"
-            + heredoc(str(manifest), command='cat > "$manifest"')
-            + body
-        )
+    def check_script(self, known: Any) -> str:
+        return "# is every file of the precheck's list complete in local_dir?\n" + self._host_program("check", known)
 
-    def check_script(self, manifest: str | RunTime) -> str:
-        return (
-            "# is every file of the precheck's list complete in local_dir?\n"
-            + self._local_dir()
-            + self._with_manifest(manifest, self._host_program({"command": "check"}, manifest_file=True))
-        )
-
-    def method_command(self, method: Method, commit: str | RunTime, manifest: str | RunTime) -> str:
+    def method_command(self, method: Method, commit: str | RunTime, known: Any) -> str:
         if method == "hf_cli":
             words = [self.repo, "--revision", str(commit)]
             words += [w for p in self.include for w in ("--include", p)]
@@ -237,10 +222,10 @@ class DownloadStep(StepSpec):
                 f"allow_patterns={self.include or None!r}, ignore_patterns={self.exclude or None!r})\n"
             )
             return heredoc(call, command=f'{host_word(self.python)} - "$local_dir"')
-        return self._with_manifest(manifest, self._host_program({"command": "fetch"}, manifest_file=True))
+        return self._host_program("fetch", known)
 
-    def method_script(self, method: Method, commit: str | RunTime, manifest: str | RunTime) -> str:
-        """The method's command, with the size of local_dir printed now and every few seconds (progress)."""
+    def method_script(self, method: Method, commit: str | RunTime, known: Any) -> str:
+        """The method's command, with the size of local_dir printed on stderr now and every few seconds."""
         position = f"{self.methods.index(method) + 1} of {len(self.methods)}"
         return (
             f"# download method {position}: {method}\n"
@@ -248,19 +233,20 @@ class DownloadStep(StepSpec):
             + self._local_dir()
             + 'mkdir -p -- "$local_dir" || exit 1\n'
             "report_size() {\n"
-            f'  printf \'{PROGRESS_PREFIX.decode()}{{"disk_bytes": %s}}\\n\' "$(du -sb -- "$local_dir" | cut -f1)"\n'
+            f'  printf \'{PROGRESS_PREFIX.decode()}{{"disk_bytes": %s}}\\n\' "$(du -sb -- "$local_dir" | cut -f1)"'
+            " >&2\n"
             "}\n"
             f"report_size\n( while sleep {PROGRESS_EVERY_S}; do report_size; done ) &\nreporter=$!\n"
-            + self.method_command(method, commit, manifest)
+            + self.method_command(method, commit, known)
             + 'status=$?\nkill "$reporter" 2> /dev/null\nexit "$status"\n'
         )
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
         commit = RunTime("the precheck", what=f"commit of {self.revision}")
-        manifest = RunTime("the precheck", what="the precheck's file list")
+        known = str(RunTime("the precheck", what="the precheck's file list"))
         steps = [("precheck", self.precheck_script())]
-        steps += [(f"method: {m}", self.method_script(m, commit, manifest)) for m in self.methods]
-        return [*steps, ("after each method", self.check_script(manifest))]
+        steps += [(f"method: {m}", self.method_script(m, commit, known)) for m in self.methods]
+        return [*steps, ("after each method", self.check_script(known))]
 
     # ---- running ---------------------------------------------------------------------------------------
 
@@ -268,13 +254,9 @@ class DownloadStep(StepSpec):
         result = await ctx.run(script, timeout=CHECK_TIMEOUT_S)
         if result.timed_out:
             raise FactsError(f"the {what} timed out after {CHECK_TIMEOUT_S:g}s")
-        try:
-            report = json.loads(result.stdout_text)
-        except json.JSONDecodeError:
-            report = None
-        if result.exit_code != 0 or not isinstance(report, dict):
+        if result.exit_code != 0:
             raise FactsError(f"the {what} did not report (exit {result.exit_code}): {last_line(result) or 'no output'}")
-        return result, report
+        return result, host_document(result, HostReport, f"the {what}").root
 
     async def execute(self, ctx: StepContext) -> Outcome:
         started = time.monotonic()
@@ -310,7 +292,7 @@ class DownloadStep(StepSpec):
             ctx.progress(f"{self.repo}: already complete ({facts.files} files, {human_bytes(facts.bytes)})")
             return Outcome(result, self._finish(facts, started, 0.0))
         commit = pre["commit"]
-        manifest = json.dumps({"repo": self.repo, "commit": commit, "gated": pre["gated"], "manifest": pre["manifest"]})
+        known = {"repo": self.repo, "commit": commit, "gated": pre["gated"], "manifest": pre["manifest"]}
         method_s, state = 0.0, pre
         for method in self.methods:
             # what is on disk now counts as done; partial files only for the method that continues them
@@ -318,12 +300,12 @@ class DownloadStep(StepSpec):
             meter = ProgressMeter(ctx, self.repo, method, facts.bytes, done_before)
             t0 = time.monotonic()
             run = await ctx.run(
-                self.method_script(method, commit, manifest), timeout=self.method_timeout, on_output=meter.feed
+                self.method_script(method, commit, known), timeout=self.method_timeout, on_output=meter.feed
             )
             method_s += time.monotonic() - t0
             if method == "http":
                 facts.resumed_bytes = resumed_bytes(run)
-            result, state = await self._check(ctx, self.check_script(manifest), f"check after {method}")
+            result, state = await self._check(ctx, self.check_script(known), f"check after {method}")
             ended, ended_in_full = method_end(run, self.method_timeout)
             done, summary = not state["incomplete"], incomplete_summary(state)
             facts.tried.append(
@@ -432,23 +414,34 @@ def incomplete_summary(after: dict[str, Any]) -> str:
     return f"{len(missing)} of {after['files']} files incomplete: {names}"
 
 
+class HostReport(RootModel[dict[str, Any]]):
+    """A document of the download program: its keys are read where they are used."""
+
+
+class _Fetched(BaseModel):
+    resumed_from: int
+
+
+class FetchReport(BaseModel):
+    """What the HTTP method's report says of the files it fetched."""
+
+    fetched: list[_Fetched]
+
+
 def resumed_bytes(run: CommandResult) -> int:
-    """Bytes the HTTP method continued from, by its report (the JSON document among the progress lines on its
-    stdout); 0 when it did not report."""
-    text = run.stdout_text
-    start = 0 if text.startswith("{") else text.find("\n{") + 1  # not found: 0, where decoding fails
+    """Bytes the HTTP method continued from, by its report; 0 when it did not report."""
     try:
-        report, _ = json.JSONDecoder().raw_decode(text, start)
-        return sum(int(f["resumed_from"]) for f in report["fetched"])
-    except (ValueError, KeyError, TypeError):
+        report = host_document(run, FetchReport, "the HTTP method")
+    except FactsError:
         return 0
+    return sum(f.resumed_from for f in report.fetched)
 
 
 class ProgressMeter:
     """Turns the size lines of a method's script into live progress: bytes done of total, rate, ETA.
 
     `done` starts at the bytes complete before the method ran and grows with the folder's size; the rate is
-    over the method's time so far. The script prints the size lines on stdout (the method's own output goes
+    over the method's time so far. The script prints the size lines on stderr (the method's own output goes
     around them); `feed` is the OutputSink for the command.
     """
 
@@ -458,7 +451,7 @@ class ProgressMeter:
         self.ctx, self.repo, self.method, self.total, self.done_before = ctx, repo, method, total, done_before
         self.clock = clock
         self.first: tuple[float, int] | None = None
-        self.feed = ProgressLines(self._size_line, stream="stdout").feed
+        self.feed = ProgressLines(self._size_line).feed
 
     def _size_line(self, fields: dict[str, Any]) -> None:
         try:

@@ -6,7 +6,7 @@ It decides how much faster DFlash decodes than the target alone, and it depends 
 text: math runs long, chat short. So the step measures it per prompt set.
 
 The server is the one a `deploy` step started (`server: <step id>`, whose `base_url` fact is the
-address on the host) or any address given as `base_url`. steps/eval_acceptance_host.py runs on
+address on the host) or any address given as `base_url`. hostprograms/eval_acceptance.py runs on
 the host (stdlib only): it flushes the cache and checks the answer's body (SGLang may answer 200
 and still not flush), retries a refusal a few times, then sends each prompt to `/generate` at
 temperature 0 with `max_new_tokens`, one at a time, and reports meta_info per request. The step
@@ -45,8 +45,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from executor.hostprogram import host_program
 from executor.model import Gate, Model
-from executor.render import heredoc, host_word
 from executor.stepkind import (
     FactsError,
     Outcome,
@@ -58,7 +58,6 @@ from executor.stepkind import (
 )
 from executor.transport.base import CommandResult, OutputSink
 
-HOST_PROGRAM = Path(__file__).with_name("eval_acceptance_host.py")
 SHIPPED = resources.files("steps") / "prompt_sets"
 SET_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # usable in a gate as facts.sets.<name>
 ERRORS_KEPT = 5  # request errors listed per set
@@ -239,7 +238,7 @@ class EvalAcceptanceFacts(Model):
 
 
 class HostDocument(Model):
-    """What steps/eval_acceptance_host.py prints."""
+    """What hostprograms/eval_acceptance.py prints."""
 
     base_url: str
     error: str | None
@@ -411,10 +410,7 @@ class EvalAcceptanceStep(StepSpec):
         counts = ", ".join(f"{name} ({len(p) if isinstance(p, list) else '?'})" for name, p in sets.items())
         return (
             f"# acceptance length: flush the cache of {config['base_url']}, then greedy /generate of the prompt "
-            f"sets {counts}\n"
-            "config=$(mktemp) || exit 1\ntrap 'rm -f -- \"$config\"' EXIT\ntrap 'exit 143' TERM\n"
-            + heredoc(json.dumps(config, indent=1), command='cat > "$config"')
-            + heredoc(HOST_PROGRAM.read_text(), command=f'{host_word(self.python)} - "$config"')
+            f"sets {counts}\n" + host_program("eval_acceptance", config, self.python)
         )
 
     # ---- facts --------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """`inspect_config`: read config.json of the target model and its DFlash drafter on the host, and
 check them the way SGLang will read them, before a deployment spends minutes loading 600 GB.
 
-The checking program is steps/inspect_config_host.py (stdlib only), shipped in a heredoc and run
-by `python` on the host, where the configs are. It prints one JSON document, validated here into
-`InspectConfigFacts`: every problem (each naming the file and the field), what the drafter and the
-target are, and what the SGLang launch takes from them (`deploy`: the draft token count is the
-drafter's block size). The default gate fails on any problem.
+The checking program is hostprograms/inspect_config.py (stdlib only), shipped by
+`executor.hostprogram.host_program` and run by `python` on the host, where the configs are. Its result
+document is validated here into `InspectConfigFacts`: every problem (each naming the file and the
+field), what the drafter and the target are, and what the SGLang launch takes from them (`deploy`: the
+draft token count is the drafter's block size). The default gate fails on any problem.
 
 Paths may use the runbook's vars as `$name` or `${name}` and start with `~`; nothing else in them
 is interpreted, and a var that is unset or empty stops the step with its name.
@@ -13,15 +13,12 @@ is interpreted, and a var that is unset or empty stops the step with its name.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from executor.hostprogram import host_program
 from executor.model import Gate, Model
-from executor.render import heredoc, host_word
 from executor.stepkind import RenderContext, StepSpec, host_document
 from executor.transport.base import CommandResult
-
-HOST_PROGRAM = Path(__file__).with_name("inspect_config_host.py")
 
 T = TypeVar("T")
 
@@ -128,10 +125,8 @@ class InspectConfigStep(StepSpec):
     python: str = "python3"
 
     def render(self, ctx: RenderContext) -> str:
-        words = [host_word(self.python), "-", "--target", host_word(self.target_dir)]
-        if self.drafter_dir is not None:
-            words += ["--drafter", host_word(self.drafter_dir)]
-        return heredoc(HOST_PROGRAM.read_text(), command=" ".join(words))
+        config = {"target_dir": self.target_dir, "drafter_dir": self.drafter_dir}
+        return host_program("inspect_config", config, self.python)
 
     def parse_facts(self, result: CommandResult) -> InspectConfigFacts:
         return host_document(result, InspectConfigFacts, "the config check")

@@ -1,10 +1,11 @@
 """`probe`: what a GPU host has, in ONE command that prints ONE JSON document, as typed facts.
 
 The seeds' probe was a chain of greps whose empty answer ("no MLA backend") looked like a pass,
-with a quoting bug on top. Here the host program (steps/probe_host.py, stdlib only) travels in a
-quoted heredoc, so no quoting applies; it reads SGLang's capabilities from its files with the
-interpreter the deployment will use; and a fact it cannot determine is null with its reason in
-an `unknown` map, so a gate on it fails instead of passing on an empty list.
+with a quoting bug on top. Here the host program (hostprograms/probe.py, stdlib only) travels as
+data through `executor.hostprogram.host_program`, so no quoting applies; it reads SGLang's
+capabilities from its files with the interpreter the deployment will use; and a fact it cannot
+determine is null with its reason in an `unknown` map, so a gate on it fails instead of passing on
+an empty list.
 
 Beyond what the host reports, the facts carry what later gates need: `gpu_arch` (sm90, sm100,
 sm120, ...), `gpu_memory_min_mib`, the MLA backends of the installed SGLang and those of them
@@ -13,20 +14,15 @@ usable on the detected GPU architecture (`mla_backends_usable_on_gpu`).
 
 from __future__ import annotations
 
-import json
-import shlex
-from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from executor.durations import Duration
+from executor.hostprogram import host_program
 from executor.model import Gate
-from executor.render import heredoc
 from executor.stepkind import HUB_ENV, RenderContext, StepSpec, host_document
 from executor.transport.base import CommandResult
-
-PROGRAM = (Path(__file__).parent / "probe_host.py").read_text(encoding="utf-8")
 
 _SM80_AND_LATER = ("sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121")
 #: Attention backends that serve MLA models (DeepSeek-V3, Kimi K2.x), by the GPU architectures
@@ -192,7 +188,7 @@ class HubRepoFacts(Facts):
 
 
 class HostReport(Facts):
-    """The document probe_host.py prints."""
+    """The document hostprograms/probe.py prints."""
 
     os: OsFacts
     cpu: CpuFacts
@@ -263,7 +259,7 @@ class ProbeStep(StepSpec):
     hub_timeout: Duration = 120.0
 
     def config(self) -> dict[str, object]:
-        """What the host program is told, as one JSON argument."""
+        """What the host program is told, as its config."""
         return {
             "models_dir": self.models_dir,
             "paths": list(dict.fromkeys([self.models_dir, *self.paths])),
@@ -276,12 +272,7 @@ class ProbeStep(StepSpec):
         }
 
     def render(self, ctx: RenderContext) -> str:
-        return (
-            'prog=$(mktemp "${TMPDIR:-/tmp}/runbook-probe.XXXXXXXX") || exit 1\n'
-            "trap 'rm -f \"$prog\"' EXIT\n"
-            + heredoc(PROGRAM, command='cat > "$prog"')
-            + f'python3 "$prog" {shlex.quote(json.dumps(self.config()))}\n'
-        )
+        return host_program("probe", self.config(), "python3")  # the host's own: `python` may be missing
 
     def parse_facts(self, result: CommandResult) -> ProbeFacts:
         report = host_document(result, HostReport, "the probe (python3 on the host's PATH runs it)")

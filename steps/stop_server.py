@@ -1,7 +1,7 @@
 """`stop_server`: stop the SGLang server a `deploy` step started on a port, so that its GPUs are free.
 
 The server is the one recorded on the port in `state_dir` on the host; the deploy step's host program
-(steps/deploy_host.py, `stop`) stops its process group (TERM, wait `stop_timeout`, KILL) and checks that
+(hostprograms/deploy.py, `stop`) stops its process group (TERM, wait `stop_timeout`, KILL) and checks that
 no process of it is left to hold GPU memory. No server recorded, or one no longer running, is no failure:
 the facts say so (`stopped: false` and a `note`). Kept apart from `deploy` so that each kind has one job,
 its own parameters and its own facts.
@@ -19,7 +19,7 @@ from steps.deploy import ServerStep
 
 
 class StopFacts(BaseModel):
-    """The document deploy_host.py prints for `stop`."""
+    """The document hostprograms/deploy.py prints for `stop`."""
 
     action: Literal["stop"]
     port: int

@@ -1,7 +1,7 @@
 """`verify`: check a downloaded Hub repo on the host against the Hub's manifest for its revision.
 
 The Hugging Face client checks sizes only, and the seeds trusted a download because its folder
-existed. This kind runs steps/verify_host.py on the host (one command, one JSON document back):
+existed. This kind runs hostprograms/verify.py on the host (one command, one JSON document back):
 every file of the manifest present at the right size, no `*.incomplete` leftovers, sha256 of
 every LFS file (git blob sha1 of the others) equal to the Hub's, and `.safetensors` headers that
 tile the file exactly. Digests are cached on the host by (path, size, mtime_ns), so re-verifying
@@ -15,20 +15,16 @@ HF_ENDPOINT and HF_TOKEN are the runbook's exported vars/secrets there, never pa
 
 from __future__ import annotations
 
-import json
-import shlex
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from executor.hostprogram import host_program
 from executor.model import Gate
-from executor.render import heredoc, host_word
 from executor.stepkind import HUB_ENV, Outcome, ProgressLines, RenderContext, StepContext, StepSpec, host_document
 from executor.transport.base import CommandResult, OutputSink
 from steps.download import Patterns, RepoId
 
-HOST_PROGRAM = Path(__file__).with_name("verify_host.py").read_text()
 GIB = 1 << 30
 
 
@@ -97,9 +93,8 @@ class VerifyStep(StepSpec):
     repair: bool = False
 
     def render(self, ctx: RenderContext) -> str:
-        config = self.model_dump(include={"repo", "revision", "include", "exclude", "workers", "repair"})
-        command = f"{host_word(self.python)} - {shlex.quote(json.dumps(config))} {host_word(self.local_dir)}"
-        return heredoc(HOST_PROGRAM, command=command)
+        config = self.model_dump(include={"repo", "revision", "local_dir", "include", "exclude", "workers", "repair"})
+        return host_program("verify", config, self.python)
 
     def parse_facts(self, result: CommandResult) -> VerifyFacts:
         return host_document(result, VerifyFacts, "verify's host program")

@@ -1,19 +1,18 @@
 """The step kinds' shared reader of host programs' `runbook-progress {json}` lines (executor/stepkind.py):
 lines survive any cutting of the stream, other streams and other lines are ignored, a garbled line is skipped,
-an endless line is not kept whole; and every host program prints the prefix the controller reads."""
+an endless line is not kept whole; and the prefix the controller reads is the one the host programs' kit prints."""
 
 from __future__ import annotations
 
 import itertools
-from types import ModuleType
 from typing import Any
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from executor.hostprogram import PACKAGE
 from executor.stepkind import PROGRESS_LINE_MAX, PROGRESS_PREFIX, ProgressLines, progress_messages
-from steps import deploy_host, eval_acceptance_host, verify_host
+from hostprograms import kit
 
 STDERR = (
     b'runbook-progress {"message": "started the server: pid 7", "phase": "started", "pid": 7}\n'
@@ -78,7 +77,7 @@ def test_a_reader_for_stdout_ignores_stderr() -> None:
     assert seen == [{"disk_bytes": 2}]
 
 
-@pytest.mark.parametrize("host", [deploy_host, eval_acceptance_host, verify_host], ids=lambda m: m.__name__)
-def test_host_programs_print_the_prefix_the_controller_reads(host: ModuleType) -> None:
-    """Host programs are shipped alone, so each keeps its own copy of the prefix; it must be this one."""
-    assert host.PROGRESS_PREFIX.encode() == PROGRESS_PREFIX
+def test_host_programs_print_the_prefix_the_controller_reads() -> None:
+    """One definition: the kit's, bundled into every program; no program keeps a copy of its own."""
+    assert kit.PROGRESS_PREFIX.encode() == PROGRESS_PREFIX
+    assert [p.name for p in PACKAGE.glob("*.py") if "PROGRESS_PREFIX =" in p.read_text()] == ["kit.py"]

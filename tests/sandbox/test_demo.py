@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hostprograms import deploy as deploy_host
 from sandbox.demo import demo_site, stop_servers
-from steps import deploy_host
 from tests.conftest import runbook_cli
 from tests.executor.test_transport import live_pids
 

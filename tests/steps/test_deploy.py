@@ -26,14 +26,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from executor.cli import main
+from executor.hostprogram import bundle
 from executor.planner import PlanContext
 from executor.stepkind import FactsError, RenderContext, RunTime
+from hostprograms import deploy as deploy_host
+from hostprograms.probe import literal_lists
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
-from steps import deploy_host
 from steps.deploy import Choice, DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
-from steps.probe_host import literal_lists
 from steps.stop_server import StopServerStep
 
 SITE = next(VENV.glob("lib/python*/site-packages"), VENV)
@@ -278,10 +279,10 @@ def test_runbook_plan_shows_the_launch_command(tmp_path: Path, write_runbook: An
     assert "# start or reuse the SGLang server on port 30000; '<known at run time: ...>' marks values" in out
     assert "#       --speculative-algorithm DFLASH \\\n" in out
     assert "#   tp_size: <known at run time: steps.probe.facts.gpu_count>\n" in out
-    models = '"${models_dir:?runbook var models_dir is unset or empty}"'
-    python = '"${HOME:?is not set}"/venv/bin/python'
-    argv = f"{python} -m sglang.launch_server --model-path {models}/Kimi-K2.6 --speculative-algorithm DFLASH"
-    assert argv in out and "'<known at run time: steps.probe.facts.gpu_count>'" in out
+    launch = '"launch": [["~/venv/bin/python", true], ["-m", false], ["sglang.launch_server", false], '
+    launch += '["--model-path", false], ["$models_dir/Kimi-K2.6", true], ["--speculative-algorithm", false], '
+    assert launch in out and '["<known at run time: steps.probe.facts.gpu_count>", false]' in out
+    assert '"${HOME:?is not set}"/venv/bin/python "$prog/program.pyz" "$prog/config.json"\n' in out
     assert '"SGLANG_ENABLE_SPEC_V2": "1"' in out
     assert "# stop the server on port 30000" in out and "#   gate: facts.failure is none" in out
 
@@ -357,24 +358,25 @@ def test_a_reused_pid_is_not_our_server() -> None:
     assert not deploy_host.alive(os.getpid(), stat["starttime"] + 1)
 
 
-def test_stop_without_a_recorded_server_is_a_no_op(tmp_path: Path, capsys: Any) -> None:
-    assert deploy_host.main([json.dumps({"action": "stop", "port": 30999, "stop_timeout": 1}), str(tmp_path)]) == 0
-    report = json.loads(capsys.readouterr().out)
+def test_stop_without_a_recorded_server_is_a_no_op(tmp_path: Path) -> None:
+    report = deploy_host.run({"action": "stop", "port": 30999, "stop_timeout": 1, "state_dir": str(tmp_path)})
     assert report["stopped"] is False and report["failure"] is None
     assert report["note"] == "no server recorded on port 30999: nothing to stop"
 
 
 def test_the_host_program_runs_with_the_stdlib_only(tmp_path: Path) -> None:
     """It runs with the SGLang venv's python, which has nothing of ours: `-I -S` sees no site-packages."""
-    config = json.dumps({"action": "stop", "port": 30998, "stop_timeout": 1})
+    (tmp_path / "deploy.pyz").write_bytes(bundle("deploy"))
+    config = {"action": "stop", "port": 30998, "stop_timeout": 1, "state_dir": "$state"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-", config, str(tmp_path)],
-        input=Path(deploy_host.__file__).read_text(),
+        [sys.executable, "-I", "-S", str(tmp_path / "deploy.pyz"), str(tmp_path / "config.json")],
+        env={"state": str(tmp_path / "state")},
         capture_output=True,
         text=True,
         check=True,
     )
-    assert json.loads(done.stdout)["note"].startswith("no server recorded on port 30998")
+    assert json.loads(done.stdout.splitlines()[-1])["note"].startswith("no server recorded on port 30998")
 
 
 # ----------------------------------------------------------------------------- whole deployments on the test host

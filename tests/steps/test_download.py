@@ -1,6 +1,6 @@
-"""The `download` kind: its pure parts (patterns, margins, disk refusal, progress), then whole runs through the
-test host's real sshd, with the real huggingface_hub client (`hf` and snapshot_download) downloading from the
-local Hub test double, its fault switches included."""
+"""The `download` kind: its pure parts (margins, disk refusal, progress), then whole runs through the test
+host's real sshd, with the real huggingface_hub client (`hf` and snapshot_download) downloading from the local
+Hub test double, its fault switches included (the host program alone: tests/hostprograms/test_download.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-from huggingface_hub.utils import filter_repo_objects
-from hypothesis import given
-from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from executor.cli import main
@@ -32,22 +29,11 @@ from steps.download import (
     parse_margin,
     resumed_bytes,
 )
-from steps.download_host import compare, fetch, selected
+from tests.hostprograms.test_download import tree
 
 SHARD = "model-00002-of-00004.safetensors"
 
 # ----------------------------------------------------------------------------- pure parts
-
-
-@given(
-    st.text(alphabet="ab/.*?[]!\\", max_size=8),
-    st.lists(st.text(alphabet="ab/.*?[]!\\", max_size=6), max_size=3),
-    st.lists(st.text(alphabet="ab/.*?[]!\\", max_size=6), max_size=3),
-)
-def test_patterns_select_what_huggingface_hub_selects(path: str, include: list[str], exclude: list[str]) -> None:
-    """The HTTP method and the checks must agree with `hf download --include/--exclude` on every file."""
-    expected = bool(list(filter_repo_objects([path], allow_patterns=include or None, ignore_patterns=exclude or None)))
-    assert selected(path, include, exclude) == expected
 
 
 @pytest.mark.parametrize(
@@ -141,9 +127,9 @@ OUTPUT = (
 
 
 def test_progress_lines_become_bytes_rate_and_eta() -> None:
-    calls = meter_calls([("stdout", OUTPUT)])
+    calls = meter_calls([("stderr", OUTPUT)])
     assert [fields["bytes_done"] for _, fields in calls] == [100_000, 300_000, 500_000]
-    assert meter_calls([("stderr", OUTPUT)]) == []  # the script prints sizes on stdout; stderr is the method's
+    assert meter_calls([("stdout", OUTPUT)]) == []  # the script prints sizes on stderr, as every program does
     assert calls[0][0] == "org/model via hf_cli: 100.0 kB of 1.0 MB (10%)"
     assert calls[2][0] == "org/model via hf_cli: 500.0 kB of 1.0 MB (50%), 100.0 kB/s, ETA 5.0s"
     assert calls[2][1] == {
@@ -180,61 +166,12 @@ def test_how_a_method_ended_in_brief_and_in_full() -> None:
     assert incomplete_summary(after) == "4 of 5 files incomplete: f0 missing, f1 missing, f2 missing, ..."
 
 
-def test_the_http_method_report_is_found_among_progress_lines() -> None:
-    report = b'{\n "fetched": [{"path": "a", "resumed_from": 7}, {"path": "b", "resumed_from": 0}]\n}\n'
+def test_the_http_method_report_is_the_last_line_of_its_stdout() -> None:
+    report = b'{"fetched": [{"path": "a", "resumed_from": 7}, {"path": "b", "resumed_from": 0}], "failed": []}\n'
     progress = b'runbook-progress {"disk_bytes": 1}\n'
-    assert resumed_bytes(result(0, stdout=progress + report + progress)) == 7
-    assert resumed_bytes(result(0, stdout=report)) == 7
-    assert resumed_bytes(result(1, stdout=progress)) == 0
-
-
-def test_compare_tells_each_file_state_and_removes_leftovers_only_when_complete(tmp_path: Path) -> None:
-    manifest = [{"path": name, "size": 4} for name in ("a", "d/b", "c", "e", "f")]
-    (tmp_path / "d").mkdir()
-    (tmp_path / "a").write_bytes(b"1234")
-    (tmp_path / "d" / "b").write_bytes(b"12")
-    (tmp_path / "c.incomplete").write_bytes(b"1")
-    (tmp_path / "f").write_bytes(b"123456")
-    stale = tmp_path / ".cache" / "huggingface" / "download" / "Xy.0123abcd.1a2b3c4d.incomplete"
-    stale.parent.mkdir(parents=True)
-    stale.write_bytes(b"half a shard")
-    report = compare(tmp_path, manifest)
-    assert [(f["path"], f["state"], f["have"]) for f in report["incomplete"]] == [
-        ("d/b", "short", 2),
-        ("c", "partial", 1),
-        ("e", "missing", 0),
-        ("f", "long", 6),
-    ]
-    assert (report["complete_files"], report["complete_bytes"], report["partial_bytes"]) == (1, 4, 2 + 1 + 4)
-    assert report["leftovers"] == [str(stale.relative_to(tmp_path))] and report["removed"] == []
-    assert stale.exists()
-
-    for name in ("d/b", "c", "e", "f"):
-        (tmp_path / name).write_bytes(b"1234")
-    report = compare(tmp_path, manifest)
-    assert report["incomplete"] == [] and report["leftovers"] == []
-    assert report["removed"] == sorted([str(stale.relative_to(tmp_path)), "c.incomplete"])
-    assert not stale.exists() and not (tmp_path / "c.incomplete").exists()
-
-
-def test_http_fetch_continues_a_file_cut_short_and_replaces_one_too_long(
-    tmp_path: Path, hub: HubServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    repo = hub.repos[TARGET_ID]
-    known = {"repo": TARGET_ID, "commit": repo.sha, "gated": False}
-    known["manifest"] = [{"path": f.path, "size": f.size} for f in repo.files.values()]
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / SHARD).write_bytes(repo.files[SHARD].content[:1000])  # a copy that broke off
-    (target / "config.json").write_bytes(repo.files["config.json"].content + b"garbage")
-    report = fetch({"command": "fetch", "local_dir": str(target)}, known)
-    assert report["failed"] == []
-    assert {f["path"]: f["resumed_from"] for f in report["fetched"]}[SHARD] == 1000
-    assert [r.range for r in hub.requests.entries(TARGET_ID, SHARD, kind="cdn")] == ["bytes=1000-"]
-    assert tree(target) == repo.contents
+    assert resumed_bytes(result(0, stdout=b"a line of the method's\n" + report, stderr=progress)) == 7
+    assert resumed_bytes(result(1, stdout=report + b"not json\n")) == 0
+    assert resumed_bytes(result(1, stderr=progress)) == 0
 
 
 # ----------------------------------------------------------------------------- through the test host
@@ -282,11 +219,11 @@ def download(
     host_yaml = testhost("h200").host_yaml()
     runs = itertools.count(1)
 
-    def go(token: bool = False, vars: dict[str, str] | None = None, **params: Any) -> Run:
+    def go(token: bool = False, vars: dict[str, str] | None = None, token_name: str = "HF_TOKEN", **params: Any) -> Run:
         number = next(runs)
         doc = {
             "vars": {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})},
-            "secrets": {"HF_TOKEN": {"env": "TEST_DL_HF_TOKEN", "required": False}},
+            "secrets": {token_name: {"env": "TEST_DL_HF_TOKEN", "required": False}},
             "steps": [{"id": "fetch", "kind": "download", **params}],
         }
         path = write_runbook("name: dl\n__HOSTS__\n" + yaml.safe_dump(doc), name=f"dl{number}.yaml", hosts=host_yaml)
@@ -302,14 +239,6 @@ def download(
         return Run(code, out, err, log_dir, step)
 
     return go
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and ".cache" not in p.relative_to(root).parts
-    }
 
 
 def test_downloads_with_the_hf_cli_then_skips_what_is_complete(tmp_path: Path, download: Any, hub: HubServer) -> None:
@@ -417,6 +346,29 @@ def test_a_gated_repo_needs_the_token_which_never_shows(tmp_path: Path, download
         assert hub.token not in run.out + run.err
 
 
+def test_the_token_is_found_where_huggingface_hub_finds_it(
+    tmp_path: Path, download: Any, hub: HubServer, testhost: Any
+) -> None:
+    """The legacy HUGGING_FACE_HUB_TOKEN, and a token file at an HF_TOKEN_PATH holding `$HOME`, reach the HTTP
+    method as they reach the Hub client and the probe (before, the download's own lookup knew neither)."""
+    hub.faults.gate(DRAFTER_ID)
+    legacy = download(token=True, token_name="HUGGING_FACE_HUB_TOKEN", repo=DRAFTER_ID, local_dir=str(tmp_path / "a"))
+    assert legacy.code == 0, legacy.failure
+    assert legacy.facts["token_source"] == "env HUGGING_FACE_HUB_TOKEN"
+    token_file = testhost("h200").home / ".runbook-test-hf-token"
+    token_file.write_text(hub.token + "\n")
+    try:
+        params = {"repo": DRAFTER_ID, "local_dir": str(tmp_path / "b"), "methods": ["http"]}
+        from_file = download(vars={"HF_TOKEN_PATH": "$HOME/.runbook-test-hf-token"}, **params)
+    finally:
+        token_file.unlink()
+    assert from_file.code == 0, from_file.failure
+    assert from_file.facts["token_source"] == f"file {token_file}" and from_file.facts["method"] == "http"
+    assert all(r.authorized for r in hub.requests.entries(DRAFTER_ID, kind="resolve"))
+    for run in (legacy, from_file):
+        assert hub.token not in run.out + run.err + (run.run_dir / "audit.jsonl").read_text()
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MB tmpfs: a real file system too small for the target repo (needs root, as CI runs)."""
@@ -500,7 +452,8 @@ def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: A
         """)
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.count('local_dir="${models_dir:?runbook var models_dir is unset or empty}"/Kimi-K2.6\n') == 5
+    assert out.count('local_dir="${models_dir:?runbook var models_dir is unset or empty}"/Kimi-K2.6\n') == 3
+    assert out.count('"local_dir": "$models_dir/Kimi-K2.6"') == 3  # precheck, http, check: expanded by the kit
     commit = "'<commit of main, known at run time>'"
     hf = f"hf download {TARGET_ID} --revision {commit} --include '*.json' --include '*.safetensors' --local-dir"
     assert hf + ' "$local_dir"\n' in out
@@ -508,6 +461,7 @@ def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: A
     assert f'{python} - "$local_dir" <<' in out
     assert f"snapshot_download(repo_id='{TARGET_ID}', revision={commit[1:-1]!r}, local_dir=sys.argv[1], " in out
     assert "allow_patterns=['*.json', '*.safetensors'], ignore_patterns=None)" in out
-    assert f'{python} - \'{{"command": "fetch"}}\' "$local_dir" "$manifest" <<' in out
+    assert out.count(f'{python} "$prog/program.pyz" "$prog/config.json"\n') == 3
+    assert '{"command": "fetch", "local_dir": "$models_dir/Kimi-K2.6", "repo": ' in out
     assert out.index("# method: hf_cli") < out.index("# method: snapshot_download") < out.index("# method: http")
     assert "#   gate: facts.failure is none" in out

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from executor.cli import main
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
+from hostprograms import eval_acceptance as host
 from sandbox.model_configs import drafter_config, target_config
-from steps import eval_acceptance_host as host
 from steps.eval_acceptance import (
     EvalAcceptanceStep,
     FlushFacts,
@@ -344,7 +344,7 @@ def test_plan_shows_every_prompt_sent_and_marks_what_is_known_at_run_time(sshd, 
     out = capsys.readouterr().out
     assert "A bakery sells muffins" in out and "A train leaves a station" in out  # the first two, as sent
     assert "Tom has twice as many marbles" not in out  # limit: 2
-    assert '"temperature": 0' in out  # the host program, in full
+    assert "# hostprograms/eval_acceptance.py with the kit, zip sha256:" in out  # the host program, as shipped
 
 
 def test_a_server_that_does_not_answer_fails_the_step_naming_the_flush(testhost, tmp_path: Path, capsys) -> None:

@@ -24,8 +24,8 @@ from executor.render import host_word
 from executor.state import open_state, scan_runs
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
+from hostprograms import inspect_config as host
 from sandbox.model_configs import custom_code_files, deepseek_v3_text_config, drafter_config, target_config
-from steps import inspect_config_host as host
 from steps.inspect_config import InspectConfigFacts, InspectConfigStep
 
 Config = dict[str, Any]
@@ -510,9 +510,9 @@ def test_later_steps_use_the_facts_and_problems_fail_the_default_gate(
     assert f"problem: {bad}: dflash_config.target_layer_ids[3] = 64 is out of range for a target with 61 layers" in err
 
 
-def test_plan_shows_the_program_and_its_arguments() -> None:
-    step = InspectConfigStep(id="i", target_dir="$models_dir/Kimi-K2.6", drafter_dir="/m/d k")
+def test_plan_shows_the_program_and_its_config() -> None:
+    step = InspectConfigStep(id="i", target_dir="$models_dir/Kimi-K2.6", drafter_dir="/m/d k", python="~/venv/python")
     script = step.render(None)  # type: ignore[arg-type]
-    first = script.splitlines()[0]
-    assert first.startswith('python3 - --target "${models_dir:?') and "--drafter '/m/d k'" in first
-    assert "def parse_dflash_draft_config" not in script and "def inspect_drafter" in script
+    assert script.startswith("# hostprograms/inspect_config.py with the kit, zip sha256:")
+    assert '{"target_dir": "$models_dir/Kimi-K2.6", "drafter_dir": "/m/d k"}\n' in script  # expanded on the host
+    assert script.endswith('"${HOME:?is not set}"/venv/python "$prog/program.pyz" "$prog/config.json"\n')

@@ -1,6 +1,6 @@
 """Host side of the `eval_acceptance` step: measure a speculative-decoding server's acceptance length.
 
-Runs on the GPU host (stdlib only, any python3), where the server listens on loopback. It
+Runs on the GPU host (stdlib only, MIN_PYTHON), where the server listens on loopback. It
 flushes the server's cache first, so no prompt is answered from a prefix cached by an earlier
 run, then sends every prompt to `POST /generate` at temperature 0, one at a time, and records
 what `meta_info` says about each request. The statistics are computed by the step, not here:
@@ -12,10 +12,9 @@ releases answered 200 either way. Only a 200 whose body starts with "Cache flush
 refusal is retried a few times (the requests in flight may finish), then the run stops with the
 server's words: an acceptance length measured on a warm cache is not the one asked for.
 
-Run as `PYTHON - CONFIG_FILE` with this file on stdin. CONFIG_FILE is JSON: base_url,
-max_new_tokens, request_timeout_s, flush_attempts, flush_delay_s, api_key_var (the NAME of an
-environment variable holding the server's API key, or null) and sets ({name: [{id, text}]}).
-Prints ONE JSON document on stdout; one `runbook-progress {json}` line per prompt on stderr.
+Shipped with the kit (hostprograms/kit.py). Its config: base_url, max_new_tokens, request_timeout_s,
+flush_attempts, flush_delay_s, api_key_var (the NAME of an environment variable holding the server's
+API key, or null) and sets ({name: [{id, text}]}). One result document; one progress line per prompt.
 Exit status 1 when the run stopped early (`error` in the document says why), else 0.
 """
 
@@ -23,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
-PROGRESS_PREFIX = "runbook-progress "
+from hostprograms import kit
+
+MIN_PYTHON = (3, 7)
 FLUSHED = "Cache flushed"  # how SGLang's /flush_cache body starts when it really flushed
 BODY_CHARS = 300  # of an error body kept in the document
 #: meta_info fields kept per request, as SGLang names them (tokenizer_manager.py)
@@ -52,12 +51,9 @@ class Unreachable(Exception):
 def post(url: str, payload: dict[str, Any] | None, timeout: float, api_key: str | None) -> tuple[int, str]:
     """(status, body) of a POST; an HTTP error status is an answer too. Unreachable otherwise."""
     data = json.dumps(payload).encode() if payload is not None else b""
-    request = urllib.request.Request(url, data=data, method="POST")
-    request.add_header("Content-Type", "application/json")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
+    headers = {"Content-Type": "application/json"}
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with kit.request(url, token=api_key, method="POST", headers=headers, data=data, timeout=timeout) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
@@ -111,10 +107,6 @@ def generate(config: dict[str, Any], text: str, api_key: str | None) -> dict[str
     return record
 
 
-def progress(fields: dict[str, Any]) -> None:
-    print(PROGRESS_PREFIX + json.dumps(fields), file=sys.stderr, flush=True)
-
-
 def evaluate(config: dict[str, Any]) -> dict[str, Any]:
     """Flush, then every prompt of every set in order; stops early only when the server is gone."""
     api_key = os.environ.get(config["api_key_var"]) if config.get("api_key_var") else None
@@ -136,17 +128,9 @@ def evaluate(config: dict[str, Any]) -> dict[str, Any]:
                 document["error"] = f"the server stopped answering during set {name!r}, prompt {number}: {exc}"
                 return document
             records.append({"id": prompt["id"], **record})
-            progress({"set": name, "id": prompt["id"], "done": number, "total": len(prompts), **record})
+            kit.progress({"set": name, "id": prompt["id"], "done": number, "total": len(prompts), **record})
     return document
 
 
 def main() -> int:
-    with open(sys.argv[1], encoding="utf-8") as file:
-        config = json.load(file)
-    document = evaluate(config)
-    print(json.dumps(document))
-    return 1 if document["error"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return kit.main(evaluate, failed=lambda document: bool(document["error"]))

@@ -1,16 +1,16 @@
 """Host side of the `download` step: the Hub's file list, what is on disk, and the plain-HTTP method.
 
-Runs on the host as `PYTHON - CONFIG_JSON LOCAL_DIR [MANIFEST_FILE]` with this file on stdin, stdlib only, and
-prints ONE JSON document on stdout; messages for people go to stderr. CONFIG_JSON is an object whose `command`
-says what to do; MANIFEST_FILE, when given, holds the precheck's `repo`, `commit`, `gated` and `manifest`:
+Shipped with the kit (hostprograms/kit.py: a config file in, one result document out; messages for people go to
+stderr), stdlib only. The config's `command` says what to do, `local_dir` where (`~` and `$var` expand here);
+`known`, when given, holds the precheck's `repo`, `commit`, `gated` and `manifest`:
 
 - `check` with `repo`, `revision`, `include`, `exclude`: ask the Hub for the revision's commit
   and file list (its API, as huggingface_hub does: `/api/models/{repo}/revision/{rev}`, then the recursive
   tree of that commit), filter it with the include/exclude patterns the way huggingface_hub does, check
   that the files can be read with the token at hand (one HEAD of a file, as a gated repo lists its files
   to anyone but serves them only with a token), then compare with LOCAL_DIR and report free disk.
-- `check` with a MANIFEST_FILE: the same comparison, offline: it runs after each method.
-- `fetch` with a MANIFEST_FILE: the plain-HTTP method. Every file not yet complete is fetched
+- `check` with `known`: the same comparison, offline: it runs after each method.
+- `fetch` with `known`: the plain-HTTP method. Every file not yet complete is fetched
   from `{HF_ENDPOINT}/{repo}/resolve/{commit}/{path}` into `{path}.incomplete`, resumed with a Range
   request from the bytes already there (after an interrupted run, or a transfer cut short now), and moved
   into place once it has the manifest's size.
@@ -19,8 +19,8 @@ A file is complete when it is at its path with the manifest's size. When every f
 files left under `local_dir` (staging files of a killed client, which the Hub client never reuses: it
 writes each attempt to a fresh uniquely named one) are removed, as they only hold disk.
 
-The token comes from the environment (HF_TOKEN) or the token file, as huggingface_hub finds it; it is sent
-only as an `Authorization` header, and not to another host a redirect leads to.
+The token is the one huggingface_hub would use (kit.HubToken: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, the token file);
+it is sent only as an `Authorization` header, and not to another host a redirect leads to (kit.request).
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ import json
 import os
 import re
 import sys
-import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hostprograms import kit
+
+MIN_PYTHON = (3, 9)
 DEFAULT_ENDPOINT = "https://huggingface.co"
-USER_AGENT = "runbook-download/1"
 CHUNK = 1 << 20
 PART_SUFFIX = ".incomplete"
 #: Tries per file in `fetch` (each one resumes where the last stopped) and the pause before the n-th retry.
@@ -60,22 +60,6 @@ class HubError(Exception):
 # ----------------------------------------------------------------------------- token and HTTP
 
 
-def find_token() -> tuple[str | None, str | None]:
-    """(token, where it came from) the way huggingface_hub looks: HF_TOKEN, then the token file."""
-    token = os.environ.get("HF_TOKEN", "").strip()
-    if token:
-        return token, "env HF_TOKEN"
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-    )
-    path = os.environ.get("HF_TOKEN_PATH") or os.path.join(os.path.expanduser(hf_home), "token")
-    try:
-        token = Path(path).read_text().strip()
-    except OSError:
-        return None, None
-    return (token, f"file {path}") if token else (None, None)
-
-
 def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
@@ -88,29 +72,10 @@ def timeout_s() -> float:
         return 10.0
 
 
-class _SameHostAuth(urllib.request.HTTPRedirectHandler):
-    """Follow redirects, but send the token only to the host it was meant for (not to a CDN)."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
-    ) -> urllib.request.Request | None:
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
-            new.remove_header("Authorization")
-        return new
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
 def _request(url: str, token: str | None, method: str = "GET", headers: dict[str, str] | None = None) -> Any:
-    request = urllib.request.Request(url, method=method, headers={"User-Agent": USER_AGENT, **(headers or {})})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    handler = _NoRedirect() if method == "HEAD" else _SameHostAuth()
-    return urllib.request.build_opener(handler).open(request, timeout=timeout_s())
+    return kit.request(
+        url, token=token, method=method, headers=headers, timeout=timeout_s(), follow_redirects=method != "HEAD"
+    )
 
 
 def http_error(exc: urllib.error.HTTPError, url: str, token_source: str | None) -> HubError:
@@ -277,7 +242,8 @@ def disk(local_dir: Path) -> dict[str, Any]:
 def check(config: dict[str, Any], known: dict[str, Any] | None) -> dict[str, Any]:
     """The precheck (the file list from the Hub) or, given the precheck's list (`known`), the check after a
     method; both compare with `local_dir` and report free disk."""
-    token, token_source = find_token()
+    found = kit.HubToken()
+    token, token_source = found.token, found.source
     local_dir = Path(config["local_dir"])
     report: dict[str, Any] = {"local_dir": str(local_dir), "endpoint": endpoint(), "token_source": token_source}
     report["hub_error"] = None
@@ -307,11 +273,7 @@ def check(config: dict[str, Any], known: dict[str, Any] | None) -> dict[str, Any
 # ----------------------------------------------------------------------------- fetch (plain HTTP)
 
 
-class Retry(Exception):
-    """This try of a file failed in a way another try (resuming) may fix."""
-
-
-def fetch_once(url: str, part: Path, size: int, token: str | None) -> None:
+def fetch_once(url: str, part: Path, size: int, token: str | None, token_source: str | None) -> None:
     """One GET of the file's missing bytes (a Range request when `part` has some), appended to `part`."""
     have = _size(part) or 0
     headers = {"Range": f"bytes={have}-"} if have else {}
@@ -321,28 +283,28 @@ def fetch_once(url: str, part: Path, size: int, token: str | None) -> None:
         if exc.code == 416 and have == size:
             return
         if exc.code in TRANSIENT_STATUS:
-            raise Retry(f"HTTP {exc.code}") from None
-        raise http_error(exc, url, find_token()[1]) from None
+            raise kit.Retry(f"HTTP {exc.code}") from None
+        raise http_error(exc, url, token_source) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        raise Retry(str(getattr(exc, "reason", exc))) from None
+        raise kit.Retry(str(getattr(exc, "reason", exc))) from None
     with response:
         resumed = response.status == 206
         if resumed:
             match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range") or "")
             if not match or int(match.group(1)) != have:
-                raise Retry(f"the server answered Range bytes={have}- with {response.headers.get('Content-Range')}")
+                raise kit.Retry(f"the server answered Range bytes={have}- with {response.headers.get('Content-Range')}")
         try:  # unbuffered, and each block as it arrives: a killed process leaves every byte it received
             with part.open("ab" if resumed else "wb", buffering=0) as out:
                 while block := response.read1(CHUNK):
                     out.write(block)
         except (OSError, http.client.HTTPException) as exc:
-            raise Retry(f"transfer broke off: {exc!r}") from None
+            raise kit.Retry(f"transfer broke off: {exc!r}") from None
     got = _size(part) or 0
     if got < size:
-        raise Retry(f"transfer ended after {got} of {size} bytes")
+        raise kit.Retry(f"transfer ended after {got} of {size} bytes")
 
 
-def fetch_file(repo: str, commit: str, local_dir: Path, path: str, size: int, token: str | None) -> dict[str, Any]:
+def fetch_file(repo: str, commit: str, local_dir: Path, path: str, size: int, token: kit.HubToken) -> dict[str, Any]:
     """Fetch one file (resuming its `.incomplete`, or a shorter file at its path); raises HubError when it can't."""
     final, part = local_dir / path, local_dir / (path + PART_SUFFIX)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -354,17 +316,17 @@ def fetch_file(repo: str, commit: str, local_dir: Path, path: str, size: int, to
     url = resolve_url(repo, commit, path)
     resumed_from = _size(part) or 0
     range_requests = 0
-    for attempt in range(1, FETCH_TRIES + 1):
+
+    def once() -> None:
+        nonlocal range_requests
         range_requests += 1 if _size(part) else 0
-        try:
-            fetch_once(url, part, size, token)
-            break
-        except Retry as exc:
-            if attempt == FETCH_TRIES:
-                raise HubError(f"{exc} (gave up after {FETCH_TRIES} tries)", str(exc)[:60]) from None
-            pause = RETRY_PAUSE_S * 2 ** (attempt - 1)
-            print(f"{path}: {exc}; try {attempt + 1} of {FETCH_TRIES} in {pause:g}s", file=sys.stderr, flush=True)
-            time.sleep(pause)
+        fetch_once(url, part, size, token.token, token.source)
+
+    _, failed = kit.with_retries(
+        once, FETCH_TRIES, RETRY_PAUSE_S, lambda note: print(f"{path}: {note}", file=sys.stderr, flush=True)
+    )
+    if failed is not None:
+        raise HubError(f"{failed} (gave up after {FETCH_TRIES} tries)", str(failed)[:60])
     got = _size(part)
     if got != size:
         part.unlink(missing_ok=True)
@@ -374,7 +336,7 @@ def fetch_file(repo: str, commit: str, local_dir: Path, path: str, size: int, to
 
 
 def fetch(config: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
-    token, _ = find_token()
+    token = kit.HubToken()
     local_dir = Path(config["local_dir"])
     fetched, failed = [], []
     for entry in known["manifest"]:
@@ -392,19 +354,13 @@ def fetch(config: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
     return {"fetched": fetched, "failed": failed}
 
 
-def main(argv: list[str]) -> int:
-    config = json.loads(argv[1]) | {"local_dir": argv[2]}
-    if not os.path.isabs(argv[2]):
-        print(f"local_dir {argv[2]!r} is not an absolute path", file=sys.stderr)
-        return 2
-    known = json.loads(Path(argv[3]).read_text()) if len(argv) > 3 else None
-    fetching = config["command"] == "fetch" and known is not None
-    result = fetch(config, known) if fetching and known is not None else check(config, known)
-    # indented, lists first: the tail of the output (which a failure message shows) is the summary
-    lists_first = sorted(result.items(), key=lambda item: not isinstance(item[1], list))
-    print(json.dumps(dict(lists_first), indent=1))
-    return 1 if result.get("failed") else 0
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    config["local_dir"] = kit.expand_path(config["local_dir"])
+    if not os.path.isabs(config["local_dir"]):
+        raise kit.Refused(f"local_dir {config['local_dir']!r} is not an absolute path")
+    known = config.get("known")
+    return fetch(config, known) if config["command"] == "fetch" and known is not None else check(config, known)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+def main() -> int:
+    return kit.main(run, failed=lambda document: bool(document.get("failed")))

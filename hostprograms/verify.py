@@ -9,17 +9,17 @@ leftover, sha256 equal to the Hub's for LFS files (git blob sha1 for small files
 Hashing runs in a thread pool, one worker per core: hashlib releases the GIL while it hashes
 a large buffer, so threads with 8 MiB reads scale like processes (measured on a 16-core H200
 host over 8 GiB of cached shards: 1 thread 0.84 GiB/s, 16 threads 8.7 GiB/s, 16 processes
-9.0 GiB/s) without pickling or re-importing this program, which arrives on stdin where a
-`spawn`ed process cannot find it again.
+9.0 GiB/s) without pickling or re-importing this program from its zip in each process.
 Digests are cached in `LOCAL_DIR/.cache/runbook-verify.json` by (path, size, mtime_ns), so an
 unchanged tree re-verifies without reading it. As in git's "racy" rule, a file modified less than
 RACY_NS before its hash began is not cached: a change within the same timestamp tick would keep
 its mtime, so only an mtime older than the hash proves the digest is of the current content.
 
 Stdlib only, plus huggingface_hub for the manifest (`HfApi().model_info`) and for `repair`
-(`hf_hub_download`); HF_ENDPOINT and HF_TOKEN come from the environment. Run as
-`PYTHON - CONFIG_JSON` with this file on stdin. Prints ONE JSON document on stdout; progress
-lines (`runbook-progress {json}`) and a plain summary of problems go to stderr.
+(`hf_hub_download`); HF_ENDPOINT and HF_TOKEN come from the environment. Shipped with the kit
+(hostprograms/kit.py: config file in, one result document out); its config is the step's `repo`,
+`revision`, `include`, `exclude`, `workers`, `repair` and `local_dir` (`~` and `$var` expand here).
+Progress lines and a plain summary of problems go to stderr.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from hostprograms import kit
+
+MIN_PYTHON = (3, 9)  # huggingface_hub's own floor
 BLOCK = 8 << 20  # read size: large enough that hashlib drops the GIL for nearly all the time
 CACHE_FILE = ".cache/runbook-verify.json"
 CACHE_VERSION = 1
 RACY_NS = 2_000_000_000  # coarser than any file system's mtime granularity we may meet (FAT: 2 s)
-PROGRESS_PREFIX = "runbook-progress "
 PROGRESS_EVERY_S = 1.0
 #: The safetensors library refuses headers above 100 MB (MAX_HEADER_SIZE in its Rust code).
 MAX_HEADER_BYTES = 100_000_000
@@ -428,19 +430,14 @@ def run(config: dict[str, Any], progress: Progress) -> dict[str, Any]:
     return {**out, "commit": commit, "manifest_error": None, **report}
 
 
-def main(argv: list[str]) -> int:
-    config = json.loads(argv[1])
-    config["local_dir"] = os.path.abspath(argv[2])  # expanded by the shell on the host
-
-    def progress(fields: dict[str, Any]) -> None:
-        print(PROGRESS_PREFIX + json.dumps(fields), file=sys.stderr, flush=True)
-
-    result = run(config, progress)
+def report(config: dict[str, Any]) -> dict[str, Any]:
+    """The check of the shipped config, its problems summed up on stderr."""
+    config["local_dir"] = os.path.abspath(kit.expand_path(config["local_dir"]))
+    result = run(config, kit.progress)
     for line in summary(result):
         print(line, file=sys.stderr)
-    print(json.dumps(result))
-    return 0
+    return result
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+def main() -> int:
+    return kit.main(report)

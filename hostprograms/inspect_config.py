@@ -1,10 +1,11 @@
 """Checks config.json of a DFlash drafter and its target model. Runs ON THE HOST.
 
-The `inspect_config` step (steps/inspect_config.py) ships this file through a heredoc to the
-host's Python, so it uses only the standard library. It prints ONE JSON document on stdout (the
-facts) and then every problem once more on stderr, `problem: ...` one per line, so that a failed
-gate's output tail lists them. It exits 0 whenever it wrote the document: problems are for gates
-to judge; any other exit means the checker itself broke.
+The `inspect_config` step (steps/inspect_config.py) ships this program with the kit to the host's
+Python (stdlib only). Its config: `target_dir` and `drafter_dir` (or null), as the runbook wrote them
+(`~` and `$var` expand here, kit.expand_path). It prints the facts as its one result document and
+every problem on stderr, `problem: ...` one per line, so that a failed gate's output tail lists them.
+It exits 0 whenever it wrote the document: problems are for gates to judge; any other exit means the
+checker itself broke.
 
 The drafter checks follow what SGLang's DFLASH loader reads (sglang 0.5.23:
 srt/speculative/dflash_utils.py `parse_dflash_draft_config`, srt/arg_groups/speculative_hook.py
@@ -17,13 +18,15 @@ A fact that cannot be determined is `{"value": null, "unknown_reason": ...}`, ne
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 from typing import Any
 
+from hostprograms import kit
+
+MIN_PYTHON = (3, 7)
 CONFIG = "config.json"
 SGLANG_DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MASK_TOKEN = "<|MASK|>"
@@ -552,17 +555,13 @@ def inspect(target_dir: str, drafter_dir: str | None = None) -> dict[str, Any]:
     return {"problems": problems.items, "drafter": drafter, "target": target, "deploy": deploy(drafter, target)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="check config.json of a DFlash drafter and its target")
-    parser.add_argument("--target", required=True, help="folder of the target model")
-    parser.add_argument("--drafter", help="folder of the DFlash drafter")
-    args = parser.parse_args(argv)
-    facts = inspect(args.target, args.drafter)
-    print(json.dumps(facts, allow_nan=False))
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    drafter = config.get("drafter_dir")
+    facts = inspect(kit.expand_path(config["target_dir"]), None if drafter is None else kit.expand_path(drafter))
     for problem in facts["problems"]:
         print(f"problem: {problem}", file=sys.stderr)
-    return 0
+    return facts
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main() -> int:
+    return kit.main(run)

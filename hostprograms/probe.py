@@ -1,14 +1,15 @@
-"""The `probe` step's program ON THE HOST: stdlib only, Python >= 3.8; prints ONE JSON document.
+"""The `probe` step's program ON THE HOST: stdlib only, Python >= 3.8 (MIN_PYTHON).
 
-The probe step writes this file to a temporary file on the host and runs it; it has three roles:
+The probe step ships this program with the kit and runs it with the host's `python3`; the config's
+`role` says which of its three roles it plays:
 
-- `python3 PROG CONFIG`: the host's facts (OS, CPUs, memory, disks, GPUs, HF token, models);
-  for the Python facts it runs itself again with the given interpreter:
-- `PYTHON PROG --interpreter CONFIG`: that interpreter's version, package versions
-  (importlib.metadata) and the capabilities of its SGLang, read from SGLang's files (ast, file
-  existence) without importing it: `import sglang` needs torch, and a probe must not;
-- `PYTHON PROG --hub CONFIG`: sizes of Hub repos, asked with that interpreter's huggingface_hub
-  (HF_ENDPOINT and the token come from the environment, as for any client).
+- `host` (the first run): the host's facts (OS, CPUs, memory, disks, GPUs, HF token, models); for
+  the Python facts it runs itself again with the given interpreter:
+- `interpreter`: that interpreter's version, package versions (importlib.metadata) and the
+  capabilities of its SGLang, read from SGLang's files (ast, file existence) without importing it:
+  `import sglang` needs torch, and a probe must not;
+- `hub`: sizes of Hub repos, asked with that interpreter's huggingface_hub (HF_ENDPOINT and the
+  token come from the environment, as for any client).
 
 A fact it cannot determine is null with a reason in the section's `unknown` map, never an empty
 answer that looks like "none". The Hugging Face token's value is never printed, only its source.
@@ -27,8 +28,12 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
+from hostprograms import kit
+
+MIN_PYTHON = (3, 8)
 GPU_QUERY = "index,name,uuid,memory.total,memory.used,memory.free,driver_version,compute_cap,pci.bus_id"
 _NOT_AVAILABLE = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "")
 _UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
@@ -186,11 +191,6 @@ def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> t
     return done.returncode, done.stdout, done.stderr
 
 
-def _tail(text: str, limit: int = 400) -> str:
-    text = text.strip()
-    return text if len(text) <= limit else "..." + text[-limit:]
-
-
 def read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as handle:
         return handle.read()
@@ -294,7 +294,7 @@ def gpu_facts(timeout: float) -> dict[str, Any]:
     code, out, err = run([exe, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"], timeout)
     if code != 0:
         return no_gpus(
-            f"nvidia-smi --query-gpu failed (exit {code}): {_tail(out + err) or '(no output)'}", "nvidia-smi failed"
+            f"nvidia-smi --query-gpu failed (exit {code}): {kit.tail(out + err) or '(no output)'}", "nvidia-smi failed"
         )
     try:
         facts["gpus"] = parse_gpu_query(out)
@@ -310,45 +310,20 @@ def gpu_facts(timeout: float) -> dict[str, Any]:
     code, out, err = run([exe], timeout)
     facts["cuda_version"] = parse_cuda_version(out) if code == 0 else None
     if facts["cuda_version"] is None:
-        said = _tail(out + err) or "(no output)"
+        said = kit.tail(out + err) or "(no output)"
         facts["unknown"]["cuda_version"] = f"no 'CUDA Version' in plain nvidia-smi (exit {code}): {said}"
     return facts
 
 
-def token_facts(env: dict[str, str]) -> dict[str, Any]:
-    """Whether huggingface_hub on the host would find a token, and where: never the token itself.
-
-    Same order as huggingface_hub's get_token(): HF_TOKEN, HUGGING_FACE_HUB_TOKEN, then the file
-    at HF_TOKEN_PATH or $HF_HOME/token (HF_HOME defaulting to ${XDG_CACHE_HOME:-~/.cache}/huggingface).
-    """
-    checked = []
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        checked.append(f"env {name}")
-        if env.get(name, "").strip():
-            return {"available": True, "source": f"env {name}", "checked": checked, "reason": None}
-    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    hf_home = os.path.expandvars(os.path.expanduser(env.get("HF_HOME") or os.path.join(cache, "huggingface")))
-    path = os.path.expandvars(os.path.expanduser(env.get("HF_TOKEN_PATH") or os.path.join(hf_home, "token")))
-    checked.append(f"file {path}")
-    try:
-        present = bool(read_text(path).strip())
-    except FileNotFoundError:
-        return {
-            "available": False,
-            "source": None,
-            "checked": checked,
-            "reason": f"no HF_TOKEN in the environment and no token file at {path}",
-        }
-    except OSError as exc:
-        return {
-            "available": False,
-            "source": None,
-            "checked": checked,
-            "reason": f"token file {path} unreadable: {exc.strerror}",
-        }
-    if not present:
-        return {"available": False, "source": None, "checked": checked, "reason": f"token file {path} is empty"}
-    return {"available": True, "source": f"file {path}", "checked": checked, "reason": None}
+def token_facts() -> dict[str, Any]:
+    """Whether huggingface_hub on the host would find a token, and where: never the token itself."""
+    found = kit.HubToken()
+    return {
+        "available": found.token is not None,
+        "source": found.source,
+        "checked": found.checked,
+        "reason": found.reason,
+    }
 
 
 def _tree_size(root: str) -> tuple[int, int, int]:
@@ -423,13 +398,16 @@ def _resolve_python(python: str) -> tuple[str | None, str | None]:
 
 def _sub_probe(python: str, role: str, config: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, str]:
     """Run this program with another interpreter in another role; (its document, or None and why)."""
-    code, out, err = run([python, os.path.abspath(__file__), role, json.dumps(config)], timeout)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=os.path.dirname(sys.argv[0])) as file:
+        json.dump({**config, "role": role}, file)
+        file.flush()
+        code, out, err = run([python, sys.argv[0], file.name], timeout)
     if code != 0:
-        return None, f"{python} {role} failed (exit {code}): {_tail(err) or _tail(out) or '(no output)'}"
-    try:
-        return json.loads(out), ""
+        return None, f"{python} --{role} failed (exit {code}): {kit.tail(err) or kit.tail(out) or '(no output)'}"
+    try:  # the kit's result document: the last line
+        return json.loads((out.strip().splitlines() or [""])[-1]), ""
     except ValueError:
-        return None, f"{python} {role} printed no JSON document: {_tail(out) or '(nothing)'}"
+        return None, f"{python} --{role} printed no JSON document: {kit.tail(out) or '(nothing)'}"
 
 
 SGLANG_KEYS = (
@@ -462,7 +440,7 @@ def python_facts(config: dict[str, Any]) -> dict[str, Any]:
     }
     found, problem = _resolve_python(python)
     if found is not None:
-        document, problem = _sub_probe(found, "--interpreter", {"packages": packages}, float(config["python_timeout"]))
+        document, problem = _sub_probe(found, "interpreter", {"packages": packages}, float(config["python_timeout"]))
         if document is not None:
             sglang = document.pop("sglang")
             facts.update(document, requested=python, unknown_reason=None)
@@ -479,14 +457,13 @@ def hub_facts(config: dict[str, Any], python: dict[str, Any]) -> dict[str, Any]:
         return {}
     if python["executable"] is None:
         return {r: _hub_unknown(r, f"no Python to ask the Hub with: {python['unknown_reason']}") for r in repos}
-    document, problem = _sub_probe(python["executable"], "--hub", {"hub_repos": repos}, float(config["hub_timeout"]))
+    document, problem = _sub_probe(python["executable"], "hub", {"hub_repos": repos}, float(config["hub_timeout"]))
     if document is None:
         return {r: _hub_unknown(r, problem) for r in repos}
     return document
 
 
 def host_facts(config: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
     disks = {str(path): disk_facts(str(path)) for path in config["paths"]}
     document: dict[str, Any] = {
         "os": os_facts(),
@@ -494,7 +471,7 @@ def host_facts(config: dict[str, Any]) -> dict[str, Any]:
         "memory": memory_facts(),
         "disks": disks,
         "gpu": gpu_facts(float(config["gpu_timeout"])),
-        "hf_token": token_facts(env),
+        "hf_token": token_facts(),
         "models": models_facts(str(config["models_dir"])),
     }
     document.update(python_facts(config))
@@ -502,7 +479,7 @@ def host_facts(config: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-# ---------------------------------------------------------------- --interpreter role
+# ---------------------------------------------------------------- interpreter role
 
 
 def _version_of(name: str) -> str | None:
@@ -637,7 +614,7 @@ def interpreter_facts(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- --hub role
+# ---------------------------------------------------------------- hub role
 
 
 def _hub_unknown(repo: str, reason: str) -> dict[str, Any]:
@@ -681,19 +658,8 @@ def hub_sizes(config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[1] == "--interpreter":
-        document = interpreter_facts(json.loads(argv[2]))
-    elif len(argv) == 3 and argv[1] == "--hub":
-        document = hub_sizes(json.loads(argv[2]))
-    elif len(argv) == 2:
-        document = host_facts(json.loads(argv[1]))
-    else:
-        sys.stderr.write("usage: probe_host.py CONFIG | --interpreter CONFIG | --hub CONFIG\n")
-        return 2
-    sys.stdout.write(json.dumps(document) + "\n")
-    return 0
+ROLES = {"host": host_facts, "interpreter": interpreter_facts, "hub": hub_sizes}
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+def main() -> int:
+    return kit.main(lambda config: ROLES[config.get("role", "host")](config))

@@ -1,13 +1,11 @@
-"""The `deploy` step's program ON THE HOST: stdlib only, Python >= 3.8; prints ONE JSON document.
+"""The `deploy` step's program ON THE HOST: stdlib only, Python >= 3.8 (MIN_PYTHON); one result document.
 
-Run by the SGLang virtualenv's python, with the program on stdin:
-
-    PYTHON - CONFIG STATE_DIR [LAUNCH_ARGV...]
-
-CONFIG is a JSON object: `action` (start | stop), `port`, `bind`, `env` (set for the server),
-`ready_timeout`, `stop_timeout`. STATE_DIR (e.g. ~/.runbook/sglang, expanded by the host's bash) holds,
-per port, `<port>.json`: the server this program started there (pid, its start time, argv, env, log
-file). LAUNCH_ARGV is the full launch command, already expanded by bash.
+Run by the SGLang virtualenv's python, shipped with the kit (hostprograms/kit.py). Its config: `action`
+(start | stop), `port`, `bind`, `env` (set for the server), `ready_timeout`, `stop_timeout`,
+`state_dir` and `launch`. `state_dir` (e.g. ~/.runbook/sglang; `~` and `$var` expand here) holds, per
+port, `<port>.json`: the server this program started there (pid, its start time, argv, env, log file).
+`launch` is the full launch command, each word `[text, expands]`: a word that expands is a path or
+argument of the runbook's, in which `~` and `$var` expand as bash would (kit.expand_path).
 
 start: a recorded server that is alive with the same argv and env is adopted (`reused`) and only its
 readiness is checked; one with other arguments is stopped first (TERM to its process group, wait,
@@ -34,14 +32,15 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-PROGRESS_PREFIX = "runbook-progress "
+from hostprograms import kit
+
+MIN_PYTHON = (3, 8)
 POLL_S = 0.5
 PROGRESS_EVERY_S = 2.0
 TAIL_LINES = 30
@@ -218,9 +217,9 @@ def log_tail(path: str) -> list[str]:
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int | None, str]:
     """(status, body text) of one request; status None with the reason when there was no answer."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with kit.request(url, method=method, headers=headers, data=data, timeout=timeout) as response:
             return response.status, response.read(4096).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(4096).decode("utf-8", "replace")
@@ -230,7 +229,7 @@ def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tupl
 
 
 def progress(message: str, **fields: Any) -> None:
-    print(PROGRESS_PREFIX + json.dumps({"message": message, **fields}), file=sys.stderr, flush=True)
+    kit.progress({"message": message, **fields})
 
 
 # ---------------------------------------------------------------- state
@@ -463,14 +462,13 @@ def stop(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str]) -> int:
-    config, state_dir, launch = json.loads(argv[0]), argv[1], argv[2:]
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    state_dir = kit.expand_path(config["state_dir"])
+    launch = [kit.expand_path(text) if expands else text for text, expands in config.get("launch", [])]
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     with port_lock(state_dir, config["port"]):
-        report = start(config, state_dir, launch) if config["action"] == "start" else stop(config, state_dir)
-    print(json.dumps(report))
-    return 0
+        return start(config, state_dir, launch) if config["action"] == "start" else stop(config, state_dir)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def main() -> int:
+    return kit.main(run)

@@ -1,0 +1,99 @@
+"""Ship a host program (`hostprograms/<name>.py`) to the host with its config, and run it there.
+
+`host_program(name, config, python)` renders the bash lines that do it. The program travels as one zip
+holding `hostprograms/__init__.py`, the shared `kit.py`, the program and a `__main__.py`: each helper has
+one source, bundled when shipped, never copied. The zip is deterministic (fixed timestamps, sorted
+entries, stored uncompressed so no zlib is needed on either side), so the rendered script and
+`runbook plan` are stable; it is sent base64 in a quoted heredoc (`render.heredoc`), the config
+(JSON, any size: eval_acceptance's prompt sets too) in another, both into a `mktemp -d` folder removed
+on exit, then run as `PYTHON program.pyz config.json` (hostprograms/kit.py says what it prints).
+
+The `__main__.py` checks the interpreter against the program's MIN_PYTHON before the program is read,
+in syntax any Python parses, so an old interpreter fails in one plain line with kit.TOO_OLD, which
+`executor.stepkind.host_document` turns into a clear message.
+
+The programs are read as files, never imported: the controller does not run them.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import functools
+import hashlib
+import io
+import json
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from executor.render import heredoc, host_word
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hostprograms"
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
+
+_MAIN = """\
+import sys
+if sys.version_info < {min_python!r}:
+    sys.stderr.write("runbook: %s needs Python >= {min_text}, %s is %s\\n"
+                     % ({name!r}, sys.executable, sys.version.split()[0]))
+    sys.exit({too_old})
+from hostprograms import {name}
+sys.exit({name}.main())
+"""
+
+
+def _constant(module: str, name: str) -> Any:
+    """A constant a module of the package assigns at its top level, read from its source."""
+    for node in ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError(f"hostprograms/{module}.py assigns no {name}")
+
+
+def minimum_python(name: str) -> tuple[int, int]:
+    """The MIN_PYTHON a program declares."""
+    major, minor = _constant(name, "MIN_PYTHON")
+    return int(major), int(minor)
+
+
+@functools.cache
+def bundle(name: str) -> bytes:
+    """The zip of program `name`: the package's `__init__`, the kit, the program, a `__main__`."""
+    low = minimum_python(name)
+    main = _MAIN.format(
+        min_python=low, min_text=".".join(map(str, low)), name=name, too_old=int(_constant("kit", "TOO_OLD"))
+    )
+    members = {
+        "__main__.py": main.encode(),
+        **{f"hostprograms/{f}.py": (PACKAGE / f"{f}.py").read_bytes() for f in ("__init__", "kit", name)},
+    }
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for path in sorted(members):
+            entry = zipfile.ZipInfo(path, date_time=_EPOCH)
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, members[path])
+    return out.getvalue()
+
+
+@functools.cache
+def _shipped(name: str) -> tuple[str, str]:
+    """(short sha256, base64 text) of the bundle: once per program, not once per rendered script."""
+    data = bundle(name)
+    return hashlib.sha256(data).hexdigest()[:16], base64.encodebytes(data).decode()
+
+
+def host_program(name: str, config: Mapping[str, Any], python: str = "python3") -> str:
+    """Bash lines that run program `name` with `config` under the host's `python` (a host word: `~` and
+    `$var` expand there) and leave its exit status as theirs."""
+    digest, encoded = _shipped(name)
+    return (
+        f"# hostprograms/{name}.py with the kit, zip sha256:{digest}\n"
+        'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.XXXXXXXX") || exit 1\n'
+        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\n"
+        + heredoc(encoded, command='base64 -d > "$prog/program.pyz"')
+        + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"')
+        + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'
+    )

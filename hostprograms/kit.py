@@ -1,0 +1,199 @@
+"""What every host program shares (stdlib only): the one contract, and the helpers they all need.
+
+The contract: `PYTHON program.pyz CONFIG_FILE`. The config is one JSON object in a file (whatever its
+size); progress goes to stderr as `runbook-progress {json}` lines (PROGRESS_PREFIX, which the controller's
+executor.stepkind reads from here); the result is ONE JSON document on the last line of stdout, which the
+controller parses into the kind's pydantic facts (`executor.stepkind.host_document`). A program that cannot
+run (a var unset, an interpreter too old) says why in one line on stderr, with no document.
+
+This module is bundled into every program's zip, so it must run on the oldest interpreter any program
+declares (MIN_PYTHON; `python3 -m hostprograms.check_versions` holds each module to its declaration).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Dict, Mapping, TypeVar
+
+MIN_PYTHON = (3, 7)
+#: How a line of live progress starts on stderr: this prefix, then one JSON object.
+PROGRESS_PREFIX = "runbook-progress "
+#: Exit status of a program that refused to run (REFUSED) or of an interpreter older than the program
+#: declares (TOO_OLD, set by the zip's `__main__` before the program is even read).
+REFUSED = 2
+TOO_OLD = 86
+USER_AGENT = "runbook-hostprogram/1"
+
+Document = Dict[str, Any]
+T = TypeVar("T")
+
+
+class Refused(Exception):
+    """The program cannot do what its config asks (a var unset, a path that cannot be); its message says why."""
+
+
+def progress(fields: Mapping[str, Any]) -> None:
+    """One line of live progress on stderr (flushed: the controller shows it as it arrives)."""
+    print(PROGRESS_PREFIX + json.dumps(dict(fields)), file=sys.stderr, flush=True)
+
+
+def main(run: Callable[[Document], Document], failed: Callable[[Document], bool] = lambda _: False) -> int:
+    """Read the config file named by argv[1], run, print the result as the last line of stdout.
+
+    Exit 0, or 1 when `failed(document)` (the document says why), or REFUSED with one line on stderr.
+    """
+    try:
+        with open(sys.argv[1], encoding="utf-8") as file:
+            config = json.load(file)
+        document = run(config)
+    except Refused as exc:
+        print(f"runbook: {exc}", file=sys.stderr)
+        return REFUSED
+    sys.stdout.write(json.dumps(document, allow_nan=False) + "\n")
+    return 1 if failed(document) else 0
+
+
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand_path(text: str, environ: Mapping[str, str] = os.environ) -> str:
+    """`text` with a leading `~` and each `$name`/`${name}` replaced from the environment, nothing else.
+
+    The same expansion as executor.render.host_word gives in bash: a var that is unset or empty is
+    Refused, naming it, rather than turning `$models_dir/Kimi-K2.6` into `/Kimi-K2.6`.
+    """
+
+    def value(name: str, what: str) -> str:
+        found = environ.get(name, "")
+        if not found:
+            raise Refused(f"{name}: {what}")
+        return found
+
+    head = ""
+    if text == "~" or text.startswith("~/"):
+        head, text = value("HOME", "is not set"), text[1:]
+    return head + _VAR.sub(
+        lambda m: value(m.group(1) or m.group(2), f"runbook var {m.group(1) or m.group(2)} is unset or empty"), text
+    )
+
+
+def tail(text: str, limit: int = 400) -> str:
+    """The end of an output, stripped, at most `limit` characters (`...` marks a cut)."""
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class HubToken:
+    """Where huggingface_hub would find its token on this host (`get_token()` without OIDC or Colab).
+
+    HF_TOKEN, else the legacy HUGGING_FACE_HUB_TOKEN, then the file at HF_TOKEN_PATH or $HF_HOME/token
+    (HF_HOME defaulting to ${XDG_CACHE_HOME:-~/.cache}/huggingface, `~` and `$VARS` expanded), each value
+    without CR, LF and surrounding whitespace. `checked` lists where it looked; `reason` says why there is
+    none. The token itself is never part of a document.
+    """
+
+    def __init__(self) -> None:
+        environ = os.environ  # read as huggingface_hub reads it, when the lookup is made
+        self.token: str | None = None
+        self.source: str | None = None
+        self.reason: str | None = None
+        # as huggingface_hub: `os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")`
+        name = "HF_TOKEN" if environ.get("HF_TOKEN") else "HUGGING_FACE_HUB_TOKEN"
+        self.checked: list[str] = ["env HF_TOKEN"] + ([] if name == "HF_TOKEN" else [f"env {name}"])
+        self.token = _clean(environ.get(name))
+        if self.token is not None:
+            self.source = f"env {name}"
+            return
+        home = os.path.join(
+            environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "huggingface"
+        )
+        hf_home = os.path.expandvars(os.path.expanduser(environ.get("HF_HOME", home)))
+        path = os.path.expandvars(os.path.expanduser(environ.get("HF_TOKEN_PATH", os.path.join(hf_home, "token"))))
+        self.checked.append(f"file {path}")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as file:
+                self.token = _clean(file.read())
+        except FileNotFoundError:
+            self.reason = f"no HF_TOKEN in the environment and no token file at {path}"
+            return
+        except OSError as exc:
+            self.reason = f"token file {path} unreadable: {exc.strerror}"
+            return
+        if self.token is None:
+            self.reason = f"token file {path} is empty"
+        else:
+            self.source = f"file {path}"
+
+
+def _clean(token: str | None) -> str | None:
+    """huggingface_hub's `_clean_token`: no CR or LF, no surrounding whitespace; empty is none."""
+    if token is None:
+        return None
+    return token.replace("\r", "").replace("\n", "").strip() or None
+
+
+class _SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but send the token only to the host it was meant for (not to a CDN)."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def request(
+    url: str,
+    *,
+    token: str | None = None,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    timeout: float = 10.0,
+    follow_redirects: bool = True,
+) -> Any:
+    """Open `url` (an http.client.HTTPResponse; urllib's HTTPError for an error status).
+
+    A token goes only as `Authorization: Bearer`, and never to another host a redirect leads to.
+    """
+    sent = urllib.request.Request(url, data=data, method=method, headers={"User-Agent": USER_AGENT, **(headers or {})})
+    if token:
+        sent.add_header("Authorization", f"Bearer {token}")
+    handler = _SameHostAuth() if follow_redirects else _NoRedirect()
+    return urllib.request.build_opener(handler).open(sent, timeout=timeout)
+
+
+class Retry(Exception):
+    """This try failed in a way another try may fix."""
+
+
+def with_retries(
+    attempt: Callable[[], T], tries: int, pause_s: float, note: Callable[[str], None]
+) -> tuple[T | None, Retry | None]:
+    """(result, None) of the first of `tries` calls that raises no Retry, else (None, the last Retry).
+
+    The pause doubles after each try; `note` hears each retry before its pause.
+    """
+    for number in range(1, tries + 1):
+        try:
+            return attempt(), None
+        except Retry as exc:
+            if number == tries:
+                return None, exc
+            pause = pause_s * 2 ** (number - 1)
+            note(f"{exc}; try {number + 1} of {tries} in {pause:g}s")
+            time.sleep(pause)
+    raise ValueError("tries must be at least 1")
