@@ -28,6 +28,8 @@ from sandbox.sshd import free_port
 
 EXPECTED = Path(__file__).with_name("facts_before.json")
 EXPECTED_SERVER = Path(__file__).with_name("facts_before_server.json")
+#: The checkout the test host's tools live in (its `.cache`): a path under it is compared as `<repo>/...`.
+REPO = Path(__file__).resolve().parents[2]
 STANDIN = {"decode_tokens_per_s": 4000.0, "startup_s": 0.3}  # the stand-in's switches: a short test
 HF_VARS = {
     "HF_HUB_DISABLE_XET": "1",
@@ -86,7 +88,13 @@ def run_every_kind(tmp_path: Path, host_yaml: str, home: Path, python: Path, hub
     ]  # fmt: skip
     steps[-3]["gates"] = []  # `~/nowhere` has no config: its problems are facts, not a failure here
     doc = {"vars": {"HF_ENDPOINT": hub.endpoint, "models_dir": str(models), **HF_VARS}, "steps": steps}
-    names = {str(tmp_path): "<tmp>", str(home): "<home>", hub.endpoint: "<hub>", str(python): "<python>"}
+    names = {
+        str(tmp_path): "<tmp>",
+        str(home): "<home>",
+        hub.endpoint: "<hub>",
+        str(python): "<python>",
+        str(REPO): "<repo>",
+    }
     records = run_facts(tmp_path, host_yaml, doc)
     return {r["step"]: normalized(r["facts"], names, exact=r["step"] != "probe") for r in records}
 
