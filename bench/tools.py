@@ -239,20 +239,13 @@ class RunbookCLI(Runner):
             return timed_subprocess(argv, cwd=REPO)
 
 
-class _Discard:
-    """A structlog-like logger that drops everything (`bind` returns itself)."""
-
-    def bind(self, **_fields: Any) -> _Discard:
-        return self
-
-
 class NoAudit:
     """Stands in for executor.audit.AuditLog in a run with the audit log off: records nothing,
     writes no file. Only `RunbookEngine(audit=False)` uses it, to price the audit log; runbook
     itself has no such switch."""
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
-        self.log = _Discard()
+        """Takes what AuditLog takes, and keeps nothing."""
 
     def command(self, *_args: Any) -> None:
         """Drop a command record."""

@@ -25,7 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from executor import audit as audit_mod
 from executor import durable, seal
-from executor.audit import AuditLog
+from executor.audit import AuditContext, AuditLog
 from executor.errors import (
     DurableWriteError,
     HostKeyError,
@@ -176,7 +176,7 @@ class HostContext(StepContext):
         self.base_dir = engine.runbook.path.parent
         self.output_dir = engine.run_dir / "hosts" / host
         self.run_dir = engine.run_dir
-        self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
+        self.audit_context = AuditContext(step=spec.id, host=host, attempt=attempt, via=via)
 
     def fact(self, step_id: str, path: str) -> Any:
         value: Any = self.engine.facts_view(self.host_name)[step_id]["facts"]
@@ -216,7 +216,7 @@ class HostContext(StepContext):
 
     def _record(self, display: str, result: CommandResult) -> None:
         engine = self.engine  # the output was redacted as it arrived (transport.base.Captured)
-        engine.audit.command(self.log, display, result)
+        engine.audit.command(self.audit_context, display, result)
         engine.reporter.emit(
             "command_finished",
             step=self.spec.id,
@@ -261,7 +261,7 @@ class HostContext(StepContext):
             raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         except TransportError as exc:
             raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
-        self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
+        self.engine.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
 
 
@@ -504,7 +504,7 @@ class Engine:
         self.run_dir = run_dir
         self.write_failure: DurableWriteError | None = None  # set by the first failed write: the run stops
         for host in meta.host_key_unverified:  # said once per run, before anything connects
-            self.audit.host_key_unverified(self.audit.log.bind(host=host), host)
+            self.audit.host_key_unverified(host)
             self.reporter.emit(
                 "note",
                 host=host,
@@ -582,8 +582,8 @@ class Engine:
             return
         found = audit_mod.attempt_records(run_dir, [(old.step, old.host, old.attempts) for old in running])
         for old in running:
-            log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
-            self.audit.abandoned(log, run_id, old.started_at, old.attempts, found[(old.step, old.host, old.attempts)])
+            key = (old.step, old.host, old.attempts)
+            self.audit.abandoned(AuditContext(*key), run_id, old.started_at, old.attempts, found[key])
 
     def _unverified_hosts(self, to_run: list[StepSpec]) -> list[str]:
         """The SSH hosts this run connects to whose host key is not verified (`verify_host_key: false`)."""
