@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 import traceback
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,7 +34,7 @@ from executor.errors import (
     TransportError,
 )
 from executor.events import RedactingReporter, Reporter
-from executor.gates import GateWorkers, GateWorkerUnavailable
+from executor.gates import GateWorkers, GateWorkerUnavailable, roots
 from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
@@ -739,17 +739,20 @@ class Engine:
             facts = self.redactor.deep(_bounded_facts(outcome.facts))
         except FactsError as exc:
             self._attempt_failed(spec, host, attempt, str(exc))
-        names = {
-            "stdout": result.stdout_text,
-            "stderr": result.stderr_text,
-            "exit_code": result.exit_code,
-            "facts": facts,
-            "steps": self.facts_view(host),
-            "vars": self.redactor.deep(self.variables),  # as the output: a failed gate shows no secret
-        }
         gates = spec.effective_gates()
+        expressions = [g.that for g in gates]
+        read = set().union(*(roots(e) for e in expressions))
+        seen: dict[str, Callable[[], Any]] = {  # worked out only when a gate reads it (steps: every record)
+            "stdout": lambda: result.stdout_text,
+            "stderr": lambda: result.stderr_text,
+            "exit_code": lambda: result.exit_code,
+            "facts": lambda: facts,
+            "steps": lambda: self.facts_view(host),
+            "vars": lambda: self.redactor.deep(self.variables),  # as the output: a failed gate shows no secret
+        }
+        names = {name: value() for name, value in seen.items() if name in read}
         try:
-            async with self.gates.session(names, [g.that for g in gates]) as worker:  # bounded: executor.gates
+            async with self.gates.session(names, expressions) as worker:  # bounded: executor.gates
                 for gate in gates:
                     verdict = await worker.evaluate(gate.that, gate.message)
                     if not verdict.passed:

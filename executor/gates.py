@@ -87,10 +87,16 @@ def parse(expression: str) -> nodes.Expr:
 def var_refs(expression: str) -> list[str]:
     """Names of the vars a gate reads (`vars.port`, `vars['port']`), from its parse tree; `*` for any other
     use of `vars` (`vars.get(x)`, `vars[stdout]`, `vars | length`), which may read any of them."""
+    return list(_var_refs(expression))
+
+
+@functools.lru_cache(maxsize=4096)
+def _var_refs(expression: str) -> tuple[str, ...]:
+    """`var_refs`, parsed once per distinct expression (a run's fingerprints ask for every step and host)."""
     try:
         tree = parse(expression)
     except (TemplateSyntaxError, RecursionError):
-        return ["*"]
+        return ("*",)
     names: list[str] = []
     plain: set[int] = set()  # the `vars` Name nodes read as vars.NAME / vars['NAME']
     for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
@@ -105,7 +111,7 @@ def var_refs(expression: str) -> list[str]:
             plain.add(id(node.node))
     if any(n.name == "vars" and id(n) not in plain for n in tree.find_all(nodes.Name)):
         names.append("*")
-    return names
+    return tuple(names)
 
 
 def syntax_error(expression: str) -> str | None:
@@ -132,9 +138,11 @@ def _chain_text(node: nodes.Node) -> str | None:
     return None
 
 
-def roots(expression: str) -> set[str]:
-    """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs."""
-    return {node.name for node in parse(expression).find_all(nodes.Name)}
+@functools.lru_cache(maxsize=4096)
+def roots(expression: str) -> frozenset[str]:
+    """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs.
+    Parsed once per distinct expression: every attempt of every step asks."""
+    return frozenset(node.name for node in parse(expression).find_all(nodes.Name))
 
 
 def names_used(expression: str) -> list[str]:
@@ -216,6 +224,8 @@ class GateWorker:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.killed = False
+        #: names were handed (`hand`) and their answer not read yet: it comes before the next gate's
+        self.loading = False
 
     @classmethod
     async def start(cls) -> GateWorker:
@@ -231,29 +241,61 @@ class GateWorker:
         )
         return cls(proc)
 
-    async def _ask(self, request: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def _send(self, request: Any) -> None:
+        """Queue a request (written while its answer is awaited); a worker whose pipe is gone is killed."""
+        assert self.proc.stdin is not None
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        try:
+            self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        except OSError:
+            self.kill()
+
+    async def _answer(self) -> Any:
+        """The answer to the oldest request not answered yet (the worker answers in order)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         await self.proc.stdin.drain()
         (size,) = _FRAME.unpack(await self.proc.stdout.readexactly(_FRAME.size))
         # the answer is JSON, not pickle: the worker runs expressions written against hostile output
         return json.loads(await self.proc.stdout.readexactly(size))
 
+    async def _ask(self, request: Any) -> Any:
+        self._send(request)
+        return await self._answer()
+
     async def load(self, names: Mapping[str, Any]) -> None:
         """Hand the worker an attempt's names (output up to the transport's cap: linear work, but bounded too)."""
+        self.hand(names)
+        await self.loaded()
+
+    def hand(self, names: Mapping[str, Any]) -> None:
+        """Send an attempt's names without waiting for the worker to take them: the first gate's request
+        follows at once and `evaluate` reads both answers, one round trip for the two (each still bounded)."""
+        self._send(("names", dict(names)))
+        self.loading = True
+
+    async def loaded(self) -> None:
+        """Wait (at most LOAD_TIME_S) until the worker took the names handed to it, if it has not said so yet;
+        a worker that cannot take them is killed, and its gates then fail as a worker that died."""
+        if not self.loading:
+            return
+        self.loading = False
         try:
-            await asyncio.wait_for(self._ask(("names", dict(names))), LOAD_TIME_S)
+            await asyncio.wait_for(self._answer(), LOAD_TIME_S)
         except (TimeoutError, OSError, EOFError, asyncio.IncompleteReadError, ValueError):
-            self.kill()  # its gates then fail as a worker that died
+            self.kill()
 
     async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
         """The verdict; a worker that does not answer within GATE_TIME_S is killed and the gate failed."""
         if not self.alive:
             detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
             return GateVerdict(False, expression, message, detail)
+        self._send(("gate", expression))
+        await self.loaded()  # the names' answer comes first (bounded as a load), then the gate's
+        if not self.alive:
+            detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
+            return GateVerdict(False, expression, message, detail)
         try:
-            answer = await asyncio.wait_for(self._ask(("gate", expression)), GATE_TIME_S)
+            answer = await asyncio.wait_for(self._answer(), GATE_TIME_S)
         except TimeoutError:
             self.kill()
             detail = f"  did not finish within the time bound of a gate ({GATE_TIME_S:g}s); its evaluation was stopped"
@@ -300,11 +342,12 @@ class GateWorkers:
             wanted = set().union(*(roots(e) for e in expressions))
             names = {name: value for name, value in names.items() if name in wanted}
         try:
-            await worker.load(names)
+            worker.hand(names)  # taken with the first gate's request (`evaluate`)
             yield worker
+            await worker.loaded()  # no gate asked (a step without gates): the names' answer is still to read
             reusable = worker.alive
         except Exception:  # a failed gate ends the attempt with an exception: the worker itself is fine
-            reusable = worker.alive
+            reusable = worker.alive and not worker.loading
             raise
         finally:
             if reusable:
