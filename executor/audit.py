@@ -75,12 +75,33 @@ def clip(text: str) -> tuple[str, bool]:
 UNFINISHED = ("running", STOPPED, WRITE_FAILED)
 
 
-def write_private(path: Path, text: str, sync: bool = False) -> None:
-    """Atomically replace a small file, mode 0600 (no fsync unless `sync`: while a run runs, a head
-    that lags the log is tolerated).
+#: A head is written padded with spaces to this many bytes (JSON allows them; one is ~100 bytes, ~250 sealed)
+HEAD_PAD_BYTES = 512
 
-    A failed write raises DurableWriteError and leaves the old file as it was."""
-    durable.replace_file(path, text.encode("utf-8"), f"the audit head ({path.name})", sync=sync)
+
+def write_private(path: Path, text: str, sync: bool = False) -> None:
+    """Rewrite the audit head, mode 0600, in place: one write of HEAD_PAD_BYTES at its start, so the
+    file never shrinks and a kill leaves the old head or the new one (a write within one page is never
+    cut by a signal, and one sector is written whole). No fsync unless `sync`: while a run runs, a head
+    that lags the log is tolerated. Replacing it through a renamed file instead cost a step ~0.5 ms
+    (ext4 starts writing a file's data when it is renamed over another) and a run writes one per record.
+
+    A write that fails is made again by replacing the file whole (so a write cut short leaves no mix of
+    the two heads); when that fails too, DurableWriteError."""
+    data = text.encode("utf-8").ljust(HEAD_PAD_BYTES)
+    what = f"the audit head ({path.name})"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            durable.write_all(fd, data)
+            if os.fstat(fd).st_size > len(data):  # a longer head before it (one written by hand)
+                os.ftruncate(fd, len(data))
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        durable.replace_file(path, data, what, sync=sync)
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def test_a_failed_write_at_every_durable_write_stops_the_run(tmp_path: Path, wri
     done = _under_faults(book, tmp_path / "baseline" / "logs", tmp_path / "baseline" / "journal")
     assert done.returncode == 0, done.stderr
     points = (tmp_path / "baseline" / "journal").read_text().split()
-    assert {"write:audit.jsonl", "write:audit.head.tmp", "write:run.json.partial", "sqlite:steps", "sqlite:run"} == set(
+    assert {"write:audit.jsonl", "write:audit.head", "write:run.json.partial", "sqlite:steps", "sqlite:run"} == set(
         points
     ), points
     cases = []
