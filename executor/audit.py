@@ -86,22 +86,23 @@ def write_private(path: Path, text: str, sync: bool = False) -> None:
     that lags the log is tolerated. Replacing it through a renamed file instead cost a step ~0.5 ms
     (ext4 starts writing a file's data when it is renamed over another) and a run writes one per record.
 
-    A write that fails is made again by replacing the file whole (so a write cut short leaves no mix of
-    the two heads); when that fails too, DurableWriteError."""
+    A failed write raises DurableWriteError (the run stops). It leaves the old head whole: the file's one
+    block was allocated by the run's first write, so a later one needs no space, and a write of part of
+    one page is copied into it whole or not at all."""
     data = text.encode("utf-8").ljust(HEAD_PAD_BYTES)
     what = f"the audit head ({path.name})"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             durable.write_all(fd, data)
-            if os.fstat(fd).st_size > len(data):  # a longer head before it (one written by hand)
+            if os.fstat(fd).st_size > len(data):  # after a head longer than the padding (a bigger seal)
                 os.ftruncate(fd, len(data))
             if sync:
                 os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError:
-        durable.replace_file(path, data, what, sync=sync)
+    except OSError as exc:
+        raise durable.failed(exc, path.parent, what) from None
 
 
 @dataclass(frozen=True)

@@ -321,12 +321,52 @@ class GateWorker:
             await asyncio.wait_for(self.proc.wait(), 5)
 
 
+#: The operators of a gate that compares the exit code with numbers (`bounded_by_itself`)
+_ORDER = frozenset({"eq", "ne", "lt", "lteq", "gt", "gteq"})
+
+
+@functools.lru_cache(maxsize=4096)
+def bounded_by_itself(expression: str) -> bool:
+    """Whether the gate compares `exit_code` with whole numbers written in it, and nothing else
+    (`exit_code == 0`, the default gate; `0 <= exit_code < 3` is not: only `exit_code OP NUMBER ...`).
+    Its work is a few comparisons of small integers whatever the host printed (the exit code is a
+    number the transport made, or None), so it needs no worker's bounds: `GateWorkers.session` evaluates
+    it in the run itself, sparing an attempt a round trip to a worker."""
+    try:
+        tree = parse(expression)
+    except (TemplateSyntaxError, RecursionError):
+        return False
+    return (
+        isinstance(tree, nodes.Compare)
+        and isinstance(tree.expr, nodes.Name)
+        and tree.expr.name == "exit_code"
+        and all(
+            op.op in _ORDER
+            and isinstance(op.expr, nodes.Const)
+            and type(op.expr.value) is int
+            and abs(op.expr.value) < 1 << 31
+            for op in tree.ops
+        )
+    )
+
+
+class InlineGates:
+    """Evaluates gates that are `bounded_by_itself` in the run's own process (as a worker would)."""
+
+    def __init__(self, names: Mapping[str, Any]) -> None:
+        self.names = names
+
+    async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
+        return evaluate(expression, self.names, message)
+
+
 class GateWorkers:
     """Idle workers of a run, reused across attempts; an attempt takes one for all its gates.
 
     Starting one costs ~0.1 s (a Python with Jinja2), paid once per concurrent attempt and run; a gate
     then costs a round trip over a pipe. A worker killed at a bound, or one whose attempt was cancelled
-    (Ctrl-C), is never reused.
+    (Ctrl-C), is never reused. An attempt whose gates all compare the exit code with numbers (the
+    default gate) needs no worker (`bounded_by_itself`).
     """
 
     def __init__(self) -> None:
@@ -334,8 +374,15 @@ class GateWorkers:
         self._all: set[GateWorker] = set()
 
     @contextlib.asynccontextmanager
-    async def session(self, names: Mapping[str, Any], expressions: Iterable[str] = ()) -> AsyncIterator[GateWorker]:
-        """A worker holding `names`: only those that `expressions` read, when given (stdout can be 64 MiB)."""
+    async def session(
+        self, names: Mapping[str, Any], expressions: Iterable[str] = ()
+    ) -> AsyncIterator[GateWorker | InlineGates]:
+        """A worker holding `names`: only those that `expressions` read, when given (stdout can be 64 MiB);
+        the run itself when every one of `expressions` is `bounded_by_itself`."""
+        expressions = list(expressions)
+        if expressions and all(bounded_by_itself(e) for e in expressions):
+            yield InlineGates(names)
+            return
         worker = self._idle.pop() if self._idle else await self._start()
         reusable = False
         if expressions:
