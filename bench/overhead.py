@@ -249,6 +249,11 @@ def overhead_section(
             "transport rows are `SSHTransport.run` alone, without the engine. Rows marked `runner: exec` "
             "run with that host setting (one exec channel per command, as before the runner); the others "
             "use the default persistent runner."
+            + (
+                f" The row `{before.name}` is that checkout's CLI (`--before`), run in the same repetitions."
+                if before is not None
+                else ""
+            )
         ),
         tables=[step_table(times, tools, floor)],
         notes=notes + times.failures(tools),
