@@ -70,6 +70,9 @@ UNCONFIRMED_NOTE = b"[runbook] could not confirm that the step's processes were 
 #: of process starts than any host reaches: the pids cannot have come round all the way meanwhile).
 SINCE_MAX = 4096
 FORKS_PER_S = 200_000
+#: How often the guard reads the steps the runner started and ended (the pipe holds 4096 of them and
+#: more: a runner that starts steps faster than that waits on the write, never loses a line).
+GUARD_DRAIN_S = 1.0
 #: The exit code the wrapper gives a step that could not start (its payload could not be stored).
 NOT_STARTED = 125
 #: bash's code for a command not found (the wrapper's `exec bash`, where a var PATH lacks bash).
@@ -285,13 +288,25 @@ class Guard:
 
     @staticmethod
     def _watch(fd: int) -> None:
+        """Wait for the runner's end (its end of the pipe closes), reading what it said meanwhile once a
+        GUARD_DRAIN_S, not at every line: a step's start and end then wake no second process."""
         groups: set[int] = set()  # the steps' sessions (a step's pid is its session's and its group's id)
         data = b""
-        while True:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
+        os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLHUP only (always reported): the runner is gone
+        ended = False
+        while not ended:
+            ended = bool(poller.poll(GUARD_DRAIN_S * 1000))
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    ended = True
+                    break
+                data += chunk
             *lines, data = data.split(b"\n")
             for line in lines:
                 (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
@@ -496,8 +511,9 @@ class Runner:
         code = exit_code(step.proc.wait())
         self.guard.tell(b"-", pid)
         step.exited = True
-        remove_folder(step.folder)
         self.send(step.request, EXIT, struct.pack(">i", code))
+        self.flush()  # the controller goes on while the folder is removed (an rmdir is ~0.2 ms)
+        remove_folder(step.folder)
         self.forget(step)
 
     def since_for(self, step: Step) -> int | None:
