@@ -258,10 +258,6 @@ class GateWorker:
         # the answer is JSON, not pickle: the worker runs expressions written against hostile output
         return json.loads(await self.proc.stdout.readexactly(size))
 
-    async def _ask(self, request: Any) -> Any:
-        self._send(request)
-        return await self._answer()
-
     async def load(self, names: Mapping[str, Any]) -> None:
         """Hand the worker an attempt's names (output up to the transport's cap: linear work, but bounded too)."""
         self.hand(names)
@@ -286,11 +282,9 @@ class GateWorker:
 
     async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
         """The verdict; a worker that does not answer within GATE_TIME_S is killed and the gate failed."""
-        if not self.alive:
-            detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
-            return GateVerdict(False, expression, message, detail)
-        self._send(("gate", expression))
-        await self.loaded()  # the names' answer comes first (bounded as a load), then the gate's
+        if self.alive:
+            self._send(("gate", expression))
+            await self.loaded()  # the names' answer comes first (bounded as a load), then the gate's
         if not self.alive:
             detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
             return GateVerdict(False, expression, message, detail)
