@@ -81,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
         help="host login shells to measure on (default: clean login; clean with --quick)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md", help="report file")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="TREE",
+        help="another checkout of runbook (e.g. `git archive main | tar -x -C TREE`): benchmark 1 runs its CLI "
+        "too, in the same repetitions, as `runbook (CLI), before: TREE`",
+    )
     return parser
 
 
@@ -88,8 +95,14 @@ def _log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run(names: Sequence[str], sizes: Sizes, shells: Sequence[Shell], log: Callable[[str], None]) -> list[Section]:
-    """The sections of the chosen benchmarks, in their order (1, 2, 3, 4, 5, 6, 7)."""
+def run(
+    names: Sequence[str],
+    sizes: Sizes,
+    shells: Sequence[Shell],
+    log: Callable[[str], None],
+    before: Path | None = None,
+) -> list[Section]:
+    """The sections of the chosen benchmarks, in their order (1, 2, 3, 4, 5, 6, 7); `before`: see --before."""
     sections: list[Section] = []
     reps = sizes.reps
     step_parts = [name for name in ("overhead", "audit") if name in names]
@@ -97,7 +110,7 @@ def run(names: Sequence[str], sizes: Sizes, shells: Sequence[Shell], log: Callab
     for shell in shells:
         if step_parts:
             log(f"benchmark {' and '.join(step_parts)}, {shell} shell")
-            by_shell[shell] = overhead.sections(step_parts, sizes.overhead_steps, reps, shell, log)
+            by_shell[shell] = overhead.sections(step_parts, sizes.overhead_steps, reps, shell, log, before)
     if "overhead" in names:
         sections += [by_shell[shell][0] for shell in shells]
     for shell in shells:
@@ -134,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shells = cast(list[Shell], args.shell or (["clean"] if args.quick else list(SHELLS)))
     names = args.only or list(NAMES)
     machine = machine_info()
-    sections = run(names, sizes, shells, _log)
+    sections = run(names, sizes, shells, _log, args.before.resolve() if args.before else None)
     command = ["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     warning = (

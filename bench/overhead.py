@@ -159,10 +159,12 @@ def sections(
     reps: int = 5,
     shell: Shell = "clean",
     log: Callable[[str], None] | None = None,
+    before: Path | None = None,
 ) -> list[Section]:
-    """Run benchmark 1 ("overhead") and/or 5 ("audit") in one set of repetitions; their sections."""
+    """Run benchmark 1 ("overhead") and/or 5 ("audit") in one set of repetitions; their sections.
+    `before`: another checkout whose CLI runs in the same repetitions too (a change before and after)."""
     cli, engine, no_audit, floor = RunbookCLI(), RunbookEngine(), RunbookEngine(audit=False), AsyncsshFloor()
-    wanted: list[Runner] = [cli, engine]
+    wanted: list[Runner] = [cli, engine, *([RunbookCLI(tree=before)] if before else [])]
     if "audit" in parts:
         wanted.append(no_audit)
     if "overhead" in parts:
@@ -197,7 +199,8 @@ def overhead_section(
     """Benchmark 1's section: the table, the two targets judged on runbook's CLI (as users run it),
     and issue 7's targets for the persistent runner (its transport alone, and the CLI)."""
     n = times.steps
-    runbook = next(t for t in tools if isinstance(t, RunbookCLI) and t.runner == "persistent")
+    runbook = next(t for t in tools if isinstance(t, RunbookCLI) and t.runner == "persistent" and t.tree is None)
+    before = next((t for t in tools if isinstance(t, RunbookCLI) and t.tree is not None), None)
     ansible = next((t for t in tools if isinstance(t, Ansible)), None)
     ours, base = times.marginal(runbook), times.marginal(floor)
     vs_floor = ratio(ours, base)
@@ -229,7 +232,7 @@ def overhead_section(
     )
     bash_floor = next((t for t in tools if isinstance(t, LongLivedBash) and t.fork), None)
     transport = next((t for t in tools if isinstance(t, RunbookTransport) and t.runner == "persistent"), None)
-    for ours_runner in (transport, runbook):
+    for ours_runner in (before, transport, runbook):
         if ours_runner is not None and bash_floor is not None:
             targets += runner_targets(times, ours_runner, bash_floor, ansible)
     return Section(
@@ -246,6 +249,11 @@ def overhead_section(
             "transport rows are `SSHTransport.run` alone, without the engine. Rows marked `runner: exec` "
             "run with that host setting (one exec channel per command, as before the runner); the others "
             "use the default persistent runner."
+            + (
+                f" The row `{before.name}` is that checkout's CLI (`--before`), run in the same repetitions."
+                if before is not None
+                else ""
+            )
         ),
         tables=[step_table(times, tools, floor)],
         notes=notes + times.failures(tools),

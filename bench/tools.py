@@ -226,24 +226,23 @@ def write_runbook(
 
 class RunbookCLI(Runner):
     """runbook as a user runs it: `python -m executor.cli run FILE --log-dir DIR`, a new process
-    each time (interpreter start and imports included), audit log and state store on."""
+    each time (interpreter start and imports included), audit log and state store on.
 
-    def __init__(self, runner: HostRunner = "persistent") -> None:
+    `tree`: another checkout of runbook to run instead of this one (its folder first on PYTHONPATH),
+    so that one interleaved run measures a change before and after (`python -m bench --before TREE`)."""
+
+    def __init__(self, runner: HostRunner = "persistent", tree: Path | None = None) -> None:
         self.runner = runner
-        self.name = f"runbook (CLI{runner_label(runner)})"
+        self.tree = tree
+        self.name = f"runbook (CLI{runner_label(runner)})" + (f", before: {tree}" if tree else "")
 
     def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-runbook-") as tmp:
             path = write_runbook(Path(tmp), hosts, scripts, self.runner)
             argv = [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(Path(tmp) / "logs")]
-            return timed_subprocess(argv, cwd=REPO)
-
-
-class _Discard:
-    """A structlog-like logger that drops everything (`bind` returns itself)."""
-
-    def bind(self, **_fields: Any) -> _Discard:
-        return self
+            if self.tree is None:
+                return timed_subprocess(argv, cwd=REPO)
+            return timed_subprocess(argv, cwd=self.tree, env={"PYTHONPATH": str(self.tree)})
 
 
 class NoAudit:
@@ -252,7 +251,7 @@ class NoAudit:
     itself has no such switch."""
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
-        self.log = _Discard()
+        """Takes what AuditLog takes, and keeps nothing."""
 
     def command(self, *_args: Any) -> None:
         """Drop a command record."""

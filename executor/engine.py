@@ -31,7 +31,7 @@ from tenacity import (
 
 from executor import audit as audit_mod
 from executor import diagnostics, durable, event_models, seal
-from executor.audit import AuditLog
+from executor.audit import AuditContext, AuditLog
 from executor.emitter import Emitter, EventStream
 from executor.errors import (
     EXIT_FAILED,
@@ -48,7 +48,7 @@ from executor.errors import (
     TransportError,
 )
 from executor.events import RedactingReporter, Reporter
-from executor.gates import GateWorkers
+from executor.gates import GateWorkers, roots
 from executor.loader import Runbook, secret_values
 from executor.model import var_text
 from executor.redact import Redactor
@@ -116,7 +116,7 @@ class HostContext(StepContext):
         self.base_dir = engine.runbook.path.parent
         self.output_dir = engine.run_dir / "hosts" / host
         self.run_dir = engine.run_dir
-        self.log = engine.audit.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
+        self.audit_context = AuditContext(step=spec.id, host=host, attempt=attempt, via=via)
         self.events = engine.events.bind(step=spec.id, host=host, attempt=attempt)
         self.debug_log = engine.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
 
@@ -163,7 +163,7 @@ class HostContext(StepContext):
 
     def _record(self, display: str, result: CommandResult) -> None:
         engine = self.engine  # the output was redacted as it arrived (transport.base.Captured)
-        engine.audit.command(self.log, display, result)
+        engine.audit.command(self.audit_context, display, result)
         self.events.emit(
             event_models.CommandFinished,
             exit_code=result.exit_code,
@@ -199,7 +199,7 @@ class HostContext(StepContext):
             raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         except TransportError as exc:
             raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
-        self.engine.audit.transfer(self.log, done.direction, done.local, done.remote, done.size, done.sha256)
+        self.engine.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
 
 
@@ -371,7 +371,7 @@ class Engine:
             ],
         )
         for host in meta.host_key_unverified:  # said once per run, before anything connects
-            self.audit.host_key_unverified(self.audit.log.bind(host=host), host)
+            self.audit.host_key_unverified(host)
             self.events.emit(
                 event_models.Note,
                 host=host,
@@ -433,8 +433,8 @@ class Engine:
             return
         found = audit_mod.attempt_records(run_dir, [(old.step, old.host, old.attempts) for old in running])
         for old in running:
-            log = self.audit.log.bind(step=old.step, host=old.host, attempt=old.attempts)
-            self.audit.abandoned(log, run_id, old.started_at, old.attempts, found[(old.step, old.host, old.attempts)])
+            key = (old.step, old.host, old.attempts)
+            self.audit.abandoned(AuditContext(*key), run_id, old.started_at, old.attempts, found[key])
 
     def _unverified_hosts(self, to_run: list[StepSpec]) -> list[str]:
         """The SSH hosts this run connects to whose host key is not verified (`verify_host_key: false`)."""
@@ -600,17 +600,20 @@ class Engine:
             facts = self.redactor.deep(_bounded_facts(outcome.facts))
         except FactsError as exc:
             self._attempt_failed(spec, host, attempt, str(exc))
-        names = {
-            "stdout": result.stdout_text,
-            "stderr": result.stderr_text,
-            "exit_code": result.exit_code,
-            "facts": facts,
-            "steps": self.facts_view(host),
-            "vars": self.redactor.deep(self.variables),  # as the output: a failed gate shows no secret
-        }
         gates = spec.effective_gates()
+        expressions = [g.that for g in gates]
+        read = set().union(*(roots(e) for e in expressions))
+        seen: dict[str, Callable[[], Any]] = {  # worked out only when a gate reads it (steps: every record)
+            "stdout": lambda: result.stdout_text,
+            "stderr": lambda: result.stderr_text,
+            "exit_code": lambda: result.exit_code,
+            "facts": lambda: facts,
+            "steps": lambda: self.facts_view(host),
+            "vars": lambda: self.redactor.deep(self.variables),  # as the output: a failed gate shows no secret
+        }
+        names = {name: value() for name, value in seen.items() if name in read}
         try:
-            async with self.gates.session(names, [g.that for g in gates]) as worker:  # bounded: executor.gates
+            async with self.gates.session(names, expressions) as worker:  # bounded: executor.gates
                 for gate in gates:
                     verdict = await worker.evaluate(gate.that, gate.message)
                     if not verdict.passed:

@@ -91,10 +91,16 @@ def parse(expression: str) -> nodes.Expr:
 def var_refs(expression: str) -> list[str]:
     """Names of the vars a gate reads (`vars.port`, `vars['port']`), from its parse tree; `*` for any other
     use of `vars` (`vars.get(x)`, `vars[stdout]`, `vars | length`), which may read any of them."""
+    return list(_var_refs(expression))
+
+
+@functools.lru_cache(maxsize=4096)
+def _var_refs(expression: str) -> tuple[str, ...]:
+    """`var_refs`, parsed once per distinct expression (a run's fingerprints ask for every step and host)."""
     try:
         tree = parse(expression)
     except (TemplateSyntaxError, RecursionError):
-        return ["*"]
+        return ("*",)
     names: list[str] = []
     plain: set[int] = set()  # the `vars` Name nodes read as vars.NAME / vars['NAME']
     for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
@@ -109,7 +115,7 @@ def var_refs(expression: str) -> list[str]:
             plain.add(id(node.node))
     if any(n.name == "vars" and id(n) not in plain for n in tree.find_all(nodes.Name)):
         names.append("*")
-    return names
+    return tuple(names)
 
 
 def syntax_error(expression: str) -> str | None:
@@ -136,9 +142,11 @@ def _chain_text(node: nodes.Node) -> str | None:
     return None
 
 
-def roots(expression: str) -> set[str]:
-    """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs."""
-    return {node.name for node in parse(expression).find_all(nodes.Name)}
+@functools.lru_cache(maxsize=4096)
+def roots(expression: str) -> frozenset[str]:
+    """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs.
+    Parsed once per distinct expression: every attempt of every step asks."""
+    return frozenset(node.name for node in parse(expression).find_all(nodes.Name))
 
 
 def names_used(expression: str) -> list[str]:
@@ -216,6 +224,8 @@ class GateWorker:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.killed = False
+        #: names were handed (`hand`) and their answer not read yet: it comes before the next gate's
+        self.loading = False
 
     @classmethod
     async def start(cls) -> GateWorker:
@@ -231,10 +241,18 @@ class GateWorker:
         )
         return cls(proc)
 
-    async def _ask(self, request: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def _send(self, request: Any) -> None:
+        """Queue a request (written while its answer is awaited); a worker whose pipe is gone is killed."""
+        assert self.proc.stdin is not None
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        try:
+            self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        except OSError:
+            self.kill()
+
+    async def _answer(self) -> Any:
+        """The answer to the oldest request not answered yet (the worker answers in order)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         await self.proc.stdin.drain()
         (size,) = _FRAME.unpack(await self.proc.stdout.readexactly(_FRAME.size))
         # the answer is JSON, not pickle: the worker runs expressions written against hostile output
@@ -242,18 +260,36 @@ class GateWorker:
 
     async def load(self, names: Mapping[str, Any]) -> None:
         """Hand the worker an attempt's names (output up to the transport's cap: linear work, but bounded too)."""
+        self.hand(names)
+        await self.loaded()
+
+    def hand(self, names: Mapping[str, Any]) -> None:
+        """Send an attempt's names without waiting for the worker to take them: the first gate's request
+        follows at once and `evaluate` reads both answers, one round trip for the two (each still bounded)."""
+        self._send(("names", dict(names)))
+        self.loading = True
+
+    async def loaded(self) -> None:
+        """Wait (at most LOAD_TIME_S) until the worker took the names handed to it, if it has not said so yet;
+        a worker that cannot take them is killed, and its gates then fail as a worker that died."""
+        if not self.loading:
+            return
+        self.loading = False
         try:
-            await asyncio.wait_for(self._ask(("names", dict(names))), LOAD_TIME_S)
+            await asyncio.wait_for(self._answer(), LOAD_TIME_S)
         except (TimeoutError, OSError, EOFError, asyncio.IncompleteReadError, ValueError):
-            self.kill()  # its gates then fail as a worker that died
+            self.kill()
 
     async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
         """The verdict; a worker that does not answer within GATE_TIME_S is killed and the gate failed."""
+        if self.alive:
+            self._send(("gate", expression))
+            await self.loaded()  # the names' answer comes first (bounded as a load), then the gate's
         if not self.alive:
             detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
             return GateVerdict(False, expression, message, detail)
         try:
-            answer = await asyncio.wait_for(self._ask(("gate", expression)), GATE_TIME_S)
+            answer = await asyncio.wait_for(self._answer(), GATE_TIME_S)
         except TimeoutError:
             self.kill()
             detail = f"  did not finish within the time bound of a gate ({GATE_TIME_S:g}s); its evaluation was stopped"
@@ -279,12 +315,52 @@ class GateWorker:
             await asyncio.wait_for(self.proc.wait(), 5)
 
 
+#: The operators of a gate that compares the exit code with numbers (`bounded_by_itself`)
+_ORDER = frozenset({"eq", "ne", "lt", "lteq", "gt", "gteq"})
+
+
+@functools.lru_cache(maxsize=4096)
+def bounded_by_itself(expression: str) -> bool:
+    """Whether the gate compares `exit_code` with whole numbers written in it, and nothing else
+    (`exit_code == 0`, the default gate; `0 <= exit_code < 3` is not: only `exit_code OP NUMBER ...`).
+    Its work is a few comparisons of small integers whatever the host printed (the exit code is a
+    number the transport made, or None), so it needs no worker's bounds: `GateWorkers.session` evaluates
+    it in the run itself, sparing an attempt a round trip to a worker."""
+    try:
+        tree = parse(expression)
+    except (TemplateSyntaxError, RecursionError):
+        return False
+    return (
+        isinstance(tree, nodes.Compare)
+        and isinstance(tree.expr, nodes.Name)
+        and tree.expr.name == "exit_code"
+        and all(
+            op.op in _ORDER
+            and isinstance(op.expr, nodes.Const)
+            and type(op.expr.value) is int
+            and abs(op.expr.value) < 1 << 31
+            for op in tree.ops
+        )
+    )
+
+
+class InlineGates:
+    """Evaluates gates that are `bounded_by_itself` in the run's own process (as a worker would)."""
+
+    def __init__(self, names: Mapping[str, Any]) -> None:
+        self.names = names
+
+    async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
+        return evaluate(expression, self.names, message)
+
+
 class GateWorkers:
     """Idle workers of a run, reused across attempts; an attempt takes one for all its gates.
 
     Starting one costs ~0.1 s (a Python with Jinja2), paid once per concurrent attempt and run; a gate
     then costs a round trip over a pipe. A worker killed at a bound, or one whose attempt was cancelled
-    (Ctrl-C), is never reused.
+    (Ctrl-C), is never reused. An attempt whose gates all compare the exit code with numbers (the
+    default gate) needs no worker (`bounded_by_itself`).
     """
 
     def __init__(self) -> None:
@@ -293,19 +369,27 @@ class GateWorkers:
         self.log: Log = NO_LOG  # the run's diagnostics, once it has them
 
     @contextlib.asynccontextmanager
-    async def session(self, names: Mapping[str, Any], expressions: Iterable[str] = ()) -> AsyncIterator[GateWorker]:
-        """A worker holding `names`: only those that `expressions` read, when given (stdout can be 64 MiB)."""
+    async def session(
+        self, names: Mapping[str, Any], expressions: Iterable[str] = ()
+    ) -> AsyncIterator[GateWorker | InlineGates]:
+        """A worker holding `names`: only those that `expressions` read, when given (stdout can be 64 MiB);
+        the run itself when every one of `expressions` is `bounded_by_itself`."""
+        expressions = list(expressions)
+        if expressions and all(bounded_by_itself(e) for e in expressions):
+            yield InlineGates(names)
+            return
         worker = self._idle.pop() if self._idle else await self._start()
         reusable = False
         if expressions:
             wanted = set().union(*(roots(e) for e in expressions))
             names = {name: value for name, value in names.items() if name in wanted}
         try:
-            await worker.load(names)
+            worker.hand(names)  # taken with the first gate's request (`evaluate`)
             yield worker
+            await worker.loaded()  # no gate asked (a step without gates): the names' answer is still to read
             reusable = worker.alive
         except Exception:  # a failed gate ends the attempt with an exception: the worker itself is fine
-            reusable = worker.alive
+            reusable = worker.alive and not worker.loading
             raise
         finally:
             if reusable:

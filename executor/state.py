@@ -99,6 +99,13 @@ class StepRecord:
     parts: dict[str, str] | None = None  # digests of what the fingerprint covers (resume.definition_parts)
 
 
+#: How `RunState.save` writes a record: its columns in field order, the JSON ones, the statement (made once)
+_STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
+_JSON_INDEXES = tuple(_STEP_COLUMNS.index(name) for name in _JSON_COLUMNS)
+_MARKS = ", ".join("?" * len(_STEP_COLUMNS))
+_INSERT_STEP = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES ({_MARKS})"
+
+
 @dataclass
 class RunMeta:
     """What `run.json` holds: written once when the run starts."""
@@ -309,12 +316,11 @@ class RunState:
                 position = json.dumps({"count": audit[0], "hash": audit[1]})
                 self._db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (AUDIT_POSITION, position))
             for record in records:
-                values = asdict(record)
-                for name in _JSON_COLUMNS:
-                    values[name] = json.dumps(values[name])
-                columns = ", ".join(values)
-                marks = ", ".join("?" for _ in values)
-                self._db.execute(f"INSERT OR REPLACE INTO steps ({columns}) VALUES ({marks})", tuple(values.values()))
+                # the fields as they are (asdict would deep-copy the facts only for json.dumps to read them)
+                values = [getattr(record, name) for name in _STEP_COLUMNS]
+                for index in _JSON_INDEXES:
+                    values[index] = json.dumps(values[index])
+                self._db.execute(_INSERT_STEP, values)
 
     def audit_position(self) -> tuple[int, str] | None:
         """What the last `save` recorded of the audit log (None for a store written before it did so);

@@ -65,6 +65,14 @@ KILL_ROUNDS = 40
 EMPTY_SCANS, END_SCANS = 3, 2
 KILLED_NOTE = b"[runbook] stopped: every process of the step's session was killed"
 UNCONFIRMED_NOTE = b"[runbook] could not confirm that the step's processes were killed"
+#: The end-of-step sweep reads only the pids handed out since the step started while there are at most
+#: SINCE_MAX of them, and only for a step that ran less than pid_max / FORKS_PER_S seconds (a faster rate
+#: of process starts than any host reaches: the pids cannot have come round all the way meanwhile).
+SINCE_MAX = 4096
+FORKS_PER_S = 200_000
+#: How often the guard reads the steps the runner started and ended (the pipe holds 4096 of them and
+#: more: a runner that starts steps faster than that waits on the write, never loses a line).
+GUARD_DRAIN_S = 1.0
 #: The exit code the wrapper gives a step that could not start (its payload could not be stored).
 NOT_STARTED = 125
 #: bash's code for a command not found (the wrapper's `exec bash`, where a var PATH lacks bash).
@@ -118,52 +126,91 @@ def signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def session_members(sid: int) -> list[int] | None:
+def session_members(sid: int, since: int | None = None) -> list[int] | None:
     """Every live process of session `sid` (field 6 of /proc/PID/stat, counted after the command
-    name, which may hold spaces and parens), whatever process group it is in; None without /proc."""
+    name, which may hold spaces and parens), whatever process group it is in; None without /proc.
+
+    `since`: the newest pid when the session's leader was started. Every member started after it, so
+    only the pids handed out since are read (`_members_since`) where that can be trusted; else all."""
+    if since is not None:
+        found = _members_since(sid, since)
+        if found is not None:
+            return found
     try:
         entries = os.listdir("/proc")
     except OSError:
         return None
     if not os.path.exists("/proc/self/stat"):
         return None
-    found = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:  # os.open/os.read: a third cheaper than open(); every step's end pays for a scan or two
-            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-        except OSError:  # it ended meanwhile
-            continue
-        fields = stat[stat.rfind(b")") + 1 :].split()
-        if len(fields) > 3 and fields[0] not in (b"Z", b"X") and int(fields[3]) == sid:
-            found.append(int(entry))
-    return found
+    return [int(entry) for entry in entries if entry.isdigit() and _in_session(entry, sid)]
 
 
-def signal_session(sid: int, signum: int) -> list[int] | None:
+def _in_session(pid: str | int, sid: int) -> bool:
+    """Whether process `pid` lives (not a zombie) in session `sid`; False when it is gone."""
+    try:  # os.open/os.read: a third cheaper than open(); every step's end pays for a scan or two
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:  # it ended meanwhile (or never was)
+        return False
+    fields = stat[stat.rfind(b")") + 1 :].split()
+    return len(fields) > 3 and fields[0] not in (b"Z", b"X") and int(fields[3]) == sid
+
+
+def newest_pid() -> int | None:
+    """The pid the kernel handed out last (the 5th field of /proc/loadavg); None where it cannot be read."""
+    try:
+        fd = os.open("/proc/loadavg", os.O_RDONLY)
+        try:
+            return int(os.read(fd, 256).split()[4])
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _members_since(sid: int, since: int) -> list[int] | None:
+    """The members of session `sid` among the pids handed out after `since` (pids go up one by one,
+    skipping those in use, until they come round at pid_max): the range is read, then the pids handed
+    out meanwhile, range after range until none is new, so that a process that forks and exits while
+    the range is read is seen through its child. None (read them all) once pids came round since, or
+    more than SINCE_MAX were handed out. The caller makes sure that they cannot have come round all
+    the way (`Runner.since_for`)."""
+    found: list[int] = []
+    seen = since
+    while True:
+        newest = newest_pid()
+        if newest is None or newest < seen or newest - since > SINCE_MAX:
+            return None
+        if newest == seen:
+            return found
+        found += [pid for pid in range(seen + 1, newest + 1) if _in_session(pid, sid)]
+        seen = newest
+
+
+def signal_session(sid: int, signum: int, since: int | None = None) -> list[int] | None:
     """Send `signum` to the step's process group, to its leader and to every process of its session;
-    the processes found there (None without /proc: then only the group got it)."""
+    the processes found there (None without /proc: then only the group got it). `since`: as for
+    `session_members`."""
     signal_group(sid, signum)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(sid, signum)
-    members = session_members(sid)
+    members = session_members(sid, since)
     for pid in members or ():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
     return members
 
 
-def kill_session(sid: int, scans: int = EMPTY_SCANS) -> list[int] | None:
+def kill_session(sid: int, scans: int = EMPTY_SCANS, since: int | None = None) -> list[int] | None:
     """KILL session `sid` round after round until it is empty (its processes may fork meanwhile):
-    [] once it is, the survivors of the last round, None without /proc (only the group got KILL)."""
+    [] once it is, the survivors of the last round, None without /proc (only the group got KILL).
+    `since`: as for `session_members`."""
     empty = 0
     for turn in range(KILL_ROUNDS):
-        members = signal_session(sid, signal.SIGKILL)
+        members = signal_session(sid, signal.SIGKILL, since)
         if members is None:
             return None
         if not members:
@@ -174,7 +221,7 @@ def kill_session(sid: int, scans: int = EMPTY_SCANS) -> list[int] | None:
         empty, scans = 0, EMPTY_SCANS
         if turn >= 5:
             time.sleep(0.05)
-    return session_members(sid)
+    return session_members(sid, since)
 
 
 def kill_note(survivors: list[int] | None, stopped: bool) -> bytes:
@@ -211,10 +258,13 @@ def login_environment() -> dict[bytes, bytes]:
 class Step:
     """One running step: its process, its open output pipes, its folder."""
 
-    def __init__(self, request: int, proc: subprocess.Popen[bytes], folder: str) -> None:
+    def __init__(self, request: int, proc: subprocess.Popen[bytes], folder: str, since: int | None) -> None:
         self.request = request
         self.proc = proc
         self.folder = folder
+        #: the newest pid before it started (every process of its session came after), and when
+        self.since = since
+        self.started = time.monotonic()
         self.exited = False
         self.kill_at: float | None = None
         self.streams: dict[int, int] = {}  # fd -> STDOUT | STDERR
@@ -238,13 +288,25 @@ class Guard:
 
     @staticmethod
     def _watch(fd: int) -> None:
+        """Wait for the runner's end (its end of the pipe closes), reading what it said meanwhile once a
+        GUARD_DRAIN_S, not at every line: a step's start and end then wake no second process."""
         groups: set[int] = set()  # the steps' sessions (a step's pid is its session's and its group's id)
         data = b""
-        while True:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
+        os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLHUP only (always reported): the runner is gone
+        ended = False
+        while not ended:
+            ended = bool(poller.poll(GUARD_DRAIN_S * 1000))
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    ended = True
+                    break
+                data += chunk
             *lines, data = data.split(b"\n")
             for line in lines:
                 (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
@@ -276,6 +338,7 @@ class Runner:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(wake_read, selectors.EVENT_READ, "wake")
         self.selector.register(0, selectors.EVENT_READ, "stdin")
+        self.pid_max = read_pid_max()
         self.guard = Guard()
 
     # --- to the controller ---
@@ -339,6 +402,7 @@ class Runner:
                 write_all(fd, script)
             finally:
                 os.close(fd)
+            since = newest_pid()
             proc, out, err = self.spawn([b"bash", os.fsencode(path)], {**self.env, **unpack_env(step_env)})
         except OSError as exc:
             if folder:
@@ -350,7 +414,7 @@ class Runner:
                 self.refuse(request, f"runbook: the runner could not start the step: {exc}\n".encode(), NOT_STARTED)
             return
         self.guard.tell(b"+", proc.pid)
-        step = Step(request, proc, folder)
+        step = Step(request, proc, folder, since)
         for fd, kind in ((out, STDOUT), (err, STDERR)):
             step.streams[fd] = kind
             self.selector.register(fd, selectors.EVENT_READ, step)
@@ -434,7 +498,10 @@ class Runner:
         if kill_at is not None and time.monotonic() < kill_at < KILLED and session_members(pid):
             return  # `serve` looks again every STOP_POLL_S
         # before reaping: the session's id cannot be reused yet
-        survivors = kill_session(pid, EMPTY_SCANS if kill_at is not None else END_SCANS)
+        if kill_at is None:  # it ended on its own: the common case, paid by every step
+            survivors = kill_session(pid, END_SCANS, self.since_for(step))
+        else:
+            survivors = kill_session(pid, EMPTY_SCANS)
         self.drain(step)
         note = kill_note(survivors, stopped=kill_at is not None)
         if note:
@@ -444,9 +511,16 @@ class Runner:
         code = exit_code(step.proc.wait())
         self.guard.tell(b"-", pid)
         step.exited = True
-        remove_folder(step.folder)
         self.send(step.request, EXIT, struct.pack(">i", code))
+        self.flush()  # the controller goes on while the folder is removed (an rmdir is ~0.2 ms)
+        remove_folder(step.folder)
         self.forget(step)
+
+    def since_for(self, step: Step) -> int | None:
+        """The step's `since` while pids cannot have come round all the way since it started (that takes
+        pid_max of them: at most FORKS_PER_S a second); None (read every process) after that."""
+        trusted = step.since is not None and time.monotonic() - step.started < self.pid_max / FORKS_PER_S
+        return step.since if trusted else None
 
     def forget(self, step: Step) -> None:
         if step.exited and not step.streams:
@@ -473,6 +547,16 @@ class Runner:
                     kill_session(step.proc.pid)
                     step.kill_at = KILLED
             self.flush()
+
+
+def read_pid_max() -> int:
+    """/proc/sys/kernel/pid_max (pids come round after it); 0 where it cannot be read (then no step's
+    sweep trusts the pids handed out since it started)."""
+    try:
+        with open("/proc/sys/kernel/pid_max", "rb") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 0
 
 
 def write_all(fd: int, data: bytes | bytearray) -> None:

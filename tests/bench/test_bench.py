@@ -17,7 +17,7 @@ from bench import __main__ as bench_main
 from bench import overhead, transfer
 from bench.fleet import sshd_fleet
 from bench.harness import Section, Series, Table, ToolFailed, interleave, paired_median
-from bench.tools import Ansible, AsyncsshFloor, LongLivedBash, Pyinfra
+from bench.tools import Ansible, AsyncsshFloor, LongLivedBash, Pyinfra, RunbookCLI
 
 
 def installed_names(*names: str) -> set[str]:
@@ -105,6 +105,20 @@ def test_overhead_and_audit_compute_ratios_for_every_tool() -> None:
     assert set(cases) == {"runbook (in-process)", "runbook (in-process, audit log off)", "raw asyncssh (floor)"}
     assert all(row[2] != "—" for row in cases.values())
     assert audit.notes[0].startswith("The audit log costs ")
+
+
+def test_the_cli_of_another_checkout_runs_from_that_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--before TREE`: the row's CLI is TREE's (its folder first on PYTHONPATH, run from it), not this one's."""
+    tree = tmp_path / "before"
+    (tree / "executor").mkdir(parents=True)
+    (tree / "executor" / "__init__.py").write_text("")
+    mark = "import os, sys\nopen(os.environ['MARK'], 'w').write(__file__ + ' ' + sys.argv[1])\n"
+    (tree / "executor" / "cli.py").write_text(mark)
+    monkeypatch.setenv("MARK", str(tmp_path / "mark"))
+    cli = RunbookCLI(tree=tree)
+    assert cli.run([], ["true"]) > 0
+    assert (tmp_path / "mark").read_text() == f"{tree / 'executor' / 'cli.py'} run"
+    assert cli.name == f"runbook (CLI), before: {tree}" and RunbookCLI().tree is None
 
 
 def test_transfer_computes_ratios_for_every_way_of_every_tool() -> None:

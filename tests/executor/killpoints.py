@@ -62,7 +62,7 @@ def _hook(name: Callable[..., str], write: Callable[..., None]) -> Callable[...,
 
 
 def _audit_line(write: Callable[[audit._DurableFile, str], None]) -> Callable[[audit._DurableFile, str], None]:
-    """Wrap `_DurableFile.msg`: as `_hook`, and in torn mode leave half the line on disk."""
+    """Wrap `_DurableFile.append`: as `_hook`, and in torn mode leave half the line on disk."""
 
     @functools.wraps(write)
     def wrapped(self: audit._DurableFile, message: str) -> None:
@@ -86,10 +86,7 @@ def install() -> None:
     state.RunState.set = _hook(  # type: ignore[method-assign]
         lambda _self, key, *_a, **_k: f"state.set:{key}", state.RunState.set
     )
-    line = _audit_line(audit._DurableFile.msg)
-    # `info` is an alias made when the class was defined, and it is what structlog calls
-    audit._DurableFile.msg = line  # type: ignore[method-assign, assignment]
-    audit._DurableFile.info = line  # type: ignore[assignment]
+    audit._DurableFile.append = _audit_line(audit._DurableFile.append)  # type: ignore[method-assign]
     # AuditLog calls `write_private` through the module's globals, so patching the module is enough
     audit.write_private = _hook(lambda *_a, **_k: "audit.head", audit.write_private)
 

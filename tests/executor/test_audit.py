@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor import audit
-from executor.audit import AuditLog, verify
+from executor.audit import AuditContext, AuditLog, verify
 from executor.cli import main
 from executor.redact import Redactor
-from executor.transport.base import Collector
+from executor.transport.base import Collector, CommandResult
 
 SECRET = "hf_SeCrEt_ToKeN_123"
 
@@ -30,7 +30,7 @@ def write_log(run_dir: Path, records: int = 4, stdout: bytes = b"ok\n") -> Audit
     run_dir.mkdir(parents=True, exist_ok=True)
     log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
     for attempt in range(1, records + 1):
-        bound = log.log.bind(step="s", host="box", attempt=attempt)
+        bound = AuditContext(step="s", host="box", attempt=attempt)
         log.command(bound, f"echo {attempt}", result(stdout))
     log.close()
     return log
@@ -89,13 +89,44 @@ def test_secret_values_are_redacted_by_value(tmp_path: Path) -> None:
     run_dir.mkdir()
     log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
     log.command(
-        log.log.bind(step="s", host="h", attempt=1),
+        AuditContext(step="s", host="h", attempt=1),
         f"curl -H 'Authorization: {SECRET}'",
         result(f"token={SECRET}\n".encode()),
     )
     log.close()
     text = (run_dir / audit.AUDIT_FILE).read_text()
     assert SECRET not in text and "***" in text
+    assert verify(run_dir).ok
+
+
+def test_the_record_format_is_pinned(tmp_path: Path) -> None:
+    """Every kind of record, byte for byte as runs before the plain writer wrote them (the hash of the last
+    line covers every line before it): a changed key, value or order of serialization changes it."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
+    done = CommandResult(
+        0, f"tok {SECRET}\n".encode(), b"", 9, 0, "a" * 64, "b" * 64, "2026-12-01T00:00:00.000000+00:00", 0.25
+    )
+    attempt = AuditContext(step="s", host="box", attempt=1, via="primary")
+    log.host_key_unverified("box")
+    log.command(attempt, f"echo {SECRET}", done)
+    log.transfer(attempt, "put", "/l", "/r", 3, "c" * 64)
+    log.abandoned(AuditContext(step="s", host="box", attempt=2), "run-0", None, 2, audit.Abandoned([1], 0, False))
+    log.finish()
+    log.close()
+    first = json.loads(lines(run_dir)[0])
+    assert first == {
+        "event": "host_key_unverified",
+        "hash": "3a0dc1417a5e74415eabf310638641a432708fb0537d385a19b48b7f6d8d858f",
+        "host": "box",
+        "note": "host key verification is off for box",
+        "prev_hash": audit.GENESIS,
+        "run_id": "run-1",
+        "seq": 1,
+    }
+    assert log.position == (4, "cdecd7f415d9912f7007c0715d6368a16fa36f6a81d3c2b74d9b6686bf8001ea")
+    assert json.loads((run_dir / audit.HEAD_FILE).read_text()) == {"count": 4, "hash": log.position[1]}
     assert verify(run_dir).ok
 
 

@@ -387,3 +387,50 @@ def _state(proc_dir: Path) -> str:
         return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+@pytest.mark.parametrize(
+    ("expression", "alone"),
+    [
+        ("exit_code == 0", True),
+        ("exit_code != 1", True),
+        ("exit_code < 3", True),
+        ("exit_code >= 0 != 7", True),
+        ("exit_code == 0 and 'ok' in stdout", False),  # reads the output
+        ("exit_code == 10 ** 10 ** 8", False),  # work of its own
+        ("exit_code == 99999999999999999999", False),  # no small number
+        ("exit_code == '0'", False),
+        ("exit_code == true", False),
+        ("exit_code in [0, 1]", False),
+        ("0 == exit_code", False),
+        ("exit_code == 0) or (1", False),
+    ],
+)
+def test_only_a_gate_comparing_the_exit_code_with_numbers_is_evaluated_without_a_worker(
+    expression: str, alone: bool
+) -> None:
+    assert gates.bounded_by_itself(expression) is alone
+
+
+def test_such_gates_give_the_verdicts_a_worker_gives_and_start_no_worker() -> None:
+    expressions = ["exit_code == 0", "exit_code != 1", "exit_code < 3"]
+
+    async def go() -> tuple[list[tuple[bool, str]], list[tuple[bool, str]], int]:
+        pool = GateWorkers()
+        try:
+            inline, worker = [], []
+            codes = (0, 1, 5, None)
+            for code in codes:
+                async with pool.session({**NAMES, "exit_code": code}, expressions) as evaluator:
+                    inline += [((v := await evaluator.evaluate(e, "m")).passed, v.detail) for e in expressions]
+            started = len(pool._all)
+            for code in codes:
+                async with pool.session({**NAMES, "exit_code": code}) as evaluator:  # no expressions: a worker
+                    worker += [((v := await evaluator.evaluate(e, "m")).passed, v.detail) for e in expressions]
+            return inline, worker, started
+        finally:
+            await pool.close()
+
+    inline, worker, started = asyncio.run(go())
+    assert started == 0
+    assert inline == worker and (True, "") in inline and any(not passed for passed, _ in inline)

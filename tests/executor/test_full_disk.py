@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from executor import audit
-from executor.audit import AuditLog
+from executor.audit import AuditContext, AuditLog
 from executor.errors import DurableWriteError
 from executor.redact import Redactor
 from executor.transport.base import Collector
@@ -226,7 +226,7 @@ def test_a_failed_write_at_every_durable_write_stops_the_run(tmp_path: Path, wri
     done = _under_faults(book, tmp_path / "baseline" / "logs", tmp_path / "baseline" / "journal")
     assert done.returncode == 0, done.stderr
     points = (tmp_path / "baseline" / "journal").read_text().split()
-    assert {"write:audit.jsonl", "write:audit.head.tmp", "write:run.json.partial", "sqlite:steps", "sqlite:run"} == set(
+    assert {"write:audit.jsonl", "write:audit.head", "write:run.json.partial", "sqlite:steps", "sqlite:run"} == set(
         points
     ), points
     cases = []
@@ -306,16 +306,16 @@ def test_an_audit_line_that_does_not_fit_is_rolled_back(small_disk: Path) -> Non
     run_dir = small_disk / "run"
     run_dir.mkdir()
     log = AuditLog(run_dir, "run-1", Redactor([]))
-    log.command(log.log.bind(step="s", host="h", attempt=1), "echo 1", _result(b"ok\n"))
+    log.command(AuditContext(step="s", host="h", attempt=1), "echo 1", _result(b"ok\n"))
     before = (run_dir / audit.AUDIT_FILE).read_bytes()
     _fill(small_disk)
     with pytest.raises(DurableWriteError) as raised:
-        log.command(log.log.bind(step="s", host="h", attempt=2), "echo 2", _result(b"x" * 200_000))
+        log.command(AuditContext(step="s", host="h", attempt=2), "echo 2", _result(b"x" * 200_000))
     assert raised.value.errno == errno.ENOSPC and raised.value.free_bytes == 0
     assert raised.value.folder == str(run_dir) and "audit log" in str(raised.value)
     assert (run_dir / audit.AUDIT_FILE).read_bytes() == before  # no part of the record stayed
     (small_disk / "fill").unlink()
-    log.command(log.log.bind(step="s", host="h", attempt=3), "echo 3", _result(b"ok\n"))  # the chain goes on
+    log.command(AuditContext(step="s", host="h", attempt=3), "echo 3", _result(b"ok\n"))  # the chain goes on
     log.close()
     report = audit.verify(run_dir)
     assert report.ok and report.records == 2 and not report.notes, report

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -441,3 +441,57 @@ def test_an_interrupted_run_kills_what_left_the_group(write_runbook, tmp_path: P
     listed = runbook_cli("status", "--log-dir", str(tmp_path / "logs"), "--json")
     assert "every process it started was killed" in listed.stdout
     assert "process group killed" not in listed.stdout
+
+
+# ---- the end-of-step sweep reads only the pids handed out since the step started ----------------------
+
+
+@contextlib.contextmanager
+def _session_with_a_job_in_another_group() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A session leader (as the runner starts a step) whose job moved to a process group of its own
+    (`set -m`), and the newest pid before it started."""
+    since = runner_host.newest_pid()
+    assert since is not None
+    leader = subprocess.Popen(
+        ["bash", "-c", "set -m; sleep 30 & echo started; wait"], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert leader.stdout is not None and leader.stdout.readline() == b"started\n"
+        yield leader, since
+    finally:
+        runner_host.kill_session(leader.pid)
+        leader.wait()
+
+
+def test_the_sweep_since_the_step_started_finds_what_a_full_listing_finds_without_listing_proc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with _session_with_a_job_in_another_group() as (leader, since):
+        everyone = runner_host.session_members(leader.pid)
+        assert everyone is not None and len(everyone) == 2  # the leader and its job, in another group
+        monkeypatch.setattr(runner_host.os, "listdir", lambda _path: pytest.fail("listed all of /proc"))
+        assert sorted(runner_host.session_members(leader.pid, since) or []) == sorted(everyone)
+        monkeypatch.undo()
+        assert runner_host.kill_session(leader.pid, since=since) == []
+        assert runner_host.session_members(leader.pid) == []
+
+
+def test_the_sweep_lists_all_of_proc_once_pids_came_round_or_too_many_were_handed_out() -> None:
+    with _session_with_a_job_in_another_group() as (leader, _since):
+        newest = runner_host.newest_pid()
+        assert newest is not None
+        assert runner_host._members_since(leader.pid, newest + 1) is None  # the newest is below it: came round
+        assert runner_host._members_since(leader.pid, newest - runner_host.SINCE_MAX - 1) is None
+        assert runner_host.session_members(leader.pid, newest + 1) == runner_host.session_members(leader.pid)
+
+
+def test_a_step_trusts_the_pids_since_it_started_only_while_they_cannot_have_come_round() -> None:
+    host = runner_host.Runner.__new__(runner_host.Runner)  # only its pid_max is read
+    host.pid_max = 32768
+    step = runner_host.Step(1, subprocess.Popen(["true"]), "", since=100)
+    step.proc.wait()
+    assert host.since_for(step) == 100
+    step.started -= host.pid_max / runner_host.FORKS_PER_S
+    assert host.since_for(step) is None
+    host.pid_max = 0  # unreadable
+    assert host.since_for(runner_host.Step(1, step.proc, "", since=100)) is None
