@@ -21,7 +21,8 @@ from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
 
 SECRET = "s3cr3t-diagnostic-value"
-#: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback
+#: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback,
+#: whose gate reads stdout (a gate worker starts: the default exit-code gate needs none)
 RUNBOOK = """\
 name: diag
 __HOSTS__
@@ -41,6 +42,7 @@ steps:
     script: exit 1
     fallbacks:
       - script: echo fallback
+        gates: [{that: "'fallback' in stdout"}]
 """
 
 
