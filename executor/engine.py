@@ -370,16 +370,16 @@ class Engine:
                 for s in self.runbook.steps
             ],
         )
-        for host in meta.host_key_unverified:  # said once per run, before anything connects
-            self.audit.host_key_unverified(host)
-            self.events.emit(
-                event_models.Note,
-                host=host,
-                message="host key verification is OFF (verify_host_key: false): any server answering at"
-                f" {self.runbook.hosts[host].address} is trusted",
-            )
         status, code = "passed", EXIT_OK
-        try:
+        try:  # from here on every way out closes the run (a failed write of the first record included)
+            for host in meta.host_key_unverified:  # said once per run, before anything connects
+                self.audit.host_key_unverified(host)
+                self.events.emit(
+                    event_models.Note,
+                    host=host,
+                    message="host key verification is OFF (verify_host_key: false): any server answering at"
+                    f" {self.runbook.hosts[host].address} is trusted",
+                )
             if source_meta is not None and source_dir is not None:
                 self._record_abandoned(source_meta.run_id, source_dir, source_records)
             for spec in to_run:

@@ -5,18 +5,24 @@ stderr, never on stdout; runs in one process never share a logger (no global str
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
+from executor import diagnostics
+from executor.audit import AuditLog
 from executor.diagnostics import DEBUG_FILE, DebugLog, route_asyncssh
-from executor.engine import Engine, RunOptions
+from executor.engine import WRITE_FAILED, Engine, RunOptions
+from executor.errors import DurableWriteError
 from executor.events import Reporter
 from executor.loader import load_runbook
 from executor.redact import Redactor
+from executor.state import open_state
 from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
 
@@ -133,3 +139,31 @@ def test_runs_in_one_process_keep_their_own_logs(sshd: SSHServer, tmp_path: Path
         assert (tmp_path / book.stem / run_id / DEBUG_FILE).is_file()
         assert any(line.get("logger", "").startswith("asyncssh") for line in lines)
     assert not structlog.is_configured()
+
+
+def test_a_write_failing_before_the_first_step_still_closes_the_run(
+    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first record (host key verification off) cannot be written: the run stops as on any failed write
+    (write_failed, its debug log closed) and its logger is no longer the task's (asyncssh's records of a
+    later connection would go to a closed run)."""
+    hosts = sshd.host_yaml().replace("connect_timeout: 10s", "connect_timeout: 10s\n    verify_host_key: false")
+    book = tmp_path / "early.yaml"
+    book.write_text(f"name: early\n{hosts}steps:\n  - {{id: s, kind: shell, script: echo hi}}\n")
+
+    def disk_full(_log: AuditLog, _host: str) -> None:
+        raise DurableWriteError(str(tmp_path), "the audit log", "No space left on device", errno.ENOSPC, 0)
+
+    monkeypatch.setattr(AuditLog, "host_key_unverified", disk_full)
+
+    async def run() -> Engine:
+        engine = Engine(load_runbook(book), RunOptions(log_dir=tmp_path / "logs"), Reporter())
+        with pytest.raises(DurableWriteError):
+            await engine.run()
+        assert diagnostics.CURRENT.get() is diagnostics.NO_LOG
+        return engine
+
+    engine = asyncio.run(run())
+    with open_state(engine.run_dir) as state:
+        assert state.status() == WRITE_FAILED
+    assert json.loads((engine.run_dir / DEBUG_FILE).read_text().splitlines()[-1])["event"] == "run finished"
