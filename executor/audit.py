@@ -416,8 +416,9 @@ def verify(run_dir: Path, report: VerifyReport | None = None, key: AuditKey | No
             report.problems.append(f"{folder.name}: does not link to the end of {previous.name}'s log")
         if meta is not None and meta.resumed_from and previous is None:
             report.problems.append(f"{folder.name}: the run it resumes, {meta.resumed_from}, is gone")
+        beside = _beside(folder, meta)  # before the log: a live run's later writes then only extend the log
         hashes = _verify_log(folder, expected, report)
-        _check_run(folder, meta, hashes, key, report)
+        _check_run(folder, meta, beside, hashes, key, report)
         previous = folder
     report.ok = not report.problems
     return report
@@ -479,16 +480,41 @@ def _read_head(run_dir: Path) -> _Head | None:
     return _Head(count, head_hash, head.get("seal"))
 
 
-def _check_run(
-    run_dir: Path, meta: RunMeta | None, hashes: list[str], key: AuditKey | None, report: VerifyReport
-) -> None:
-    """The log against what the run recorded beside it: its head, state.db and, with `key`, the seal."""
-    name = run_dir.name
+@dataclass(frozen=True)
+class _Beside:
+    """What a run recorded beside its log: its status, the log's position at the last step save, the step
+    rows (state.db) and its head.
+
+    Read before the log, in the order the run writes them backwards (its status last, after the head it
+    made durable; the head after each record; a step save after the records it counts): a run that is
+    still running then only adds to the log after this was read, which a lagging head tolerates, and
+    never makes a head or a saved position lead the log that verify reads (a false "lines were removed")."""
+
+    status: str | None
+    position: tuple[int, str] | None
+    rows: list[StepRecord]
+    head: _Head | None
+
+
+def _beside(run_dir: Path, meta: RunMeta | None) -> _Beside:
     status, position, rows = None, None, []
     if meta is not None:  # a bare log (no run.json) has only its head
         with open_state(run_dir) as state:
             status, position, rows = state.status(), state.audit_position(), state.records()
-    head = _read_head(run_dir)
+    return _Beside(status, position, rows, _read_head(run_dir))
+
+
+def _check_run(
+    run_dir: Path,
+    meta: RunMeta | None,
+    beside: _Beside,
+    hashes: list[str],
+    key: AuditKey | None,
+    report: VerifyReport,
+) -> None:
+    """The log against what the run recorded beside it: its head, state.db and, with `key`, the seal."""
+    name = run_dir.name
+    status, position, rows, head = beside.status, beside.position, beside.rows, beside.head
     _check_head(name, hashes, head, status, report)
     if position is not None:
         if _check_position(name, hashes, position, report):
