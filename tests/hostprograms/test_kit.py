@@ -109,6 +109,14 @@ def test_the_bundle_is_the_same_bytes_every_time_and_runs_its_program(tmp_path: 
     assert facts.target.dir == f"{tmp_path}/t" and facts.problems == [f"{tmp_path}/t: no such directory"]
 
 
+def test_a_program_and_its_config_render_to_the_same_script_every_time() -> None:
+    """`runbook plan` shows a host program's step the same every time (no random heredoc delimiter)."""
+    config = {"target_dir": "$models_dir/t", "drafter_dir": None, "note": "RUNBOOK_EOF_\nRUNBOOK_CONFIG"}
+    script = host_program("inspect_config", config, sys.executable)
+    assert host_program("inspect_config", config, sys.executable) == script
+    assert "<<'RUNBOOK_PROGRAM'\n" in script and "<<'RUNBOOK_CONFIG'\n" in script
+
+
 def test_a_large_config_travels_whole(tmp_path: Path) -> None:
     """Eval's prompt sets are megabytes: the config is a file, never an argument (no ARG_MAX), byte for byte."""
     padding = "".join(chr(c) for c in range(32, 0x2FF)) * 4000  # 2.6 MB of text, quotes and non-ASCII
