@@ -118,6 +118,17 @@ def test_debug_log_masks_every_form_of_a_secret(tmp_path: Path) -> None:
     assert SECRET not in json.dumps(line) and line["event"] == "said ***" and line["run_id"] == "r"
 
 
+def test_verbose_masks_a_secret_nested_as_bytes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`-v` shows a nested value as JSON: a non-ASCII secret's bytes are no `\\xc3\\xa4` repr there."""
+    secret = "pässwörd-ünïcode-value"
+    debug = DebugLog(tmp_path / DEBUG_FILE, Redactor([secret, SECRET]), echo=True)
+    debug.log.info("said", nested={"k": [secret.encode(), f"a\n{SECRET}"]}, plain=secret.encode())
+    debug.close()
+    err = capsys.readouterr().err
+    assert "\\x" not in err and "ssw" not in err and "diagnostic" not in err
+    assert 'nested={"k": ["***", "a\\n***"]}' in err and "plain=***" in err
+
+
 def test_runs_in_one_process_keep_their_own_logs(sshd: SSHServer, tmp_path: Path) -> None:
     """Two engines at once in one process (as the tests and an embedding program run them): each debug.log
     holds its own run's lines only, asyncssh's included, and structlog's global configuration is untouched."""
