@@ -28,6 +28,7 @@ from tests.conftest import runbook_cli
 
 SECRET = "s3cr3t-diagnostic-value"
 #: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback
+#: (`a`'s gate reads its stdout, so a gate worker starts: the default gate is evaluated in the run itself)
 RUNBOOK = """\
 name: diag
 __HOSTS__
@@ -41,6 +42,8 @@ steps:
     script: |
       echo "token $TOKEN"
       test -e "$marker" || { touch "$marker"; exit 3; }
+    gates:
+      - that: exit_code == 0 and 'token' in stdout  # reads stdout: a gate worker evaluates it
   - id: b
     kind: shell
     retry: {attempts: 1}
