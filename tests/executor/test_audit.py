@@ -254,15 +254,32 @@ def test_verify_of_a_live_run_that_writes_while_it_reads_is_no_alarm(
     assert report.records == 1  # what it read; the record written after is the next verify's
 
 
-def test_a_head_read_while_the_run_rewrites_it_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_head_read_while_the_live_run_rewrites_it_is_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A live run rewrites its head in place: a read that meets the write sees part of each head (a torn
-    read, about once in 10,000 against a run writing without pause). verify reads it again: no false alarm."""
+    read; the same one again while the writer is paused mid-write). verify checks a running run again."""
     run_dir = tmp_path / "run-1"
-    write_log(run_dir, records=2)
+    meta = RunMeta(run_id="run-1", runbook="live", path=str(tmp_path / "live.yaml"), started_at=now())
+    state = RunState.create(run_dir, meta)
+    log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
+    for attempt in (1, 2):
+        log.command(AuditContext(step="s", host="box", attempt=attempt), "echo", result())
     whole = (run_dir / audit.HEAD_FILE).read_bytes()
-    torn = whole[:20] + b"f" * 10 + whole[30:]  # the new head's first bytes over the old one's rest
-    reads = iter([io.BytesIO(torn)])
+    torn = whole[:30] + b"f" * 8 + whole[38:]  # the new head's first bytes over the old one's rest
+    torn_reads = iter([True, True, True])
     opened = audit.open_regular
-    monkeypatch.setattr(audit, "open_regular", lambda path: next(reads, None) or opened(path))
-    report = verify(run_dir)
+
+    def open_regular(path: Path) -> Any:
+        return io.BytesIO(torn) if path.name == audit.HEAD_FILE and next(torn_reads, False) else opened(path)
+
+    monkeypatch.setattr(audit, "open_regular", open_regular)
+    try:
+        report = verify(run_dir)
+        torn_reads = iter([True] * audit.LIVE_CHECKS)  # torn every time: what tampering looks like
+        tampered = verify(run_dir)
+    finally:
+        log.close()
+        state.close()
     assert report.ok, report.problems
+    assert tampered.problems == ["run-1: record 2 does not match the recorded head: the log was rewritten"]
