@@ -284,6 +284,8 @@ class Engine:
                 self.options.from_step,
                 self.options.only_step,
             )
+            # read now, inside this try: a source log that cannot be read (StateError) must not keep it locked
+            link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
         except BaseException:
             if source_lock is not None:
                 source_lock.release()
@@ -292,7 +294,6 @@ class Engine:
         to_run = [spec for spec in self.runbook.steps if spec.id in self.hosts_to_run]
         run_id = new_run_id()
         run_dir = self.options.log_dir / run_id
-        link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
         meta = RunMeta(
             run_id=run_id,
             runbook=self.runbook.name,
