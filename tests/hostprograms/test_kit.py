@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,20 @@ def test_the_hub_token_is_the_one_huggingface_hub_finds(case: dict[str, str], tm
     assert (token is None) == (source is None) == (reason is not None)
     if not (case.get("HF_TOKEN") or case.get("HUGGING_FACE_HUB_TOKEN", "").strip()):
         assert checked[-1] == f"file {path}"
+
+
+@pytest.mark.parametrize(
+    ("to", "sent"),
+    [
+        ("https://hub.example/b", True),
+        ("https://cdn.example/b", False),
+        ("http://hub.example/b", False),  # the token would travel in clear
+    ],
+)
+def test_a_redirect_keeps_the_token_only_to_the_same_host_over_https(to: str, sent: bool) -> None:
+    asked = urllib.request.Request("https://hub.example/a", headers={"Authorization": "Bearer hf_x"})
+    new = kit._SameHostAuth().redirect_request(asked, None, 302, "Found", {}, to)
+    assert new is not None and new.has_header("Authorization") == sent
 
 
 def test_the_bundle_is_the_same_bytes_every_time_and_runs_its_program(tmp_path: Path) -> None:
