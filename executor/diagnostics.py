@@ -93,7 +93,7 @@ class DebugLog:
     def _echo(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         """`-v`: the line on stderr as well, masked and shown safe (stderr looked up now: a live display on
         the console may have wrapped it)."""
-        fields = " ".join(f"{key}={_text(value)}" for key, value in event.items() if key not in ("event", "time"))
+        fields = " ".join(f"{key}={_shown(value)}" for key, value in event.items() if key not in ("event", "time"))
         text = self._redactor.text(f"debug: {_text(event.get('event'))}  {fields}")
         with contextlib.suppress(OSError):  # stderr's reader went away; the debug log file still gets the line
             print(shown(text), file=sys.stderr, flush=True)
@@ -120,6 +120,15 @@ def _text(value: Any) -> str:
     """What JSON cannot hold (bytes, a path, an exception, a set) as its text, so that the Redactor sees
     everything that is written."""
     return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+def _shown(value: Any) -> str:
+    """A field's value on `-v`'s stderr: a nested one as JSON with each bytes value decoded (`_text`), whose
+    forms of a secret the Redactor knows; Python's repr of it would show a non-ASCII secret's bytes as
+    `\\xc3\\xa4...`, a form it does not know."""
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, default=_text, ensure_ascii=False)
+    return _text(value)
 
 
 class _ToCurrentRun(logging.Handler):

@@ -284,6 +284,8 @@ class Engine:
                 self.options.from_step,
                 self.options.only_step,
             )
+            # read now, inside this try: a source log that cannot be read (StateError) must not keep it locked
+            link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
         except BaseException:
             if source_lock is not None:
                 source_lock.release()
@@ -292,7 +294,6 @@ class Engine:
         to_run = [spec for spec in self.runbook.steps if spec.id in self.hosts_to_run]
         run_id = new_run_id()
         run_dir = self.options.log_dir / run_id
-        link = audit_mod.chain_tail(source_dir) if source_dir is not None else audit_mod.GENESIS
         meta = RunMeta(
             run_id=run_id,
             runbook=self.runbook.name,
@@ -370,16 +371,16 @@ class Engine:
                 for s in self.runbook.steps
             ],
         )
-        for host in meta.host_key_unverified:  # said once per run, before anything connects
-            self.audit.host_key_unverified(host)
-            self.events.emit(
-                event_models.Note,
-                host=host,
-                message="host key verification is OFF (verify_host_key: false): any server answering at"
-                f" {self.runbook.hosts[host].address} is trusted",
-            )
         status, code = "passed", EXIT_OK
-        try:
+        try:  # from here on every way out closes the run (a failed write of the first record included)
+            for host in meta.host_key_unverified:  # said once per run, before anything connects
+                self.audit.host_key_unverified(host)
+                self.events.emit(
+                    event_models.Note,
+                    host=host,
+                    message="host key verification is OFF (verify_host_key: false): any server answering at"
+                    f" {self.runbook.hosts[host].address} is trusted",
+                )
             if source_meta is not None and source_dir is not None:
                 self._record_abandoned(source_meta.run_id, source_dir, source_records)
             for spec in to_run:

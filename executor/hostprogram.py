@@ -3,8 +3,9 @@
 `host_program(name, config, python)` renders the bash lines that do it. The program travels as one zip
 holding `hostprograms/__init__.py`, the shared `kit.py`, the program and a `__main__.py`: each helper has
 one source, bundled when shipped, never copied. The zip is deterministic (fixed timestamps, sorted
-entries, stored uncompressed so no zlib is needed on either side), so the rendered script and
-`runbook plan` are stable; it is sent base64 in a quoted heredoc (`render.heredoc`), the config
+entries, stored uncompressed so no zlib is needed on either side), and so are the heredocs' delimiters
+(fixed: neither base64 nor a JSON line can hold one), so the rendered script and `runbook plan` are
+stable; it is sent base64 in a quoted heredoc (`render.heredoc`), the config
 (JSON, any size: eval_acceptance's prompt sets too) in another, both into a `mktemp -d` folder removed
 on exit, then run as `PYTHON program.pyz config.json` (hostprograms/kit.py says what it prints).
 
@@ -93,7 +94,7 @@ def host_program(name: str, config: Mapping[str, Any], python: str = "python3") 
         f"# hostprograms/{name}.py with the kit, zip sha256:{digest}\n"
         'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.XXXXXXXX") || exit 1\n'
         "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\n"
-        + heredoc(encoded, command='base64 -d > "$prog/program.pyz"')
-        + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"')
+        + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")
+        + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
         + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'
     )

@@ -265,16 +265,18 @@ def host_word(text: str) -> str:
     return "".join(parts)
 
 
-def heredoc(body: str, command: str = "cat") -> str:
+def heredoc(body: str, command: str = "cat", delimiter: str | None = None) -> str:
     """`command <<'DELIM'` + body + DELIM, with a random delimiter absent from the body.
 
     The quoted delimiter turns off every expansion, so the body arrives as written; a
-    heredoc always ends in a newline, so one is added where the body lacks it.
+    heredoc always ends in a newline, so one is added where the body lacks it. A fixed `delimiter`
+    makes the same body the same script every time (`runbook plan`), for a body that never holds it
+    (base64, one line of JSON); should it hold it after all, a random one is taken. Only a line that is
+    the delimiter ends the heredoc, so only such a line rules one out.
     """
-    while True:
+    lines = body.split("\n")
+    while delimiter is None or delimiter in lines:
         delimiter = f"RUNBOOK_EOF_{_random.token_hex(8)}"
-        if delimiter not in body:
-            break
     if not body.endswith("\n"):
         body += "\n"
     return f"{command} <<'{delimiter}'\n{body}{delimiter}\n"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -119,11 +119,17 @@ class ProgressLines:
             if not line.startswith(PROGRESS_PREFIX):
                 continue
             try:
-                fields = json.loads(line[len(PROGRESS_PREFIX) :])
+                fields = json.loads(line[len(PROGRESS_PREFIX) :], parse_constant=_no_constant)
             except ValueError:
                 continue
             if isinstance(fields, dict):
                 self.on_fields(fields)
+
+
+def _no_constant(name: str) -> NoReturn:
+    """`NaN`, `Infinity`, `-Infinity`: Python's JSON reads them, but they are no JSON, and a progress event
+    holding one would make a `--json` line that an agent's parser refuses. Such a line is malformed."""
+    raise ValueError(f"{name} is no JSON value")
 
 
 def progress_messages(ctx: ProgressSink) -> ProgressLines:

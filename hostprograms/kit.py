@@ -139,13 +139,15 @@ def _clean(token: str | None) -> str | None:
 
 
 class _SameHostAuth(urllib.request.HTTPRedirectHandler):
-    """Follow redirects, but send the token only to the host it was meant for (not to a CDN)."""
+    """Follow redirects, but send the token only to the host it was meant for (not to a CDN), and never
+    in clear after a redirect from https to http (as `requests`, huggingface_hub's client, strips it)."""
 
     def redirect_request(
         self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
     ) -> urllib.request.Request | None:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+        old, to = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if new is not None and (to.netloc != old.netloc or (old.scheme == "https" and to.scheme != "https")):
             new.remove_header("Authorization")
         return new
 

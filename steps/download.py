@@ -221,7 +221,7 @@ class DownloadStep(StepSpec):
                 f"snapshot_download(repo_id={self.repo!r}, revision={str(commit)!r}, local_dir=sys.argv[1], "
                 f"allow_patterns={self.include or None!r}, ignore_patterns={self.exclude or None!r})\n"
             )
-            return heredoc(call, command=f'{host_word(self.python)} - "$local_dir"')
+            return heredoc(call, command=f'{host_word(self.python)} - "$local_dir"', delimiter="RUNBOOK_PYTHON")
         return self._host_program("fetch", known)
 
     def method_script(self, method: Method, commit: str | RunTime, known: Any) -> str:

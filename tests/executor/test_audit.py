@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +18,7 @@ from executor import audit
 from executor.audit import AuditContext, AuditLog, verify
 from executor.cli import main
 from executor.redact import Redactor
+from executor.state import RunMeta, RunState, StepRecord, now
 from executor.transport.base import Collector, CommandResult
 
 SECRET = "hf_SeCrEt_ToKeN_123"
@@ -218,3 +222,64 @@ def test_a_deleted_audit_log_is_tampering(tmp_path: Path, capsys: pytest.Capture
     assert main(["audit", "verify", str(run_dir)]) == 1
     assert "is gone" in capsys.readouterr().err
     assert main(["audit", "verify", str(tmp_path)]) == 2
+
+
+def test_verify_of_a_live_run_that_writes_while_it_reads_is_no_alarm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`audit verify` on a run still running: a record, its head and a step save written after verify read
+    the log (the run went on) are no cut and no removed lines; what it recorded beside the log is read first."""
+    run_dir = tmp_path / "run-1"
+    meta = RunMeta(run_id="run-1", runbook="live", path=str(tmp_path / "live.yaml"), started_at=now())
+    state = RunState.create(run_dir, meta)
+    log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
+    bound = AuditContext(step="s", host="box", attempt=1)
+    step = StepRecord(step="s", host="box", position=0, status="running", fingerprint="", attempts=1)
+    log.command(bound, "echo 1", result())
+    state.save(step, audit=log.position)
+    reading = audit.read_records
+
+    def then_the_run_goes_on(folder: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes]]:
+        yield from reading(folder)
+        log.command(bound, "echo 2", result())
+        state.save(step, audit=log.position)
+
+    monkeypatch.setattr(audit, "read_records", then_the_run_goes_on)
+    try:
+        report = verify(run_dir)
+    finally:
+        log.close()
+        state.close()
+    assert report.ok, report.problems
+    assert report.records == 1  # what it read; the record written after is the next verify's
+
+
+def test_a_head_read_while_the_live_run_rewrites_it_is_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run rewrites its head in place: a read that meets the write sees part of each head (a torn
+    read; the same one again while the writer is paused mid-write). verify checks a running run again."""
+    run_dir = tmp_path / "run-1"
+    meta = RunMeta(run_id="run-1", runbook="live", path=str(tmp_path / "live.yaml"), started_at=now())
+    state = RunState.create(run_dir, meta)
+    log = AuditLog(run_dir, "run-1", Redactor([SECRET]))
+    for attempt in (1, 2):
+        log.command(AuditContext(step="s", host="box", attempt=attempt), "echo", result())
+    whole = (run_dir / audit.HEAD_FILE).read_bytes()
+    torn = whole[:30] + b"f" * 8 + whole[38:]  # the new head's first bytes over the old one's rest
+    torn_reads = iter([True, True, True])
+    opened = audit.open_regular
+
+    def open_regular(path: Path) -> Any:
+        return io.BytesIO(torn) if path.name == audit.HEAD_FILE and next(torn_reads, False) else opened(path)
+
+    monkeypatch.setattr(audit, "open_regular", open_regular)
+    try:
+        report = verify(run_dir)
+        torn_reads = iter([True] * audit.LIVE_CHECKS)  # torn every time: what tampering looks like
+        tampered = verify(run_dir)
+    finally:
+        log.close()
+        state.close()
+    assert report.ok, report.problems
+    assert tampered.problems == ["run-1: record 2 does not match the recorded head: the log was rewritten"]

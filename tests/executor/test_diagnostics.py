@@ -5,24 +5,30 @@ stderr, never on stdout; runs in one process never share a logger (no global str
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
+from executor import diagnostics
+from executor.audit import AuditLog
 from executor.diagnostics import DEBUG_FILE, DebugLog, route_asyncssh
-from executor.engine import Engine, RunOptions
+from executor.engine import WRITE_FAILED, Engine, RunOptions
+from executor.errors import DurableWriteError
 from executor.events import Reporter
 from executor.loader import load_runbook
 from executor.redact import Redactor
+from executor.state import open_state
 from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
 
 SECRET = "s3cr3t-diagnostic-value"
-#: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback,
-#: whose gate reads stdout (a gate worker starts: the default exit-code gate needs none)
+#: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback
+#: (`a`'s gate reads its stdout, so a gate worker starts: the default gate is evaluated in the run itself)
 RUNBOOK = """\
 name: diag
 __HOSTS__
@@ -36,13 +42,14 @@ steps:
     script: |
       echo "token $TOKEN"
       test -e "$marker" || { touch "$marker"; exit 3; }
+    gates:
+      - that: exit_code == 0 and 'token' in stdout  # reads stdout: a gate worker evaluates it
   - id: b
     kind: shell
     retry: {attempts: 1}
     script: exit 1
     fallbacks:
       - script: echo fallback
-        gates: [{that: "'fallback' in stdout"}]
 """
 
 
@@ -114,6 +121,17 @@ def test_debug_log_masks_every_form_of_a_secret(tmp_path: Path) -> None:
     assert SECRET not in json.dumps(line) and line["event"] == "said ***" and line["run_id"] == "r"
 
 
+def test_verbose_masks_a_secret_nested_as_bytes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`-v` shows a nested value as JSON: a non-ASCII secret's bytes are no `\\xc3\\xa4` repr there."""
+    secret = "pässwörd-ünïcode-value"
+    debug = DebugLog(tmp_path / DEBUG_FILE, Redactor([secret, SECRET]), echo=True)
+    debug.log.info("said", nested={"k": [secret.encode(), f"a\n{SECRET}"]}, plain=secret.encode())
+    debug.close()
+    err = capsys.readouterr().err
+    assert "\\x" not in err and "ssw" not in err and "diagnostic" not in err
+    assert 'nested={"k": ["***", "a\\n***"]}' in err and "plain=***" in err
+
+
 def test_runs_in_one_process_keep_their_own_logs(sshd: SSHServer, tmp_path: Path) -> None:
     """Two engines at once in one process (as the tests and an embedding program run them): each debug.log
     holds its own run's lines only, asyncssh's included, and structlog's global configuration is untouched."""
@@ -135,3 +153,31 @@ def test_runs_in_one_process_keep_their_own_logs(sshd: SSHServer, tmp_path: Path
         assert (tmp_path / book.stem / run_id / DEBUG_FILE).is_file()
         assert any(line.get("logger", "").startswith("asyncssh") for line in lines)
     assert not structlog.is_configured()
+
+
+def test_a_write_failing_before_the_first_step_still_closes_the_run(
+    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first record (host key verification off) cannot be written: the run stops as on any failed write
+    (write_failed, its debug log closed) and its logger is no longer the task's (asyncssh's records of a
+    later connection would go to a closed run)."""
+    hosts = sshd.host_yaml().replace("connect_timeout: 10s", "connect_timeout: 10s\n    verify_host_key: false")
+    book = tmp_path / "early.yaml"
+    book.write_text(f"name: early\n{hosts}steps:\n  - {{id: s, kind: shell, script: echo hi}}\n")
+
+    def disk_full(_log: AuditLog, _host: str) -> None:
+        raise DurableWriteError(str(tmp_path), "the audit log", "No space left on device", errno.ENOSPC, 0)
+
+    monkeypatch.setattr(AuditLog, "host_key_unverified", disk_full)
+
+    async def run() -> Engine:
+        engine = Engine(load_runbook(book), RunOptions(log_dir=tmp_path / "logs"), Reporter())
+        with pytest.raises(DurableWriteError):
+            await engine.run()
+        assert diagnostics.CURRENT.get() is diagnostics.NO_LOG
+        return engine
+
+    engine = asyncio.run(run())
+    with open_state(engine.run_dir) as state:
+        assert state.status() == WRITE_FAILED
+    assert json.loads((engine.run_dir / DEBUG_FILE).read_text().splitlines()[-1])["event"] == "run finished"

@@ -286,6 +286,13 @@ def test_heredoc_delimiter_is_random() -> None:
     assert len(delimiters) == 20
 
 
+def test_a_fixed_heredoc_delimiter_is_kept_unless_a_line_of_the_body_is_it() -> None:
+    assert heredoc("FIXED inside a line\n", delimiter="FIXED").startswith("cat <<'FIXED'\n")
+    body = "before\nFIXED\nafter\n"
+    text = heredoc(body, delimiter="FIXED")
+    assert delimiter_of(text) != "FIXED" and bash(text).stdout == body.encode()
+
+
 def test_heredoc_delimiter_avoids_the_body(monkeypatch: pytest.MonkeyPatch) -> None:
     tokens = iter(["a" * 16, "a" * 16, "b" * 16])
 

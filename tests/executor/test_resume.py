@@ -6,9 +6,11 @@ runs on this machine, so side-effect files written by steps are readable here).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import re
 import secrets
 import shlex
@@ -22,6 +24,11 @@ from typing import Any
 
 import pytest
 
+from executor.engine import Engine, RunOptions
+from executor.errors import StateError
+from executor.events import Reporter
+from executor.loader import load_runbook
+from executor.state import RunLock
 from tests.conftest import runbook_cli
 from tests.executor.killpoints import run_book
 
@@ -881,3 +888,26 @@ def test_editing_an_uploaded_file_reruns_the_step(tmp_path: Path, write_runbook:
     assert audited_steps(newest(logs)) == ["ship"]
     assert copied.read_text() == "v2\n"
     assert side_lines(side) == ["u1", "u2", "u3", "ship", "ship"]
+
+
+def test_a_resume_whose_source_log_cannot_be_read_leaves_the_source_unlocked(tmp_path: Path) -> None:
+    """An API caller's resume refused (StateError: the source run's audit.jsonl is no regular file) must not
+    keep that run locked by its own process: after the folder is repaired, the same process resumes it."""
+    book = tmp_path / "book.yaml"
+    book.write_text(
+        "name: unlocked\nhosts:\n  here: {address: local}\nsteps:\n  - {id: s, kind: shell, script: exit 1}\n"
+    )
+    logs = tmp_path / "logs"
+    runbook = load_runbook(book)
+    assert asyncio.run(Engine(runbook, RunOptions(log_dir=logs), Reporter()).run()) == 1
+    (source,) = [p for p in logs.iterdir() if p.is_dir()]
+    log = source / "audit.jsonl"
+    kept = log.read_bytes()
+    log.unlink()
+    os.mkfifo(log)
+    with pytest.raises(StateError, match="not a regular file"):
+        asyncio.run(Engine(runbook, RunOptions(log_dir=logs, resume="latest"), Reporter()).run())
+    assert not RunLock(source).held()
+    log.unlink()
+    log.write_bytes(kept)
+    assert asyncio.run(Engine(runbook, RunOptions(log_dir=logs, resume="latest"), Reporter()).run()) == 1

@@ -69,6 +69,16 @@ def test_a_line_too_long_to_be_progress_is_not_kept_and_not_read() -> None:
     assert [set(fields) for fields in seen] == [{"pad"}, {"next"}]
 
 
+def test_a_progress_line_with_a_number_json_has_not_is_skipped() -> None:
+    """A host may print `NaN` or `Infinity` (Python's json writes them): shown, they would make the `--json`
+    line of the progress event one that a strict JSON parser refuses."""
+    seen: list[dict[str, Any]] = []
+    reader = ProgressLines(seen.append)
+    for value in (b"NaN", b"Infinity", b"-Infinity", b"[1, NaN]", b"1.5"):
+        reader.feed("stderr", PROGRESS_PREFIX + b'{"rate": ' + value + b"}\n")
+    assert seen == [{"rate": 1.5}]
+
+
 def test_a_reader_for_stdout_ignores_stderr() -> None:
     seen: list[dict[str, Any]] = []
     reader = ProgressLines(seen.append, stream="stdout")

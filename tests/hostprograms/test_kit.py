@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,20 @@ def test_the_hub_token_is_the_one_huggingface_hub_finds(case: dict[str, str], tm
         assert checked[-1] == f"file {path}"
 
 
+@pytest.mark.parametrize(
+    ("to", "sent"),
+    [
+        ("https://hub.example/b", True),
+        ("https://cdn.example/b", False),
+        ("http://hub.example/b", False),  # the token would travel in clear
+    ],
+)
+def test_a_redirect_keeps_the_token_only_to_the_same_host_over_https(to: str, sent: bool) -> None:
+    asked = urllib.request.Request("https://hub.example/a", headers={"Authorization": "Bearer hf_x"})
+    new = kit._SameHostAuth().redirect_request(asked, None, 302, "Found", {}, to)
+    assert new is not None and new.has_header("Authorization") == sent
+
+
 def test_the_bundle_is_the_same_bytes_every_time_and_runs_its_program(tmp_path: Path) -> None:
     first = bundle("inspect_config")
     bundle.cache_clear()
@@ -107,6 +122,14 @@ def test_the_bundle_is_the_same_bytes_every_time_and_runs_its_program(tmp_path: 
     assert done.returncode == 0, done.stderr
     facts = InspectConfigFacts.model_validate_json(done.stdout.splitlines()[-1])
     assert facts.target.dir == f"{tmp_path}/t" and facts.problems == [f"{tmp_path}/t: no such directory"]
+
+
+def test_a_program_and_its_config_render_to_the_same_script_every_time() -> None:
+    """`runbook plan` shows a host program's step the same every time (no random heredoc delimiter)."""
+    config = {"target_dir": "$models_dir/t", "drafter_dir": None, "note": "RUNBOOK_EOF_\nRUNBOOK_CONFIG"}
+    script = host_program("inspect_config", config, sys.executable)
+    assert host_program("inspect_config", config, sys.executable) == script
+    assert "<<'RUNBOOK_PROGRAM'\n" in script and "<<'RUNBOOK_CONFIG'\n" in script
 
 
 def test_a_large_config_travels_whole(tmp_path: Path) -> None:
