@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import sqlite3
@@ -303,7 +302,7 @@ class Engine:
             audit_prev_hash=link,
             vars={k: self.redactor.text(v) for k, v in self.env.items()},
             secrets=sorted(self.secrets),
-            runbook_sha256=hashlib.sha256(self.runbook.path.read_bytes()).hexdigest(),
+            runbook_sha256=self.runbook.sha256,
             var_args=[pair for pair in self.options.var_args if self.redactor.text(pair) == pair],
             var_args_withheld=[p.partition("=")[0] for p in self.options.var_args if self.redactor.text(p) != p],
             inventory=str(self.options.inventory) if self.options.inventory else None,

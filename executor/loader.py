@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import types
 import typing
 from collections.abc import Collection, Mapping
@@ -58,6 +59,9 @@ class Runbook:
     step_hosts: dict[str, list[str]] = field(default_factory=dict)
     step_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (line, column) of each step
     secret_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # of each secret's declaration
+    #: the sha256 of the text this runbook was read from (run.json records it): of what was loaded, not of
+    #: the file as it may be by the time a run starts (edited, or gone)
+    sha256: str = ""
 
     @property
     def name(self) -> str:
@@ -565,7 +569,8 @@ def parse_runbook(text: str, path: Path) -> Runbook:
             for j, override in enumerate(spec.fallbacks)
             if (fb := _fallback(raw, override, type(spec), ("steps", index, "fallbacks", j), pos)) is not None
         ]
-    runbook = Runbook(path, header, steps, fallbacks) if header is not None else None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    runbook = Runbook(path, header, steps, fallbacks, sha256=digest) if header is not None else None
     if runbook is not None:
         runbook.secret_positions = {name: pos.at(("secrets", name), key=True) for name in runbook.header.secrets}
     if runbook is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -14,6 +15,9 @@ from typing import Any
 import pytest
 
 from executor.cli import main
+from executor.engine import Engine, RunOptions
+from executor.events import Reporter
+from executor.loader import load_runbook
 from sandbox.sshd import SSHServer, free_port
 
 
@@ -600,3 +604,21 @@ def test_changed_parts_names_what_differs() -> None:
     new = {"step": "a", "host": "h", "var models_dir": "2", "file conf.txt": "y", "var extra": "z"}
     assert changed_parts(old, new) == "file conf.txt, var extra, var models_dir"
     assert changed_parts(None, new) == "its definition"  # a record from before parts were kept
+
+
+def test_a_runbook_removed_after_loading_still_runs_as_loaded(write_runbook, tmp_path) -> None:
+    """run.json records the digest of the text the run was loaded from: the file is not read again (an API
+    caller's file may be gone or edited by the time the run starts)."""
+    path = write_runbook("""\
+        name: t
+        __HOSTS__
+        steps:
+          - {id: a, kind: shell, script: "true"}
+        """)
+    loaded = path.read_bytes()
+    runbook = load_runbook(path)
+    path.unlink()
+    code = asyncio.run(Engine(runbook, RunOptions(log_dir=tmp_path / "logs"), Reporter()).run())
+    assert code == 0
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["runbook_sha256"] == hashlib.sha256(loaded).hexdigest()
