@@ -75,10 +75,27 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         raise FactsError(f"{program} cannot run on the host's interpreter: {said}")
     if not lines:
         raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
+    wrong = f"{program} printed a document of an unexpected shape"
     try:
         return model.model_validate_json(lines[-1])
     except ValidationError as exc:
-        raise FactsError(f"{program} printed a document of an unexpected shape: {exc}; stderr: {said}") from None
+        raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
+
+
+#: Errors of a document's shape that its message names: a host printing 100000 wrong items must not make a
+#: message of megabytes (it goes to the attempt's event, state.json and the console).
+SHAPE_ERRORS_SHOWN = 3
+
+
+def _shape(exc: ValidationError) -> str:
+    """The first errors of a ValidationError, each `where: what` with its path cut short (a key is host text)."""
+    count = exc.error_count()
+    shown = [
+        f"{'.'.join(map(str, error['loc']))[:120] or '(document)'}: {error['msg'][:200]}"
+        for error in exc.errors(include_url=False, include_input=False)[:SHAPE_ERRORS_SHOWN]
+    ]
+    more = f"; and {count - len(shown)} more" if count > len(shown) else ""
+    return f"{count} error{'s' if count != 1 else ''}; " + "; ".join(shown) + more
 
 
 #: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline

@@ -5,13 +5,24 @@ an endless line is not kept whole; and the prefix the controller reads is the on
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from executor.hostprogram import PACKAGE
-from executor.stepkind import PROGRESS_LINE_MAX, PROGRESS_PREFIX, ProgressLines, progress_messages
+from executor.stepkind import (
+    PROGRESS_LINE_MAX,
+    PROGRESS_PREFIX,
+    FactsError,
+    ProgressLines,
+    host_document,
+    progress_messages,
+)
+from executor.transport.base import Collector, CommandResult
 from hostprograms import kit
 
 STDERR = (
@@ -91,3 +102,22 @@ def test_host_programs_print_the_prefix_the_controller_reads() -> None:
     """One definition: the kit's, bundled into every program; no program keeps a copy of its own."""
     assert kit.PROGRESS_PREFIX.encode() == PROGRESS_PREFIX
     assert [p.name for p in PACKAGE.glob("*.py") if "PROGRESS_PREFIX =" in p.read_text()] == ["kit.py"]
+
+
+class _Floats(BaseModel):
+    rate: float
+    items: list[int] = []
+
+
+def _printed(stdout: bytes, exit_code: int = 0) -> CommandResult:
+    collect = Collector()
+    collect.stdout.feed(stdout)
+    return collect.result(exit_code)
+
+
+def test_a_document_of_many_wrong_items_fails_in_a_short_message() -> None:
+    """A host printing 100000 wrong items must not make a 20 MB message (event, state, console)."""
+    line = json.dumps({"rate": 1.0, "items": ["x"] * 100_000}).encode()
+    with pytest.raises(FactsError, match=r"unexpected shape: 100000 errors; items\.0: Input should be") as caught:
+        host_document(_printed(line), _Floats, "the program")
+    assert len(str(caught.value)) < 2000
