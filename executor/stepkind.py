@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
@@ -77,9 +78,14 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
     wrong = f"{program} printed a document of an unexpected shape"
     try:
-        return model.model_validate_json(lines[-1])
+        document = model.model_validate_json(lines[-1])
     except ValidationError as exc:
         raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
+    try:  # pydantic reads NaN and Infinity, and 1e999 as inf; the kit never prints them (allow_nan=False)
+        json.loads(lines[-1], parse_constant=_no_constant, parse_float=_finite)
+    except ValueError as exc:
+        raise FactsError(f"{wrong}: {exc}; stderr: {said}") from None
+    return document
 
 
 #: Errors of a document's shape that its message names: a host printing 100000 wrong items must not make a
@@ -147,6 +153,14 @@ def _no_constant(name: str) -> NoReturn:
     """`NaN`, `Infinity`, `-Infinity`: Python's JSON reads them, but they are no JSON, and a progress event
     holding one would make a `--json` line that an agent's parser refuses. Such a line is malformed."""
     raise ValueError(f"{name} is no JSON value")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; one too large for a float (`1e999`, read as inf) is no value a fact may hold."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of a float's range")
+    return value
 
 
 def progress_messages(ctx: ProgressSink) -> ProgressLines:

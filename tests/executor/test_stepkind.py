@@ -121,3 +121,10 @@ def test_a_document_of_many_wrong_items_fails_in_a_short_message() -> None:
     with pytest.raises(FactsError, match=r"unexpected shape: 100000 errors; items\.0: Input should be") as caught:
         host_document(_printed(line), _Floats, "the program")
     assert len(str(caught.value)) < 2000
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_a_document_holding_a_number_json_has_not_is_refused(number: bytes) -> None:
+    """The kit prints with allow_nan=False: a NaN in a float fact would reach state and gates as null."""
+    with pytest.raises(FactsError, match=r"unexpected shape"):
+        host_document(_printed(b'{"rate": ' + number + b"}"), _Floats, "the program")
