@@ -71,7 +71,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     tail of its stderr: an empty answer must never read as facts.
     """
     lines = result.stdout_text.strip().splitlines()
-    said = "\n".join(result.stderr_text.strip().splitlines()[-10:]) or "(nothing)"
+    said = "\n".join(_cut(line) for line in result.stderr_text.strip().splitlines()[-10:]) or "(nothing)"
     if result.exit_code == kit.TOO_OLD and not lines:
         raise FactsError(f"{program} cannot run on the host's interpreter: {said}")
     if not lines:
@@ -86,6 +86,14 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     except ValueError as exc:
         raise FactsError(f"{wrong}: {exc}; stderr: {said}") from None
     return document
+
+
+#: Characters of a line of stderr that a message quotes: a line of a host's can be megabytes.
+QUOTED_LINE_MAX = 300
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= QUOTED_LINE_MAX else line[:QUOTED_LINE_MAX] + " ..."
 
 
 #: Errors of a document's shape that its message names: a host printing 100000 wrong items must not make a

@@ -128,3 +128,13 @@ def test_a_document_holding_a_number_json_has_not_is_refused(number: bytes) -> N
     """The kit prints with allow_nan=False: a NaN in a float fact would reach state and gates as null."""
     with pytest.raises(FactsError, match=r"unexpected shape"):
         host_document(_printed(b'{"rate": ' + number + b"}"), _Floats, "the program")
+
+
+@pytest.mark.parametrize("exit_code", [1, kit.TOO_OLD])
+def test_the_stderr_a_failed_program_leaves_is_quoted_in_short_lines(exit_code: int) -> None:
+    """A host printing a megabyte line on stderr and no document must not make a megabyte message."""
+    collect = Collector()
+    collect.stderr.feed(b"Traceback\n" + b"E" * 1_000_000 + b"\nthe end\n")
+    with pytest.raises(FactsError, match=r": Traceback\nE{300} \.\.\.\nthe end$") as caught:
+        host_document(collect.result(exit_code), _Floats, "the program")
+    assert len(str(caught.value)) < 2000
