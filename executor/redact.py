@@ -29,11 +29,13 @@ MASK_BYTES = MASK.encode()
 
 def forms(value: str) -> set[str]:
     """Every text in which `value` may be printed by a host or shown by the run: the value, the value
-    without surrounding whitespace, each of its lines (stripped), the forms of each string in it when it
+    without surrounding whitespace, its lines joined (CR and LF dropped, as huggingface_hub and the host
+    programs' kit.HubToken use a token), each of its lines (stripped), the forms of each string in it when it
     is a JSON document (a credential file's `private_key`, printed alone), each of those escaped as inside
     a JSON string (ASCII-only and not), inside a Python repr (`'` escaped or not) and percent-encoded in a
     URL, and each ASCII one in UTF-16; those shorter than MIN_SECRET_CHARS left out."""
-    plain = {value, value.strip(), *(line.strip() for line in value.splitlines())}
+    joined = value.replace("\r", "").replace("\n", "").strip()  # as huggingface_hub sends a token (_clean_token)
+    plain = {value, value.strip(), joined, *(line.strip() for line in value.splitlines())}
     escaped = {
         form
         for text in plain

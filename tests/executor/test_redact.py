@@ -143,6 +143,13 @@ def test_the_strings_of_a_json_credential_are_forms_of_it() -> None:
     assert redactor.text(repr("-----BEGIN-----\nMIIEvgIBADANBg\n")) == "'***'"
 
 
+@pytest.mark.parametrize("token", ["hf_abcdefgh\r\nijklmnop\n", "  hf_abcdefgh\nijklmnop  "])
+def test_a_token_of_several_lines_is_masked_as_the_hub_uses_it_joined(token: str) -> None:
+    """huggingface_hub (and the host programs' kit.HubToken) drop CR and LF from a token before sending it:
+    `Authorization: Bearer hf_abcdefghijklmnop` in a verbose client's output is that secret."""
+    assert Redactor([token]).text("Authorization: Bearer hf_abcdefghijklmnop") == "Authorization: Bearer ***"
+
+
 # ---- through the CLI, against the real sshd --------------------------------------------------------
 
 
