@@ -94,7 +94,7 @@ def generate(config: dict[str, Any], text: str, api_key: str | None) -> dict[str
         record["error"] = f"HTTP {status}: {body.strip()[:BODY_CHARS]}"
         return record
     try:
-        answer = json.loads(body)
+        answer = kit.loads(body)
         meta = answer["meta_info"]
         if not isinstance(meta, dict):
             raise TypeError("meta_info is not an object")

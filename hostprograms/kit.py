@@ -59,6 +59,22 @@ def main(run: Callable[[Document], Document], failed: Callable[[Document], bool]
     return 1 if failed(document) else 0
 
 
+def loads(text: str | bytes) -> Any:
+    """JSON as the controller reads it: NaN, Infinity and numbers out of a float's range (`1e999`) are
+    ValueError, as for malformed JSON. Python's json reads them, but `main` could then print no document."""
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is no JSON value")
+
+    def number(text: str) -> float:
+        value = float(text)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError(f"{text[:40]} is out of a float's range")
+        return value
+
+    return json.loads(text, parse_constant=constant, parse_float=number)
+
+
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 

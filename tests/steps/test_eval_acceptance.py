@@ -304,6 +304,16 @@ def test_requests_are_greedy_carry_the_api_key_and_a_bad_answer_is_that_requests
     assert "sk-123" not in json.dumps(document)
 
 
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
+def test_a_number_json_has_not_in_an_answer_is_that_requests_error_and_the_document_still_prints(number: str) -> None:
+    """Python's JSON reads NaN, and 1e999 as inf; the kit prints its document with allow_nan=False, so one such
+    answer must not lose every request's record in a traceback."""
+    answer = '{"meta_info": {"completion_tokens": 8, "spec_verify_ct": ' + number + "}}"
+    document, _ = scripted_run({"/flush_cache": [(200, "Cache flushed.")], "/generate": [(200, answer)]})
+    json.dumps(document, allow_nan=False)
+    assert document["sets"]["s"][0]["error"].startswith("unexpected answer (")
+
+
 # ------------------------------------------------------------------------------- runs through the test host
 
 
