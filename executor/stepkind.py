@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
-import math
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, NoReturn, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -82,7 +80,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     except ValidationError as exc:
         raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
     try:  # pydantic reads NaN and Infinity, and 1e999 as inf; the kit never prints them (allow_nan=False)
-        json.loads(lines[-1], parse_constant=_no_constant, parse_float=_finite)
+        kit.loads(lines[-1])
     except ValueError as exc:
         raise FactsError(f"{wrong}: {exc}; stderr: {said}") from None
     return document
@@ -150,25 +148,11 @@ class ProgressLines:
             if not line.startswith(PROGRESS_PREFIX):
                 continue
             try:
-                fields = json.loads(line[len(PROGRESS_PREFIX) :], parse_constant=_no_constant)
+                fields = kit.loads(line[len(PROGRESS_PREFIX) :])  # NaN, Infinity or 1e999: malformed, skipped
             except ValueError:
                 continue
             if isinstance(fields, dict):
                 self.on_fields(fields)
-
-
-def _no_constant(name: str) -> NoReturn:
-    """`NaN`, `Infinity`, `-Infinity`: Python's JSON reads them, but they are no JSON, and a progress event
-    holding one would make a `--json` line that an agent's parser refuses. Such a line is malformed."""
-    raise ValueError(f"{name} is no JSON value")
-
-
-def _finite(text: str) -> float:
-    """A JSON number as a float; one too large for a float (`1e999`, read as inf) is no value a fact may hold."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:40]} is out of a float's range")
-    return value
 
 
 def progress_messages(ctx: ProgressSink) -> ProgressLines:

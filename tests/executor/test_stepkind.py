@@ -85,7 +85,7 @@ def test_a_progress_line_with_a_number_json_has_not_is_skipped() -> None:
     line of the progress event one that a strict JSON parser refuses."""
     seen: list[dict[str, Any]] = []
     reader = ProgressLines(seen.append)
-    for value in (b"NaN", b"Infinity", b"-Infinity", b"[1, NaN]", b"1.5"):
+    for value in (b"NaN", b"Infinity", b"-Infinity", b"[1, NaN]", b"1e999", b"-1e400", b"1.5"):
         reader.feed("stderr", PROGRESS_PREFIX + b'{"rate": ' + value + b"}\n")
     assert seen == [{"rate": 1.5}]
 
