@@ -143,13 +143,35 @@ def read_manifest(config: dict[str, Any], token: str | None, token_source: str |
     url: str | None = f"{base}/tree/{commit}?recursive=true"
     while url:
         page, headers = api_json(url, token, token_source)
-        for entry in page:
-            if entry.get("type") == "file" and selected(entry["path"], config["include"], config["exclude"]):
-                files.append({"path": entry["path"], "size": int(entry["size"])})
+        for entry in page if isinstance(page, list) else [page]:
+            if file_entry(entry, f"{repo}@{revision}") and selected(
+                entry["path"], config["include"], config["exclude"]
+            ):
+                files.append({"path": entry["path"], "size": entry["size"]})
         link = re.search(r'<([^>]+)>;\s*rel="next"', headers.get("Link") or "")
         url = link.group(1) if link else None
     files.sort(key=lambda f: f["path"])
     return {"commit": commit, "gated": info.get("gated") or False, "manifest": files}
+
+
+def file_entry(entry: Any, where: str) -> bool:
+    """Whether an entry of the Hub's file list is a file; HubError for one this program must not act on.
+
+    The HTTP method writes `local_dir / path`: a path that is absolute or leaves the folder (`..`), from a
+    broken or hostile Hub or mirror, would write elsewhere on the host; a size that is no count of bytes
+    would end the program in a traceback instead of the Hub's error.
+    """
+    if not isinstance(entry, dict):
+        raise HubError(f"the Hub's file list of {where}: {entry!r:.80} is not a file entry")
+    if entry.get("type") != "file":
+        return False
+    path, size = entry.get("path"), entry.get("size")
+    parts = path.replace("\\", "/").split("/") if isinstance(path, str) else [""]
+    if any(part in ("", ".", "..") or "\0" in part for part in parts):
+        raise HubError(f"the Hub's file list of {where}: {path!r:.80} is not a path inside the repo")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise HubError(f"the Hub's file list of {where}: {path!r:.80} has no size in bytes")
+    return True
 
 
 def check_access(repo: str, commit: str, path: str, token: str | None, token_source: str | None) -> None:

@@ -3,6 +3,7 @@ manifest, and the HTTP method resuming a file cut short (against the local Hub).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from huggingface_hub.utils import filter_repo_objects
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hostprograms import download
 from hostprograms.download import compare, fetch, selected
 from sandbox.hub import HubServer
 from sandbox.repos import TARGET_ID
@@ -83,3 +85,28 @@ def test_http_fetch_continues_a_file_cut_short_and_replaces_one_too_long(
     assert {f["path"]: f["resumed_from"] for f in report["fetched"]}[SHARD] == 1000
     assert [r.range for r in hub.requests.entries(TARGET_ID, SHARD, kind="cdn")] == ["bytes=1000-"]
     assert tree(target) == repo.contents
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"type": "file", "path": "../outside", "size": 4}, "'../outside' is not a path inside the repo"),
+        ({"type": "file", "path": "/etc/cron.d/x", "size": 4}, "'/etc/cron.d/x' is not a path inside the repo"),
+        ({"type": "file", "path": "a/./../../b", "size": 4}, "'a/./../../b' is not a path inside the repo"),
+        ({"type": "file", "path": "a//b", "size": 4}, "'a//b' is not a path inside the repo"),
+        ({"type": "file", "path": 7, "size": 4}, "7 is not a path inside the repo"),
+        ({"type": "file", "path": "a", "size": "big"}, "'a' has no size in bytes"),
+        ({"type": "file", "path": "a", "size": 1e999}, "'a' has no size in bytes"),
+        ({"type": "file", "path": "a", "size": -1}, "'a' has no size in bytes"),
+        ("not an entry", "'not an entry' is not a file entry"),
+    ],
+)
+def test_a_tree_entry_outside_the_repo_or_without_a_size_is_the_hubs_error(
+    entry: object, problem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HTTP method writes `local_dir / path`: a Hub (or mirror) listing `../x` or `/etc/x` must not make it
+    write outside local_dir, and an entry of another shape must not end the program in a traceback."""
+    answers = iter([({"sha": "a" * 40}, {}), ([{"type": "file", "path": "ok", "size": 1}, entry], {})])
+    monkeypatch.setattr(download, "api_json", lambda *_: next(answers))
+    with pytest.raises(download.HubError, match=re.escape(f"the Hub's file list of r@main: {problem}")):
+        download.read_manifest({"repo": "r", "revision": "main", "include": [], "exclude": []}, None, None)
