@@ -160,10 +160,11 @@ def _tensor_span(name: str, info: Any) -> tuple[int, int] | str:
         return f"tensor {name!r}: dtype {dtype!r} is not a string"
     bits = DTYPE_BITS.get(dtype)
     nbytes = offsets[1] - offsets[0]
-    if bits is not None and math.prod(shape) * bits != nbytes * 8:
-        return (
-            f"tensor {name!r}: {dtype}{shape} needs {math.prod(shape) * bits / 8:g} bytes, data_offsets give {nbytes}"
-        )
+    need = math.prod(shape) * bits if bits is not None else nbytes * 8
+    if need != nbytes * 8:
+        # a corrupt shape can multiply past a float's range (1e400 bytes): then its size in bits, as an int
+        shown = f"{need / 8:g} bytes" if need.bit_length() < 1000 else f"2**{need.bit_length() - 1} bits or more"
+        return f"tensor {name!r}: {dtype}{shape} needs {shown}, data_offsets give {nbytes}"
     return offsets[0], offsets[1]
 
 

@@ -227,3 +227,11 @@ def test_hashing_runs_on_several_workers(tmp_path: Path) -> None:
     report = check(tmp_path, repo, workers=3)
     assert report["workers"] == 3 and report["workers_used"] >= 2
     assert report["sha_mismatch"] == [] and report["hashed"] == len(repo.files)
+
+
+def test_a_shape_too_large_for_a_float_is_a_problem_not_a_traceback() -> None:
+    """A corrupt header's shape can multiply past a float's range: the message must still be written."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [10**200, 10**200], "data_offsets": [0, 0]}}).encode()
+    data = struct.pack("<Q", len(header)) + header
+    problem = safetensors_problem(io.BytesIO(data), len(data))
+    assert problem is not None and problem.startswith("tensor 'w': F32[") and problem.endswith("data_offsets give 0")
