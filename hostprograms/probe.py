@@ -396,8 +396,13 @@ def _resolve_python(python: str) -> tuple[str | None, str | None]:
     return found, None
 
 
-def _sub_probe(python: str, role: str, config: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, str]:
-    """Run this program with another interpreter in another role; (its document, or None and why)."""
+def _sub_probe(
+    python: str, role: str, config: dict[str, Any], timeout: float, keys: set[str]
+) -> tuple[dict[str, Any] | None, str]:
+    """Run this program with another interpreter in another role; (its document, or None and why).
+
+    The document must be an object of exactly `keys`: `python` may name anything executable, and JSON of
+    another shape (its config printed back) must be a reason, not a KeyError that loses the host's facts."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=os.path.dirname(sys.argv[0])) as file:
         json.dump({**config, "role": role}, file)
         file.flush()
@@ -405,9 +410,12 @@ def _sub_probe(python: str, role: str, config: dict[str, Any], timeout: float) -
     if code != 0:
         return None, f"{python} --{role} failed (exit {code}): {kit.tail(err) or kit.tail(out) or '(no output)'}"
     try:  # the kit's result document: the last line
-        return json.loads((out.strip().splitlines() or [""])[-1]), ""
-    except ValueError:
-        return None, f"{python} --{role} printed no JSON document: {kit.tail(out) or '(nothing)'}"
+        document = kit.loads((out.strip().splitlines() or [""])[-1])
+    except (ValueError, RecursionError):
+        document = None
+    if not isinstance(document, dict) or set(document) != keys:
+        return None, f"{python} --{role} printed no JSON document of its facts: {kit.tail(out) or '(nothing)'}"
+    return document, ""
 
 
 SGLANG_KEYS = (
@@ -440,7 +448,9 @@ def python_facts(config: dict[str, Any]) -> dict[str, Any]:
     }
     found, problem = _resolve_python(python)
     if found is not None:
-        document, problem = _sub_probe(found, "interpreter", {"packages": packages}, float(config["python_timeout"]))
+        document, problem = _sub_probe(
+            found, "interpreter", {"packages": packages}, float(config["python_timeout"]), INTERPRETER_KEYS
+        )
         if document is not None:
             sglang = document.pop("sglang")
             facts.update(document, requested=python, unknown_reason=None)
@@ -457,7 +467,9 @@ def hub_facts(config: dict[str, Any], python: dict[str, Any]) -> dict[str, Any]:
         return {}
     if python["executable"] is None:
         return {r: _hub_unknown(r, f"no Python to ask the Hub with: {python['unknown_reason']}") for r in repos}
-    document, problem = _sub_probe(python["executable"], "hub", {"hub_repos": repos}, float(config["hub_timeout"]))
+    document, problem = _sub_probe(
+        python["executable"], "hub", {"hub_repos": repos}, float(config["hub_timeout"]), set(repos)
+    )
     if document is None:
         return {r: _hub_unknown(r, problem) for r in repos}
     return document
@@ -602,6 +614,9 @@ def _read_kimi(package: str, facts: dict[str, Any]) -> None:
         return
     facts.update(kimi_k25_model=False, kimi_k25_classes=[])
     facts["sources"]["kimi_k25_model"] = models
+
+
+INTERPRETER_KEYS = {"executable", "version", "packages", "unknown_reason", "sglang"}  # what interpreter_facts returns
 
 
 def interpreter_facts(config: dict[str, Any]) -> dict[str, Any]:

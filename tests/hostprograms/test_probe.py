@@ -199,3 +199,23 @@ def test_an_older_sglang_layout_names_its_sources_and_says_what_it_cannot_tell(t
     (srt / "models" / "kimi_vl.py").unlink()
     facts = interpreter_role(tmp_path)
     assert facts["kimi_k25_model"] is False and facts["sources"]["kimi_k25_model"] == str(srt / "models")
+
+
+@pytest.mark.parametrize("role", ["interpreter", "hub"])
+def test_a_python_printing_json_of_another_shape_is_its_reason_not_a_traceback(
+    role: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python:` may name anything executable; one printing its config back (valid JSON, exit 0) must be
+    the probe's reason for the python or the Hub, not a KeyError that loses every fact of the host."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\ncat "$2"; echo\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "probe.pyz")])
+    config = {"python": str(fake), "packages": ["sglang"], "python_timeout": 10, "hub_timeout": 10}
+    if role == "interpreter":
+        reason = probe_host.python_facts(config)["python"]["unknown_reason"]
+    else:
+        reason = probe_host.hub_facts({**config, "hub_repos": ["o/r"]}, {"executable": str(fake)})["o/r"][
+            "unknown_reason"
+        ]
+    assert reason.startswith(f"{fake} --{role} printed no JSON document of its facts: ")
