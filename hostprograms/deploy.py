@@ -240,12 +240,28 @@ def state_path(state_dir: str, port: int) -> str:
 
 
 def read_state(state_dir: str, port: int) -> dict[str, Any] | None:
+    """The state `write_state` left for `port`, or None: a file of another shape is no server of ours.
+
+    The stop signals the group `pgid` names: write_state always records the pid, which leads its own
+    session, so a file naming another group (0 is the program's own, 1 init's) is not trusted.
+    """
     try:
         with open(state_path(state_dir, port)) as handle:
             state = json.load(handle)
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) and isinstance(state.get("pid"), int) else None
+    if not isinstance(state, dict):
+        return None
+    pid, starttime = state.get("pid"), state.get("starttime")
+    ours = (
+        type(pid) is int
+        and pid > 1
+        and type(state.get("pgid")) is int
+        and state["pgid"] == pid
+        and (starttime is None or type(starttime) is int)
+        and isinstance(state.get("log_file"), str)
+    )
+    return state if ours else None
 
 
 def write_state(state_dir: str, port: int, state: dict[str, Any]) -> None:

@@ -635,3 +635,24 @@ def test_the_ready_timeout_may_come_from_a_runbook_var() -> None:
 def test_a_bind_address_the_host_does_not_have_is_a_clear_failure() -> None:
     with pytest.raises(deploy_host.BindError, match=r"cannot listen on 192\.0\.2\.5:\d+ on this host: "):
         deploy_host.port_free("192.0.2.5", 30000)  # TEST-NET-1: never this machine's
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"pgid": 0},  # os.killpg(0, ...) would signal the deploy program's own group: the step's shell
+        {"pgid": 1},
+        {"pgid": "7"},
+        {"pgid": None},
+        {"starttime": "soon"},
+        {"log_file": 3},
+    ],
+)
+def test_a_state_file_the_program_did_not_write_is_no_server_of_ours(change: dict[str, Any], tmp_path: Path) -> None:
+    """deploy writes `pgid` = `pid` (the server leads its own session): a file saying otherwise, or missing
+    a field the stop and the readiness wait read, is not trusted (no signal to a group it names)."""
+    state = {"pid": 4242, "pgid": 4242, "starttime": 99, "log_file": "/x.log", "port": 30000}
+    (tmp_path / "30000.json").write_text(json.dumps(state))
+    assert deploy_host.read_state(str(tmp_path), 30000) == state
+    (tmp_path / "30000.json").write_text(json.dumps(state | change))
+    assert deploy_host.read_state(str(tmp_path), 30000) is None
