@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Callable, Dict, Mapping, TypeVar
@@ -189,6 +190,10 @@ def request(
     """
     sent = urllib.request.Request(url, data=data, method=method, headers={"User-Agent": USER_AGENT, **(headers or {})})
     if token:
+        if not token.isascii():  # http.client would raise UnicodeEncodeError (a ValueError) mid-request
+            raise urllib.error.URLError(
+                "the Hub token holds a character other than ASCII, which no HTTP header carries"
+            )
         sent.add_header("Authorization", f"Bearer {token}")
     handler = _SameHostAuth() if follow_redirects else _NoRedirect()
     return urllib.request.build_opener(handler).open(sent, timeout=timeout)

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,11 @@ def test_an_interpreter_older_than_declared_fails_in_one_line_the_kind_reports(t
     with pytest.raises(FactsError, match=r"^the config check cannot run on the host's interpreter: runbook: .*3\.7"):
         host_document(collect.result(kit.TOO_OLD), InspectConfigFacts, "the config check")
     assert minimum_python("inspect_config") == (3, 7)
+
+
+def test_a_token_no_http_header_can_carry_is_a_clear_url_error_without_the_token() -> None:
+    """A token pasted with a typographic quote: http.client raised UnicodeEncodeError, which download's API
+    call took for "not JSON" and its fetch did not catch at all (a traceback)."""
+    with pytest.raises(urllib.error.URLError, match="holds a character other than ASCII") as caught:
+        kit.request("http://127.0.0.1:9/", token="hf_abc\u2019defgh")
+    assert "hf_abc" not in str(caught.value)
