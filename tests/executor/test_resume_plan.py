@@ -33,7 +33,7 @@ SOURCE = "20260101-000000-abcdef"
 #: s1 and s2 run on both hosts, s2's gate reads s1's facts, s3 and s4 run on `a` only
 BOOK = """\
     name: plans
-    hosts: {a: {address: local}, b: {address: 10.0.0.2}}
+    hosts: {a: {address: local}, b: {address: gpu-box.example}}
     vars: {color: red, size: 1}
     steps:
       - {id: s1, kind: shell, script: 'echo $color', hosts: all}
@@ -164,7 +164,7 @@ def test_a_step_changed_on_one_host_only_runs_again_there(book: Runbook, tmp_pat
     """Host b moved: s1 passed on both hosts, and runs again on b alone, saying what changed there."""
     source = Source(book, fingerprints(book)).all()
     moved = tmp_path / "book.yaml"
-    moved.write_text(textwrap.dedent(BOOK).replace("10.0.0.2", "10.0.0.3"))
+    moved.write_text(textwrap.dedent(BOOK).replace("gpu-box.example", "other-box.example"))
     now = load_runbook(moved)
     plan = plan_steps(now, fingerprints(now), source.records, SOURCE)
     assert planned(plan)["s1"] == (
