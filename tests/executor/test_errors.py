@@ -92,7 +92,7 @@ def test_the_engine_s_signals_live_in_errors_and_stay_where_the_api_exposes_them
 
 # ---- transport_error: the one mapping of asyncssh and OS errors --------------------------------------
 
-WHAT = "cannot connect to box (gpu-box.example)"
+WHAT = "cannot connect to box (127.0.0.1)"
 MAPPED: list[tuple[BaseException, str]] = [
     (asyncssh.DisconnectError(asyncssh.DISC_BY_APPLICATION, "bye"), f"{WHAT}: bye"),
     (asyncssh.ProtocolError("Invalid packet"), f"{WHAT}: Invalid packet"),
@@ -126,15 +126,15 @@ def test_asyncssh_and_os_errors_become_transport_errors(exc: BaseException, mess
 @pytest.mark.parametrize(
     "exc",
     [
-        asyncssh.HostKeyNotVerifiable("Host key is not trusted for host gpu-box.example"),
+        asyncssh.HostKeyNotVerifiable("Host key is not trusted for host 127.0.0.1"),
         # what a peer's disconnect with code 9 (or a wrapper's) carries: a host key failure too
-        asyncssh.DisconnectError(asyncssh.DISC_HOST_KEY_NOT_VERIFIABLE, "Host key is not trusted for host gpu-box.example"),
+        asyncssh.DisconnectError(asyncssh.DISC_HOST_KEY_NOT_VERIFIABLE, "Host key is not trusted for host 127.0.0.1"),
     ],
 )
 def test_a_host_key_failure_is_a_host_key_error_with_the_hint(exc: BaseException) -> None:
-    hint = "to trust it, ... ssh-keyscan gpu-box.example >> ~/.ssh/known_hosts"
-    mapped = transport_error(exc, WHAT, untrusted_key=("host key of box (gpu-box.example) not trusted", hint))
+    hint = "to trust it, ... ssh-keyscan 127.0.0.1 >> ~/.ssh/known_hosts"
+    mapped = transport_error(exc, WHAT, untrusted_key=("host key of box (127.0.0.1) not trusted", hint))
     assert isinstance(mapped, HostKeyError)  # never retried
-    assert str(mapped) == f"host key of box (gpu-box.example) not trusted: Host key is not trusted for host gpu-box.example; {hint}"
+    assert str(mapped) == f"host key of box (127.0.0.1) not trusted: Host key is not trusted for host 127.0.0.1; {hint}"
     plain = transport_error(exc, WHAT)
-    assert isinstance(plain, HostKeyError) and str(plain) == f"{WHAT}: Host key is not trusted for host gpu-box.example"
+    assert isinstance(plain, HostKeyError) and str(plain) == f"{WHAT}: Host key is not trusted for host 127.0.0.1"
