@@ -13,7 +13,8 @@ The `__main__.py` checks the interpreter against the program's MIN_PYTHON before
 in syntax any Python parses, so an old interpreter fails in one plain line with kit.TOO_OLD, which
 `executor.stepkind.host_document` turns into a clear message.
 
-The programs are read as files, never imported: the controller does not run them.
+The programs are read as files, never imported: the controller does not run them (only the kit is
+imported, for its constants).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.render import heredoc, host_word
+from hostprograms import kit
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hostprograms"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
@@ -63,9 +65,7 @@ def minimum_python(name: str) -> tuple[int, int]:
 def bundle(name: str) -> bytes:
     """The zip of program `name`: the package's `__init__`, the kit, the program, a `__main__`."""
     low = minimum_python(name)
-    main = _MAIN.format(
-        min_python=low, min_text=".".join(map(str, low)), name=name, too_old=int(_constant("kit", "TOO_OLD"))
-    )
+    main = _MAIN.format(min_python=low, min_text=".".join(map(str, low)), name=name, too_old=kit.TOO_OLD)
     members = {
         "__main__.py": main.encode(),
         **{f"hostprograms/{f}.py": (PACKAGE / f"{f}.py").read_bytes() for f in ("__init__", "kit", name)},

@@ -75,15 +75,14 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     if not lines:
         raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
     wrong = f"{program} printed a document of an unexpected shape"
-    try:
-        document = model.model_validate_json(lines[-1])
-    except ValidationError as exc:
-        raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
-    try:  # pydantic reads NaN and Infinity, and 1e999 as inf; the kit never prints them (allow_nan=False)
-        kit.loads(lines[-1])
+    try:  # read once, strictly: NaN, Infinity and 1e999 (which pydantic's JSON reader takes) are refused
+        data = kit.loads(lines[-1])
     except ValueError as exc:
         raise FactsError(f"{wrong}: {exc}; stderr: {said}") from None
-    return document
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
 
 
 #: Characters of a line of stderr that a message quotes: a line of a host's can be megabytes.
