@@ -76,8 +76,11 @@ members() {
   for f in /proc/[0-9]*/stat; do member "$f"; done
   while { read -r _ _ _ _ newest < /proc/loadavg; } 2> /dev/null && [ "$newest" -gt "$seen" ] \
     && [ $((rounds += 1)) -le 64 ]; do
-    [ $((newest - seen)) -le 4096 ] || seen=$((newest - 4096))
-    for ((n = seen + 1; n <= newest; n++)); do member "/proc/$n/stat"; done
+    if [ $((newest - seen)) -le 4096 ]; then
+      for ((n = seen + 1; n <= newest; n++)); do member "/proc/$n/stat"; done
+    else  # too many to read one by one: the whole listing again (no range is ever skipped)
+      for f in /proc/[0-9]*/stat; do member "$f"; done
+    fi
     seen=$newest
   done
 }
