@@ -16,7 +16,7 @@ to transport errors (`transport_error`).
           └── HostKeyError       unknown or changed host key: never retried                             1
 
 `exit_code` is a class attribute: the status `runbook` exits with when the error reaches the CLI, which maps
-every RunbookError by it in one place (executor/cli.py, `_failed`); README, "Commands", lists them. Besides
+every RunbookError by it in one place (executor/cli.py, `failed`); README, "Commands", lists them. Besides
 those, the CLI exits 0 (success), 1 (a step failed: a failed step is not an exception, the engine records it),
 130 (interrupted) and 141 (stdout's reader went away).
 

@@ -7,7 +7,7 @@ controller parses into the kind's pydantic facts (`executor.stepkind.host_docume
 run (a var unset, an interpreter too old) says why in one line on stderr, with no document.
 
 This module is bundled into every program's zip, so it must run on the oldest interpreter any program
-declares (MIN_PYTHON; `python3 -m hostprograms.check_versions` holds each module to its declaration).
+declares (MIN_PYTHON; tests/hostprograms/test_versions.py holds each module to its declaration with vermin).
 """
 
 from __future__ import annotations
