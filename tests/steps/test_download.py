@@ -352,9 +352,15 @@ def test_the_token_is_found_where_huggingface_hub_finds_it(
     """The legacy HUGGING_FACE_HUB_TOKEN, and a token file at an HF_TOKEN_PATH holding `$HOME`, reach the HTTP
     method as they reach the Hub client and the probe (before, the download's own lookup knew neither)."""
     hub.faults.gate(DRAFTER_ID)
-    legacy = download(token=True, token_name="HUGGING_FACE_HUB_TOKEN", repo=DRAFTER_ID, local_dir=str(tmp_path / "a"))
+    legacy = download(
+        token=True,
+        token_name="HUGGING_FACE_HUB_TOKEN",
+        repo=DRAFTER_ID,
+        local_dir=str(tmp_path / "a"),
+        methods=["http"],
+    )
     assert legacy.code == 0, legacy.failure
-    assert legacy.facts["token_source"] == "env HUGGING_FACE_HUB_TOKEN"
+    assert legacy.facts["token_source"] == "env HUGGING_FACE_HUB_TOKEN" and legacy.facts["method"] == "http"
     token_file = testhost("h200").home / ".runbook-test-hf-token"
     token_file.write_text(hub.token + "\n")
     try:
