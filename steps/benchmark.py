@@ -1,13 +1,27 @@
-"""`benchmark`: SGLang's serving benchmark against a deployed server, one command per concurrency,
-and, given a baseline benchmark step, the comparison report of the run.
+"""`benchmark`: SGLang's serving benchmark against a deployed server, `repeats` clean runs per
+concurrency, and, given a baseline benchmark step, the comparison report of the run.
 
-Each concurrency is its own audited command on the host, with the step's timeout:
-`$python -m sglang.bench_serving --backend sglang --base-url <deploy's base_url> --dataset-name random-ids
-...` (random-ids: token ids drawn locally, nothing to download on a host without network), writing to
-a fresh temporary JSONL file that the script prints after a marker line and removes. The line it
-appended becomes a typed `BenchRun` (steps/benchmark_results.py). bench_serving writes its line even when
-requests failed, so a run that completed fewer requests than it sent fails the step, naming the
-concurrency, rather than reporting a throughput of the requests that happened to succeed.
+Each run (each concurrency, each repeat) is its own audited command on the host, with the step's
+timeout: `$python -m sglang.bench_serving --backend sglang --base-url <deploy's base_url> --dataset-name
+random-ids ... --seed S --flush-cache` (random-ids: token ids drawn locally, nothing to download on a host
+without network), writing to a fresh temporary JSONL file that the script prints after a marker line and
+removes. The line it appended becomes a typed `BenchRun` (steps/benchmark_results.py), with its repeat,
+seed, command and times. bench_serving writes its line even when requests failed, so a run that completed
+fewer requests than it sent fails the step, naming the concurrency and repeat, rather than reporting a
+throughput of the requests that happened to succeed.
+
+Every run is clean, so that a real server's radix cache and running averages flatter nothing:
+- its own seed: `seed` + the run's number (0, 1, 2, ... over concurrency x repeat, in order). random-ids
+  draws the same prompts for the same seed, so no two runs on one server share prompts (the cache would
+  serve their prefixes), while a baseline and a candidate with the same concurrencies and repeats send
+  the same prompts at each (concurrency, repeat);
+- `--flush-cache` after bench_serving's warmup (which re-sends the run's first prompt and is not counted):
+  the measured requests find an empty prefix cache, and the server's acceptance average restarts, so the
+  run's `accept_length` (`/server_info`'s `avg_spec_accept_length`, read after the run) is that run's
+  own, never a running average over the eval's requests or earlier runs. A refused flush (400) fails
+  the run.
+The repeats of a concurrency become a `BenchPoint`: the median, min-max and relative MAD of each metric,
+`noisy` where the output throughput's relative MAD exceeds `spread_threshold`; speedups are of medians.
 
 With `compare_to: <baseline benchmark step>` (and optionally `acceptance: <eval_acceptance step>`)
 the step writes report.json, report.md and speedup.png into the run folder
@@ -20,6 +34,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from datetime import datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -29,7 +44,7 @@ from executor.render import host_word
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepSpec
 from executor.transport.base import CommandResult
 from steps.benchmark_report import AcceptanceSet, ReportFiles, Side, Speedup, speedup, write_report
-from steps.benchmark_results import JSONL_MARKER, BenchRun, jsonl_lines, parse_run
+from steps.benchmark_results import JSONL_MARKER, BenchPoint, BenchRun, RunInfo, jsonl_lines, parse_run, points
 
 Positive = Annotated[int, Field(gt=0)]
 
@@ -41,7 +56,10 @@ class BenchmarkFacts(BaseModel):
     input_len: int
     output_len: int
     concurrencies: list[int]  # as asked, in order
-    runs: list[BenchRun]  # those that completed, in order
+    repeats: int  # runs asked per concurrency
+    spread_threshold: float  # relative MAD of output throughput above which a point is noisy
+    runs: list[BenchRun]  # those that completed, in order (every repeat)
+    points: list[BenchPoint]  # one per concurrency that completed a run, in order
     failure: str | None  # why the benchmark did not complete, one line; None when every run did
     compare_to: str | None  # the baseline benchmark step
     speedup: Speedup | None  # None without compare_to (or when the benchmark failed)
@@ -62,6 +80,9 @@ class BenchmarkStep(StepSpec):
     output_len: Positive = 512
     num_prompts: Positive | None = None  # per concurrency; default 4 x concurrency, at least 8
     warmup_requests: Annotated[int, Field(ge=0)] = 1
+    repeats: Positive = 3  # clean runs per concurrency
+    seed: Annotated[int, Field(ge=0)] = 1  # the first run's --seed; each later run's is one more
+    spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # relative MAD of output throughput: noisy above
     extra_args: list[str] = []  # passed to bench_serving as they are (e.g. ["--tokenizer", "/models/x"])
     compare_to: str | None = None  # id of the baseline benchmark step
     acceptance: str | None = None  # id of an eval_acceptance step, for the report's acceptance table
@@ -79,6 +100,9 @@ class BenchmarkStep(StepSpec):
             raise ValueError("compare_to names this step itself; name the baseline benchmark step")
         if self.acceptance and not self.compare_to:
             raise ValueError("acceptance goes into the comparison report: it needs compare_to (the baseline)")
+        last = self.seed + len(self.concurrencies) * self.repeats - 1
+        if last >= 2**32:
+            raise ValueError(f"the last run's seed would be {last}: bench_serving's seeds (numpy's) are below 2**32")
         return self
 
     @property
@@ -88,6 +112,15 @@ class BenchmarkStep(StepSpec):
     def prompts_at(self, concurrency: int) -> int:
         return self.num_prompts or max(8, 4 * concurrency)
 
+    def schedule(self) -> list[tuple[int, int, int]]:
+        """(concurrency, repeat, seed) of each run, in the order they run."""
+        order = [(c, r) for c in self.concurrencies for r in range(1, self.repeats + 1)]
+        return [(c, r, self.seed + number) for number, (c, r) in enumerate(order)]
+
+    def run_name(self, concurrency: int, repeat: int) -> str:
+        """How messages and progress name a run: "concurrency 4, repeat 2/3" (the repeat only when several)."""
+        return f"concurrency {concurrency}" + (f", repeat {repeat}/{self.repeats}" if self.repeats > 1 else "")
+
     def needs(self) -> set[str]:
         return super().needs() | {self.server} | {s for s in (self.compare_to, self.acceptance) if s}
 
@@ -96,18 +129,24 @@ class BenchmarkStep(StepSpec):
 
     # ---- scripts ---------------------------------------------------------------------------------------
 
-    def script(self, base_url: str, concurrency: int) -> str:
+    def command(self, base_url: str, concurrency: int, seed: int) -> str:
+        """The bench_serving command line of one run (the script's, as rendered)."""
         args: list[str | int] = ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids"]
         args += ["--random-input-len", self.input_len, "--random-output-len", self.output_len]
         args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
+        args += ["--seed", seed, "--flush-cache"]
         words = " ".join(shlex.quote(str(arg)) for arg in [*args, *self.extra_args])
+        return f'{host_word(self.python)} -m sglang.bench_serving {words} --output-file "$out"'
+
+    def script(self, base_url: str, concurrency: int, repeat: int, seed: int) -> str:
         return (
-            f"# bench_serving at concurrency {concurrency}: {self.prompts_at(concurrency)} prompts of "
-            f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download)\n"
+            f"# bench_serving at {self.run_name(concurrency, repeat)}: {self.prompts_at(concurrency)} prompts of "
+            f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download), "
+            f"seed {seed}, the cache flushed after the warmup\n"
             'out=$(mktemp "${TMPDIR:-/tmp}/runbook-bench.XXXXXXXX") || exit 1\n'
             "trap 'rm -f \"$out\"' EXIT\n"
-            f'{host_word(self.python)} -m sglang.bench_serving {words} --output-file "$out"\n'
+            f"{self.command(base_url, concurrency, seed)}\n"
             "rc=$?\n"
             f"echo {shlex.quote(JSONL_MARKER)}\n"
             'cat "$out"\n'
@@ -116,13 +155,13 @@ class BenchmarkStep(StepSpec):
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
         base_url = str(ctx.fact(self.server, "base_url"))
-        return [(f"concurrency {c}", self.script(base_url, c)) for c in self.concurrencies]
+        return [(self.run_name(c, r), self.script(base_url, c, r, seed)) for c, r, seed in self.schedule()]
 
     # ---- running ---------------------------------------------------------------------------------------
 
-    def read_run(self, result: CommandResult, concurrency: int) -> tuple[BenchRun | None, str | None]:
+    def read_run(self, result: CommandResult, info: RunInfo) -> tuple[BenchRun | None, str | None]:
         """The run of one command, or why it does not count."""
-        where = f"concurrency {concurrency}"
+        where = self.run_name(info.max_concurrency, info.repeat)
         lines = jsonl_lines(result.stdout_text)
         if result.exit_code != 0:
             said = error_line(result.stdout_text.partition(JSONL_MARKER)[0], result.stderr_text)
@@ -130,7 +169,7 @@ class BenchmarkStep(StepSpec):
         if not lines:
             return None, f"{where}: bench_serving exited 0 but wrote no JSONL line"
         try:
-            run = parse_run(lines[-1], concurrency, self.prompts_at(concurrency))
+            run = parse_run(lines[-1], info)
         except ValueError as exc:
             return None, f"{where}: {exc}"
         shortfall = run.shortfall
@@ -147,34 +186,38 @@ class BenchmarkStep(StepSpec):
             input_len=self.input_len,
             output_len=self.output_len,
             concurrencies=list(self.concurrencies),
+            repeats=self.repeats,
+            spread_threshold=self.spread_threshold,
             runs=[],
+            points=[],
             failure=None,
             compare_to=self.compare_to,
             speedup=None,
             report=None,
         )
         result: CommandResult | None = None
-        for number, concurrency in enumerate(self.concurrencies, start=1):
-            prompts = self.prompts_at(concurrency)
+        schedule = self.schedule()
+        for done, (concurrency, repeat, seed) in enumerate(schedule):
+            name, fields = self.run_name(concurrency, repeat), {"concurrency": concurrency, "repeat": repeat}
             ctx.progress(
-                f"concurrency {concurrency} ({number}/{len(self.concurrencies)}): {prompts} prompts",
-                concurrency=concurrency,
-                done=number - 1,
-                total=len(self.concurrencies),
+                f"{name} ({done + 1}/{len(schedule)}): {self.prompts_at(concurrency)} prompts, seed {seed}",
+                **fields,
+                seed=seed,
+                done=done,
+                total=len(schedule),
             )
-            result = await ctx.run(self.script(base_url, concurrency))
+            result = await ctx.run(self.script(base_url, concurrency, repeat, seed))
             if result.timed_out or result.interrupted:
                 return Outcome(result)
-            run, failure = self.read_run(result, concurrency)
+            run, failure = self.read_run(result, self.run_info(result, base_url, concurrency, repeat, seed))
+            if run is not None and not failure:
+                facts.runs.append(run)
+            facts.points = points(facts.runs, self.spread_threshold)
             if failure:
                 return Outcome(result, facts.model_copy(update={"failure": failure}))
             assert run is not None
-            facts.runs.append(run)
             ctx.progress(
-                f"concurrency {concurrency}: {run.output_throughput or 0:.1f} output tok/s",
-                concurrency=concurrency,
-                done=number,
-                total=len(self.concurrencies),
+                f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(schedule)
             )
         assert result is not None  # concurrencies has at least one entry
         if baseline is not None:
@@ -184,17 +227,33 @@ class BenchmarkStep(StepSpec):
                 input_len=self.input_len,
                 output_len=self.output_len,
                 runs=facts.runs,
+                points=facts.points,
             )
             _, files = write_report(ctx.run_dir, baseline, candidate, acceptance)
             facts = facts.model_copy(update={"speedup": speedup(baseline, candidate), "report": files})
             ctx.progress(f"report written: {files.markdown_file}")
         return Outcome(result, facts)
 
+    def run_info(self, result: CommandResult, base_url: str, concurrency: int, repeat: int, seed: int) -> RunInfo:
+        """What the run was asked, and when the controller saw its command start and end."""
+        started = datetime.fromisoformat(result.started_at)
+        finished = (started + timedelta(seconds=result.duration_s)).isoformat(timespec="milliseconds")
+        return RunInfo(
+            max_concurrency=concurrency,
+            num_prompts=self.prompts_at(concurrency),
+            repeat=repeat,
+            seed=seed,
+            started_at=result.started_at,
+            finished_at=finished,
+            command=self.command(base_url, concurrency, seed),
+        )
+
     def _baseline(self, ctx: StepContext) -> Side | None:
         if self.compare_to is None:
             return None
         step = self.compare_to
-        facts = {key: _fact(ctx, step, key, "compare_to") for key in ("label", "input_len", "output_len", "runs")}
+        keys = ("label", "input_len", "output_len", "runs", "points")
+        facts = {key: _fact(ctx, step, key, "compare_to") for key in keys}
         if _fact(ctx, step, "failure", "compare_to") is not None:
             raise FactsError(f"compare_to: the baseline benchmark {step!r} did not complete")
         try:

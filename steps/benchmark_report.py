@@ -10,9 +10,11 @@ tested offline, and the same facts always give the same files:
 - `report.md`: the same tables in Markdown;
 - `speedup.png`: output throughput and speedup against concurrency (matplotlib, no pyplot state).
 
-The speedup at a concurrency is the candidate's output throughput over the baseline's. It is null
-where it cannot be computed (a throughput unknown or zero at one side), with the reason, and so is
-`min` when any is: a gate `facts.speedup.min >= 1.0` then fails instead of passing on fewer points.
+The speedup at a concurrency is the candidate's median output throughput over the baseline's (the
+medians over each side's repeats). It is null where it cannot be computed (a throughput unknown or
+zero at one side), with the reason, and so is `min` when any is: a gate `facts.speedup.min >= 1.0`
+then fails instead of passing on fewer points. The tables show medians, with the throughput's
+min-max and relative MAD, and mark a noisy point.
 """
 
 from __future__ import annotations
@@ -20,27 +22,28 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict
 
 from executor import durable
-from steps.benchmark_results import BenchRun
+from steps.benchmark_results import BenchPoint, BenchRun, Spread
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
 NA = "n/a"
 
 
 class Side(BaseModel):
-    """One benchmark of the comparison: the step's id, its label and its runs."""
+    """One benchmark of the comparison: the step's id, its label, its runs and its points (one per concurrency)."""
 
     step: str
     label: str
     input_len: int
     output_len: int
     runs: list[BenchRun]
+    points: list[BenchPoint]
 
 
 class AcceptanceSet(BaseModel):
@@ -58,7 +61,8 @@ class AcceptanceSet(BaseModel):
 
 
 class Speedup(BaseModel):
-    """Candidate output throughput / baseline output throughput, per concurrency (keys: "1", "4", ...)."""
+    """Candidate median output throughput / baseline median output throughput, per concurrency (keys: "1",
+    "4", ...): the medians over each side's repeats."""
 
     metric: str = "output_throughput"
     by_concurrency: dict[str, float | None]
@@ -103,12 +107,16 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _by_concurrency(side: Side) -> dict[int, BenchRun]:
-    return {run.max_concurrency: run for run in side.runs}
+def _by_concurrency(side: Side) -> dict[int, BenchPoint]:
+    return {point.max_concurrency: point for point in side.points}
 
 
 def common_concurrencies(baseline: Side, candidate: Side) -> list[int]:
     return sorted(set(_by_concurrency(baseline)) & set(_by_concurrency(candidate)))
+
+
+def median(spread: Spread | None) -> float | None:
+    return None if spread is None else spread.median
 
 
 def speedup(baseline: Side, candidate: Side) -> Speedup:
@@ -116,11 +124,12 @@ def speedup(baseline: Side, candidate: Side) -> Speedup:
     values: dict[str, float | None] = {}
     unknown: dict[str, str] = {}
     for c in common_concurrencies(baseline, candidate):
-        values[str(c)] = ratio(cand[c].output_throughput, base[c].output_throughput)
+        cand_tps, base_tps = median(cand[c].output_throughput), median(base[c].output_throughput)
+        values[str(c)] = ratio(cand_tps, base_tps)
         if values[str(c)] is None:
             unknown[str(c)] = (
-                f"output throughput at concurrency {c}: {candidate.label} {cand[c].output_throughput}, "
-                f"{baseline.label} {base[c].output_throughput}"
+                f"median output throughput at concurrency {c}: {candidate.label} {cand_tps}, "
+                f"{baseline.label} {base_tps}"
             )
     known = [v for v in values.values() if v is not None]
     if not values:
@@ -144,6 +153,19 @@ def _fmt(digits: int, suffix: str = "") -> Callable[[float | None], str]:
 
 
 tok_s, ms, times, plain = _fmt(1), _fmt(1), _fmt(2, "x"), _fmt(2)
+NOISY = " (noisy)"  # after a median whose relative MAD is above the step's spread_threshold
+
+
+def range_of(spread: Spread | None) -> str:
+    return NA if spread is None else f"{tok_s(spread.min)}-{tok_s(spread.max)}"
+
+
+def rel_mad(spread: Spread | None) -> str:
+    return NA if spread is None or spread.rel_mad is None else f"{spread.rel_mad:.1%}"
+
+
+def throughput_cell(point: BenchPoint) -> str:
+    return tok_s(median(point.output_throughput)) + (NOISY if point.noisy else "")
 
 
 def acceptance_table(sets: dict[str, AcceptanceSet]) -> Table:
@@ -163,15 +185,20 @@ def acceptance_table(sets: dict[str, AcceptanceSet]) -> Table:
 def throughput_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
     b, c = baseline.label, candidate.label
-    columns = ["concurrency", f"{b} output tok/s", f"{c} output tok/s", "speedup", f"{b} req/s", f"{c} req/s"]
+    columns = ["concurrency", f"{b} output tok/s", f"{c} output tok/s", "speedup"]
+    columns += [f"{b} min-max", f"{b} rel MAD", f"{c} min-max", f"{c} rel MAD", f"{b} req/s", f"{c} req/s"]
     rows = [
         [
             str(k),
-            tok_s(base[k].output_throughput),
-            tok_s(cand[k].output_throughput),
+            throughput_cell(base[k]),
+            throughput_cell(cand[k]),
             times(gain.by_concurrency[str(k)]),
-            plain(base[k].request_throughput),
-            plain(cand[k].request_throughput),
+            range_of(base[k].output_throughput),
+            rel_mad(base[k].output_throughput),
+            range_of(cand[k].output_throughput),
+            rel_mad(cand[k].output_throughput),
+            plain(median(base[k].request_throughput)),
+            plain(median(cand[k].request_throughput)),
         ]
         for k in common_concurrencies(baseline, candidate)
     ]
@@ -180,15 +207,28 @@ def throughput_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
 
 def latency_table(baseline: Side, candidate: Side) -> Table:
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
-    columns = ["concurrency", "deployment", "TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99"]
-    columns += ["ITL mean", "ITL p99", "E2E mean", "E2E p99", "accept length"]
+    columns = ["concurrency", "deployment", "TTFT median", "TTFT p99", "TPOT median", "TPOT p99"]
+    columns += ["ITL median", "E2E median", "accept length"]
     rows = []
     for k in common_concurrencies(baseline, candidate):
-        for side, run in ((baseline, base[k]), (candidate, cand[k])):
-            latencies = [run.mean_ttft_ms, run.p99_ttft_ms, run.mean_tpot_ms, run.p99_tpot_ms]
-            latencies += [run.mean_itl_ms, run.p99_itl_ms, run.mean_e2e_latency_ms, run.p99_e2e_latency_ms]
-            rows.append([str(k), side.label, *map(ms, latencies), plain(run.accept_length)])
+        for side, point in ((baseline, base[k]), (candidate, cand[k])):
+            latencies = [point.median_ttft_ms, point.p99_ttft_ms, point.median_tpot_ms, point.p99_tpot_ms]
+            latencies += [point.median_itl_ms, point.median_e2e_latency_ms]
+            rows.append([str(k), side.label, *(ms(median(v)) for v in latencies), plain(median(point.accept_length))])
     return Table(title="Latency per concurrency (ms)", columns=columns, rows=rows)
+
+
+def spread_notes(baseline: Side, candidate: Side) -> list[str]:
+    """What the medians are of, and what "noisy" means."""
+    notes = []
+    for side in (baseline, candidate):
+        counts = " or ".join(str(n) for n in sorted({point.repeats for point in side.points})) or "0"
+        notes.append(f"{side.label}: each number is the median of {counts} clean run(s) per concurrency.")
+    notes.append(
+        f"rel MAD = median absolute deviation / median of the runs' output throughput;{NOISY} marks one above "
+        "the benchmark step's spread_threshold."
+    )
+    return notes
 
 
 def build_report(baseline: Side, candidate: Side, acceptance: dict[str, AcceptanceSet] | None = None) -> Report:
@@ -197,7 +237,9 @@ def build_report(baseline: Side, candidate: Side, acceptance: dict[str, Acceptan
     notes = [
         f"{candidate.label} (step {candidate.step}) against {baseline.label} (step {baseline.step}), "
         f"random-ids prompts of {candidate.input_len} input and {candidate.output_len} output tokens.",
-        f"speedup = {candidate.label} output throughput / {baseline.label} output throughput at the same concurrency.",
+        f"speedup = {candidate.label} median output throughput / {baseline.label} median output throughput at the "
+        "same concurrency.",
+        *spread_notes(baseline, candidate),
     ]
     for side, other in ((baseline, candidate), (candidate, baseline)):
         only = sorted(set(_by_concurrency(side)) - set(_by_concurrency(other)))
@@ -236,26 +278,29 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _points(runs: Sequence[BenchRun], value: Callable[[BenchRun], float | None]) -> tuple[list[int], list[float]]:
-    pairs = sorted((run.max_concurrency, value(run)) for run in runs)
-    known = [(c, v) for c, v in pairs if v is not None]
-    return [c for c, _ in known], [v for _, v in known]
+def _throughputs(side: Side) -> tuple[list[int], list[float], list[list[float]]]:
+    """Concurrencies, median output throughputs and their distances to min and max (error bars)."""
+    known = sorted((p.max_concurrency, p.output_throughput) for p in side.points if p.output_throughput is not None)
+    bars = [[s.median - s.min for _, s in known], [s.max - s.median for _, s in known]]
+    return [c for c, _ in known], [s.median for _, s in known], bars
 
 
 def plot(baseline: Side, candidate: Side, gain: Speedup, path: Path | BinaryIO) -> None:
-    """speedup.png: throughput of both sides (left) and the speedup (right) against concurrency."""
+    """speedup.png: median throughput of both sides with min-max bars (left), the speedup of medians (right),
+    against concurrency."""
     from matplotlib.figure import Figure as MplFigure  # imported here: only writing a report needs it
 
     figure = MplFigure(figsize=(11, 4.5), dpi=100, layout="constrained")
     left, right = figure.subplots(1, 2)
     for side, marker in ((baseline, "o"), (candidate, "s")):
-        left.plot(*_points(side.runs, lambda run: run.output_throughput), marker=marker, label=side.label)
-    left.set(title="Output throughput", xlabel="concurrency", ylabel="tokens/s")
+        cs, medians, bars = _throughputs(side)
+        left.errorbar(cs, medians, yerr=bars, marker=marker, capsize=3, label=side.label)
+    left.set(title="Output throughput (median, min-max)", xlabel="concurrency", ylabel="tokens/s")
     cs = sorted(int(k) for k, v in gain.by_concurrency.items() if v is not None)
     right.plot(cs, [gain.by_concurrency[str(c)] for c in cs], marker="s", color="tab:green")
     right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    right.set(title=f"Speedup ({candidate.label} / {baseline.label})", xlabel="concurrency", ylabel="x")
-    ticks = sorted({run.max_concurrency for run in (*baseline.runs, *candidate.runs)})
+    right.set(title=f"Speedup of medians ({candidate.label} / {baseline.label})", xlabel="concurrency", ylabel="x")
+    ticks = sorted({point.max_concurrency for point in (*baseline.points, *candidate.points)})
     for axes in (left, right):
         axes.set_xscale("log", base=2)
         axes.set_xticks(ticks, labels=[str(c) for c in ticks])  # the concurrencies run, not powers of 2

@@ -8,12 +8,19 @@ The benchmark writes its line even when every request failed (with `completed: 0
 no proof of success: `BenchRun.shortfall` says when fewer requests completed than were asked.
 A metric the line lacks (another release) or reports as NaN is null with its reason in `unknown`,
 never a number that looks measured.
+
+A concurrency is run `repeats` times; `points` sums its runs up as a `BenchPoint`: per metric the
+`Spread` of the repeats (median, min, max, relative median absolute deviation), and `noisy` when
+the output throughput's relative MAD exceeds the step's threshold. A metric unknown in any repeat
+has no spread (with the reason), rather than a median of fewer runs that looks like all of them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -43,12 +50,22 @@ NO_ACCEPT_LENGTH = (
 )
 
 
-class BenchRun(BaseModel):
-    """One concurrency's result. `max_concurrency` and `num_prompts` are what was asked; `concurrency`
-    is what bench_serving measured (mean requests in flight)."""
+class RunInfo(BaseModel):
+    """What one run was asked and when it ran, as the controller saw it (provenance of its numbers)."""
 
     max_concurrency: int
     num_prompts: int
+    repeat: int  # 1-based, within its concurrency
+    seed: int  # bench_serving's --seed: it alone decides the prompts
+    started_at: str  # ISO-8601 UTC: the command's start
+    finished_at: str  # and its end
+    command: str  # the bench_serving command line as rendered (it holds no secret)
+
+
+class BenchRun(RunInfo):
+    """One run's result. `max_concurrency` and `num_prompts` are what was asked; `concurrency` is what
+    bench_serving measured (mean requests in flight)."""
+
     completed: int
     duration: float | None
     total_input_tokens: int | None
@@ -71,7 +88,9 @@ class BenchRun(BaseModel):
     mean_e2e_latency_ms: float | None
     median_e2e_latency_ms: float | None
     p99_e2e_latency_ms: float | None
-    accept_length: float | None  # the server's average acceptance length; null without speculative decoding
+    # the server's average acceptance length since the flush just before this run: this run's own
+    # (null without speculative decoding)
+    accept_length: float | None
     unknown: dict[str, str]  # field -> why it is null
 
     @property
@@ -97,7 +116,7 @@ def _number(line: dict[str, Any], name: str, unknown: dict[str, str]) -> float |
     return None
 
 
-def parse_run(text: str, max_concurrency: int, num_prompts: int) -> BenchRun:
+def parse_run(text: str, info: RunInfo) -> BenchRun:
     """A `BenchRun` from one JSONL line; ValueError when it is no JSON object or lacks `completed`."""
     try:
         line = json.loads(text)
@@ -118,9 +137,7 @@ def parse_run(text: str, max_concurrency: int, num_prompts: int) -> BenchRun:
         unknown["accept_length"] = NO_ACCEPT_LENGTH
     else:
         values["accept_length"] = _number(line, "accept_length", unknown)
-    return BenchRun(
-        max_concurrency=max_concurrency, num_prompts=num_prompts, completed=completed, unknown=unknown, **values
-    )
+    return BenchRun(**info.model_dump(), completed=completed, unknown=unknown, **values)
 
 
 def jsonl_lines(stdout: str) -> list[str] | None:
@@ -129,3 +146,80 @@ def jsonl_lines(stdout: str) -> list[str] | None:
     if not marker:
         return None
     return [line for line in after.splitlines() if line.strip()]
+
+
+#: The metrics a `BenchPoint` sums up over its repeats.
+POINT_METRICS = (
+    "output_throughput",
+    "request_throughput",
+    "median_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "median_e2e_latency_ms",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "accept_length",
+)
+
+
+class Spread(BaseModel):
+    """A metric over the repeats of one concurrency."""
+
+    values: list[float]  # the repeats' values, in run order
+    median: float
+    min: float
+    max: float
+    rel_mad: float | None  # median absolute deviation / |median|; None when the median is 0
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        """The spread of at least one value."""
+        middle = statistics.median(values)
+        mad = statistics.median(abs(value - middle) for value in values)
+        rel_mad = mad / abs(middle) if middle else None
+        return cls(values=list(values), median=middle, min=min(values), max=max(values), rel_mad=rel_mad)
+
+
+class BenchPoint(BaseModel):
+    """One concurrency: the spread of each metric over the runs that completed."""
+
+    max_concurrency: int
+    repeats: int  # runs that completed
+    output_throughput: Spread | None
+    request_throughput: Spread | None
+    median_ttft_ms: Spread | None
+    median_tpot_ms: Spread | None
+    median_itl_ms: Spread | None
+    median_e2e_latency_ms: Spread | None
+    p99_ttft_ms: Spread | None
+    p99_tpot_ms: Spread | None
+    accept_length: Spread | None
+    noisy: bool  # output_throughput's rel_mad above the step's spread_threshold
+    unknown: dict[str, str]  # metric -> why its Spread is None
+
+
+def point(runs: Sequence[BenchRun], spread_threshold: float) -> BenchPoint:
+    """The point of one concurrency's runs (at least one)."""
+    spreads: dict[str, Spread | None] = {}
+    unknown: dict[str, str] = {}
+    for metric in POINT_METRICS:
+        values = [getattr(run, metric) for run in runs]
+        missing = [run for run, value in zip(runs, values, strict=True) if value is None]
+        if missing:
+            which = "every repeat" if len(missing) == len(runs) else f"repeat {missing[0].repeat}"
+            spreads[metric] = None
+            unknown[metric] = f"unknown in {which}: {missing[0].unknown.get(metric, 'no value')}"
+        else:
+            spreads[metric] = Spread.of(values)
+    throughput = spreads["output_throughput"]
+    noisy = throughput is not None and throughput.rel_mad is not None and throughput.rel_mad > spread_threshold
+    concurrency = runs[0].max_concurrency
+    return BenchPoint(max_concurrency=concurrency, repeats=len(runs), noisy=noisy, unknown=unknown, **spreads)
+
+
+def points(runs: Sequence[BenchRun], spread_threshold: float) -> list[BenchPoint]:
+    """One point per concurrency, in the order the concurrencies first ran."""
+    by_concurrency: dict[int, list[BenchRun]] = {}
+    for run in runs:
+        by_concurrency.setdefault(run.max_concurrency, []).append(run)
+    return [point(group, spread_threshold) for group in by_concurrency.values()]

@@ -8,6 +8,11 @@ streamed chunk, e2e, concurrency = sum of latencies / duration, 1-s buckets for 
 `accept_length` from /server_info `internal_states[0].avg_spec_accept_length`, prints the same
 summary table and APPENDS one JSON line with the real result field names to `--output-file`.
 
+As the real client: `--seed` alone decides the prompts (the same seed draws the same lengths and
+token ids, as `np.random.seed(args.seed)` before sample_random_requests), the warmup re-sends the
+first prompt (at most 32 output tokens), and `--flush-cache` flushes after the warmup with
+`POST /flush_cache?timeout=--flush-cache-timeout` and raise_for_status: a 400 fails the client.
+
 Datasets: only `random-ids` (token ids need no download). `random` and `sharegpt` download
 ShareGPT from the Hub and fail here as the real client fails without network; the others are
 refused. The stand-in's tokenizer is one word per token (simulation.count_tokens). Stdlib only.
@@ -85,7 +90,7 @@ def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--extra-request-body", type=str)
     parser.add_argument("--flush-cache", action="store_true")
-    parser.add_argument("--flush-cache-timeout", type=float, default=10.0)
+    parser.add_argument("--flush-cache-timeout", type=float, default=60.0)  # _DEFAULT_SGLANG_FLUSH_CACHE_TIMEOUT
     parser.add_argument("--warmup-requests", type=int, default=1)
     parser.add_argument("--tokenize-prompt", action="store_true")
     parser.add_argument("--tag", type=str, default=None)
@@ -247,6 +252,26 @@ def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) ->
     return output
 
 
+class HTTPError(Exception):
+    """What requests' raise_for_status raises; its message is the real one's."""
+
+
+def flush_server_cache(base_url: str, timeout: float) -> None:
+    """flush_server_cache after the warmup: POST /flush_cache?timeout=S, raise_for_status (a 400 fails the client)."""
+    conn, prefix = _connection(base_url, timeout + 30)
+    path = f"{prefix}/flush_cache?timeout={timeout}"
+    try:
+        conn.request("POST", path)
+        response = conn.getresponse()
+        response.read()
+    finally:
+        conn.close()
+    if response.status >= 400:
+        kind = "Client" if response.status < 500 else "Server"
+        url = f"{base_url.rstrip('/')}/flush_cache?timeout={timeout}"
+        raise HTTPError(f"{response.status} {kind} Error: {response.reason} for url: {url}")
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -398,15 +423,7 @@ def run(args: argparse.Namespace) -> int:
             )
     print(f"Warmup completed with {args.warmup_requests} sequences. Starting main benchmark run...")
     if args.flush_cache:
-        conn, prefix = _connection(base_url, 30)
-        conn.request("POST", f"{prefix}/flush_cache?timeout={args.flush_cache_timeout}")
-        response = conn.getresponse()
-        body = response.read().decode(errors="replace")
-        conn.close()
-        if response.status >= 400:
-            raise RuntimeError(
-                f"{response.status} Client Error: {response.reason} for url: {base_url}/flush_cache: {body}"
-            )
+        flush_server_cache(base_url, args.flush_cache_timeout)
 
     start = time.perf_counter()
     jobs: list[Callable[[], Output]] = [

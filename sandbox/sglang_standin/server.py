@@ -17,8 +17,15 @@ Endpoints (http_server.py of 0.5.23): GET /health, /health_generate, /ready, /mo
 (+ /get_model_info), /server_info (+ /get_server_info), POST|PUT /generate (text or input_ids,
 one or a batch, `stream` as SSE `data: {...}` lines ending `data: [DONE]`), GET|POST
 /flush_cache (200 "Cache flushed..." or 400 "Flush cache failed." when requests are in flight
-or the `refuse_flush_cache` switch is on), GET /v1/models, POST /v1/completions and
-/v1/chat/completions (minimal, not streamed). Switches: faults.py.
+or the `refuse_flush_cache` switch is on; `?timeout=S` first waits up to S seconds for the server
+to become idle, else 400 "Timed out waiting for idle state.", as flush_wrapper.py), GET /v1/models,
+POST /v1/completions and /v1/chat/completions (minimal, not streamed). Switches: faults.py.
+
+A prefix cache (prefix_cache.py, like SGLang's radix cache) keeps finished requests' tokens: a
+request's cached prefix is not prefilled again (its TTFT drops), `meta_info.cached_tokens` counts
+it, and each prefill logs the scheduler's real `Prefill batch, #new-seq: 1, #new-token: N,
+#cached-token: M, ...` line (metrics_reporter.py). Only a flush empties the cache, and only a flush
+restarts the acceptance average of /server_info.
 """
 
 from __future__ import annotations
@@ -37,10 +44,11 @@ from collections.abc import Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from . import faults, launch_args, simulation
 from .launch import Launch, query_gpus, resolve, scheduler_error
+from .prefix_cache import PrefixCache
 
 READY_LINE = "The server is fired up and ready to roll!"
 FLUSHED = (
@@ -51,6 +59,8 @@ FLUSH_FAILED = "Flush cache failed.\n"
 VERSION = "0.5.23"
 DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens
 THROUGHPUT_WINDOW_S = 2.0
+MAX_TOTAL_NUM_TOKENS = 1048576  # the KV cache size the start-up log reports
+FLUSH_TIMED_OUT = "Timed out waiting for idle state."
 _LOG_LOCK = threading.Lock()
 
 
@@ -83,6 +93,7 @@ class Engine:
         self._forward_ct = 0  # spec_total_num_forward_ct
         self._generated: deque[tuple[float, int]] = deque()
         self._ids = itertools.count()
+        self.cache = PrefixCache()
 
     # -- requests in flight
     def begin(self) -> str:
@@ -107,14 +118,39 @@ class Engine:
                 self._accepted += tokens
                 self._forward_ct += 1
 
-    def flush(self) -> bool:
-        """Flush as the scheduler does: only when idle; the metrics restart."""
+    def flush(self, timeout_s: float = 0.0) -> bool | None:
+        """Flush as the scheduler does: only when idle; the cache empties and the metrics restart.
+
+        With `timeout_s`, wait up to that long for the server to become idle first (flush_wrapper.py):
+        None when it never did."""
+        deadline = time.monotonic() + timeout_s
+        while timeout_s > 0 and self.in_flight():
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
         with self._lock:
             if self._in_flight:
                 return False
             self._accepted = self._forward_ct = 0
             self._generated.clear()
+            self.cache.clear()
             return True
+
+    def prefill(self, prompt: str, prompt_tokens: int) -> int:
+        """Prefill a prompt: sleep for its uncached tokens, log SGLang's prefill line; the cached count."""
+        # the last prompt token is always computed, for its logits (SGLang matches at most len - 1 tokens)
+        cached = min(self.cache.match(prompt.split()), max(prompt_tokens - 1, 0))
+        new = prompt_tokens - cached
+        seconds = simulation.prefill_seconds(new)
+        time.sleep(seconds)
+        usage = self.cache.size() / MAX_TOTAL_NUM_TOKENS
+        log(
+            f"Prefill batch, #new-seq: 1, #new-token: {new}, #cached-token: {cached}, token usage: {usage:.2f}, "
+            f"#running-req: {self.in_flight() - 1}, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+            f"input throughput (token/s): {new / seconds:.2f}",
+            tp=True,
+        )
+        return cached
 
     def internal_state(self) -> dict[str, Any]:
         with self._lock:
@@ -143,7 +179,7 @@ class Engine:
             if self.launch.draft_tokens is not None:
                 accept = simulation.accept_length(prompt, self.launch.draft_tokens, self.switches.accept_length)
             chunks = simulation.steps(max_new, accept)
-            time.sleep(simulation.prefill_seconds(prompt_tokens))
+            cached = self.prefill(prompt, prompt_tokens)
             text, ids, done = "", [], 0
             for step, size in enumerate(chunks):
                 if step > 0:
@@ -167,10 +203,11 @@ class Engine:
                     "num_retractions": 0,
                     "reasoning_tokens": 0,
                     "completion_tokens": done,
-                    "cached_tokens": 0,
+                    "cached_tokens": cached,
                 }
                 if finished:
                     meta["e2e_latency"] = time.perf_counter() - start
+                    self.cache.insert(prompt.split() + text.split())
                     counts = simulation.spec_counts(chunks, self.launch.draft_tokens or 0)
                     if self.launch.speculative and counts is not None:
                         meta.update(counts.meta_info(done))
@@ -335,9 +372,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def flush_cache(self) -> None:
         engine = self.server.engine
+        timeout = float(parse_qs(urlsplit(self.path).query).get("timeout", ["0"])[0])
+        if not timeout >= 0:
+            raise ValueError(f"timeout: Input should be greater than or equal to 0, got {timeout}")
         refused = faults.load().fault == "refuse_flush_cache"
+        flushed = False if refused else engine.flush(timeout)
         running = engine.in_flight()
-        if refused or not engine.flush():
+        if flushed is None:
+            log("Deferred flush_cache timed out while waiting for idle state.", tp=True)
+            self._send(400, FLUSH_TIMED_OUT.encode(), "text/plain; charset=utf-8")
+            return
+        if not flushed:
             log(
                 f"Cache not flushed because there are pending requests. #queue-req: 0, #running-req: {max(running, 1)}",
                 tp=True,

@@ -20,7 +20,7 @@ from executor.planner import PlanContext
 from executor.transport.base import Collector, CommandResult
 from sandbox.model_configs import drafter_config, target_config
 from steps.benchmark import BenchmarkStep
-from steps.benchmark_results import FLOAT_FIELDS, JSONL_MARKER, NO_ACCEPT_LENGTH, jsonl_lines, parse_run
+from steps.benchmark_results import FLOAT_FIELDS, JSONL_MARKER, NO_ACCEPT_LENGTH, RunInfo, jsonl_lines, parse_run
 from tests.conftest import runbook_cli
 
 
@@ -60,6 +60,21 @@ def real_line(**changes: Any) -> dict[str, Any]:
     return line
 
 
+def asked(concurrency: int, prompts: int, repeat: int = 1, seed: int = 1) -> RunInfo:
+    """A run's RunInfo, as the step fills it in."""
+    when = "2026-12-01T12:00:00.000+00:00"
+    command = f"python3 -m sglang.bench_serving --max-concurrency {concurrency} --seed {seed}"
+    return RunInfo(
+        max_concurrency=concurrency,
+        num_prompts=prompts,
+        repeat=repeat,
+        seed=seed,
+        started_at=when,
+        finished_at=when,
+        command=command,
+    )
+
+
 def finished(stdout: str, exit_code: int = 0, stderr: str = "") -> CommandResult:
     collect = Collector()
     collect.stdout.feed(stdout.encode())
@@ -80,7 +95,7 @@ STEP = BenchmarkStep(id="bench", server="deploy", concurrencies=[4], num_prompts
 
 
 def test_a_real_line_becomes_typed_facts() -> None:
-    run = parse_run(json.dumps(real_line()), max_concurrency=4, num_prompts=16)
+    run = parse_run(json.dumps(real_line()), asked(4, 16))
     assert (run.max_concurrency, run.num_prompts, run.completed) == (4, 16, 16)
     assert run.output_throughput == 409.6 and run.request_throughput == 6.4 and run.total_output_tokens == 1024
     assert (run.mean_ttft_ms, run.median_tpot_ms, run.p99_itl_ms, run.p99_e2e_latency_ms) == (10.0, 20.0, 60.0, 60.0)
@@ -91,7 +106,7 @@ def test_a_real_line_becomes_typed_facts() -> None:
 def test_unknown_metrics_are_null_with_a_reason() -> None:
     line = real_line(accept_length=None, mean_tpot_ms=float("nan"))
     del line["p99_itl_ms"]
-    run = parse_run(json.dumps(line), max_concurrency=4, num_prompts=16)
+    run = parse_run(json.dumps(line), asked(4, 16))
     assert run.accept_length is None and run.unknown["accept_length"] == NO_ACCEPT_LENGTH
     assert run.mean_tpot_ms is None and "NaN" in run.unknown["mean_tpot_ms"].replace("nan", "NaN")
     assert run.p99_itl_ms is None and "no 'p99_itl_ms'" in run.unknown["p99_itl_ms"]
@@ -103,7 +118,7 @@ def test_unknown_metrics_are_null_with_a_reason() -> None:
 )
 def test_a_line_without_a_request_count_is_refused(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        parse_run(text, max_concurrency=1, num_prompts=1)
+        parse_run(text, asked(1, 1))
 
 
 numbers = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**12), 10**12))
@@ -111,7 +126,7 @@ numbers = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), s
 
 @given(values=st.fixed_dictionaries({name: numbers for name in FLOAT_FIELDS}), completed=st.integers(0, 10**6))
 def test_any_numbers_are_kept_when_finite_and_explained_when_not(values: dict[str, Any], completed: int) -> None:
-    run = parse_run(json.dumps(real_line(completed=completed, **values)), max_concurrency=2, num_prompts=100)
+    run = parse_run(json.dumps(real_line(completed=completed, **values)), asked(2, 100))
     for name, value in values.items():
         kept = getattr(run, name)
         if value is not None and math.isfinite(value):
@@ -127,10 +142,10 @@ def test_the_last_marker_starts_the_jsonl() -> None:
     assert jsonl_lines(f"{JSONL_MARKER}\nold\n{JSONL_MARKER}\n\n{{}}\n") == ["{}"]
 
 
-def test_a_run_that_completed_fewer_requests_fails_naming_the_concurrency() -> None:
-    run, failure = STEP.read_run(finished(printed(real_line(completed=11))), 4)
-    assert run is not None and run.completed == 11
-    assert failure == "concurrency 4: only 11 of 16 requests completed"
+def test_a_run_that_completed_fewer_requests_fails_naming_the_concurrency_and_repeat() -> None:
+    run, failure = STEP.read_run(finished(printed(real_line(completed=11))), asked(4, 16, repeat=2, seed=7))
+    assert run is not None and run.completed == 11 and (run.repeat, run.seed) == (2, 7)
+    assert failure == "concurrency 4, repeat 2/3: only 11 of 16 requests completed"
 
 
 @pytest.mark.parametrize(
@@ -145,13 +160,14 @@ def test_a_run_that_completed_fewer_requests_fails_naming_the_concurrency() -> N
     ],
 )
 def test_a_broken_run_fails_with_the_reason(result: CommandResult, message: str) -> None:
-    run, failure = STEP.read_run(result, 4)
-    assert run is None and failure is not None and failure.startswith("concurrency 4: ") and message in failure
+    run, failure = STEP.read_run(result, asked(4, 16))
+    assert run is None and failure is not None and failure.startswith("concurrency 4, repeat 1/3: ")
+    assert message in failure
 
 
 def test_the_command_is_the_real_bench_serving_command() -> None:
     step = BenchmarkStep(id="b", server="d", python="~/venv/bin/python", input_len=256, output_len=64, num_prompts=20)
-    script = step.script("http://127.0.0.1:30000", 16)
+    script = step.script("http://127.0.0.1:30000", 16, 1, 1)
     command = next(line for line in script.splitlines() if "sglang.bench_serving" in line)
     assert command.startswith('"${HOME:?is not set}"/venv/bin/python -m sglang.bench_serving --backend sglang ')
     for flags in (
@@ -163,10 +179,16 @@ def test_the_command_is_the_real_bench_serving_command() -> None:
         assert flags in command
 
 
-def test_plan_shows_one_command_per_concurrency_with_the_server_known_at_run_time() -> None:
+def test_plan_shows_one_command_per_run_with_the_server_known_at_run_time() -> None:
+    """Three clean runs per concurrency by default, each with its own seed and a flush after the warmup."""
     planned = BenchmarkStep(id="b", server="d").plan(PlanContext("box", {}))
-    assert [label for label, _ in planned] == ["concurrency 1", "concurrency 4", "concurrency 16"]
+    labels = [f"concurrency {c}, repeat {r}/3" for c in (1, 4, 16) for r in (1, 2, 3)]
+    assert [label for label, _ in planned] == labels
     assert all("--base-url '<known at run time: steps.d.facts.base_url>'" in script for _, script in planned)
+    assert [f"--seed {seed} --flush-cache" in script for seed, (_, script) in enumerate(planned, start=1)] == [True] * 9
+    once = BenchmarkStep(id="b", server="d", concurrencies=[2, 8], repeats=1, seed=40).plan(PlanContext("box", {}))
+    assert [label for label, _ in once] == ["concurrency 2", "concurrency 8"]
+    assert ["--seed 40 " in once[0][1], "--seed 41 " in once[1][1]] == [True, True]
 
 
 def test_default_prompts_grow_with_concurrency() -> None:
@@ -182,6 +204,10 @@ def test_default_prompts_grow_with_concurrency() -> None:
         ({"concurrencies": [0]}, "greater than 0"),
         ({"compare_to": "b"}, "compare_to names this step itself"),
         ({"acceptance": "eval"}, "needs compare_to"),
+        ({"repeats": 0}, "greater than 0"),
+        ({"seed": -1}, "greater than or equal to 0"),
+        ({"seed": 2**32 - 8, "repeats": 3}, "the last run's seed would be 4294967296"),
+        ({"spread_threshold": -0.1}, "greater than or equal to 0"),
     ],
 )
 def test_parameters_are_checked(params: dict[str, Any], message: str) -> None:
@@ -199,7 +225,7 @@ def test_comparing_unlike_benchmarks_is_refused_before_anything_runs(
     write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The baseline and server facts come from shell steps here: only facts matter to the step."""
-    baseline = {"label": "baseline", "input_len": 512, "output_len": 64, "runs": [], "failure": None}
+    baseline = {"label": "baseline", "input_len": 512, "output_len": 64, "runs": [], "points": [], "failure": None}
     steps = [
         {"id": "deploy", "kind": "shell", "parse": "json", "script": 'echo \'{"base_url": "http://127.0.0.1:9"}\''},
         {"id": "base", "kind": "shell", "parse": "json", "script": f"echo '{json.dumps(baseline)}'"},
@@ -254,7 +280,7 @@ def standin(testhost: Any, write_runbook: Any, tmp_path: Path) -> Iterator[dict[
 def test_baseline_then_dflash_with_the_report(
     standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lengths = {"concurrencies": [1, 4], "input_len": 32, "output_len": 24, "num_prompts": 8}
+    lengths = {"concurrencies": [1, 4], "input_len": 32, "output_len": 24, "num_prompts": 8, "repeats": 1}
     dflash_deploy = standin["deploy"] | {"draft_model_path": standin["drafter"], "speculative_num_draft_tokens": 8}
     dflash_deploy |= {"draft_attention_backend": "fa3"}
     body = "name: bench\n__HOSTS__\n" + yaml_steps(
@@ -316,7 +342,7 @@ def test_a_server_that_does_not_answer_fails_at_the_first_concurrency(
     server = {"id": "deploy", "kind": "shell", "parse": "json"}
     server["script"] = f'echo \'{{"base_url": "http://127.0.0.1:{standin["port"]}"}}\''
     bench = {"id": "bench", "kind": "benchmark", "server": "deploy", "concurrencies": [1, 4], "input_len": 8}
-    bench |= {"output_len": 8, "num_prompts": 2, "extra_args": ["--ready-check-timeout-sec", "1"]}
+    bench |= {"output_len": 8, "num_prompts": 2, "repeats": 1, "extra_args": ["--ready-check-timeout-sec", "1"]}
     path = write_runbook("name: t\n__HOSTS__\n" + yaml_steps(server, bench), hosts=standin["host"].host_yaml())
     assert main(["run", str(path), "--log-dir", str(tmp_path / "logs")]) == 1
     err = capsys.readouterr().err

@@ -21,21 +21,26 @@ from steps.benchmark_report import (
     speedup,
     write_report,
 )
-from steps.benchmark_results import LATENCY_FIELDS, BenchRun
+from steps.benchmark_results import LATENCY_FIELDS, BenchRun, points
 
 METRICS = ("duration", "request_throughput", "input_throughput", "output_throughput", "total_throughput")
 METRICS += ("max_output_tokens_per_s", "concurrency", *LATENCY_FIELDS, "accept_length")
 
 
-def bench_run(concurrency: int, output_throughput: float | None, **values: Any) -> BenchRun:
+def bench_run(concurrency: int, output_throughput: float | None, repeat: int = 1, **values: Any) -> BenchRun:
     fields: dict[str, Any] = dict.fromkeys(METRICS, 1.0) | {"total_input_tokens": 10, "total_output_tokens": 10}
     fields |= {"output_throughput": output_throughput, **values}
-    return BenchRun(max_concurrency=concurrency, num_prompts=8, completed=8, unknown={}, **fields)
+    when = "2026-12-01T12:00:00.000+00:00"
+    about = {"repeat": repeat, "seed": repeat, "started_at": when, "finished_at": when, "command": "bench"}
+    return BenchRun(max_concurrency=concurrency, num_prompts=8, completed=8, unknown={}, **about, **fields)
+
+
+def side_of(label: str, runs: list[BenchRun], step: str | None = None) -> Side:
+    return Side(step=step or label, label=label, input_len=256, output_len=64, runs=runs, points=points(runs, 0.05))
 
 
 def side(label: str, throughputs: dict[int, float | None], step: str | None = None) -> Side:
-    runs = [bench_run(c, t) for c, t in throughputs.items()]
-    return Side(step=step or label, label=label, input_len=256, output_len=64, runs=runs)
+    return side_of(label, [bench_run(c, t) for c, t in throughputs.items()], step)
 
 
 BASELINE = side("baseline", {1: 100.0, 4: 350.0, 16: 1000.0}, "benchmark_baseline")
