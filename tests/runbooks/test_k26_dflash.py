@@ -125,7 +125,8 @@ def test_the_runbook_runs_end_to_end_unedited(flagship: Flagship, capsys: pytest
     assert dflash["previous"]["action"] == "stopped"  # the baseline made room for it on the port
     assert steps["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
     bench = steps["benchmark_dflash"]["facts"]
-    assert [r["max_concurrency"] for r in bench["runs"]] == [1, 4, 16, 32]
+    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
+    assert [r["max_concurrency"] for r in bench["runs"]] == [c for c in (1, 4, 16, 32) for _ in range(3)]  # repeats
     assert bench["speedup"]["by_concurrency"]["1"] > 1.0
     assert steps["stop"]["facts"]["stopped"] is True
     with socket.socket() as sock:

@@ -5,10 +5,13 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
+import io
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -22,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox.prepare import VENV
-from sandbox.sglang_standin import faults, hook, launch_args, simulation
+from sandbox.sglang_standin import bench_client, faults, hook, launch_args, simulation
 from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE
 from sandbox.sshd import free_port
 from tests.conftest import SandboxHost
@@ -295,6 +298,53 @@ def test_flush_cache_answers_with_sglangs_bodies(
     assert "Cache flushed successfully!" in log and "Cache not flushed because there are pending requests." in log
 
 
+def test_the_prefix_cache_serves_a_repeated_prefix_until_a_flush(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    """As SGLang's radix cache: a finished request's tokens are cached, a later request's cached prefix is not
+    prefilled again (it answers sooner) and meta_info.cached_tokens counts it; only a flush empties the cache."""
+    host = testhost("h200")
+    with host.standin(**FAST):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        wait_healthy(server)
+    prompt = " ".join(f"w{i}" for i in range(2000))  # 2000 tokens: 50 ms of prefill
+    first, again = generate(server, prompt, 1)["meta_info"], generate(server, prompt, 1)["meta_info"]
+    shared = generate(server, " ".join(prompt.split()[:1200] + ["other"] * 800), 1)["meta_info"]
+    assert (first["cached_tokens"], again["cached_tokens"], shared["cached_tokens"]) == (0, 1999, 1200)
+    assert again["e2e_latency"] + 0.04 < first["e2e_latency"]  # only the last token was prefilled again
+    log = server.log.read_text()
+    for new, cached in ((2000, 0), (1, 1999), (800, 1200)):  # metrics_reporter.report_prefill_stats' line
+        line = f"Prefill batch, #new-seq: 1, #new-token: {new}, #cached-token: {cached}, token usage: 0.00, "
+        assert f" TP0] {line}#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, " in log
+    assert http(server.url + "/flush_cache", method="POST")[0] == 200
+    assert generate(server, prompt, 1)["meta_info"]["cached_tokens"] == 0
+
+
+def test_flush_cache_with_a_timeout_waits_for_idle_and_a_refusal_fails_the_benchmark_client(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server], tmp_path: Path
+) -> None:
+    """`?timeout=S` (what bench_serving's --flush-cache sends) waits up to S seconds for the requests in flight,
+    as flush_wrapper.py does; the client raises for a 400 as requests' raise_for_status."""
+    host = testhost("h200")
+    with host.standin(**FAST):
+        servers.append(server := start(host, launch_flags(models, free_port())))
+        wait_healthy(server)
+    long = " ".join(f"w{i}" for i in range(24000))  # 0.6 s of prefill: a request in flight
+    for timeout, answer in (("5", (200, FLUSHED.encode())), ("0.1", (400, b"Timed out waiting for idle state."))):
+        busy = threading.Thread(target=generate, args=(server, f"{long} {timeout}", 1))
+        busy.start()
+        time.sleep(0.2)
+        assert http(f"{server.url}/flush_cache?timeout={timeout}", method="POST") == answer
+        busy.join()
+    assert "Deferred flush_cache timed out while waiting for idle state." in server.log.read_text()
+    with host.standin(fault="refuse_flush_cache"):
+        status, output = bench(host, server, tmp_path / "x.jsonl", 1, "--flush-cache")
+    assert status == 1 and "Warmup completed" in output
+    url = f"{server.url}/flush_cache?timeout=60.0"
+    assert f"HTTPError: 400 Client Error: Bad Request for url: {url}" in output
+    assert not (tmp_path / "x.jsonl").exists()
+
+
 def test_never_healthy_stays_503_after_uvicorn_started(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
@@ -470,6 +520,21 @@ def test_bench_serving_details_and_offline_datasets(
 
 
 # ---------------------------------------------------------------- the hook and the pure parts
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), other=st.integers(0, 2**32 - 1), ratio=st.sampled_from([0.0, 0.5, 1.0]))
+def test_random_ids_prompts_are_decided_by_the_seed(seed: int, other: int, ratio: float) -> None:
+    """As the real sample_random_requests after np.random.seed(args.seed): the same seed, the same prompts."""
+    args = argparse.Namespace(
+        num_prompts=6, random_input_len=64, random_output_len=8, random_range_ratio=ratio, tokenize_prompt=False
+    )
+    with contextlib.redirect_stdout(io.StringIO()):
+        first, again = (bench_client.sample_requests(args, random.Random(seed)) for _ in range(2))
+        different = bench_client.sample_requests(args, random.Random(other))
+    assert first == again
+    if other != seed:
+        assert [row[0] for row in first] != [row[0] for row in different]
 
 
 def test_only_the_two_entry_points_see_the_stand_in(testhost: Callable[[str], SandboxHost]) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
+import statistics
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from executor.cli import main
 from executor.planner import PlanContext
 from executor.transport.base import Collector, CommandResult
 from sandbox.model_configs import drafter_config, target_config
+from sandbox.sglang_standin import simulation
 from steps.benchmark import BenchmarkStep
 from steps.benchmark_results import FLOAT_FIELDS, JSONL_MARKER, NO_ACCEPT_LENGTH, RunInfo, jsonl_lines, parse_run
 from tests.conftest import runbook_cli
@@ -350,3 +354,122 @@ def test_a_server_that_does_not_answer_fails_at_the_first_concurrency(
     url = f"http://127.0.0.1:{standin['port']}/v1/models"
     assert f'facts.failure = "concurrency 1: bench_serving exited 1: Server at {url} is not ready. Exiting."' in err
     assert "concurrency 4" not in err.split("facts.failure")[1].splitlines()[0]
+
+
+def dflash_deploy(standin: dict[str, Any]) -> dict[str, Any]:
+    deploy = standin["deploy"] | {"draft_model_path": standin["drafter"], "speculative_num_draft_tokens": 8}
+    return deploy | {"draft_attention_backend": "fa3"}
+
+
+def facts_of(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """Each step's facts in the latest run, as `runbook status --json` shows them."""
+    capsys.readouterr()
+    assert main(["status", "--log-dir", str(log_dir), "--json"]) == 0
+    return {r["step"]: r["facts"] for r in json.loads(capsys.readouterr().out)["steps"]}
+
+
+#: A shell step sending math prompts to the server before the benchmark, as the flagship's eval does: they raise
+#: /server_info's running average of the acceptance length.
+MATH_FIRST = r"""python3 - <<'EOF'
+import json, urllib.request
+url = "http://127.0.0.1:PORT"
+def post(path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.load(answer)
+lengths = []
+for i in range(4):
+    prompt = {"text": f"Solve 12 + {i} * 7 = x. How many apples in total?", "sampling_params": {"max_new_tokens": 200}}
+    lengths.append(post("/generate", prompt)["meta_info"]["spec_accept_length"])
+average = post("/server_info")["internal_states"][0]["avg_spec_accept_length"]
+print(json.dumps({"accept_lengths": lengths, "running_average": average}))
+EOF
+"""
+
+
+def test_every_run_is_clean_no_cached_prefix_and_its_own_acceptance(
+    standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the cache-modelling stand-in, two concurrencies x 2 repeats: no measured request finds a cached prefix
+    (without a flush and a seed per run, the second run re-sends the first one's prompts and each warmup
+    re-sends the first prompt), every run pays the full prefill (its TTFT never drops with the run number), and
+    the per-run acceptance length is the run's own, not the running average that the math prompts sent before
+    the benchmark raised."""
+    bench = {"id": "bench", "kind": "benchmark", "server": "deploy", "concurrencies": [1, 2], "repeats": 2}
+    bench |= {"input_len": 1024, "output_len": 16, "num_prompts": 4}
+    math_first = {"id": "math", "kind": "shell", "parse": "json"}
+    math_first["script"] = MATH_FIRST.replace("PORT", str(standin["port"]))
+    body = "name: clean\n__HOSTS__\n" + yaml_steps({"id": "deploy", **dflash_deploy(standin)}, math_first, bench)
+    path = write_runbook(body, hosts=standin["host"].host_yaml())
+    log_dir = tmp_path / "logs"
+    assert main(["run", str(path), "--log-dir", str(log_dir)]) == 0, capsys.readouterr().err
+    facts = facts_of(log_dir, capsys)
+    runs = facts["bench"]["runs"]
+    order = [(r["max_concurrency"], r["repeat"], r["seed"]) for r in runs]
+    assert order == [(1, 1, 1), (1, 2, 2), (2, 1, 3), (2, 2, 4)]  # a seed per run: no two share prompts
+
+    log = Path(facts["deploy"]["log_file"]).read_text()
+    benchmark_part = log.split('"GET /v1/models HTTP/1.1"', 1)[1]  # from bench_serving's first request on
+    prefills = re.findall(r"Prefill batch, #new-seq: 1, #new-token: (\d+), #cached-token: (\d+),", benchmark_part)
+    assert len(prefills) == 4 * (4 + 1)  # each run: its warmup, then its 4 prompts
+    assert {cached for _, cached in prefills} == {"0"} and {new for new, _ in prefills} == {"1024"}
+    assert benchmark_part.count("Cache flushed successfully!") == 4  # once per run, after its warmup
+    full_prefill_ms = simulation.prefill_seconds(1024) * 1000
+    assert all(run["median_ttft_ms"] >= 0.9 * full_prefill_ms for run in runs), [r["median_ttft_ms"] for r in runs]
+
+    before = facts["math"]
+    ceiling = simulation.DEFAULT_ACCEPT["chat"] + simulation.JITTER  # what random-ids prompts get at most
+    assert min(before["accept_lengths"]) > ceiling and before["running_average"] > ceiling
+    assert all(1 < run["accept_length"] <= ceiling for run in runs)
+
+
+def test_repeats_give_points_with_their_spread_and_a_pair_sends_the_same_prompts(
+    standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three repeats per concurrency: distinct recorded seeds and times, one point per concurrency with the
+    median/min/max/rel MAD of its runs, and the candidate's run (c, r) uses the baseline's seed for (c, r)."""
+    lengths = {"concurrencies": [1, 2], "repeats": 3, "input_len": 16, "output_len": 8, "num_prompts": 4}
+    body = "name: repeats\n__HOSTS__\n" + yaml_steps(
+        {"id": "deploy", **standin["deploy"]},
+        {"id": "first", "kind": "benchmark", "server": "deploy", "label": "first", **lengths},
+        {"id": "second", "kind": "benchmark", "server": "deploy", "compare_to": "first", **lengths},
+    )
+    path = write_runbook(body, hosts=standin["host"].host_yaml())
+    log_dir = tmp_path / "logs"
+    assert main(["run", str(path), "--log-dir", str(log_dir)]) == 0, capsys.readouterr().err
+    facts = facts_of(log_dir, capsys)
+    first, second = facts["first"], facts["second"]
+    for bench in (first, second):
+        runs = bench["runs"]
+        assert (bench["repeats"], bench["spread_threshold"]) == (3, 0.05)
+        assert [(r["max_concurrency"], r["repeat"], r["seed"]) for r in runs] == [
+            (c, r, 3 * i + r) for i, c in enumerate((1, 2)) for r in (1, 2, 3)
+        ]
+        for run in runs:
+            assert f"--max-concurrency {run['max_concurrency']} " in run["command"]
+            assert f"--seed {run['seed']} --flush-cache" in run["command"]
+            assert datetime.fromisoformat(run["started_at"]) < datetime.fromisoformat(run["finished_at"])
+        assert [p["max_concurrency"] for p in bench["points"]] == [1, 2]
+        for point, own in zip(bench["points"], (runs[:3], runs[3:]), strict=True):
+            values = [run["output_throughput"] for run in own]
+            spread = point["output_throughput"]
+            middle = statistics.median(values)
+            assert point["repeats"] == 3 and spread["values"] == values
+            assert (spread["median"], spread["min"], spread["max"]) == (middle, min(values), max(values))
+            mad = statistics.median(abs(v - middle) for v in values)
+            assert spread["rel_mad"] == pytest.approx(mad / middle)
+            assert point["noisy"] == (spread["rel_mad"] > 0.05)
+            assert point["accept_length"] is None and "every repeat" in point["unknown"]["accept_length"]
+            assert point["median_ttft_ms"]["values"] == [run["median_ttft_ms"] for run in own]
+    # the same prompts at each (concurrency, repeat) of the pair, so the comparison is of like with like
+    assert [r["seed"] for r in first["runs"]] == [r["seed"] for r in second["runs"]]
+    for c, (base, cand) in zip(("1", "2"), zip(first["points"], second["points"], strict=True), strict=True):
+        ratio = cand["output_throughput"]["median"] / base["output_throughput"]["median"]
+        assert second["speedup"]["by_concurrency"][c] == pytest.approx(ratio)
+    report = json.loads(Path(second["report"]["json_file"]).read_text())
+    table = next(t for t in report["tables"] if t["title"] == "Output throughput per concurrency")
+    assert table["columns"][4:8] == ["first min-max", "first rel MAD", "second min-max", "second rel MAD"]
+    low, high = first["points"][0]["output_throughput"]["min"], first["points"][0]["output_throughput"]["max"]
+    assert table["rows"][0][4] == f"{low:,.1f}-{high:,.1f}"
+    assert "first: each number is the median of 3 clean run(s) per concurrency." in report["notes"]

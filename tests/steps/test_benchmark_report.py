@@ -153,3 +153,20 @@ def test_the_files_are_written_and_rewritten_identically(tmp_path: Path) -> None
 def test_a_figure_is_drawn_even_with_nothing_to_compare(tmp_path: Path) -> None:
     _, files = write_report(tmp_path, side("baseline", {1: None}), side("dflash", {2: 0.0}))
     assert Path(files.figure_file).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
+    """Three repeats a side: the speedup is the ratio of the medians (not of a mean, nor of one run), and the
+    throughput table gives each side's median with its min-max and relative MAD."""
+    base = side_of("baseline", [bench_run(1, v, repeat=r) for r, v in enumerate((100.0, 90.0, 130.0), 1)])
+    cand = side_of("dflash", [bench_run(1, v, repeat=r) for r, v in enumerate((300.0, 301.0, 299.0), 1)])
+    gain = speedup(base, cand)
+    assert gain.by_concurrency == {"1": 3.0}  # 300 / 100; the means would give 300 / 106.7
+    report = build_report(base, cand)
+    table = next(t for t in report.tables if t.title == "Output throughput per concurrency")
+    assert table.rows == [
+        ["1", "100.0 (noisy)", "300.0", "3.00x", "90.0-130.0", "10.0%", "299.0-301.0", "0.3%", "1.00", "1.00"]
+    ]
+    assert "baseline: each number is the median of 3 clean run(s) per concurrency." in report.notes
+    latency = next(t for t in report.tables if t.title == "Latency per concurrency (ms)")
+    assert latency.columns[2:4] == ["TTFT median", "TTFT p99"] and latency.rows[0][2] == "1.0"
