@@ -228,6 +228,13 @@ def spread_notes(baseline: Side, candidate: Side) -> list[str]:
         f"rel MAD = median absolute deviation / median of the runs' output throughput;{NOISY} marks one above "
         "the benchmark step's spread_threshold."
     )
+    for c in common_concurrencies(baseline, candidate):
+        seeds = [[run.seed for run in side.runs if run.max_concurrency == c] for side in (baseline, candidate)]
+        if seeds[0] != seeds[1]:
+            notes.append(
+                f"concurrency {c}: {baseline.label} ran seeds {seeds[0]}, {candidate.label} {seeds[1]}: "
+                "not the same prompts (give both steps the same concurrencies, repeats and seed)."
+            )
     return notes
 
 

@@ -473,3 +473,22 @@ def test_repeats_give_points_with_their_spread_and_a_pair_sends_the_same_prompts
     low, high = first["points"][0]["output_throughput"]["min"], first["points"][0]["output_throughput"]["max"]
     assert table["rows"][0][4] == f"{low:,.1f}-{high:,.1f}"
     assert "first: each number is the median of 3 clean run(s) per concurrency." in report["notes"]
+
+
+def test_a_refused_flush_fails_the_run_naming_it(
+    standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench_serving raises for the 400 of a refused /flush_cache: no run is measured on an unflushed cache."""
+    switches = standin["host"].home / "sglang-standin.json"
+    switches.write_text(json.dumps(json.loads(switches.read_text()) | {"fault": "refuse_flush_cache"}))
+    bench = {"id": "bench", "kind": "benchmark", "server": "deploy", "concurrencies": [1], "repeats": 2}
+    bench |= {"input_len": 8, "output_len": 8, "num_prompts": 2}
+    body = "name: refused\n__HOSTS__\n" + yaml_steps({"id": "deploy", **standin["deploy"]}, bench)
+    path = write_runbook(body, hosts=standin["host"].host_yaml())
+    assert main(["run", str(path), "--log-dir", str(tmp_path / "logs")]) == 1
+    failure = capsys.readouterr().err.split("facts.failure = ", 1)[1].splitlines()[0]
+    assert failure.startswith('"concurrency 1, repeat 1/2: bench_serving exited 1: ')
+    url = f"http://127.0.0.1:{standin['port']}/flush_cache?timeout=60.0"
+    assert f"HTTPError: 400 Client Error: Bad Request for url: {url}" in failure
+    facts = facts_of(tmp_path / "logs", capsys)["bench"]
+    assert facts["runs"] == [] and facts["points"] == []

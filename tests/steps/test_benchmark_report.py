@@ -168,5 +168,9 @@ def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
         ["1", "100.0 (noisy)", "300.0", "3.00x", "90.0-130.0", "10.0%", "299.0-301.0", "0.3%", "1.00", "1.00"]
     ]
     assert "baseline: each number is the median of 3 clean run(s) per concurrency." in report.notes
+    assert not [note for note in report.notes if "not the same prompts" in note]
+    other = side_of("dflash", [bench_run(1, 300.0, repeat=r).model_copy(update={"seed": 10 + r}) for r in (1, 2, 3)])
+    expected = "concurrency 1: baseline ran seeds [1, 2, 3], dflash [11, 12, 13]: not the same prompts"
+    assert any(note.startswith(expected) for note in build_report(base, other).notes)
     latency = next(t for t in report.tables if t.title == "Latency per concurrency (ms)")
     assert latency.columns[2:4] == ["TTFT median", "TTFT p99"] and latency.rows[0][2] == "1.0"
