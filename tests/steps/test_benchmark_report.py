@@ -22,6 +22,7 @@ from steps.benchmark_report import (
     write_report,
 )
 from steps.benchmark_results import LATENCY_FIELDS, BenchRun, points
+from tests.steps.test_benchmark import asked
 
 METRICS = ("duration", "request_throughput", "input_throughput", "output_throughput", "total_throughput")
 METRICS += ("max_output_tokens_per_s", "concurrency", *LATENCY_FIELDS, "accept_length")
@@ -30,9 +31,8 @@ METRICS += ("max_output_tokens_per_s", "concurrency", *LATENCY_FIELDS, "accept_l
 def bench_run(concurrency: int, output_throughput: float | None, repeat: int = 1, **values: Any) -> BenchRun:
     fields: dict[str, Any] = dict.fromkeys(METRICS, 1.0) | {"total_input_tokens": 10, "total_output_tokens": 10}
     fields |= {"output_throughput": output_throughput, **values}
-    when = "2026-12-01T12:00:00.000+00:00"
-    about = {"repeat": repeat, "seed": repeat, "started_at": when, "finished_at": when, "command": "bench"}
-    return BenchRun(max_concurrency=concurrency, num_prompts=8, completed=8, unknown={}, **about, **fields)
+    about = asked(concurrency, 8, repeat=repeat, seed=repeat).model_dump()
+    return BenchRun(completed=8, unknown={}, **about, **fields)
 
 
 def side_of(label: str, runs: list[BenchRun], step: str | None = None) -> Side:
