@@ -404,9 +404,10 @@ def facts_from(
         name: summarize((r for r in requests if r.set == name), planned) for name, planned in document.planned.items()
     }
     answered = [r for r in requests if r.error is None]
-    lossless = None
+    lossless, lossless_failed = None, {}
     if reference is not None:
         lossless = compare_outputs(reference.requests, requests, document.planned, step.lossless_tolerance)
+        lossless_failed = lossless_failures(lossless, reference.step)
     return EvalAcceptanceFacts(
         base_url=document.base_url,
         api=step.api,
@@ -424,7 +425,7 @@ def facts_from(
         speculation_on=bool(answered) and all((r.verify_ct or 0) > 0 for r in answered),
         compared_to=None if reference is None else reference.step,
         lossless=lossless,
-        lossless_failed={} if lossless is None or reference is None else lossless_failures(lossless, reference.step),
+        lossless_failed=lossless_failed,
         requests=requests,
     )
 
@@ -601,8 +602,9 @@ class EvalAcceptanceStep(StepSpec):
         how = (
             f"/v1/chat/completions (thinking {'on' if self.thinking else 'off'})" if self.api == "chat" else "/generate"
         )
+        what = "acceptance length" if self.speculative else "reference outputs (no speculative decoding)"
         return (
-            f"# acceptance length: flush the cache of {config['base_url']}, then greedy {how} of the prompt "
+            f"# {what}: flush the cache of {config['base_url']}, then greedy {how} of the prompt "
             f"sets {counts}\n" + host_program("eval_acceptance", config, self.python)
         )
 
@@ -637,7 +639,10 @@ class EvalAcceptanceStep(StepSpec):
                 raise FactsError(
                     f"compare_outputs_to: step {step!r} has no facts.{name}: name an eval_acceptance step that ran"
                 ) from None
-        reference = Reference.model_validate(fields)
+        try:
+            reference = Reference.model_validate(fields)
+        except ValidationError as exc:
+            raise FactsError(f"compare_outputs_to: the facts of step {step!r} are not an evaluation's: {exc}") from None
         differ = [
             f"{name} ({getattr(reference, name)!r} there, {getattr(setup, name)!r} here)"
             for name in ("api", "template", "thinking", "max_new_tokens")
