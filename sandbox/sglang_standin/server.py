@@ -376,10 +376,11 @@ class Handler(BaseHTTPRequestHandler):
     def _openai(self, chat: bool) -> None:
         """/v1/completions and /v1/chat/completions, not streamed. Chat applies the stand-in's chat
         template (simulation.apply_chat_template) with `chat_template_kwargs.thinking` (default on, as
-        Kimi-K2.6's template; other kwargs are ignored as a template ignores names it does not read);
+        Kimi-K2.6's template; other kwargs are ignored as a template ignores names it does not read).
         `return_meta_info` and `return_token_ids` add `choices[0].meta_info`, `prompt_token_ids` and
-        `response_token_ids` as serving_chat.py does. With a reasoning parser and thinking on, the
-        output (all inside the think block) is `reasoning_content`."""
+        `response_token_ids` as serving_chat.py does (a completion: `token_ids`, and no meta_info).
+        With a reasoning parser and thinking on, the output (all inside the think block) is
+        `reasoning_content`."""
         body = self._body()
         if body.get("stream"):
             raise ValueError("the SGLang stand-in answers OpenAI requests without streaming only")
@@ -413,10 +414,10 @@ class Handler(BaseHTTPRequestHandler):
             }
         else:
             choice["text"] = out["text"]
-        if body.get("return_token_ids"):
+        if body.get("return_token_ids"):  # protocol.py: the chat's response_token_ids, a completion's token_ids
             choice["prompt_token_ids"] = simulation.prompt_token_ids(prompt)
-            choice["response_token_ids"] = out["output_ids"]
-        if body.get("return_meta_info"):
+            choice["response_token_ids" if chat else "token_ids"] = out["output_ids"]
+        if chat and body.get("return_meta_info"):  # a chat request's field only
             choice["meta_info"] = meta
         self._json(
             {
