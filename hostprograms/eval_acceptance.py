@@ -2,9 +2,17 @@
 
 Runs on the GPU host (stdlib only, MIN_PYTHON), where the server listens on loopback. It
 flushes the server's cache first, so no prompt is answered from a prefix cached by an earlier
-run, then sends every prompt to `POST /generate` at temperature 0, one at a time, and records
-what `meta_info` says about each request. The statistics are computed by the step, not here:
-this program only reports what the server answered.
+run, then sends every prompt at temperature 0, one at a time, and records what `meta_info` says
+about each request and the output's token ids (for the step's lossless check). The statistics
+are computed by the step, not here: this program only reports what the server answered.
+
+Two ways in (config `api`), because acceptance depends on the text the drafter sees:
+- `chat`: `POST /v1/chat/completions` as SGLang 0.5.23 takes it (protocol.py's
+  ChatCompletionRequest): the served model's name from `GET /v1/models`, one user message,
+  `chat_template_kwargs: {THINKING_KWARG: bool}` (Kimi K2's template reads `thinking`),
+  `return_meta_info` and `return_token_ids`; it reads `choices[0].meta_info` and
+  `choices[0].response_token_ids` (serving_chat.py). The model is evaluated as it is served;
+- `generate`: the raw text to `POST /generate`, reading `meta_info` and `output_ids`.
 
 Flushing is checked by its answer body. SGLang 0.5.23 answers 200 with "Cache flushed." when it
 flushed and 400 with a reason when it refused (requests in flight, another flush pending); older
@@ -12,9 +20,11 @@ releases answered 200 either way. Only a 200 whose body starts with "Cache flush
 refusal is retried a few times (the requests in flight may finish), then the run stops with the
 server's words: an acceptance length measured on a warm cache is not the one asked for.
 
-Shipped with the kit (hostprograms/kit.py). Its config: base_url, max_new_tokens, request_timeout_s,
-flush_attempts, flush_delay_s, api_key_var (the NAME of an environment variable holding the server's
-API key, or null) and sets ({name: [{id, text}]}). One result document; one progress line per prompt.
+Shipped with the kit (hostprograms/kit.py). Its config: base_url, api ("chat" | "generate"),
+thinking (bool, chat only) and thinking_kwarg, max_new_tokens, request_timeout_s, flush_attempts,
+flush_delay_s, api_key_var (the NAME of an environment variable holding the server's API key, or
+null) and sets ({name: [{id, text}]}). One result document; one progress line per prompt (without
+the token ids).
 Exit status 1 when the run stopped early (`error` in the document says why), else 0.
 """
 
@@ -48,12 +58,14 @@ class Unreachable(Exception):
     """The server did not answer at all (refused connection, reset, timeout)."""
 
 
-def post(url: str, payload: dict[str, Any] | None, timeout: float, api_key: str | None) -> tuple[int, str]:
-    """(status, body) of a POST; an HTTP error status is an answer too. Unreachable otherwise."""
-    data = json.dumps(payload).encode() if payload is not None else b""
+def send(
+    url: str, payload: dict[str, Any] | None, timeout: float, api_key: str | None, method: str = "POST"
+) -> tuple[int, str]:
+    """(status, body) of a request; an HTTP error status is an answer too. Unreachable otherwise."""
+    data = json.dumps(payload).encode() if payload is not None else (b"" if method == "POST" else None)
     headers = {"Content-Type": "application/json"}
     try:
-        with kit.request(url, token=api_key, method="POST", headers=headers, data=data, timeout=timeout) as response:
+        with kit.request(url, token=api_key, method=method, headers=headers, data=data, timeout=timeout) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
@@ -70,7 +82,7 @@ def flush_cache(config: dict[str, Any], api_key: str | None) -> dict[str, Any]:
     for attempt in range(1, attempts + 1):
         answer["attempts"] = attempt
         try:
-            status, body = post(url, None, config["request_timeout_s"], api_key)
+            status, body = send(url, None, config["request_timeout_s"], api_key)
         except Unreachable as exc:
             answer["status"], answer["body"] = None, str(exc)
         else:
@@ -83,27 +95,66 @@ def flush_cache(config: dict[str, Any], api_key: str | None) -> dict[str, Any]:
     return answer
 
 
-def generate(config: dict[str, Any], text: str, api_key: str | None) -> dict[str, Any]:
-    """One greedy /generate request: the meta_info fields SGLang reports, wall seconds, or an error."""
-    url = config["base_url"].rstrip("/") + "/generate"
-    payload = {"text": text, "sampling_params": {"max_new_tokens": config["max_new_tokens"], "temperature": 0}}
+def served_model(config: dict[str, Any], api_key: str | None) -> str:
+    """The name the server serves its model under (`GET /v1/models`, the first card's id)."""
+    url = config["base_url"].rstrip("/") + "/v1/models"
+    status, body = send(url, None, config["request_timeout_s"], api_key, method="GET")
+    try:
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        name = kit.loads(body)["data"][0]["id"]
+        if not isinstance(name, str):
+            raise TypeError("the model's id is not a string")
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise Unreachable(f"{url} named no served model ({exc}): {body.strip()[:BODY_CHARS]}") from None
+    return name
+
+
+def request_for(config: dict[str, Any], model: str | None, text: str) -> tuple[str, dict[str, Any]]:
+    """The endpoint and greedy request body of one prompt, for the config's api."""
+    max_new = config["max_new_tokens"]
+    if config["api"] == "generate":
+        return "/generate", {"text": text, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}}
+    return "/v1/chat/completions", {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_new,
+        "temperature": 0,
+        "stream": False,
+        "chat_template_kwargs": {config["thinking_kwarg"]: bool(config["thinking"])},
+        "return_meta_info": True,
+        "return_token_ids": True,
+    }
+
+
+def meta_and_ids(config: dict[str, Any], answer: Any) -> tuple[dict[str, Any], Any]:
+    """meta_info and the output token ids of an answer: /generate's top level, or the chat's first choice."""
+    if config["api"] == "generate":
+        return answer["meta_info"], answer.get("output_ids")
+    choice = answer["choices"][0]
+    return choice["meta_info"], choice.get("response_token_ids")
+
+
+def ask(config: dict[str, Any], model: str | None, text: str, api_key: str | None) -> dict[str, Any]:
+    """One greedy request: the meta_info fields SGLang reports, the output ids, wall seconds, or an error."""
+    path, payload = request_for(config, model, text)
     started = time.monotonic()
-    status, body = post(url, payload, config["request_timeout_s"], api_key)
+    status, body = send(config["base_url"].rstrip("/") + path, payload, config["request_timeout_s"], api_key)
     record: dict[str, Any] = {"seconds": round(time.monotonic() - started, 6), "error": None}
     if status != 200:
         record["error"] = f"HTTP {status}: {body.strip()[:BODY_CHARS]}"
         return record
     try:
-        answer = kit.loads(body)
-        meta = answer["meta_info"]
+        meta, ids = meta_and_ids(config, kit.loads(body))
         if not isinstance(meta, dict):
             raise TypeError("meta_info is not an object")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
         record["error"] = f"unexpected answer ({exc}): {body.strip()[:BODY_CHARS]}"
         return record
     record.update({name: meta[name] for name in META_FIELDS if name in meta})
     finish = meta.get("finish_reason")
     record["finish_reason"] = finish.get("type") if isinstance(finish, dict) else finish
+    record["output_ids"] = ids
     return record
 
 
@@ -119,16 +170,22 @@ def evaluate(config: dict[str, Any]) -> dict[str, Any]:
             f"the server did not flush its cache after {flush['attempts']} attempt(s); it answered {said}"
         )
         return document
+    try:
+        model = served_model(config, api_key) if config["api"] == "chat" else None
+    except Unreachable as exc:
+        document["error"] = str(exc)
+        return document
     for name, prompts in config["sets"].items():
         records: list[dict[str, Any]] = document["sets"].setdefault(name, [])
         for number, prompt in enumerate(prompts, start=1):
             try:
-                record = generate(config, prompt["text"], api_key)
+                record = ask(config, model, prompt["text"], api_key)
             except Unreachable as exc:
                 document["error"] = f"the server stopped answering during set {name!r}, prompt {number}: {exc}"
                 return document
             records.append({"id": prompt["id"], **record})
-            kit.progress({"set": name, "id": prompt["id"], "done": number, "total": len(prompts), **record})
+            shown = {key: value for key, value in record.items() if key != "output_ids"}
+            kit.progress({"set": name, "id": prompt["id"], "done": number, "total": len(prompts), **shown})
     return document
 
 

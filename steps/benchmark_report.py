@@ -51,7 +51,7 @@ class AcceptanceSet(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    prompts: int | None = None
+    requests: int | None = None
     mean: float | None = None
     median: float | None = None
     p10: float | None = None
@@ -173,7 +173,7 @@ def acceptance_table(sets: dict[str, AcceptanceSet]) -> Table:
     rows = [
         [
             name,
-            NA if s.prompts is None else str(s.prompts),
+            NA if s.requests is None else str(s.requests),
             *map(plain, (s.mean, s.median, s.p10, s.min, s.max)),
             tok_s(s.tokens_per_s),
         ]

@@ -8,11 +8,37 @@ text: math runs long, chat short. So the step measures it per prompt set.
 The server is the one a `deploy` step started (`server: <step id>`, whose `base_url` fact is the
 address on the host) or any address given as `base_url`. hostprograms/eval_acceptance.py runs on
 the host (stdlib only): it flushes the cache and checks the answer's body (SGLang may answer 200
-and still not flush), retries a refusal a few times, then sends each prompt to `/generate` at
-temperature 0 with `max_new_tokens`, one at a time, and reports meta_info per request. The step
-turns that into mean, median, p10, min and max per set and overall, with tokens and tokens/s.
+and still not flush), retries a refusal a few times, then sends each prompt at temperature 0 with
+`max_new_tokens`, one at a time, and reports meta_info and the output's token ids per request.
+The step turns that into, per set and overall: requests, the per-request (equal-weight) mean and
+the token-weighted mean, median, p10, min, max and a histogram (bins of 0.5 from 1.0), with
+tokens and tokens/s. Token-weighted acceptance favours long completions, hence both.
 
-A server without speculative decoding answers with no `spec_*` fields: the set's acceptance
+As the model is served (`api`): a drafter is trained on the target's templated outputs, so
+acceptance on raw text is not what users get. `api: chat` (the default) posts each prompt as one
+user message to `/v1/chat/completions`, so the server applies the model's chat template, with the
+thinking setting explicit: `thinking: true` (Kimi-K2.6's default; the published DFlash acceptance
+lengths were measured so) or false, sent as `chat_template_kwargs: {thinking_kwarg: ...}` (`thinking`
+is what Kimi K2's template and SGLang's kimi_k2 reasoning parser read). `api: generate` sends raw
+text to `/generate`; only there may `prompt_template` wrap each prompt (`{prompt}` marks where).
+Facts `api`, `template` and `thinking` (None for raw text) say which was used.
+
+Lossless check: speculative decoding must not change greedy output. A step with
+`speculative: false` evaluates the baseline server (no acceptance length: its default gates only
+require answered requests) and records reference outputs; a speculative step with
+`compare_outputs_to: <that step>` compares, per set and prompt id, its output token ids with the
+reference's: how many are identical and, for the others, the first token index where they diverge
+(`facts.lossless`). Both must send the same prompts with the same api, template, thinking and
+max_new_tokens, else the step is refused before anything is sent. `lossless_tolerance` is the share
+of a set's outputs that may differ (default 0.1): exact equality is too strict on real GPUs, whose
+kernels are not batch-invariant (a verify step of 8 tokens reduces in another order than 8 decode
+steps, and a near-tie between two tokens can flip); that tolerance was not measured on a GPU here,
+so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
+fails the default gate `not facts.lossless_failed`, which names the set and divergence indexes.
+
+Proof that speculation was on: `facts.speculation_on` is true when every answered request had
+`spec_verify_ct > 0` (SGLang's own DFlash sweep fails without it); a default gate of a speculative
+step. A server without speculative decoding answers with no `spec_*` fields: the set's acceptance
 length is then None with an `unknown_reason`, and the default gates fail. It never reads as 0 or 1.
 
 Prompt sets: `prompt_sets: [math, code, chat]` names sets shipped in steps/prompt_sets/;
@@ -20,20 +46,22 @@ Prompt sets: `prompt_sets: [math, code, chat]` names sets shipped in steps/promp
 line: `{"prompt": "..."}` or `{"text": "..."}`, with an optional `"id"` (string or integer); blank
 lines are skipped, anything else is an error naming the line. The prompts travel inside the
 script, so `runbook plan` shows every one that will be sent (a runbook's own file is read when the
-step runs). `prompt_template` wraps each prompt (`{prompt}` marks where), e.g. a chat template,
-because /generate takes raw text.
+step runs).
 
 Gate example (a runbook's own gates replace the defaults, so keep those it needs):
 
     gates:
       - that: facts.error is none
       - that: not facts.sets_without_results
+      - that: facts.speculation_on
+      - that: not facts.lossless_failed
       - that: facts.sets.math.mean >= 3.0
         message: DFlash accepts fewer than 3 tokens per step on math
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -43,7 +71,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from executor.hostprogram import host_program
 from executor.model import Gate, Model
@@ -61,6 +89,9 @@ from executor.transport.base import CommandResult, OutputSink
 SHIPPED = resources.files("steps") / "prompt_sets"
 SET_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # usable in a gate as facts.sets.<name>
 ERRORS_KEPT = 5  # request errors listed per set
+BIN_WIDTH = 0.5  # of the acceptance-length histogram
+CHAT_TEMPLATE = "the server's chat template (/v1/chat/completions)"
+RAW_TEXT = "none (raw text to /generate)"
 
 
 def shipped_sets() -> list[str]:
@@ -112,20 +143,45 @@ def parse_prompt_lines(text: str, source: str) -> list[Prompt]:
 # ---------------------------------------------------------------------------------------- statistics
 
 
+class HistogramBin(Model):
+    """Requests whose acceptance length is in [low, high)."""
+
+    low: float
+    high: float
+    count: int
+
+
+def histogram(values: Iterable[float]) -> list[HistogramBin]:
+    """Bins of BIN_WIDTH from 1.0 (lower where a value is below it) up to the bin holding the largest
+    value, empty bins included, so that a plot of them has no gaps. No values: no bins."""
+    values = list(values)
+    if not values:
+        return []
+    start = min(1.0, math.floor(min(values) / BIN_WIDTH) * BIN_WIDTH)
+    counts = [0] * (math.floor((max(values) - start) / BIN_WIDTH) + 1)
+    for value in values:
+        counts[math.floor((value - start) / BIN_WIDTH)] += 1
+    return [
+        HistogramBin(low=start + i * BIN_WIDTH, high=start + (i + 1) * BIN_WIDTH, count=count)
+        for i, count in enumerate(counts)
+    ]
+
+
 class Summary(Model):
     """Acceptance length over a group of requests: None everywhere, with the reason, when unknown."""
 
-    prompts: int  # requests sent
+    requests: int  # requests sent
     answered: int  # answered with meta_info
     measured: int  # answered with speculative decoding fields (the statistics are over these)
     without_spec: int  # answered, but with no spec_verify_ct: not counted
     failed: int  # error status or unusable answer
-    mean: float | None
+    mean: float | None  # per request: each request counts once, however long its output
     median: float | None
     p10: float | None
     min: float | None
     max: float | None
-    weighted_mean: float | None  # completion_tokens / verify_ct over the measured requests
+    weighted_mean: float | None  # completion_tokens / verify_ct over the measured requests (token-weighted)
+    histogram: list[HistogramBin]  # of the measured requests' acceptance lengths
     prompt_tokens: int
     completion_tokens: int  # over the answered requests
     verify_ct: int  # over the measured requests
@@ -146,6 +202,7 @@ class RequestFacts(Model):
     server_accept_length: float | None  # meta_info.spec_accept_length as the server reported it
     finish_reason: str | None
     error: str | None
+    output_ids: list[int] | None  # the greedy output's token ids, for the lossless check
 
 
 def request_facts(set_name: str, raw: dict[str, Any]) -> RequestFacts:
@@ -163,6 +220,7 @@ def request_facts(set_name: str, raw: dict[str, Any]) -> RequestFacts:
         server_accept_length=raw.get("spec_accept_length"),
         finish_reason=raw.get("finish_reason"),
         error=raw.get("error"),
+        output_ids=raw.get("output_ids"),
     )
 
 
@@ -199,12 +257,13 @@ def summarize(requests: Iterable[RequestFacts], expected: int) -> Summary:
             "weighted_mean": sum(r.completion_tokens or 0 for r in measured) / verify if verify else None,
         }
     return Summary(
-        prompts=len(done),
+        requests=len(done),
         answered=len(answered),
         measured=len(measured),
         without_spec=len(answered) - len(measured),
         failed=len(failed),
         **{name: None if value is None else round(value, 4) for name, value in stats.items()},
+        histogram=histogram(values),
         prompt_tokens=sum(r.prompt_tokens or 0 for r in answered),
         completion_tokens=completion,
         verify_ct=verify,
@@ -225,15 +284,83 @@ class FlushFacts(Model):
     body: str | None  # its body (clipped), or why there was no answer
 
 
+class LosslessSet(Model):
+    """One set's outputs against the reference step's, prompt by prompt (by id)."""
+
+    compared: int  # prompts answered with token ids on both sides
+    identical: int
+    differing: int
+    first_divergence: list[int]  # per differing output (in prompt order): the first token index that differs
+    differing_ids: list[str]  # their prompt ids, in the same order
+    max_differing_fraction: float  # the tolerance: the share of `compared` that may differ
+
+
+def first_divergence(reference: list[int], output: list[int]) -> int | None:
+    """The first token index where two outputs differ (a shorter one differs where it ends); None if equal."""
+    for index, (a, b) in enumerate(zip(reference, output, strict=False)):
+        if a != b:
+            return index
+    return None if len(reference) == len(output) else min(len(reference), len(output))
+
+
+def compare_outputs(
+    reference: Iterable[RequestFacts], requests: Iterable[RequestFacts], sets: Iterable[str], tolerance: float
+) -> dict[str, LosslessSet]:
+    """Per set, the outputs of `requests` against the reference's outputs of the same prompt ids."""
+    known = {(r.set, r.id): r.output_ids for r in reference if r.error is None and r.output_ids is not None}
+    compared: dict[str, list[tuple[str, int | None]]] = {name: [] for name in sets}
+    for request in requests:
+        ids = known.get((request.set, request.id))
+        if ids is not None and request.error is None and request.output_ids is not None:
+            compared[request.set].append((request.id, first_divergence(ids, request.output_ids)))
+    lossless = {}
+    for name, pairs in compared.items():
+        differing = [(ident, index) for ident, index in pairs if index is not None]
+        lossless[name] = LosslessSet(
+            compared=len(pairs),
+            identical=len(pairs) - len(differing),
+            differing=len(differing),
+            first_divergence=[index for _, index in differing],
+            differing_ids=[ident for ident, _ in differing],
+            max_differing_fraction=tolerance,
+        )
+    return lossless
+
+
+def lossless_failures(lossless: dict[str, LosslessSet], reference: str) -> dict[str, str]:
+    """Set name -> why it fails the lossless check: nothing compared, or more outputs differ than allowed."""
+    failed = {}
+    for name, result in lossless.items():
+        allowed = math.floor(result.max_differing_fraction * result.compared + 1e-9)
+        if result.compared == 0:
+            failed[name] = f"no output could be compared with {reference}'s (no prompt answered with token ids on both)"
+        elif result.differing > allowed:
+            failed[name] = (
+                f"{result.differing} of {result.compared} outputs differ from {reference}'s (prompts "
+                f"{', '.join(result.differing_ids)}; first divergence at token {result.first_divergence}); "
+                f"at most {allowed} ({result.max_differing_fraction:.0%}) may"
+            )
+    return failed
+
+
 class EvalAcceptanceFacts(Model):
     base_url: str
+    api: Literal["chat", "generate"]
+    template: str  # what was applied to each prompt: the server's chat template, none, or the prompt_template
+    thinking: bool | None  # the chat template's thinking setting; None for raw text
+    speculative: bool  # false: a baseline evaluation, the reference of a lossless check
     max_new_tokens: int
+    prompts_sha256: dict[str, str]  # per set, of the prompts as sent (ids and texts): what a comparison checks
     flush: FlushFacts
     error: str | None  # why the evaluation stopped early (cache not flushed, server gone)
     sets: dict[str, Summary]
     overall: Summary
     sets_without_results: dict[str, str]  # set name -> why it has no acceptance length
     failed_requests: int
+    speculation_on: bool  # every answered request (at least one) had spec_verify_ct > 0
+    compared_to: str | None  # the step whose outputs were the reference (compare_outputs_to)
+    lossless: dict[str, LosslessSet] | None  # None without compare_outputs_to
+    lossless_failed: dict[str, str]  # set name -> why it fails the lossless check
     requests: list[RequestFacts]
 
 
@@ -247,21 +374,58 @@ class HostDocument(Model):
     sets: dict[str, list[dict[str, Any]]]  # per set, one record per request answered or failed
 
 
-def facts_from(document: HostDocument, max_new_tokens: int) -> EvalAcceptanceFacts:
-    """Per-set and overall statistics from the host program's per-request records."""
+class Setup(BaseModel):
+    """What must match between an evaluation and the one whose outputs it compares with; read from
+    the reference step's facts (its other facts are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    api: str
+    template: str
+    thinking: bool | None
+    max_new_tokens: int
+    prompts_sha256: dict[str, str]
+
+
+class Reference(Setup):
+    """The reference step's facts that a lossless check reads."""
+
+    step: str
+    requests: list[RequestFacts]
+
+
+def facts_from(
+    document: HostDocument, step: EvalAcceptanceStep, setup: Setup, reference: Reference | None = None
+) -> EvalAcceptanceFacts:
+    """Per-set and overall statistics from the host program's per-request records, and the lossless
+    check against `reference`'s outputs when there is one."""
     requests = [request_facts(name, raw) for name in document.planned for raw in document.sets.get(name, [])]
     sets = {
         name: summarize((r for r in requests if r.set == name), planned) for name, planned in document.planned.items()
     }
+    answered = [r for r in requests if r.error is None]
+    lossless, lossless_failed = None, {}
+    if reference is not None:
+        lossless = compare_outputs(reference.requests, requests, document.planned, step.lossless_tolerance)
+        lossless_failed = lossless_failures(lossless, reference.step)
     return EvalAcceptanceFacts(
         base_url=document.base_url,
-        max_new_tokens=max_new_tokens,
+        api=step.api,
+        template=setup.template,
+        thinking=setup.thinking,
+        speculative=step.speculative,
+        max_new_tokens=setup.max_new_tokens,
+        prompts_sha256=setup.prompts_sha256,
         flush=document.flush,
         error=document.error,
         sets=sets,
         overall=summarize(requests, sum(document.planned.values())),
         sets_without_results={name: s.unknown_reason for name, s in sets.items() if s.unknown_reason},
         failed_requests=sum(s.failed for s in sets.values()),
+        speculation_on=bool(answered) and all((r.verify_ct or 0) > 0 for r in answered),
+        compared_to=None if reference is None else reference.step,
+        lossless=lossless,
+        lossless_failed=lossless_failed,
         requests=requests,
     )
 
@@ -308,7 +472,13 @@ class EvalAcceptanceStep(StepSpec):
     prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
     max_new_tokens: int = Field(default=256, ge=1)
     limit: int | None = Field(default=None, ge=1)  # first N prompts of each set
-    prompt_template: str = "{prompt}"
+    api: Literal["chat", "generate"] = "chat"  # the server applies the chat template, or raw text to /generate
+    thinking: bool = True  # the chat template's thinking setting (chat only)
+    thinking_kwarg: str = Field(default="thinking", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # its chat_template_kwargs key
+    prompt_template: str = "{prompt}"  # generate only: wraps each prompt
+    speculative: bool = True  # false: the baseline server, whose outputs a speculative eval compares with
+    compare_outputs_to: str | None = None  # id of the `speculative: false` eval_acceptance step
+    lossless_tolerance: float = Field(default=0.1, ge=0, le=1)  # share of a set's outputs that may differ
     request_timeout: float = Field(default=300.0, gt=0)  # seconds per request
     flush_attempts: int = Field(default=5, ge=1)
     flush_retry_delay: float = Field(default=1.0, ge=0)  # seconds between flush attempts
@@ -325,6 +495,22 @@ class EvalAcceptanceStep(StepSpec):
     def _one_server(self) -> EvalAcceptanceStep:
         if (self.server is None) == (self.base_url is None):
             raise ValueError("give exactly one of `server` (a deploy step id) or `base_url`")
+        return self
+
+    @model_validator(mode="after")
+    def _api_parameters(self) -> EvalAcceptanceStep:
+        if self.api == "chat" and self.prompt_template != "{prompt}":
+            raise ValueError(
+                "prompt_template applies to `api: generate` only: with `api: chat` the server applies "
+                "the model's chat template"
+            )
+        given = sorted({"thinking", "thinking_kwarg"} & self.model_fields_set)
+        if self.api == "generate" and given:
+            raise ValueError(f"{' and '.join(given)}: a chat template setting; `api: generate` sends raw text")
+        if self.compare_outputs_to is not None and not self.speculative:
+            raise ValueError(
+                "compare_outputs_to: a `speculative: false` step is the reference that a speculative one compares with"
+            )
         return self
 
     @field_validator("prompt_sets")
@@ -355,7 +541,7 @@ class EvalAcceptanceStep(StepSpec):
         return value
 
     def needs(self) -> set[str]:
-        return super().needs() | ({self.server} if self.server else set())
+        return super().needs() | {step for step in (self.server, self.compare_outputs_to) if step}
 
     def local_files(self) -> list[str]:
         return [] if isinstance(self.prompt_sets, list) else list(self.prompt_sets.values())
@@ -397,9 +583,14 @@ class EvalAcceptanceStep(StepSpec):
         return self.base_url if self.base_url is not None else str(ctx.fact(str(self.server), "base_url"))
 
     def render(self, ctx: RenderContext) -> str:
-        sets = self._sets(ctx.base_dir if isinstance(ctx, StepContext) else None)
+        return self._script(ctx, self._sets(ctx.base_dir if isinstance(ctx, StepContext) else None))
+
+    def _script(self, ctx: RenderContext, sets: dict[str, list[dict[str, str]] | str]) -> str:
         config = {
             "base_url": self._base_url(ctx),
+            "api": self.api,
+            "thinking": self.thinking,
+            "thinking_kwarg": self.thinking_kwarg,
             "max_new_tokens": self.max_new_tokens,
             "request_timeout_s": self.request_timeout,
             "flush_attempts": self.flush_attempts,
@@ -408,34 +599,113 @@ class EvalAcceptanceStep(StepSpec):
             "sets": sets,
         }
         counts = ", ".join(f"{name} ({len(p) if isinstance(p, list) else '?'})" for name, p in sets.items())
+        how = (
+            f"/v1/chat/completions (thinking {'on' if self.thinking else 'off'})" if self.api == "chat" else "/generate"
+        )
+        what = "acceptance length" if self.speculative else "reference outputs (no speculative decoding)"
         return (
-            f"# acceptance length: flush the cache of {config['base_url']}, then greedy /generate of the prompt "
+            f"# {what}: flush the cache of {config['base_url']}, then greedy {how} of the prompt "
             f"sets {counts}\n" + host_program("eval_acceptance", config, self.python)
         )
 
+    # ---- what a comparison needs ----------------------------------------------------------------------
+
+    def setup(self, sets: dict[str, list[dict[str, str]] | str]) -> Setup:
+        """What this evaluation sends, as a lossless comparison checks it."""
+        template = CHAT_TEMPLATE if self.api == "chat" else RAW_TEXT
+        if self.api == "generate" and self.prompt_template != "{prompt}":
+            template = self.prompt_template
+        digests = {
+            name: hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()
+            for name, prompts in sets.items()
+            if isinstance(prompts, list)
+        }
+        return Setup(
+            api=self.api,
+            template=template,
+            thinking=self.thinking if self.api == "chat" else None,
+            max_new_tokens=self.max_new_tokens,
+            prompts_sha256=digests,
+        )
+
+    def _reference(self, ctx: StepContext, setup: Setup) -> Reference:
+        """The reference step's outputs; refused (FactsError) unless it sent what this step will send."""
+        step = str(self.compare_outputs_to)
+        fields: dict[str, Any] = {"step": step}
+        for name in Reference.model_fields.keys() - {"step"}:
+            try:
+                fields[name] = ctx.fact(step, name)
+            except (KeyError, IndexError, TypeError):
+                raise FactsError(
+                    f"compare_outputs_to: step {step!r} has no facts.{name}: name an eval_acceptance step that ran"
+                ) from None
+        try:
+            reference = Reference.model_validate(fields)
+        except ValidationError as exc:
+            raise FactsError(f"compare_outputs_to: the facts of step {step!r} are not an evaluation's: {exc}") from None
+        differ = [
+            f"{name} ({getattr(reference, name)!r} there, {getattr(setup, name)!r} here)"
+            for name in ("api", "template", "thinking", "max_new_tokens")
+            if getattr(reference, name) != getattr(setup, name)
+        ]
+        if reference.prompts_sha256 != setup.prompts_sha256:
+            mine, theirs = setup.prompts_sha256, reference.prompts_sha256
+            changed = sorted(n for n in mine.keys() | theirs.keys() if mine.get(n) != theirs.get(n))
+            differ.append(f"the prompts of the sets {changed} (names, ids, texts, limit)")
+        if differ:
+            raise FactsError(
+                f"compare_outputs_to: {step!r} evaluated other requests than this step would send: "
+                f"{'; '.join(differ)}. A lossless check needs the same prompts, api, template, thinking and "
+                "max_new_tokens on both sides; nothing was sent"
+            )
+        return reference
+
     # ---- facts --------------------------------------------------------------------------------------
 
-    def parse_facts(self, result: CommandResult) -> EvalAcceptanceFacts:
+    def parse_facts(
+        self, result: CommandResult, setup: Setup | None = None, reference: Reference | None = None
+    ) -> EvalAcceptanceFacts:
         document = host_document(result, HostDocument, "the acceptance evaluation")
         try:
-            return facts_from(document, self.max_new_tokens)
+            return facts_from(document, self, setup or self.setup({}), reference)
         except ValidationError as exc:  # a meta_info field of an unexpected type
             raise FactsError(f"the server's meta_info has fields of unexpected types: {exc}") from None
 
     def default_gates(self) -> list[Gate]:
-        return [
+        gates = [
             Gate(that="facts.error is none", message="the acceptance evaluation stopped early"),
             Gate(that="exit_code == 0", message="the acceptance evaluation did not run to its end"),
-            Gate(
-                that="not facts.sets_without_results",
-                message="prompt sets without an acceptance length (the reason is given per set)",
-            ),
-            Gate(that="facts.failed_requests == 0", message="requests to /generate failed (see facts.sets.*.errors)"),
         ]
+        if self.speculative:
+            gates.append(
+                Gate(
+                    that="not facts.sets_without_results",
+                    message="prompt sets without an acceptance length (the reason is given per set)",
+                )
+            )
+        gates.append(Gate(that="facts.failed_requests == 0", message="requests failed (see facts.sets.*.errors)"))
+        if self.speculative:
+            gates.append(
+                Gate(
+                    that="facts.speculation_on",
+                    message="not every answered request had spec_verify_ct > 0: speculative decoding was not on "
+                    "for all of them (facts.sets.*.without_spec)",
+                )
+            )
+        if self.compare_outputs_to is not None:
+            gates.append(
+                Gate(
+                    that="not facts.lossless_failed",
+                    message=f"greedy outputs differ from {self.compare_outputs_to}'s beyond the tolerance",
+                )
+            )
+        return gates
 
     async def execute(self, ctx: StepContext) -> Outcome:
-        script = self.render(ctx)
-        result = await ctx.run(script, on_output=progress_sink(ctx))
+        sets = self._sets(ctx.base_dir)
+        setup = self.setup(sets)
+        reference = self._reference(ctx, setup) if self.compare_outputs_to is not None else None
+        result = await ctx.run(self._script(ctx, sets), on_output=progress_sink(ctx))
         if result.timed_out or result.interrupted:
             return Outcome(result)
-        return Outcome(result, self.parse_facts(result))
+        return Outcome(result, self.parse_facts(result, setup, reference))

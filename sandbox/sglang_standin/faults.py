@@ -6,7 +6,10 @@ A JSON object; a missing file means the defaults. Keys (all optional):
 - `accept_length`: null (per-prompt defaults by kind of prompt) or the mean acceptance length
   to simulate (float, clamped to [1, draft token count]);
 - `decode_tokens_per_s`: one request's decode speed without speculative decoding (float > 0);
-- `startup_s`: seconds from launch until /health answers 200 (float >= 0).
+- `startup_s`: seconds from launch until /health answers 200 (float >= 0);
+- `broken_drafter`: false (default) or true: a speculative server's greedy outputs then differ from
+  the baseline's from an early token index on (simulation.divergence_index, per prompt), as a
+  drafter whose verification lets wrong tokens through would; a baseline server ignores it.
 
 The server reads it at start-up; `refuse_flush_cache` is read again at each /flush_cache, so a
 test can switch it while the server runs. Unknown keys or wrong types fail loudly: a typo in a
@@ -31,6 +34,7 @@ class Switches:
     accept_length: float | None = None
     decode_tokens_per_s: float = 300.0
     startup_s: float = 1.5
+    broken_drafter: bool = False
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -61,9 +65,13 @@ def parse(data: object) -> Switches:
         value = data[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{FILE_NAME}: {key} must be a number, not {value!r}")
+    if not isinstance(data.get("broken_drafter", False), bool):
+        raise ValueError(f"{FILE_NAME}: broken_drafter must be true or false, not {data['broken_drafter']!r}")
     if "fault" in data and data["fault"] is not None and not isinstance(data["fault"], str):
         raise ValueError(f"{FILE_NAME}: fault must be a string or null, not {data['fault']!r}")
-    values: dict[str, Any] = {key: float(v) if isinstance(v, int) else v for key, v in data.items()}
+    values: dict[str, Any] = {
+        key: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for key, v in data.items()
+    }
     return Switches(**values)
 
 

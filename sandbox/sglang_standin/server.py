@@ -19,7 +19,9 @@ one or a batch, `stream` as SSE `data: {...}` lines ending `data: [DONE]`), GET|
 /flush_cache (200 "Cache flushed..." or 400 "Flush cache failed." when requests are in flight
 or the `refuse_flush_cache` switch is on; `?timeout=S` first waits up to S seconds for the server
 to become idle, else 400 "Timed out waiting for idle state.", as flush_wrapper.py), GET /v1/models,
-POST /v1/completions and /v1/chat/completions (minimal, not streamed). Switches: faults.py.
+POST /v1/completions and /v1/chat/completions (not streamed; chat applies a Kimi-K2-shaped chat
+template with the `thinking` kwarg and honours return_meta_info and return_token_ids).
+Switches: faults.py.
 
 A prefix cache (prefix_cache.py, like SGLang's radix cache) keeps finished requests' tokens: a
 request's cached prefix is not prefilled again (its TTFT drops), `meta_info.cached_tokens` counts
@@ -106,6 +108,11 @@ class Engine:
         with self._lock:
             self._in_flight.pop(rid, None)
 
+    @property
+    def broken_drafter(self) -> bool:
+        """Whether this server's speculative outputs leave the greedy ones (the `broken_drafter` switch)."""
+        return self.launch.speculative and self.switches.broken_drafter
+
     def in_flight(self) -> int:
         with self._lock:
             return len(self._in_flight)
@@ -190,8 +197,9 @@ class Engine:
                 if self.stopping:
                     return
                 for i in range(done, done + size):
-                    text += simulation.token_text(prompt, i)
-                    ids.append(1000 + (i * 7919 + len(prompt)) % 150000)
+                    token, word = simulation.output_token(prompt, i, self.broken_drafter)
+                    text += word
+                    ids.append(token)
                 done += size
                 self.record(size, verify=step > 0 and self.launch.speculative)
                 finished = step == len(chunks) - 1
@@ -412,11 +420,21 @@ class Handler(BaseHTTPRequestHandler):
         self._openai(chat=True)
 
     def _openai(self, chat: bool) -> None:
+        """/v1/completions and /v1/chat/completions, not streamed. Chat applies the stand-in's chat
+        template (simulation.apply_chat_template) with `chat_template_kwargs.thinking` (default on, as
+        Kimi-K2.6's template; other kwargs are ignored as a template ignores names it does not read).
+        `return_meta_info` and `return_token_ids` add `choices[0].meta_info`, `prompt_token_ids` and
+        `response_token_ids` as serving_chat.py does (a completion: `token_ids`, and no meta_info).
+        With a reasoning parser and thinking on, the output (all inside the think block) is
+        `reasoning_content`."""
         body = self._body()
         if body.get("stream"):
             raise ValueError("the SGLang stand-in answers OpenAI requests without streaming only")
+        thinking = True
         if chat:
-            prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
+            kwargs = body.get("chat_template_kwargs") or {}
+            thinking = bool(kwargs.get("thinking", True))
+            prompt = simulation.apply_chat_template(list(body.get("messages") or []), thinking)
         else:
             prompt = str(body.get("prompt", ""))
         params = {
@@ -430,16 +448,23 @@ class Handler(BaseHTTPRequestHandler):
             "completion_tokens": meta["completion_tokens"],
             "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
         }
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+        finish = meta["finish_reason"]
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish["type"] if finish else None, "logprobs": None}
         if chat:
+            reasoning = thinking and engine.launch.args.reasoning_parser is not None
             choice["message"] = {
                 "role": "assistant",
-                "content": out["text"],
-                "reasoning_content": None,
+                "content": "" if reasoning else out["text"],
+                "reasoning_content": out["text"] if reasoning else None,
                 "tool_calls": None,
             }
         else:
             choice["text"] = out["text"]
+        if body.get("return_token_ids"):  # protocol.py: the chat's response_token_ids, a completion's token_ids
+            choice["prompt_token_ids"] = simulation.prompt_token_ids(prompt)
+            choice["response_token_ids" if chat else "token_ids"] = out["output_ids"]
+        if chat and body.get("return_meta_info"):  # a chat request's field only
+            choice["meta_info"] = meta
         self._json(
             {
                 "id": meta["id"],

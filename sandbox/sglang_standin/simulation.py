@@ -4,8 +4,18 @@ Deterministic per prompt, so tests and the demo see stable numbers:
 
 - acceptance length (tokens per verify step, bonus token included, as SGLang's
   `spec_accept_length`): by kind of prompt, shaped like the published Kimi-K2.5-DFlash figures
-  (math ~5.4, code ~4.9, chat ~3.7), or centred on the configured mean; a per-prompt jitter of
-  +-0.4 from a hash of the prompt; always within [1, draft token count];
+  (math ~5.4, code ~4.9, chat ~3.7, measured with the chat template and thinking on), or centred
+  on the configured mean; then scaled by how the text reached the model (TEMPLATE_SCALE): a DFlash
+  drafter is trained on the target's own templated outputs, so text in the chat template with
+  thinking on (`<think>` opened) gets those means, the template with thinking off
+  (`<think></think>`) somewhat less, and raw text (no template: /generate's text, bench_serving's
+  random ids) clearly less; a per-prompt jitter of +-0.4 from a hash of the prompt; always within
+  [1, draft token count]. The template is CHAT_TEMPLATE's, shaped like Kimi K2's
+  (`<|im_user|>user<|im_middle|>...<|im_end|><|im_assistant|>assistant<|im_middle|>`), and is
+  recognised in any text, so /generate of a prompt templated by the caller counts as templated;
+- greedy output: token ids and words deterministic per prompt, the same with and without
+  speculative decoding (it is lossless), except with the `broken_drafter` switch: a speculative
+  server's output then leaves the baseline's from an early index (BROKEN_FROM, per prompt) on;
 - decode: a request decodes at `decode_tokens_per_s` when alone; a DFLASH verify step costs
   VERIFY_COST decode steps and yields the acceptance length in tokens; with N requests in flight
   each step slows down by a batching factor (more for the heavier verify steps), so speculative
@@ -20,6 +30,12 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_ACCEPT = {"math": 5.4, "code": 4.9, "chat": 3.7}
+#: how the text reached the model -> factor on the acceptance length (see the module docstring)
+TEMPLATE_SCALE = {"thinking": 1.0, "no_thinking": 0.88, "raw": 0.6}
+USER_TURN = "<|im_user|>user<|im_middle|>"
+ASSISTANT_TURN = "<|im_end|><|im_assistant|>assistant<|im_middle|>"
+THINK_ON, THINK_OFF = "<think>", "<think></think>"
+BROKEN_FROM = range(2, 10)  # token index where a broken drafter's output first differs, by prompt
 JITTER = 0.4
 VERIFY_COST = 1.3
 BATCH_SLOWDOWN = {False: 0.02, True: 0.1}  # per extra request in flight: baseline, speculative
@@ -46,9 +62,24 @@ def _unit(text: str) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
+def apply_chat_template(messages: list[dict[str, object]], thinking: bool) -> str:
+    """The prompt text /v1/chat/completions builds: the stand-in's Kimi-K2-shaped template, whose
+    `thinking` kwarg (on by default, as Kimi-K2.6's) opens a think block or leaves an empty one."""
+    turns = "".join(f"{USER_TURN}{message.get('content', '')}" for message in messages)
+    return turns + ASSISTANT_TURN + (THINK_ON if thinking else THINK_OFF)
+
+
+def template_of(prompt: str) -> str:
+    """thinking | no_thinking | raw: how this text reached the model (TEMPLATE_SCALE's keys)."""
+    if ASSISTANT_TURN not in prompt:
+        return "raw"
+    return "no_thinking" if prompt.rstrip().endswith(THINK_OFF) else "thinking"
+
+
 def accept_length(prompt: str, draft_tokens: int, mean: float | None) -> float:
     """The acceptance length this prompt gets with a drafter of `draft_tokens` (the block size)."""
     centre = DEFAULT_ACCEPT[prompt_kind(prompt)] if mean is None else mean
+    centre *= TEMPLATE_SCALE[template_of(prompt)]
     value = centre + (2 * _unit(prompt) - 1) * JITTER
     return min(max(value, 1.0), float(draft_tokens))
 
@@ -113,12 +144,25 @@ def prefill_seconds(prompt_tokens: int) -> float:
     return PREFILL_OVERHEAD_S + prompt_tokens / PREFILL_TOKENS_PER_S
 
 
+def prompt_token_ids(text: str) -> list[int]:
+    """The stand-in tokenizer's ids of a text: one per word (count_tokens), from a hash of the word."""
+    return [1000 + int(_unit(word) * 150000) for word in text.split()] or [1000]
+
+
 def count_tokens(text: str) -> int:
     """The stand-in's tokenizer: one token per whitespace-separated word (at least one)."""
     return max(1, len(text.split()))
 
 
-def token_text(prompt: str, index: int) -> str:
-    """The index-th generated token (a word), deterministic per prompt."""
+def output_token(prompt: str, index: int, broken_drafter: bool) -> tuple[int, str]:
+    """The index-th greedy output token (its id and its word), deterministic per prompt; a broken
+    drafter's differs from BROKEN_FROM's index for this prompt on (verification let wrong drafts through)."""
     words = ("the", "answer", "is", "so", "we", "get", "then", "and", "step", "next", "thus", "value")
-    return " " + words[(index + int(_unit(prompt) * 997)) % len(words)]
+    shift = int(broken_drafter and index >= divergence_index(prompt))
+    token = 1000 + (index * 7919 + len(prompt)) % 150000 + shift
+    return token, " " + words[(index + int(_unit(prompt) * 997) + shift) % len(words)]
+
+
+def divergence_index(prompt: str) -> int:
+    """Where a broken drafter's output for this prompt first differs from the greedy output."""
+    return BROKEN_FROM[int(_unit(prompt) * len(BROKEN_FROM))]

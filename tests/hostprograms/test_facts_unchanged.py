@@ -157,4 +157,20 @@ def test_the_server_kinds_facts_are_as_before_the_move(
 ) -> None:
     host = testhost("h200")
     facts = run_server_kinds(tmp_path, host.host_yaml(), host.home, host.python)
-    assert facts == json.loads(EXPECTED_SERVER.read_text())
+    expected = json.loads(EXPECTED_SERVER.read_text())
+    facts["eval"] = projected(facts["eval"], expected["eval"])  # issue 15 added facts to eval_acceptance's
+    assert facts == expected
+
+
+#: eval_acceptance's facts renamed since the snapshot (its Summary's `prompts` is `requests` since issue 15)
+RENAMED = {"prompts": "requests"}
+
+
+def projected(value: Any, shape: Any) -> Any:
+    """`value` reduced to the keys that `shape` (the snapshot) has, recursively, under their names of now:
+    every fact of before is still compared; those added since are not."""
+    if isinstance(shape, dict) and isinstance(value, dict):
+        return {key: projected(value.get(RENAMED.get(key, key)), inner) for key, inner in shape.items()}
+    if isinstance(shape, list) and isinstance(value, list) and len(shape) == len(value):
+        return [projected(item, inner) for item, inner in zip(value, shape, strict=True)]
+    return value

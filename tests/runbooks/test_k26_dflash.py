@@ -124,6 +124,9 @@ def test_the_runbook_runs_end_to_end_unedited(flagship: Flagship, capsys: pytest
     assert argv[argv.index("--attention-backend") + 1] == "fa3"  # Hopper, sm90
     assert dflash["previous"]["action"] == "stopped"  # the baseline made room for it on the port
     assert steps["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
+    evaluated = steps["eval"]["facts"]  # as served: chat template, thinking on; outputs as the baseline's
+    assert (evaluated["api"], evaluated["thinking"], evaluated["speculation_on"]) == ("chat", True, True)
+    assert {name: s["identical"] for name, s in evaluated["lossless"].items()} == {"math": 16, "code": 16, "chat": 16}
     bench = steps["benchmark_dflash"]["facts"]
     assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
     assert [r["max_concurrency"] for r in bench["runs"]] == [c for c in (1, 4, 16, 32) for _ in range(3)]  # repeats

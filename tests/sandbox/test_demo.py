@@ -32,7 +32,7 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert f"audit log: {run / 'audit.jsonl'}" in done.stderr and "a test double" in done.stderr
     assert (run / "speedup.png").exists()
     status = json.loads(runbook_cli("status", "--log-dir", str(logs), "--json").stdout)
-    assert [s["status"] for s in status["steps"]] == ["passed"] * 12
+    assert [s["status"] for s in status["steps"]] == ["passed"] * 13  # eval_baseline included
     assert runbook_cli("audit", "verify", str(run)).returncode == 0
     assert not live_pids(cmdline=str(logs))  # the SGLang stand-in was stopped by the runbook, the servers by the demo
 

@@ -262,16 +262,54 @@ def test_dflash_is_faster_than_baseline_and_only_it_reports_acceptance(
     assert generate(dflash, f"{MATH} Case 0.")["meta_info"]["spec_accept_length"] == math[0]
 
 
-def test_the_configured_acceptance_length_is_the_mean(
+def test_the_configured_acceptance_length_is_the_mean_of_templated_text_with_thinking_on(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
     host = testhost("h200")
     with host.standin(accept_length=2.0, **FAST):
         servers.append(server := start(host, launch_flags(models, free_port())))
         wait_healthy(server)
-    lengths = [generate(server, f"{MATH} #{i}", 200)["meta_info"]["spec_accept_length"] for i in range(12)]
+    prompts = [simulation.apply_chat_template([{"content": f"{MATH} #{i}"}], thinking=True) for i in range(12)]
+    lengths = [generate(server, prompt, 200)["meta_info"]["spec_accept_length"] for prompt in prompts]
     assert sum(lengths) / len(lengths) == pytest.approx(2.0, abs=0.3)
     assert max(lengths) < 3.0
+
+
+def chat(server: Server, text: str, thinking: bool | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 48, **extra}
+    if thinking is not None:
+        body["chat_template_kwargs"] = {"thinking": thinking}
+    status, raw = http(server.url + "/v1/chat/completions", body)
+    assert status == 200, raw
+    result: dict[str, Any] = json.loads(raw)
+    return result
+
+
+def test_chat_completions_apply_the_template_and_return_meta_info_and_token_ids_as_sglang(
+    testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
+) -> None:
+    baseline, dflash = start_pair(testhost("h200"), models, servers)
+    plain = chat(dflash, MATH)["choices"][0]  # without the flags, as SGLang: no meta_info, no token ids
+    assert "meta_info" not in plain and "response_token_ids" not in plain and plain["message"]["content"]
+    answer = chat(dflash, MATH, return_meta_info=True, return_token_ids=True)
+    choice, usage = answer["choices"][0], answer["usage"]
+    meta, ids = choice["meta_info"], choice["response_token_ids"]
+    assert choice["finish_reason"] == "length" and meta["finish_reason"] == {"type": "length", "length": 48}
+    assert len(ids) == meta["completion_tokens"] == usage["completion_tokens"] == 48
+    assert meta["prompt_tokens"] == usage["prompt_tokens"] == len(choice["prompt_token_ids"])
+    assert meta["spec_accept_length"] == pytest.approx(48 / meta["spec_verify_ct"])
+    # greedy and lossless: the baseline's ids are the same, and it reports no spec_* fields
+    same = chat(baseline, MATH, return_meta_info=True, return_token_ids=True)["choices"][0]
+    assert same["response_token_ids"] == ids and "spec_verify_ct" not in same["meta_info"]
+
+    def mean_accept(**how: Any) -> float:
+        answers = [chat(dflash, f"{MATH} Case {i}.", return_meta_info=True, **how) for i in range(4)]
+        return sum(a["choices"][0]["meta_info"]["spec_accept_length"] for a in answers) / 4
+
+    thinking, explicit, off = mean_accept(), mean_accept(thinking=True), mean_accept(thinking=False)
+    raw = sum(generate(dflash, f"{MATH} Case {i}.", 48)["meta_info"]["spec_accept_length"] for i in range(4)) / 4
+    assert thinking == explicit > off > raw  # thinking on by default, as Kimi-K2.6's template
+    assert thinking == pytest.approx(simulation.DEFAULT_ACCEPT["math"], abs=0.6)
 
 
 def test_flush_cache_answers_with_sglangs_bodies(
@@ -582,7 +620,15 @@ def test_the_launch_flags_are_the_real_releases() -> None:
 def test_the_switches_file_is_checked() -> None:
     assert faults.parse({}) == faults.Switches()
     assert faults.parse({"accept_length": 3, "startup_s": 0}).accept_length == 3.0
-    for bad in ({"fault": "explode"}, {"acept_length": 3.0}, {"startup_s": "1"}, {"decode_tokens_per_s": None}, []):
+    assert faults.parse({"broken_drafter": True}).broken_drafter is True
+    for bad in (
+        {"broken_drafter": 1},
+        {"fault": "explode"},
+        {"acept_length": 3.0},
+        {"startup_s": "1"},
+        {"decode_tokens_per_s": None},
+        [],
+    ):
         with pytest.raises(ValueError):
             faults.parse(bad)
 
@@ -610,3 +656,11 @@ def test_decode_steps_add_up_and_follow_sglangs_formulas(completion: int, accept
 def test_acceptance_is_deterministic_and_bounded(prompt: str, draft: int) -> None:
     value = simulation.accept_length(prompt, draft, None)
     assert value == simulation.accept_length(prompt, draft, None) and 1.0 <= value <= draft
+
+
+@settings(max_examples=50, deadline=None)
+@given(prompt=st.text(max_size=200), index=st.integers(min_value=0, max_value=300))
+def test_a_broken_drafter_leaves_the_greedy_output_from_its_divergence_index_on(prompt: str, index: int) -> None:
+    good, broken = simulation.output_token(prompt, index, False), simulation.output_token(prompt, index, True)
+    assert (good == broken) == (index < simulation.divergence_index(prompt))
+    assert simulation.divergence_index(prompt) in simulation.BROKEN_FROM  # early: within the first 10 tokens

@@ -46,8 +46,8 @@ def side(label: str, throughputs: dict[int, float | None], step: str | None = No
 BASELINE = side("baseline", {1: 100.0, 4: 350.0, 16: 1000.0}, "benchmark_baseline")
 DFLASH = side("dflash", {1: 310.0, 4: 910.0, 16: 1500.0}, "benchmark_dflash")
 SETS = {
-    "math": AcceptanceSet(prompts=20, mean=5.3, median=5.4, p10=4.1, min=3.0, max=7.9, tokens_per_s=512.3),
-    "chat": AcceptanceSet(prompts=20, mean=3.7, median=None, p10=2.0, min=1.0, max=6.0, tokens_per_s=None),
+    "math": AcceptanceSet(requests=20, mean=5.3, median=5.4, p10=4.1, min=3.0, max=7.9, tokens_per_s=512.3),
+    "chat": AcceptanceSet(requests=20, mean=3.7, median=None, p10=2.0, min=1.0, max=6.0, tokens_per_s=None),
 }
 
 

@@ -4,7 +4,9 @@ SGLang's HTTP server."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import shutil
 import socket
 import statistics
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -26,12 +28,17 @@ from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from hostprograms import eval_acceptance as host
 from sandbox.model_configs import drafter_config, target_config
+from sandbox.sglang_standin import simulation
 from steps.eval_acceptance import (
     EvalAcceptanceStep,
     FlushFacts,
     HostDocument,
     RequestFacts,
+    compare_outputs,
     facts_from,
+    first_divergence,
+    histogram,
+    lossless_failures,
     parse_prompt_lines,
     shipped_sets,
     summarize,
@@ -114,7 +121,13 @@ def test_shipped_sets_are_math_code_and_chat_with_twelve_to_twenty_prompts_each(
         ({"server": "d", "prompt_sets": []}, "at least one prompt set"),
         ({"server": "d", "prompt_sets": {"my set": "a.jsonl"}}, "letters, digits and _ only"),
         ({"server": "d", "prompt_sets": {"mine\n": "a.jsonl"}}, "letters, digits and _ only"),  # matched whole
-        ({"server": "d", "prompt_template": "<user>{text}</user>"}, "must contain {prompt}"),
+        ({"server": "d", "api": "generate", "prompt_template": "<user>{text}</user>"}, "must contain {prompt}"),
+        ({"server": "d", "prompt_template": "<user>{prompt}</user>"}, "applies to `api: generate` only"),
+        ({"server": "d", "api": "generate", "thinking": False}, "thinking: a chat template setting"),
+        ({"server": "d", "api": "generate", "thinking_kwarg": "x"}, "thinking_kwarg: a chat template setting"),
+        ({"server": "d", "api": "completions"}, "'chat' or 'generate'"),
+        ({"server": "d", "speculative": False, "compare_outputs_to": "e0"}, "is the reference"),
+        ({"server": "d", "lossless_tolerance": 1.5}, "less than or equal to 1"),
         ({"server": "d", "max_new_tokens": 0}, "greater than or equal to 1"),
     ],
 )
@@ -124,7 +137,9 @@ def test_parameters_are_checked_when_the_runbook_loads(params: dict[str, Any], e
 
 
 def test_limit_and_template_apply_to_what_is_sent_and_the_deploy_step_is_needed() -> None:
-    step = EvalAcceptanceStep(id="e", server="dflash", prompt_sets=["math"], limit=2, prompt_template="<u>{prompt}</u>")
+    step = EvalAcceptanceStep(
+        id="e", server="dflash", prompt_sets=["math"], limit=2, api="generate", prompt_template="<u>{prompt}</u>"
+    )
     (prompts,) = step._sets(None).values()
     assert isinstance(prompts, list) and len(prompts) == 2
     assert prompts[0]["text"].startswith("<u>A bakery") and prompts[0]["text"].endswith("</u>")
@@ -156,6 +171,7 @@ def request(completion: int | None, verify: int | None, seconds: float = 1.0, er
         server_accept_length=None,
         finish_reason="length",
         error=error,
+        output_ids=None,
     )
 
 
@@ -190,6 +206,62 @@ def test_statistics_are_ordered_and_agree_with_the_stdlib(measured: list[Request
     assert summary.weighted_mean == pytest.approx(tokens / verify, abs=1e-4)
     assert summary.completion_tokens == tokens + 50 * without_spec and summary.verify_ct == verify
     assert summary.tokens_per_s == pytest.approx(summary.completion_tokens / (len(measured) + without_spec), rel=1e-3)
+    assert summary.requests == len(measured) + without_spec  # every request sent, measured or not
+    assert sum(b.count for b in summary.histogram) == len(measured)  # the histogram is of the measured ones
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.floats(min_value=0.25, max_value=64.0), min_size=1, max_size=80))
+def test_histogram_bins_are_half_wide_from_one_and_hold_each_value_once(values: list[float]) -> None:
+    bins = histogram(values)
+    assert bins[0].low == (1.0 if min(values) >= 1.0 else math.floor(min(values) * 2) / 2)
+    for before, after in itertools.pairwise(bins):
+        assert after.low == before.high  # contiguous, empty bins included
+    for item in bins:
+        assert item.high - item.low == 0.5
+        assert item.count == sum(1 for v in values if item.low <= v < item.high)  # [low, high)
+    assert sum(b.count for b in bins) == len(values)
+    assert bins[-1].count > 0 and bins[-1].low <= max(values) < bins[-1].high  # up to the largest value
+
+
+def test_histogram_edges_belong_to_the_bin_above() -> None:
+    bins = histogram([1.0, 1.5, 1.49, 3.0])
+    assert [(b.low, b.high, b.count) for b in bins] == [(1.0, 1.5, 2), (1.5, 2.0, 1), (2.0, 2.5, 0), (2.5, 3.0, 0),
+                                                        (3.0, 3.5, 1)]  # fmt: skip
+    assert histogram([]) == []
+
+
+token_ids = st.lists(st.integers(min_value=0, max_value=5), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(reference=token_ids, output=token_ids)
+def test_first_divergence_is_the_first_index_that_differs(reference: list[int], output: list[int]) -> None:
+    index = first_divergence(reference, output)
+    if reference == output:
+        assert index is None
+        return
+    assert index is not None and reference[:index] == output[:index]
+    assert index == min(len(reference), len(output)) or reference[index] != output[index]
+
+
+def test_lossless_tolerance_is_a_share_of_the_compared_outputs() -> None:
+    def outputs(ids: dict[str, list[int]]) -> list[RequestFacts]:
+        return [request(4, 2).model_copy(update={"id": k, "output_ids": v}) for k, v in ids.items()]
+
+    reference = outputs({str(i): [1, 2, 3, 4] for i in range(20)})
+    one_off = outputs({str(i): [1, 2, 3, 4] for i in range(19)} | {"19": [1, 2, 9, 9]})
+    two_off = outputs({str(i): [1, 2, 3, 4] for i in range(18)} | {"18": [1, 9, 3, 4], "19": [1, 2, 3]})
+    result = compare_outputs(reference, one_off, ["s"], 0.05)["s"]
+    assert (result.compared, result.identical, result.differing, result.first_divergence) == (20, 19, 1, [2])
+    assert lossless_failures({"s": result}, "base") == {}  # 1 of 20 is 5%: allowed
+    result = compare_outputs(reference, two_off, ["s"], 0.05)["s"]
+    assert result.first_divergence == [1, 3] and result.differing_ids == ["18", "19"]
+    assert lossless_failures({"s": result}, "base") == {
+        "s": "2 of 20 outputs differ from base's (prompts 18, 19; first divergence at token [1, 3]); at most 1 (5%) may"
+    }
+    unmatched = compare_outputs(reference, outputs({"x": [1]}), ["s"], 0.1)
+    assert unmatched["s"].compared == 0 and "no output could be compared" in lossless_failures(unmatched, "base")["s"]
 
 
 @given(count=st.integers(min_value=1, max_value=20))
@@ -207,7 +279,12 @@ def test_failed_and_unsent_requests_are_unknown_with_the_reason() -> None:
     assert failed.unknown_reason == "every request failed; the first: HTTP 400: DFLASH does not support return_logprob"
     assert failed.errors == ["1: HTTP 400: DFLASH does not support return_logprob"]
     unsent = summarize([], 16)
-    assert unsent.prompts == 0 and unsent.unknown_reason is not None and "(16 planned)" in unsent.unknown_reason
+    assert (
+        unsent.requests == 0
+        and unsent.histogram == []
+        and unsent.unknown_reason is not None
+        and "(16 planned)" in unsent.unknown_reason
+    )
 
 
 def test_facts_list_every_planned_set_and_count_failures() -> None:
@@ -224,12 +301,13 @@ def test_facts_list_every_planned_set_and_count_failures() -> None:
             "code": [{"id": "c1", "seconds": 0.1, "error": "HTTP 500: boom"}],
         },
     )
-    facts = facts_from(document, 64)
+    step = EvalAcceptanceStep(id="e", base_url="http://h", max_new_tokens=64)
+    facts = facts_from(document, step, step.setup({}))
     assert list(facts.sets) == ["math", "code", "chat"]
     assert facts.sets["math"].mean == 4.5 and facts.sets["math"].weighted_mean == pytest.approx(124 / 28, abs=1e-4)
     assert facts.sets["math"].tokens_per_s == 124.0
     assert set(facts.sets_without_results) == {"code", "chat"}
-    assert facts.failed_requests == 1 and facts.overall.measured == 2 and facts.overall.prompts == 3
+    assert facts.failed_requests == 1 and facts.overall.measured == 2 and facts.overall.requests == 3
     assert [r.accept_length for r in facts.requests] == [4.0, 5.0, None]
 
 
@@ -241,6 +319,9 @@ class Scripted(BaseHTTPRequestHandler):
 
     answers: dict[str, list[tuple[int, str]]]
     seen: list[tuple[str, str | None, bytes]]
+
+    def do_GET(self) -> None:
+        self.do_POST()
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -267,6 +348,9 @@ def scripted_run(answers: dict[str, list[tuple[int, str]]], **config: Any) -> tu
         document = host.evaluate(
             {
                 "base_url": f"http://127.0.0.1:{server.server_address[1]}",
+                "api": "generate",
+                "thinking": None,
+                "thinking_kwarg": "thinking",
                 "max_new_tokens": 8,
                 "request_timeout_s": 10,
                 "flush_attempts": 2,
@@ -302,6 +386,45 @@ def test_requests_are_greedy_carry_the_api_key_and_a_bad_answer_is_that_requests
     first, second = document["sets"]["s"]
     assert first["error"].startswith("unexpected answer ('meta_info')") and second["error"].startswith("unexpected")
     assert "sk-123" not in json.dumps(document)
+
+
+def test_the_chat_api_sends_what_sglang_takes_and_reads_the_first_choices_meta_info_and_token_ids() -> None:
+    models = json.dumps({"object": "list", "data": [{"id": "moonshotai/Kimi-K2.6", "object": "model"}]})
+    meta = {"completion_tokens": 3, "prompt_tokens": 12, "spec_verify_ct": 2, "finish_reason": {"type": "length"}}
+    answer = {
+        "choices": [{"index": 0, "message": {"content": "x"}, "meta_info": meta, "response_token_ids": [5, 6, 7]}]
+    }
+    document, seen = scripted_run(
+        {
+            "/flush_cache": [(200, "Cache flushed.")],
+            "/v1/models": [(200, models)],
+            "/v1/chat/completions": [(200, json.dumps(answer))],
+        },
+        api="chat",
+        thinking=False,
+        thinking_kwarg="enable_thinking",
+    )
+    assert document["error"] is None
+    assert [path for path, _, _ in seen] == ["/flush_cache", "/v1/models", "/v1/chat/completions"]
+    assert json.loads(seen[2][2]) == {
+        "model": "moonshotai/Kimi-K2.6",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": False,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "return_meta_info": True,
+        "return_token_ids": True,
+    }
+    (record,) = document["sets"]["s"]
+    assert record["output_ids"] == [5, 6, 7] and record["spec_verify_ct"] == 2 and record["prompt_tokens"] == 12
+    assert record["finish_reason"] == "length"
+
+
+def test_no_served_model_stops_the_chat_evaluation_before_any_prompt() -> None:
+    document, seen = scripted_run({"/flush_cache": [(200, "Cache flushed.")], "/v1/models": [(404, "no")]}, api="chat")
+    assert document["error"].endswith("/v1/models named no served model (HTTP 404): no")
+    assert [path for path, _, _ in seen] == ["/flush_cache", "/v1/models"]
 
 
 @pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
@@ -440,15 +563,15 @@ def runbook_file(host: SandboxHost, folder: Path, steps: str) -> Path:
 @pytest.fixture(scope="module")
 def servers(testhost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """A DFlash server (the stand-in's default acceptance: math ~5.4, code ~4.9, chat ~3.7), a
-    baseline without speculative decoding, and a weak drafter (acceptance ~2), started through
-    the deploy kind; stopped by it at the end."""
+    baseline without speculative decoding, a weak drafter (acceptance ~2) and a broken one (its
+    greedy outputs differ from the baseline's), started through the deploy kind; stopped by it at the end."""
     host: SandboxHost = testhost("h200")
     tmp = tmp_path_factory.mktemp("eval-servers")
     models = host.home / "models-eval"
     for name, config in (("target", target_config()), ("drafter", drafter_config())):
         (models / name).mkdir(parents=True)
         (models / name / "config.json").write_text(json.dumps(config))
-    ports = {name: free_port() for name in ("dflash", "baseline", "weak")}
+    ports = {name: free_port() for name in ("dflash", "baseline", "weak", "broken")}
     yaml = {name: deploy_yaml(host, name, port, models, drafter=name != "baseline") for name, port in ports.items()}
     try:
         switches(host)
@@ -458,6 +581,11 @@ def servers(testhost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
         switches(host, accept_length=2.0)
         started = runbook_cli(
             "run", str(runbook_file(host, tmp / "weak", yaml["weak"])), "--log-dir", str(tmp / "logs")
+        )
+        assert started.returncode == 0, started.stderr
+        switches(host, broken_drafter=True)
+        started = runbook_cli(
+            "run", str(runbook_file(host, tmp / "broken", yaml["broken"])), "--log-dir", str(tmp / "logs")
         )
         assert started.returncode == 0, started.stderr
         (host.home / "sglang-standin.json").unlink()
@@ -496,14 +624,14 @@ def test_dflash_acceptance_per_prompt_set_through_the_deploy_steps_facts(servers
     sets = facts["sets"]
     assert list(sets) == ["math", "code", "chat"]
     for summary in sets.values():
-        assert summary["prompts"] == summary["measured"] == 3 and summary["failed"] == 0
+        assert summary["requests"] == summary["measured"] == 3 and summary["failed"] == 0
         assert summary["unknown_reason"] is None
         assert 1 < summary["min"] <= summary["p10"] <= summary["median"] <= summary["max"] <= 8  # the draft tokens
         assert summary["min"] <= summary["mean"] <= summary["max"]
         assert summary["completion_tokens"] == 3 * 48 and summary["verify_ct"] > 0
         assert summary["tokens_per_s"] > 0 and summary["prompt_tokens"] > 0
     assert sets["math"]["mean"] > sets["chat"]["mean"]
-    assert facts["overall"]["prompts"] == 9 and facts["overall"]["completion_tokens"] == 9 * 48
+    assert facts["overall"]["requests"] == 9 and facts["overall"]["completion_tokens"] == 9 * 48
     for request in facts["requests"]:
         assert request["accept_length"] == pytest.approx(request["completion_tokens"] / request["verify_ct"])
         assert request["accept_length"] == pytest.approx(request["server_accept_length"])
@@ -545,7 +673,7 @@ def test_a_refused_cache_flush_is_retried_then_fails_with_the_servers_answer(
     assert "the acceptance evaluation stopped early" in record["message"]
     assert "did not flush its cache after 3 attempt(s); it answered HTTP 400: Flush cache failed." in record["message"]
     assert record["facts"]["flush"]["attempts"] == 3
-    assert record["facts"]["overall"]["prompts"] == 0  # not one prompt was sent on a warm cache
+    assert record["facts"]["overall"]["requests"] == 0  # not one prompt was sent on a warm cache
     assert not [e for e in events if e["event"] == "progress"]
 
 
@@ -607,3 +735,131 @@ def test_meta_info_of_unexpected_types_fails_the_attempt_with_a_message() -> Non
     result = collect.result(0)
     with pytest.raises(FactsError, match="meta_info has fields of unexpected types"):
         EvalAcceptanceStep(id="e", base_url="http://h").parse_facts(result)
+
+
+# ------------------------------------------------- as the model is served, lossless, proof of speculation
+
+
+def templated(text: str, thinking: bool = True) -> str:
+    """A prompt as the stand-in's /v1/chat/completions puts it through its chat template."""
+    return simulation.apply_chat_template([{"role": "user", "content": text}], thinking)
+
+
+def test_the_chat_template_and_thinking_setting_decide_the_acceptance_and_the_facts_name_them(
+    servers: Servers, tmp_path, capsys
+) -> None:
+    common = {"base_url": servers.base_url("dflash"), "prompt_sets": ["math", "chat"], "limit": 3, "max_new_tokens": 32}
+    steps = (
+        eval_yaml(**common).replace("id: eval", "id: thinking_on")
+        + eval_yaml(**common, thinking=False).replace("id: eval", "id: thinking_off")
+        + eval_yaml(**common, api="generate").replace("id: eval", "id: raw")
+    )
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code == 0, records
+    on, off, raw = (records[name]["facts"] for name in ("thinking_on", "thinking_off", "raw"))
+    assert (on["api"], on["template"], on["thinking"]) == (
+        "chat",
+        "the server's chat template (/v1/chat/completions)",
+        True,
+    )
+    assert (off["api"], off["thinking"]) == ("chat", False)
+    assert (raw["api"], raw["template"], raw["thinking"]) == ("generate", "none (raw text to /generate)", None)
+    for name in ("math", "chat"):  # the drafter was trained on templated text, thinking on
+        assert on["sets"][name]["mean"] > off["sets"][name]["mean"] > raw["sets"][name]["mean"]
+        assert raw["sets"][name]["mean"] < 0.75 * on["sets"][name]["mean"]  # raw text: clearly lower
+    assert on["sets"]["math"]["mean"] > on["sets"]["chat"]["mean"]
+    summary = on["sets"]["math"]
+    assert summary["requests"] == 3 and summary["weighted_mean"] is not None
+    assert sum(b["count"] for b in summary["histogram"]) == 3 and summary["histogram"][0]["low"] == 1.0
+    assert all(len(r["output_ids"]) == 32 for r in on["requests"] + raw["requests"])  # recorded for the lossless check
+    assert on["speculation_on"] is True and on["lossless"] is None and on["lossless_failed"] == {}
+
+
+def lossless_steps(servers: Servers, candidate: str, **params: Any) -> str:
+    """A baseline eval on the baseline server and a speculative one on `candidate` comparing with it."""
+    common = {"prompt_sets": ["math", "code"], "limit": 4, "max_new_tokens": 24}
+    return eval_yaml(base_url=servers.base_url("baseline"), speculative=False, **common).replace(
+        "id: eval", "id: eval_baseline"
+    ) + eval_yaml(base_url=servers.base_url(candidate), compare_outputs_to="eval_baseline", **common | params)
+
+
+def test_a_good_drafter_gives_the_baselines_outputs_and_passes_the_lossless_gate(servers: Servers, tmp_path, capsys):
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, lossless_steps(servers, "dflash"))
+    assert code == 0, records
+    baseline = records["eval_baseline"]
+    assert baseline["status"] == "passed"  # no acceptance length: its default gates only ask for answered requests
+    assert baseline["facts"]["speculative"] is False and baseline["facts"]["speculation_on"] is False
+    facts = records["eval"]["facts"]
+    assert facts["compared_to"] == "eval_baseline" and facts["speculation_on"] is True
+    for name in ("math", "code"):
+        assert facts["lossless"][name] == {
+            "compared": 4,
+            "identical": 4,
+            "differing": 0,
+            "first_divergence": [],
+            "differing_ids": [],
+            "max_differing_fraction": 0.1,
+        }
+    assert facts["lossless_failed"] == {}
+
+
+def test_a_broken_drafter_fails_the_lossless_gate_naming_the_set_and_where_outputs_diverge(
+    servers: Servers, tmp_path, capsys
+) -> None:
+    steps = lossless_steps(servers, "broken", retry={"attempts": 1})
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0
+    record = records["eval"]
+    assert record["status"] == "failed"
+    assert "greedy outputs differ from eval_baseline's beyond the tolerance" in record["message"]
+    prompts = EvalAcceptanceStep(id="e", base_url="h", prompt_sets=["math"], limit=4)._sets(None)["math"]
+    assert isinstance(prompts, list)
+    expected = [simulation.divergence_index(templated(p["text"])) for p in prompts]
+    lossless = record["facts"]["lossless"]["math"]
+    assert (lossless["compared"], lossless["identical"], lossless["differing"]) == (4, 0, 4)
+    assert lossless["first_divergence"] == expected and max(expected) < 10  # early, per prompt
+    failed = record["facts"]["lossless_failed"]
+    assert set(failed) == {"math", "code"}
+    assert failed["math"].startswith("4 of 4 outputs differ from eval_baseline's (prompts math-01, math-02")
+    assert f"first divergence at token {expected}" in failed["math"] and "at most 0 (10%) may" in failed["math"]
+    assert f"first divergence at token {expected}" in record["message"]  # the gate shows the value it read
+    assert record["facts"]["speculation_on"] is True  # it did speculate: only its outputs are wrong
+
+
+def test_a_baseline_server_given_to_a_speculative_eval_fails_speculation_on(servers: Servers, tmp_path, capsys):
+    gates = ["facts.error is none", {"that": "facts.speculation_on", "message": "speculation was off"}]
+    steps = eval_yaml(base_url=servers.base_url("baseline"), limit=1, max_new_tokens=8, gates=gates,
+                      retry={"attempts": 1})  # fmt: skip
+    code, records, _ = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0
+    record = records["eval"]
+    assert "speculation was off" in record["message"] and "facts.speculation_on = false" in record["message"]
+    assert record["facts"]["overall"]["answered"] == 3 and record["facts"]["overall"]["without_spec"] == 3
+
+
+@pytest.mark.parametrize(
+    ("params", "differ"),
+    [
+        ({"max_new_tokens": 16}, "max_new_tokens (24 there, 16 here)"),
+        ({"thinking": False}, "thinking (True there, False here)"),
+        ({"limit": 3}, "the prompts of the sets ['code', 'math']"),
+        (
+            {"api": "generate"},
+            "api ('chat' there, 'generate' here); template (\"the server's chat template (/v1/chat/completions)\" "
+            "there, 'none (raw text to /generate)' here); thinking (True there, None here)",
+        ),
+    ],
+)
+def test_an_eval_whose_requests_differ_from_its_reference_is_refused_before_sending_anything(
+    servers: Servers, tmp_path, capsys, params: dict[str, Any], differ: str
+) -> None:
+    steps = lossless_steps(servers, "dflash", retry={"attempts": 1}, **params)
+    code, records, events = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0
+    record = records["eval"]
+    assert record["status"] == "failed" and record["facts"] is None
+    assert (
+        "compare_outputs_to: 'eval_baseline' evaluated other requests than this step would send: " in record["message"]
+    )
+    assert differ in record["message"] and record["message"].endswith("max_new_tokens on both sides; nothing was sent")
+    assert not [e for e in events if e["event"] == "progress" and e["step"] == "eval"]
