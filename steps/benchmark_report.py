@@ -557,7 +557,8 @@ def plot_pareto(baseline: Side, candidate: Side, gpus: dict[str, int | None], pa
     else:
         axes.text(0.5, 0.5, "no point has both an output throughput and a TPOT", ha="center", transform=axes.transAxes)
     axes.set(
-        title="Output tokens/s per GPU against tokens/s per user\n(one point per concurrency c; up and right is better)",
+        title="Output tokens/s per GPU against tokens/s per user\n"
+        "(one point per concurrency c; up and right is better)",
         xlabel="tokens/s per user (1000 / median TPOT ms)",
         ylabel="output tokens/s per GPU (median output throughput / GPUs)",
     )

@@ -298,7 +298,24 @@ def test_baseline_then_dflash_with_the_report(
     assert dflash["report"]["json_file"] == str(run_dir / "report.json")
     assert report["tables"][0]["title"] == "Acceptance length per prompt set"
     assert report["tables"][0]["rows"][0][:2] == ["math", "2"]
-    assert (run_dir / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    assert [f["path"] for f in report["figures"]][:2] == ["speedup.png", "pareto.png"]
+    for figure in report["figures"]:
+        assert (run_dir / figure["path"]).read_bytes().startswith(b"\x89PNG")
+    assert dflash["report"]["pareto_file"] == str(run_dir / "pareto.png")
+    # provenance: the servers as they ran; what no step here says (no probe, download or verify) is named
+    provenance = report["provenance"]
+    deployed = {d["side"]: d for d in provenance["deployments"]}
+    assert deployed["baseline"]["argv"] == records["deploy_baseline"]["facts"]["argv"]
+    assert deployed["dflash"]["draft_model_path"] == standin["drafter"]
+    assert {d["server_version"] for d in deployed.values()} == {"0.5.23"} and deployed["dflash"]["gpus"] == 1
+    assert [[r["concurrency"] for r in b["runs"]] for b in provenance["benchmarks"]] == [[1, 4], [1, 4]]
+    assert provenance["repos"] == [] and provenance["gpus"] is None
+    unknown = provenance["unknown"]
+    assert unknown["gpus"] == "no probe step ran on host box: the GPU model, count and driver are not known"
+    assert unknown["deployments.dflash.draft_model_path"].endswith(
+        f"names {standin['drafter']}: its commit is not known"
+    )
+    assert "\n## Provenance: not known\n" in (run_dir / "report.md").read_text()
     markdown = (run_dir / "report.md").read_text()
     assert main(["report", str(run_dir)]) == 0
     shown = capsys.readouterr().out
