@@ -551,8 +551,8 @@ def plot_pareto(baseline: Side, candidate: Side, gpus: dict[str, int | None], pa
                 color=line.get_color(),
             )
     if drawn:  # from 0, with room on the right and the top for the labels
-        axes.set_xlim(0, max(p.tokens_per_s_per_user for p in drawn) * 1.15)
-        axes.set_ylim(0, max(p.tokens_per_s_per_gpu for p in drawn) * 1.12)
+        axes.set_xlim(0, max(p.tokens_per_s_per_user for p in drawn) * 1.15 or 1.0)  # all zero: still a scale
+        axes.set_ylim(0, max(p.tokens_per_s_per_gpu for p in drawn) * 1.12 or 1.0)
         axes.legend(loc="upper right")  # a Pareto front runs from top left to bottom right
     else:
         axes.text(0.5, 0.5, "no point has both an output throughput and a TPOT", ha="center", transform=axes.transAxes)

@@ -208,6 +208,9 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.normpath(a) == os.path.normpath(b)
 
 
+REPO_KEYS = {"repo", "revision", "commit", "local_dir"}  # what verify and download facts both say of a repo
+
+
 def repos(sources: Sources, unknown: dict[str, str]) -> list[RepoProvenance]:
     """Each verified repo, then each downloaded one no verify step checked (same folder)."""
     verifies, downloads = _read(_Verify, sources.verifies), _read(_Download, sources.downloads)
@@ -216,16 +219,7 @@ def repos(sources: Sources, unknown: dict[str, str]) -> list[RepoProvenance]:
         problem = v.problem
         if problem:
             unknown[f"repos.{v.repo}.verified"] = f"{step} did not verify {v.local_dir}: {problem}"
-        found.append(
-            RepoProvenance(
-                repo=v.repo,
-                revision=v.revision,
-                commit=v.commit,
-                local_dir=v.local_dir,
-                step=step,
-                verified=problem is None,
-            )
-        )
+        found.append(RepoProvenance(**v.model_dump(include=REPO_KEYS), step=step, verified=problem is None))
     for step, d in downloads.items():
         if any(_same_path(d.local_dir, r.local_dir) for r in found):
             continue
@@ -235,11 +229,7 @@ def repos(sources: Sources, unknown: dict[str, str]) -> list[RepoProvenance]:
         )
         if d.commit is None:
             unknown[f"repos.{d.repo}.commit"] = f"{step}: the Hub did not say the commit ({d.hub_error})"
-        found.append(
-            RepoProvenance(
-                repo=d.repo, revision=d.revision, commit=d.commit, local_dir=d.local_dir, step=step, verified=False
-            )
-        )
+        found.append(RepoProvenance(**d.model_dump(include=REPO_KEYS), step=step, verified=False))
     return found
 
 
