@@ -214,11 +214,10 @@ def acceptance_table(acceptance: Acceptance) -> Table:
 
 def acceptance_note(acceptance: Acceptance) -> str:
     """How the eval's prompts reached the model: what its acceptance lengths are comparable with."""
-    thinking = NA if acceptance.thinking is None else ("on" if acceptance.thinking else "off")
     return (
         f"acceptance length (step {acceptance.step}): api {acceptance.api or NA}, template "
-        f"{acceptance.template or NA}, thinking {thinking}; mean = per request (each weighs the same), "
-        "token-weighted = completion tokens / verify steps."
+        f"{acceptance.template or NA}, thinking {_on_off(acceptance.thinking)}; "
+        "mean = per request (each weighs the same), token-weighted = completion tokens / verify steps."
     )
 
 
@@ -264,76 +263,77 @@ def _or_na(value: object) -> str:
     return NA if value is None else str(value)
 
 
+def _on_off(value: bool | None) -> str:
+    return NA if value is None else ("on" if value else "off")
+
+
 def provenance_tables(p: Provenance) -> list[Table]:
-    """What the numbers are of, as tables; the unknowns last, each with its reason."""
+    """What the numbers are of, as tables; the commands (long) in a table of their own, the unknowns last."""
     yes_no = {True: "yes", False: "no"}
+    repos = [[r.repo, _or_na(r.revision), _or_na(r.commit), yes_no[r.verified], r.local_dir, r.step] for r in p.repos]
+    deployments = [
+        [
+            d.side,
+            d.step,
+            d.host,
+            _or_na(d.server_version),
+            d.speculative_algorithm or "none (baseline)",
+            _or_na(d.gpus),
+            _or_na(d.model_path),
+            d.draft_model_path or "-",
+        ]
+        for d in p.deployments
+    ]
+    gpus = (
+        []
+        if p.gpus is None
+        else [
+            [
+                _or_na(p.gpus.model),
+                str(p.gpus.count),
+                _or_na(p.gpus.driver_version),
+                _or_na(p.gpus.cuda_version),
+                p.gpus.step,
+            ]
+        ]
+    )
+    runs = [
+        [b.side, str(r.concurrency), _or_na(r.repeat), _or_na(r.seed), _or_na(r.started_at), _or_na(r.finished_at)]
+        for b in p.benchmarks
+        for r in b.runs
+    ]
+    commands = [[d.side, "launch_server", NA if d.argv is None else shlex.join(d.argv)] for d in p.deployments]
+    commands += [
+        [b.side, f"bench_serving c={r.concurrency} repeat {_or_na(r.repeat)}", _or_na(r.command)]
+        for b in p.benchmarks
+        for r in b.runs
+    ]
     tables = [
         Table(
             title="Provenance: repos",
             columns=["repo", "revision", "commit", "verified", "local dir", "step"],
-            rows=[
-                [r.repo, _or_na(r.revision), _or_na(r.commit), yes_no[r.verified], r.local_dir, r.step] for r in p.repos
-            ],
+            rows=repos,
         ),
         Table(
             title="Provenance: deployments",
-            columns=["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter", "launch command"],
-            rows=[
-                [
-                    d.side,
-                    d.step,
-                    d.host,
-                    _or_na(d.server_version),
-                    d.speculative_algorithm or "none (baseline)",
-                    _or_na(d.gpus),
-                    _or_na(d.model_path),
-                    d.draft_model_path or "-",
-                    NA if d.argv is None else shlex.join(d.argv),
-                ]
-                for d in p.deployments
-            ],
+            columns=["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"],
+            rows=deployments,
         ),
-        Table(
-            title="Provenance: GPUs",
-            columns=["model", "count", "driver", "CUDA", "step"],
-            rows=[]
-            if p.gpus is None
-            else [
-                [
-                    _or_na(p.gpus.model),
-                    str(p.gpus.count),
-                    _or_na(p.gpus.driver_version),
-                    _or_na(p.gpus.cuda_version),
-                    p.gpus.step,
-                ]
-            ],
-        ),
+        Table(title="Provenance: GPUs", columns=["model", "count", "driver", "CUDA", "step"], rows=gpus),
         Table(
             title="Provenance: benchmark runs",
-            columns=["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)", "command"],
-            rows=[
-                [
-                    b.side,
-                    str(r.concurrency),
-                    _or_na(r.repeat),
-                    _or_na(r.seed),
-                    _or_na(r.started_at),
-                    _or_na(r.finished_at),
-                    _or_na(r.command),
-                ]
-                for b in p.benchmarks
-                for r in b.runs
-            ],
+            columns=["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"],
+            rows=runs,
         ),
+        Table(title="Provenance: commands", columns=["side", "what", "command"], rows=commands),
     ]
     if p.acceptance is not None:
         a = p.acceptance
-        thinking = NA if a.thinking is None else ("on" if a.thinking else "off")
         tables.append(
             Table(
                 title="Provenance: acceptance eval",
                 columns=["step", "api", "template", "thinking"],
-                rows=[[a.step, _or_na(a.api), _or_na(a.template), thinking]],
+                rows=[[a.step, _or_na(a.api), _or_na(a.template), _on_off(a.thinking)]],
             )
         )
     if p.unknown:

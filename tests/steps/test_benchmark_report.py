@@ -108,7 +108,7 @@ def test_no_common_concurrency_is_said() -> None:
 
 
 PROVENANCE_TITLES = ["Provenance: repos", "Provenance: deployments", "Provenance: GPUs", "Provenance: benchmark runs"]
-PROVENANCE_TITLES += ["Provenance: acceptance eval", "Provenance: not known"]
+PROVENANCE_TITLES += ["Provenance: commands", "Provenance: acceptance eval", "Provenance: not known"]
 
 
 def test_the_report_has_its_tables_and_names_what_was_not_compared() -> None:
@@ -167,23 +167,16 @@ def test_the_provenance_is_in_report_json_and_its_tables() -> None:
     assert set(document["provenance"]) >= {"generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown"}
     tables = {t.title: t for t in report.tables}
     deployments = tables["Provenance: deployments"]
-    assert deployments.columns == [
-        "side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter", "launch command"
-    ]  # fmt: skip
-    assert deployments.rows[0][:8] == [
-        "baseline",
-        "deploy_b",
-        "gpu",
-        "0.5.23",
-        "none (baseline)",
-        "2",
-        "/models/m",
-        "-",
-    ]
-    assert deployments.rows[0][8] == "python -m sglang.launch_server --model-path /models/m --tp-size 2"
+    assert deployments.columns == ["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"]
+    assert deployments.rows[0] == ["baseline", "deploy_b", "gpu", "0.5.23", "none (baseline)", "2", "/models/m", "-"]
     runs = tables["Provenance: benchmark runs"]
-    assert runs.columns == ["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)", "command"]
+    assert runs.columns == ["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"]
     assert [row[:2] for row in runs.rows] == [[s, str(c)] for s in ("baseline", "dflash") for c in (1, 4, 16)]
+    commands = tables["Provenance: commands"]
+    assert commands.columns == ["side", "what", "command"]
+    launch = "python -m sglang.launch_server --model-path /models/m --tp-size 2"
+    assert commands.rows[:2] == [["baseline", "launch_server", launch], ["dflash", "launch_server", launch]]
+    assert [row[1] for row in commands.rows[2:4]] == ["bench_serving c=1 repeat n/a", "bench_serving c=4 repeat n/a"]
     assert tables["Provenance: GPUs"].rows == []  # no probe: said in the unknowns
     unknown = dict(map(tuple, tables["Provenance: not known"].rows))  # type: ignore[arg-type]
     assert unknown == PROVENANCE.unknown and unknown["gpus"].startswith("no probe step ran on host gpu")
