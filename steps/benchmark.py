@@ -10,8 +10,9 @@ requests failed, so a run that completed fewer requests than it sent fails the s
 concurrency, rather than reporting a throughput of the requests that happened to succeed.
 
 With `compare_to: <baseline benchmark step>` (and optionally `acceptance: <eval_acceptance step>`)
-the step writes report.json, report.md and speedup.png into the run folder
-(steps/benchmark_report.py), and its facts carry the speedups, so a gate can say
+the step writes report.json, report.md and its figures into the run folder (steps/benchmark_report.py),
+with the provenance of the numbers gathered from the earlier steps' facts (steps/provenance.py), and
+its facts carry the speedups, so a gate can say
 `facts.speedup.min >= 1.0`. Both benchmarks must have used the same prompt lengths: a comparison of
 unlike runs is refused before anything runs.
 """
