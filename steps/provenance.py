@@ -120,7 +120,7 @@ class _Verify(_Seen):
     def problem(self) -> str | None:
         """Why the files are not known to be the commit's, or None when every one was checked."""
         if self.manifest_error or self.commit is None:
-            return f"the Hub's manifest could not be read: {self.manifest_error}"
+            return f"the Hub's manifest could not be read: {self.manifest_error or 'it names no commit'}"
         if self.files_expected == 0:
             return "no file of the manifest matched include/exclude: nothing was checked"
         found = {
