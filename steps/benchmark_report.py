@@ -579,6 +579,7 @@ def plot_acceptance(acceptance: Acceptance, path: Path | BinaryIO) -> None:
     ends = [b.high for _, s in sets for b in s.histogram or []]
     ends += [value + 0.5 for _, s in sets for value in (s.max, s.mean) if value is not None]
     high = max(ends, default=2.0)
+    low = min([1.0, *(b.low for _, s in sets for b in s.histogram or [])])  # bins start lower for a value below 1
     for axes, (name, s) in zip(grid, sets, strict=True):
         histogram = s.histogram or []
         axes.bar(
@@ -597,7 +598,7 @@ def plot_acceptance(acceptance: Acceptance, path: Path | BinaryIO) -> None:
             axes.text(0.5, 0.5, "no histogram in the eval's facts", ha="center", transform=axes.transAxes)
             axes.set_yticks([])
         axes.set(title=f"{name} ({_or_na(s.requests)} requests)", xlabel="acceptance length (tokens per verify step)")
-        axes.set_xlim(1.0, high)
+        axes.set_xlim(low, high)
         axes.grid(True, axis="y", alpha=0.3)
     grid[0].set_ylabel("requests")
     figure.savefig(path, format="png", metadata={"Software": None})
