@@ -466,6 +466,18 @@ def _make_key() -> int:
 
 
 REPORT_FILE = "report.json"
+#: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
+#: they are of (which commit, which server, which GPUs, which commands) are not shown.
+PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
+
+
+def _provenance_lacks(report: dict[str, Any]) -> str | None:
+    """What the report's provenance lacks, in words; None when it is complete."""
+    provenance = report.get("provenance")
+    if not isinstance(provenance, dict):
+        return "no provenance" if provenance is None else f"a provenance that is {type(provenance).__name__}"
+    missing = [key for key in PROVENANCE_KEYS if key not in provenance]
+    return f"a provenance without {', '.join(missing)}" if missing else None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -487,6 +499,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): "
             f"{exc!r}"
         ) from None
+    lacks = _provenance_lacks(report)
+    if lacks:
+        raise ResumeError(
+            f"{path}: refused: {lacks} (needs {', '.join(PROVENANCE_KEYS)}): nothing says which commits, "
+            "servers, GPUs and commands its numbers are of; run the benchmark again to write a report that does"
+        )
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK

@@ -125,6 +125,15 @@ class HostContext(StepContext):
             value = value[int(part)] if isinstance(value, list) else value[part]
         return value
 
+    def facts_of_kind(self, kind: str) -> dict[str, Any]:
+        engine, view = self.engine, self.engine.facts_view(self.host_name)
+        earlier = engine.runbook.steps[: engine.positions[self.spec.id]]
+        return {
+            spec.id: view[spec.id]["facts"]
+            for spec in earlier
+            if spec.kind == kind and spec.id in view and view[spec.id]["facts"] is not None
+        }
+
     async def run(
         self, script: str | bytes, *, timeout: float | None = None, on_output: OutputSink | None = None
     ) -> CommandResult:

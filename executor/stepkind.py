@@ -254,6 +254,15 @@ class StepContext(RenderContext):
         """Show live progress of this step (console status line; a `progress` JSON event)."""
 
     @abstractmethod
+    def facts_of_kind(self, kind: str) -> dict[str, Any]:
+        """The facts, on this host, of the steps of `kind` before this one that have facts (step id ->
+        facts, in runbook order).
+
+        For a step that must describe what it depends on without the runbook naming each step (a
+        report's provenance: every download, verify and probe before it).
+        """
+
+    @abstractmethod
     async def put(self, local: Path, remote: str) -> Transfer: ...
 
     @abstractmethod

@@ -45,6 +45,7 @@ POLL_S = 0.5
 PROGRESS_EVERY_S = 2.0
 TAIL_LINES = 30
 TAIL_BYTES = 64 * 1024
+SERVER_INFO_MAX = 4 * 1024 * 1024  # bytes of /server_info read for its version
 #: The prompt of the readiness probe: one token at temperature 0.
 READY_PROMPT = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
 _EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception)\b(?::|$)")
@@ -214,15 +215,16 @@ def log_tail(path: str) -> list[str]:
     return [line.rstrip() for line in text.splitlines() if line.strip()][-TAIL_LINES:]
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int | None, str]:
-    """(status, body text) of one request; status None with the reason when there was no answer."""
+def http(method: str, url: str, body: Any = None, timeout: float = 10.0, limit: int = 4096) -> tuple[int | None, str]:
+    """(status, the body's first `limit` bytes as text) of one request; status None with the reason when there
+    was no answer."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     try:
         with kit.request(url, method=method, headers=headers, data=data, timeout=timeout) as response:
-            return response.status, response.read(4096).decode("utf-8", "replace")
+            return response.status, response.read(limit).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(4096).decode("utf-8", "replace")
+        return exc.code, exc.read(limit).decode("utf-8", "replace")
     except (OSError, ValueError) as exc:  # refused, reset, timed out
         reason = getattr(exc, "reason", exc)
         return None, str(reason)
@@ -339,6 +341,21 @@ def wait_ready(
         time.sleep(POLL_S)
 
 
+def server_version(url: str) -> tuple[str | None, str | None]:
+    """The `version` that /server_info answers (SGLang's `__version__`), or None and why it is not known."""
+    # every server argument comes with it (a real 0.5.23 answers tens of kilobytes): read all of it
+    status, body = http("GET", url + "/server_info", timeout=10.0, limit=SERVER_INFO_MAX)
+    if status != 200:
+        return None, f"/server_info answered {describe_answer({'status': status, 'body': body})}"
+    try:
+        version = json.loads(body).get("version")
+    except (ValueError, AttributeError):
+        return None, f"/server_info answered no JSON object: {body[:100]!r}"
+    if not isinstance(version, str) or not version:
+        return None, f"/server_info has no version (it says {version!r})"
+    return version, None
+
+
 def exit_text(code: int | None) -> str:
     """` with status 1`, ` (killed by SIGKILL)`, or nothing when the status is not ours to read."""
     if code is None:
@@ -367,6 +384,7 @@ def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, 
         "state_file": state_path(state_dir, port), "pid": None, "log_file": None, "reused": False,
         "previous": None, "ready": False, "ready_s": None, "exit_code": None, "health": None, "generate": None,
         "error_line": None, "log_tail": [], "failure": None,
+        "server_version": None, "server_version_unknown": "the server did not become ready",
     }  # fmt: skip
     recorded = read_state(state_dir, port)
     if recorded is not None and not alive(recorded["pid"], recorded.get("starttime")):
@@ -433,6 +451,7 @@ def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, 
     report["ready_s"] = waited["elapsed_s"] if waited["ready"] else None
     if waited["ready"]:
         report["ready"] = True
+        report["server_version"], report["server_version_unknown"] = server_version(url)
         progress(f"ready after {waited['elapsed_s']:.1f}s: {url}", phase="ready", ready_s=waited["elapsed_s"])
         return report
     report["log_tail"], report["error_line"] = tail, error_line(tail)

@@ -24,8 +24,9 @@ The repeats of a concurrency become a `BenchPoint`: the median, min-max and rela
 `noisy` where the output throughput's relative MAD exceeds `spread_threshold`; speedups are of medians.
 
 With `compare_to: <baseline benchmark step>` (and optionally `acceptance: <eval_acceptance step>`)
-the step writes report.json, report.md and speedup.png into the run folder
-(steps/benchmark_report.py), and its facts carry the speedups, so a gate can say
+the step writes report.json, report.md and its figures into the run folder (steps/benchmark_report.py),
+with the provenance of the numbers gathered from the earlier steps' facts (steps/provenance.py), and
+its facts carry the speedups, so a gate can say
 `facts.speedup.min >= 1.0`. Both benchmarks must have used the same prompt lengths: a comparison of
 unlike runs is refused before anything runs.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -43,7 +44,8 @@ from executor.model import Gate
 from executor.render import host_word
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepSpec
 from executor.transport.base import CommandResult
-from steps.benchmark_report import AcceptanceSet, ReportFiles, Side, Speedup, speedup, write_report
+from steps import provenance
+from steps.benchmark_report import Acceptance, ReportFiles, Side, Speedup, speedup, write_report
 from steps.benchmark_results import JSONL_MARKER, BenchPoint, BenchRun, RunInfo, jsonl_lines, parse_run, points
 
 Positive = Annotated[int, Field(gt=0)]
@@ -229,7 +231,8 @@ class BenchmarkStep(StepSpec):
                 runs=facts.runs,
                 points=facts.points,
             )
-            _, files = write_report(ctx.run_dir, baseline, candidate, acceptance)
+            origin = self._provenance(ctx, baseline, candidate, acceptance)
+            _, files = write_report(ctx.run_dir, baseline, candidate, origin, acceptance)
             facts = facts.model_copy(update={"speedup": speedup(baseline, candidate), "report": files})
             ctx.progress(f"report written: {files.markdown_file}")
         return Outcome(result, facts)
@@ -267,16 +270,34 @@ class BenchmarkStep(StepSpec):
             )
         return side
 
-    def _acceptance(self, ctx: StepContext) -> dict[str, AcceptanceSet] | None:
+    def _acceptance(self, ctx: StepContext) -> Acceptance | None:
         if self.acceptance is None:
             return None
         sets = _fact(ctx, self.acceptance, "sets", "acceptance")
+        facts = ctx.facts_of_kind("eval_acceptance").get(self.acceptance) or {"sets": sets}
         try:
-            return {str(name): AcceptanceSet.model_validate(value) for name, value in dict(sets).items()}
-        except (ValidationError, TypeError, ValueError) as exc:
+            return Acceptance.model_validate({**facts, "step": self.acceptance})
+        except ValidationError as exc:
             raise FactsError(
                 f"acceptance: the sets of step {self.acceptance!r} are not acceptance facts: {exc}"
             ) from None
+
+    def _provenance(
+        self, ctx: StepContext, baseline: Side, candidate: Side, acceptance: Acceptance | None
+    ) -> provenance.Provenance:
+        """What the report's numbers are of, from the facts of the steps before this one on the host."""
+        baseline_server = str(_fact(ctx, baseline.step, "server", "compare_to"))
+        sides = [
+            provenance.Measured(baseline.label, baseline.step, baseline_server, baseline.runs),
+            provenance.Measured(candidate.label, candidate.step, self.server, candidate.runs),
+        ]
+        return provenance.build(
+            provenance.Sources.of(ctx),
+            sides,
+            generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            acceptance_step=self.acceptance,
+            acceptance_facts=None if acceptance is None else acceptance.model_dump(),
+        )
 
 
 _WARNING = re.compile(r":\d+: \w*Warning: ")

@@ -8,7 +8,13 @@ tested offline, and the same facts always give the same files:
   so `runbook report RUN_DIR` prints exactly the tables of report.md without knowing what they mean;
   `data` keeps the numbers;
 - `report.md`: the same tables in Markdown;
-- `speedup.png`: output throughput and speedup against concurrency (matplotlib, no pyplot state).
+- `speedup.png`: output throughput and speedup against concurrency (matplotlib, no pyplot state);
+- `pareto.png`: output tokens/s per GPU against tokens/s per user, one point per concurrency, a line per side;
+- `acceptance.png`: the acceptance-length histogram of each prompt set (when the eval's facts have one).
+
+report.json's `provenance` (steps/provenance.py) says what the numbers are of: repos' commits, servers and
+their launch commands, GPUs, bench_serving commands with seeds and times; report.md shows it as tables.
+`runbook report` refuses a report.json without it.
 
 The speedup at a concurrency is the candidate's median output throughput over the baseline's (the
 medians over each side's repeats). It is null where it cannot be computed (a throughput unknown or
@@ -22,16 +28,19 @@ from __future__ import annotations
 import io
 import json
 import math
+import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from executor import durable
 from steps.benchmark_results import BenchPoint, BenchRun, Spread
+from steps.provenance import Provenance
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
+PARETO_PNG, ACCEPTANCE_PNG = "pareto.png", "acceptance.png"
 NA = "n/a"
 
 
@@ -46,18 +55,57 @@ class Side(BaseModel):
     points: list[BenchPoint]
 
 
-class AcceptanceSet(BaseModel):
-    """One prompt set of an `eval_acceptance` step's facts (`sets.<name>`); other keys are ignored."""
+class HistogramBin(BaseModel):
+    """Requests whose acceptance length is in [low, high)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    requests: int | None = None
-    mean: float | None = None
+    low: float
+    high: float
+    count: int
+
+
+class AcceptanceSet(BaseModel):
+    """One prompt set of an `eval_acceptance` step's facts (`sets.<name>`); other keys are ignored, and
+    what an older eval's facts lack is None (shown n/a)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    requests: int | None = Field(default=None, validation_alias=AliasChoices("requests", "prompts"))
+    mean: float | None = None  # per request, each weighing the same
+    weighted_mean: float | None = None  # completion tokens / verify steps over the set
     median: float | None = None
     p10: float | None = None
     min: float | None = None
     max: float | None = None
     tokens_per_s: float | None = None
+    histogram: list[HistogramBin] | None = None
+
+
+class LosslessSet(BaseModel):
+    """The greedy outputs of one prompt set, the candidate's against the baseline's."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    compared: int | None = None
+    identical: int | None = None
+    differing: int | None = None
+    first_divergence: list[int] = []  # the token index where each differing output first differs
+    max_differing_fraction: float | None = None  # the tolerance the gate allows
+
+
+class Acceptance(BaseModel):
+    """The facts of an `eval_acceptance` step that the report shows (other keys are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: str
+    sets: dict[str, AcceptanceSet]
+    api: str | None = None  # "chat" | "generate"
+    template: str | None = None  # what was applied to the prompts
+    thinking: bool | None = None  # None for raw text
+    lossless: dict[str, LosslessSet] | None = None
+    speculation_on: bool | None = None  # every answered request had spec_verify_ct > 0
 
 
 class Speedup(BaseModel):
@@ -91,12 +139,15 @@ class Report(BaseModel):
     tables: list[Table]
     figures: list[Figure]
     data: dict[str, Any]
+    provenance: Provenance
 
 
 class ReportFiles(BaseModel):
     json_file: str
     markdown_file: str
-    figure_file: str
+    figure_file: str  # speedup.png
+    pareto_file: str
+    acceptance_file: str | None  # None: the eval's facts have no histogram (or there is no eval)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -168,18 +219,149 @@ def throughput_cell(point: BenchPoint) -> str:
     return tok_s(median(point.output_throughput)) + (NOISY if point.noisy else "")
 
 
-def acceptance_table(sets: dict[str, AcceptanceSet]) -> Table:
-    columns = ["prompt set", "prompts", "mean", "median", "p10", "min", "max", "tokens/s"]
+def acceptance_table(acceptance: Acceptance) -> Table:
+    columns = ["prompt set", "requests", "mean (per request)", "token-weighted mean", "median", "p10", "min", "max"]
     rows = [
         [
             name,
             NA if s.requests is None else str(s.requests),
-            *map(plain, (s.mean, s.median, s.p10, s.min, s.max)),
+            *map(plain, (s.mean, s.weighted_mean, s.median, s.p10, s.min, s.max)),
             tok_s(s.tokens_per_s),
         ]
-        for name, s in sets.items()
+        for name, s in acceptance.sets.items()
     ]
-    return Table(title="Acceptance length per prompt set", columns=columns, rows=rows)
+    return Table(title="Acceptance length per prompt set", columns=[*columns, "tokens/s"], rows=rows)
+
+
+def acceptance_note(acceptance: Acceptance) -> str:
+    """How the eval's prompts reached the model: what its acceptance lengths are comparable with."""
+    return (
+        f"acceptance length (step {acceptance.step}): api {acceptance.api or NA}, template "
+        f"{acceptance.template or NA}, thinking {_on_off(acceptance.thinking)}; "
+        "mean = per request (each weighs the same), token-weighted = completion tokens / verify steps."
+    )
+
+
+#: Divergence indexes a cell lists before it says how many more there are.
+DIVERGENCES_SHOWN = 10
+
+
+def _divergences(indexes: list[int]) -> str:
+    shown = ", ".join(map(str, indexes[:DIVERGENCES_SHOWN]))
+    more = len(indexes) - DIVERGENCES_SHOWN
+    return (shown + (f" (+{more} more)" if more > 0 else "")) or "-"
+
+
+def lossless_table(lossless: dict[str, LosslessSet], baseline: str, candidate: str) -> Table:
+    columns = ["prompt set", "compared", "identical", "differing", "first divergence (token index)", "tolerance"]
+    rows = [
+        [
+            name,
+            *(NA if n is None else str(n) for n in (s.compared, s.identical, s.differing)),
+            _divergences(s.first_divergence),
+            NA if s.max_differing_fraction is None else f"{s.max_differing_fraction:.1%} of outputs may differ",
+        ]
+        for name, s in lossless.items()
+    ]
+    return Table(title=f"Lossless check: greedy outputs of {candidate} against {baseline}", columns=columns, rows=rows)
+
+
+def speculation_table(acceptance: Acceptance) -> Table:
+    verdict = {True: "yes", False: "NO", None: NA}[acceptance.speculation_on]
+    why = {
+        True: "every answered request had spec_verify_ct > 0",
+        False: "some answered request had no verify steps: the server did not speculate on it",
+        None: "the eval's facts do not say",
+    }[acceptance.speculation_on]
+    return Table(
+        title="Speculative decoding was on",
+        columns=["eval step", "speculation on", "evidence"],
+        rows=[[acceptance.step, verdict, why]],
+    )
+
+
+def _or_na(value: object) -> str:
+    return NA if value is None else str(value)
+
+
+def _on_off(value: bool | None) -> str:
+    return NA if value is None else ("on" if value else "off")
+
+
+def provenance_tables(p: Provenance) -> list[Table]:
+    """What the numbers are of, as tables; the commands (long) in a table of their own, the unknowns last."""
+    yes_no = {True: "yes", False: "no"}
+    repos = [[r.repo, _or_na(r.revision), _or_na(r.commit), yes_no[r.verified], r.local_dir, r.step] for r in p.repos]
+    deployments = [
+        [
+            d.side,
+            d.step,
+            d.host,
+            _or_na(d.server_version),
+            d.speculative_algorithm or "none (baseline)",
+            _or_na(d.gpus),
+            _or_na(d.model_path),
+            d.draft_model_path or "-",
+        ]
+        for d in p.deployments
+    ]
+    gpus = (
+        []
+        if p.gpus is None
+        else [
+            [
+                _or_na(p.gpus.model),
+                str(p.gpus.count),
+                _or_na(p.gpus.driver_version),
+                _or_na(p.gpus.cuda_version),
+                p.gpus.step,
+            ]
+        ]
+    )
+    runs = [
+        [b.side, str(r.concurrency), _or_na(r.repeat), _or_na(r.seed), _or_na(r.started_at), _or_na(r.finished_at)]
+        for b in p.benchmarks
+        for r in b.runs
+    ]
+    commands = [[d.side, "launch_server", NA if d.argv is None else shlex.join(d.argv)] for d in p.deployments]
+    commands += [
+        [b.side, f"bench_serving c={r.concurrency} repeat {_or_na(r.repeat)}", _or_na(r.command)]
+        for b in p.benchmarks
+        for r in b.runs
+    ]
+    tables = [
+        Table(
+            title="Provenance: repos",
+            columns=["repo", "revision", "commit", "verified", "local dir", "step"],
+            rows=repos,
+        ),
+        Table(
+            title="Provenance: deployments",
+            columns=["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"],
+            rows=deployments,
+        ),
+        Table(title="Provenance: GPUs", columns=["model", "count", "driver", "CUDA", "step"], rows=gpus),
+        Table(
+            title="Provenance: benchmark runs",
+            columns=["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"],
+            rows=runs,
+        ),
+        Table(title="Provenance: commands", columns=["side", "what", "command"], rows=commands),
+    ]
+    if p.acceptance is not None:
+        a = p.acceptance
+        tables.append(
+            Table(
+                title="Provenance: acceptance eval",
+                columns=["step", "api", "template", "thinking"],
+                rows=[[a.step, _or_na(a.api), _or_na(a.template), _on_off(a.thinking)]],
+            )
+        )
+    if p.unknown:
+        tables.append(
+            Table(title="Provenance: not known", columns=["what", "why"], rows=[[k, v] for k, v in p.unknown.items()])
+        )
+    return tables
 
 
 def throughput_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
@@ -238,8 +420,10 @@ def spread_notes(baseline: Side, candidate: Side) -> list[str]:
     return notes
 
 
-def build_report(baseline: Side, candidate: Side, acceptance: dict[str, AcceptanceSet] | None = None) -> Report:
-    """The report of `candidate` against `baseline` (and the acceptance sets, when given)."""
+def build_report(
+    baseline: Side, candidate: Side, provenance: Provenance, acceptance: Acceptance | None = None
+) -> Report:
+    """The report of `candidate` against `baseline` (and the acceptance eval, when given), with its provenance."""
     gain = speedup(baseline, candidate)
     notes = [
         f"{candidate.label} (step {candidate.step}) against {baseline.label} (step {baseline.step}), "
@@ -247,26 +431,93 @@ def build_report(baseline: Side, candidate: Side, acceptance: dict[str, Acceptan
         f"speedup = {candidate.label} median output throughput / {baseline.label} median output throughput at the "
         "same concurrency.",
         *spread_notes(baseline, candidate),
+        f"generated at {provenance.generated_at}; what the numbers are of is in the provenance tables"
+        + (f", and {len(provenance.unknown)} thing(s) it does not know." if provenance.unknown else "."),
     ]
     for side, other in ((baseline, candidate), (candidate, baseline)):
         only = sorted(set(_by_concurrency(side)) - set(_by_concurrency(other)))
         if only:
             notes.append(f"concurrency {', '.join(map(str, only))} ran only for {side.label}: not compared.")
-    tables = [acceptance_table(acceptance)] if acceptance else []
+    tables = []
+    if acceptance:
+        notes.append(acceptance_note(acceptance))
+        tables.append(acceptance_table(acceptance))
+        if acceptance.lossless is not None:
+            tables.append(lossless_table(acceptance.lossless, baseline.label, candidate.label))
+        tables.append(speculation_table(acceptance))
     tables += [throughput_table(baseline, candidate, gain), latency_table(baseline, candidate)]
+    tables += provenance_tables(provenance)
+    gpus = {d.side: d.gpus for d in provenance.deployments}
+    notes += pareto_notes(baseline, candidate, gpus)
+    figures = [
+        Figure(title="Output throughput and speedup against concurrency", path=FIGURE_PNG),
+        Figure(title="Output tokens/s per GPU against tokens/s per user (Pareto view)", path=PARETO_PNG),
+    ]
+    if acceptance and any(s.histogram for s in acceptance.sets.values()):
+        figures.append(Figure(title="Acceptance length histogram per prompt set", path=ACCEPTANCE_PNG))
+    elif acceptance:
+        notes.append(f"no acceptance histogram: the facts of {acceptance.step} have none.")
     data = {
         "baseline": baseline.model_dump(mode="json"),
         "candidate": candidate.model_dump(mode="json"),
-        "acceptance": {k: v.model_dump(mode="json") for k, v in (acceptance or {}).items()},
+        "acceptance": None if acceptance is None else acceptance.model_dump(mode="json"),
         "speedup": gain.model_dump(mode="json"),
+        "pareto": {
+            side.label: [p._asdict() for p in pareto_points(side, gpus.get(side.label))]
+            for side in (baseline, candidate)
+        },
     }
     return Report(
         title=f"Benchmark: {candidate.label} vs {baseline.label}",
         notes=notes,
         tables=tables,
-        figures=[Figure(title="Output throughput and speedup against concurrency", path=FIGURE_PNG)],
+        figures=figures,
         data=data,
+        provenance=provenance,
     )
+
+
+def medians(side: Side, metric: str) -> dict[int, float]:
+    """The median of a metric per concurrency, over the side's repeats (its points); a concurrency
+    without a value is left out."""
+    return {p.max_concurrency: spread.median for p in side.points if (spread := getattr(p, metric)) is not None}
+
+
+class ParetoPoint(NamedTuple):
+    concurrency: int
+    tokens_per_s_per_gpu: float  # median output throughput / the deployment's GPUs
+    tokens_per_s_per_user: float  # 1000 / median TPOT (ms): the decode speed one user sees
+
+
+def pareto_points(side: Side, gpus: int | None) -> list[ParetoPoint]:
+    """One point per concurrency with both a throughput and a TPOT; none without a GPU count."""
+    throughput, tpot = medians(side, "output_throughput"), medians(side, "median_tpot_ms")
+    if not gpus:
+        return []
+    return [
+        ParetoPoint(c, throughput[c] / gpus, 1000.0 / tpot[c]) for c in sorted(throughput) if c in tpot and tpot[c] > 0
+    ]
+
+
+def pareto_notes(baseline: Side, candidate: Side, gpus: dict[str, int | None]) -> list[str]:
+    """How pareto.png is computed, and what it leaves out."""
+    notes = [
+        "pareto.png: output tokens/s per GPU (median output throughput / the deployment's GPUs) against tokens/s "
+        "per user (1000 / median TPOT ms, the decode speed a user sees once the first token came); "
+        "vLLM's plot_pareto divides the throughput by the concurrency instead, which counts the wait for the "
+        "first token too."
+    ]
+    for side in (baseline, candidate):
+        shown = {p.concurrency for p in pareto_points(side, gpus.get(side.label))}
+        left = [c for c in sorted({r.max_concurrency for r in side.runs}) if c not in shown]
+        if not gpus.get(side.label):
+            notes.append(f"pareto.png has no {side.label} line: the GPU count of its deployment is not known.")
+        elif left:
+            notes.append(
+                f"pareto.png leaves out {side.label} at concurrency {', '.join(map(str, left))}: "
+                "no output throughput or TPOT there."
+            )
+    return notes
 
 
 def _md_cell(text: str) -> str:
@@ -317,15 +568,102 @@ def plot(baseline: Side, candidate: Side, gain: Speedup, path: Path | BinaryIO) 
     figure.savefig(path, format="png", metadata={"Software": None})
 
 
+def plot_pareto(baseline: Side, candidate: Side, gpus: dict[str, int | None], path: Path | BinaryIO) -> None:
+    """pareto.png: a line per side through its concurrencies, each point labelled with its concurrency.
+
+    Up and to the right is better: more tokens per GPU (cost) at more tokens per user (speed)."""
+    from matplotlib.figure import Figure as MplFigure
+
+    figure = MplFigure(figsize=(7.5, 5.5), dpi=100, layout="constrained")
+    axes = figure.subplots()
+    drawn: list[ParetoPoint] = []
+    for side, marker in ((baseline, "o"), (candidate, "s")):
+        points = pareto_points(side, gpus.get(side.label))
+        if not points:
+            continue
+        drawn += points
+        count = gpus[side.label]
+        xs, ys = [p.tokens_per_s_per_user for p in points], [p.tokens_per_s_per_gpu for p in points]
+        (line,) = axes.plot(xs, ys, marker=marker, label=f"{side.label} ({count} GPU{'s' if count != 1 else ''})")
+        for p in points:
+            axes.annotate(
+                f"c={p.concurrency}",
+                (p.tokens_per_s_per_user, p.tokens_per_s_per_gpu),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=9,
+                color=line.get_color(),
+            )
+    if drawn:  # from 0, with room on the right and the top for the labels
+        axes.set_xlim(0, max(p.tokens_per_s_per_user for p in drawn) * 1.15 or 1.0)  # all zero: still a scale
+        axes.set_ylim(0, max(p.tokens_per_s_per_gpu for p in drawn) * 1.12 or 1.0)
+        axes.legend(loc="upper right")  # a Pareto front runs from top left to bottom right
+    else:
+        axes.text(0.5, 0.5, "no point has both an output throughput and a TPOT", ha="center", transform=axes.transAxes)
+    axes.set(
+        title="Output tokens/s per GPU against tokens/s per user\n"
+        "(one point per concurrency c; up and right is better)",
+        xlabel="tokens/s per user (1000 / median TPOT ms)",
+        ylabel="output tokens/s per GPU (median output throughput / GPUs)",
+    )
+    axes.grid(True, alpha=0.3)
+    figure.savefig(path, format="png", metadata={"Software": None})
+
+
+def plot_acceptance(acceptance: Acceptance, path: Path | BinaryIO) -> None:
+    """acceptance.png: one histogram per prompt set (requests per acceptance-length bin), side by side,
+    on the same x scale so that the sets compare at a glance."""
+    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.ticker import MaxNLocator
+
+    sets = list(acceptance.sets.items())
+    figure = MplFigure(figsize=(max(4.0 * len(sets), 6.0), 4.0), dpi=100, layout="constrained")
+    grid = figure.subplots(1, len(sets), sharex=True, squeeze=False)[0]
+    # the widest set sets the scale: its last bin, or its largest value or mean where a set has no bins
+    ends = [b.high for _, s in sets for b in s.histogram or []]
+    ends += [value + 0.5 for _, s in sets for value in (s.max, s.mean) if value is not None]
+    high = max(ends, default=2.0)
+    low = min([1.0, *(b.low for _, s in sets for b in s.histogram or [])])  # bins start lower for a value below 1
+    for axes, (name, s) in zip(grid, sets, strict=True):
+        histogram = s.histogram or []
+        axes.bar(
+            [b.low for b in histogram],
+            [b.count for b in histogram],
+            width=[b.high - b.low for b in histogram],
+            align="edge",
+            edgecolor="white",
+        )
+        if s.mean is not None:
+            axes.axvline(s.mean, color="tab:red", linestyle="--", linewidth=1, label=f"mean {s.mean:.2f} (per request)")
+            axes.legend(loc="best")
+        if histogram:
+            axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # requests are counted
+        else:
+            axes.text(0.5, 0.5, "no histogram in the eval's facts", ha="center", transform=axes.transAxes)
+            axes.set_yticks([])
+        axes.set(title=f"{name} ({_or_na(s.requests)} requests)", xlabel="acceptance length (tokens per verify step)")
+        axes.set_xlim(low, high)
+        axes.grid(True, axis="y", alpha=0.3)
+    grid[0].set_ylabel("requests")
+    figure.savefig(path, format="png", metadata={"Software": None})
+
+
 def write_report(
-    run_dir: Path, baseline: Side, candidate: Side, acceptance: dict[str, AcceptanceSet] | None = None
+    run_dir: Path,
+    baseline: Side,
+    candidate: Side,
+    provenance: Provenance,
+    acceptance: Acceptance | None = None,
 ) -> tuple[Report, ReportFiles]:
-    """Write report.json, report.md and speedup.png into `run_dir`."""
-    report = build_report(baseline, candidate, acceptance)
+    """Write report.json, report.md and the figures it lists into `run_dir`."""
+    report = build_report(baseline, candidate, provenance, acceptance)
+    paths = [figure.path for figure in report.figures]
     files = ReportFiles(
         json_file=str(run_dir / REPORT_JSON),
         markdown_file=str(run_dir / REPORT_MD),
         figure_file=str(run_dir / FIGURE_PNG),
+        pareto_file=str(run_dir / PARETO_PNG),
+        acceptance_file=str(run_dir / ACCEPTANCE_PNG) if ACCEPTANCE_PNG in paths else None,
     )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -336,7 +674,15 @@ def write_report(
     document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
     durable.replace_file(Path(files.json_file), document.encode("utf-8"), REPORT_JSON, mode=0o644)
     durable.replace_file(Path(files.markdown_file), markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
-    figure = io.BytesIO()
-    plot(baseline, candidate, Speedup.model_validate(report.data["speedup"]), figure)
-    durable.replace_file(Path(files.figure_file), figure.getvalue(), FIGURE_PNG, mode=0o644)
+    gpus = {d.side: d.gpus for d in provenance.deployments}
+    drawings: dict[str, Callable[[BinaryIO], None]] = {
+        FIGURE_PNG: lambda out: plot(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
+        PARETO_PNG: lambda out: plot_pareto(baseline, candidate, gpus, out),
+    }
+    if acceptance is not None:
+        drawings[ACCEPTANCE_PNG] = lambda out: plot_acceptance(acceptance, out)
+    for name in paths:
+        figure = io.BytesIO()
+        drawings[name](figure)
+        durable.replace_file(run_dir / name, figure.getvalue(), name, mode=0o644)
     return report, files

@@ -123,6 +123,8 @@ class StartReport(BaseModel):
     log_tail: list[str]
     failure: str | None
     port_holder: str | None = None  # who holds the port, when it is not our server
+    server_version: str | None = None  # what /server_info says once the server is ready (provenance)
+    server_version_unknown: str | None = None  # why server_version is None
     stopped: Stopped | None = None  # the server stopped after a failed start-up
 
 

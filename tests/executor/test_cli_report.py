@@ -29,9 +29,16 @@ tables = st.lists(
 )
 
 
-def write(run_dir: Path, report: object) -> None:
+#: A complete provenance: `runbook report` shows only a report that says what its numbers are of.
+PROVENANCE = {"generated_at": "2026-12-01T18:00:00+00:00", "repos": [], "deployments": [], "gpus": None}
+PROVENANCE |= {"benchmarks": [], "unknown": {"gpus": "no probe step ran on host gpu"}}
+
+
+def write(run_dir: Path, report: dict[str, object], provenance: object = PROVENANCE) -> None:
+    """report.json with `provenance` (left out where it is None)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "report.json").write_text(json.dumps(report))
+    document = report if provenance is None else {**report, "provenance": provenance}
+    (run_dir / "report.json").write_text(json.dumps(document))
 
 
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -64,7 +71,30 @@ def test_json_prints_the_document(tmp_path: Path, capsys: pytest.CaptureFixture[
     report = {"title": "t", "tables": [], "figures": [], "data": {"x": [1.5]}}
     write(tmp_path / "run", report)
     assert main(["report", str(tmp_path / "run"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == report
+    assert json.loads(capsys.readouterr().out) == {**report, "provenance": PROVENANCE}
+
+
+@pytest.mark.parametrize(
+    ("provenance", "lacks"),
+    [
+        (None, "no provenance"),
+        ([], "a provenance that is list"),
+        ({k: v for k, v in PROVENANCE.items() if k not in ("gpus", "unknown")}, "a provenance without gpus, unknown"),
+    ],
+)
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_report_without_a_complete_provenance_is_refused(
+    provenance: object, lacks: str, as_json: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Numbers that do not say which commits, servers, GPUs and commands they are of are not shown, as
+    tables or as JSON: exit 2, one line naming the file and what is missing."""
+    write(tmp_path / "run", {"title": "t", "tables": [], "figures": []}, provenance)
+    assert main(["report", str(tmp_path / "run"), *(["--json"] if as_json else [])]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"runbook: {tmp_path / 'run' / 'report.json'}: refused: {lacks} (needs generated_at, ")
+    assert "Traceback" not in captured.err
 
 
 def test_no_report_is_exit_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
+from tests.executor.test_cli_report import PROVENANCE
 
 # what the host prints: OSC 52 (clipboard), OSC 0 (title), clear screen, cursor moves, a one-byte C1 CSI,
 # a bidi override, a bare CR, then text that only looks like an escape, rich markup and an emoji code
@@ -131,6 +132,7 @@ def test_report_shows_a_stored_report_escaped(hostile: HostileRun) -> None:
         "notes": [PAYLOAD],
         "tables": [{"title": PAYLOAD, "columns": ["label", "value"], "rows": [[PAYLOAD, "1.0"]]}],
         "figures": [{"title": PAYLOAD, "path": "speedup.png"}],
+        "provenance": PROVENANCE,
     }
     (hostile.run_dir / "report.json").write_text(json.dumps(report))
     try:

@@ -622,3 +622,44 @@ def test_a_runbook_removed_after_loading_still_runs_as_loaded(write_runbook, tmp
     assert code == 0
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["runbook_sha256"] == hashlib.sha256(loaded).hexdigest()
+
+
+def test_facts_of_kind_gives_the_earlier_steps_of_a_kind_on_the_host(tmp_path, capsys, monkeypatch) -> None:
+    """What a report's provenance reads: every earlier step of a kind with facts, on this host only."""
+    import steps
+
+    extra = tmp_path / "extra_steps"
+    extra.mkdir()
+    (extra / "gather.py").write_text(
+        textwrap.dedent("""\
+        from typing import Literal
+        from executor.stepkind import Outcome, StepContext, StepSpec
+        from executor.transport.base import CommandResult
+
+        class Gather(StepSpec):
+            kind: Literal["gather"] = "gather"
+
+            async def execute(self, ctx: StepContext) -> Outcome:
+                result = await ctx.run("true")
+                return Outcome(result, {"shell": ctx.facts_of_kind("shell"), "none": ctx.facts_of_kind("probe")})
+        """)
+    )
+    monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
+    path = tmp_path / "rb.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+        name: t
+        hosts: {a: {address: local}, b: {address: local}}
+        steps:
+          - {id: mark, kind: shell, hosts: all, parse: json, script: 'printf "{\\"m\\": \\"%s\\"}" "$(mktemp -u)"'}
+          - {id: plain, kind: shell, hosts: all, script: "true"}
+          - {id: gather, kind: gather, host: a}
+          - {id: later, kind: shell, host: a, parse: json, script: "echo '{}'"}
+        """)
+    )
+    code, _out, err = run(path, tmp_path / "logs", capsys)
+    assert code == 0, err
+    facts = {(s["step"], s["host"]): s["facts"] for s in status(tmp_path / "logs", capsys)["steps"]}
+    assert facts[("mark", "a")] != facts[("mark", "b")]
+    # host a's facts of the shell step before it that has facts: not b's, not the step without facts, not later
+    assert facts[("gather", "a")] == {"shell": {"mark": facts[("mark", "a")]}, "none": {}}

@@ -30,7 +30,7 @@ from executor.redact import Redactor
 from executor.transport.base import Collector
 from steps.benchmark_report import write_report
 from tests.conftest import runbook_cli
-from tests.steps.test_benchmark_report import BASELINE, DFLASH
+from tests.steps.test_benchmark_report import BASELINE, DFLASH, PROVENANCE
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTPOINTS = [sys.executable, "-m", "tests.executor.faultpoints"]
@@ -326,7 +326,7 @@ def test_a_report_that_does_not_fit_raises_a_durable_write_error(small_disk: Pat
     run_dir.mkdir()
     _fill(small_disk)
     with pytest.raises(DurableWriteError) as raised:
-        write_report(run_dir, BASELINE, DFLASH)
+        write_report(run_dir, BASELINE, DFLASH, PROVENANCE)
     assert raised.value.errno == errno.ENOSPC and "report" in raised.value.what
     assert not list(run_dir.glob("*.tmp"))  # nothing half-written left behind
 

@@ -17,7 +17,7 @@ import yaml
 
 from executor import audit
 from executor.cli import main
-from sandbox.repos import TARGET_ID
+from sandbox.repos import DRAFTER_ID, TARGET_ID
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import free_port
 
@@ -141,6 +141,26 @@ def test_the_runbook_runs_end_to_end_unedited(flagship: Flagship, capsys: pytest
     assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
     assert (folder / "report.md").read_text().startswith("# Benchmark")
     assert (folder / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    assert [f["path"] for f in report["figures"]][:2] == ["speedup.png", "pareto.png"]
+    assert all((folder / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
+    # provenance: what the numbers are of, complete on the test host
+    provenance = report["provenance"]
+    assert [(r["repo"], r["commit"], r["verified"]) for r in provenance["repos"]] == [
+        (repo, flagship.hub.repos[repo].sha, True) for repo in (DRAFTER_ID, TARGET_ID)
+    ]
+    assert [r["step"] for r in provenance["repos"]] == ["verify_drafter", "verify_target"]
+    assert [(d["side"], d["step"], d["server_version"]) for d in provenance["deployments"]] == [
+        ("baseline", "deploy_baseline", "0.5.23"), ("dflash", "deploy_dflash", "0.5.23")
+    ]  # fmt: skip
+    assert provenance["deployments"][1]["argv"] == argv and provenance["deployments"][1]["gpus"] == 1
+    assert provenance["gpus"]["model"] == probe["gpu"]["gpus"][0]["name"] and provenance["gpus"]["count"] == 1
+    assert provenance["gpus"]["driver_version"] == probe["gpu"]["driver_version"] is not None
+    assert provenance["gpus"]["cuda_version"] == probe["gpu"]["cuda_version"] is not None
+    assert [{r["concurrency"] for r in b["runs"]} for b in provenance["benchmarks"]] == [{1, 4, 16, 32}] * 2
+    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [12, 12]  # a seed per run
+    acceptance = provenance["acceptance"]
+    assert (acceptance["step"], acceptance["api"], acceptance["thinking"]) == ("eval", "chat", True)
+    assert provenance["unknown"] == {}  # on the test host every fact of the numbers is known
     assert main(["report", str(folder)]) == 0
     assert "Acceptance length per prompt set" in capsys.readouterr().out
     assert main(["audit", "verify", str(folder)]) == 0

@@ -328,7 +328,24 @@ def test_baseline_then_dflash_with_the_report(
     assert dflash["report"]["json_file"] == str(run_dir / "report.json")
     assert report["tables"][0]["title"] == "Acceptance length per prompt set"
     assert report["tables"][0]["rows"][0][:2] == ["math", "2"]
-    assert (run_dir / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    assert [f["path"] for f in report["figures"]][:2] == ["speedup.png", "pareto.png"]
+    for figure in report["figures"]:
+        assert (run_dir / figure["path"]).read_bytes().startswith(b"\x89PNG")
+    assert dflash["report"]["pareto_file"] == str(run_dir / "pareto.png")
+    # provenance: the servers as they ran; what no step here says (no probe, download or verify) is named
+    provenance = report["provenance"]
+    deployed = {d["side"]: d for d in provenance["deployments"]}
+    assert deployed["baseline"]["argv"] == records["deploy_baseline"]["facts"]["argv"]
+    assert deployed["dflash"]["draft_model_path"] == standin["drafter"]
+    assert {d["server_version"] for d in deployed.values()} == {"0.5.23"} and deployed["dflash"]["gpus"] == 1
+    assert [[r["concurrency"] for r in b["runs"]] for b in provenance["benchmarks"]] == [[1, 4], [1, 4]]
+    assert provenance["repos"] == [] and provenance["gpus"] is None
+    unknown = provenance["unknown"]
+    assert unknown["gpus"] == "no probe step ran on host box: the GPU model, count and driver are not known"
+    assert unknown["deployments.dflash.draft_model_path"].endswith(
+        f"names {standin['drafter']}: its commit is not known"
+    )
+    assert "\n## Provenance: not known\n" in (run_dir / "report.md").read_text()
     markdown = (run_dir / "report.md").read_text()
     assert main(["report", str(run_dir)]) == 0
     shown = capsys.readouterr().out
@@ -368,8 +385,8 @@ def facts_of(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     return {r["step"]: r["facts"] for r in json.loads(capsys.readouterr().out)["steps"]}
 
 
-#: A shell step sending math prompts to the server before the benchmark, as the flagship's eval does: they raise
-#: /server_info's running average of the acceptance length.
+#: A shell step sending math prompts (chat-templated) to the server before the benchmark, as the flagship's eval
+#: does: they raise /server_info's running average of the acceptance length.
 MATH_FIRST = r"""python3 - <<'EOF'
 import json, urllib.request
 url = "http://127.0.0.1:PORT"
@@ -380,8 +397,9 @@ def post(path, body=None):
         return json.load(answer)
 lengths = []
 for i in range(4):
-    prompt = {"text": f"Solve 12 + {i} * 7 = x. How many apples in total?", "sampling_params": {"max_new_tokens": 200}}
-    lengths.append(post("/generate", prompt)["meta_info"]["spec_accept_length"])
+    turn = {"role": "user", "content": f"Solve 12 + {i} * 7 = x. How many apples in total?"}
+    prompt = {"messages": [turn], "max_tokens": 200, "temperature": 0, "return_meta_info": True}
+    lengths.append(post("/v1/chat/completions", prompt)["choices"][0]["meta_info"]["spec_accept_length"])
 average = post("/server_info")["internal_states"][0]["avg_spec_accept_length"]
 print(json.dumps({"accept_lengths": lengths, "running_average": average}))
 EOF
@@ -419,7 +437,8 @@ def test_every_run_is_clean_no_cached_prefix_and_its_own_acceptance(
     assert all(run["median_ttft_ms"] >= 0.9 * full_prefill_ms for run in runs), [r["median_ttft_ms"] for r in runs]
 
     before = facts["math"]
-    ceiling = simulation.DEFAULT_ACCEPT["chat"] + simulation.JITTER  # what random-ids prompts get at most
+    # what random-ids prompts (raw text, no chat template) get at most
+    ceiling = simulation.DEFAULT_ACCEPT["chat"] * simulation.TEMPLATE_SCALE["raw"] + simulation.JITTER
     assert min(before["accept_lengths"]) > ceiling and before["running_average"] > ceiling
     assert all(1 < run["accept_length"] <= ceiling for run in runs)
 

@@ -12,16 +12,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from steps.benchmark_report import (
+    ACCEPTANCE_PNG,
     FIGURE_PNG,
     NA,
+    PARETO_PNG,
+    Acceptance,
     AcceptanceSet,
+    HistogramBin,
+    LosslessSet,
     Side,
     build_report,
     markdown,
+    pareto_points,
     speedup,
     write_report,
 )
 from steps.benchmark_results import LATENCY_FIELDS, BenchRun, points
+from steps.provenance import Measured, Provenance, Sources, build
 from tests.steps.test_benchmark import asked
 
 METRICS = ("duration", "request_throughput", "input_throughput", "output_throughput", "total_throughput")
@@ -45,10 +52,45 @@ def side(label: str, throughputs: dict[int, float | None], step: str | None = No
 
 BASELINE = side("baseline", {1: 100.0, 4: 350.0, 16: 1000.0}, "benchmark_baseline")
 DFLASH = side("dflash", {1: 310.0, 4: 910.0, 16: 1500.0}, "benchmark_dflash")
+MATH_BINS = [HistogramBin(low=1.0 + i / 2, high=1.5 + i / 2, count=n) for i, n in enumerate([0, 1, 2, 3, 5, 4, 3, 2])]
 SETS = {
-    "math": AcceptanceSet(requests=20, mean=5.3, median=5.4, p10=4.1, min=3.0, max=7.9, tokens_per_s=512.3),
-    "chat": AcceptanceSet(requests=20, mean=3.7, median=None, p10=2.0, min=1.0, max=6.0, tokens_per_s=None),
-}
+    "math": AcceptanceSet(
+        requests=20, mean=5.3, weighted_mean=5.6, median=5.4, p10=4.1, min=3.0, max=7.9, tokens_per_s=512.3,
+        histogram=MATH_BINS,
+    ),
+    # facts of an eval before the weighted mean and the histogram: `prompts` counts the requests, the rest is n/a
+    "chat": AcceptanceSet.model_validate(
+        {"prompts": 20, "mean": 3.7, "median": None, "p10": 2.0, "min": 1.0, "max": 6.0, "tokens_per_s": None}
+    ),
+}  # fmt: skip
+ACCEPTANCE = Acceptance(
+    step="eval",
+    sets=SETS,
+    api="chat",
+    template="the server's chat template (/v1/chat/completions)",
+    thinking=True,
+    lossless={
+        "math": LosslessSet(compared=20, identical=19, differing=1, first_divergence=[37], max_differing_fraction=0.05),
+        "chat": LosslessSet(compared=20, identical=20, differing=0, first_divergence=[], max_differing_fraction=0.05),
+    },
+    speculation_on=True,
+)
+
+
+def deployed(tp: int) -> dict[str, Any]:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--tp-size", str(tp)]
+    return {"argv": argv, "model_path": "/models/m", "server_version": "0.5.23"}
+
+
+def provenance_of(baseline: Side, candidate: Side) -> Provenance:
+    """The provenance of a comparison whose two deployments run on 2 GPUs each."""
+    sources = Sources("gpu", {}, {}, {}, {"deploy_b": deployed(2), "deploy_c": deployed(2)})
+    sides = [Measured(baseline.label, baseline.step, "deploy_b", baseline.runs)]
+    sides.append(Measured(candidate.label, candidate.step, "deploy_c", candidate.runs))
+    return build(sources, sides, "2026-12-01T18:00:00+00:00", "eval", ACCEPTANCE.model_dump())
+
+
+PROVENANCE = provenance_of(BASELINE, DFLASH)
 
 
 def test_speedup_per_concurrency_and_its_range() -> None:
@@ -70,25 +112,93 @@ def test_no_common_concurrency_is_said() -> None:
     assert gain.unknown["min"] == "no concurrency ran in both benchmarks (baseline: [1], dflash: [2])"
 
 
-def test_the_report_has_the_three_tables_and_names_what_was_not_compared() -> None:
-    report = build_report(BASELINE, side("dflash", {1: 310.0, 4: 910.0, 64: 2000.0}), SETS)
+PROVENANCE_TITLES = ["Provenance: repos", "Provenance: deployments", "Provenance: GPUs", "Provenance: benchmark runs"]
+PROVENANCE_TITLES += ["Provenance: commands", "Provenance: acceptance eval", "Provenance: not known"]
+
+
+def test_the_report_has_its_tables_and_names_what_was_not_compared() -> None:
+    report = build_report(BASELINE, side("dflash", {1: 310.0, 4: 910.0, 64: 2000.0}), PROVENANCE, ACCEPTANCE)
     titles = [t.title for t in report.tables]
     assert titles == [
         "Acceptance length per prompt set",
+        "Lossless check: greedy outputs of dflash against baseline",
+        "Speculative decoding was on",
         "Output throughput per concurrency",
         "Latency per concurrency (ms)",
+        *PROVENANCE_TITLES,
     ]
-    acceptance, throughput, latency = report.tables
+    acceptance, lossless, speculation, throughput, latency = report.tables[:5]
+    assert acceptance.columns == [
+        "prompt set", "requests", "mean (per request)", "token-weighted mean", "median", "p10", "min", "max", "tokens/s"
+    ]  # fmt: skip
     assert acceptance.rows == [
-        ["math", "20", "5.30", "5.40", "4.10", "3.00", "7.90", "512.3"],
-        ["chat", "20", "3.70", NA, "2.00", "1.00", "6.00", NA],
+        ["math", "20", "5.30", "5.60", "5.40", "4.10", "3.00", "7.90", "512.3"],
+        ["chat", "20", "3.70", NA, NA, "2.00", "1.00", "6.00", NA],
     ]
+    note = next(n for n in report.notes if n.startswith("acceptance length (step eval)"))
+    assert "api chat, template the server's chat template (/v1/chat/completions), thinking on" in note
+    assert lossless.columns == [
+        "prompt set", "compared", "identical", "differing", "first divergence (token index)", "tolerance"
+    ]  # fmt: skip
+    assert lossless.rows == [
+        ["math", "20", "19", "1", "37", "5.0% of outputs may differ"],
+        ["chat", "20", "20", "0", "-", "5.0% of outputs may differ"],
+    ]
+    assert speculation.rows == [["eval", "yes", "every answered request had spec_verify_ct > 0"]]
     assert throughput.columns[:4] == ["concurrency", "baseline output tok/s", "dflash output tok/s", "speedup"]
     assert [row[:4] for row in throughput.rows] == [["1", "100.0", "310.0", "3.10x"], ["4", "350.0", "910.0", "2.60x"]]
     assert [row[:2] for row in latency.rows] == [["1", "baseline"], ["1", "dflash"], ["4", "baseline"], ["4", "dflash"]]
     assert "concurrency 16 ran only for baseline: not compared." in report.notes
     assert "concurrency 64 ran only for dflash: not compared." in report.notes
-    assert build_report(BASELINE, DFLASH).tables[0].title == "Output throughput per concurrency"  # no acceptance step
+    assert build_report(BASELINE, DFLASH, PROVENANCE).tables[0].title == "Output throughput per concurrency"
+
+
+def test_an_older_eval_s_facts_show_n_a_and_no_lossless_table() -> None:
+    """Facts of an eval_acceptance without the API, lossless check or speculation proof still give a report."""
+    old = Acceptance.model_validate({"step": "eval", "sets": {"math": {"prompts": 4, "mean": 4.0, "x": 1}}})
+    report = build_report(BASELINE, DFLASH, PROVENANCE, old)
+    titles = [t.title for t in report.tables]
+    assert titles[:3] == ["Acceptance length per prompt set", "Speculative decoding was on", titles[2]]
+    assert not any(t.startswith("Lossless") for t in titles)
+    assert report.tables[1].rows == [["eval", NA, "the eval's facts do not say"]]
+    assert "api n/a, template n/a, thinking n/a" in next(n for n in report.notes if n.startswith("acceptance length"))
+    assert [f.path for f in report.figures] == [FIGURE_PNG, PARETO_PNG]  # no histogram: no acceptance.png
+    assert "no acceptance histogram: the facts of eval have none." in report.notes
+
+
+def test_the_provenance_is_in_report_json_and_its_tables() -> None:
+    report = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
+    document = report.model_dump(mode="json")
+    assert set(document["provenance"]) >= {"generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown"}
+    tables = {t.title: t for t in report.tables}
+    deployments = tables["Provenance: deployments"]
+    assert deployments.columns == ["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"]
+    assert deployments.rows[0] == ["baseline", "deploy_b", "gpu", "0.5.23", "none (baseline)", "2", "/models/m", "-"]
+    runs = tables["Provenance: benchmark runs"]
+    assert runs.columns == ["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"]
+    assert [row[:2] for row in runs.rows] == [[s, str(c)] for s in ("baseline", "dflash") for c in (1, 4, 16)]
+    commands = tables["Provenance: commands"]
+    assert commands.columns == ["side", "what", "command"]
+    launch = "python -m sglang.launch_server --model-path /models/m --tp-size 2"
+    assert commands.rows[:2] == [["baseline", "launch_server", launch], ["dflash", "launch_server", launch]]
+    assert [row[1] for row in commands.rows[2:4]] == ["bench_serving c=1 repeat 1", "bench_serving c=4 repeat 1"]
+    assert tables["Provenance: GPUs"].rows == []  # no probe: said in the unknowns
+    unknown = dict(map(tuple, tables["Provenance: not known"].rows))  # type: ignore[arg-type]
+    assert unknown == PROVENANCE.unknown and unknown["gpus"].startswith("no probe step ran on host gpu")
+    assert any(note.startswith("generated at 2026-12-01T18:00:00+00:00") for note in report.notes)
+
+
+def test_pareto_points_are_throughput_per_gpu_against_tokens_per_user() -> None:
+    baseline = side_of("baseline", [
+        bench_run(1, 100.0, median_tpot_ms=10.0), bench_run(4, 300.0, repeat=1, median_tpot_ms=20.0),
+        bench_run(4, 340.0, repeat=2, median_tpot_ms=25.0), bench_run(4, 310.0, repeat=3, median_tpot_ms=30.0),
+        bench_run(16, 900.0, median_tpot_ms=None),
+    ])  # fmt: skip
+    points = pareto_points(baseline, gpus=2)
+    assert [tuple(p) for p in points] == [(1, 50.0, 100.0), (4, 155.0, 40.0)]  # medians over repeats; 16: no TPOT
+    assert pareto_points(baseline, gpus=None) == []
+    report = build_report(baseline, baseline.model_copy(update={"label": "dflash"}), provenance_of(baseline, baseline))
+    assert "pareto.png leaves out baseline at concurrency 16: no output throughput or TPOT there." in report.notes
 
 
 throughput = st.one_of(st.none(), st.floats(min_value=0, max_value=1e9, allow_nan=False))
@@ -114,10 +224,13 @@ def test_any_numbers_give_a_consistent_deterministic_report(
     assert gain.min == (min(known) if common and len(known) == len(common) else None)
     if gain.min is None:
         assert gain.unknown["min"]
-    report = build_report(baseline, candidate, SETS)
+    report = build_report(baseline, candidate, PROVENANCE, ACCEPTANCE)
     text = json.dumps(report.model_dump(mode="json"), allow_nan=False)
-    assert text == json.dumps(build_report(baseline, candidate, SETS).model_dump(mode="json"), allow_nan=False)
-    assert len(report.tables[1].rows) == len(common) and len(report.tables[2].rows) == 2 * len(common)
+    again = build_report(baseline, candidate, PROVENANCE, ACCEPTANCE).model_dump(mode="json")
+    assert text == json.dumps(again, allow_nan=False)
+    tables = {t.title: t for t in report.tables}
+    assert len(tables["Output throughput per concurrency"].rows) == len(common)
+    assert len(tables["Latency per concurrency (ms)"].rows) == 2 * len(common)
     for table in report.tables:
         assert all(len(row) == len(table.columns) for row in table.rows)
     page = markdown(report)
@@ -128,7 +241,7 @@ def test_any_numbers_give_a_consistent_deterministic_report(
 @settings(max_examples=50)
 @given(cells=st.lists(st.text(st.sampled_from("a|\\\n\r\x1c\u2028 "), max_size=8), min_size=1, max_size=4))
 def test_markdown_cells_never_break_the_table(cells: list[str]) -> None:
-    report = build_report(BASELINE, DFLASH)
+    report = build_report(BASELINE, DFLASH, PROVENANCE)
     report.tables[0].rows.append(cells + [""] * (len(report.tables[0].columns) - len(cells)))
     first_table = markdown(report).split("\n## ")[1]
     line = [line for line in first_table.splitlines() if line.startswith("|")][-1]  # the added row
@@ -137,22 +250,30 @@ def test_markdown_cells_never_break_the_table(cells: list[str]) -> None:
     assert len(unescaped_pipes) == len(report.tables[0].columns) + 1
 
 
-def test_the_files_are_written_and_rewritten_identically(tmp_path: Path) -> None:
-    report, files = write_report(tmp_path, BASELINE, DFLASH, SETS)
+def test_the_files_are_written_listed_and_rewritten_identically(tmp_path: Path) -> None:
+    report, files = write_report(tmp_path, BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
     assert json.loads(Path(files.json_file).read_text()) == report.model_dump(mode="json")
     assert Path(files.markdown_file).read_text() == markdown(report)
-    figure = Path(files.figure_file)
-    assert figure == tmp_path / FIGURE_PNG and figure.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    first = [Path(f).read_bytes() for f in (files.json_file, files.markdown_file, files.figure_file)]
-    write_report(tmp_path, BASELINE, DFLASH, SETS)
-    assert [Path(f).read_bytes() for f in (files.json_file, files.markdown_file, files.figure_file)] == first
+    assert [f.path for f in report.figures] == [FIGURE_PNG, PARETO_PNG, ACCEPTANCE_PNG]
+    written = [files.figure_file, files.pareto_file, files.acceptance_file]
+    assert written == [str(tmp_path / f.path) for f in report.figures]
+    for figure in written:
+        assert Path(str(figure)).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    every = [files.json_file, files.markdown_file, *map(str, written)]
+    first = [Path(f).read_bytes() for f in every]
+    write_report(tmp_path, BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
+    assert [Path(f).read_bytes() for f in every] == first
     page = markdown(report)
     assert "| 1 | 100.0 | 310.0 | 3.10x |" in page and "![Output throughput and speedup" in page
+    assert "![Output tokens/s per GPU against tokens/s per user (Pareto view)](pareto.png)" in page
+    assert "\n## Provenance: deployments\n" in page
 
 
 def test_a_figure_is_drawn_even_with_nothing_to_compare(tmp_path: Path) -> None:
-    _, files = write_report(tmp_path, side("baseline", {1: None}), side("dflash", {2: 0.0}))
+    baseline, candidate = side("baseline", {1: None}), side("dflash", {2: 0.0})
+    _, files = write_report(tmp_path, baseline, candidate, provenance_of(baseline, candidate))
     assert Path(files.figure_file).read_bytes().startswith(b"\x89PNG")
+    assert Path(files.pareto_file).read_bytes().startswith(b"\x89PNG") and files.acceptance_file is None
 
 
 def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
@@ -162,7 +283,7 @@ def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
     cand = side_of("dflash", [bench_run(1, v, repeat=r) for r, v in enumerate((300.0, 301.0, 299.0), 1)])
     gain = speedup(base, cand)
     assert gain.by_concurrency == {"1": 3.0}  # 300 / 100; the means would give 300 / 106.7
-    report = build_report(base, cand)
+    report = build_report(base, cand, provenance_of(base, cand))
     table = next(t for t in report.tables if t.title == "Output throughput per concurrency")
     assert table.rows == [
         ["1", "100.0 (noisy)", "300.0", "3.00x", "90.0-130.0", "10.0%", "299.0-301.0", "0.3%", "1.00", "1.00"]
@@ -171,6 +292,6 @@ def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
     assert not [note for note in report.notes if "not the same prompts" in note]
     other = side_of("dflash", [bench_run(1, 300.0, repeat=r).model_copy(update={"seed": 10 + r}) for r in (1, 2, 3)])
     expected = "concurrency 1: baseline ran seeds [1, 2, 3], dflash [11, 12, 13]: not the same prompts"
-    assert any(note.startswith(expected) for note in build_report(base, other).notes)
+    assert any(note.startswith(expected) for note in build_report(base, other, provenance_of(base, other)).notes)
     latency = next(t for t in report.tables if t.title == "Latency per concurrency (ms)")
     assert latency.columns[2:4] == ["TTFT median", "TTFT p99"] and latency.rows[0][2] == "1.0"

@@ -33,6 +33,7 @@ from hostprograms import deploy as deploy_host
 from hostprograms.probe import literal_lists
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
+from sandbox.sglang_standin.server import VERSION as STANDIN_VERSION
 from steps.deploy import Choice, DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
 from steps.stop_server import StopServerStep
@@ -493,6 +494,8 @@ def test_dflash_from_facts_serves_is_reused_replaced_by_a_baseline_and_stopped(s
     assert first["base_url"] == f"http://127.0.0.1:{site.port}" and first["reused"] is False
     assert first["speculative_algorithm"] == "DFLASH" and first["model_path"] == f"{models}/Kimi-K2.6"
     assert first["ready"] and first["ready_s"] > 0 and first["failure"] is None
+    # what /server_info says it runs, for the report's provenance
+    assert (first["server_version"], first["server_version_unknown"]) == (STANDIN_VERSION, None)
     # the server outlived the SSH session that started it, and serves with speculative decoding
     assert running(first["pid"]) and json.loads(site.state_file.read_text())["pid"] == first["pid"]
     assert "spec_accept_length" in post_generate(first["base_url"])["meta_info"]
@@ -504,6 +507,7 @@ def test_dflash_from_facts_serves_is_reused_replaced_by_a_baseline_and_stopped(s
     assert code == 0, err
     again = facts["deploy"]
     assert again["reused"] is True and again["pid"] == first["pid"] and again["argv"] == first["argv"]
+    assert again["server_version"] == STANDIN_VERSION
     assert site.progress[0].startswith(f"a server with these arguments runs already (pid {first['pid']})")
 
     baseline = site.deploy(id="deploy_baseline", probe="probe", inspect="inspect")
@@ -547,6 +551,7 @@ def test_a_crash_at_start_up_fails_at_once_with_its_log_line(site: Site) -> None
     assert code != 0
     failed = facts["deploy"]
     assert failed["error_line"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
+    assert failed["server_version"] is None and failed["server_version_unknown"] == "the server did not become ready"
     assert "torch.OutOfMemoryError: CUDA out of memory." in err
     assert not running(failed["pid"]) and not site.state_file.exists()
 
