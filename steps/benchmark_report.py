@@ -324,10 +324,10 @@ def provenance_tables(p: Provenance) -> list[Table]:
         for r in b.runs
     ]
     commands = [[d.side, "launch_server", NA if d.argv is None else shlex.join(d.argv)] for d in p.deployments]
+    # one bench_serving command a side: its runs differ only in concurrency, prompt count and seed (the runs
+    # table); report.json's provenance keeps every run's command
     commands += [
-        [b.side, f"bench_serving c={r.concurrency} repeat {_or_na(r.repeat)}", _or_na(r.command)]
-        for b in p.benchmarks
-        for r in b.runs
+        [b.side, f"bench_serving (the first of {len(b.runs)} runs)", b.runs[0].command] for b in p.benchmarks if b.runs
     ]
     tables = [
         Table(
@@ -441,6 +441,12 @@ def build_report(
     tables = []
     if acceptance:
         notes.append(acceptance_note(acceptance))
+        if any(point.accept_length is not None for point in candidate.points):
+            notes.append(
+                f"the latency table's accept length is of {candidate.label}'s benchmark prompts (random token ids, "
+                "no chat template), which a drafter guesses worse than text: the acceptance table's numbers are "
+                "those of real prompts."
+            )
         tables.append(acceptance_table(acceptance))
         if acceptance.lossless is not None:
             tables.append(lossless_table(acceptance.lossless, baseline.label, candidate.label))

@@ -137,6 +137,8 @@ def test_the_report_has_its_tables_and_names_what_was_not_compared() -> None:
     ]
     note = next(n for n in report.notes if n.startswith("acceptance length (step eval)"))
     assert "api chat, template the server's chat template (/v1/chat/completions), thinking on" in note
+    # the benchmark's own accept length is of random token ids: the report says which numbers are of real prompts
+    assert any(n.startswith("the latency table's accept length is of dflash's benchmark prompts") for n in report.notes)
     assert lossless.columns == [
         "prompt set", "compared", "identical", "differing", "first divergence (token index)", "tolerance"
     ]  # fmt: skip
@@ -166,6 +168,9 @@ def test_an_older_eval_s_facts_show_n_a_and_no_lossless_table() -> None:
     assert "no acceptance histogram: the facts of eval have none." in report.notes
 
 
+SIDE_LABELS = ("baseline", "dflash")
+
+
 def test_the_provenance_is_in_report_json_and_its_tables() -> None:
     report = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
     document = report.model_dump(mode="json")
@@ -181,7 +186,9 @@ def test_the_provenance_is_in_report_json_and_its_tables() -> None:
     assert commands.columns == ["side", "what", "command"]
     launch = "python -m sglang.launch_server --model-path /models/m --tp-size 2"
     assert commands.rows[:2] == [["baseline", "launch_server", launch], ["dflash", "launch_server", launch]]
-    assert [row[1] for row in commands.rows[2:4]] == ["bench_serving c=1 repeat 1", "bench_serving c=4 repeat 1"]
+    # one bench_serving row a side (its runs differ in concurrency, prompts and seed: the runs table)
+    assert [row[:2] for row in commands.rows[2:]] == [[s, "bench_serving (the first of 3 runs)"] for s in SIDE_LABELS]
+    assert commands.rows[2][2] == BASELINE.runs[0].command
     assert tables["Provenance: GPUs"].rows == []  # no probe: said in the unknowns
     unknown = dict(map(tuple, tables["Provenance: not known"].rows))  # type: ignore[arg-type]
     assert unknown == PROVENANCE.unknown and unknown["gpus"].startswith("no probe step ran on host gpu")
