@@ -552,13 +552,22 @@ def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
     assert before != after and before == unrelated
 
 
-def test_a_bug_in_a_step_kind_fails_the_step_without_crashing_the_run(tmp_path, capsys, monkeypatch) -> None:
+def extra_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> None:
+    """A step kind of a test's own, found as the kinds in steps/ are (adding one touches no engine code)."""
     import steps
 
     extra = tmp_path / "extra_steps"
-    extra.mkdir()
-    (extra / "buggy.py").write_text(
-        textwrap.dedent("""\
+    extra.mkdir(exist_ok=True)
+    (extra / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
+
+
+def test_a_bug_in_a_step_kind_fails_the_step_without_crashing_the_run(tmp_path, capsys, monkeypatch) -> None:
+    extra_kind(
+        tmp_path,
+        monkeypatch,
+        "buggy",
+        """\
         from typing import Literal
         from executor.stepkind import Outcome, StepContext, StepSpec
 
@@ -567,9 +576,8 @@ def test_a_bug_in_a_step_kind_fails_the_step_without_crashing_the_run(tmp_path, 
 
             async def execute(self, ctx: StepContext) -> Outcome:
                 return {}["missing"]
-        """)
+        """,
     )
-    monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
     path = tmp_path / "rb.yaml"
     path.write_text("name: t\nsteps:\n  - {id: b, kind: buggy, retry: {attempts: 1}}\n")
     code, _out, err = run(path, tmp_path / "logs", capsys)
@@ -626,12 +634,11 @@ def test_a_runbook_removed_after_loading_still_runs_as_loaded(write_runbook, tmp
 
 def test_facts_of_kind_gives_the_earlier_steps_of_a_kind_on_the_host(tmp_path, capsys, monkeypatch) -> None:
     """What a report's provenance reads: every earlier step of a kind with facts, on this host only."""
-    import steps
-
-    extra = tmp_path / "extra_steps"
-    extra.mkdir()
-    (extra / "gather.py").write_text(
-        textwrap.dedent("""\
+    extra_kind(
+        tmp_path,
+        monkeypatch,
+        "gather",
+        """\
         from typing import Literal
         from executor.stepkind import Outcome, StepContext, StepSpec
         from executor.transport.base import CommandResult
@@ -642,9 +649,8 @@ def test_facts_of_kind_gives_the_earlier_steps_of_a_kind_on_the_host(tmp_path, c
             async def execute(self, ctx: StepContext) -> Outcome:
                 result = await ctx.run("true")
                 return Outcome(result, {"shell": ctx.facts_of_kind("shell"), "none": ctx.facts_of_kind("probe")})
-        """)
+        """,
     )
-    monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
     path = tmp_path / "rb.yaml"
     path.write_text(
         textwrap.dedent("""\
