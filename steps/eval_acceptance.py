@@ -29,8 +29,10 @@ require answered requests) and records reference outputs; a speculative step wit
 `compare_outputs_to: <that step>` compares, per set and prompt id, its output token ids with the
 reference's: how many are identical and, for the others, the first token index where they diverge
 (`facts.lossless`). Both must send the same prompts with the same api, template, thinking and
-max_new_tokens, else the step is refused before anything is sent. `lossless_tolerance` is the share
-of a set's outputs that may differ (default 0.1): exact equality is too strict on real GPUs, whose
+max_new_tokens, and the reference's server must not have speculated on any request (a drafter
+compared with itself passes however it changes the outputs), else the step is refused before
+anything is sent. `lossless_tolerance` is the share of a set's outputs that may differ (default
+0.1): exact equality is too strict on real GPUs, whose
 kernels are not batch-invariant (a verify step of 8 tokens reduces in another order than 8 decode
 steps, and a near-tie between two tokens can flip); that tolerance was not measured on a GPU here,
 so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
@@ -677,6 +679,15 @@ class EvalAcceptanceStep(StepSpec):
                 f"compare_outputs_to: {step!r} evaluated other requests than this step would send: "
                 f"{'; '.join(differ)}. A lossless check needs the same prompts, api, template, thinking and "
                 "max_new_tokens on both sides; nothing was sent"
+            )
+        speculated = [f"{r.set} {r.id}" for r in reference.requests if (r.verify_ct or 0) > 0]
+        if speculated:
+            # a drafter compared with itself (or another) is identical however wrong it is: no proof at all
+            raise FactsError(
+                f"compare_outputs_to: {step!r} is no reference without speculative decoding: its server "
+                f"speculated (spec_verify_ct > 0) on {len(speculated)} of {len(reference.requests)} requests "
+                f"({', '.join(speculated[:3])}{', ...' if len(speculated) > 3 else ''}). Point that step at the "
+                "baseline deployment; nothing was sent"
             )
         return reference
 

@@ -878,6 +878,28 @@ def test_a_broken_drafter_fails_the_lossless_gate_naming_the_set_and_where_outpu
     assert record["facts"]["speculation_on"] is True  # it did speculate: only its outputs are wrong
 
 
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_reference_eval_whose_server_speculated_is_refused_before_sending_anything(
+    servers: Servers, tmp_path, capsys, speculative: bool
+) -> None:
+    """eval_baseline pointed at the DFlash server (by `speculative: false` or not): the lossless check would
+    compare DFlash with DFlash and pass whatever the drafter does to the outputs."""
+    common = {"prompt_sets": ["math"], "limit": 2, "max_new_tokens": 8}
+    reference = eval_yaml(base_url=servers.base_url("broken"), speculative=speculative, **common)
+    steps = reference.replace("id: eval", "id: eval_baseline") + eval_yaml(
+        base_url=servers.base_url("broken"), compare_outputs_to="eval_baseline", retry={"attempts": 1}, **common
+    )
+    code, records, events = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0 and records["eval_baseline"]["status"] == "passed"
+    record = records["eval"]
+    assert record["status"] == "failed" and record["facts"] is None
+    assert (
+        "compare_outputs_to: 'eval_baseline' is no reference without speculative decoding: its server speculated "
+        "(spec_verify_ct > 0) on 2 of 2 requests (math math-01, math math-02)"
+    ) in record["message"]
+    assert not [e for e in events if e["event"] == "progress" and e["step"] == "eval"]
+
+
 def test_a_baseline_server_given_to_a_speculative_eval_fails_speculation_on(servers: Servers, tmp_path, capsys):
     gates = ["facts.error is none", {"that": "facts.speculation_on", "message": "speculation was off"}]
     steps = eval_yaml(base_url=servers.base_url("baseline"), limit=1, max_new_tokens=8, gates=gates,
