@@ -469,6 +469,9 @@ REPORT_FILE = "report.json"
 #: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
 #: they are of (which commit, which server, which GPUs, which commands) are not shown.
 PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
+#: The JSON types of those keys (steps/provenance.py's Provenance): `"repos": null` says nothing either.
+PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {"generated_at": (str,), "gpus": (dict, type(None)), "unknown": (dict,)}
+PROVENANCE_TYPES |= dict.fromkeys(("repos", "deployments", "benchmarks"), (list,))
 
 
 def _provenance_lacks(report: dict[str, Any]) -> str | None:
@@ -477,7 +480,14 @@ def _provenance_lacks(report: dict[str, Any]) -> str | None:
     if not isinstance(provenance, dict):
         return "no provenance" if provenance is None else f"a provenance that is {type(provenance).__name__}"
     missing = [key for key in PROVENANCE_KEYS if key not in provenance]
-    return f"a provenance without {', '.join(missing)}" if missing else None
+    if missing:
+        return f"a provenance without {', '.join(missing)}"
+    wrong = [
+        f"{key} is {'empty' if value == '' else type(value).__name__}"
+        for key, value in ((key, provenance[key]) for key in PROVENANCE_KEYS)
+        if not isinstance(value, PROVENANCE_TYPES[key]) or value == ""
+    ]
+    return f"a provenance whose {', '.join(wrong)}" if wrong else None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -494,7 +504,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         ]
         notes = [str(note) for note in _listed(report.get("notes", []))]
         figures = [(str(f.get("title", "figure")), str(f.get("path", ""))) for f in _listed(report.get("figures", []))]
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise ResumeError(
             f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): "
             f"{exc!r}"

@@ -36,6 +36,7 @@ from typing import Any, BinaryIO, NamedTuple
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from executor import durable
+from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Spread
 from steps.provenance import Provenance
 
@@ -526,15 +527,22 @@ def pareto_notes(baseline: Side, candidate: Side, gpus: dict[str, int | None]) -
     return notes
 
 
+def _md_line(text: str) -> str:
+    """Text on one line, as a terminal may show it: line breaks become spaces, control and format characters
+    are escaped (executor.terminal.shown). Report text holds the host's words (/server_info's version,
+    nvidia-smi's names, an expanded argv), and `cat report.md` must not let them drive the terminal."""
+    return shown(" ".join(text.splitlines()), keep="")
+
+
 def _md_cell(text: str) -> str:
-    """One cell on one line: line breaks become spaces, backslashes and pipes are escaped."""
-    return " ".join(text.splitlines()).replace("\\", "\\\\").replace("|", "\\|")
+    """One cell on one line (`_md_line`), backslashes and pipes escaped."""
+    return _md_line(text).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def markdown(report: Report) -> str:
-    lines = [f"# {report.title}", "", *(f"- {note}" for note in report.notes)]
+    lines = [f"# {_md_line(report.title)}", "", *(f"- {_md_line(note)}" for note in report.notes)]
     for table in report.tables:
-        lines += ["", f"## {table.title}", "", "| " + " | ".join(map(_md_cell, table.columns)) + " |"]
+        lines += ["", f"## {_md_line(table.title)}", "", "| " + " | ".join(map(_md_cell, table.columns)) + " |"]
         lines.append("|" + "|".join("---" for _ in table.columns) + "|")
         lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in table.rows]
     for figure in report.figures:

@@ -29,8 +29,10 @@ require answered requests) and records reference outputs; a speculative step wit
 `compare_outputs_to: <that step>` compares, per set and prompt id, its output token ids with the
 reference's: how many are identical and, for the others, the first token index where they diverge
 (`facts.lossless`). Both must send the same prompts with the same api, template, thinking and
-max_new_tokens, else the step is refused before anything is sent. `lossless_tolerance` is the share
-of a set's outputs that may differ (default 0.1): exact equality is too strict on real GPUs, whose
+max_new_tokens, and the reference's server must not have speculated on any request (a drafter
+compared with itself passes however it changes the outputs), else the step is refused before
+anything is sent. `lossless_tolerance` is the share of a set's outputs that may differ (default
+0.1): exact equality is too strict on real GPUs, whose
 kernels are not batch-invariant (a verify step of 8 tokens reduces in another order than 8 decode
 steps, and a near-tie between two tokens can flip); that tolerance was not measured on a GPU here,
 so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
@@ -69,7 +71,7 @@ import statistics
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -191,18 +193,23 @@ class Summary(Model):
     errors: list[str] = Field(default_factory=list)  # the first few request errors
 
 
+#: A count or a token id as the server must send it: a JSON integer, never `true`, `"64"` or `64.0` (which
+#: pydantic would take for one), never negative (a negative count makes a negative acceptance length).
+Count = Annotated[int, Field(strict=True, ge=0)]
+
+
 class RequestFacts(Model):
     set: str
     id: str
     seconds: float
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    verify_ct: int | None
+    prompt_tokens: Count | None
+    completion_tokens: Count | None
+    verify_ct: Count | None
     accept_length: float | None  # completion_tokens / verify_ct; None without speculative decoding
     server_accept_length: float | None  # meta_info.spec_accept_length as the server reported it
     finish_reason: str | None
     error: str | None
-    output_ids: list[int] | None  # the greedy output's token ids, for the lossless check
+    output_ids: list[Count] | None  # the greedy output's token ids, for the lossless check
 
 
 def request_facts(set_name: str, raw: dict[str, Any]) -> RequestFacts:
@@ -394,12 +401,27 @@ class Reference(Setup):
     requests: list[RequestFacts]
 
 
+def too_long(requests: Iterable[RequestFacts], max_new_tokens: int) -> None:
+    """FactsError when an answer has more tokens than were asked: SGLang caps an output at max_new_tokens
+    (schedule_batch.py), so the server is broken, and its count would make an acceptance length (and a
+    histogram of that many bins, built before any gate reads it) of nothing real."""
+    for r in requests:
+        found = [f"completion_tokens {r.completion_tokens}"] if (r.completion_tokens or 0) > max_new_tokens else []
+        if r.output_ids is not None and len(r.output_ids) > max_new_tokens:
+            found.append(f"{len(r.output_ids)} output token ids")
+        if found:
+            raise FactsError(
+                f"the server answered {r.set} {r.id}: {' and '.join(found)} for max_new_tokens {max_new_tokens}"
+            )
+
+
 def facts_from(
     document: HostDocument, step: EvalAcceptanceStep, setup: Setup, reference: Reference | None = None
 ) -> EvalAcceptanceFacts:
     """Per-set and overall statistics from the host program's per-request records, and the lossless
     check against `reference`'s outputs when there is one."""
     requests = [request_facts(name, raw) for name in document.planned for raw in document.sets.get(name, [])]
+    too_long(requests, setup.max_new_tokens)
     sets = {
         name: summarize((r for r in requests if r.set == name), planned) for name, planned in document.planned.items()
     }
@@ -657,6 +679,15 @@ class EvalAcceptanceStep(StepSpec):
                 f"compare_outputs_to: {step!r} evaluated other requests than this step would send: "
                 f"{'; '.join(differ)}. A lossless check needs the same prompts, api, template, thinking and "
                 "max_new_tokens on both sides; nothing was sent"
+            )
+        speculated = [f"{r.set} {r.id}" for r in reference.requests if (r.verify_ct or 0) > 0]
+        if speculated:
+            # a drafter compared with itself (or another) is identical however wrong it is: no proof at all
+            raise FactsError(
+                f"compare_outputs_to: {step!r} is no reference without speculative decoding: its server "
+                f"speculated (spec_verify_ct > 0) on {len(speculated)} of {len(reference.requests)} requests "
+                f"({', '.join(speculated[:3])}{', ...' if len(speculated) > 3 else ''}). Point that step at the "
+                "baseline deployment; nothing was sent"
             )
         return reference
 

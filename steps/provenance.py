@@ -247,11 +247,12 @@ def gpus_of(argv: list[str]) -> int | None:
     """The GPUs a server launched with `argv` runs on: tp x pp, times dp unless DP attention is on (its
     data-parallel groups live inside the TP group); None when a size is no number."""
     sizes = dict.fromkeys(PARALLEL_FLAGS, 1)
-    for index, word in enumerate(argv[:-1]):
+    for index, word in enumerate(argv):
+        flag, equals, value = word.partition("=")  # `--dp-size 2` or argparse's `--dp-size=2`
         for name, flags in PARALLEL_FLAGS.items():
-            if word in flags:
+            if flag in flags and (equals or index + 1 < len(argv)):
                 try:
-                    sizes[name] = int(argv[index + 1])
+                    sizes[name] = int(value if equals else argv[index + 1])
                 except ValueError:
                     return None
     dp = 1 if "--enable-dp-attention" in argv else sizes["dp"]

@@ -80,6 +80,16 @@ def test_json_prints_the_document(tmp_path: Path, capsys: pytest.CaptureFixture[
         (None, "no provenance"),
         ([], "a provenance that is list"),
         ({k: v for k, v in PROVENANCE.items() if k not in ("gpus", "unknown")}, "a provenance without gpus, unknown"),
+        # every key there, but saying nothing
+        (
+            dict.fromkeys(PROVENANCE),
+            "a provenance whose generated_at is NoneType, repos is NoneType, deployments is "
+            "NoneType, benchmarks is NoneType, unknown is NoneType",
+        ),
+        (
+            {**PROVENANCE, "generated_at": "", "repos": {"r": 1}, "gpus": "H200"},
+            "a provenance whose generated_at is empty, repos is dict, gpus is str",
+        ),
     ],
 )
 @pytest.mark.parametrize("as_json", [False, True])
@@ -108,7 +118,10 @@ def test_no_report_is_exit_2_with_the_reason(tmp_path: Path, capsys: pytest.Capt
 
 @pytest.mark.parametrize(
     "document",
-    ["{oops", "[1, 2]", '{"tables": [{"title": "t"}]}', '{"notes": 5}', '{"figures": [1]}', '{"figures": "ab"}'],
+    [
+        *("{oops", "[1, 2]", '{"tables": [{"title": "t"}]}', '{"notes": 5}', '{"figures": [1]}', '{"figures": "ab"}'),
+        pytest.param("[" * 100_000 + "]" * 100_000, id="deeper-than-json-recurses"),
+    ],
 )
 def test_a_broken_report_is_exit_2(document: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "report.json").write_text(document)

@@ -257,6 +257,21 @@ def test_markdown_cells_never_break_the_table(cells: list[str]) -> None:
     assert len(unescaped_pipes) == len(report.tables[0].columns) + 1
 
 
+def test_host_text_reaches_report_md_with_its_control_characters_escaped() -> None:
+    # /server_info's version, nvidia-smi's names and a host-expanded argv are the host's words: `cat report.md`
+    # must not let them set the clipboard (OSC 52), clear the screen or reverse the text (U+202E)
+    hostile = "0.5.23\x1b]52;c;aGk=\x07\x1b[2J\u202e"
+    facts = deployed(2) | {"server_version": hostile, "argv": ["python", "--model-path", "/m\x9b31m"]}
+    sources = Sources("gpu", {}, {}, {}, {"deploy_b": facts, "deploy_c": facts})
+    sides = [Measured("baseline", BASELINE.step, "deploy_b", BASELINE.runs)]
+    sides.append(Measured("dflash\x1b[8m", DFLASH.step, "deploy_c", DFLASH.runs))
+    report = build_report(BASELINE, DFLASH.model_copy(update={"label": "dflash\x1b[8m"}), build(sources, sides, "t"))
+    page = markdown(report)
+    assert not any(char in page for char in "\x1b\x07\x9b\u202e")
+    assert "0.5.23\\\\x1b]52;c;aGk=\\\\x07" in page  # shown's escape, its backslash escaped for markdown
+    assert "- dflash\\x1b[8m (step benchmark_dflash)" in page  # a note too
+
+
 def test_the_files_are_written_listed_and_rewritten_identically(tmp_path: Path) -> None:
     report, files = write_report(tmp_path, BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
     assert json.loads(Path(files.json_file).read_text()) == report.model_dump(mode="json")

@@ -737,6 +737,58 @@ def test_meta_info_of_unexpected_types_fails_the_attempt_with_a_message() -> Non
         EvalAcceptanceStep(id="e", base_url="http://h").parse_facts(result)
 
 
+def parsed(record: dict[str, Any], max_new_tokens: int = 64) -> Any:
+    """The facts of a host document of one math request whose record is `record`."""
+    document = {
+        "base_url": "http://127.0.0.1:30000",
+        "error": None,
+        "flush": {"flushed": True, "attempts": 1, "status": 200, "body": "Cache flushed."},
+        "planned": {"math": 1},
+        "sets": {"math": [{"id": "m1", "seconds": 0.5, "error": None, **record}]},
+    }
+    collect = Collector()
+    collect.stdout.feed((json.dumps(document) + "\n").encode())
+    return EvalAcceptanceStep(id="e", base_url="http://h", max_new_tokens=max_new_tokens).parse_facts(collect.result(0))
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"completion_tokens": True, "spec_verify_ct": True},  # JSON true is no count
+        {"completion_tokens": "64", "spec_verify_ct": 16},  # nor a string of digits
+        {"completion_tokens": -64, "spec_verify_ct": 16},  # nor a negative number: acceptance -4.0
+        {"completion_tokens": 64, "spec_verify_ct": 16, "prompt_tokens": -1},
+        {"completion_tokens": 64, "spec_verify_ct": 16, "output_ids": [1, True, "2", 3.0]},
+        {"completion_tokens": 64, "spec_verify_ct": 16, "output_ids": [[1, 2]]},
+    ],
+)
+def test_counts_and_token_ids_that_are_not_plain_non_negative_integers_fail_the_attempt(
+    record: dict[str, Any],
+) -> None:
+    with pytest.raises(FactsError, match="unexpected types"):
+        parsed(record)
+
+
+@pytest.mark.parametrize(
+    "record, what",
+    [
+        # 10**7 tokens in one verify step: a histogram of 2 * 10**7 bins, built before any gate looks
+        ({"completion_tokens": 10**7, "spec_verify_ct": 1}, "completion_tokens 10000000"),
+        ({"completion_tokens": 64, "spec_verify_ct": 16, "output_ids": list(range(65))}, "65 output token ids"),
+    ],
+)
+def test_an_answer_longer_than_max_new_tokens_fails_the_attempt_naming_the_request(
+    record: dict[str, Any], what: str
+) -> None:
+    with pytest.raises(FactsError, match=f"math m1: {what} .*max_new_tokens 64"):
+        parsed(record)
+
+
+def test_an_answer_of_exactly_max_new_tokens_counts() -> None:
+    facts = parsed({"completion_tokens": 64, "spec_verify_ct": 16, "output_ids": list(range(64))})
+    assert facts.sets["math"].mean == 4.0 and facts.requests[0].output_ids == list(range(64))
+
+
 # ------------------------------------------------- as the model is served, lossless, proof of speculation
 
 
@@ -824,6 +876,28 @@ def test_a_broken_drafter_fails_the_lossless_gate_naming_the_set_and_where_outpu
     assert f"first divergence at token {expected}" in failed["math"] and "at most 0 (10%) may" in failed["math"]
     assert f"first divergence at token {expected}" in record["message"]  # the gate shows the value it read
     assert record["facts"]["speculation_on"] is True  # it did speculate: only its outputs are wrong
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_reference_eval_whose_server_speculated_is_refused_before_sending_anything(
+    servers: Servers, tmp_path, capsys, speculative: bool
+) -> None:
+    """eval_baseline pointed at the DFlash server (by `speculative: false` or not): the lossless check would
+    compare DFlash with DFlash and pass whatever the drafter does to the outputs."""
+    common = {"prompt_sets": ["math"], "limit": 2, "max_new_tokens": 8}
+    reference = eval_yaml(base_url=servers.base_url("broken"), speculative=speculative, **common)
+    steps = reference.replace("id: eval", "id: eval_baseline") + eval_yaml(
+        base_url=servers.base_url("broken"), compare_outputs_to="eval_baseline", retry={"attempts": 1}, **common
+    )
+    code, records, events = run_eval(servers.host, tmp_path, capsys, steps)
+    assert code != 0 and records["eval_baseline"]["status"] == "passed"
+    record = records["eval"]
+    assert record["status"] == "failed" and record["facts"] is None
+    assert (
+        "compare_outputs_to: 'eval_baseline' is no reference without speculative decoding: its server speculated "
+        "(spec_verify_ct > 0) on 2 of 2 requests (math math-01, math math-02)"
+    ) in record["message"]
+    assert not [e for e in events if e["event"] == "progress" and e["step"] == "eval"]
 
 
 def test_a_baseline_server_given_to_a_speculative_eval_fails_speculation_on(servers: Servers, tmp_path, capsys):

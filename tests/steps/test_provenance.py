@@ -131,6 +131,10 @@ def test_a_server_that_did_not_say_its_version_is_named() -> None:
         (["--tp-size", "8", "--dp-size", "2"], 16),
         (["--tp-size", "8", "--dp-size", "8", "--enable-dp-attention"], 8),  # DP attention lives inside TP
         (["--tp-size", "x"], None),
+        # argparse's `--flag=value` form, as a deploy's extra_args may give it (its tp is always `--tp-size N`)
+        (["--tp-size", "8", "--dp-size=2"], 16),
+        (["--tp-size", "4", "--pipeline-parallel-size=2"], 8),
+        (["--tp-size", "8", "--dp-size=x"], None),
     ],
 )
 def test_the_gpus_of_a_launch_command(extra: list[str], count: int | None) -> None:
