@@ -21,7 +21,8 @@ Every run is clean, so that a real server's radix cache and running averages fla
   own, never a running average over the eval's requests or earlier runs. A refused flush (400) fails
   the run.
 The repeats of a concurrency become a `BenchPoint`: the median, min-max and relative MAD of each metric,
-`noisy` where the output throughput's relative MAD exceeds `spread_threshold`; speedups are of medians.
+`noisy` where the output throughput's relative MAD exceeds `spread_threshold` or its range twice that; speedups
+are of medians.
 
 With `compare_to: <baseline benchmark step>` (and optionally `acceptance: <eval_acceptance step>`)
 the step writes report.json, report.md and its figures into the run folder (steps/benchmark_report.py),
@@ -59,7 +60,7 @@ class BenchmarkFacts(BaseModel):
     output_len: int
     concurrencies: list[int]  # as asked, in order
     repeats: int  # runs asked per concurrency
-    spread_threshold: float  # relative MAD of output throughput above which a point is noisy
+    spread_threshold: float  # relative MAD of output throughput above which a point is noisy (range: twice it)
     runs: list[BenchRun]  # those that completed, in order (every repeat)
     points: list[BenchPoint]  # one per concurrency that completed a run, in order
     failure: str | None  # why the benchmark did not complete, one line; None when every run did
@@ -84,7 +85,7 @@ class BenchmarkStep(StepSpec):
     warmup_requests: Annotated[int, Field(ge=0)] = 1
     repeats: Positive = 3  # clean runs per concurrency
     seed: Annotated[int, Field(ge=0)] = 1  # the first run's --seed; each later run's is one more
-    spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # relative MAD of output throughput: noisy above
+    spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # noisy above this rel MAD (or twice it in range)
     extra_args: list[str] = []  # passed to bench_serving as they are (e.g. ["--tokenizer", "/models/x"])
     compare_to: str | None = None  # id of the baseline benchmark step
     acceptance: str | None = None  # id of an eval_acceptance step, for the report's acceptance table

@@ -205,7 +205,7 @@ def _fmt(digits: int, suffix: str = "") -> Callable[[float | None], str]:
 
 
 tok_s, ms, times, plain = _fmt(1), _fmt(1), _fmt(2, "x"), _fmt(2)
-NOISY = " (noisy)"  # after a median whose relative MAD is above the step's spread_threshold
+NOISY = " (noisy)"  # after a median of a noisy point (BenchPoint.noisy)
 
 
 def range_of(spread: Spread | None) -> str:
@@ -409,7 +409,7 @@ def spread_notes(baseline: Side, candidate: Side) -> list[str]:
         notes.append(f"{side.label}: each number is the median of {counts} clean run(s) per concurrency.")
     notes.append(
         f"rel MAD = median absolute deviation / median of the runs' output throughput;{NOISY} marks one above "
-        "the benchmark step's spread_threshold."
+        "the benchmark step's spread_threshold, or whose min-max range exceeds twice it."
     )
     for c in common_concurrencies(baseline, candidate):
         seeds = [[run.seed for run in side.runs if run.max_concurrency == c] for side in (baseline, candidate)]

@@ -10,8 +10,10 @@ A metric the line lacks (another release) or reports as NaN is null with its rea
 never a number that looks measured.
 
 A concurrency is run `repeats` times; `points` sums its runs up as a `BenchPoint`: per metric the
-`Spread` of the repeats (median, min, max, relative median absolute deviation), and `noisy` when
-the output throughput's relative MAD exceeds the step's threshold. A metric unknown in any repeat
+`Spread` of the repeats (median, min, max, relative median absolute deviation and relative range),
+and `noisy` when the output throughput's relative MAD exceeds the step's threshold, or its relative
+range twice that: the MAD shows a point whose runs all scatter, but with three repeats it ignores one
+bad run (1000, 1000, 500 has a MAD of 0), which the range shows. A metric unknown in any repeat
 has no spread (with the reason), rather than a median of fewer runs that looks like all of them.
 """
 
@@ -170,14 +172,20 @@ class Spread(BaseModel):
     min: float
     max: float
     rel_mad: float | None  # median absolute deviation / |median|; None when the median is 0
+    rel_range: float | None  # (max - min) / |median|; None when the median is 0
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
         """The spread of at least one value."""
         middle = statistics.median(values)
         mad = statistics.median(abs(value - middle) for value in values)
-        rel_mad = mad / abs(middle) if middle else None
-        return cls(values=list(values), median=middle, min=min(values), max=max(values), rel_mad=rel_mad)
+        low, high = min(values), max(values)
+        rel_mad, rel_range = (mad / abs(middle), (high - low) / abs(middle)) if middle else (None, None)
+        return cls(values=list(values), median=middle, min=low, max=high, rel_mad=rel_mad, rel_range=rel_range)
+
+    def noisy(self, threshold: float) -> bool:
+        """Whether the runs scatter (relative MAD above `threshold`) or one stands out (range above twice it)."""
+        return (self.rel_mad or 0.0) > threshold or (self.rel_range or 0.0) > 2 * threshold
 
 
 class BenchPoint(BaseModel):
@@ -194,7 +202,7 @@ class BenchPoint(BaseModel):
     p99_ttft_ms: Spread | None
     p99_tpot_ms: Spread | None
     accept_length: Spread | None
-    noisy: bool  # output_throughput's rel_mad above the step's spread_threshold
+    noisy: bool  # output_throughput's Spread.noisy at the step's spread_threshold
     unknown: dict[str, str]  # metric -> why its Spread is None
 
 
@@ -212,7 +220,7 @@ def point(runs: Sequence[BenchRun], spread_threshold: float) -> BenchPoint:
         else:
             spreads[metric] = Spread.of(values)
     throughput = spreads["output_throughput"]
-    noisy = throughput is not None and throughput.rel_mad is not None and throughput.rel_mad > spread_threshold
+    noisy = throughput is not None and throughput.noisy(spread_threshold)
     concurrency = runs[0].max_concurrency
     return BenchPoint(max_concurrency=concurrency, repeats=len(runs), noisy=noisy, unknown=unknown, **spreads)
 

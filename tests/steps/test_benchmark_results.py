@@ -43,8 +43,16 @@ def test_a_point_is_noisy_exactly_when_its_throughput_spread_exceeds_the_thresho
     summed = point(runs, threshold)
     spread = summed.output_throughput
     assert spread is not None and spread.rel_mad is not None and summed.repeats == len(runs)
-    assert summed.noisy == (spread.rel_mad > threshold) and summed.unknown == {}
+    assert spread.rel_range is not None
+    assert summed.noisy == (spread.rel_mad > threshold or spread.rel_range > 2 * threshold) and summed.unknown == {}
     assert all(getattr(summed, metric) is not None for metric in POINT_METRICS)
+
+
+def test_one_bad_run_of_three_makes_a_point_noisy_though_its_mad_is_zero() -> None:
+    bad = point([bench_run(1, value, repeat=r) for r, value in enumerate((1000.0, 1000.0, 500.0), 1)], 0.05)
+    assert bad.output_throughput is not None and bad.output_throughput.rel_mad == 0.0 and bad.noisy
+    steady = point([bench_run(1, value, repeat=r) for r, value in enumerate((1000.0, 1040.0, 980.0), 1)], 0.05)
+    assert steady.output_throughput is not None and steady.output_throughput.rel_range == 0.06 and not steady.noisy
 
 
 def test_a_metric_unknown_in_a_repeat_has_no_spread_and_says_which() -> None:
