@@ -38,10 +38,12 @@ steps, and a near-tie between two tokens can flip); that tolerance was not measu
 so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
 fails the default gate `not facts.lossless_failed`, which names the set and divergence indexes.
 
-Proof that speculation was on: `facts.speculation_on` is true when every answered request had
-`spec_verify_ct > 0` (SGLang's own DFlash sweep fails without it); a default gate of a speculative
-step. A server without speculative decoding answers with no `spec_*` fields: the set's acceptance
-length is then None with an `unknown_reason`, and the default gates fail. It never reads as 0 or 1.
+Proof that speculation was on: `facts.speculation_on` is true when every answered request that
+decoded past its first token had `spec_verify_ct > 0` (SGLang's own DFlash sweep fails without it),
+and at least one did; a default gate of a speculative step. A one-token answer comes from prefill
+alone, with no verify step even when speculation is on, so it proves nothing either way. A server
+without speculative decoding answers with no `spec_*` fields: the set's acceptance length is then
+None with an `unknown_reason`, and the default gates fail. It never reads as 0 or 1.
 
 Prompt sets: `prompt_sets: [math, code, chat]` names sets shipped in steps/prompt_sets/;
 `prompt_sets: {name: FILE}` reads a JSONL file, relative to the runbook's folder. One JSON object a
@@ -364,7 +366,7 @@ class EvalAcceptanceFacts(Model):
     overall: Summary
     sets_without_results: dict[str, str]  # set name -> why it has no acceptance length
     failed_requests: int
-    speculation_on: bool  # every answered request (at least one) had spec_verify_ct > 0
+    speculation_on: bool  # every answered request past one token (at least one) had spec_verify_ct > 0
     compared_to: str | None  # the step whose outputs were the reference (compare_outputs_to)
     lossless: dict[str, LosslessSet] | None  # None without compare_outputs_to
     lossless_failed: dict[str, str]  # set name -> why it fails the lossless check
@@ -415,6 +417,13 @@ def too_long(requests: Iterable[RequestFacts], max_new_tokens: int) -> None:
             )
 
 
+def speculated(answered: list[RequestFacts]) -> bool:
+    """Whether the answers prove speculation on: every one that decoded past its first token (prefill gives
+    that one, with no verify step) had verify steps, and at least one did."""
+    decoded = [r for r in answered if (r.completion_tokens or 0) > 1]
+    return bool(decoded) and all((r.verify_ct or 0) > 0 for r in decoded)
+
+
 def facts_from(
     document: HostDocument, step: EvalAcceptanceStep, setup: Setup, reference: Reference | None = None
 ) -> EvalAcceptanceFacts:
@@ -444,7 +453,7 @@ def facts_from(
         overall=summarize(requests, sum(document.planned.values())),
         sets_without_results={name: s.unknown_reason for name, s in sets.items() if s.unknown_reason},
         failed_requests=sum(s.failed for s in sets.values()),
-        speculation_on=bool(answered) and all((r.verify_ct or 0) > 0 for r in answered),
+        speculation_on=speculated(answered),
         compared_to=None if reference is None else reference.step,
         lossless=lossless,
         lossless_failed=lossless_failed,

@@ -41,6 +41,7 @@ from steps.eval_acceptance import (
     lossless_failures,
     parse_prompt_lines,
     shipped_sets,
+    speculated,
     summarize,
 )
 from tests.conftest import SandboxHost, runbook_cli
@@ -173,6 +174,14 @@ def request(completion: int | None, verify: int | None, seconds: float = 1.0, er
         error=error,
         output_ids=None,
     )
+
+
+def test_a_one_token_answer_proves_nothing_about_speculation() -> None:
+    """Prefill gives the first token with no verify step, so a one-token answer has spec_verify_ct 0 even with
+    speculation on: it neither fails the proof nor makes it."""
+    assert speculated([request(64, 16), request(1, 0)])
+    assert not speculated([request(64, 16), request(64, 0)])
+    assert not speculated([request(1, 0)]) and not speculated([])
 
 
 measured_requests = st.lists(
