@@ -211,7 +211,7 @@ class RequestFacts(Model):
     server_accept_length: float | None  # meta_info.spec_accept_length as the server reported it
     finish_reason: str | None
     error: str | None
-    output_ids: list[Count] | None  # the greedy output's token ids, for the lossless check
+    output_ids: list[Count] | None  # the greedy output's token ids, kept by a reference eval (speculative: false)
 
 
 def request_facts(set_name: str, raw: dict[str, Any]) -> RequestFacts:
@@ -457,7 +457,9 @@ def facts_from(
         compared_to=None if reference is None else reference.step,
         lossless=lossless,
         lossless_failed=lossless_failed,
-        requests=requests,
+        # only a reference's token ids are read again (a speculating eval is never one): the others would only
+        # grow the state, by up to max_new_tokens ids a request
+        requests=requests if not step.speculative else [r.model_copy(update={"output_ids": None}) for r in requests],
     )
 
 

@@ -795,7 +795,7 @@ def test_an_answer_longer_than_max_new_tokens_fails_the_attempt_naming_the_reque
 
 def test_an_answer_of_exactly_max_new_tokens_counts() -> None:
     facts = parsed({"completion_tokens": 64, "spec_verify_ct": 16, "output_ids": list(range(64))})
-    assert facts.sets["math"].mean == 4.0 and facts.requests[0].output_ids == list(range(64))
+    assert facts.sets["math"].mean == 4.0 and facts.requests[0].completion_tokens == 64
 
 
 # ------------------------------------------------- as the model is served, lossless, proof of speculation
@@ -832,7 +832,8 @@ def test_the_chat_template_and_thinking_setting_decide_the_acceptance_and_the_fa
     summary = on["sets"]["math"]
     assert summary["requests"] == 3 and summary["weighted_mean"] is not None
     assert sum(b["count"] for b in summary["histogram"]) == 3 and summary["histogram"][0]["low"] == 1.0
-    assert all(len(r["output_ids"]) == 32 for r in on["requests"] + raw["requests"])  # recorded for the lossless check
+    # a speculating eval's token ids are read by no one (only a reference's are): they are not kept in the state
+    assert all(r["output_ids"] is None for r in on["requests"] + raw["requests"])
     assert on["speculation_on"] is True and on["lossless"] is None and on["lossless_failed"] == {}
 
 
@@ -850,6 +851,7 @@ def test_a_good_drafter_gives_the_baselines_outputs_and_passes_the_lossless_gate
     baseline = records["eval_baseline"]
     assert baseline["status"] == "passed"  # no acceptance length: its default gates only ask for answered requests
     assert baseline["facts"]["speculative"] is False and baseline["facts"]["speculation_on"] is False
+    assert all(len(r["output_ids"]) == 24 for r in baseline["facts"]["requests"])  # the reference keeps its ids
     facts = records["eval"]["facts"]
     assert facts["compared_to"] == "eval_baseline" and facts["speculation_on"] is True
     for name in ("math", "code"):
