@@ -8,9 +8,10 @@ tested offline, and the same facts always give the same files:
   so `runbook report RUN_DIR` prints exactly the tables of report.md without knowing what they mean;
   `data` keeps the numbers;
 - `report.md`: the same tables in Markdown;
-- `speedup.png`: output throughput and speedup against concurrency (matplotlib, no pyplot state);
-- `pareto.png`: output tokens/s per GPU against tokens/s per user, one point per concurrency, a line per side;
-- `acceptance.png`: the acceptance-length histogram of each prompt set (when the eval's facts have one).
+- the figures (steps/benchmark_figures.py): `speedup.png` (output throughput and speedup against
+  concurrency), `pareto.png` (output tokens/s per GPU against tokens/s per user, one point per
+  concurrency, a line per side), `acceptance.png` (the acceptance-length histogram of each prompt set,
+  when the eval's facts have one).
 
 report.json's `provenance` (steps/provenance.py) says what the numbers are of: repos' commits, servers and
 their launch commands, GPUs, bench_serving commands with seeds and times; report.md shows it as tables.
@@ -281,7 +282,7 @@ def speculation_table(acceptance: Acceptance) -> Table:
     )
 
 
-def _or_na(value: object) -> str:
+def or_na(value: object) -> str:
     return NA if value is None else str(value)
 
 
@@ -292,16 +293,16 @@ def _on_off(value: bool | None) -> str:
 def provenance_tables(p: Provenance) -> list[Table]:
     """What the numbers are of, as tables; the commands (long) in a table of their own, the unknowns last."""
     yes_no = {True: "yes", False: "no"}
-    repos = [[r.repo, _or_na(r.revision), _or_na(r.commit), yes_no[r.verified], r.local_dir, r.step] for r in p.repos]
+    repos = [[r.repo, or_na(r.revision), or_na(r.commit), yes_no[r.verified], r.local_dir, r.step] for r in p.repos]
     deployments = [
         [
             d.side,
             d.step,
             d.host,
-            _or_na(d.server_version),
+            or_na(d.server_version),
             d.speculative_algorithm or "none (baseline)",
-            _or_na(d.gpus),
-            _or_na(d.model_path),
+            or_na(d.gpus),
+            or_na(d.model_path),
             d.draft_model_path or "-",
         ]
         for d in p.deployments
@@ -311,16 +312,16 @@ def provenance_tables(p: Provenance) -> list[Table]:
         if p.gpus is None
         else [
             [
-                _or_na(p.gpus.model),
+                or_na(p.gpus.model),
                 str(p.gpus.count),
-                _or_na(p.gpus.driver_version),
-                _or_na(p.gpus.cuda_version),
+                or_na(p.gpus.driver_version),
+                or_na(p.gpus.cuda_version),
                 p.gpus.step,
             ]
         ]
     )
     runs = [
-        [b.side, str(r.concurrency), _or_na(r.repeat), _or_na(r.seed), _or_na(r.started_at), _or_na(r.finished_at)]
+        [b.side, str(r.concurrency), or_na(r.repeat), or_na(r.seed), or_na(r.started_at), or_na(r.finished_at)]
         for b in p.benchmarks
         for r in b.runs
     ]
@@ -355,7 +356,7 @@ def provenance_tables(p: Provenance) -> list[Table]:
             Table(
                 title="Provenance: acceptance eval",
                 columns=["step", "api", "template", "thinking"],
-                rows=[[a.step, _or_na(a.api), _or_na(a.template), _on_off(a.thinking)]],
+                rows=[[a.step, or_na(a.api), or_na(a.template), _on_off(a.thinking)]],
             )
         )
     if p.unknown:
@@ -550,118 +551,6 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _throughputs(side: Side) -> tuple[list[int], list[float], list[list[float]]]:
-    """Concurrencies, median output throughputs and their distances to min and max (error bars)."""
-    known = sorted((p.max_concurrency, p.output_throughput) for p in side.points if p.output_throughput is not None)
-    bars = [[s.median - s.min for _, s in known], [s.max - s.median for _, s in known]]
-    return [c for c, _ in known], [s.median for _, s in known], bars
-
-
-def plot(baseline: Side, candidate: Side, gain: Speedup, path: Path | BinaryIO) -> None:
-    """speedup.png: median throughput of both sides with min-max bars (left), the speedup of medians (right),
-    against concurrency."""
-    from matplotlib.figure import Figure as MplFigure  # imported here: only writing a report needs it
-
-    figure = MplFigure(figsize=(11, 4.5), dpi=100, layout="constrained")
-    left, right = figure.subplots(1, 2)
-    for side, marker in ((baseline, "o"), (candidate, "s")):
-        cs, medians, bars = _throughputs(side)
-        left.errorbar(cs, medians, yerr=bars, marker=marker, capsize=3, label=side.label)
-    left.set(title="Output throughput (median, min-max)", xlabel="concurrency", ylabel="tokens/s")
-    cs = sorted(int(k) for k, v in gain.by_concurrency.items() if v is not None)
-    right.plot(cs, [gain.by_concurrency[str(c)] for c in cs], marker="s", color="tab:green")
-    right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    right.set(title=f"Speedup of medians ({candidate.label} / {baseline.label})", xlabel="concurrency", ylabel="x")
-    ticks = sorted({point.max_concurrency for point in (*baseline.points, *candidate.points)})
-    for axes in (left, right):
-        axes.set_xscale("log", base=2)
-        axes.set_xticks(ticks, labels=[str(c) for c in ticks])  # the concurrencies run, not powers of 2
-        axes.minorticks_off()
-        axes.grid(True, alpha=0.3)
-    left.legend()
-    figure.savefig(path, format="png", metadata={"Software": None})
-
-
-def plot_pareto(baseline: Side, candidate: Side, gpus: dict[str, int | None], path: Path | BinaryIO) -> None:
-    """pareto.png: a line per side through its concurrencies, each point labelled with its concurrency.
-
-    Up and to the right is better: more tokens per GPU (cost) at more tokens per user (speed)."""
-    from matplotlib.figure import Figure as MplFigure
-
-    figure = MplFigure(figsize=(7.5, 5.5), dpi=100, layout="constrained")
-    axes = figure.subplots()
-    drawn: list[ParetoPoint] = []
-    for side, marker in ((baseline, "o"), (candidate, "s")):
-        points = pareto_points(side, gpus.get(side.label))
-        if not points:
-            continue
-        drawn += points
-        count = gpus[side.label]
-        xs, ys = [p.tokens_per_s_per_user for p in points], [p.tokens_per_s_per_gpu for p in points]
-        (line,) = axes.plot(xs, ys, marker=marker, label=f"{side.label} ({count} GPU{'s' if count != 1 else ''})")
-        for p in points:
-            axes.annotate(
-                f"c={p.concurrency}",
-                (p.tokens_per_s_per_user, p.tokens_per_s_per_gpu),
-                textcoords="offset points",
-                xytext=(6, 6),
-                fontsize=9,
-                color=line.get_color(),
-            )
-    if drawn:  # from 0, with room on the right and the top for the labels
-        axes.set_xlim(0, max(p.tokens_per_s_per_user for p in drawn) * 1.15 or 1.0)  # all zero: still a scale
-        axes.set_ylim(0, max(p.tokens_per_s_per_gpu for p in drawn) * 1.12 or 1.0)
-        axes.legend(loc="upper right")  # a Pareto front runs from top left to bottom right
-    else:
-        axes.text(0.5, 0.5, "no point has both an output throughput and a TPOT", ha="center", transform=axes.transAxes)
-    axes.set(
-        title="Output tokens/s per GPU against tokens/s per user\n"
-        "(one point per concurrency c; up and right is better)",
-        xlabel="tokens/s per user (1000 / median TPOT ms)",
-        ylabel="output tokens/s per GPU (median output throughput / GPUs)",
-    )
-    axes.grid(True, alpha=0.3)
-    figure.savefig(path, format="png", metadata={"Software": None})
-
-
-def plot_acceptance(acceptance: Acceptance, path: Path | BinaryIO) -> None:
-    """acceptance.png: one histogram per prompt set (requests per acceptance-length bin), side by side,
-    on the same x scale so that the sets compare at a glance."""
-    from matplotlib.figure import Figure as MplFigure
-    from matplotlib.ticker import MaxNLocator
-
-    sets = list(acceptance.sets.items())
-    figure = MplFigure(figsize=(max(4.0 * len(sets), 6.0), 4.0), dpi=100, layout="constrained")
-    grid = figure.subplots(1, len(sets), sharex=True, squeeze=False)[0]
-    # the widest set sets the scale: its last bin, or its largest value or mean where a set has no bins
-    ends = [b.high for _, s in sets for b in s.histogram or []]
-    ends += [value + 0.5 for _, s in sets for value in (s.max, s.mean) if value is not None]
-    high = max(ends, default=2.0)
-    low = min([1.0, *(b.low for _, s in sets for b in s.histogram or [])])  # bins start lower for a value below 1
-    for axes, (name, s) in zip(grid, sets, strict=True):
-        histogram = s.histogram or []
-        axes.bar(
-            [b.low for b in histogram],
-            [b.count for b in histogram],
-            width=[b.high - b.low for b in histogram],
-            align="edge",
-            edgecolor="white",
-        )
-        if s.mean is not None:
-            axes.axvline(s.mean, color="tab:red", linestyle="--", linewidth=1, label=f"mean {s.mean:.2f} (per request)")
-            axes.legend(loc="best")
-        if histogram:
-            axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # requests are counted
-        else:
-            axes.text(0.5, 0.5, "no histogram in the eval's facts", ha="center", transform=axes.transAxes)
-            axes.set_yticks([])
-        axes.set(title=f"{name} ({_or_na(s.requests)} requests)", xlabel="acceptance length (tokens per verify step)")
-        axes.set_xlim(low, high)
-        axes.grid(True, axis="y", alpha=0.3)
-    grid[0].set_ylabel("requests")
-    figure.savefig(path, format="png", metadata={"Software": None})
-
-
 def write_report(
     run_dir: Path,
     baseline: Side,
@@ -688,13 +577,15 @@ def write_report(
     document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
     durable.replace_file(Path(files.json_file), document.encode("utf-8"), REPORT_JSON, mode=0o644)
     durable.replace_file(Path(files.markdown_file), markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
+    from steps import benchmark_figures as draw  # here: it reads this module's models, and needs matplotlib
+
     gpus = {d.side: d.gpus for d in provenance.deployments}
     drawings: dict[str, Callable[[BinaryIO], None]] = {
-        FIGURE_PNG: lambda out: plot(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
-        PARETO_PNG: lambda out: plot_pareto(baseline, candidate, gpus, out),
+        FIGURE_PNG: lambda out: draw.speedup(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
+        PARETO_PNG: lambda out: draw.pareto(baseline, candidate, gpus, out),
     }
     if acceptance is not None:
-        drawings[ACCEPTANCE_PNG] = lambda out: plot_acceptance(acceptance, out)
+        drawings[ACCEPTANCE_PNG] = lambda out: draw.acceptance_histograms(acceptance, out)
     for name in paths:
         figure = io.BytesIO()
         drawings[name](figure)
