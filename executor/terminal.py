@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from rich.cells import cell_len
 from rich.text import Text
 
 #: Unicode categories of the characters `shown` escapes (but those it is told to keep).
@@ -73,5 +74,11 @@ def _code(point: int) -> str:
 
 def shown_text(text: str, style: str = "") -> Text:
     """A rich Text of `text` as `shown` writes it: data for a table or a line, never markup, never
-    a control character (rich's Text would drop CR, BEL and BS silently and pass ESC through)."""
-    return Text(shown(text), style=style)
+    a control character (rich's Text would drop CR, BEL and BS silently and pass ESC through).
+
+    A text of zero-width characters only (a lone combining mark or emoji modifier) is written as
+    escapes: rich gives it no cells, so a table column of it shows as nothing at all."""
+    safe = shown(text)
+    if safe and cell_len(safe) == 0:
+        safe = "".join(_code(ord(char)) for char in safe)
+    return Text(safe, style=style)

@@ -8,12 +8,13 @@ import unicodedata
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
 
 from executor import cli
 from executor.errors import Problem
 from executor.event_models import AttemptFailed, Note, StepFinished
 from executor.events import ConsoleReporter
-from executor.terminal import ESCAPED_CATEGORIES, escaped, shown
+from executor.terminal import ESCAPED_CATEGORIES, escaped, shown, shown_text
 
 # what a hostile host prints, and what makes the escaping's backslash rule matter, drawn often
 TRICKY = ["\\", "x", "u", "U", "1", "b", "f", "0", "\x1b", "\r", "\x07", "\x9b", "\u202e", "\u2066", "\n", "\t"]
@@ -85,6 +86,14 @@ def test_text_without_anything_to_escape_is_shown_as_it_is(text: str) -> None:
 def test_each_class_is_escaped_and_ordinary_text_kept(text: str, expected: str) -> None:
     assert shown(text) == expected
     assert read_back(expected) == text
+
+
+@pytest.mark.parametrize("text", ["\u0301", "\U0001f3fb", "\u0301\u0302"])
+def test_a_text_of_zero_width_characters_only_is_shown_escaped(text: str) -> None:
+    """rich gives such a text no cells: a report's table cell or column of it would show as nothing."""
+    plain = shown_text(text).plain
+    assert cell_len(plain) > 0 and read_back(plain) == text
+    assert shown_text("a\u0301").plain == "a\u0301"  # with a base character it shows: kept as it is
 
 
 def test_a_problem_is_one_line_with_everything_escaped_as_shown_writes_it() -> None:
