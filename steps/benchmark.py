@@ -213,16 +213,16 @@ class BenchmarkStep(StepSpec):
             if result.timed_out or result.interrupted:
                 return Outcome(result)
             run, failure = self.read_run(result, self.run_info(result, base_url, concurrency, repeat, seed))
-            if run is not None and not failure:
-                facts.runs.append(run)
-            facts.points = points(facts.runs, self.spread_threshold)
-            if failure:
-                return Outcome(result, facts.model_copy(update={"failure": failure}))
+            if failure:  # the runs that completed before it, summed up as far as they go
+                summed = points(facts.runs, self.spread_threshold)
+                return Outcome(result, facts.model_copy(update={"failure": failure, "points": summed}))
             assert run is not None
+            facts.runs.append(run)
             ctx.progress(
                 f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(schedule)
             )
         assert result is not None  # concurrencies has at least one entry
+        facts.points = points(facts.runs, self.spread_threshold)
         if baseline is not None:
             candidate = Side(
                 step=self.id,
