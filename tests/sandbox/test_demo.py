@@ -29,6 +29,10 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     report = json.loads((run / "report.json").read_text())
     assert report["tables"][0]["title"] == "Acceptance length per prompt set"
     assert "Output throughput per concurrency" in done.stdout  # the report's tables, printed at the end
+    for section in ("Lossless check: greedy outputs of dflash against baseline", "Speculative decoding was on"):
+        assert section in done.stdout  # issue 15's sections: the eval as served, checked against the baseline
+    assert "Provenance: repos" in done.stdout and "Provenance: benchmark runs" in done.stdout
+    assert all((run / name).read_bytes().startswith(b"\x89PNG") for name in ("pareto.png", "acceptance.png"))
     assert f"audit log: {run / 'audit.jsonl'}" in done.stderr and "a test double" in done.stderr
     assert (run / "speedup.png").exists()
     status = json.loads(runbook_cli("status", "--log-dir", str(logs), "--json").stdout)
