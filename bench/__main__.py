@@ -5,10 +5,9 @@ run takes about 40 minutes on two cores (ansible-playbook alone spends a quarter
 per task); `--quick` runs every benchmark at a tiny size, one repetition, in about a minute,
 to show that everything works, and its numbers mean little. Progress goes to stderr.
 
-Benchmarks: overhead (1), transfer (2), fanout (3), verify (4), audit (5), gates (6), redaction (7). Those
-that depend on how
-a host's login shell starts (1, 2, 3, 5) run once per `--shell`: `clean` (no ~/.bashrc) and
-`login` (this machine's own ~/.bashrc, as a real host has one).
+Benchmarks: overhead (1), transfer (2), fanout (3), verify (4), audit (5), gates (6), redaction (7), launches (8),
+startup (9). Those that depend on how a host's login shell starts (1, 2, 3, 5) run once per `--shell`:
+`clean` (no ~/.bashrc) and `login` (this machine's own ~/.bashrc, as a real host has one).
 """
 
 from __future__ import annotations
@@ -22,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from bench import fanout, gates, overhead, redaction, transfer, verify_throughput
+from bench import fanout, gates, launches, overhead, redaction, startup, transfer, verify_throughput
 from bench.fleet import SHELLS, Shell
 from bench.harness import REPO, Section, machine_info, render_report
 
-NAMES = ("overhead", "transfer", "fanout", "verify", "audit", "gates", "redaction")
+NAMES = ("overhead", "transfer", "fanout", "verify", "audit", "gates", "redaction", "launches", "startup")
 MIB = 1 << 20
 
 
@@ -42,6 +41,7 @@ class Sizes:
     verify_shards: int
     gate_attempts: int
     redaction_bytes: int
+    startup_processes: int
     reps: int
 
 
@@ -54,6 +54,7 @@ FULL = Sizes(
     verify_shards=8,
     gate_attempts=gates.ATTEMPTS,
     redaction_bytes=redaction.OUTPUT_BYTES,
+    startup_processes=startup.PROCESSES,
     reps=3,
 )
 QUICK = Sizes(
@@ -65,6 +66,7 @@ QUICK = Sizes(
     verify_shards=4,
     gate_attempts=10,
     redaction_bytes=MIB,
+    startup_processes=1,
     reps=1,
 )
 
@@ -85,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
         "--before",
         type=Path,
         metavar="TREE",
-        help="another checkout of runbook (e.g. `git archive main | tar -x -C TREE`): benchmark 1 runs its CLI "
-        "too, in the same repetitions, as `runbook (CLI), before: TREE`",
+        help="another checkout of runbook (e.g. `git archive main | tar -x -C TREE`): benchmarks 1 and 9 run its "
+        "CLI too, in the same repetitions, as `runbook (CLI), before: TREE` and `runbook COMMAND, before: TREE`",
     )
     return parser
 
@@ -102,7 +104,7 @@ def run(
     log: Callable[[str], None],
     before: Path | None = None,
 ) -> list[Section]:
-    """The sections of the chosen benchmarks, in their order (1, 2, 3, 4, 5, 6, 7); `before`: see --before."""
+    """The sections of the chosen benchmarks, in their order (1 to 9); `before`: see --before."""
     sections: list[Section] = []
     reps = sizes.reps
     step_parts = [name for name in ("overhead", "audit") if name in names]
@@ -134,6 +136,12 @@ def run(
     if "redaction" in names:
         log("benchmark redaction")
         sections.append(redaction.section(reps, log, size=sizes.redaction_bytes))
+    if "launches" in names:
+        log("benchmark launches")
+        sections.append(launches.section(reps, log))
+    if "startup" in names:
+        log("benchmark startup")
+        sections.append(startup.section(sizes.startup_processes, log, before))
     return sections
 
 

@@ -96,9 +96,9 @@ def fmt_seconds(seconds: float | None) -> str:
     """A duration with a unit that keeps three significant digits ("4.21 ms", "88.3 s")."""
     if seconds is None:
         return "—"
-    if abs(seconds) < 1e-3:
+    if abs(seconds) < 0.9995e-3:  # below what rounds to 1.00 ms at three digits (999.6 µs is "1 ms")
         return f"{seconds * 1e6:.3g} µs"
-    if abs(seconds) < 1:
+    if abs(seconds) < 0.9995:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds:.3g} s"
 

@@ -1,36 +1,79 @@
 """runbook's engine: load a runbook, run it, and what a step kind builds on.
 
 The CLI (executor.cli) is one user of this API; tests and bench/ are others.
+
+The names are imported when first used (PEP 562), not with the package: every `executor.*` import runs
+this file first, and `runbook status` must not pay for the engine, asyncssh and the step kinds it never
+uses (bench/startup.py measures it). Type checkers see the imports as usual.
 """
 
-from executor.engine import Engine, RunOptions
-from executor.errors import (
-    FactsError,
-    HostKeyError,
-    InvalidRunbook,
-    Problem,
-    ResumeError,
-    RunbookError,
-    RunLocked,
-    TransportError,
-)
-from executor.loader import Runbook, load_runbook
-from executor.model import Gate, Host
-from executor.planner import plan_text, render_problems
-from executor.render import heredoc, host_word, render_command
-from executor.stepkind import (
-    Outcome,
-    ProgressLines,
-    RenderContext,
-    StepContext,
-    StepSpec,
-    VarRef,
-    host_document,
-    progress_messages,
-    resolve_var,
-    step_kinds,
-)
-from executor.transport import CommandResult, Transport
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executor.engine import Engine, RunOptions
+    from executor.errors import (
+        FactsError,
+        HostKeyError,
+        InvalidRunbook,
+        Problem,
+        ResumeError,
+        RunbookError,
+        RunLocked,
+        TransportError,
+    )
+    from executor.loader import Runbook, load_runbook
+    from executor.model import Gate, Host
+    from executor.planner import plan_text, render_problems
+    from executor.render import heredoc, host_word, render_command
+    from executor.stepkind import (
+        Outcome,
+        ProgressLines,
+        RenderContext,
+        StepContext,
+        StepSpec,
+        VarRef,
+        host_document,
+        progress_messages,
+        resolve_var,
+        step_kinds,
+    )
+    from executor.transport import CommandResult, Transport
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    "executor.engine": ("Engine", "RunOptions"),
+    "executor.errors": (
+        "FactsError",
+        "HostKeyError",
+        "InvalidRunbook",
+        "Problem",
+        "ResumeError",
+        "RunbookError",
+        "RunLocked",
+        "TransportError",
+    ),
+    "executor.loader": ("Runbook", "load_runbook"),
+    "executor.model": ("Gate", "Host"),
+    "executor.planner": ("plan_text", "render_problems"),
+    "executor.render": ("heredoc", "host_word", "render_command"),
+    "executor.stepkind": (
+        "Outcome",
+        "ProgressLines",
+        "RenderContext",
+        "StepContext",
+        "StepSpec",
+        "VarRef",
+        "host_document",
+        "progress_messages",
+        "resolve_var",
+        "step_kinds",
+    ),
+    "executor.transport": ("CommandResult", "Transport"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "CommandResult",
@@ -65,3 +108,17 @@ __all__ = [
     "resolve_var",
     "step_kinds",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (and kept here, so this runs once per name)."""
+    home = _HOME_OF.get(name)
+    if home is None:
+        raise AttributeError(f"module 'executor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -25,10 +25,11 @@ import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from executor import durable
 from executor.errors import DurableWriteError, StateError
+from executor.files import open_regular
 from executor.redact import Redactor
 from executor.seal import AuditKey, HeadSeal, is_key_id
 from executor.state import (
@@ -41,7 +42,9 @@ from executor.state import (
     open_state,
     read_meta,
 )
-from executor.transport.base import OUTPUT_KEEP_BYTES, CommandResult, open_regular
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
 
 GENESIS = "0" * 64
 AUDIT_FILE = "audit.jsonl"
@@ -195,6 +198,9 @@ class AuditLog:
 
     def command(self, context: AuditContext, command: str, result: CommandResult) -> None:
         """Record one command attempt of the step, host and attempt that `context` names."""
+        # imported here: `runbook audit show` reads logs, and a run has loaded the transports by now
+        from executor.transport.base import OUTPUT_KEEP_BYTES
+
         fields: dict[str, Any] = {
             "command": command,
             "exit_code": result.exit_code,

@@ -14,9 +14,9 @@ key that is missing or unusable (or, for `audit key`, already there).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import dataclasses
+import functools
+import gc
 import io
 import json
 import os
@@ -25,14 +25,11 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from rich.console import Console
-from rich.table import Table
-
-from executor import audit, diagnostics, seal
+from executor import seal
+from executor.campaign import EXIT_CELLS_FAILED
 from executor.durations import format_duration
-from executor.engine import WRITE_FAILED, Engine, RunOptions
 from executor.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -41,18 +38,20 @@ from executor.errors import (
     InvalidRunbook,
     ResumeError,
     RunbookError,
-    StateError,
 )
-from executor.events import ConsoleReporter, JsonReporter, Reporter, UnattendedConsole
-from executor.loader import Runbook, load_runbook
-from executor.planner import plan_text, secrets_redactor
-from executor.redact import NO_SECRETS
-from executor.resume import NOT_STARTED, checked_vars
-from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, RunMeta, find_run, open_state, scan_runs
+from executor.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord
 from executor.terminal import shown, shown_text
 
+# The engine, the reporters, the loader and the audit log are imported by the commands that use them: `runbook status`
+# must not pay for a run's modules (asyncssh, the step kinds) at every start (bench/startup.py); rich's
+# console and tables likewise (`validate` prints plain text).
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
+    from rich.table import Table
+
+    from executor.consoles import PipedConsole, UnattendedConsole
+    from executor.engine import Engine
+    from executor.loader import Runbook
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
@@ -63,17 +62,20 @@ MESSAGE_CELL = 120
 GATE_CELL = 60
 
 
-class _PipedConsole(Console):
-    """stdout's console: a reader that went away (`runbook status | head`) ends the command quietly
-    (`main` exits 141), instead of rich's own exit 1."""
+@functools.cache
+def err() -> UnattendedConsole:
+    """stderr's console, made on first use (rich's console is a good part of a plain command's start-up)."""
+    from executor.consoles import UnattendedConsole
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
+    return UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
-err = UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
-out = _PipedConsole(highlight=False, soft_wrap=True)
+@functools.cache
+def out() -> PipedConsole:
+    """stdout's console, made on first use."""
+    from executor.consoles import PipedConsole
+
+    return PipedConsole(highlight=False, soft_wrap=True)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,10 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
 
-    p = sub.add_parser("plan", help="print every command as it would run; run nothing")
+    p = sub.add_parser("plan", help="what each step will do, in summary (--full: every command as sent); run nothing")
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V")
     p.add_argument("--inventory", type=Path, metavar="FILE")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--full", action="store_true", help="every command exactly as it would run (long)")
+    shape.add_argument("--json", action="store_true", help="the plan as one JSON document")
 
     for name, text in (("status", "steps of a run (default: the latest)"), ("runs", "recent runs")):
         p = sub.add_parser(name, help=text)
@@ -125,7 +130,26 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
 
     p = sub.add_parser(
-        "demo", help="run runbooks/k26_dflash.yaml end to end against the bundled test host on this machine"
+        "demo",
+        help="run runbooks/k26_dflash.yaml (or, with --sweep, the campaign k26_dflash_sweep.yaml) end to end "
+        "against the bundled test host(s) on this machine",
+    )
+    p.add_argument("--sweep", action="store_true", help="the campaign: drafters x draft tokens / DDTREE budgets")
+    p.add_argument(
+        "--hosts", type=_pool_size, default=1, help="test hosts of the sweep's pool, 1 to 4 (they run in parallel)"
+    )
+    p.add_argument(
+        "--nodes",
+        type=_pool_size,
+        default=1,
+        help="serve the flagship across this many test nodes, 1 to 4 (a node group: SGLang's multi-node mode)",
+    )
+    p.add_argument(
+        "--sglang",
+        choices=["ddtree-pr", "release"],
+        default="ddtree-pr",
+        help="the sweep's test hosts' SGLang: with the DDTree pull request (default), or the release, where the "
+        "DDTREE cells are skipped with the reason",
     )
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -136,9 +160,16 @@ def _parser() -> argparse.ArgumentParser:
         help="what serves the test host over SSH (auto: OpenSSH's sshd when installed and root, else embedded)",
     )
 
+    sub.add_parser(
+        "mcp", help="serve the Model Context Protocol over stdio (tools: validate, plan, run, status, events, ...)"
+    )
+
     p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", action="store_true", help="print report.json as it is")
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
+    p.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
 
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -163,30 +194,87 @@ def load_checked(
     """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
     `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
     read from it and masked in every problem's message."""
+    from executor.loader import load_runbook
+    from executor.planner import secrets_redactor
+    from executor.redact import NO_SECRETS
+    from executor.resume import checked_vars
+
     runbook = load_runbook(file, inventory)
     redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
     return runbook, checked_vars(runbook, var_pairs, {}, redactor)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from executor.planner import matrix_summary
+
     # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
     runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
+    for group in runbook.groups:
+        print(shown(matrix_summary(group)), file=sys.stderr)
+        for cell in group.cells:
+            print(shown(f"  cell {cell.id}"), file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from executor.schema import inventory_schema, runbook_schema
+
+    document = inventory_schema() if args.inventory else runbook_schema()
+    print(json.dumps(document, indent=2, ensure_ascii=True))
     return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from executor.planner import plan_document, plan_text, secrets_redactor
+
     runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
-    out.print(shown_text(plan_text(runbook, overrides, secrets_redactor(runbook, os.environ))))
+    redactor = secrets_redactor(runbook, os.environ)
+    if args.full:
+        out().print(shown_text(plan_text(runbook, overrides, redactor)))
+        return EXIT_OK
+    document = plan_document(runbook, overrides, redactor)
+    if args.json:
+        print(json.dumps(document))  # ensure_ascii: no control character reaches the terminal
+        return EXIT_OK
+    from executor.plan_summary import summary_text  # the readable plan: built from the same document
+
+    out().print(shown_text(summary_text(document)))
     return EXIT_OK
 
 
+def _pool_size(text: str) -> int:
+    if text not in ("1", "2", "3", "4"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of test hosts from 1 to 4")
+    return int(text)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from executor import audit, diagnostics, views
     from sandbox.demo import demo_site  # the test host's parts: only the demo (and the tests) use them
 
-    with demo_site(args.log_dir, args.ssh_server, say=err.print) as site:
-        err.print(
+    diagnostics.route_asyncssh()  # before the demo's own SSH server logs anything, as for a run
+
+    if args.hosts > 1 and not args.sweep:
+        err().print(f"runbook demo: --hosts {args.hosts} is the size of the sweep's pool: add --sweep")
+        return 2
+    if args.nodes > 1 and args.sweep:
+        err().print(
+            f"runbook demo: --nodes {args.nodes} serves the flagship across a node group; the sweep's pool is --hosts"
+        )
+        return 2
+    site_of = demo_site(
+        args.log_dir,
+        args.ssh_server,
+        say=err().print,
+        sweep=args.sweep,
+        hosts=args.hosts,
+        sglang=args.sglang,
+        nodes=args.nodes,
+    )
+    with site_of as site:
+        err().print(
             shown_text(
                 f"demo: {site.runbook.name} against the test host on this machine (SSH served by {site.ssh_server}), "
                 f"laid over with {site.inventory}; a real site needs only its own inventory"
@@ -213,25 +301,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 os.environ.pop("HF_TOKEN", None)
             else:
                 os.environ["HF_TOKEN"] = saved
-    run_dir = args.log_dir / _latest(args.log_dir, None).run_id
-    if (run_dir / REPORT_FILE).exists() and not args.json:
+    run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
+    if (run_dir / views.REPORT_FILE).exists() and not args.json:
         cmd_report(argparse.Namespace(run_dir=run_dir, json=False))
     for line in (
         f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})",
         f"report: {run_dir / 'report.md'} (again: runbook report {run_dir})"
-        if (run_dir / REPORT_FILE).exists()
+        if (run_dir / views.REPORT_FILE).exists()
         else f"no report: see runbook status --log-dir {args.log_dir}",
         "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
         "runbook working, not how fast Kimi-K2.6 is",
-        "on your GPU host: HF_TOKEN=hf_... runbook run runbooks/k26_dflash.yaml --inventory my-site.yaml",
+        f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml",
     ):
-        err.print(shown_text(f"demo: {line}"))
+        err().print(shown_text(f"demo: {line}"))
     return code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     # read once: the Engine finds the run a --resume continues, and continues it as it was started (its
     # --var and --inventory carry over, a --var given now overriding its own; executor.resume.begin)
+    import asyncio
+
+    from executor import diagnostics
+    from executor.engine import Engine, RunOptions
+    from executor.events import ConsoleReporter, JsonReporter, Reporter
+    from executor.loader import load_runbook
+
+    # what asyncssh logs reaches the run's debug.log, never the console (executor.diagnostics)
+    diagnostics.route_asyncssh()
     runbook = load_runbook(args.file, args.inventory)
     options = RunOptions(
         log_dir=args.log_dir,
@@ -242,21 +339,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         inventory=args.inventory,
         verbose=args.verbose,
     )
-    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err)
+    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err())
     os.umask(0o077)
     log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
     # a run of one step continues as one step: --resume would also run the steps --only left out
     scope = ["--only", args.only_step] if args.only_step else ["--resume"]
     again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:
-        engine = Engine(runbook, options, reporter, say=lambda note: err.print(shown_text(f"runbook: {note}")))
+        engine = Engine(runbook, options, reporter, say=lambda note: err().print(shown_text(f"runbook: {note}")))
         code = asyncio.run(_run_interruptible(engine))
     except DurableWriteError as exc:
         return failed(exc, again)
     finally:
         reporter.close()
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
-        err.print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
+        err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
+    elif code == EXIT_CELLS_FAILED and not args.json:
+        err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
     return code
 
 
@@ -272,6 +371,8 @@ def write_failed_message(exc: DurableWriteError, again: str | None = None) -> st
 
 
 async def _run_interruptible(engine: Engine) -> int:
+    import asyncio
+
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
@@ -294,15 +395,6 @@ async def _run_interruptible(engine: Engine) -> int:
         return EXIT_INTERRUPTED
 
 
-def _latest(log_dir: Path, run_id: str | None) -> RunMeta:
-    """The run `run_id` names (a whole id or a unique prefix), or the latest; `runbook status` explains
-    an unreadable run folder rather than showing an older run in its place."""
-    meta = find_run(log_dir, run_id, naming="give the run to show (runbook status RUN_ID)")
-    if meta is None:
-        raise ResumeError(f"no run in {log_dir}")
-    return meta
-
-
 def _cell(text: str, width: int) -> str:
     """A table cell: the first line of `text`, cut to `width` characters (the whole text follows the table)."""
     first_line = text.partition("\n")[0]
@@ -310,31 +402,24 @@ def _cell(text: str, width: int) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    meta = _latest(args.log_dir, args.run_id)
-    with open_state(args.log_dir / meta.run_id) as state:
-        records = state.records()
-        status = state.status()
-        finished_at = state.get("finished_at")
-    note = _note(status)
+    from rich.table import Table
+
+    from executor import views
+
+    view = views.status(args.log_dir, args.run_id)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "run": meta.__dict__ | {"status": status, "note": note, "finished_at": finished_at},
-                    "steps": [r.__dict__ for r in records],
-                },
-                default=str,
-                indent=2,
-            )
-        )
+        print(json.dumps(view, default=str, indent=2))
         return EXIT_OK
-    table = Table(title=shown_text(f"run {meta.run_id} ({meta.runbook}): {_run_status(status, note)}"))
+    run, failed_cells = view["run"], view["failed_cells"]
+    status = run["status"]
+    records = [StepRecord(**step) for step in view["steps"]]
+    table = Table(title=shown_text(f"run {run['run_id']} ({run['runbook']}): {_run_status(status, run['note'])}"))
     for column in ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message"):
         table.add_column(column)
     details = []
     for r in records:
         if r.reused_from:
-            status_text = f"passed (reused from {r.reused_from})"
+            status_text = f"{r.status} (reused from {r.reused_from})"  # passed, or skipped by its `when:`
         elif r.status == "running" and status in (STOPPED, WRITE_FAILED):
             status_text = "running (process gone)" if status == STOPPED else "running (stopped by a failed write)"
         else:
@@ -360,35 +445,26 @@ def cmd_status(args: argparse.Namespace) -> int:
             details.append(f"{r.step}@{r.host}: {detail}")
     _print_whole(table)
     for detail in details:
-        out.print(shown_text(detail))
+        out().print(shown_text(detail))
+    if failed_cells:
+        out().print(shown_text(f"failed cells ({len(failed_cells)}):"))
+        for failed in failed_cells:
+            out().print(shown_text(f"  {failed['group']}[{failed['cell']}]: {failed['reason']}"))
     return EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """Recent runs, newest first; a run folder that cannot be read is a row saying why, never a traceback."""
-    found = scan_runs(args.log_dir)
-    rows: list[dict[str, Any]] = []
-    for meta in found.runs:
-        try:
-            with open_state(args.log_dir / meta.run_id) as state:
-                status, finished_at = state.status(), state.get("finished_at")
-                state.records()  # a step row that cannot be read makes the run unreadable here too
-            note = _note(status)
-            rows.append(meta.__dict__ | {"status": status, "note": note, "finished_at": finished_at})
-        except StateError as exc:
-            rows.append(meta.__dict__ | {"status": "unreadable", "note": exc.reason, "finished_at": None})
-    for folder in found.unreadable:
-        unknown = dict.fromkeys(f.name for f in dataclasses.fields(RunMeta)) | {"run_id": folder.run_id}
-        rows.append(
-            unknown | {"runbook": folder.runbook, "status": "unreadable", "note": folder.reason, "finished_at": None}
-        )
-    # newest first, unreadable folders among the others: run ids start with their UTC start time
-    rows = sorted(rows, key=lambda row: (row["run_id"][:STAMP_LEN], row["started_at"] or ""), reverse=True)[:20]
+    from rich.table import Table
+
+    from executor import views
+
+    rows = views.runs(args.log_dir)
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
     if not rows:
-        out.print(shown_text(f"no runs in {args.log_dir}"))
+        out().print(shown_text(f"no runs in {args.log_dir}"))
         return EXIT_OK
     table = Table(title=shown_text(f"runs in {args.log_dir}"))
     for column in ("run", "runbook", "status", "started", "finished", "resumed from"):
@@ -407,15 +483,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _note(status: str) -> str | None:
-    """What a run's status needs said beside it."""
-    if status == STOPPED:
-        return STOPPED_NOTE
-    if status == WRITE_FAILED:
-        return "a write to its run folder failed; --resume continues it once the disk is fixed"
-    return None
-
-
 def _run_status(status: str | None, note: str | None) -> str:
     """A run's status for a table: `unreadable: why`, `stopped (why)`, or the status alone."""
     if note is None:
@@ -429,6 +496,8 @@ def _when(timestamp: str | None) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from executor import audit  # here: the log's reader and verifier (sqlite3, hashlib), for this command only
+
     if args.action == "key":
         return _make_key()
     if not (args.run_dir / audit.AUDIT_FILE).exists():
@@ -465,62 +534,21 @@ def _make_key() -> int:
     return EXIT_OK
 
 
-REPORT_FILE = "report.json"
-#: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
-#: they are of (which commit, which server, which GPUs, which commands) are not shown.
-PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
-#: The JSON types of those keys (steps/provenance.py's Provenance): `"repos": null` says nothing either.
-PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {"generated_at": (str,), "gpus": (dict, type(None)), "unknown": (dict,)}
-PROVENANCE_TYPES |= dict.fromkeys(("repos", "deployments", "benchmarks"), (list,))
-
-
-def _provenance_lacks(report: dict[str, Any]) -> str | None:
-    """What the report's provenance lacks, in words; None when it is complete."""
-    provenance = report.get("provenance")
-    if not isinstance(provenance, dict):
-        return "no provenance" if provenance is None else f"a provenance that is {type(provenance).__name__}"
-    missing = [key for key in PROVENANCE_KEYS if key not in provenance]
-    if missing:
-        return f"a provenance without {', '.join(missing)}"
-    wrong = [
-        f"{key} is {'empty' if value == '' else type(value).__name__}"
-        for key, value in ((key, provenance[key]) for key in PROVENANCE_KEYS)
-        if not isinstance(value, PROVENANCE_TYPES[key]) or value == ""
-    ]
-    return f"a provenance whose {', '.join(wrong)}" if wrong else None
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
-    path = args.run_dir / REPORT_FILE
-    if not path.is_file():
-        what = "a run folder without a report" if (args.run_dir / "run.json").exists() else "not a run folder"
-        raise ResumeError(f"{args.run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-        tables = [
-            (str(t["title"]), [str(c) for c in t["columns"]], [list(map(str, r)) for r in t["rows"]])
-            for t in report.get("tables", [])
-        ]
-        notes = [str(note) for note in _listed(report.get("notes", []))]
-        figures = [(str(f.get("title", "figure")), str(f.get("path", ""))) for f in _listed(report.get("figures", []))]
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        raise ResumeError(
-            f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): "
-            f"{exc!r}"
-        ) from None
-    lacks = _provenance_lacks(report)
-    if lacks:
-        raise ResumeError(
-            f"{path}: refused: {lacks} (needs {', '.join(PROVENANCE_KEYS)}): nothing says which commits, "
-            "servers, GPUs and commands its numbers are of; run the benchmark again to write a report that does"
-        )
+    from rich.table import Table
+
+    from executor import views
+
+    report = views.report(args.run_dir)  # refused unless shaped as a report with a complete provenance
+    path = args.run_dir / views.REPORT_FILE
+    tables, notes, figures = views.report_parts(report, path)
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    out.print(shown_text(str(report.get("title", path)), style="bold"))
+    out().print(shown_text(str(report.get("title", path)), style="bold"))
     for note in notes:
-        out.print(shown_text(f"- {note}"))
+        out().print(shown_text(f"- {note}"))
     for title, columns, rows in tables:
         table = Table(title=shown_text(title))
         for column in columns:
@@ -529,21 +557,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
         _print_whole(table)
     for title, figure in figures:
-        out.print(shown_text(f"{title}: {args.run_dir / figure}"))
+        out().print(shown_text(f"{title}: {args.run_dir / figure}"))
     return EXIT_OK
 
 
 def _print_whole(table: Table) -> None:
     """A table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut."""
-    wanted = out.measure(table, options=out.options.update_width(10_000)).maximum
-    _PipedConsole(file=out.file, width=max(out.width, wanted), highlight=False).print(table)
+    from executor.consoles import PipedConsole
 
-
-def _listed(value: Any) -> list[Any]:
-    """A report's list (notes, figures); anything else (a string, a number) is no report."""
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list, got {type(value).__name__}")
-    return value
+    console = out()
+    wanted = console.measure(table, options=console.options.update_width(10_000)).maximum
+    PipedConsole(file=console.file, width=max(console.width, wanted), highlight=False).print(table)
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -570,6 +594,19 @@ def _describe_record(record: dict[str, Any]) -> str:
     return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """`runbook mcp`: the MCP server (executor.mcp_server) over stdio, with the optional extra installed."""
+    try:
+        from executor.mcp_server import serve
+    except ModuleNotFoundError as exc:  # no SDK, or one without the server API (mcp < 2)
+        if not (exc.name or "").startswith("mcp"):
+            raise
+        print(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'", file=sys.stderr)
+        return InvalidRunbook.exit_code
+    serve()
+    return EXIT_OK
+
+
 COMMANDS = {
     "validate": cmd_validate,
     "plan": cmd_plan,
@@ -579,6 +616,8 @@ COMMANDS = {
     "audit": cmd_audit,
     "demo": cmd_demo,
     "report": cmd_report,
+    "schema": cmd_schema,
+    "mcp": cmd_mcp,
 }
 
 
@@ -588,8 +627,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
-    # what asyncssh logs reaches the run's debug.log, never the console (executor.diagnostics)
-    diagnostics.route_asyncssh()
     try:
         return _dispatch(args)
     except BrokenPipeError:
@@ -624,5 +661,17 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
     return exc.exit_code
 
 
+def entry() -> NoReturn:
+    """The process's entry (the `runbook` script, `python -m executor.cli`): `main`, then an exit that leaves
+    the heap's reference cycles to the operating system. The interpreter's exit would otherwise walk every
+    object the command loaded (the step kinds' pydantic models and validators, their modules) to collect
+    them: about 70 ms of CPU of `runbook validate`'s 500 (bench/RESULTS.md, 9c), for nothing, as the process
+    ends. Exit handlers and the flush of stdout still run. Not done in `main`, which tests call in their own
+    process."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

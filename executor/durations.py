@@ -2,15 +2,16 @@
 
 A duration is a bound, so it must be one: finite, positive and at most `MAX_DURATION_S` (`inf`, `1e999`,
 `nan`, `0` and negatives are refused where the runbook is read). A `Delay` (between retries) may be 0.
+
+`Duration` and `Delay`, the pydantic field types, are made on first use (PEP 562): `runbook status` formats
+durations (`format_duration`) and must not pay for pydantic's validators at every start.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any
-
-from pydantic import BeforeValidator
+from typing import TYPE_CHECKING, Annotated, Any
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+) ?(ms|s|m|h|d)")
@@ -75,5 +76,21 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Delay = Annotated[float, BeforeValidator(parse_delay)]
+if TYPE_CHECKING:  # a type checker sees the floats that the Annotated types below validate
+    Duration = float
+    Delay = float
+else:
+
+    def __getattr__(name: str) -> Any:
+        """Duration and Delay: floats that pydantic parses from a runbook's text, and what the JSON Schema
+        (`runbook schema`) says they take: seconds, or text the parser reads (never a boolean, which a lax
+        float would take). Made once, then kept."""
+        parse = {"Duration": parse_duration, "Delay": parse_delay}.get(name)
+        if parse is None:  # asked for `__path__` by every `from executor.durations import ...`
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from pydantic import BeforeValidator, StringConstraints, WithJsonSchema
+
+        text = Annotated[str, StringConstraints(pattern=rf"^\s*(?:{_PARTS.pattern}|{_NUMBER.pattern})\s*$")]
+        written = Annotated[float, WithJsonSchema({"type": "number"})] | text
+        globals()[name] = annotated = Annotated[float, BeforeValidator(parse, json_schema_input_type=written)]
+        return annotated

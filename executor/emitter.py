@@ -1,10 +1,11 @@
-"""The engine's one seam to its reporter: typed events stamped with seq, run id and time, and a reporter
+"""The engine's one seam to its reporters: typed events stamped with seq, run id and time, and a reporter
 that fails kept away from the run.
 
-A reporter is a display: an exception in one (a bug in the console's rendering, a `--json` stdout that
-is a full disk) must never fail an attempt, a step or the run. The seam catches it, says so once on
-stderr (never stdout, which `--json` owns), closes that reporter and delivers no further event to it;
-the run goes on, and its state and audit log stay complete.
+A reporter is a display (or the run folder's events.jsonl, a `tee`): an exception in one (a bug in the
+console's rendering, a `--json` stdout or an events file on a full disk) must never fail an attempt, a step
+or the run. The seam catches it, says so once on stderr (never stdout, which `--json` owns), closes that
+reporter and delivers no further event to it; the others go on, and so does the run, its state and audit
+log complete.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from executor.terminal import shown
 
 @dataclass
 class EventStream:
-    """What every emitter of one run shares: the reporter, the sequence and whether the reporter works."""
+    """What every emitter of one run shares: the reporters, the sequence and which reporters failed."""
 
     reporter: Reporter
     run_id: str
     redactor: Redactor
     stderr: TextIO | None = None  # None: sys.stderr as it is when a failure is said
     seq: int = 0
-    failed: bool = False
+    tees: list[Reporter] = field(default_factory=list)  # get every event too (the run's events.jsonl)
+    failed: list[Reporter] = field(default_factory=list)  # those that raised: they get nothing more
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -61,22 +63,24 @@ class Emitter:
             event = event_type(
                 seq=stream.seq, run_id=stream.run_id, time=round(time.time(), 3), **{**self._context, **fields}
             )
-            if not stream.failed:
+            for reporter in (stream.reporter, *stream.tees):
+                if reporter in stream.failed:
+                    continue
                 try:
-                    stream.reporter.emit(event)
+                    reporter.emit(event)
                 except Exception as exc:
-                    self._reporter_failed(event, exc)
+                    self._reporter_failed(reporter, event, exc)
 
-    def _reporter_failed(self, event: Event, exc: Exception) -> None:
+    def _reporter_failed(self, reporter: Reporter, event: Event, exc: Exception) -> None:
         """Say once why the reporter stopped, close it, and deliver it nothing more."""
         stream = self._stream
-        stream.failed = True
+        stream.failed.append(reporter)
         with contextlib.suppress(Exception):
-            stream.reporter.close()
+            reporter.close()
         reason = stream.redactor.text(f"{type(exc).__name__}: {exc}")
         message = (
-            f"runbook: the reporter failed on event {event.seq} ({event.event}) and shows nothing more of this run"
-            f" (the run goes on; its state and audit log stay complete): {reason}"
+            f"runbook: {reporter.name} failed on event {event.seq} ({event.event}) and shows nothing more of this"
+            f" run (the run goes on; its state and audit log stay complete): {reason}"
         )
         with contextlib.suppress(Exception):  # even a closed stderr must not stop the run
             print(shown(message), file=stream.stderr or sys.stderr, flush=True)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import itertools
 import json
 import os
 import sqlite3
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,8 +31,9 @@ from tenacity import (
 )
 
 from executor import audit as audit_mod
-from executor import diagnostics, durable, event_models, seal
+from executor import cells, diagnostics, durable, event_models, seal
 from executor.audit import AuditContext, AuditLog
+from executor.campaign import EXIT_CELLS_FAILED, MatrixGroup, value_text
 from executor.emitter import Emitter, EventStream
 from executor.errors import (
     EXIT_FAILED,
@@ -46,16 +49,17 @@ from executor.errors import (
     StateError,
     TransportError,
 )
-from executor.events import RedactingReporter, Reporter
+from executor.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
 from executor.gates import GateWorkers, roots
 from executor.loader import Runbook, secret_values
-from executor.model import var_text
+from executor.model import host_variables, var_text
+from executor.planner import host_env, placed_hosts
 from executor.redact import Redactor
 from executor.render import render_command
-from executor.resume import NOT_STARTED, Fingerprints, begin, plan_steps
+from executor.resume import Fingerprints, begin, plan_steps
+from executor.state import NOT_STARTED, RunLock, RunMeta, RunState, StepRecord, new_run_id, now, open_state
 from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
-from executor.state import RunLock, RunMeta, RunState, StepRecord, new_run_id, now, open_state
-from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, check_depth
+from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, StepView, check_depth
 from executor.transport import Transport, transport_for
 from executor.transport.base import (
     Collector,
@@ -95,6 +99,17 @@ def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
     return "\n".join(f"    | {line[:width]}{' ...' if len(line) > width else ''}" for line in kept)
 
 
+def _in_group(group: MatrixGroup, spec: StepSpec) -> bool:
+    return spec.id in group.instances
+
+
+def _peers(runbook: Runbook, spec: StepSpec) -> list[str]:
+    """The hosts the step's commands also run on (`StepSpec.peer_hosts`), of the step and its fallbacks."""
+    return list(
+        dict.fromkeys(host for variant in [spec, *runbook.fallbacks.get(spec.id, [])] for host in variant.peer_hosts())
+    )
+
+
 def _bounded_facts(facts: Any) -> Any:
     """Facts as JSON data, nested at most FACTS_MAX_DEPTH deep (checked before anything recurses into them)."""
     if isinstance(facts, BaseModel):
@@ -106,12 +121,17 @@ def _bounded_facts(facts: Any) -> Any:
 class HostContext(StepContext):
     """One attempt of one step on one host: audited command execution and file transfer."""
 
-    def __init__(self, engine: Engine, spec: StepSpec, host: str, attempt: int, via: str) -> None:
+    def __init__(
+        self, engine: Engine, spec: StepSpec, host: str, attempt: int, via: str, *, strict: bool = False
+    ) -> None:
         self.engine = engine
         self.spec = spec
         self.host_name = host
-        self.vars = engine.env
+        self.host_address = engine.runbook.hosts[host].address
+        self.vars = engine.env_for(host)
         self.attempt = attempt
+        self.via = via
+        self.strict = strict  # a peer's view: only the facts of the steps that passed on this host
         self.base_dir = engine.runbook.path.parent
         self.output_dir = engine.run_dir / "hosts" / host
         self.run_dir = engine.run_dir
@@ -120,10 +140,22 @@ class HostContext(StepContext):
         self.debug_log = engine.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
 
     def fact(self, step_id: str, path: str) -> Any:
-        value: Any = self.engine.facts_view(self.host_name)[step_id]["facts"]
+        if self.strict:
+            record = self.engine.records.get((step_id, self.host_name))
+            if record is None or record.status != "passed":
+                raise KeyError(step_id)
+            value: Any = record.facts
+        else:
+            value = self.engine.facts_view(self.host_name)[step_id]["facts"]
         for part in path.split("."):
             value = value[int(part)] if isinstance(value, list) else value[part]
         return value
+
+    def peer(self, host: str) -> HostContext:
+        runbook = self.engine.runbook
+        if host not in {*runbook.step_hosts[self.spec.id], *_peers(runbook, self.spec)}:  # connected before it started
+            raise FactsError(f"step '{self.spec.id}' has no connection to host '{host}' (not one of its peer hosts)")
+        return HostContext(self.engine, self.spec, host, self.attempt, self.via, strict=True)
 
     def facts_of_kind(self, kind: str) -> dict[str, Any]:
         engine, view = self.engine, self.engine.facts_view(self.host_name)
@@ -134,13 +166,42 @@ class HostContext(StepContext):
             if spec.kind == kind and spec.id in view and view[spec.id]["facts"] is not None
         }
 
+    def steps_before(self, kinds: Iterable[str] | None = None) -> list[StepView]:
+        engine, wanted = self.engine, None if kinds is None else set(kinds)
+        views: list[StepView] = []
+        for spec in engine.runbook.steps[: engine.positions[self.spec.id]]:
+            if wanted is not None and spec.kind not in wanted:
+                continue
+            instance = engine.runbook.instances.get(spec.id)
+            for host in engine.runbook.step_hosts[spec.id]:
+                record = engine.records.get((spec.id, host))
+                if record is None:
+                    continue
+                views.append(
+                    StepView(
+                        step=spec.id,
+                        base=instance.base if instance else spec.id,
+                        kind=spec.kind,
+                        host=host,
+                        status=record.status,
+                        message=record.message,
+                        facts=record.facts,
+                        group=instance.group if instance else None,
+                        cell=instance.values if instance else {},
+                    )
+                )
+        return views
+
     async def run(
         self, script: str | bytes, *, timeout: float | None = None, on_output: OutputSink | None = None
     ) -> CommandResult:
         engine = self.engine
         if engine.write_failure is not None:  # the run folder cannot be written: no new command starts
             raise engine.write_failure
-        command = render_command(script, *self.spec.environment(engine.env, engine.secrets))
+        variables, secrets = self.spec.environment(self.vars, engine.secrets)
+        command = render_command(
+            script, {**variables, **cells.instance_environment(engine.runbook, self.spec.id)}, secrets
+        )
         transport = engine.transports[self.host_name]
         limit = timeout or self.spec.timeout or engine.runbook.header.defaults.timeout
         try:
@@ -244,14 +305,46 @@ class Engine:
         #: the vars as the fingerprint counts them, once per run: a var holding a secret by its redacted
         #: text (no digest of a secret is stored)
         self._env_shown = {name: self.redactor.text(text) for name, text in self.env.items()}
+        hosts_shown = {
+            host: {name: self.redactor.text(text) for name, text in self.env_for(host).items()}
+            for host in runbook.hosts
+        }
         self.reporter = RedactingReporter(reporter, self.redactor)  # events and the console: masked as stored
         self.audit_key = seal.configured_key()  # opt-in: sealing when the user made a key (AuditKeyError if unusable)
         self.records: dict[tuple[str, str], StepRecord] = {}
         self.hosts_to_run: dict[str, list[str]] = {}  # the hosts each step that runs runs on (see plan_steps)
         self.positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
-        self.fingerprints = Fingerprints(runbook, self._env_shown, sorted(self.secrets))
+        self.fingerprints = Fingerprints(runbook, self._env_shown, sorted(self.secrets), hosts_shown)
         self.transports: dict[str, Transport] = {}
         self.gates = GateWorkers()
+        self.cells = cells.CellBook(cells.Index(runbook))
+        self.stopping = False  # a step failed outside `on_failure: continue`: the lanes start nothing new
+
+    def gate_names(self, spec: StepSpec, host: str) -> dict[str, Callable[[], Any]]:
+        """What gates and `when` read besides the command's output: `steps` (with each group mate by its
+        base id as the same cell's instance), `vars`, and `matrix` (the instance's axis values)."""
+        instance = self.runbook.instances.get(spec.id)
+
+        def steps() -> dict[str, Any]:
+            view = self.facts_view(host)
+            for base, mate in self.cells.index.aliases(spec.id).items():
+                if mate in view:
+                    view[base] = view[mate]
+            return view
+
+        return {
+            "steps": steps,
+            "vars": lambda: self.redactor.deep(self.variables_for(host)),  # masked: a failed gate shows no secret
+            "matrix": lambda: cells.matrix_context(instance.values if instance else {}),
+        }
+
+    def variables_for(self, host: str) -> dict[str, Any]:
+        """The vars of a step on `host`: the host's own `vars` over the runbook's, `--var` over both."""
+        return host_variables(self.runbook.header.vars, self.runbook.hosts[host], self.options.var_overrides)
+
+    def env_for(self, host: str) -> dict[str, str]:
+        """`variables_for(host)` as the step's environment gets them."""
+        return host_env(self.runbook, host, self.options.var_overrides)
 
     def facts_view(self, host: str) -> dict[str, Any]:
         """`steps.<id>` as gates see it on `host`: facts, status, and per-host facts."""
@@ -284,6 +377,7 @@ class Engine:
                 source_lock.release()
                 raise
         try:
+            self._place(source_records)
             plan = plan_steps(
                 self.runbook,
                 self.fingerprints,
@@ -325,6 +419,10 @@ class Engine:
                     old = source_records[(spec.id, host)]
                     origin = old.reused_from or meta.resumed_from
                     self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
+                    if old.status == "skipped":  # left out unchanged (a `when:` still false): so are its dependents
+                        self.cells.left_out(spec.id, old.message or "")
+                    else:
+                        self.cells.status[spec.id] = "passed"
                 else:
                     status = "pending" if spec.id in run_ids else "skipped"
                     self.records[(spec.id, host)] = StepRecord(
@@ -361,7 +459,10 @@ class Engine:
         self.gates.log = self.log
         current_run = diagnostics.CURRENT.set(self.log)  # asyncssh's records from this run's tasks go here
         self.log.info("run started", run_dir=str(run_dir), resumed_from=meta.resumed_from, runs=sorted(run_ids))
-        self.events = Emitter(EventStream(self.reporter, run_id, self.redactor))
+        events_file = EventsFile(run_dir / EVENTS_FILE)  # masked as the console is: the same lines as --json
+        self.events = Emitter(
+            EventStream(self.reporter, run_id, self.redactor, tees=[RedactingReporter(events_file, self.redactor)])
+        )
         self.events.emit(
             event_models.RunStarted,
             run_dir=str(run_dir),
@@ -391,10 +492,10 @@ class Engine:
                 )
             if source_meta is not None and source_dir is not None:
                 self._record_abandoned(source_meta.run_id, source_dir, source_records)
-            for spec in to_run:
-                if not await self._run_step(spec):
-                    status, code = "failed", EXIT_FAILED
-                    break
+            if not await self._run_steps(to_run):
+                status, code = "failed", EXIT_FAILED
+            elif self.cells.failed:
+                status, code = "cells-failed", EXIT_CELLS_FAILED
         except DurableWriteError as exc:  # never a step failure, never retried, never a passed run
             self.write_failure = self.write_failure or exc
         except asyncio.CancelledError:
@@ -408,6 +509,8 @@ class Engine:
             try:
                 if self.write_failure is None:  # a finished run's head matches its log exactly (audit verify)
                     self.audit.finish()
+                if self.cells.failed:  # what `runbook status` lists
+                    state.set("failed_cells", json.dumps(self.cells.failed_cells()))
                 # finished_at first: a run whose status says passed has every write behind it
                 state.set("finished_at", now())
                 state.set("status", status)
@@ -427,12 +530,21 @@ class Engine:
             state.close()
             self.log.info("run finished", status=status, exit_code=code)
             self.debug.close()
+            events_file.close()
             diagnostics.CURRENT.reset(current_run)
             if source_lock is not None:
                 source_lock.release()
         if self.write_failure is not None:
             raise self.write_failure
         return code
+
+    def _place(self, source: Mapping[tuple[str, str], StepRecord]) -> None:
+        """Each instance of a placed group on its pool's hosts (`executor.placement.place`), a resumed run's
+        servers kept on the hosts they ran on: the run's `step_hosts` say so from here on."""
+        if any(group.placement is not None for group in self.runbook.groups):
+            previous = {step: host for (step, host) in source}  # a unit's id is its server's, or its own
+            hosts = placed_hosts(self.runbook, previous, self.cells.index)
+            self.runbook = dataclasses.replace(self.runbook, step_hosts=hosts)
 
     def _record_abandoned(self, run_id: str, run_dir: Path, records: dict[tuple[str, str], StepRecord]) -> None:
         """Open the log with an `abandoned` record for each step the resumed run's process stopped in
@@ -448,18 +560,117 @@ class Engine:
     def _unverified_hosts(self, to_run: list[StepSpec]) -> list[str]:
         """The SSH hosts this run connects to whose host key is not verified (`verify_host_key: false`)."""
         used = {host for spec in to_run for host in self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])}
+        used |= {host for spec in to_run for host in _peers(self.runbook, spec)}
         hosts = self.runbook.hosts
         return sorted(name for name in used if not hosts[name].is_local and not hosts[name].verify_host_key)
 
     async def _close_transports(self) -> None:
         await asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True)
 
-    async def _run_step(self, spec: StepSpec) -> bool:
-        hosts = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
+    async def _run_steps(self, to_run: list[StepSpec]) -> bool:
+        """Every step to run, in order; the instances of a placed matrix group in lanes, one per host of its
+        pool. False when a step failed outside `on_failure: continue` (the run fails)."""
+        index = 0
+        while index < len(to_run):
+            group = self.cells.index.group_of(to_run[index].id)
+            if group is None or group.placement is None:
+                passed = await self._run_step(to_run[index])
+                index += 1
+            else:
+                members = list(itertools.takewhile(functools.partial(_in_group, group), to_run[index:]))
+                passed = await self._run_lanes(group, members)
+                index += len(members)
+            if not passed:
+                return False
+        return True
+
+    async def _run_lanes(self, group: MatrixGroup, members: list[StepSpec]) -> bool:
+        """A placed group's instances: each host of its pool runs those placed on it, in group order (so one
+        server at a time per host), the hosts in parallel. A failure that stops the run lets the running
+        instances finish and starts nothing new."""
+        hosts_of = {s.id: self.hosts_to_run.get(s.id, self.runbook.step_hosts[s.id]) for s in members}
+        by_id = {s.id: s for s in members}
+
+        async def lane(host: str, ids: list[str]) -> None:
+            for step_id in ids:
+                if self.stopping:
+                    return
+                if not await self._run_step(by_id[step_id], [host]):
+                    self.stopping = True
+
+        tasks = [asyncio.ensure_future(lane(h, ids)) for h, ids in cells.lanes(members, hosts_of, group.pool).items()]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one lane's error (a failed write, a signal) stops the others
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return not self.stopping
+
+    def _skip(self, spec: StepSpec, hosts: list[str], reason: str) -> None:
+        """Record a step left out on `hosts` (a failed cell, a needed step left out) without running it."""
         for host in hosts:
+            old = self.records[(spec.id, host)]
+            self._save(
+                dataclasses.replace(
+                    old,
+                    status="skipped",
+                    message=reason,
+                    started_at=now(),
+                    duration_s=0,
+                    fingerprint=self.fingerprints.fingerprint(spec, host),  # a resume tells whether it changed
+                    parts=self.fingerprints.parts(spec, host),
+                )
+            )
+
+    def _cell_of(self, step_id: str) -> tuple[str | None, dict[str, str] | None]:
+        """The group and the axis values (as text) of a matrix instance, for its events."""
+        instance = self.runbook.instances.get(step_id)
+        if instance is None:
+            return None, None
+        return instance.group, {axis: value_text(value) for axis, value in instance.values.items()}
+
+    def _cells_progress(self, step_id: str) -> None:
+        group = self.cells.index.group_of(step_id)
+        if group is not None:
+            self.events.emit(
+                event_models.CellsProgress,
+                group=group.name,
+                cells=self.cells.counts(group),
+                launches=self.cells.launches(group),
+            )
+
+    async def _run_step(self, spec: StepSpec, lane: list[str] | None = None) -> bool:
+        """One step on its hosts (or on `lane`'s one host). False when it failed and the run stops; a
+        failed instance of an `on_failure: continue` group fails its cells instead, and the run goes on."""
+        hosts = lane or self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
+        group, cell = self._cell_of(spec.id)
+        reason = self.cells.why_not(spec)
+        if reason is not None:
+            self._skip(spec, hosts, reason)
+            self.events.emit(
+                event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts, group=group, cell=cell
+            )
+            self.events.emit(
+                event_models.StepFinished,
+                step=spec.id,
+                status="skipped",
+                via=None,
+                duration_s=0,
+                hosts={h: {"status": "skipped", "attempts": 0, "via": None} for h in hosts},
+                failures=[],
+                group=group,
+                cell=cell,
+            )
+            self.cells.left_out(spec.id, reason)
+            self._cells_progress(spec.id)
+            return True
+        for host in [*hosts, *_peers(self.runbook, spec)]:
             if host not in self.transports:
                 self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor, self.log)
-        self.events.emit(event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts)
+        if group is not None:
+            self.cells.status.setdefault(spec.id, "running")
+        self.events.emit(event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts, group=group, cell=cell)
         limit = asyncio.Semaphore(self.runbook.header.defaults.max_parallel)
 
         async def bounded(host: str) -> StepRecord:
@@ -481,17 +692,33 @@ class Engine:
         if cancelled:
             raise next((r for r in cancelled if isinstance(r, DurableWriteError)), cancelled[0])
         records = [r for r in results if isinstance(r, StepRecord)]
-        passed = all(r.status == "passed" for r in records)
+        failed = [r for r in records if r.status not in ("passed", "skipped")]
+        skipped = [r for r in records if r.status == "skipped"]
+        outcome = "failed" if failed else "skipped" if skipped and len(skipped) == len(records) else "passed"
         self.events.emit(
             event_models.StepFinished,
             step=spec.id,
-            status="passed" if passed else "failed",
+            status=outcome,
             via=records[0].via if records else None,
             duration_s=max((r.duration_s or 0 for r in records), default=0),
             hosts={r.host: {"status": r.status, "attempts": r.attempts, "via": r.via} for r in records},
-            failures=[f"{spec.id}@{r.host}: {r.message}" for r in records if r.status != "passed"],
+            failures=[f"{spec.id}@{r.host}: {r.message}" for r in failed],
+            group=group,
+            cell=cell,
         )
-        return passed
+        if outcome == "skipped":  # a `when:` that was false: what needs it is left out too
+            self.cells.left_out(spec.id, skipped[0].message or "")
+        if failed and self._continues(spec.id):
+            self.cells.fail(spec.id, str(failed[0].message))
+        if group is not None and self.cells.status.get(spec.id) != "failed":
+            self.cells.status[spec.id] = "failed" if failed else outcome
+        self._cells_progress(spec.id)
+        return not failed or self._continues(spec.id)
+
+    def _continues(self, step_id: str) -> bool:
+        """Whether a failure of `step_id` fails only its cells (`on_failure: continue`), not the run."""
+        group = self.cells.index.group_of(step_id)
+        return group is not None and group.on_failure == "continue"
 
     async def _run_on_host(self, spec: StepSpec, host: str) -> StepRecord:
         record = StepRecord(
@@ -518,6 +745,9 @@ class Engine:
             log.info("retry scheduled", attempt=record.attempts, delay_s=delay, after=str(failure).partition("\n")[0])
 
         try:
+            if spec.when is not None and (skipped := await self._when_false(spec, host)) is not None:
+                record.status, record.message = "skipped", skipped
+                return record
             for via, variant in variants:
                 if failures:
                     log.info("fallback taken", via=via, after=failures[-1].partition("\n")[0])
@@ -579,6 +809,23 @@ class Engine:
                 self._save(record)
         return record
 
+    async def _when_false(self, spec: StepSpec, host: str) -> str | None:
+        """Why the step is skipped on `host` (`when: EXPR is false`, with its message), or None: it runs."""
+        assert spec.when is not None
+        that, read = spec.when.that, roots(spec.when.that)
+        names = {name: value() for name, value in self.gate_names(spec, host).items() if name in read}
+        try:
+            async with self.gates.session(names, [that]) as worker:
+                verdict = await worker.evaluate(that, spec.when.message)
+        except GateWorkerUnavailable as exc:
+            raise HostRefused(str(exc)) from None  # the step fails on the host: nothing says it may be left out
+        if verdict.passed:
+            return None
+        if verdict.undecided:  # an error is no `false`: skipping would hide it (a typo in a fact's path)
+            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}")
+        said = f"{cells.WHEN_FALSE}{that} is false"
+        return f"{said}: {spec.when.message}" if spec.when.message else said
+
     def _save(self, record: StepRecord) -> None:
         self.records[(record.step, record.host)] = record
         self.state.save(record, audit=self.audit.position)  # what the log holds by now: audit verify checks it
@@ -617,8 +864,7 @@ class Engine:
             "stderr": lambda: result.stderr_text,
             "exit_code": lambda: result.exit_code,
             "facts": lambda: facts,
-            "steps": lambda: self.facts_view(host),
-            "vars": lambda: self.redactor.deep(self.variables),  # as the output: a failed gate shows no secret
+            **self.gate_names(spec, host),
         }
         names = {name: value() for name, value in seen.items() if name in read}
         try:

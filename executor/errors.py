@@ -36,20 +36,21 @@ shown as its traceback, not an error of the user's):
 
 CommandInterrupted stays a CancelledError, outside the tree, on purpose: a Ctrl-C must pass every
 `except Exception` (a step kind's, tenacity's) and be seen by asyncio as cancellation (`Task.cancelling`,
-`gather`); the run then exits 130 as for any interrupt, and the audit log keeps the partial result.
+`gather`); the run then exits 130 as for any interrupt, and the audit log keeps the partial result. It is
+defined on first use (`executor.errors.CommandInterrupted`, as any name): this module imports no asyncio,
+nor asyncssh, so that the commands which need neither start fast (bench/startup.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import asyncssh
 
 from executor.terminal import shown
 
 if TYPE_CHECKING:
+    import asyncio
+
     from executor.transport.base import CommandResult
 
 #: The exit statuses of the CLI that no RunbookError carries (README, "Commands").
@@ -172,6 +173,8 @@ def failure_text(exc: BaseException) -> str:
 def is_host_key_failure(exc: BaseException) -> bool:
     """asyncssh could not verify the server's host key (unknown, changed, revoked), by its class or by
     the disconnect code a peer sent: retrying cannot help."""
+    import asyncssh  # here: only a transport's errors come here, and the CLI's other commands never import it
+
     return isinstance(exc, asyncssh.HostKeyNotVerifiable) or (
         isinstance(exc, asyncssh.DisconnectError) and exc.code == asyncssh.DISC_HOST_KEY_NOT_VERIFIABLE
     )
@@ -238,9 +241,34 @@ class RunnerLost(Exception):
     """The runner or its channel ended while a command was in flight."""
 
 
-class CommandInterrupted(asyncio.CancelledError):
-    """Cancellation that carries the interrupted command's partial result, for the audit log."""
+def _command_interrupted() -> type[asyncio.CancelledError]:
+    """CommandInterrupted, defined on first use: it is asyncio's CancelledError, and importing asyncio
+    (~40 ms) is a cost that the commands which read a run folder (`runbook status`) must not pay."""
+    import asyncio
 
-    def __init__(self, result: CommandResult) -> None:
-        super().__init__("interrupted")
-        self.result = result
+    class CommandInterrupted(asyncio.CancelledError):
+        """Cancellation that carries the interrupted command's partial result, for the audit log."""
+
+        __qualname__ = "CommandInterrupted"  # found by its name here (pickle, reprs), as a class of the module
+
+        def __init__(self, result: CommandResult) -> None:
+            super().__init__("interrupted")
+            self.result = result
+
+    return CommandInterrupted
+
+
+if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` defines it on first use
+
+    class CommandInterrupted(asyncio.CancelledError):
+        result: CommandResult
+
+        def __init__(self, result: CommandResult) -> None: ...
+
+else:
+
+    def __getattr__(name: str) -> type:
+        if name != "CommandInterrupted":
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = defined = _command_interrupted()
+        return defined

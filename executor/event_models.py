@@ -71,6 +71,8 @@ class StepStarted(Event):
     event: Literal["step_started"] = "step_started"
     kind: str
     hosts: list[str]
+    group: str | None = None  # a matrix instance's group (None outside a matrix)
+    cell: dict[str, str] | None = None  # its axis values as text (`{"drafter": "zlab", "tokens": "4"}`)
 
 
 class CommandFinished(Event):
@@ -98,6 +100,38 @@ class StepFinished(Event):
     duration_s: float
     hosts: dict[str, HostOutcome]
     failures: list[str]
+    group: str | None = None  # as in step_started
+    cell: dict[str, str] | None = None
+
+
+class CellCounts(BaseModel):
+    """How a matrix group's cells stand: `cells_progress.cells`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    total: int
+    passed: int
+    failed: int
+    skipped: int
+    running: int
+
+
+class LaunchCounts(BaseModel):
+    """A matrix group's server launches: `cells_progress.launches`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    done: int
+    planned: int  # one per distinct server configuration
+
+
+class CellsProgress(Event):
+    """After each instance of a matrix group ends (or is skipped): how the group's cells and launches stand."""
+
+    event: Literal["cells_progress"] = "cells_progress"
+    group: str
+    cells: CellCounts
+    launches: LaunchCounts
 
 
 class Progress(Event):
@@ -126,7 +160,15 @@ class RunFinished(Event):
 
 
 AnyEvent = Annotated[
-    RunStarted | StepStarted | CommandFinished | AttemptFailed | StepFinished | Progress | Note | RunFinished,
+    RunStarted
+    | StepStarted
+    | CommandFinished
+    | AttemptFailed
+    | StepFinished
+    | CellsProgress
+    | Progress
+    | Note
+    | RunFinished,
     Field(discriminator="event"),
 ]
 

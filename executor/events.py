@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import BaseModel
@@ -20,9 +21,11 @@ from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
+from executor.consoles import UnattendedConsole
 from executor.durations import format_duration
 from executor.event_models import (
     AttemptFailed,
+    CellsProgress,
     CommandFinished,
     Event,
     Note,
@@ -59,8 +62,17 @@ def with_strings(value: Any, change: Callable[[str], str]) -> Any:
     return value
 
 
+#: In every run folder: the run's events, one line each, exactly as `--json` prints them (EventsFile).
+EVENTS_FILE = "events.jsonl"
+
+
 class Reporter:
     """Receives run events; the base class ignores them."""
+
+    @property
+    def name(self) -> str:
+        """What a failure of this reporter calls it on stderr (executor.emitter)."""
+        return "the reporter"
 
     def emit(self, event: Event) -> None:
         """One event (executor.event_models): run_started, step_started, command_finished, attempt_failed,
@@ -85,6 +97,15 @@ class RedactingReporter(Reporter):
     def close(self) -> None:
         self.inner.close()
 
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+
+def json_line(event: Event) -> str:
+    """An event as one line of `--json` (json.dumps escapes every control character, a newline too)."""
+    return json.dumps(event.model_dump(by_alias=True), default=str) + "\n"
+
 
 class JsonReporter(Reporter):
     def __init__(self, out: TextIO | None = None) -> None:
@@ -93,7 +114,7 @@ class JsonReporter(Reporter):
     def emit(self, event: Event) -> None:
         if self.out is None:
             return
-        line = json.dumps(event.model_dump(by_alias=True), default=str) + "\n"
+        line = json_line(event)
         try:
             self.out.write(line)
             self.out.flush()
@@ -101,18 +122,42 @@ class JsonReporter(Reporter):
             self.out = None
 
 
-class UnattendedConsole(Console):
-    """A rich console that goes quiet when its reader goes away (`runbook run ... 2>&1 | head`).
+class EventsFile(Reporter):
+    """The run folder's events.jsonl: every event as `--json` prints it, one line each, flushed, so that
+    anyone can follow a run by `seq` (the MCP server's `events`), whoever started it and however.
 
-    rich's default exits the process on a broken pipe, which would stop a deployment half-way
-    because nobody is reading its progress; the run goes on, its state and audit log complete.
-    """
+    Opened at the first event (a run folder that cannot take it must not stop the run): a failed open or
+    write raises, and the emitter says so once and delivers it nothing more. Not fsynced: the audit log
+    and state.db are the run's record; this is its stream."""
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    @property
+    def name(self) -> str:
+        return f"the events file {self.path}"
+
+    def emit(self, event: Event) -> None:
+        if self._file is None:
+            self._file = self.path.open("x", encoding="utf-8")
+        self._file.write(json_line(event))
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
-_STATUS_STYLE = {"passed": "green", "reused": "cyan", "failed": "bold red", "interrupted": "yellow"}
+_STATUS_STYLE = {
+    "passed": "green",
+    "reused": "cyan",
+    "failed": "bold red",
+    "cells-failed": "red",
+    "skipped": "yellow",
+    "interrupted": "yellow",
+}
 
 
 class ConsoleReporter(Reporter):
@@ -122,6 +167,7 @@ class ConsoleReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
         self._status: Status | None = None
+        self._grid: Text | None = None  # the latest grid line of a matrix still running (CellsProgress)
         self._t0 = time.monotonic()
         self.handlers: dict[type[Event], Callable[[Any], None]] = {
             RunStarted: self._run_started,
@@ -129,6 +175,7 @@ class ConsoleReporter(Reporter):
             CommandFinished: self._command_finished,
             AttemptFailed: self._attempt_failed,
             StepFinished: self._step_finished,
+            CellsProgress: self._cells_progress,
             Progress: self._progress,
             Note: self._note,
             RunFinished: self._run_finished,
@@ -175,6 +222,20 @@ class ConsoleReporter(Reporter):
         for failure in e.failures:
             self.console.print(Text(failure, style="red"))
 
+    def _cells_progress(self, e: CellsProgress) -> None:
+        """One line per matrix group, each time an instance of it ends: how its grid stands. The live status
+        line carries the latest one while the grid runs, so a terminal always shows it."""
+        c, launches = e.cells, e.launches
+        line = Text.assemble(
+            (f"{e.group}", "bold"),
+            f"  cells {c.passed + c.failed + c.skipped}/{c.total} done: {c.passed} passed, ",
+            (f"{c.failed} failed", "red" if c.failed else "default"),
+            f", {c.skipped} skipped, {c.running} running;  launches {launches.done}/{launches.planned}",
+        )
+        self.console.print(Text.assemble("    ", line))
+        done = c.passed + c.failed + c.skipped == c.total
+        self._grid = None if done else line
+
     def _progress(self, e: Progress) -> None:
         self._live(Text.assemble((e.step or "", "bold"), f"@{e.host}: {e.message}"), keep=True)
 
@@ -188,7 +249,10 @@ class ConsoleReporter(Reporter):
 
     def _live(self, text: Text, keep: bool = False) -> None:
         """Show `text` as the live status line; off a terminal, print it (progress only if `keep`
-        is false, so that a log file gets step starts but not every progress update)."""
+        is false, so that a log file gets step starts but not every progress update). While a matrix
+        runs, the live line starts with how its grid stands."""
+        if self._grid is not None and self.console.is_terminal:
+            text = Text.assemble(self._grid, "  |  ", text)
         if keep and self._status is not None:
             self._status.update(text)
             return

@@ -14,7 +14,6 @@ so its timeouts and signals keep working while a gate runs.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -25,7 +24,7 @@ import struct
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.environment import TemplateExpression
@@ -34,8 +33,11 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 if __name__ != "__main__":  # the controller's side; the worker (this file as a program) imports no package
-    from executor.diagnostics import NO_LOG, Log
     from executor.errors import GateWorkerUnavailable
+if TYPE_CHECKING:
+    import asyncio
+
+    from executor.diagnostics import Log
 
 #: Wall-clock bound of one gate in a worker (CPU time is at most that); past it the worker is killed.
 GATE_TIME_S = 5.0
@@ -60,6 +62,9 @@ class GateVerdict:
     expression: str
     message: str | None
     detail: str  # why it failed: the values of the names it used, or the missing name
+    #: it could not be evaluated (a missing name, an error, a sandbox refusal, a worker gone or too slow):
+    #: a failed gate all the same, but no `false` for `when:`, which must not skip a step on an error
+    undecided: bool = False
 
     def describe(self) -> str:
         head = self.message or "gate failed"
@@ -200,7 +205,7 @@ def evaluate(expression: str, names: Mapping[str, Any], message: str | None = No
     detail = "\n".join(filter(None, [why, _values(expression, names)]))
     if len(detail) > DETAIL_MAX:
         detail = detail[:DETAIL_MAX] + f"... ({len(detail) - DETAIL_MAX} more chars)"
-    return GateVerdict(False, expression, message, detail)
+    return GateVerdict(False, expression, message, detail, undecided=bool(why))
 
 
 def _values(expression: str, names: Mapping[str, Any]) -> str:
@@ -229,6 +234,8 @@ class GateWorker:
 
     @classmethod
     async def start(cls) -> GateWorker:
+        import asyncio  # in each coroutine here: checking a gate's syntax (`runbook validate`) needs none
+
         # this file as a program (not `-m executor.gates`: the package's __init__ would import the engine);
         # -P keeps the folder of this file off sys.path, so none of its modules can shadow the stdlib
         proc = await asyncio.create_subprocess_exec(
@@ -272,6 +279,8 @@ class GateWorker:
     async def loaded(self) -> None:
         """Wait (at most LOAD_TIME_S) until the worker took the names handed to it, if it has not said so yet;
         a worker that cannot take them is killed, and its gates then fail as a worker that died."""
+        import asyncio
+
         if not self.loading:
             return
         self.loading = False
@@ -282,23 +291,26 @@ class GateWorker:
 
     async def evaluate(self, expression: str, message: str | None) -> GateVerdict:
         """The verdict; a worker that does not answer within GATE_TIME_S is killed and the gate failed."""
+        import asyncio
+
         if self.alive:
             self._send(("gate", expression))
             await self.loaded()  # the names' answer comes first (bounded as a load), then the gate's
         if not self.alive:
             detail = "  its worker process is gone (it could not take the attempt's output); the gate cannot hold"
-            return GateVerdict(False, expression, message, detail)
+            return GateVerdict(False, expression, message, detail, undecided=True)
         try:
             answer = await asyncio.wait_for(self._answer(), GATE_TIME_S)
         except TimeoutError:
             self.kill()
             detail = f"  did not finish within the time bound of a gate ({GATE_TIME_S:g}s); its evaluation was stopped"
-            return GateVerdict(False, expression, message, detail)
+            return GateVerdict(False, expression, message, detail, undecided=True)
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
             self.kill()
             detail = f"  its worker process died ({type(exc).__name__}); the gate cannot be trusted to hold"
-            return GateVerdict(False, expression, message, detail)
-        return GateVerdict(bool(answer["passed"]), expression, message, str(answer["detail"]))
+            return GateVerdict(False, expression, message, detail, undecided=True)
+        passed, detail, undecided = bool(answer["passed"]), str(answer["detail"]), bool(answer["undecided"])
+        return GateVerdict(passed, expression, message, detail, undecided=undecided)
 
     @property
     def alive(self) -> bool:
@@ -310,6 +322,8 @@ class GateWorker:
             self.proc.kill()
 
     async def close(self) -> None:
+        import asyncio
+
         self.kill()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.proc.wait(), 5)
@@ -364,6 +378,8 @@ class GateWorkers:
     """
 
     def __init__(self) -> None:
+        from executor.diagnostics import NO_LOG  # here: checking a gate's syntax (`runbook validate`) needs no log
+
         self._idle: list[GateWorker] = []
         self._all: set[GateWorker] = set()
         self.log: Log = NO_LOG  # the run's diagnostics, once it has them
@@ -374,6 +390,8 @@ class GateWorkers:
     ) -> AsyncIterator[GateWorker | InlineGates]:
         """A worker holding `names`: only those that `expressions` read, when given (stdout can be 64 MiB);
         the run itself when every one of `expressions` is `bounded_by_itself`."""
+        import asyncio
+
         expressions = list(expressions)
         if expressions and all(bounded_by_itself(e) for e in expressions):
             yield InlineGates(names)
@@ -408,6 +426,8 @@ class GateWorkers:
         return worker
 
     async def close(self) -> None:
+        import asyncio
+
         workers, self._all, self._idle = list(self._all), set(), []
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
 
@@ -421,7 +441,7 @@ def _serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
             names, answer = request[1], {}
         else:
             verdict = evaluate(request[1], names)
-            answer = {"passed": verdict.passed, "detail": verdict.detail}
+            answer = {"passed": verdict.passed, "detail": verdict.detail, "undecided": verdict.undecided}
         data = json.dumps(answer).encode()
         stdout.write(_FRAME.pack(len(data)) + data)
         stdout.flush()

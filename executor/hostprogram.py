@@ -14,7 +14,8 @@ in syntax any Python parses, so an old interpreter fails in one plain line with 
 `executor.stepkind.host_document` turns into a clear message.
 
 The programs are read as files, never imported: the controller does not run them (only the kit is
-imported, for its constants).
+imported: even the kit's constants are read from its source, so that `runbook validate` and `plan` import
+no host program).
 """
 
 from __future__ import annotations
@@ -25,14 +26,19 @@ import functools
 import hashlib
 import io
 import json
+import re
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from executor.render import heredoc, host_word
-from hostprograms import kit
 
+#: The line that opens a shipped program's lines in a script: the readable plan names the program by it.
+PROGRAM_LINE = re.compile(
+    r"^# hostprograms/([A-Za-z_][A-Za-z0-9_]*)\.py with the kit, zip sha256:([0-9a-f]{16})$", re.MULTILINE
+)
 PACKAGE = Path(__file__).resolve().parent.parent / "hostprograms"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
 
@@ -47,9 +53,22 @@ sys.exit({name}.main())
 """
 
 
+@functools.cache
+def kit_constant(name: str) -> Any:
+    """A constant of hostprograms/kit.py (TOO_OLD, PROGRESS_PREFIX), read from its source."""
+    return _constant("kit", name)
+
+
 def _constant(module: str, name: str) -> Any:
-    """A constant a module of the package assigns at its top level, read from its source."""
-    for node in ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8")).body:
+    """A constant a module of the package assigns at its top level, read from its source: from its own
+    line when the assignment fits on one (parsing a whole program costs ~10 ms, at every `runbook plan`)."""
+    source = (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
+    lines = [line for line in source.splitlines() if line.startswith(f"{name} =")]
+    try:
+        body = ast.parse(lines[0]).body if len(lines) == 1 else ast.parse(source).body
+    except SyntaxError:  # an assignment over several lines
+        body = ast.parse(source).body
+    for node in body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return ast.literal_eval(node.value)
     raise ValueError(f"hostprograms/{module}.py assigns no {name}")
@@ -65,7 +84,7 @@ def minimum_python(name: str) -> tuple[int, int]:
 def bundle(name: str) -> bytes:
     """The zip of program `name`: the package's `__init__`, the kit, the program, a `__main__`."""
     low = minimum_python(name)
-    main = _MAIN.format(min_python=low, min_text=".".join(map(str, low)), name=name, too_old=kit.TOO_OLD)
+    main = _MAIN.format(min_python=low, min_text=".".join(map(str, low)), name=name, too_old=kit_constant("TOO_OLD"))
     members = {
         "__main__.py": main.encode(),
         **{f"hostprograms/{f}.py": (PACKAGE / f"{f}.py").read_bytes() for f in ("__init__", "kit", name)},
@@ -81,9 +100,28 @@ def bundle(name: str) -> bytes:
 
 @functools.cache
 def _shipped(name: str) -> tuple[str, str]:
-    """(short sha256, base64 text) of the bundle: once per program, not once per rendered script."""
+    """(sha256, base64 text) of the bundle: once per program, not once per rendered script."""
     data = bundle(name)
-    return hashlib.sha256(data).hexdigest()[:16], base64.encodebytes(data).decode()
+    return hashlib.sha256(data).hexdigest(), base64.encodebytes(data).decode()
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A host program as the readable plan shows it: its bundle's size and whole sha256, never its body."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+def shipped_programs(script: str) -> list[Shipped]:
+    """The host programs a rendered script ships, in order: by the line `host_program` opens each with, its
+    digest that of the program's bundle (a script that merely names a program ships none)."""
+    names = dict.fromkeys(PROGRAM_LINE.findall(script))
+    shipped = [
+        name for name, digest in names if (PACKAGE / f"{name}.py").is_file() and _shipped(name)[0][:16] == digest
+    ]
+    return [Shipped(name, len(bundle(name)), _shipped(name)[0]) for name in dict.fromkeys(shipped)]
 
 
 def host_program(name: str, config: Mapping[str, Any], python: str = "python3") -> str:
@@ -91,7 +129,7 @@ def host_program(name: str, config: Mapping[str, Any], python: str = "python3") 
     `$var` expand there) and leave its exit status as theirs."""
     digest, encoded = _shipped(name)
     return (
-        f"# hostprograms/{name}.py with the kit, zip sha256:{digest}\n"
+        f"# hostprograms/{name}.py with the kit, zip sha256:{digest[:16]}\n"
         'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.XXXXXXXX") || exit 1\n'
         "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\n"
         + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")

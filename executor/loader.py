@@ -23,12 +23,14 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from executor.campaign import Instance, MatrixGroup
 from executor.errors import InvalidRunbook, Problem
+from executor.files import open_regular
 from executor.gates import step_refs, syntax_error
+from executor.matrix import Expansion, expand
 from executor.model import Host, Inventory, RunbookHeader, SecretRef, env_text_problem, var_text
-from executor.redact import MIN_SECRET_CHARS
+from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.stepkind import StepSpec, step_kinds
-from executor.transport.base import open_regular
 
 Loc = tuple[str | int, ...]
 LOCAL = "local"
@@ -59,6 +61,11 @@ class Runbook:
     step_hosts: dict[str, list[str]] = field(default_factory=dict)
     step_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (line, column) of each step
     secret_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # of each secret's declaration
+    #: the matrices, expanded (executor.campaign): a matrix's step instances are in `steps`, in run order
+    groups: list[MatrixGroup] = field(default_factory=list)
+    instances: dict[str, Instance] = field(default_factory=dict)  # instance id -> what it is of which matrix
+    #: the text it was read from (an inventory given later, on a resume, is laid over this, not the file)
+    text: str = ""
     #: the sha256 of the text this runbook was read from (run.json records it): of what was loaded, not of
     #: the file as it may be by the time a run starts (edited, or gone)
     sha256: str = ""
@@ -114,7 +121,8 @@ class _Positions:
     def invalid(self) -> InvalidRunbook:
         """The error for the problems found, in the order of the file, at most MAX_PROBLEMS of them. Only
         these get their did-you-mean: a file of 30 000 unknown names costs 100 of them, not 30 000."""
-        problems = sorted(self.problems, key=lambda p: (p.line, p.column))
+        # a matrix step's problem that no axis value causes is found once per instance: reported once
+        problems = sorted(dict.fromkeys(self.problems), key=lambda p: (p.line, p.column))
         shown = [self._hinted(p) for p in problems[:MAX_PROBLEMS]]
         if len(problems) <= MAX_PROBLEMS:
             return InvalidRunbook(shown)
@@ -451,7 +459,11 @@ def _loc_text(loc: Loc) -> str:
     return text
 
 
-def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Positions) -> None:
+def _report(
+    exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Positions, instance: str | None = None
+) -> None:
+    """Map pydantic's errors to positions. A matrix step's `instance` (its id) names the cell in a value's
+    error (an axis value may be what breaks it), the parameter's path then relative to the step."""
     for error in exc.errors():
         if len(pos.problems) > MAX_PROBLEMS:
             break  # `invalid` reports no more
@@ -471,7 +483,8 @@ def _report(exc: ValidationError, model: type[BaseModel], prefix: Loc, pos: _Pos
             pos.problem(full[:-1], f"{where}: missing required key '{loc[-1]}'")
         else:
             message = str(error["msg"]).removeprefix("Value error, ")
-            pos.problem(full, f"{_loc_text(full)}: {message}")
+            where = ": ".join(filter(None, (instance, _loc_text(loc)))) if instance else _loc_text(full)
+            pos.problem(full, f"{where}: {message}")
 
 
 def _read(path: Path, what: str) -> str:
@@ -492,17 +505,31 @@ def _check_var_texts(data: dict[str, Any], pos: _Positions) -> None:
     """A var reaches a step as text: one YAML reads as something else whose text differs from what was
     written (`0123` is 83, `12:30` is 750, `yes` is true, `2026-12-01` a date, `~` null) is refused with a
     hint to quote it. Its text takes its place, so the schema does not report it a second time."""
-    variables = data.get("vars")
-    if not isinstance(variables, dict):
-        return
-    for name, value in variables.items():
-        written = pos.written.get(("vars", name))
-        if written is None or (isinstance(value, bool | int | float) and var_text(value) == written):
+    hosts = data.get("hosts")
+    places: list[tuple[Loc, Any]] = [(("vars",), data.get("vars"))]
+    if isinstance(hosts, dict):  # a host's own vars (`hosts.NAME.vars`) reach its steps the same way
+        places += [(("hosts", h, "vars"), host.get("vars")) for h, host in hosts.items() if isinstance(host, dict)]
+    for loc, variables in places:
+        if not isinstance(variables, dict):
             continue
-        read = "null (no value)" if value is None else f"the {type(value).__name__} {_shown(value)}"
-        text = f"vars.{name}: YAML reads {written} as {read}; quote it to keep the text: '{written}'"
-        pos.problem(("vars", name), text)
-        variables[name] = written
+        for name, value in variables.items():
+            written = pos.written.get((*loc, name))
+            if written is None or (isinstance(value, bool | int | float) and var_text(value) == written):
+                continue
+            read = "null (no value)" if value is None else f"the {type(value).__name__} {_shown(value)}"
+            text = f"{_loc_text((*loc, name))}: YAML reads {written} as {read}; quote it to keep the text: '{written}'"
+            pos.problem((*loc, name), text)
+            variables[name] = written
+
+
+def _check_host_vars(hosts: Mapping[str, Host], declared: Collection[str], pos: _Positions) -> None:
+    """A host's `vars` may only give its own value of a var the runbook declares: a typo would
+    otherwise reach nothing, silently."""
+    for host, spec in hosts.items():
+        for name in spec.vars:
+            if name not in declared:
+                text = f"hosts.{host}.vars: '{name}' is not a var of the runbook (declare it under `vars:`)"
+                pos.problem(("hosts", host, "vars", name), text, key=True, near=(name, declared))
 
 
 def _shown(value: Any) -> str:
@@ -511,39 +538,76 @@ def _shown(value: Any) -> str:
 
 def load_runbook(path: Path, inventory: Path | None = None) -> Runbook:
     """Read and validate a runbook (and the inventory laid over it); raise InvalidRunbook with every problem."""
-    runbook = parse_runbook(_read(path, "runbook"), path)
-    return runbook if inventory is None else apply_inventory(runbook, inventory)
+    text = _read(path, "runbook")
+    return parse_runbook(text, path, None if inventory is None else read_inventory(inventory))
 
 
 def apply_inventory(runbook: Runbook, path: Path) -> Runbook:
-    """Replace hosts and vars of the runbook by those of an inventory file; unknown names are errors."""
+    """The runbook as loaded, read again with an inventory file laid over it (a resumed run's carried one)."""
+    return parse_runbook(runbook.text, runbook.path, read_inventory(path))
+
+
+@dataclass(frozen=True)
+class InventoryOverlay:
+    """An inventory file, validated on its own: its data as written and where each value is in it."""
+
+    path: Path
+    data: dict[str, Any]
+    model: Inventory
+    pos: _Positions
+
+
+def read_inventory(path: Path) -> InventoryOverlay:
+    """Read and validate an inventory (hosts, vars and pools of one site); its own problems at its own lines."""
     data, pos = _parse(_read(path, "inventory"), str(path))
     if not isinstance(data, dict):
-        raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with hosts and vars")])
+        raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with hosts, vars and pools")])
     _check_var_texts(data, pos)
     try:
         inventory = Inventory.model_validate(data)
     except ValidationError as exc:
         _report(exc, Inventory, (), pos)
         raise pos.invalid() from None
-    for section, known in (("hosts", runbook.hosts), ("vars", runbook.header.vars)):
+    return InventoryOverlay(path, data, inventory, pos)
+
+
+def _lay_over(data: dict[str, Any], overlay: InventoryOverlay) -> dict[str, Any]:
+    """The runbook's data with the inventory's hosts, vars and pools in place of its own, before anything
+    is validated or expanded (a placed matrix spreads over the inventory's pool). An inventory names
+    only what the runbook has (a typo reaches nothing, so it is refused), except the hosts that its own
+    pools list: a site's pool has the hosts the site has."""
+    inventory, pos = overlay.model, overlay.pos
+    sections: dict[str, dict[str, Any]] = {
+        key: value if isinstance(value := data.get(key), dict) else {} for key in ("hosts", "vars", "pools")
+    }
+    known_hosts: dict[str, Any] = sections["hosts"] or {LOCAL: None}
+    pooled = {host for members in inventory.pools.values() for host in members}
+    for section, known in (("hosts", known_hosts), ("vars", sections["vars"]), ("pools", sections["pools"])):
         for name in getattr(inventory, section):
-            if name not in known:
+            if name not in known and not (section == "hosts" and name in pooled):
                 text = f"{section}: '{name}' is not in the runbook"
+                if section == "hosts":
+                    text += " (a host the runbook does not name is added by listing it in one of the inventory's pools)"
                 pos.problem((section, name), text, key=True, near=(name, known))
+    for pool, members in inventory.pools.items():
+        for n, host in enumerate(members):
+            if host not in known_hosts and host not in inventory.hosts:
+                text = f"pools.{pool}: '{host}' is a host of neither the runbook nor this inventory"
+                pos.problem(("pools", pool, n), text, near=(host, [*known_hosts, *inventory.hosts]))
+    _check_host_vars(inventory.hosts, sections["vars"], pos)
     if pos.problems:
         raise pos.invalid()
-    header = runbook.header.model_copy(
-        update={"hosts": {**runbook.hosts, **inventory.hosts}, "vars": {**runbook.header.vars, **inventory.vars}}
-    )
-    return dataclasses.replace(runbook, header=header)
+    return {**data, **{key: {**sections[key], **(overlay.data.get(key) or {})} for key in sections}}
 
 
-def parse_runbook(text: str, path: Path) -> Runbook:
+def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = None) -> Runbook:
+    """Validate a runbook's text (with an inventory laid over it); raise InvalidRunbook with every problem."""
     data, pos = _parse(text, str(path))
     if not isinstance(data, dict):
         raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with name, hosts, steps")])
     _check_var_texts(data, pos)
+    if inventory is not None:
+        data = _lay_over(data, inventory)
     try:
         header = RunbookHeader.model_validate(data)
     except ValidationError as exc:
@@ -551,36 +615,52 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         header = None
     kinds = step_kinds()
     steps: list[StepSpec] = []
-    indices: list[int] = []  # each valid step's position in the raw list
+    locs: list[Loc] = []  # each valid step's position in the raw data
     broken: set[str] = set()  # ids of steps that did not validate: already reported, not "missing"
     fallbacks: dict[str, list[StepSpec]] = {}
     raw_steps: list[Any] = data["steps"] if isinstance(data.get("steps"), list) else []
-    for index, raw in enumerate(raw_steps):
-        _check_fallback_keys(raw, ("steps", index, "fallbacks"), pos)
-        spec = _step(raw, kinds, ("steps", index), pos)
+    names = [name for section in ("vars", "secrets") if isinstance(data.get(section), dict) for name in data[section]]
+    host_names = list(data["hosts"]) if isinstance(data.get("hosts"), dict) and data["hosts"] else [LOCAL]
+    pools = _pools(data)
+    expansion = expand(raw_steps, kinds, names, {**pools, "all": host_names}, pos)
+    for entry in expansion.entries:
+        raw, loc = _pool_hosts(entry.raw, kinds, pools), entry.loc
+        label = entry.instance.id if entry.instance is not None else None
+        _check_fallback_keys(raw, (*loc, "fallbacks"), pos)
+        spec = _step(raw, kinds, loc, pos, label)
         if spec is None:
             if isinstance(raw, dict) and isinstance(raw.get("id"), str):
-                broken.add(raw["id"])
+                broken.add(label or raw["id"])
             continue
-        steps.append(spec)
-        indices.append(index)
-        fallbacks[spec.id] = [
+        variants = [
             fb
             for j, override in enumerate(spec.fallbacks)
-            if (fb := _fallback(raw, override, type(spec), ("steps", index, "fallbacks", j), pos)) is not None
+            if (fb := _fallback(raw, override, type(spec), (*loc, "fallbacks", j), pos, label)) is not None
         ]
+        if label is not None:  # validated under the id as written; an instance's id holds its values
+            spec, variants = (
+                spec.model_copy(update={"id": label}),
+                [v.model_copy(update={"id": label}) for v in variants],
+            )
+        steps.append(spec)
+        locs.append(loc)
+        fallbacks[spec.id] = variants
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    runbook = Runbook(path, header, steps, fallbacks, sha256=digest) if header is not None else None
+    runbook = Runbook(path, header, steps, fallbacks, sha256=digest, text=text) if header is not None else None
     if runbook is not None:
         runbook.secret_positions = {name: pos.at(("secrets", name), key=True) for name in runbook.header.secrets}
+        runbook.groups, runbook.instances = expansion.groups, expansion.instances
     if runbook is not None:
-        _cross_check(runbook, indices, pos, broken)
+        _check_host_vars(runbook.hosts, runbook.header.vars, pos)
+        _cross_check(runbook, locs, pos, broken, expansion)
     if pos.problems or runbook is None:
         raise pos.invalid()
     return runbook
 
 
-def _step(raw: Any, kinds: dict[str, type[StepSpec]], loc: Loc, pos: _Positions) -> StepSpec | None:
+def _step(
+    raw: Any, kinds: dict[str, type[StepSpec]], loc: Loc, pos: _Positions, instance: str | None = None
+) -> StepSpec | None:
     if not isinstance(raw, dict):
         pos.problem(loc, f"{_loc_text(loc)}: expected a mapping with id, kind and the kind's parameters")
         return None
@@ -596,17 +676,19 @@ def _step(raw: Any, kinds: dict[str, type[StepSpec]], loc: Loc, pos: _Positions)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        _report(exc, model, loc, pos)
+        _report(exc, model, loc, pos, instance)
         return None
 
 
-def _fallback(raw: dict[str, Any], override: Any, model: type[StepSpec], loc: Loc, pos: _Positions) -> StepSpec | None:
+def _fallback(
+    raw: dict[str, Any], override: Any, model: type[StepSpec], loc: Loc, pos: _Positions, instance: str | None = None
+) -> StepSpec | None:
     if not isinstance(override, dict) or set(override) & _FALLBACK_FORBIDDEN:
         return None  # reported by _check_fallback_keys
     try:
         return model.model_validate({**raw, **override, "fallbacks": []})
     except ValidationError as exc:
-        _report(exc, model, loc, pos)
+        _report(exc, model, loc, pos, instance)
         return None
 
 
@@ -619,47 +701,154 @@ def _check_fallback_keys(raw: Any, loc: Loc, pos: _Positions) -> None:
             pos.problem((*loc, j, key), f"a fallback cannot change '{key}'", key=True)
 
 
-def _cross_check(runbook: Runbook, indices: list[int], pos: _Positions, broken: set[str]) -> None:
+def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set[str], expansion: Expansion) -> None:
     hosts = runbook.hosts
     known = {*runbook.header.vars, *runbook.header.secrets}
-    seen: dict[str, int] = {}
-    for index, spec in zip(indices, runbook.steps, strict=True):
-        loc: Loc = ("steps", index, "id")
-        if spec.id in seen:
-            pos.problem(loc, f"duplicate step id '{spec.id}' (also step {seen[spec.id] + 1})")
-        seen.setdefault(spec.id, index)
-        runbook.step_positions.setdefault(spec.id, pos.at(loc[:-1]))
-        runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, loc[:-1], pos)
+    seen: dict[str, Loc] = {}
+    bases: dict[str, Loc] = {}  # ids as written: two instances of one step share one
+    done: dict[str, list[str]] = {}  # group -> its bases seen so far (a gate's `steps.MATE` is the same cell's)
+    for step_loc, spec in zip(locs, runbook.steps, strict=True):
+        loc: Loc = (*step_loc, "id")
+        instance = runbook.instances.get(spec.id)
+        base = instance.base if instance is not None else spec.id
+        if bases.get(base, step_loc) != step_loc:
+            pos.problem(loc, f"duplicate step id '{base}' (also step {int(bases[base][1]) + 1})")
+        bases.setdefault(base, step_loc)
+        seen.setdefault(spec.id, step_loc)
+        mates = done.setdefault(instance.group, []) if instance is not None else []
+        if base not in mates and instance is not None:
+            mates.append(base)
+        before = mates[: mates.index(base)] if instance is not None else []
+        runbook.step_positions.setdefault(spec.id, pos.at(step_loc))
+        runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, runbook.header.pools, step_loc, pos)
+        _check_peers(spec, runbook.fallbacks.get(spec.id, []), hosts, step_loc, pos)
         checked: set[str] = set()  # a fallback's gates are mostly the step's own: each text is checked once
         for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
-            for g, gate in enumerate(variant.effective_gates()):
-                if variant_index > 0 and gate.that in checked:
+            conditions = [
+                (f"gate '{g.that}'", g.that, (*step_loc, "gates", g_index, "that"))
+                for g_index, g in enumerate(variant.effective_gates())
+            ]
+            if variant.when is not None:
+                conditions.append((f"when '{variant.when.that}'", variant.when.that, (*step_loc, "when")))
+            for what, that, where in conditions:
+                if that in checked:
                     continue
-                checked.add(gate.that)
-                gate_loc = (*loc[:-1], "gates", g, "that") if variant_index == 0 else (*loc[:-1], "fallbacks")
-                problem = syntax_error(gate.that)
+                checked.add(that)
+                where = where if variant_index == 0 else (*step_loc, "fallbacks")
+                problem = syntax_error(that)
                 if problem:
-                    pos.problem(gate_loc, f"gate '{gate.that}' does not parse: {problem}")
-                for ref in step_refs(gate.that):
-                    if ref not in seen or ref == spec.id:
-                        pos.problem(gate_loc, f"gate refers to step '{ref}', which does not run before '{spec.id}'")
+                    pos.problem(where, f"{what} does not parse: {problem}")
+                for ref in step_refs(that):
+                    if (why := _into_group(ref, expansion, instance)) is not None:
+                        pos.problem(where, why)
+                    elif ref not in before and (ref not in seen or ref in (spec.id, base)):
+                        text = f"{what.split(' ')[0]} refers to step '{ref}', which does not run before '{base}'"
+                        pos.problem(where, text)
         for n, name in enumerate(spec.pass_env or []):
             if not any(c in name for c in "*?[") and name not in known:
                 text = f"step '{spec.id}': pass_env names '{name}', which is neither a var nor a secret"
-                pos.problem((*loc[:-1], "pass_env", n), text, near=(name, known))
-        gate_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
-        for ref in sorted(spec.needs() - gate_refs - broken):  # a parameter naming a step (server:, ...)
-            if ref not in seen or ref == spec.id:
+                pos.problem((*step_loc, "pass_env", n), text, near=(name, known))
+        conditions_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
+        conditions_refs |= set(step_refs(spec.when.that)) if spec.when is not None else set()
+        for ref in sorted(spec.needs() - conditions_refs - broken):  # a parameter naming a step (server:, ...)
+            if (why := _into_group(ref, expansion, instance)) is not None:
+                pos.problem(step_loc, why)
+            elif ref not in seen or ref == spec.id:
                 text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
-                pos.problem(loc[:-1], text, near=(ref, list(seen) if len(seen) <= MAX_HINT_CHOICES else ()))
+                pos.problem(step_loc, text, near=(ref, list(seen) if len(seen) <= MAX_HINT_CHOICES else ()))
 
 
-def _hosts_of(spec: StepSpec, hosts: dict[str, Host], loc: Loc, pos: _Positions) -> list[str]:
+def _into_group(ref: str, expansion: Expansion, instance: Instance | None) -> str | None:
+    """Why a step cannot name step `ref`, a matrix step of another group (or of a group, from outside one),
+    or None: a matrix step is one instance per cell, so only its group mates name it (each then gets the
+    same cell's instance)."""
+    group = expansion.member_of.get(ref) or (expansion.instances[ref].group if ref in expansion.instances else None)
+    if group is None or (instance is not None and instance.group == group):
+        return None
+    return f"'{ref}' is a matrix step of group '{group}': only its group mates can refer to it"
+
+
+def _pools(data: dict[str, Any]) -> dict[str, list[str]]:
+    """The pools as written, where they are well formed (the header's validation reports the rest)."""
+    pools = data.get("pools")
+    if not isinstance(pools, dict):
+        return {}
+    return {
+        name: members
+        for name, members in pools.items()
+        if isinstance(members, list) and all(isinstance(m, str) for m in members)
+    }
+
+
+def _pool_hosts(raw: Any, kinds: dict[str, type[StepSpec]], pools: Mapping[str, list[str]]) -> Any:
+    """A step's data with a pool's name in a host-list parameter (`StepSpec.host_list_fields`) replaced by
+    the pool's hosts; any other text stays, and is refused as a host the runbook does not have."""
+    model = kinds.get(str(raw.get("kind"))) if isinstance(raw, dict) else None
+    if model is None:
+        return raw
+    named = {key: raw[key] for key in model.host_list_fields if isinstance(raw.get(key), str)}
+    return {**raw, **{key: pools.get(name, [name]) for key, name in named.items()}}
+
+
+def _where_named(spec: StepSpec, host: str) -> Loc:
+    """Where in the step a parameter names `host` (`("nodes", 1)`): the key a problem with it is reported at."""
+    for name in type(spec).model_fields:
+        if name in StepSpec.COMMON_FIELDS:
+            continue
+        value = getattr(spec, name)
+        if value == host:
+            return (name,)
+        if isinstance(value, list) and host in value:
+            return (name, value.index(host))
+    return ()
+
+
+def _check_peers(spec: StepSpec, fallbacks: list[StepSpec], hosts: dict[str, Host], loc: Loc, pos: _Positions) -> None:
+    """The hosts a step's parameters name (`peer_hosts`, `own_hosts`) are the runbook's, each refused at the key
+    that names it; a fallback keeps the step's own hosts (it cannot move the step)."""
+    own = spec.own_hosts()
+    for name in dict.fromkeys([*(own or []), *spec.peer_hosts()]):
+        if name not in hosts:
+            pos.problem(
+                (*loc, *_where_named(spec, name)), f"step '{spec.id}': unknown host '{name}'", near=(name, hosts)
+            )
+    for j, fallback in enumerate(fallbacks):
+        if fallback.own_hosts() != own:
+            pos.problem((*loc, "fallbacks", j), f"step '{spec.id}': a fallback cannot change the hosts it runs on")
+        for name in fallback.peer_hosts():
+            if name not in hosts:
+                text = f"step '{spec.id}': unknown host '{name}' (fallback {j + 1})"
+                pos.problem((*loc, "fallbacks", j, *_where_named(fallback, name)), text, near=(name, hosts))
+
+
+def _hosts_of(
+    spec: StepSpec, hosts: dict[str, Host], pools: Mapping[str, list[str]], loc: Loc, pos: _Positions
+) -> list[str]:
+    own = spec.own_hosts()
+    if own is not None:  # the step's parameters decide: `host:`/`hosts:` may only say the same
+        given = [spec.host] if spec.host is not None else spec.hosts
+        if given is not None and given != own:
+            key = "host" if spec.host is not None else "hosts"
+            where = _loc_text(_where_named(spec, own[0])) if own else "its parameters"
+            shown = given if isinstance(given, str) else ", ".join(given)
+            text = (
+                f"step '{spec.id}' runs on {', '.join(own)} ({where}); `{key}: {shown}` says otherwise "
+                f"(leave `{key}:` out)"
+            )
+            pos.problem((*loc, key), text, key=True)
+        return [name for name in own if name in hosts]
     if spec.host is not None and spec.hosts is not None:
         pos.problem(loc, f"step '{spec.id}': give either host or hosts, not both")
         return []
     if spec.hosts == "all":
         return list(hosts)
+    if isinstance(spec.hosts, str):
+        if spec.hosts in pools:
+            return [name for name in pools[spec.hosts] if name in hosts]  # members are checked with the pools
+        hint = f"; '{spec.hosts}' is a host: `host: {spec.hosts}`" if spec.hosts in hosts else ""
+        text = f"step '{spec.id}': hosts: '{spec.hosts}' is neither `all` nor a pool of the runbook{hint}"
+        pos.problem((*loc, "hosts"), text, near=(spec.hosts, pools) if not hint else None)
+        return []
     wanted = [spec.host] if spec.host is not None else spec.hosts
     if wanted is None:
         if len(hosts) == 1:
@@ -692,9 +881,23 @@ def secret_values(runbook: Runbook, environ: Mapping[str, str], *, required: boo
             problems.append(Problem(str(runbook.path), *runbook.secret_positions.get(name, (1, 1)), why))
         elif value is not None and value.strip():
             values[name] = value
+            problems.extend(_secret_in_ids(runbook, name, value))
     if problems:
         raise InvalidRunbook(problems)
     return values
+
+
+def _secret_in_ids(runbook: Runbook, name: str, value: str) -> list[Problem]:
+    """The first step or matrix cell id holding the secret (a matrix value pasted from it): ids are stored
+    in state.db and shown by `runbook status` as written, never masked, so such a run is refused."""
+    redactor = Redactor([value])
+    named = [(spec.id, runbook.step_positions.get(spec.id, (1, 1)), "step id") for spec in runbook.steps]
+    named += [(f"{g.name}[{cell.id}]", g.position, "matrix cell") for g in runbook.groups for cell in g.cells]
+    for text, (line, col), what in named:
+        if (shown := redactor.text(text)) != text:
+            why = f"secret {name}: its value is in the {what} '{shown}' (ids are stored and shown unmasked)"
+            return [Problem(str(runbook.path), line, col, why)]
+    return []
 
 
 def _secret_problem(name: str, ref: SecretRef, value: str | None, required: bool) -> str | None:

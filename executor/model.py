@@ -7,6 +7,7 @@ against the model of its `kind`, found in the step-kind registry.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -18,9 +19,24 @@ IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Model(BaseModel):
-    """Base of every runbook model: unknown keys are errors, values are immutable."""
+    """Base of every runbook model: unknown keys are errors, values are immutable.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Each model's validator is built when first used (`defer_build`), not when its module is imported: a
+    model is then built once, with the models it holds, rather than once alone and again inside each
+    model that holds it (`runbook validate` and `plan` import every step kind, of which a runbook uses some).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+
+class DataModel(BaseModel):
+    """Base of the models of what a run produces: a kind's typed facts, the documents host programs print,
+    the reports. Plain pydantic models otherwise (unknown keys ignored, mutable), each validator built when
+    first used (`defer_build`): `runbook validate` imports every step kind, with its facts and report
+    models, and validates none of them.
+    """
+
+    model_config = ConfigDict(defer_build=True)
 
 
 #: A host's name: it names a folder of the run (`hosts/NAME/`), so it can never leave it.
@@ -59,6 +75,20 @@ def _host_names(hosts: dict[str, Any]) -> dict[str, Any]:
     return hosts
 
 
+VarValue = str | int | float | bool
+
+
+def _pool_names(pools: dict[str, list[str]]) -> dict[str, list[str]]:
+    for name, members in pools.items():
+        if not HOST_NAME.fullmatch(name) or name == "all":
+            raise ValueError(f"pool name {name!r} must be letters, digits, '_', '.' or '-' (and not `all`)")
+        if not members:
+            raise ValueError(f"pool '{name}' lists no host")
+        if len(set(members)) != len(members):
+            raise ValueError(f"pool '{name}' lists a host twice")
+    return pools
+
+
 class Host(Model):
     """Where steps run: an SSH destination, or `address: local` for this machine."""
 
@@ -77,6 +107,11 @@ class Host(Model):
     #: hosts without python3 fall back to `exec`. `exec`: one SSH exec channel per command, each
     #: through the login shell. Steps run alike either way; `address: local` ignores it.
     runner: Literal["persistent", "exec"] = "persistent"
+    #: This host's values of vars the runbook declares (the loader refuses other names): a pool's hosts
+    #: differ in ports, model folders or interpreters, and each host's steps get its own values.
+    vars: dict[str, VarValue] = Field(default_factory=dict)
+
+    _vars = field_validator("vars")(_env_texts)
 
     @property
     def is_local(self) -> bool:
@@ -135,8 +170,8 @@ class Gate(Model):
     message: str | None = None
 
 
-GateSpec = Annotated[Gate, BeforeValidator(_gate_from_str)]
-VarValue = str | int | float | bool
+#: A gate as written: its expression alone, or a mapping with `that` (and `message`).
+GateSpec = Annotated[Gate, BeforeValidator(_gate_from_str, json_schema_input_type=str | Gate)]
 
 
 class RunbookHeader(Model):
@@ -147,10 +182,14 @@ class RunbookHeader(Model):
     hosts: dict[str, Host] = Field(default_factory=dict)
     vars: dict[str, VarValue] = Field(default_factory=dict)
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
+    #: Named lists of hosts (`gpus: [gpu1, gpu2]`): a step's `hosts: gpus`, a matrix's pool. An inventory
+    #: may give a pool other hosts, so the runbook names the pool and each site says what is in it.
+    pools: dict[str, list[str]] = Field(default_factory=dict)
     defaults: Defaults = Defaults()
     steps: list[Any] = Field(min_length=1)
 
     _hosts = field_validator("hosts")(_host_names)
+    _pools = field_validator("pools")(_pool_names)
 
     @field_validator("vars", "secrets")
     @classmethod
@@ -165,6 +204,17 @@ class RunbookHeader(Model):
     _vars = field_validator("vars")(_env_texts)
 
     @model_validator(mode="after")
+    def _pools_of_hosts(self) -> RunbookHeader:
+        hosts = self.hosts or {"local": Host(address="local")}
+        for name, members in self.pools.items():
+            if name in hosts:
+                raise ValueError(f"pool '{name}' has the name of a host: a step's `hosts: {name}` would be ambiguous")
+            unknown = [m for m in members if m not in hosts]
+            if unknown:
+                raise ValueError(f"pool '{name}' lists {', '.join(map(repr, unknown))}, not a host of the runbook")
+        return self
+
+    @model_validator(mode="after")
     def _vars_and_secrets_distinct(self) -> RunbookHeader:
         clash = sorted(set(self.vars) & set(self.secrets))
         if clash:
@@ -177,9 +227,19 @@ class Inventory(Model):
 
     hosts: dict[str, Host] = Field(default_factory=dict)
     vars: dict[str, VarValue] = Field(default_factory=dict)
+    pools: dict[str, list[str]] = Field(default_factory=dict)  # a pool's hosts at this site, in place of the runbook's
 
     _hosts = field_validator("hosts")(_host_names)
     _vars = field_validator("vars")(_env_texts)
+    _pools = field_validator("pools")(_pool_names)
+
+
+def host_variables(
+    declared: Mapping[str, VarValue], host: Host, overrides: Mapping[str, VarValue]
+) -> dict[str, VarValue]:
+    """The vars of a step on `host`: the runbook's (with the inventory's), the host's own `vars` over
+    them, and the command line's `--var` over all (what is typed last wins)."""
+    return {**declared, **host.vars, **overrides}
 
 
 def var_text(value: VarValue) -> str:
@@ -229,4 +289,5 @@ def _plain_number(text: str) -> int | float | None:
     return number if var_text(number) == text else None
 
 
-HostsSelector = Literal["all"] | list[str]
+#: A step's hosts: a list of host names, `all`, or the name of a pool.
+HostsSelector = list[str] | str

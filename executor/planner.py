@@ -2,26 +2,83 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from executor import cells
+from executor.campaign import MatrixGroup
+from executor.durations import format_duration
 from executor.errors import Problem
+from executor.hostprogram import shipped_programs
 from executor.loader import Runbook, secret_values
-from executor.model import var_text
+from executor.model import host_variables, var_text
+from executor.placement import place
 from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
-from executor.stepkind import FactsError, RenderContext, RunTime
+from executor.stepkind import FactsError, RenderContext, RunTime, StepSpec
+
+#: A host of the runbook as a plan context sees another: (its address, the vars of a step on it).
+HostView = Callable[[str], tuple[str, Mapping[str, str]]]
 
 
 class PlanContext(RenderContext):
-    """Renders without running: facts of earlier steps are not known yet."""
+    """Renders without running: facts of earlier steps are not known yet. `hosts` gives the other hosts
+    of the runbook (for `peer`); `address` is the host's own (its name where none is given)."""
 
-    def __init__(self, host: str, variables: Mapping[str, str]) -> None:
+    def __init__(
+        self, host: str, variables: Mapping[str, str], address: str | None = None, hosts: HostView | None = None
+    ) -> None:
         self.host_name = host
+        self.host_address = address or host
         self.vars = variables
+        self.hosts = hosts
+        self.strict = False  # a peer's view: its facts are named by host (`steps.ID.hosts.HOST.facts.PATH`)
 
     def fact(self, step_id: str, path: str) -> RunTime:
+        if self.strict:
+            return RunTime(f"steps.{step_id}.hosts.{self.host_name}.facts.{path}")
         return RunTime.fact(step_id, path)
+
+    def peer(self, host: str) -> PlanContext:
+        try:
+            address, variables = (self.host_address, self.vars) if host == self.host_name else self._other(host)
+        except KeyError:
+            raise FactsError(f"no host '{host}' in the runbook") from None
+        seen = copy.copy(self)  # a copy shares what a subclass notes (`_Recording.asked`)
+        seen.host_name, seen.host_address, seen.vars, seen.strict = host, address, variables, True
+        return seen
+
+    def _other(self, host: str) -> tuple[str, Mapping[str, str]]:
+        if self.hosts is None:
+            raise KeyError(host)
+        return self.hosts(host)
+
+
+ContextT = TypeVar("ContextT", bound=PlanContext)
+
+
+def plan_context(
+    kind: type[ContextT],
+    runbook: Runbook,
+    host: str,
+    overrides: Mapping[str, Any],
+    shown: Callable[[dict[str, str]], dict[str, str]] = dict,
+) -> ContextT:
+    """The plan context of a step on `host`, its peers' vars and addresses at hand (each worked out when asked:
+    a matrix renders thousands of steps); `shown` masks a host's vars as the caller shows them."""
+
+    def view(name: str) -> tuple[str, Mapping[str, str]]:
+        return runbook.hosts[name].address, shown(host_env(runbook, name, overrides))
+
+    address, variables = view(host)
+    return kind(host, variables, address, view)
+
+
+def host_env(runbook: Runbook, host: str, overrides: Mapping[str, Any]) -> dict[str, str]:
+    """The vars of a step on `host` as its environment gets them (`host_variables`)."""
+    return {k: var_text(v) for k, v in host_variables(runbook.header.vars, runbook.hosts[host], overrides).items()}
 
 
 def secrets_redactor(runbook: Runbook, environ: Mapping[str, str]) -> Redactor:
@@ -37,13 +94,13 @@ def render_problems(runbook: Runbook, overrides: Mapping[str, Any], redactor: Re
     hours of downloads; `validate` and `plan` report the same. A message never shows a secret's value
     (a `--var` may hold one): `redactor` masks it.
     """
-    env = {k: var_text(v) for k, v in {**runbook.header.vars, **overrides}.items()}
     problems = []
     for spec in runbook.steps:
         for host in runbook.step_hosts[spec.id]:
+            ctx = plan_context(PlanContext, runbook, host, overrides)
             for variant in [spec, *runbook.fallbacks.get(spec.id, [])]:
                 try:
-                    variant.plan(PlanContext(host, env))
+                    variant.plan(ctx)
                 except FactsError as exc:
                     line, column = runbook.step_positions.get(spec.id, (1, 1))
                     message = redactor.text(f"step '{spec.id}': {exc}")
@@ -51,27 +108,175 @@ def render_problems(runbook: Runbook, overrides: Mapping[str, Any], redactor: Re
     return list(dict.fromkeys(problems))
 
 
+def matrix_summary(group: MatrixGroup) -> str:
+    """One line about a matrix: its cells (excluded, included), instances and launches."""
+    launches = len(group.servers)
+    return (
+        f"group {group.name}: {len(group.cells)} cells ({group.excluded} excluded, {group.included} included), "
+        f"{len(group.instances)} step instances, {launches} server configurations = {launches} launches"
+    )
+
+
+def placed_hosts(
+    runbook: Runbook, previous: Mapping[str, str] | None = None, index: cells.Index | None = None
+) -> dict[str, list[str]]:
+    """Each step's hosts, a placed group's instances where `placement` puts them: on a fresh run, or kept
+    where the run being resumed had them (`previous`: step id -> its host there). One rule for the plan
+    and the run."""
+    hosts = dict(runbook.step_hosts)
+    index = index or cells.Index(runbook)
+    for group in runbook.groups:
+        if group.placement is not None:
+            hosts.update(place(group, runbook.instances, previous or {}, index.needs(group)))
+    return hosts
+
+
+def _group_header(
+    runbook: Runbook, group: MatrixGroup, overrides: Mapping[str, Any], hosts: Mapping[str, list[str]]
+) -> list[str]:
+    """What a matrix costs before anything runs: its cells, launches, an upper bound of their start-up
+    time and where each server configuration goes."""
+    launches = len(group.servers)
+    lines = [f"\n# {matrix_summary(group)}"]
+    server = next((s for s in runbook.steps if s.id in group.servers), None)
+    limit = None
+    if server is not None:
+        try:
+            first_host = runbook.step_hosts[server.id][0]
+            limit = server.ready_limit(plan_context(PlanContext, runbook, first_host, overrides))
+        except (FactsError, IndexError):
+            limit = None
+    if limit is not None:
+        total = format_duration(launches * limit)
+        lines.append(
+            f"#   roughly how long: at most {total} of server start-up ({launches} launches x ready_timeout "
+            f"{format_duration(limit)}), plus the steps' own time"
+        )
+    if group.placement is None:
+        lines.append("#   placement: none (each instance runs on its step's hosts)")
+    else:
+        lines.append(f"#   placement: {group.placement} over {', '.join(group.pool)}")
+        lines.extend(f"#     {unit} on {', '.join(hosts.get(unit, []))}" for unit in group.servers)
+    lines.extend(f"#   cell {cell.id}" for cell in group.cells)
+    return lines
+
+
+def variants(runbook: Runbook, spec: StepSpec) -> list[tuple[str, StepSpec]]:
+    """The step and its fallbacks, each with how the plan names it (`primary`, `fallback 1`, ...)."""
+    fallbacks = runbook.fallbacks.get(spec.id, [])
+    return [("primary", spec)] + [(f"fallback {i}", fallback) for i, fallback in enumerate(fallbacks, start=1)]
+
+
 def plan_text(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> str:
     """The plan, masked by `redactor` exactly as a run masks what it records (a `--var` holding a secret)."""
-    env = {k: var_text(v) for k, v in {**runbook.header.vars, **overrides}.items()}
     secrets = dict.fromkeys(runbook.header.secrets, "<secret>")
     lines = [f"# runbook {runbook.name}: {len(runbook.steps)} steps; nothing is run"]
     if secrets:
         lines.append(
             "# secrets are shown as '***'; their values (and so the environment's byte count) come at run time"
         )
+    hosts = placed_hosts(runbook)
+    first = {group.instances[0]: group for group in runbook.groups if group.instances}
     for number, spec in enumerate(runbook.steps, start=1):
-        for host in runbook.step_hosts[spec.id]:
-            variants = [("primary", spec)] + [
-                (f"fallback {i}", fb) for i, fb in enumerate(runbook.fallbacks.get(spec.id, []), start=1)
-            ]
-            for via, variant in variants:
+        if spec.id in first:
+            lines.extend(_group_header(runbook, first[spec.id], overrides, hosts))
+        for host in hosts[spec.id]:
+            ctx = plan_context(PlanContext, runbook, host, overrides)
+            env = dict(ctx.vars)
+            for via, variant in variants(runbook, spec):
                 address = runbook.hosts[host].address
                 lines.append(f"\n## step {number} '{spec.id}' ({spec.kind}) on {host} [{address}], {via}")
+                if peers := variant.peer_hosts():
+                    lines.append(f"#   also on {', '.join(f'{p} [{runbook.hosts[p].address}]' for p in peers)}")
                 for gate in variant.effective_gates():
                     lines.append(f"#   gate: {gate.that}")
-                for label, script in variant.plan(PlanContext(host, env)):
+                for label, script in variant.plan(ctx):
                     if label:
                         lines.append(f"# {label}")
-                    lines.append(render_command(script, *variant.environment(env, secrets)).display.rstrip("\n"))
+                    variables, shown_secrets = variant.environment(env, secrets)
+                    variables |= cells.instance_environment(runbook, spec.id)
+                    lines.append(render_command(script, variables, shown_secrets).display.rstrip("\n"))
     return redactor.text("\n".join(lines))
+
+
+class _Recording(PlanContext):
+    """A plan context that notes every fact asked of it: what the step learns only at run time, and from whom."""
+
+    def __init__(
+        self, host: str, variables: Mapping[str, str], address: str | None = None, hosts: HostView | None = None
+    ) -> None:
+        super().__init__(host, variables, address, hosts)
+        self.asked: dict[str, str] = {}  # fact source -> the step it comes from, in the order asked
+
+    def fact(self, step_id: str, path: str) -> RunTime:
+        value = super().fact(step_id, path)
+        self.asked.setdefault(value.source, step_id)
+        return value
+
+
+def _variant(variant: StepSpec, ctx: _Recording, via: str) -> dict[str, Any]:
+    """What one variant (the step or a fallback) does on one host, in summary: never a program's body."""
+    ctx = copy.copy(ctx)
+    ctx.asked = {}
+    scripts = "".join(script for _, script in variant.plan(ctx))
+    return {
+        "via": via,
+        "peers": variant.peer_hosts(),
+        "summary": variant.summary(ctx),
+        "commands": variant.commands(ctx),
+        "gates": [{"that": gate.that, "message": gate.message} for gate in variant.effective_gates()],
+        "run_time": [{"value": source, "step": step} for source, step in ctx.asked.items()],
+        "programs": [dataclasses.asdict(program) for program in shipped_programs(scripts)],
+    }
+
+
+def _group(
+    runbook: Runbook, group: MatrixGroup, overrides: Mapping[str, Any], hosts: Mapping[str, list[str]]
+) -> dict[str, Any]:
+    """A matrix group as data: its cells, launches and placement, and its header as `plan` prints it."""
+    return {
+        "name": group.name,
+        "cells": [{"id": cell.id, "values": dict(cell.values)} for cell in group.cells],
+        "excluded": group.excluded,
+        "included": group.included,
+        "instances": list(group.instances),
+        "launches": len(group.servers),
+        "placement": group.placement,
+        "pool": list(group.pool),
+        "servers": {unit: hosts.get(unit, []) for unit in group.servers},
+        "header": [line.strip("\n") for line in _group_header(runbook, group, overrides, hosts)],
+    }
+
+
+def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> dict[str, Any]:
+    """The plan as data, for `plan --json`, the readable plan (`executor.plan_summary`) and agents: per step
+    and host (and fallback) what it does in summary, the commands a person cares about, its gates, what it
+    learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
+    matrix groups with their cells, launches and placement. Every string is masked by `redactor` as
+    `plan_text` masks its text (one by one: a secret holding `"` or `\\` is masked as written)."""
+    hosts = placed_hosts(runbook)
+    steps = []
+    for number, spec in enumerate(runbook.steps, start=1):
+        instance = runbook.instances.get(spec.id)
+        on = []
+        for host in hosts[spec.id]:
+            # masked before a kind quotes or wraps a value: `'` quoted by the shell would split a secret
+            ctx = plan_context(_Recording, runbook, host, overrides, redactor.deep)
+            runs = [_variant(variant, ctx, via) for via, variant in variants(runbook, spec)]
+            on.append({"host": host, "address": runbook.hosts[host].address, "variants": runs})
+        steps.append(
+            {
+                "id": spec.id,
+                "kind": spec.kind,
+                "number": number,
+                "description": spec.description,
+                "hosts": hosts[spec.id],
+                "group": instance.group if instance else None,
+                "cell": dict(instance.values) if instance else None,
+                "on": on,
+            }
+        )
+    groups = [_group(runbook, group, overrides, hosts) for group in runbook.groups]
+    document = {"runbook": runbook.name, "secrets": list(runbook.header.secrets), "steps": steps, "groups": groups}
+    masked: dict[str, Any] = redactor.deep(document)
+    return masked

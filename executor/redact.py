@@ -31,11 +31,13 @@ def forms(value: str) -> set[str]:
     """Every text in which `value` may be printed by a host or shown by the run: the value, the value
     without surrounding whitespace, its lines joined (CR and LF dropped, as huggingface_hub and the host
     programs' kit.HubToken use a token), each of its lines (stripped), the forms of each string in it when it
-    is a JSON document (a credential file's `private_key`, printed alone), each of those escaped as inside
-    a JSON string (ASCII-only and not), inside a Python repr (`'` escaped or not) and percent-encoded in a
-    URL, and each ASCII one in UTF-16; those shorter than MIN_SECRET_CHARS left out."""
+    is a JSON document (a credential file's `private_key`, printed alone), each of those inside a shell word
+    where it holds a `'`, each escaped as inside a JSON string (ASCII-only and not), inside a Python repr (`'`
+    escaped or not) and percent-encoded in a URL, and each ASCII one in UTF-16; those shorter than
+    MIN_SECRET_CHARS left out (a short line is never masked on its own, in whatever quoting)."""
     joined = value.replace("\r", "").replace("\n", "").strip()  # as huggingface_hub sends a token (_clean_token)
     plain = {value, value.strip(), joined, *(line.strip() for line in value.splitlines())}
+    plain |= {_shell(text) for text in plain if "'" in text and len(text) >= MIN_SECRET_CHARS}
     escaped = {
         form
         for text in plain
@@ -49,6 +51,12 @@ def forms(value: str) -> set[str]:
         )
     }
     return escaped.union(*map(_utf16, escaped), *(forms(leaf) for leaf in _json_strings(value)))
+
+
+def _shell(text: str) -> str:
+    """`text` inside a word `shlex.quote` wrote (a `--var` holding a secret, exported by the command a run
+    records and `plan --full` prints): each `'` closes the quote, is quoted as `"'"` and reopens it."""
+    return text.replace("'", "'\"'\"'")
 
 
 def _reprs(text: str) -> tuple[str, str]:

@@ -247,6 +247,23 @@ def var_names(text: str) -> list[str]:
     return _REFERENCE.findall(text)
 
 
+def with_vars(text: str, variables: Mapping[str, str]) -> str:
+    """`text` with the `$name`/`${name}` it holds replaced by their values, those not in `variables` kept:
+    how the readable plan shows a path (the host expands it so; `executor.render.host_word`)."""
+    return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def pasted_word(text: str, variables: Mapping[str, str], expands: bool = True) -> str:
+    """One word of a command as a person would paste it into a shell on the host (the readable plan): with
+    `expands`, the vars it names replaced by their values where known (`$name` kept where not) and a
+    leading `~/` left unquoted so that it still expands; every other character quoted as needed."""
+    if not expands:
+        return shlex.quote(text)
+    value = with_vars(text, variables)
+    home, rest = ("~/", value[2:]) if value.startswith("~/") else ("", value)
+    return home + (shlex.quote(rest) if rest else "")
+
+
 def host_word(text: str) -> str:
     """`text` as one bash word in which only `~` (leading) and `$name`/`${name}` expand.
 

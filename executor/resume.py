@@ -20,20 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from executor.campaign import Instance, matrix_environment
+from executor.cells import CELL_FAILED, Index
 from executor.errors import InvalidRunbook, Problem, ResumeError
 from executor.loader import Runbook, apply_inventory
 from executor.model import VarValue, override_value, var_text
 from executor.planner import render_problems, secrets_redactor
 from executor.redact import NO_SECRETS, Redactor
-from executor.state import RunMeta, StepRecord, find_run
+from executor.state import NOT_STARTED, RunMeta, StepRecord, find_run
 from executor.stepkind import StepSpec
-from executor.transport.base import file_sha256
 
 if TYPE_CHECKING:
     from executor.engine import RunOptions
-
-#: Statuses of a step that has not run in this run: it has no facts, and resuming runs it.
-NOT_STARTED = ("pending", "skipped")
 
 #: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
 #: only say how commands get there: changing them, e.g. a longer connect_timeout after a timeout, reruns nothing.
@@ -47,7 +45,12 @@ Records = Mapping[tuple[str, str], StepRecord]
 
 
 def definition_parts(
-    runbook: Runbook, spec: StepSpec, host: str, variables: Mapping[str, Any], secrets: Sequence[str] = ()
+    runbook: Runbook,
+    spec: StepSpec,
+    host: str,
+    variables: Mapping[str, Any],
+    secrets: Sequence[str] = (),
+    peers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, str]:
     """What a step's result depends on, each part as a digest: its definition (`step`), where it runs
     (`host`), the value of each var that reaches it (`var NAME`, given redacted: those in its environment, see
@@ -67,6 +70,14 @@ def definition_parts(
         parts[f"secret {name}"] = _digest("received")
     for file in sorted({f for v in variants for f in v.local_files()}):
         parts[f"file {file}"] = _file_digest(runbook.path.parent / Path(file).expanduser())
+    for peer, values in sorted((peers or {}).items()):  # where its peers are and what of their vars reaches it
+        shown = {n: var_text(v) for n, v in values.items()}
+        where = runbook.hosts[peer].model_dump(mode="json", include=set(WHERE_A_STEP_RUNS))
+        names = sorted({n for v in variants for n in v.env_names(shown)})
+        parts[f"peer {peer}"] = _digest({"host": where, "vars": {n: shown[n] for n in names}})
+    instance = runbook.instances.get(spec.id)
+    for name, text in sorted(matrix_environment(instance.values if instance else {}).items()):
+        parts[f"matrix {name}"] = _digest(text)  # what its scripts read as $matrix_AXIS
     return parts
 
 
@@ -90,6 +101,8 @@ def _digest(value: Any) -> str:
 
 def _file_digest(path: Path) -> str:
     """The sha256 of a local file, or why there is none (a missing file fails the step when it runs)."""
+    from executor.transport.base import file_sha256  # here: validating a runbook imports no transport
+
     try:
         return file_sha256(path)
     except OSError as exc:
@@ -104,16 +117,27 @@ class Fingerprints:
     text (no digest of a secret is stored); `secrets` the names of the secrets the run has.
     """
 
-    def __init__(self, runbook: Runbook, variables: Mapping[str, str], secrets: Sequence[str]) -> None:
+    def __init__(
+        self,
+        runbook: Runbook,
+        variables: Mapping[str, str],
+        secrets: Sequence[str],
+        per_host: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.runbook = runbook
         self.variables = variables
         self.secrets = secrets
+        #: the vars of each host that has its own (`hosts.NAME.vars`), as `variables` are given
+        self.per_host = per_host or {}
         self._parts: dict[tuple[str, str], dict[str, str]] = {}
 
     def parts(self, spec: StepSpec, host: str) -> dict[str, str]:
         key = (spec.id, host)
         if key not in self._parts:
-            self._parts[key] = definition_parts(self.runbook, spec, host, self.variables, self.secrets)
+            variables = self.per_host.get(host, self.variables)
+            hosts = {h for v in [spec, *self.runbook.fallbacks.get(spec.id, [])] for h in v.peer_hosts()}
+            peers = {h: self.per_host.get(h, self.variables) for h in hosts}
+            self._parts[key] = definition_parts(self.runbook, spec, host, variables, self.secrets, peers)
         return self._parts[key]
 
     def fingerprint(self, spec: StepSpec, host: str) -> str:
@@ -331,6 +355,22 @@ class Plan:
         return {p.step: list(p.runs_on) for p in self.steps if p.action == "run"}
 
 
+def _no_step(runbook: Runbook, step_id: str) -> str:
+    """Why `--from`/`--only` cannot name `step_id`: a matrix step as written names its instances; the steps
+    as written (a matrix step as `id[...]`), not each of up to 10 000 instances."""
+    instances = [i.id for i in runbook.instances.values() if i.base == step_id]
+    if instances:
+        group = runbook.instances[instances[0]].group
+        return (
+            f"no step '{step_id}' in the runbook: '{step_id}' is a matrix step (group '{group}') of "
+            f"{len(instances)} instances; name one, such as '{instances[0]}' (`runbook validate` lists the cells)"
+        )
+    written = dict.fromkeys(
+        f"{runbook.instances[s.id].base}[...]" if s.id in runbook.instances else s.id for s in runbook.steps
+    )
+    return f"no step '{step_id}' in the runbook (steps: {', '.join(written)})"
+
+
 def plan_steps(
     runbook: Runbook,
     fingerprints: Fingerprints,
@@ -344,13 +384,21 @@ def plan_steps(
     did not; that one and every later step run. A step that passed on some of its hosts and not on the
     others (and is unchanged) runs again only on the others. `--from`/`--only` reuse the facts of every
     earlier step that passed (saying when the step changed since), and `--only` skips the later ones.
-    ResumeError for an unknown step, or a step to run that needs facts of a step that never passed."""
+    Within a matrix group, an instance that runs makes only its dependents run (the later instances of its
+    cells, and those that need it), and a reused server instance runs again (a deploy adopts the server
+    still running) when an instance against it runs; a step after the group runs again when anything
+    in the group does. ResumeError for an unknown step, or a step to run that needs facts of a step that
+    never passed."""
     positions = {spec.id: index for index, spec in enumerate(runbook.steps)}
     start_id = only_step or from_step
     if start_id is not None and start_id not in positions:
-        raise ResumeError(f"no step '{start_id}' in the runbook (steps: {', '.join(positions)})")
+        raise ResumeError(_no_step(runbook, start_id))
     steps: list[StepPlan] = []
     rerun_cause: str | None = None  # once a step runs again, every later step does too
+    group_cause: tuple[str, str] | None = None  # (group, its first instance that runs): the steps after it run
+    dirty: dict[tuple[str, str], str] = {}  # (group, cell) -> the first instance of it that runs
+    rerun: set[str] = set()  # the instances that run
+    index = Index(runbook)
     for spec in runbook.steps:
         hosts = tuple(runbook.step_hosts[spec.id])
         records = [source.get((spec.id, h)) for h in hosts]
@@ -374,34 +422,105 @@ def plan_steps(
                 steps.append(StepPlan(spec.id, "run", "runs (--only)" if only_step else "runs (--from)", hosts))
         elif source_id is None:
             steps.append(StepPlan(spec.id, "run", "runs", hosts))
-        elif rerun_cause is None and passed and same:
-            steps.append(StepPlan(spec.id, "reuse", f"reused (passed in {source_id})", reused_on=hosts))
-        elif rerun_cause is None and (done := _passed_hosts(spec, hosts, source, fingerprints)):
-            rerun_cause = spec.id
-            again = tuple(h for h in hosts if h not in done)
-            changed = all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in again)
-            what = fingerprints.what_changed(spec, [source.get((spec.id, h)) for h in again])
-            reason = f"changed there since {source_id}: {what}" if changed else f"did not pass there in {source_id}"
-            why = f"runs again on {', '.join(again)} ({reason}); reused on {', '.join(done)}"
-            steps.append(StepPlan(spec.id, "run", why, again, tuple(done)))
         else:
-            started = any(r is not None and r.status not in NOT_STARTED for r in records)
-            if not started:
-                left_out = any(r is not None and r.status == "skipped" for r in records)
-                why = f"runs ({'skipped' if left_out else 'not reached'} in {source_id})"
-            elif rerun_cause is None:
-                why = (
-                    f"runs again (changed since {source_id}: {fingerprints.what_changed(spec, records)})"
-                    if passed
-                    else f"runs again (did not pass in {source_id})"
-                )
-            else:
-                why = f"runs again (after '{rerun_cause}')"
-            rerun_cause = rerun_cause or spec.id
-            steps.append(StepPlan(spec.id, "run", why, hosts))
+            instance = runbook.instances.get(spec.id)
+            if group_cause is not None and (instance is None or instance.group != group_cause[0]):
+                rerun_cause, group_cause = rerun_cause or group_cause[1], None
+            cause = rerun_cause
+            if cause is None and instance is not None:
+                cause = _cell_cause(index, spec, instance, dirty, rerun)
+            step = _resumed(spec, hosts, source, source_id, fingerprints, cause)
+            steps.append(step)
+            if step.action == "run" and instance is None:
+                rerun_cause = rerun_cause or spec.id
+            elif step.action == "run" and instance is not None:
+                rerun.add(spec.id)
+                for cell in instance.cells:
+                    dirty.setdefault((instance.group, cell), spec.id)
+                group_cause = group_cause or (instance.group, spec.id)
+    if source_id is not None and start_id is None:
+        steps = _servers_again(runbook, steps, source_id)
     result = Plan(source_id, tuple(steps))
-    _check_needs(runbook, result)
+    _check_needs(index, result)
     return result
+
+
+def _resumed(
+    spec: StepSpec,
+    hosts: tuple[str, ...],
+    source: Records,
+    source_id: str,
+    fingerprints: Fingerprints,
+    cause: str | None,
+) -> StepPlan:
+    """A resumed step's part: reused when it passed unchanged and `cause` (an earlier step that runs and
+    whose results it depends on) is None; on the hosts it did not pass on; or again, saying why."""
+    records = [source.get((spec.id, h)) for h in hosts]
+    passed = all(r is not None and r.status == "passed" for r in records)
+    same = all(fingerprints.same(spec, r) for r in records)
+    if cause is None and passed and same:
+        return StepPlan(spec.id, "reuse", f"reused (passed in {source_id})", reused_on=hosts)
+    if cause is None and same and all(_left_out(r) for r in records):  # its `when:` would be false again
+        return StepPlan(spec.id, "reuse", f"reused (skipped in {source_id})", reused_on=hosts)
+    if cause is None and (done := _passed_hosts(spec, hosts, source, fingerprints)):
+        again = tuple(h for h in hosts if h not in done)
+        changed = all((r := source.get((spec.id, h))) is not None and r.status == "passed" for h in again)
+        what = fingerprints.what_changed(spec, [source.get((spec.id, h)) for h in again])
+        reason = f"changed there since {source_id}: {what}" if changed else f"did not pass there in {source_id}"
+        why = f"runs again on {', '.join(again)} ({reason}); reused on {', '.join(done)}"
+        return StepPlan(spec.id, "run", why, again, tuple(done))
+    started = any(r is not None and r.status not in NOT_STARTED for r in records)
+    if not started:
+        left_out = any(r is not None and r.status == "skipped" for r in records)
+        why = f"runs ({'skipped' if left_out else 'not reached'} in {source_id})"
+    elif cause is None:
+        why = (
+            f"runs again (changed since {source_id}: {fingerprints.what_changed(spec, records)})"
+            if passed
+            else f"runs again (did not pass in {source_id})"
+        )
+    else:
+        why = f"runs again (after '{cause}')"
+    return StepPlan(spec.id, "run", why, hosts)
+
+
+def _left_out(record: StepRecord | None) -> bool:
+    """Whether a record is of a step the engine skipped for its `when:` (or for a step it needs that was),
+    not one a failed cell or `--only` left out: resuming, it is skipped again unless something it reads
+    changed."""
+    return (
+        record is not None
+        and record.status == "skipped"
+        and not (record.message or CELL_FAILED).startswith(CELL_FAILED)
+    )
+
+
+def _cell_cause(
+    index: Index, spec: StepSpec, instance: Instance, dirty: Mapping[tuple[str, str], str], rerun: Collection[str]
+) -> str | None:
+    """The earlier instance that runs and makes this one run: one of its cells', or one it needs."""
+    for cell in instance.cells:
+        if (instance.group, cell) in dirty:
+            return dirty[(instance.group, cell)]
+    return next((step for step in sorted(index.needed(spec)) if step in rerun), None)
+
+
+def _servers_again(runbook: Runbook, steps: list[StepPlan], source_id: str) -> list[StepPlan]:
+    """Each reused server instance runs again when an instance against it runs: its deploy adopts the
+    server still running with the same arguments (or starts it again), so that the instance finds it."""
+    runs = {p.step for p in steps if p.action == "run"}
+    users: dict[str, str] = {}
+    for step in runs:
+        instance = runbook.instances.get(step)
+        if instance is not None and instance.server is not None and instance.server != step:
+            users.setdefault(instance.server, step)
+    again: list[StepPlan] = []
+    for p in steps:
+        if p.action == "reuse" and p.step in users:
+            why = f"runs again (reused in {source_id}; '{users[p.step]}' runs against it, a running server is adopted)"
+            p = StepPlan(p.step, "run", why, tuple(runbook.step_hosts[p.step]))
+        again.append(p)
+    return again
 
 
 def _passed_hosts(spec: StepSpec, hosts: Sequence[str], source: Records, fingerprints: Fingerprints) -> list[str]:
@@ -415,17 +534,16 @@ def _passed_hosts(spec: StepSpec, hosts: Sequence[str], source: Records, fingerp
     ]
 
 
-def _check_needs(runbook: Runbook, plan: Plan) -> None:
+def _check_needs(index: Index, plan: Plan) -> None:
     """Every step to run has the facts it needs: of a step reused, or of one that runs before it."""
-    available = set(plan.reused)
-    for spec in runbook.steps:
-        if spec.id not in plan.to_run:
+    available, to_run = set(plan.reused), set(plan.to_run)  # once: a matrix makes thousands of steps
+    for spec in index.runbook.steps:
+        if spec.id not in to_run:
             continue
-        variants = [spec, *runbook.fallbacks.get(spec.id, [])]
-        for needed in sorted(set().union(*(v.needs() for v in variants))):
-            if needed not in available:
+        for need in sorted(index.needed(spec)):
+            if need not in available:
                 raise ResumeError(
-                    f"step '{spec.id}' needs facts from step '{needed}', which has never passed; "
-                    f"run it first (e.g. --from {needed})"
+                    f"step '{spec.id}' needs facts from step '{need}', which has never passed; "
+                    f"run it first (e.g. --from {need})"
                 )
         available.add(spec.id)

@@ -27,7 +27,7 @@ from typing import Any
 
 from executor import durable
 from executor.errors import ResumeError, RunLocked, StateError
-from executor.transport.base import open_regular
+from executor.files import open_regular
 
 STATE_FILE = "state.db"
 META_FILE = "run.json"
@@ -40,6 +40,8 @@ _RUN_FILES = ("audit.head", "audit.jsonl")
 STOPPED, STOPPED_NOTE = "stopped", "its process is gone; --resume continues it"
 #: the status of a run stopped by a failed write to its run folder (when that status could be written)
 WRITE_FAILED = "write-failed"
+#: the statuses of a step that has not run in this run: it has no facts, and resuming runs it
+NOT_STARTED = ("pending", "skipped")
 
 #: the run key under which each step save records the audit log's (count, last hash) at that moment
 AUDIT_POSITION = "audit_position"

@@ -16,22 +16,28 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import re
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from executor.campaign import AxisValue
 from executor.durations import Duration
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
 from executor.gates import step_refs, var_refs
+from executor.hostprogram import PROGRAM_LINE, kit_constant
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
-from executor.transport.base import CommandResult, OutputSink, Transfer
-from hostprograms import kit
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult, OutputSink, Transfer
 
 #: What huggingface_hub and its `hf` CLI read from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME,
 #: HF_HUB_*, the legacy token name): kinds that talk to the Hub receive these vars and secrets.
@@ -41,6 +47,7 @@ MAX_FALLBACKS = 16  # of one step (README, "Limits of a runbook file")
 #: How deep facts drawn from host output may nest. Nothing a step reports needs more; a host printing
 #: `[[[[...` must fail its attempt with this number, not exhaust the controller's stack.
 FACTS_MAX_DEPTH = 64
+SUMMARY_LINES = 3  # of a step's default summary: the readable plan fits on a couple of screens
 
 
 def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:
@@ -68,6 +75,8 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     A program that printed nothing, or something else, fails the attempt with its exit code and the
     tail of its stderr: an empty answer must never read as facts.
     """
+    from hostprograms import kit  # here: the controller reads the kit's documents only after a command ran
+
     lines = result.stdout_text.strip().splitlines()
     said = "\n".join(_cut(line) for line in result.stderr_text.strip().splitlines()[-10:]) or "(nothing)"
     if result.exit_code == kit.TOO_OLD and not lines:
@@ -111,7 +120,7 @@ def _shape(exc: ValidationError) -> str:
 
 #: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline
 #: (hostprograms/kit.py prints it; the kit is bundled into each program, so both sides read one definition).
-PROGRESS_PREFIX = kit.PROGRESS_PREFIX.encode()
+PROGRESS_PREFIX = kit_constant("PROGRESS_PREFIX").encode()
 
 #: Bytes of an unfinished line kept while waiting for its end. A progress line is short: a longer line is
 #: not progress, and keeping all of it would let a chatty program grow the controller's memory.
@@ -141,6 +150,8 @@ class ProgressLines:
     def feed(self, stream: str, chunk: bytes) -> None:
         if stream != self.stream:
             return
+        from hostprograms import kit  # here, as in host_document: no command, no kit
+
         *lines, rest = (self.pending + chunk).split(b"\n")
         self.pending = rest if len(rest) <= PROGRESS_LINE_MAX else _TOO_LONG
         for line in lines:
@@ -169,8 +180,39 @@ def progress_messages(ctx: ProgressSink) -> ProgressLines:
 
 #: A parameter given as a runbook var (`$name` or `${name}`), for parameters the controller needs as a
 #: value (a port, a timeout): an inventory or `--var` can then set them per site, like any path.
-VarRef = Annotated[str, StringConstraints(pattern=r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")]
+VAR_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
+VarRef = Annotated[str, StringConstraints(pattern=VAR_REF.pattern)]
 ValueT = TypeVar("ValueT")
+
+
+class _StepRefMarker:
+    """Marks a parameter that names another step (`StepRef`): the matrix loader rewrites such a name to the
+    same cell's instance of a group mate, and refuses one naming a matrix step from outside its group."""
+
+    def __repr__(self) -> str:
+        return "STEP_REF"
+
+
+STEP_REF = _StepRefMarker()
+#: A parameter naming another step (`server: deploy_dflash`), typed so, not by its field name, for the loader.
+StepRef = Annotated[str, STEP_REF]
+
+
+@functools.cache
+def step_ref_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` typed `StepRef` (also as `StepRef | None`)."""
+    return frozenset(
+        name for name, info in model.model_fields.items() if _marks_step_ref(info.annotation, info.metadata)
+    )
+
+
+def _marks_step_ref(annotation: Any, metadata: Iterable[Any]) -> bool:
+    if any(item is STEP_REF for item in metadata):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Annotated:
+        return any(item is STEP_REF for item in args[1:]) or _marks_step_ref(args[0], ())
+    return any(_marks_step_ref(arg, ()) for arg in args)
 
 
 def resolve_var(ctx: RenderContext, value: ValueT | str, what: str, parse: Callable[[str], ValueT]) -> ValueT:
@@ -221,11 +263,19 @@ class RenderContext(ABC):
     """
 
     host_name: str
+    host_address: str  # the host's `address` in the runbook (a node group's rank 0 is reached at it)
     vars: Mapping[str, str]
 
     @abstractmethod
     def fact(self, step_id: str, path: str) -> Any:
         """A fact of an earlier step on the same host, by dotted path (`gpus.0.name`)."""
+
+    @abstractmethod
+    def peer(self, host: str) -> RenderContext:
+        """The same step seen from `host` (one of its `peer_hosts()`, or its own): that host's vars and
+        address, and the facts of the steps that passed ON it, strictly: a step that ran on another host
+        only has no facts there (a node group must not take one node's verified weights for another's).
+        A host the runbook does not have is a FactsError."""
 
 
 class StepContext(RenderContext):
@@ -263,10 +313,38 @@ class StepContext(RenderContext):
         """
 
     @abstractmethod
+    def steps_before(self, kinds: Iterable[str] | None = None) -> list[StepView]:
+        """Every step (each matrix instance) before this one, of `kinds` (None: all), on every host, in
+        run order, whatever its status: for a step that sums up a campaign (which cell ran where, which
+        failed and why) and not only the facts of the steps that passed on its own host.
+        """
+
+    @abstractmethod
+    def peer(self, host: str) -> StepContext:
+        """`run`, `put`, `get`, `fact` and `progress` on `host` (see `RenderContext.peer`): the same step
+        and attempt, audited and evented as (step, that host, attempt). The engine has opened the
+        transports of the step's `peer_hosts()` before the step started."""
+
+    @abstractmethod
     async def put(self, local: Path, remote: str) -> Transfer: ...
 
     @abstractmethod
     async def get(self, remote: str, local: Path) -> Transfer: ...
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One earlier step on one host as `StepContext.steps_before` shows it: a read-only view of its record."""
+
+    step: str  # its id: a matrix instance's (`benchmark[drafter=tmp-long,tokens=8]`) or the step's own
+    base: str  # the id as written (== step outside a matrix)
+    kind: str
+    host: str
+    status: str  # passed | failed | skipped | pending | running | interrupted
+    message: str | None  # why it failed or was skipped (a failed cell, a `when:` that was false)
+    facts: Any  # as stored (JSON data), None when it produced none
+    group: str | None = None  # its matrix group's name, None outside a matrix
+    cell: Mapping[str, AxisValue] = dataclass_field(default_factory=dict)  # the axis values of the instance
 
 
 @dataclass
@@ -282,21 +360,32 @@ class StepSpec(Model):
 
     model_config = ConfigDict(allow_inf_nan=False)  # a parameter such as request_timeout: .inf is no bound
 
-    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")  # unique; earlier steps' facts are `steps.ID.facts`
     kind: str
     description: str | None = None
-    host: str | None = None
-    hosts: HostsSelector | None = None
-    timeout: Duration | None = None
-    retry: RetryOverride | None = None
+    host: str | None = None  # the one host it runs on (optional where the runbook has one)
+    hosts: HostsSelector | None = None  # hosts it runs on: a list, `all` or a pool's name
+    timeout: Duration | None = None  # of each command (default: `defaults.timeout`)
+    retry: RetryOverride | None = None  # attempts before fallbacks; unset fields from `defaults.retry`
+    #: Jinja2 expressions that must all hold (none: `exit_code == 0`, or the kind's default gates).
     gates: list[GateSpec] | None = None
+    #: A condition (a gate's Jinja, with `steps`, `vars` and, in a matrix, `matrix`) the engine evaluates
+    #: before the step's first attempt on each host: false skips the step, with its message.
+    when: GateSpec | None = None
     # each is the step validated again, gates and all: a bound keeps `[{}, {}, ...]` from multiplying a step
+    #: Tried in order once the step (with its retries) has failed: each lists the keys of the step it changes.
     fallbacks: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_FALLBACKS)
     #: Vars and secrets the step's commands receive besides those its parameters name as `$var`: names
     #: or patterns (`HF_*`, `*` for all). Unset: the kind's `default_pass_env`.
     pass_env: list[str] | None = None
 
     registry: ClassVar[dict[str, type[StepSpec]]] = {}
+    #: Whether a step of the kind starts a long-lived server that the steps after it use and that the next
+    #: such step replaces (a deploy on a port). A matrix runs every cell of one server configuration
+    #: against one launch, counts launches by these steps, places them on a pool's hosts, and runs such a
+    #: step again (it adopts a server still running with the same arguments) before any step of its cell
+    #: that a resume runs again.
+    starts_server: ClassVar[bool] = False
     #: What the kind's commands read from the environment whatever the runbook says (patterns).
     kind_env: ClassVar[tuple[str, ...]] = ()
     #: What a step of the kind receives when it gives no `pass_env` (a shell script may read anything).
@@ -304,9 +393,15 @@ class StepSpec(Model):
     #: Keys the kind no longer has, each with what replaces it: `validate` says so instead of a bare
     #: "unknown key" (deploy's `action: stop` became the kind `stop_server`).
     retired_keys: ClassVar[Mapping[str, str]] = {}
+    #: Parameters holding a script run by a shell: `${{ matrix.X }}` is refused there (the shell would
+    #: read `${` itself); a script reads the axis values as environment variables `$matrix_X` instead.
+    script_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Parameters listing hosts where a pool's name may stand for its hosts (the loader puts them in before
+    #: validating): the site's inventory then decides how many hosts they are.
+    host_list_fields: ClassVar[frozenset[str]] = frozenset()
     #: The fields every kind has: none of them reaches a command, so a `$name` in them names no var.
     COMMON_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"id", "kind", "description", "host", "hosts", "timeout", "retry", "gates", "fallbacks", "pass_env"}
+        {"id", "kind", "description", "host", "hosts", "timeout", "retry", "gates", "when", "fallbacks", "pass_env"}
     )
 
     @classmethod
@@ -327,11 +422,13 @@ class StepSpec(Model):
         return list(self.gates) if self.gates is not None else self.default_gates()
 
     def needs(self) -> set[str]:
-        """Ids of earlier steps whose facts this step uses: those its gates name.
-
-        Kinds whose parameters point at another step's facts add those ids.
-        """
-        return {ref for gate in self.effective_gates() for ref in step_refs(gate.that)}
+        """Ids of earlier steps whose facts this step uses: those its gates and `when` name, and those its
+        parameters typed `StepRef` (or a list of them) hold (`server:`, `probe:`, `verified:`, ...): a kind
+        declares a reference by its type, never again here."""
+        gates = [gate.that for gate in self.effective_gates()]
+        named = {ref for that in [*gates, *([self.when.that] if self.when else [])] for ref in step_refs(that)}
+        held = [getattr(self, name) for name in step_ref_fields(type(self))]
+        return named | {ref for value in held for ref in (value if isinstance(value, list) else [value]) if ref}
 
     def env_names(self, available: Iterable[str]) -> list[str]:
         """Which of the run's vars and secrets (`available`) this step's commands get in their environment.
@@ -371,6 +468,17 @@ class StepSpec(Model):
         """
         return []
 
+    def peer_hosts(self) -> list[str]:
+        """Hosts besides the step's own that its commands also run on (a node group's other ranks),
+        through `StepContext.peer`. The loader checks that the runbook has them, the engine connects to
+        them before the step starts, `plan` lists them; facts are recorded on the step's own host only."""
+        return []
+
+    def own_hosts(self) -> list[str] | None:
+        """The step's hosts when its parameters decide them (a node group runs on its rank 0), None when
+        `host:`/`hosts:` do; the loader refuses a `host:`/`hosts:` that says otherwise."""
+        return None
+
     def render(self, ctx: RenderContext) -> str:
         """The script this step runs."""
         raise NotImplementedError(f"step kind {self.kind!r} renders no script")
@@ -381,6 +489,27 @@ class StepSpec(Model):
             return [("", self.render(ctx))]
         except NotImplementedError:
             return [("", f"# step kind {self.kind!r} decides its commands at run time\n")]
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        """What the step does, in a line or two, for the readable `runbook plan` (`plan --full` prints every
+        command). The default says what each planned command is: its label, else its script's first comment
+        line. A kind whose commands say too little that way (or too much: one per run) says it itself."""
+        said = []
+        for label, script in self.plan(ctx):
+            first = script.lstrip().partition("\n")[0]
+            said.append(label or (first[2:] if first.startswith("# ") and not PROGRAM_LINE.match(first) else ""))
+        lines = [line for line in dict.fromkeys(said) if line]
+        return lines[:SUMMARY_LINES] or [f"runs its {self.kind} script (`runbook plan --full` shows it)"]
+
+    def commands(self, ctx: RenderContext) -> list[str]:
+        """The commands a person cares about (the launch command, a bench command), as one would paste them on
+        the host; none by default (`plan --full` has every script as sent)."""
+        return []
+
+    def ready_limit(self, ctx: RenderContext) -> float | None:
+        """For a server-starting step: how long its server may take to be ready (seconds), the upper bound
+        of one launch that `runbook plan` multiplies by a matrix's launches; None for other kinds."""
+        return None
 
     def parse_facts(self, result: CommandResult) -> BaseModel | Any:
         """Typed facts from a finished command; raise FactsError when the output is unusable."""

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import TYPE_CHECKING
 
-from rich.cells import cell_len
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.text import Text
 
 #: Unicode categories of the characters `shown` escapes (but those it is told to keep).
 ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
@@ -78,6 +79,9 @@ def shown_text(text: str, style: str = "") -> Text:
 
     A text of zero-width characters only (a lone combining mark or emoji modifier) is written as
     escapes: rich gives it no cells, so a table column of it shows as nothing at all."""
+    from rich.cells import cell_len  # here: every module shows text through `shown`, few print through rich
+    from rich.text import Text
+
     safe = shown(text)
     if safe and cell_len(safe) == 0:
         safe = "".join(_code(ord(char)) for char in safe)

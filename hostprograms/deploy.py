@@ -1,9 +1,10 @@
 """The `deploy` step's program ON THE HOST: stdlib only, Python >= 3.8 (MIN_PYTHON); one result document.
 
 Run by the SGLang virtualenv's python, shipped with the kit (hostprograms/kit.py). Its config: `action`
-(start | stop), `port`, `bind`, `env` (set for the server), `ready_timeout`, `stop_timeout`,
-`state_dir` and `launch`. `state_dir` (e.g. ~/.runbook/sglang; `~` and `$var` expand here) holds, per
-port, `<port>.json`: the server this program started there (pid, its start time, argv, env, log file).
+(start | launch | watch | stop), `port`, `bind`, `env` (set for the server), `ready_timeout`,
+`stop_timeout`, `state_dir`, `launch`, and for a node group's ranks `serves_http` (launch) and
+`probe_http` (watch). `state_dir` (e.g. ~/.runbook/sglang; `~` and `$var` expand here) holds, per port,
+`<port>.json`: the server this program started there (pid, its start time, argv, env, log file).
 `launch` is the full launch command, each word `[text, expands]`: a word that expands is a path or
 argument of the runbook's, in which `~` and `$var` expand as bash would (kit.expand_path).
 
@@ -15,6 +16,16 @@ own log file. Readiness is `/health` 200 and then a real one-token `/generate`, 
 process is watched: if it exits, the answer comes at once with the error line and tail of its log;
 if it is not ready in `ready_timeout`, it is stopped (its GPUs freed) and the answer says what
 /health last said.
+
+launch: one rank of a node group. Starts or adopts its server as start does, but answers at once,
+without the readiness wait (the controller waits for all ranks together, by watch); a keeper process
+records the server's exit status in `<port>.exit.json`. `serves_http: false` (a rank > 0, which serves
+no HTTP: its port only names its state file) skips the check that the port is free.
+
+watch: one look at the recorded server, changing nothing: alive or its exit status, its log's error
+line (an NCCL error counts even while the process lives), last line and seconds since it was last
+written (its tail only once it exited or printed an error line), and with `probe_http` (rank 0)
+/health, then a one-token /generate.
 
 stop: stops the recorded server on the port, if any, and says so either way.
 
@@ -36,20 +47,30 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from stat import S_ISREG
+from typing import Any, NamedTuple
 
 from hostprograms import kit
+from hostprograms.kit import port_holder
 
 MIN_PYTHON = (3, 8)
 POLL_S = 0.5
 PROGRESS_EVERY_S = 2.0
 TAIL_LINES = 30
 TAIL_BYTES = 64 * 1024
+LINE_CHARS = 1000  # of a log line as a look reads it (log_tail)
 SERVER_INFO_MAX = 4 * 1024 * 1024  # bytes of /server_info read for its version
 #: The prompt of the readiness probe: one token at temperature 0.
 READY_PROMPT = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
 _EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception)\b(?::|$)")
 _ERROR_WORDS = re.compile(r"error|unsupported|failed|killed|out of memory", re.IGNORECASE)
+#: Lines of torch.distributed/NCCL that mean a rank is lost even while its process lives on: an NCCL error
+#: (`torch.distributed.DistBackendError: NCCL error in: ...`), and ProcessGroupNCCL's watchdog timing a
+#: collective out. Not any ProcessGroupNCCL line: its warnings (`using GPU 0 to perform barrier ...`) are
+#: part of a healthy start-up.
+_NCCL_ERROR = re.compile(r"NCCL error|DistBackendError|ProcessGroupNCCL.*(?:watchdog|timed out|timeout)", re.IGNORECASE)
+#: How long watch's /health and /generate may take: one look, not a wait.
+WATCH_HTTP_S = 30.0
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -78,21 +99,29 @@ def error_line(lines: list[str]) -> str | None:
     return None
 
 
+def nccl_error_line(lines: list[str]) -> str | None:
+    """The last line of a rank's log that says its process group is broken (an NCCL error, a watchdog
+    timeout), or None: such a rank may live on, hung, until the dist-timeout, so this is read while it runs."""
+    for line in reversed(lines):
+        if _NCCL_ERROR.search(line):
+            return line.strip()
+    return None
+
+
+def watched_error_line(lines: list[str], running: bool) -> str | None:
+    """What a look at a rank's log names as its error: while it runs, only an NCCL line (a running server's
+    log may say `failed` in a warning); once it exited, `error_line`, else an NCCL line that has none of
+    its words (a watchdog timeout)."""
+    if running:
+        return nccl_error_line(lines)
+    return error_line(lines) or nccl_error_line(lines)
+
+
 def parse_stat(text: str) -> dict[str, Any]:
     """/proc/PID/stat: state, process group and start time (clock ticks after boot). The command name,
     in parentheses, may itself hold spaces and parentheses: the fields follow its last `)`."""
     fields = text[text.rindex(")") + 2 :].split()
     return {"state": fields[0], "pgrp": int(fields[2]), "starttime": int(fields[19])}
-
-
-def listening_inodes(table: str, port: int) -> list[str]:
-    """Socket inodes of /proc/net/tcp[6] rows LISTENing (state 0A) on `port`."""
-    inodes = []
-    for row in table.splitlines()[1:]:
-        cols = row.split()
-        if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-            inodes.append(cols[9])
-    return inodes
 
 
 # ---------------------------------------------------------------- processes
@@ -123,12 +152,60 @@ def group_members(pgid: int) -> list[int]:
     return sorted(members)
 
 
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
+def spawn(argv: list[str], env: dict[str, str], log_file: str) -> subprocess.Popen[bytes]:
+    """Start the server in its own session and process group (it outlives the step and the SSH connection),
+    stdout and stderr appended to `log_file`."""
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **env},
+            cwd=os.path.expanduser("~"),
+        )
+
+
+def spawn_kept(argv: list[str], env: dict[str, str], log_file: str, exit_file: str) -> tuple[int, int | None]:
+    """`spawn` from a keeper: a forked process of its own session that waits for the server and writes its
+    exit status to `exit_file` (with the pid and start time it belongs to). Returns (pid, start time).
+
+    For `launch`, which returns at once: the server's exit status is only its parent's to read, and once
+    this program exits, the parent would be init. The keeper holds none of this program's files (not its
+    stdout, the SSH channel, which would stay open; not the port's lock).
+    """
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:  # the keeper: never returns into the program
+        try:
+            os.setsid()
+            os.chdir("/")
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            for name in os.listdir("/proc/self/fd"):
+                if int(name) > 2 and int(name) != write_end:
+                    with contextlib.suppress(OSError):
+                        os.close(int(name))
+            try:
+                child = spawn(argv, env, log_file)
+            except OSError as exc:
+                os.write(write_end, json.dumps({"error": str(exc)}).encode())
+                raise
+            stat = proc_stat(child.pid)
+            starttime = None if stat is None else stat["starttime"]
+            os.write(write_end, json.dumps({"pid": child.pid, "starttime": starttime}).encode())
+            os.close(write_end)
+            code = child.wait()
+            write_json(exit_file, {"pid": child.pid, "starttime": starttime, "exit_code": code})
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = json.loads(pipe.read() or b'{"error": "the keeper process died before it started the server"}')
+    if "error" in said:
+        raise OSError(said["error"])
+    return said["pid"], said["starttime"]
 
 
 def stop_group(pgid: int, timeout: float, child: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
@@ -179,40 +256,29 @@ def port_free(bind: str, port: int) -> bool:
     return True
 
 
-def port_holder(port: int) -> str:
-    """Who listens on `port`, as `pid N (command line)`, or why that cannot be told."""
-    inodes: list[str] = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as handle:
-            inodes += listening_inodes(handle.read(), port)
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    for name in os.listdir("/proc") if wanted else []:
-        if name.isdigit() and fd_links(name) & wanted:
-            return f"pid {name} ({cmdline(int(name))[:200]})"
-    return "a process this user cannot see"
-
-
-def fd_links(pid: str) -> set[str]:
-    """What the open files of a process point at (`socket:[123]`); fds that close meanwhile are skipped."""
-    links = set()
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-    return links
-
-
 # ---------------------------------------------------------------- logs, HTTP
 
 
 def log_tail(path: str) -> list[str]:
+    """The last TAIL_LINES lines (not blank) of the log's last TAIL_BYTES, each cut to LINE_CHARS (` ...` marks a
+    cut); [] when it cannot be read. Only a regular file is read, and at most TAIL_BYTES of it, whatever it
+    grows to meanwhile: a look at a rank must end, and a log replaced by a FIFO would block it, one linked to
+    /dev/zero never end; a line of megabytes would be carried (and scanned for errors) on every look."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(max(os.path.getsize(path) - TAIL_BYTES, 0))
-            text = handle.read().decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return []
-    return [line.rstrip() for line in text.splitlines() if line.strip()][-TAIL_LINES:]
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            info = os.fstat(fd)
+            if not S_ISREG(info.st_mode):
+                return []
+            handle.seek(max(info.st_size - TAIL_BYTES, 0))
+            text = handle.read(TAIL_BYTES).decode("utf-8", "replace")
+        except OSError:
+            return []
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()][-TAIL_LINES:]
+    return [line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " ..." for line in lines]
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0, limit: int = 4096) -> tuple[int | None, str]:
@@ -267,10 +333,39 @@ def read_state(state_dir: str, port: int) -> dict[str, Any] | None:
 
 
 def write_state(state_dir: str, port: int, state: dict[str, Any]) -> None:
-    path = state_path(state_dir, port)
+    write_json(state_path(state_dir, port), state)
+
+
+def write_json(path: str, document: dict[str, Any]) -> None:
+    """Replace `path` whole: a reader sees the old document or the new one, never half of one."""
     with open(path + ".tmp", "w") as handle:
-        json.dump(state, handle, indent=1)
+        json.dump(document, handle, indent=1)
     os.replace(path + ".tmp", path)
+
+
+def exit_path(state_dir: str, port: int) -> str:
+    return os.path.join(state_dir, f"{port}.exit.json")
+
+
+def recorded_exit_code(state_dir: str, port: int, recorded: dict[str, Any]) -> int | None:
+    """The exit status `spawn_kept`'s keeper wrote for the recorded server, or None (not exited, not kept,
+    or a file left by an earlier server on the port: another pid or start time)."""
+    try:
+        with open(exit_path(state_dir, port)) as handle:
+            said = json.load(handle)
+        same = said["pid"] == recorded["pid"] and said["starttime"] == recorded.get("starttime")
+        code = said["exit_code"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return code if same and type(code) is int else None
+
+
+def idle_seconds(path: str) -> float | None:
+    """Seconds since `path` (a log) was last written, or None when it is not there."""
+    try:
+        return round(max(time.time() - os.path.getmtime(path), 0.0), 1)
+    except OSError:
+        return None
 
 
 def forget(state_dir: str, port: int) -> None:
@@ -292,6 +387,18 @@ def port_lock(state_dir: str, port: int) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- readiness
+
+
+def probe(url: str, limit: float) -> tuple[dict[str, Any], dict[str, Any] | None, bool]:
+    """(/health's answer, /generate's to the one-token prompt, asked only after /health said 200, else
+    None; whether it generated text: the server serves), each within `limit` seconds (and 10 s for
+    /health, 120 s for /generate)."""
+    status, body = http("GET", url + "/health", timeout=min(10.0, limit))
+    health = {"status": status, "body": body[:200]}
+    if status != 200:
+        return health, None, False
+    status, body = http("POST", url + "/generate", READY_PROMPT, timeout=min(120.0, limit))
+    return health, {"status": status, "body": body[:300]}, status == 200 and '"text"' in body
 
 
 def wait_ready(
@@ -317,13 +424,11 @@ def wait_ready(
         if exit_code is not None or not alive(pid, starttime):
             return answer(False, exited=True, exit_code=exit_code)
         left = max(timeout - (time.monotonic() - started), 0.1)
-        status, body = http("GET", url + "/health", timeout=min(10.0, left))
-        health = {"status": status, "body": body[:200]}
-        if status == 200:
-            status, body = http("POST", url + "/generate", READY_PROMPT, timeout=min(120.0, left))
-            generate = {"status": status, "body": body[:300]}
-            if status == 200 and '"text"' in body:
-                return answer(True)
+        health, asked, served = probe(url, left)
+        if asked is not None:
+            generate = asked
+        if served:
+            return answer(True)
         elapsed = time.monotonic() - started
         if elapsed >= timeout:
             return answer(False)
@@ -375,47 +480,68 @@ def describe_answer(answer: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- actions
 
 
-def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, Any]:
+class Server(NamedTuple):
+    """The server `open_server` started or adopted on a port; `child` only when this program is its parent."""
+
+    pid: int
+    starttime: int | None
+    log_file: str
+    child: subprocess.Popen[bytes] | None
+
+
+def server_report(action: str, config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, Any]:
+    """The document of `start` and `launch`, before the server is opened: nothing started, nothing known."""
     port, bind = config["port"], config["bind"]
-    url = base_url(bind, port)
-    env = {str(k): str(v) for k, v in config["env"].items()}
-    report: dict[str, Any] = {
-        "action": "start", "port": port, "bind": bind, "base_url": url, "argv": argv,
+    return {
+        "action": action, "port": port, "bind": bind, "base_url": base_url(bind, port), "argv": argv,
         "state_file": state_path(state_dir, port), "pid": None, "log_file": None, "reused": False,
         "previous": None, "ready": False, "ready_s": None, "exit_code": None, "health": None, "generate": None,
         "error_line": None, "log_tail": [], "failure": None,
         "server_version": None, "server_version_unknown": "the server did not become ready",
     }  # fmt: skip
+
+
+def open_server(
+    config: dict[str, Any], state_dir: str, argv: list[str], report: dict[str, Any], kept: bool
+) -> Server | None:
+    """Adopt the server recorded on the port when it runs with the same argv and env, else stop it and
+    start a new one (`kept`: from a keeper, `spawn_kept`, for a program that returns before the server
+    exits), recording it in the state file. Fills `report`'s reused, previous, port_holder, pid and
+    log_file; None when it cannot (`report["failure"]` says why).
+
+    The port must be free for a new server unless config `serves_http` is false (a rank > 0 of a node
+    group: its port only names its state file).
+    """
+    port, bind = config["port"], config["bind"]
+    env = {str(k): str(v) for k, v in config["env"].items()}
     recorded = read_state(state_dir, port)
     if recorded is not None and not alive(recorded["pid"], recorded.get("starttime")):
         report["previous"] = {"pid": recorded["pid"], "action": "forgotten", "reason": "no longer running"}
         forget(state_dir, port)
         recorded = None
     if recorded is not None:
-        same = recorded.get("argv") == argv and recorded.get("env") == env
-        if same:
+        if recorded.get("argv") == argv and recorded.get("env") == env:
             report["reused"] = True
+            report["pid"], report["log_file"] = recorded["pid"], recorded["log_file"]
             progress(f"a server with these arguments runs already (pid {recorded['pid']}): checking it", phase="reuse")
-            child, pid, starttime, log_file = None, recorded["pid"], recorded.get("starttime"), recorded["log_file"]
-        else:
-            why = "its arguments differ" if recorded.get("argv") != argv else "its environment differs"
-            progress(f"stopping the server on port {port} (pid {recorded['pid']}): {why}", phase="stop")
-            stopped = stop_group(recorded["pgid"], config["stop_timeout"])
-            report["previous"] = {"pid": recorded["pid"], "action": "stopped", "reason": why,
-                                  "argv": recorded.get("argv"), **stopped}  # fmt: skip
-            if stopped["left"]:
-                report["failure"] = (
-                    f"the previous server's processes {stopped['left']} survived SIGKILL; port {port} not reused"
-                )
-                return report
-            forget(state_dir, port)
-            recorded = None
-    if recorded is None:
+            return Server(recorded["pid"], recorded.get("starttime"), recorded["log_file"], None)
+        why = "its arguments differ" if recorded.get("argv") != argv else "its environment differs"
+        progress(f"stopping the server on port {port} (pid {recorded['pid']}): {why}", phase="stop")
+        stopped = stop_group(recorded["pgid"], config["stop_timeout"])
+        report["previous"] = {"pid": recorded["pid"], "action": "stopped", "reason": why,
+                              "argv": recorded.get("argv"), **stopped}  # fmt: skip
+        if stopped["left"]:
+            report["failure"] = (
+                f"the previous server's processes {stopped['left']} survived SIGKILL; port {port} not reused"
+            )
+            return None
+        forget(state_dir, port)
+    if config.get("serves_http", True):
         try:
             free = port_free(bind, port)
         except BindError as exc:
             report["failure"] = str(exc)
-            return report
+            return None
         if not free:
             holder = port_holder(port)
             report["port_holder"] = holder
@@ -423,29 +549,33 @@ def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, 
                 f"port {port} is taken by {holder}, which is not a server this runbook started (no record in "
                 f"{state_path(state_dir, port)}); stop it or deploy on another port"
             )
-            return report
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        log_file = os.path.join(state_dir, f"{port}-{stamp}.log")
-        with open(log_file, "ab") as log:
-            child = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own session and process group: it outlives the step and SSH
-                env={**os.environ, **env},
-                cwd=os.path.expanduser("~"),
-            )
+            return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    log_file = os.path.join(state_dir, f"{port}-{stamp}.log")
+    child = None
+    if kept:
+        pid, starttime = spawn_kept(argv, env, log_file, exit_path(state_dir, port))
+    else:
+        child = spawn(argv, env, log_file)
         pid = child.pid
         stat = proc_stat(pid)
         starttime = None if stat is None else stat["starttime"]
-        write_state(state_dir, port, {
-            "pid": pid, "pgid": pid, "starttime": starttime, "argv": argv, "env": env, "log_file": log_file,
-            "port": port, "bind": bind, "started_at": time.time(),
-        })  # fmt: skip
-        progress(f"started the server: pid {pid}, log {log_file}", phase="started", pid=pid, log_file=log_file)
+    write_state(state_dir, port, {
+        "pid": pid, "pgid": pid, "starttime": starttime, "argv": argv, "env": env, "log_file": log_file,
+        "port": port, "bind": bind, "started_at": time.time(),
+    })  # fmt: skip
+    progress(f"started the server: pid {pid}, log {log_file}", phase="started", pid=pid, log_file=log_file)
     report["pid"], report["log_file"] = pid, log_file
-    waited = wait_ready(url, pid, starttime, log_file, config["ready_timeout"], child)
+    return Server(pid, starttime, log_file, child)
+
+
+def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, Any]:
+    report = server_report("start", config, state_dir, argv)
+    server = open_server(config, state_dir, argv, report, kept=False)
+    if server is None:
+        return report
+    url, port, log_file = report["base_url"], config["port"], server.log_file
+    waited = wait_ready(url, server.pid, server.starttime, log_file, config["ready_timeout"], server.child)
     tail = log_tail(log_file)
     report.update(health=waited["health"], generate=waited["generate"], exit_code=waited["exit_code"])
     report["ready_s"] = waited["elapsed_s"] if waited["ready"] else None
@@ -468,8 +598,48 @@ def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, 
             f"stopped it (log: {log_file}, last line: {tail[-1][:200] if tail else '(empty)'})"
         )
     # a crashed server may leave workers behind, a server that never came up holds its GPUs: stop the group
-    report["stopped"] = stop_group(pid, config["stop_timeout"], child)
+    report["stopped"] = stop_group(server.pid, config["stop_timeout"], server.child)
     forget(state_dir, port)
+    return report
+
+
+def launch(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, Any]:
+    """`start` without the readiness wait: one rank of a node group, whose readiness the controller waits
+    for across all ranks at once (`watch`). Its exit status is kept for `watch` (spawn_kept)."""
+    report = server_report("launch", config, state_dir, argv)
+    report["server_version_unknown"] = "launch does not wait for the server to become ready"
+    open_server(config, state_dir, argv, report, kept=True)
+    return report
+
+
+def watch(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
+    """One look at the server recorded on the port, changing nothing: whether it runs (else its exit
+    status, when its keeper recorded it), its log (error line, last line, seconds since it was last
+    written: a rank that hangs prints nothing) and, with `probe_http` (rank 0), /health and, once that
+    says 200, a one-token /generate; once that answered, the version /server_info gives."""
+    port = config["port"]
+    report: dict[str, Any] = {"action": "watch", "port": port, "pid": None, "alive": False, "exit_code": None,
+                              "log_file": None, "error_line": None, "last_line": None, "idle_s": None,
+                              "log_tail": [], "health": None, "generate": None, "failure": None}  # fmt: skip
+    recorded = read_state(state_dir, port)
+    if recorded is None:
+        report["failure"] = f"no server recorded on port {port}"
+        return report
+    running = alive(recorded["pid"], recorded.get("starttime"))
+    log_file = recorded["log_file"]
+    tail = log_tail(log_file)
+    error = watched_error_line(tail, running)
+    # the tail only when something went wrong: a group is watched every few seconds for up to an hour, and
+    # every look's answer is audited
+    report.update(pid=recorded["pid"], alive=running, log_file=log_file, log_tail=tail if error or not running else [],
+                  error_line=error, last_line=tail[-1] if tail else None, idle_s=idle_seconds(log_file))  # fmt: skip
+    if not running:
+        report["exit_code"] = recorded_exit_code(state_dir, port, recorded)
+    elif config.get("probe_http"):
+        url = base_url(config["bind"], port)
+        report["health"], report["generate"], served = probe(url, WATCH_HTTP_S)
+        if served:  # the look that finds the group serving also records what serves (provenance)
+            report["server_version"], report["server_version_unknown"] = server_version(url)
     return report
 
 
@@ -499,10 +669,16 @@ def stop(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     state_dir = kit.expand_path(config["state_dir"])
-    launch = [kit.expand_path(text) if expands else text for text, expands in config.get("launch", [])]
+    if config["action"] == "watch":  # a look changes nothing: it neither creates the folder nor waits for the lock
+        return watch(config, state_dir)
+    argv = [kit.expand_path(text) if expands else text for text, expands in config.get("launch", [])]
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     with port_lock(state_dir, config["port"]):
-        return start(config, state_dir, launch) if config["action"] == "start" else stop(config, state_dir)
+        if config["action"] == "start":
+            return start(config, state_dir, argv)
+        if config["action"] == "launch":
+            return launch(config, state_dir, argv)
+        return stop(config, state_dir)
 
 
 def main() -> int:

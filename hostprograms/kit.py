@@ -12,6 +12,7 @@ declares (MIN_PYTHON; tests/hostprograms/test_versions.py holds each module to i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -220,3 +221,47 @@ def with_retries(
             note(f"{exc}; try {number + 1} of {tries} in {pause:g}s")
             time.sleep(pause)
     raise ValueError("tries must be at least 1")
+
+
+def listening_inodes(table: str, port: int) -> list[str]:
+    """Socket inodes of /proc/net/tcp[6] rows LISTENing (state 0A) on `port`."""
+    inodes = []
+    for row in table.splitlines()[1:]:
+        cols = row.split()
+        if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+            inodes.append(cols[9])
+    return inodes
+
+
+def port_holder(port: int) -> str:
+    """Who listens on `port`, as `pid N (command line)`, or why that cannot be told (Linux: /proc).
+
+    Shared by the programs that must refuse a busy port naming its holder: deploy (the server's port) and
+    node_preflight (rank 0's dist-init port)."""
+    inodes: list[str] = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as handle:
+            inodes += listening_inodes(handle.read(), port)
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for name in os.listdir("/proc") if wanted else []:
+        if name.isdigit() and fd_links(name) & wanted:
+            return f"pid {name} ({cmdline(int(name))[:200]})"
+    return "a process this user cannot see"
+
+
+def fd_links(pid: str) -> set[str]:
+    """What the open files of a process point at (`socket:[123]`); fds that close meanwhile are skipped."""
+    links = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return links
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

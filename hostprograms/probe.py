@@ -422,6 +422,8 @@ SGLANG_KEYS = (
     "version",
     "package_dir",
     "dflash",
+    "speculative_algorithms",
+    "ddtree",
     "attention_backends",
     "draft_attention_backends",
     "kimi_k25_model",
@@ -577,10 +579,16 @@ def _read_dflash(package: str, facts: dict[str, Any]) -> None:
     source, problem = _parse_file(path)
     members = class_attributes(source, "SpeculativeAlgorithm") if source is not None else None
     if members is None:
-        facts["unknown"]["dflash"] = problem or f"no class SpeculativeAlgorithm in {path}"
+        reason = problem or f"no class SpeculativeAlgorithm in {path}"
+        facts["unknown"].update(dict.fromkeys(("dflash", "speculative_algorithms", "ddtree"), reason))
         return
     facts["dflash"] = "DFLASH" in members
-    facts["sources"]["dflash"] = path
+    # --speculative-algorithm takes any member but NONE (SpeculativeAlgorithm.from_string); DDTREE is
+    # there only in a build with the DDTree pull request (#29907), not in a release up to 0.5.23
+    facts["speculative_algorithms"] = [name for name in members if name != "NONE"]
+    facts["ddtree"] = "DDTREE" in members
+    for key in ("dflash", "speculative_algorithms", "ddtree"):
+        facts["sources"][key] = path
 
 
 def _read_kimi(package: str, facts: dict[str, Any]) -> None:

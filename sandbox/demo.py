@@ -33,14 +33,16 @@ import yaml
 
 from hostprograms import deploy as deploy_host
 from sandbox import prepare, testhost
-from sandbox.embedded_sshd import start_embedded_sshd
 from sandbox.hub import HubServer
 from sandbox.sglang_standin import faults as standin_switches
-from sandbox.sshd import SSHD, SSHServer, free_port, start_sshd
+from sandbox.sshd import SSHD
 
 RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash.yaml"
+SWEEP_RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash_sweep.yaml"
 SshServerKind = Literal["auto", "openssh", "embedded"]
 DEMO_STANDIN = {"decode_tokens_per_s": 1500.0, "startup_s": 1.0}
+#: the sweep's 12 configurations x 4 concurrencies x 3 repeats take a few minutes at this speed
+SWEEP_STANDIN = {"decode_tokens_per_s": 20000.0, "startup_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,6 @@ class DemoSite:
     hf_token: str
     ssh_server: str  # "openssh" or "embedded"
     host_root: Path
-
-
-def _ssh_server(kind: SshServerKind, root: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], SSHServer, str]:
-    use_openssh = kind == "openssh" or (kind == "auto" and Path(SSHD).exists() and os.geteuid() == 0)
-    if use_openssh:
-        proc, server = start_sshd(root, extra_config=testhost.sshd_config(env))
-        return proc, server, "openssh"
-    proc, server = start_embedded_sshd(root, env)
-    return proc, server, "embedded"
 
 
 def stop_servers(home: Path) -> None:
@@ -75,35 +68,66 @@ def stop_servers(home: Path) -> None:
 
 
 @contextmanager
-def demo_site(log_dir: Path, ssh: SshServerKind = "auto", say: Callable[[str], None] = print) -> Iterator[DemoSite]:
-    """The test host and local Hub, running, and an inventory for them; all stopped on exit."""
+def demo_site(
+    log_dir: Path,
+    ssh: SshServerKind = "auto",
+    say: Callable[[str], None] = print,
+    *,
+    sweep: bool = False,
+    hosts: int = 1,
+    sglang: str = "ddtree-pr",
+    nodes: int = 1,
+) -> Iterator[DemoSite]:
+    """The test hosts and local Hub, running, and an inventory for them; all stopped on exit.
+
+    The flagship runs on one host (`gpu`), or with `nodes` > 1 across a node group: the inventory's pool
+    `nodes` of that many 8x H100 test hosts (`gpu`, rank 0, then `gpu2`, ...), each on its own loopback
+    address (127.0.0.2, ...) as separate machines would be, so SGLang's stand-in ranks meet at rank 0's
+    dist-init address. The sweep (`sweep=True`) runs on `hosts` test hosts, the
+    inventory's pool `gpus`, each an 8x H200 with its own HOME, SGLang port and models folder, and the
+    SGLang build `sglang`: by default one with the DDTree pull request (the sandbox's test double of
+    it), so every cell of the grid runs; `release` (0.5.23, no DDTREE) skips the DDTREE cells.
+    """
     if testhost.missing():
         say("demo: preparing the test host once (the real SGLang release's files, huggingface_hub) ...")
         prepare.main()
     root = log_dir.resolve() / "demo-host"
-    stop_servers(root / "home")  # a demo killed outright in this log dir left its server: its record goes next
+    for home in root.glob("**/home"):  # a demo killed outright in this log dir left its servers: theirs go next
+        stop_servers(home)
     shutil.rmtree(root, ignore_errors=True)
-    home = root / "home"
-    home.mkdir(parents=True)
-    # the stand-in decodes faster than Kimi-K2.6 on 8 GPUs, so the runbook's full benchmark takes seconds
-    standin_switches.path(home).write_text(json.dumps(DEMO_STANDIN))
-    proc, server, served_by = _ssh_server(ssh, root / "ssh", testhost.session_env("h200", home))
+    use_openssh = ssh == "openssh" or (ssh == "auto" and Path(SSHD).exists() and os.geteuid() == 0)
+    kind: Literal["openssh", "embedded"] = "openssh" if use_openssh else "embedded"
+    # the sweep's pool gpu1..N; the flagship's rank 0 is its own host `gpu`, the node group's others gpu2..N
+    names = [f"gpu{n}" for n in range(1, hosts + 1)] if sweep else ["gpu", *(f"gpu{n}" for n in range(2, nodes + 1))]
+    started: list[tuple[subprocess.Popen[bytes], testhost.PoolHost]] = []
     try:
+        for n, name in enumerate(names, start=1):
+            host_root = root / name if len(names) > 1 else root
+            gpu, build = ("h200x8", sglang) if sweep else ("h100x8", "release") if nodes > 1 else ("h200", "release")
+            address = testhost.node_address(n) if nodes > 1 else "127.0.0.1"
+            started.append(testhost.start(host_root, name, gpu=gpu, sglang=build, ssh=kind, address=address))
+            # the stand-in decodes faster than Kimi-K2.6 on 8 GPUs, so the runbook's benchmarks take seconds
+            standin_switches.path(started[-1][1].home).write_text(json.dumps(SWEEP_STANDIN if sweep else DEMO_STANDIN))
         with HubServer() as hub:
-            inventory = root / "inventory.yaml"
             site_vars = {
-                "models_dir": str(home / "models"),
                 "sglang_python": str(prepare.VENV_PYTHON),
                 "hf_cli": str(prepare.VENV / "bin" / "hf"),
                 "HF_ENDPOINT": hub.endpoint,
-                "sglang_port": free_port(),
             }
-            inventory.write_text(yaml.safe_dump({"hosts": {"gpu": server.host_dict()}, "vars": site_vars}))
-            yield DemoSite(RUNBOOK, inventory, hub.token, served_by, root)
+            pool = [host for _, host in started]
+            data = testhost.pool_inventory(pool, site_vars)
+            if sweep:
+                data["pools"] = {"gpus": names}
+            elif nodes > 1:
+                data["pools"] = {"nodes": names}
+            inventory = root / "inventory.yaml"
+            inventory.write_text(yaml.safe_dump(data))
+            yield DemoSite(SWEEP_RUNBOOK if sweep else RUNBOOK, inventory, hub.token, kind, root)
     finally:
-        stop_servers(home)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc, host in started:
+            stop_servers(host.home)
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -9,6 +9,8 @@ environment variable RUNBOOK_SANDBOX_GPU:
 - `rtx6000`: 8x NVIDIA RTX PRO 6000 Blackwell Server Edition (the seeds' CT200 host), derived
   with the same renderers: 97887 MiB each with 638 MiB reserved (what real cards of that model
   report), compute capability 12.0, 600 W, PCIe only;
+- `h200x8`, `h100x8` (also `h100`): eight H200 or H100 80GB HBM3 cards of an HGX node, derived from
+  the real H200 card (`_hgx`);
 - `none`: the NVIDIA user-space tools without a working driver (nvidia-smi's own error, exit 9).
 
 Commands: `nvidia-smi`, `-L`, `--query-gpu=FIELDS --format=csv[,noheader][,nounits]`, `-q -x`,
@@ -132,7 +134,47 @@ RTX6000 = Host(
     ),
 )
 
-HOSTS = {"h200": H200, "rtx6000": RTX6000}
+
+def _hgx(card: Gpu, serial: int, uuid: str) -> tuple[Gpu, ...]:
+    """Eight cards of one model in an HGX board, derived from one card: the bus ids and NUMA split
+    of an 8-GPU node (as RTX6000's)."""
+    return tuple(
+        replace(
+            card,
+            index=i,
+            uuid=f"GPU-{uuid}{i:04x}-{card.uuid[13:]}",
+            bus_id=f"00000000:{bus}:00.0",
+            serial=str(serial + i),
+            numa_node=i // 4,
+            cpu_affinity="0-47,96-143" if i < 4 else "48-95,144-191",
+        )
+        for i, bus in enumerate(_RTX_BUSES)
+    )
+
+
+#: 8x the real H200 card above: the node Kimi-K2.6 INT4 fits on (sglang-dflash.md, "Several nodes")
+H200X8 = Host(H200.driver_version, H200.cuda_version, _hgx(H200.gpus[0], 1653724055000, "7a31"))
+#: 8x H100 SXM 80 GB (81559 MiB, as the real cards report): too little memory for Kimi-K2.6 on one node,
+#: so two of them serve it with tensor parallelism 16 (sglang-dflash.md, "Several nodes")
+H100X8 = Host(
+    H200.driver_version,
+    H200.cuda_version,
+    _hgx(
+        replace(
+            H200.gpus[0],
+            name="NVIDIA H100 80GB HBM3",
+            memory_total_mib=81559,
+            memory_reserved_mib=532,
+            memory_free_mib=81028,
+            pci_device_id="233010DE",
+        ),
+        1652922011000,
+        "3c90",
+    ),
+)
+
+#: `h100` is the name H100X8 had before the multi-node test hosts, named like `h200x8` since (the same host)
+HOSTS = {"h200": H200, "rtx6000": RTX6000, "h200x8": H200X8, "h100x8": H100X8, "h100": H100X8}
 
 
 def _mib(value: int, units: bool) -> str:
@@ -303,7 +345,7 @@ def answer(args: Sequence[str], variant: str, now: float) -> tuple[str, int]:
         return NO_DRIVER, EXIT_DRIVER_NOT_LOADED
     host = HOSTS.get(variant)
     if host is None:
-        return f"{ENV_VAR}={variant!r}: not a sandbox GPU host (one of h200, rtx6000, none)\n", 255
+        return f"{ENV_VAR}={variant!r}: not a sandbox GPU host (one of {', '.join(HOSTS)}, none)\n", 255
     rest = list(args)
     for flag in ("-i", "--id"):
         if flag in rest:

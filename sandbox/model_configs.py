@@ -18,6 +18,15 @@ state, so the checks of the `inspect_config` step meet realistic input:
   group size 32) while attention, shared experts, the dense first layer and the vision tower stay
   bf16 (`ignore`).
 
+- a second drafter shaped like SubSir/Kimi-K2.6-DFlash-tmp-long (`drafter_config(TMP_LONG_ID)`): the
+  same layout, its config naming itself in `_name_or_path` (as configs saved by transformers do),
+  which the SGLang stand-in reads to give it its acceptance profile (worse on code);
+- a hybrid target shaped like Qwen/Qwen3.6-27B (`hybrid_target_config()`, the Qwen3.5 layout SGLang's
+  `configs/qwen3_5.py` reads): `Qwen3_5ForConditionalGeneration`, 64 text layers of which three in
+  four are Gated DeltaNet linear attention (`layer_types`: "linear_attention") and every fourth full
+  attention, the layout whose recurrent state DDTree's sibling branches corrupt (the seeds' collapse at
+  budgets 32/64).
+
 The values that tie the two together (61 target layers, hidden size 7168, vocab 163840) match, so
 a fault in a test is one edit away. `custom_code_files` lists the Python files an `auto_map`
 names: a synthetic repo ships those files next to config.json, as the real repos do.
@@ -38,9 +47,14 @@ MASK_TOKEN_ID = 163838  # a reserved token of the Kimi tokenizer
 BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID = 163584, 163585, 163839
 
 
-def drafter_config() -> dict[str, Any]:
-    """config.json of a DFlash drafter shaped like z-lab/Kimi-K2.6-DFlash."""
-    return {
+TMP_LONG_ID = "SubSir/Kimi-K2.6-DFlash-tmp-long"
+HYBRID_LAYERS = 64
+HYBRID_FULL_ATTENTION_INTERVAL = 4
+
+
+def drafter_config(name: str | None = None) -> dict[str, Any]:
+    """config.json of a DFlash drafter shaped like z-lab/Kimi-K2.6-DFlash; `name` its `_name_or_path`."""
+    return ({"_name_or_path": name} if name else {}) | {
         "architectures": ["DFlashDraftModel"],
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -211,6 +225,69 @@ def target_config() -> dict[str, Any]:
             "vt_num_attention_heads": 16,
             "vt_num_hidden_layers": 27,
         },
+    }
+
+
+def hybrid_target_config() -> dict[str, Any]:
+    """config.json of a hybrid linear-attention target shaped like Qwen/Qwen3.6-27B (Qwen3.5 layout)."""
+    layer_types = [
+        "full_attention" if (i + 1) % HYBRID_FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
+        for i in range(HYBRID_LAYERS)
+    ]
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "image_token_id": 248056,
+        "model_type": "qwen3_5",
+        "text_config": {
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "attn_output_gate": True,
+            "dtype": "bfloat16",
+            "eos_token_id": 248044,
+            "full_attention_interval": HYBRID_FULL_ATTENTION_INTERVAL,
+            "head_dim": 256,
+            "hidden_act": "silu",
+            "hidden_size": 5120,
+            "initializer_range": 0.02,
+            "intermediate_size": 17408,
+            "layer_types": layer_types,
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 48,
+            "linear_value_head_dim": 128,
+            "max_position_embeddings": 262144,
+            "model_type": "qwen3_5_text",
+            "num_attention_heads": 24,
+            "num_hidden_layers": HYBRID_LAYERS,
+            "num_key_value_heads": 4,
+            "rms_norm_eps": 1e-06,
+            "rope_parameters": {
+                "mrope_interleaved": True,
+                "mrope_section": [11, 11, 10],
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 10000000,
+                "rope_type": "default",
+            },
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "vocab_size": 248320,
+        },
+        "tie_word_embeddings": False,
+        "transformers_version": "4.57.1",
+        "video_token_id": 248057,
+        "vision_config": {
+            "depth": 27,
+            "hidden_size": 1152,
+            "model_type": "qwen3_5",
+            "num_heads": 16,
+            "out_hidden_size": 5120,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        "vision_end_token_id": 248054,
+        "vision_start_token_id": 248053,
     }
 
 

@@ -10,7 +10,12 @@ It builds `.cache/testhost/` (git-ignored):
 - `bin/nvidia-smi`: the nvidia-smi test double (sandbox/gpu.py) as an executable on the host's PATH;
 - `venv/lib/python3.X/site-packages/runbook_sandbox_sglang_standin.pth`: the hook that makes
   `python -m sglang.launch_server` / `-m sglang.bench_serving` in that venv run the SGLang
-  stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place.
+  stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place;
+- `sglang-with-ddtree-pr/sglang/`: SGLang 0.5.23 as a build with the DDTree pull request (#29907,
+  not in any release) would be: the real release's files (linked) but for the two the PR changes
+  for what the probe and the launch flags read: `SpeculativeAlgorithm` gains DDTREE and the `spec`
+  fields gain `speculative_ddtree_budget` (DDTREE_PATCHES). A test host with `sglang="ddtree-pr"`
+  puts it first on PYTHONPATH (sandbox/testhost.py); the default test host never sees it.
 
 Idempotent: what is already there at the pinned version is left alone. It prints what it did.
 """
@@ -47,6 +52,21 @@ from pathlib import Path
 sys.argv[0] = "nvidia-smi"
 runpy.run_path(str(Path(__file__).resolve().parents[3] / "sandbox" / "gpu.py"), run_name="__main__")
 '''
+
+
+DDTREE_BUILD = TESTHOST / "sglang-with-ddtree-pr"
+#: file of the sglang package -> (text in the release, the text the DDTree PR makes of it)
+DDTREE_PATCHES = {
+    "srt/speculative/spec_info.py": ("    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()\n"),
+    "srt/arg_groups/fields/spec.py": (
+        "    speculative_domino_candidate_pool_size: A[\n",
+        "    speculative_ddtree_budget: A[\n"
+        "        Optional[int],\n"
+        '        "DDTREE only. Tree budget: draft tree nodes verified per step (sandbox: the DDTree PR #29907).",\n'
+        "    ] = None\n"
+        "    speculative_domino_candidate_pool_size: A[\n",
+    ),
+}
 
 
 def installed_versions(names: list[str]) -> dict[str, str | None]:
@@ -130,8 +150,38 @@ def ensure_standin_hook() -> str:
     return f"wrote {site / STANDIN_PTH} (hook of the SGLang stand-in, a test double)"
 
 
+def _link_tree(real: Path, build: Path, patched: set[Path]) -> None:
+    """`build` mirrors `real`: a link to each entry, but a folder of its own on the way to a patched file."""
+    build.mkdir(parents=True, exist_ok=True)
+    for entry in real.iterdir():
+        target = build / entry.name
+        if entry.is_dir() and any(entry in p.parents for p in patched):
+            _link_tree(entry, target, patched)
+        elif entry not in patched and not target.is_symlink():
+            target.symlink_to(entry)
+
+
+def ensure_ddtree_build() -> str:
+    site = site_packages()
+    if site is None:
+        raise SystemExit(f"sandbox.prepare: no site-packages in {VENV}")
+    real = site / "sglang"
+    package = DDTREE_BUILD / "sglang"
+    patched = [(package / name, new) for name, (_, new) in DDTREE_PATCHES.items()]
+    if all(path.is_file() and new in path.read_text() for path, new in patched):
+        return f"{package} up to date"
+    _link_tree(real, package, {real / name for name in DDTREE_PATCHES})
+    for name, (old, new) in DDTREE_PATCHES.items():
+        source = (real / name).read_text()
+        if source.count(old) != 1:
+            raise SystemExit(f"sandbox.prepare: {real / name} is not the release the DDTree patch expects")
+        (package / name).write_text(source.replace(old, new))
+    return f"wrote {package} (SGLang 0.5.23 as a build with the DDTree PR, a test double)"
+
+
 def main() -> int:
-    for line in [ensure_venv(), *ensure_packages(), ensure_nvidia_smi(), ensure_standin_hook()]:
+    steps = [ensure_venv(), *ensure_packages(), ensure_nvidia_smi(), ensure_standin_hook(), ensure_ddtree_build()]
+    for line in steps:
         print(f"sandbox.prepare: {line}")
     return 0
 

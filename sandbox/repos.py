@@ -1,13 +1,19 @@
 """Synthetic Hub repos for the local Hub test double (sandbox/hub.py): small, deterministic, real formats.
 
-Two repos shaped like the ones the DFlash runbook deploys, a few MB in all instead of ~600 GB:
+Repos shaped like the ones the DFlash runbooks deploy, a few MB in all instead of ~600 GB:
 
 - `DRAFTER_ID` (like z-lab/Kimi-K2.6-DFlash): config.json from `sandbox.model_configs.drafter_config()`,
   the `dflash.py` custom-code file, README.md and one `model.safetensors`;
 - `TARGET_ID` (like moonshotai/Kimi-K2.6): config.json from `target_config()`, generation and tokenizer
   files (`tiktoken.model` is LFS-tracked, as on the Hub), and `SHARDS` safetensors shards
   `model-0000N-of-0000M.safetensors` with a `model.safetensors.index.json` whose weight_map and
-  total_size match the shards.
+  total_size match the shards;
+- `TMP_LONG_ID` (like SubSir/Kimi-K2.6-DFlash-tmp-long): the drafter's layout, its config naming itself;
+- `HYBRID_TARGET_ID` (like Qwen/Qwen3.6-27B): `hybrid_target_config()`, a tokenizer config, one shard.
+
+`oversized_copy` makes a model folder whose checkpoint is as large as a real one (a sparse file), so
+the SGLang stand-in's start-up memory check (sandbox/sglang_standin/memory.py) meets a model that
+does not fit the GPUs.
 
 Every `.safetensors` file is valid (8-byte little-endian header length, JSON header with dtype, shape and
 data_offsets, then the data), written with the stdlib, so header checks and safetensors readers accept it.
@@ -26,17 +32,20 @@ import functools
 import hashlib
 import json
 import math
+import shutil
 import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-from sandbox.model_configs import custom_code_files, drafter_config, target_config
+from sandbox.model_configs import TMP_LONG_ID, custom_code_files, drafter_config, hybrid_target_config, target_config
 
 DRAFTER_ID = "z-lab/Kimi-K2.6-DFlash"
 TARGET_ID = "moonshotai/Kimi-K2.6"
+HYBRID_TARGET_ID = "Qwen/Qwen3.6-27B"
 SHARDS = 4
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores files of 10 MiB and more in LFS whatever their name
 
@@ -193,9 +202,9 @@ class DFlashDraftModel(PreTrainedModel):
 
 
 @functools.cache
-def drafter_repo() -> Repo:
-    """A DFlash drafter repo shaped like z-lab/Kimi-K2.6-DFlash."""
-    config = drafter_config()
+def drafter_repo(repo_id: str = DRAFTER_ID) -> Repo:
+    """A DFlash drafter repo shaped like z-lab/Kimi-K2.6-DFlash (or SubSir's tmp-long one, TMP_LONG_ID)."""
+    config = drafter_config(None if repo_id == DRAFTER_ID else repo_id)
     hidden, tensors = 128, {"fc.weight": ("BF16", [128, 384]), "hidden_norm.weight": ("BF16", [128])}
     for layer in range(config["num_hidden_layers"]):
         prefix = f"layers.{layer}"
@@ -210,12 +219,31 @@ def drafter_repo() -> Repo:
         }
     tensors["norm.weight"] = ("BF16", [hidden])
     return build_repo(
-        DRAFTER_ID,
+        repo_id,
         {
-            "README.md": _readme(DRAFTER_ID, "DFlash block-diffusion drafter for Kimi-K2.6 (speculative decoding).\n"),
+            "README.md": _readme(repo_id, "DFlash block-diffusion drafter for Kimi-K2.6 (speculative decoding).\n"),
             "config.json": _json(config),
             "dflash.py": DFLASH_PY.encode(),
-            "model.safetensors": safetensors_bytes(tensors, DRAFTER_ID),
+            "model.safetensors": safetensors_bytes(tensors, repo_id),
+        },
+    )
+
+
+def hybrid_target_repo() -> Repo:
+    """A hybrid linear-attention target shaped like Qwen/Qwen3.6-27B: config, tokenizer config, one shard."""
+    hidden = 128
+    tensors = {"model.language_model.embed_tokens.weight": ("BF16", [512, hidden])}
+    for layer, kind in enumerate(hybrid_target_config()["text_config"]["layer_types"]):
+        prefix = f"model.language_model.layers.{layer}"
+        mixer = "linear_attn.in_proj_qkvz.weight" if kind == "linear_attention" else "self_attn.qkv_proj.weight"
+        tensors |= {f"{prefix}.input_layernorm.weight": ("BF16", [hidden]), f"{prefix}.{mixer}": ("BF16", [32, hidden])}
+    return build_repo(
+        HYBRID_TARGET_ID,
+        {
+            "README.md": _readme(HYBRID_TARGET_ID, "Qwen3.6-27B: hybrid Gated DeltaNet + attention (test double).\n"),
+            "config.json": _json(hybrid_target_config()),
+            "tokenizer_config.json": _json({"tokenizer_class": "Qwen2Tokenizer"}),
+            "model.safetensors": safetensors_bytes(tensors, HYBRID_TARGET_ID),
         },
     )
 
@@ -289,4 +317,17 @@ def target_repo() -> Repo:
 
 def default_repos() -> dict[str, Repo]:
     """The repos the Hub test double serves unless told otherwise, by repo id."""
-    return {repo.repo_id: repo for repo in (drafter_repo(), target_repo())}
+    repos = (drafter_repo(), drafter_repo(TMP_LONG_ID), target_repo(), hybrid_target_repo())
+    return {repo.repo_id: repo for repo in repos}
+
+
+def oversized_copy(source: Path, dest: Path, weight_bytes: int) -> Path:
+    """`dest`: the model folder `source` (config and all) with its checkpoint replaced by one sparse
+    shard of `weight_bytes` (no disk used), as large as the real model's weights."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.is_file() and not path.name.endswith(".safetensors") and path.name != "model.safetensors.index.json":
+            shutil.copyfile(path, dest / path.name)
+    with open(dest / "model.safetensors", "wb") as shard:
+        shard.truncate(weight_bytes)
+    return dest

@@ -37,22 +37,24 @@ from __future__ import annotations
 import re
 import shlex
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from executor.model import Gate
-from executor.render import host_word
-from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepSpec
-from executor.transport.base import CommandResult
+from executor.model import DataModel, Gate
+from executor.render import host_word, pasted_word
+from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
 from steps import provenance
 from steps.benchmark_report import Acceptance, ReportFiles, Side, Speedup, speedup, write_report
 from steps.benchmark_results import JSONL_MARKER, BenchPoint, BenchRun, RunInfo, jsonl_lines, parse_run, points
 
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
+
 Positive = Annotated[int, Field(gt=0)]
 
 
-class BenchmarkFacts(BaseModel):
+class BenchmarkFacts(DataModel):
     label: str
     server: str  # the deploy step whose server was measured
     base_url: str
@@ -75,7 +77,7 @@ class BenchmarkStep(StepSpec):
     kind: Literal["benchmark"] = "benchmark"
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
-    server: str  # id of the deploy step: its facts.base_url is the server to measure
+    server: StepRef  # id of the deploy step: its facts.base_url is the server to measure
     python: str = "python3"  # the SGLang environment's interpreter; `~` and `$vars` expand on the host
     label: str | None = None  # the name in the report (default: the step's id)
     concurrencies: list[Positive] = Field(default=[1, 4, 16], min_length=1)
@@ -87,8 +89,8 @@ class BenchmarkStep(StepSpec):
     seed: Annotated[int, Field(ge=0)] = 1  # the first run's --seed; each later run's is one more
     spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # noisy above this rel MAD (or twice it in range)
     extra_args: list[str] = []  # passed to bench_serving as they are (e.g. ["--tokenizer", "/models/x"])
-    compare_to: str | None = None  # id of the baseline benchmark step
-    acceptance: str | None = None  # id of an eval_acceptance step, for the report's acceptance table
+    compare_to: StepRef | None = None  # id of the baseline benchmark step
+    acceptance: StepRef | None = None  # id of an eval_acceptance step, for the report's acceptance table
 
     @field_validator("concurrencies")
     @classmethod
@@ -124,23 +126,23 @@ class BenchmarkStep(StepSpec):
         """How messages and progress name a run: "concurrency 4, repeat 2/3" (the repeat only when several)."""
         return f"concurrency {concurrency}" + (f", repeat {repeat}/{self.repeats}" if self.repeats > 1 else "")
 
-    def needs(self) -> set[str]:
-        return super().needs() | {self.server} | {s for s in (self.compare_to, self.acceptance) if s}
-
     def default_gates(self) -> list[Gate]:
         return [Gate(that="facts.failure is none", message="the benchmark did not complete")]
 
     # ---- scripts ---------------------------------------------------------------------------------------
 
-    def command(self, base_url: str, concurrency: int, seed: int) -> str:
-        """The bench_serving command line of one run (the script's, as rendered)."""
+    def command(
+        self, base_url: str, concurrency: int, seed: int, python: str | None = None, out: str = '"$out"'
+    ) -> str:
+        """The bench_serving command line of one run: the script's, as rendered; with `python` (a word) and
+        `out`, as a person would paste it."""
         args: list[str | int] = ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids"]
         args += ["--random-input-len", self.input_len, "--random-output-len", self.output_len]
         args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
         args += ["--seed", seed, "--flush-cache"]
         words = " ".join(shlex.quote(str(arg)) for arg in [*args, *self.extra_args])
-        return f'{host_word(self.python)} -m sglang.bench_serving {words} --output-file "$out"'
+        return f"{python or host_word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
 
     def script(self, base_url: str, concurrency: int, repeat: int, seed: int) -> str:
         return (
@@ -159,6 +161,19 @@ class BenchmarkStep(StepSpec):
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
         base_url = str(ctx.fact(self.server, "base_url"))
         return [(self.run_name(c, r), self.script(base_url, c, r, seed)) for c, r, seed in self.schedule()]
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        runs = len(self.concurrencies) * self.repeats
+        return [
+            f"bench_serving against {self.server}: concurrency {', '.join(map(str, self.concurrencies))} x "
+            f"{self.repeats} repeats, {self.input_len} in / {self.output_len} out tokens; run 1 of {runs} "
+            "(each has its own seed):"
+        ]
+
+    def commands(self, ctx: RenderContext) -> list[str]:
+        concurrency, _, seed = self.schedule()[0]
+        python = pasted_word(self.python, ctx.vars)
+        return [self.command(str(ctx.fact(self.server, "base_url")), concurrency, seed, python, "bench.jsonl")]
 
     # ---- running ---------------------------------------------------------------------------------------
 

@@ -30,13 +30,14 @@ import io
 import json
 import math
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from executor import durable
+from executor.model import DataModel
 from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Spread
 from steps.provenance import Provenance
@@ -46,7 +47,7 @@ PARETO_PNG, ACCEPTANCE_PNG = "pareto.png", "acceptance.png"
 NA = "n/a"
 
 
-class Side(BaseModel):
+class Side(DataModel):
     """One benchmark of the comparison: the step's id, its label, its runs and its points (one per concurrency)."""
 
     step: str
@@ -57,7 +58,7 @@ class Side(BaseModel):
     points: list[BenchPoint]
 
 
-class HistogramBin(BaseModel):
+class HistogramBin(DataModel):
     """Requests whose acceptance length is in [low, high)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -67,7 +68,7 @@ class HistogramBin(BaseModel):
     count: int
 
 
-class AcceptanceSet(BaseModel):
+class AcceptanceSet(DataModel):
     """One prompt set of an `eval_acceptance` step's facts (`sets.<name>`); other keys are ignored, and
     what an older eval's facts lack is None (shown n/a)."""
 
@@ -84,7 +85,7 @@ class AcceptanceSet(BaseModel):
     histogram: list[HistogramBin] | None = None
 
 
-class LosslessSet(BaseModel):
+class LosslessSet(DataModel):
     """The greedy outputs of one prompt set, the candidate's against the baseline's."""
 
     model_config = ConfigDict(extra="ignore")
@@ -96,7 +97,7 @@ class LosslessSet(BaseModel):
     max_differing_fraction: float | None = None  # the tolerance the gate allows
 
 
-class Acceptance(BaseModel):
+class Acceptance(DataModel):
     """The facts of an `eval_acceptance` step that the report shows (other keys are ignored)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -110,7 +111,7 @@ class Acceptance(BaseModel):
     speculation_on: bool | None = None  # every answered request had spec_verify_ct > 0
 
 
-class Speedup(BaseModel):
+class Speedup(DataModel):
     """Candidate median output throughput / baseline median output throughput, per concurrency (keys: "1",
     "4", ...): the medians over each side's repeats."""
 
@@ -122,29 +123,34 @@ class Speedup(BaseModel):
     unknown: dict[str, str]  # a concurrency (or min/max/mean) -> why it is null
 
 
-class Table(BaseModel):
+class Table(DataModel):
     title: str
     columns: list[str]
     rows: list[list[str]]
 
 
-class Figure(BaseModel):
+class Figure(DataModel):
     title: str
     path: str  # relative to the run folder
 
 
-class Report(BaseModel):
-    """The generic document of report.json."""
+class Document(DataModel):
+    """What `runbook report` prints and report.md shows, whatever the report is of."""
 
     title: str
     notes: list[str]
     tables: list[Table]
     figures: list[Figure]
+
+
+class Report(Document):
+    """The generic document of report.json."""
+
     data: dict[str, Any]
     provenance: Provenance
 
 
-class ReportFiles(BaseModel):
+class ReportFiles(DataModel):
     json_file: str
     markdown_file: str
     figure_file: str  # speedup.png
@@ -307,6 +313,21 @@ def provenance_tables(p: Provenance) -> list[Table]:
         ]
         for d in p.deployments
     ]
+    groups = [
+        [
+            d.side,
+            d.step,
+            str(n.rank),
+            n.host,
+            or_na(n.gpu_model),
+            str(n.gpus),
+            str(d.group.tp_size),
+            d.group.dist_init_addr,
+        ]
+        for d in p.deployments
+        if d.group is not None
+        for n in d.group.nodes
+    ]
     gpus = (
         []
         if p.gpus is None
@@ -342,6 +363,11 @@ def provenance_tables(p: Provenance) -> list[Table]:
             columns=["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"],
             rows=deployments,
         ),
+    ]
+    if groups:  # only where a server ran across several nodes: a one-host report is as before
+        columns = ["side", "step", "rank", "node", "GPU model", "GPUs", "tp size", "dist-init address"]
+        tables.append(Table(title="Provenance: node groups", columns=columns, rows=groups))
+    tables += [
         Table(title="Provenance: GPUs", columns=["model", "count", "driver", "CUDA", "step"], rows=gpus),
         Table(
             title="Provenance: benchmark runs",
@@ -540,7 +566,7 @@ def _md_cell(text: str) -> str:
     return _md_line(text).replace("\\", "\\\\").replace("|", "\\|")
 
 
-def markdown(report: Report) -> str:
+def markdown(report: Document) -> str:
     lines = [f"# {_md_line(report.title)}", "", *(f"- {_md_line(note)}" for note in report.notes)]
     for table in report.tables:
         lines += ["", f"## {_md_line(table.title)}", "", "| " + " | ".join(map(_md_cell, table.columns)) + " |"]
@@ -568,15 +594,6 @@ def write_report(
         pareto_file=str(run_dir / PARETO_PNG),
         acceptance_file=str(run_dir / ACCEPTANCE_PNG) if ACCEPTANCE_PNG in paths else None,
     )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise durable.failed(exc, run_dir, "the report") from None
-    # each through durable.replace_file: a full or failing disk raises DurableWriteError, which stops the run
-    # (never a failed step, never retried), and leaves no half-written report behind
-    document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
-    durable.replace_file(Path(files.json_file), document.encode("utf-8"), REPORT_JSON, mode=0o644)
-    durable.replace_file(Path(files.markdown_file), markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
     from steps import benchmark_figures as draw  # here: it reads this module's models, and needs matplotlib
 
     gpus = {d.side: d.gpus for d in provenance.deployments}
@@ -586,8 +603,22 @@ def write_report(
     }
     if acceptance is not None:
         drawings[ACCEPTANCE_PNG] = lambda out: draw.acceptance_histograms(acceptance, out)
-    for name in paths:
-        figure = io.BytesIO()
-        drawings[name](figure)
-        durable.replace_file(run_dir / name, figure.getvalue(), name, mode=0o644)
+    write_document(run_dir, report, drawings)
     return report, files
+
+
+def write_document(run_dir: Path, report: Document, drawings: Mapping[str, Callable[[BinaryIO], None]]) -> None:
+    """Write report.json, report.md and each figure the report lists (drawn by `drawings[path]`) into `run_dir`."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise durable.failed(exc, run_dir, "the report") from None
+    # each through durable.replace_file: a full or failing disk raises DurableWriteError, which stops the run
+    # (never a failed step, never retried), and leaves no half-written report behind
+    document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+    durable.replace_file(run_dir / REPORT_JSON, document.encode("utf-8"), REPORT_JSON, mode=0o644)
+    durable.replace_file(run_dir / REPORT_MD, markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
+    for figure_of in report.figures:
+        figure = io.BytesIO()
+        drawings[figure_of.path](figure)
+        durable.replace_file(run_dir / figure_of.path, figure.getvalue(), figure_of.path, mode=0o644)

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
+from executor.model import DataModel
 
 #: Printed by the step's script before the JSONL file's content; what follows it is the file.
 JSONL_MARKER = "==> runbook: the JSONL of sglang.bench_serving follows <=="
@@ -52,7 +52,7 @@ NO_ACCEPT_LENGTH = (
 )
 
 
-class RunInfo(BaseModel):
+class RunInfo(DataModel):
     """What one run was asked and when it ran, as the controller saw it (provenance of its numbers)."""
 
     max_concurrency: int
@@ -164,7 +164,7 @@ POINT_METRICS = (
 )
 
 
-class Spread(BaseModel):
+class Spread(DataModel):
     """A metric over the repeats of one concurrency."""
 
     values: list[float]  # the repeats' values, in run order
@@ -188,7 +188,7 @@ class Spread(BaseModel):
         return (self.rel_mad or 0.0) > threshold or (self.rel_range or 0.0) > 2 * threshold
 
 
-class BenchPoint(BaseModel):
+class BenchPoint(DataModel):
     """One concurrency: the spread of each metric over the runs that completed."""
 
     max_concurrency: int

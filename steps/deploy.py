@@ -24,21 +24,25 @@ its port in `state_dir`, and the same host program stops it (process group, GPUs
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from executor.durations import Duration, parse_duration
+from executor.durations import Duration, format_duration, parse_duration
 from executor.hostprogram import host_program
-from executor.model import Gate, Model
+from executor.model import DataModel, Gate, Model
+from executor.render import pasted_word, with_vars
 from executor.stepkind import (
+    VAR_REF,
     FactsError,
     Outcome,
     RenderContext,
     RunTime,
     StepContext,
+    StepRef,
     StepSpec,
     VarRef,
     host_document,
@@ -63,8 +67,15 @@ MANAGED_FLAGS = (
     "--model-path", "--model", "--speculative-algorithm", "--speculative-draft-model-path",
     "--speculative-draft-model", "--speculative-num-draft-tokens", "--speculative-dflash-block-size", "--tp-size",
     "--tp", "--tensor-parallel-size", "--attention-backend", "--speculative-draft-attention-backend",
-    "--mem-fraction-static", "--trust-remote-code", "--host", "--port",
+    "--mem-fraction-static", "--trust-remote-code", "--host", "--port", "--speculative-ddtree-budget",
+    "--nnodes", "--node-rank", "--dist-init-addr", "--dist-timeout",
 )  # fmt: skip
+#: A network interface's name as Linux allows it (`eth0`, `ens1f0np0`, `bond0.100`, `ib0`).
+INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+#: A host name or an IPv4 address, as `dist_init_addr` names rank 0.
+HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?$")
+#: The environment a node group's launch sets per node from `network_interface` (steps/node_group.py).
+GROUP_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SGLANG_HOST_IP")
 
 ChoiceValue = str | int | float | bool | None
 
@@ -76,12 +87,12 @@ class Choice(Model):
     source: str
 
 
-class HttpAnswer(BaseModel):
+class HttpAnswer(DataModel):
     status: int | None  # None: no answer (the body says why: connection refused, timed out)
     body: str
 
 
-class PreviousServer(BaseModel):
+class PreviousServer(DataModel):
     """The server recorded on the port before this step: stopped (arguments differ) or forgotten (dead)."""
 
     pid: int
@@ -94,17 +105,18 @@ class PreviousServer(BaseModel):
     gpu_freed: bool | None = None
 
 
-class Stopped(BaseModel):
+class Stopped(DataModel):
     pids: list[int]
     killed: bool  # SIGTERM was not enough
     left: list[int]
     gpu_freed: bool  # no process of the server's group is left to hold GPU memory
 
 
-class StartReport(BaseModel):
-    """The document hostprograms/deploy.py prints for `start`."""
+class StartReport(DataModel):
+    """The document hostprograms/deploy.py prints for `start`, and for `launch` (a node group's rank: started
+    or adopted, not waited for: `ready` false, `health` and `generate` null)."""
 
-    action: Literal["start"]
+    action: Literal["start", "launch"]
     port: int
     bind: str
     base_url: str  # what a client ON THE HOST uses
@@ -126,6 +138,23 @@ class StartReport(BaseModel):
     server_version: str | None = None  # what /server_info says once the server is ready (provenance)
     server_version_unknown: str | None = None  # why server_version is None
     stopped: Stopped | None = None  # the server stopped after a failed start-up
+
+
+class StopFacts(DataModel):
+    """The document hostprograms/deploy.py prints for `stop` (the facts of `stop_server`)."""
+
+    action: Literal["stop"]
+    port: int
+    state_file: str
+    stopped: bool  # a running server was stopped
+    pid: int | None
+    argv: list[str] | None
+    log_file: str | None
+    pids: list[int]
+    killed: bool
+    gpu_freed: bool | None  # None: there was no server
+    note: str | None  # why nothing was stopped
+    failure: str | None
 
 
 class DeployFacts(StartReport):
@@ -182,21 +211,71 @@ class Launch:
         return "".join(line.replace("\n", "\\n") + "\n" for line in lines)
 
 
+def argv_value(argv: list[str], option: str) -> str | None:
+    """The value after `option` in the argv the host ran: paths as the host expanded them."""
+    return argv[argv.index(option) + 1] if option in argv[:-1] else None
+
+
+def command_line(launch: Launch, env: dict[str, str], variables: Mapping[str, str]) -> str:
+    """The launch as one would paste it on the host, its environment first (the readable plan)."""
+    assigned = [f"{name}={pasted_word(value, {}, expands=False)}" for name, value in env.items()]
+    words = [pasted_word(arg.text, variables, arg.expands) for group in launch.groups for arg in group]
+    return " ".join([*assigned, *words])
+
+
 def _whole_number(text: str) -> int:
     if not text.strip().isdigit():
         raise ValueError("expected a whole number such as 30000")
     return int(text)
 
 
+def _asked(ctx: RenderContext, facts: list[tuple[str, str]]) -> str:
+    """Asks `ctx` for each of `facts` (step id, path), so that the plan records them all, and names them:
+    `steps.probe.facts.gpu_count`, or `by steps.probe.facts.gpu_arch, sglang.attention_backends and ...`."""
+    by_step: dict[str, list[str]] = {}
+    for step, path in facts:
+        ctx.fact(step, path)
+        by_step.setdefault(step, []).append(path)
+    named = " and ".join(f"steps.{step}.facts.{', '.join(paths)}" for step, paths in by_step.items())
+    return named if len(facts) == 1 else f"by {named}"
+
+
 class ServerStep(StepSpec):
     """What starting (`deploy`) and stopping (`stop_server`) a server share: the server is the one recorded
     on its port in `state_dir` on the host, and one host program, run by `python`, starts or stops it (the
-    process-group kill and the GPU-freed check are its, for both)."""
+    process-group kill and the GPU-freed check are its, for both). With `nodes`, the server is a node
+    group's (steps/node_group.py): one rank on each host, rank 0 on nodes[0], where the step runs."""
 
     python: str = "python3"  # the SGLang virtualenv's interpreter
     port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
     stop_timeout: Duration = 60.0
     state_dir: str = "~/.runbook/sglang"
+    nodes: list[str] | None = None  # a node group, rank 0 first: the step runs on nodes[0], its commands on all
+
+    #: `nodes:` may name a pool, which stands for its hosts (the loader puts them in): one runbook serves on
+    #: one host or across a node group as the site's inventory lists the pool.
+    host_list_fields: ClassVar[frozenset[str]] = frozenset({"nodes"})
+
+    @field_validator("nodes")
+    @classmethod
+    def _group(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("a node group needs at least one host")
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError(f"a host appears twice in {value}: each node runs one rank")
+        return value
+
+    @property
+    def group(self) -> list[str] | None:
+        """The node group, rank 0 first; None for one server on one host: no `nodes`, or nodes of one host
+        (a pool of one), which serves exactly as `host:` would."""
+        return self.nodes if self.nodes is not None and len(self.nodes) > 1 else None
+
+    def own_hosts(self) -> list[str] | None:
+        return self.nodes[:1] if self.nodes else None
+
+    def peer_hosts(self) -> list[str]:
+        return self.nodes[1:] if self.nodes else []
 
     def _program(self, config: dict[str, Any], words: list[tuple[str, bool]]) -> str:
         return host_program("deploy", config | {"state_dir": self.state_dir, "launch": words}, self.python)
@@ -212,6 +291,7 @@ class DeployStep(ServerStep):
     """Start (or reuse) an SGLang server."""
 
     kind: Literal["deploy"] = "deploy"
+    starts_server: ClassVar[bool] = True
     #: the server inherits its step's environment and reads what it likes (SGLANG_*, NCCL_*, HF_*, CUDA_*)
     default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
     #: what `action: stop` was: the loader's "unknown key 'action'" says so
@@ -221,18 +301,49 @@ class DeployStep(ServerStep):
     model_path: str  # `~` and `$vars` expand on the host
     draft_model_path: str | None = None  # None: a baseline without speculative decoding
     speculative_algorithm: str | None = None  # DFLASH when a drafter is given
-    probe: str | None = None  # probe step: GPU count and architecture, SGLang's backends
-    inspect: str | None = None  # inspect_config step: draft token count, custom code, MLA
+    probe: StepRef | None = None  # probe step: GPU count and architecture, SGLang's backends
+    inspect: StepRef | None = None  # inspect_config step: draft token count, custom code, MLA
     tp_size: Literal["auto"] | PositiveInt = "auto"
     attention_backend: str = "auto"
     draft_attention_backend: str = "auto"
     speculative_num_draft_tokens: Literal["auto"] | PositiveInt = "auto"
+    #: DDTREE's tree budget (SGLang pull request #29907, in no release up to 0.5.23: the probe's sglang.ddtree)
+    speculative_ddtree_budget: PositiveInt | None = None
     trust_remote_code: Literal["auto"] | bool = "auto"
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
     bind: str = "127.0.0.1"
     extra_args: list[str] = []
     env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
+    # ---- a node group's (with `nodes`; steps/node_group.py) -------------------------------------------
+    #: verify steps that passed on every node, each with the same commit everywhere (checked before launching)
+    verified: list[StepRef] = []
+    dist_init_addr: str = "auto"  # auto: rank 0's address as the other nodes resolve it; or a host name or IP
+    dist_init_port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 20000  # checked free and reachable
+    dist_timeout: Duration = 3600.0  # --dist-timeout: nodes finish loading weights at different times
+    network_interface: str = "auto"  # auto: per node, the one routing to rank 0; or a name, or a $var per host
+    stall_timeout: Duration = 600.0  # a rank whose log is silent this long while the group is not ready fails it
+    watch_interval: Duration = 5.0  # how often every rank is looked at while waiting for readiness
+
+    #: the parameters that mean something only for a node group
+    GROUP_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"verified", "dist_init_addr", "dist_init_port", "dist_timeout", "network_interface", "stall_timeout"}
+        | {"watch_interval"}
+    )
+
+    @field_validator("network_interface")
+    @classmethod
+    def _interface(cls, value: str) -> str:
+        if value != "auto" and not INTERFACE_NAME.match(value) and not VAR_REF.match(value):
+            raise ValueError(f"expected `auto`, an interface name such as eth0, or a $var, got {value!r}")
+        return value
+
+    @field_validator("dist_init_addr")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not HOST_NAME.match(value):  # `$var` too: taken as written, it failed only at the preflight, hours in
+            raise ValueError(f"expected `auto`, a host name or an IPv4 address (no $var), got {value!r}")
+        return value
 
     @field_validator("attention_backend", "draft_attention_backend")
     @classmethod
@@ -251,8 +362,15 @@ class DeployStep(ServerStep):
 
     @model_validator(mode="after")
     def _consistent(self) -> DeployStep:
-        if self.algorithm == "DFLASH" and self.draft_model_path is None:
-            raise ValueError("speculative_algorithm DFLASH needs draft_model_path (SGLang refuses DFLASH without it)")
+        if self.algorithm in ("DFLASH", "DDTREE") and self.draft_model_path is None:
+            raise ValueError(
+                f"speculative_algorithm {self.algorithm} needs draft_model_path (SGLang refuses it without a drafter)"
+            )
+        if self.speculative_ddtree_budget is not None and self.algorithm != "DDTREE":
+            raise ValueError(
+                "speculative_ddtree_budget is DDTREE's tree budget: it needs `speculative_algorithm: DDTREE`"
+                f" (this step's is {self.algorithm or 'none, a baseline'})"
+            )
         if self.tp_size == "auto" and self.probe is None:
             raise ValueError("tp_size: auto takes the GPU count from a probe step: set `probe: <step id>` or a number")
         if self.draft_attention_backend in DRAFT_REJECTED:
@@ -260,6 +378,14 @@ class DeployStep(ServerStep):
         clashes = [a for a in self.extra_args if a.split("=", 1)[0] in MANAGED_FLAGS]
         if clashes:
             raise ValueError(f"extra_args set {', '.join(clashes)}, which this step renders: use its parameters")
+        if self.nodes is None and (alone := sorted(self.GROUP_FIELDS & self.model_fields_set)):
+            raise ValueError(f"{', '.join(alone)}: a node group's parameters, for a deploy with `nodes:`")
+        if self.nodes is not None and self.probe is None:
+            raise ValueError("a node group needs `probe: <step id>`: the probe that ran on every node")
+        if self.group is not None and (managed := [name for name in GROUP_ENV if name in self.env]):
+            raise ValueError(
+                f"env sets {', '.join(managed)}, which a node group's launch sets on each node: use `network_interface`"
+            )
         return self
 
     @property
@@ -268,9 +394,6 @@ class DeployStep(ServerStep):
         if self.speculative_algorithm is None and self.draft_model_path is not None:
             return "DFLASH"
         return self.speculative_algorithm
-
-    def needs(self) -> set[str]:
-        return super().needs() | {ref for ref in (self.probe, self.inspect) if ref is not None}
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="facts.failure is none", message="the SGLang server is not serving")]
@@ -287,32 +410,51 @@ class DeployStep(ServerStep):
         return value
 
     def choices(self, ctx: RenderContext) -> dict[str, Choice | RunTime]:
-        rules: dict[str, tuple[Callable[[RenderContext], Choice], str]] = {
-            "speculative_algorithm": (self._algorithm, ""),
-            "tp_size": (self._tp_size, f"steps.{self.probe}.facts.gpu_count"),
+        """Each decision of the launch command; in `runbook plan` a `RunTime` for one that waits on facts.
+
+        A rule stops at the first fact not known yet, so the facts each rule may consult are listed here, and
+        the plan asks for every one of them (its context records what a step learns only at run time, and
+        from which step): the command depends on all of them, not only on the first.
+        """
+        probe, inspect = self.probe, self.inspect
+        rules: dict[str, tuple[Callable[[RenderContext], Choice], list[tuple[str | None, str]], str]] = {
+            "speculative_algorithm": (self._algorithm, [], ""),
+            "tp_size": (self._tp_size, [(probe, "gpu_count")], f" (summed over {self._on()})" if self.group else ""),
             "attention_backend": (
                 self._attention_backend,
-                f"by steps.{self.probe}.facts.gpu_arch, mla_backends_usable_on_gpu"
-                + (f" and steps.{self.inspect}.facts.deploy.attention_arch" if self.inspect else ""),
+                [
+                    (probe, "gpu_arch"),
+                    (probe, "mla_backends_usable_on_gpu"),
+                    (probe, "sglang.attention_backends"),
+                    (inspect, "deploy.attention_arch"),
+                ],
+                "",
             ),
             "draft_attention_backend": (
                 self._draft_attention_backend,
-                f"by steps.{self.probe}.facts.gpu_arch and sglang.draft_attention_backends",
+                [(probe, "gpu_arch"), (probe, "sglang.draft_attention_backends")],
+                "",
             ),
             "speculative_num_draft_tokens": (
                 self._num_draft_tokens,
-                f"steps.{self.inspect}.facts.deploy.speculative_num_draft_tokens.value (left out when unknown)",
+                [(inspect, "deploy.speculative_num_draft_tokens")],
+                " (its value; left out when unknown)",
             ),
-            "trust_remote_code": (self._trust_remote_code, f"steps.{self.inspect}.facts.deploy.trust_remote_code"),
-            "mem_fraction_static": (self._mem_fraction, ""),
+            "trust_remote_code": (self._trust_remote_code, [(inspect, "deploy.trust_remote_code")], ""),
+            "mem_fraction_static": (self._mem_fraction, [], ""),
         }
+        if self.algorithm == "DDTREE":
+            rules["speculative_ddtree_budget"] = (self._ddtree_budget, [], "")
         chosen: dict[str, Choice | RunTime] = {}
-        for name, (rule, where) in rules.items():
+        for name, (rule, facts, note) in rules.items():
             try:
                 chosen[name] = rule(ctx)
             except _NotYet:
-                chosen[name] = RunTime(where)
+                chosen[name] = RunTime(_asked(ctx, [(step, path) for step, path in facts if step is not None]) + note)
         return chosen
+
+    def _on(self) -> str:
+        return ", ".join(self.nodes or [])
 
     def _algorithm(self, ctx: RenderContext) -> Choice:
         if self.algorithm is None:
@@ -324,6 +466,10 @@ class DeployStep(ServerStep):
         if self.tp_size != "auto":
             return Choice(value=self.tp_size, source="runbook")
         assert self.probe is not None  # the validator requires it for auto
+        if self.group:  # every node's GPUs (the preflight checked that each has as many)
+            counts = [self._fact(ctx.peer(node), self.probe, "gpu_count") for node in self.group]
+            each = " + ".join(map(str, counts))
+            return Choice(value=sum(counts), source=f"steps.{self.probe}.facts.gpu_count on {self._on()} = {each}")
         count = self._fact(ctx, self.probe, "gpu_count")
         if not count:
             reason = self._fact(ctx, self.probe, "gpu.reason")
@@ -415,6 +561,11 @@ class DeployStep(ServerStep):
         why = "a config's auto_map names custom code" if value else "no config names custom code"
         return Choice(value=value, source=f"steps.{self.inspect}.facts.deploy.trust_remote_code = {value} ({why})")
 
+    def _ddtree_budget(self, ctx: RenderContext) -> Choice:
+        if self.speculative_ddtree_budget is None:
+            return Choice(value=None, source="left out: SGLang's default tree budget")
+        return Choice(value=self.speculative_ddtree_budget, source="runbook")
+
     def _mem_fraction(self, ctx: RenderContext) -> Choice:
         if self.mem_fraction_static is None:
             return Choice(value=None, source="left out: SGLang's default")
@@ -436,6 +587,7 @@ class DeployStep(ServerStep):
         if self.draft_model_path is not None:
             groups.append([literal("--speculative-draft-model-path"), on_host(self.draft_model_path)])
         groups += flag("speculative_num_draft_tokens", "--speculative-num-draft-tokens")
+        groups += flag("speculative_ddtree_budget", "--speculative-ddtree-budget") if self.algorithm == "DDTREE" else []
         groups += flag("tp_size", "--tp-size")
         groups += flag("attention_backend", "--attention-backend")
         groups += flag("draft_attention_backend", "--speculative-draft-attention-backend")
@@ -465,15 +617,47 @@ class DeployStep(ServerStep):
         return self.start_script(self.launch(ctx), self.port_number(ctx), self.ready_limit(ctx))
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        if self.group:
+            from steps import node_group  # here: it builds on this module
+
+            return node_group.plan(self, ctx)
         label = (
             f"start or reuse the SGLang server on port {self.port_number(ctx)}; "
             f"'{RunTime('...')}' marks values chosen from earlier steps' facts"
         )
         return [(label, self.render(ctx))]
 
+    def summary(self, ctx: RenderContext) -> list[str]:
+        drafter = "no drafter"
+        if self.draft_model_path is not None:
+            drafter = f"{self.algorithm}, drafter {with_vars(self.draft_model_path, ctx.vars)}"
+        if self.group:
+            ranks = ", ".join(f"rank {rank} on {node}" for rank, node in enumerate(self.group))
+            return [
+                f"preflight every node (same SGLang, GPUs, verified weights; interfaces; dist-init port), then start "
+                f"(or adopt, same arguments on every node) SGLang across {len(self.group)} nodes ({drafter}), rank 0 "
+                f"serving {self.bind}:{self.port_number(ctx)}, ready within {format_duration(self.ready_limit(ctx))}; "
+                f"the launches of {ranks}:"
+            ]
+        return [
+            f"start (or reuse, same arguments) SGLang on {self.bind}:{self.port_number(ctx)} ({drafter}), ready within "
+            f"{format_duration(self.ready_limit(ctx))}:"
+        ]
+
+    def commands(self, ctx: RenderContext) -> list[str]:
+        if self.group:
+            from steps import node_group  # here: it builds on this module (its models), so not at the top
+
+            return node_group.commands(self, ctx)
+        return [command_line(self.launch(ctx), self.env, ctx.vars)]
+
     # ---- running ---------------------------------------------------------------------------------------
 
     async def execute(self, ctx: StepContext) -> Outcome:
+        if self.group:
+            from steps import node_group  # here: it builds on this module
+
+            return await node_group.deploy(self, ctx)
         launch = self.launch(ctx)
         ready = self.ready_limit(ctx)
         script = self.start_script(launch, self.port_number(ctx), ready)
@@ -484,18 +668,13 @@ class DeployStep(ServerStep):
         report = host_document(result, StartReport, "the deploy program")
         choices = {name: c for name, c in launch.choices.items() if isinstance(c, Choice)}
         assert len(choices) == len(launch.choices)  # a run knows every fact: no RunTime
-        draft = self._argv_value(report.argv, "--speculative-draft-model-path")
+        draft = argv_value(report.argv, "--speculative-draft-model-path")
         facts = DeployFacts(
             **dict(report),
             speculative_algorithm=self.algorithm,
-            model_path=self._argv_value(report.argv, "--model-path") or "",
+            model_path=argv_value(report.argv, "--model-path") or "",
             draft_model_path=draft,
             env=self.env,
             choices=choices,
         )
         return Outcome(result, facts)
-
-    @staticmethod
-    def _argv_value(argv: list[str], option: str) -> str | None:
-        """The value after `option` in the argv the host ran: paths as the host expanded them."""
-        return argv[argv.index(option) + 1] if option in argv[:-1] else None

@@ -27,18 +27,20 @@ interruption it starts that file over, keeping only the files it had completed.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
 import time
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, RootModel, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, RootModel, field_validator
 
 from executor.durations import Duration, format_duration
 from executor.hostprogram import host_program
-from executor.model import Gate
-from executor.render import heredoc, host_word
+from executor.model import DataModel, Gate
+from executor.render import heredoc, host_word, pasted_word, with_vars
 from executor.stepkind import (
     HUB_ENV,
     PROGRESS_PREFIX,
@@ -52,7 +54,9 @@ from executor.stepkind import (
     StepSpec,
     host_document,
 )
-from executor.transport.base import CommandResult
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
 
 Method = Literal["hf_cli", "snapshot_download", "http"]
 PROGRESS_EVERY_S = 2
@@ -101,11 +105,11 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-Patterns = Annotated[list[str], BeforeValidator(_as_list)]
+Patterns = Annotated[list[str], BeforeValidator(_as_list, json_schema_input_type=str | list[str])]
 RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]  # `org/name`, as the Hub spells it
 
 
-class MethodTry(BaseModel):
+class MethodTry(DataModel):
     """One method of the chain as it ran: `reason` says why it failed (None: it completed the download)."""
 
     method: Method
@@ -117,7 +121,7 @@ class MethodTry(BaseModel):
     reason: str | None
 
 
-class DiskCheck(BaseModel):
+class DiskCheck(DataModel):
     """Free disk where `local_dir` is, against the bytes still to fetch; `shortfall` says why it refused."""
 
     path: str
@@ -127,7 +131,7 @@ class DiskCheck(BaseModel):
     shortfall: str | None
 
 
-class DownloadFacts(BaseModel):
+class DownloadFacts(DataModel):
     repo: str
     revision: str
     commit: str | None  # what the revision pointed at; None when the Hub did not say (hub_error)
@@ -151,6 +155,14 @@ class DownloadFacts(BaseModel):
     failure: str | None  # why the download is not complete, one line
 
 
+#: How the readable plan names each method (its commands follow, but http's: a host program).
+METHOD_SHOWN: dict[Method, str] = {
+    "hf_cli": "hf_cli (the hf CLI)",
+    "snapshot_download": "snapshot_download (huggingface_hub)",
+    "http": "http (hostprograms/download.py, continuing partial files)",
+}
+
+
 class DownloadStep(StepSpec):
     kind: Literal["download"] = "download"
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
@@ -163,7 +175,7 @@ class DownloadStep(StepSpec):
     methods: list[Method] = Field(default=["hf_cli", "snapshot_download", "http"], min_length=1)
     hf_cli: str = "hf"
     python: str = "python3"
-    min_free_margin: Annotated[float | int, BeforeValidator(parse_margin)] = 0.05
+    min_free_margin: Annotated[float | int, BeforeValidator(parse_margin, json_schema_input_type=float | str)] = 0.05
     method_timeout: Duration | None = None
 
     @field_validator("local_dir")
@@ -209,17 +221,28 @@ class DownloadStep(StepSpec):
     def check_script(self, known: Any) -> str:
         return "# is every file of the precheck's list complete in local_dir?\n" + self._host_program("check", known)
 
+    def _hf_cli_words(self, commit: str | RunTime) -> str:
+        """`hf download`'s arguments but the local dir."""
+        words = [self.repo, "--revision", str(commit)]
+        words += [w for p in self.include for w in ("--include", p)]
+        words += [w for p in self.exclude for w in ("--exclude", p)]
+        return shlex.join(words)
+
+    def _snapshot_call(self, commit: str | RunTime, local_dir: str, quote: Callable[[Any], str] = repr) -> str:
+        """The snapshot_download call, `local_dir` a Python expression, the other values literals (`quote`)."""
+        patterns = [quote(p) if p else "None" for p in (self.include, self.exclude)]
+        return (
+            f"snapshot_download(repo_id={quote(self.repo)}, revision={quote(str(commit))}, local_dir={local_dir}, "
+            f"allow_patterns={patterns[0]}, ignore_patterns={patterns[1]})"
+        )
+
     def method_command(self, method: Method, commit: str | RunTime, known: Any) -> str:
         if method == "hf_cli":
-            words = [self.repo, "--revision", str(commit)]
-            words += [w for p in self.include for w in ("--include", p)]
-            words += [w for p in self.exclude for w in ("--exclude", p)]
-            return f'{host_word(self.hf_cli)} download {shlex.join(words)} --local-dir "$local_dir"\n'
+            return f'{host_word(self.hf_cli)} download {self._hf_cli_words(commit)} --local-dir "$local_dir"\n'
         if method == "snapshot_download":
             call = (
                 "import sys\n\nfrom huggingface_hub import snapshot_download\n\n"
-                f"snapshot_download(repo_id={self.repo!r}, revision={str(commit)!r}, local_dir=sys.argv[1], "
-                f"allow_patterns={self.include or None!r}, ignore_patterns={self.exclude or None!r})\n"
+                f"{self._snapshot_call(commit, 'sys.argv[1]')}\n"
             )
             return heredoc(call, command=f'{host_word(self.python)} - "$local_dir"', delimiter="RUNBOOK_PYTHON")
         return self._host_program("fetch", known)
@@ -247,6 +270,26 @@ class DownloadStep(StepSpec):
         steps = [("precheck", self.precheck_script())]
         steps += [(f"method: {m}", self.method_script(m, commit, known)) for m in self.methods]
         return [*steps, ("after each method", self.check_script(known))]
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        return [
+            f"download {self.repo}@{self.revision} into {with_vars(self.local_dir, ctx.vars)}: a precheck (file list, "
+            "disk), then each method in turn until complete:",
+            "methods: " + ", then ".join(f"{n}. {METHOD_SHOWN[m]}" for n, m in enumerate(self.methods, start=1)),
+        ]
+
+    def commands(self, ctx: RenderContext) -> list[str]:
+        commit = RunTime("the precheck", what=f"commit of {self.revision}")
+        local_dir = pasted_word(self.local_dir, ctx.vars)
+        # JSON's strings are Python's (double-quoted): the call pastes inside one single-quoted word
+        where = json.dumps(with_vars(self.local_dir, ctx.vars))
+        call = "from huggingface_hub import snapshot_download; " + self._snapshot_call(commit, where, json.dumps)
+        shown = {
+            "hf_cli": f"{pasted_word(self.hf_cli, ctx.vars)} download {self._hf_cli_words(commit)} "
+            f"--local-dir {local_dir}",
+            "snapshot_download": f"{pasted_word(self.python, ctx.vars)} -c {shlex.quote(call)}",
+        }
+        return [shown[method] for method in self.methods if method in shown]  # http: the host program's
 
     # ---- running ---------------------------------------------------------------------------------------
 
@@ -417,12 +460,14 @@ def incomplete_summary(after: dict[str, Any]) -> str:
 class HostReport(RootModel[dict[str, Any]]):
     """A document of the download program: its keys are read where they are used."""
 
+    model_config = ConfigDict(defer_build=True)  # as DataModel's: built when a host's document is read
 
-class _Fetched(BaseModel):
+
+class _Fetched(DataModel):
     resumed_from: int
 
 
-class FetchReport(BaseModel):
+class FetchReport(DataModel):
     """What the HTTP method's report says of the files it fetched."""
 
     fetched: list[_Fetched]

@@ -73,22 +73,25 @@ import statistics
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from executor.hostprogram import host_program
-from executor.model import Gate, Model
+from executor.model import DataModel, Gate, Model
 from executor.stepkind import (
     FactsError,
     Outcome,
     ProgressLines,
     RenderContext,
     StepContext,
+    StepRef,
     StepSpec,
     host_document,
 )
-from executor.transport.base import CommandResult, OutputSink
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult, OutputSink
 
 SHIPPED = resources.files("steps") / "prompt_sets"
 SET_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # usable in a gate as facts.sets.<name>
@@ -383,7 +386,7 @@ class HostDocument(Model):
     sets: dict[str, list[dict[str, Any]]]  # per set, one record per request answered or failed
 
 
-class Setup(BaseModel):
+class Setup(DataModel):
     """What must match between an evaluation and the one whose outputs it compares with; read from
     the reference step's facts (its other facts are ignored)."""
 
@@ -499,7 +502,7 @@ def progress_sink(ctx: StepContext) -> OutputSink:
 
 class EvalAcceptanceStep(StepSpec):
     kind: Literal["eval_acceptance"] = "eval_acceptance"
-    server: str | None = None  # id of the deploy step whose `base_url` fact names the server
+    server: StepRef | None = None  # id of the deploy step whose `base_url` fact names the server
     base_url: str | None = None  # or the server's address as seen from the host
     python: str = "python3"  # any python3 on the host (the program is stdlib only)
     prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
@@ -510,7 +513,7 @@ class EvalAcceptanceStep(StepSpec):
     thinking_kwarg: str = Field(default="thinking", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # its chat_template_kwargs key
     prompt_template: str = "{prompt}"  # generate only: wraps each prompt
     speculative: bool = True  # false: the baseline server, whose outputs a speculative eval compares with
-    compare_outputs_to: str | None = None  # id of the `speculative: false` eval_acceptance step
+    compare_outputs_to: StepRef | None = None  # id of the `speculative: false` eval_acceptance step
     lossless_tolerance: float = Field(default=0.1, ge=0, le=1)  # share of a set's outputs that may differ
     request_timeout: float = Field(default=300.0, gt=0)  # seconds per request
     flush_attempts: int = Field(default=5, ge=1)
@@ -572,9 +575,6 @@ class EvalAcceptanceStep(StepSpec):
         if "{prompt}" not in value:
             raise ValueError("prompt_template must contain {prompt}, where each prompt goes")
         return value
-
-    def needs(self) -> set[str]:
-        return super().needs() | {step for step in (self.server, self.compare_outputs_to) if step}
 
     def local_files(self) -> list[str]:
         return [] if isinstance(self.prompt_sets, list) else list(self.prompt_sets.values())
@@ -640,6 +640,15 @@ class EvalAcceptanceStep(StepSpec):
             f"# {what}: flush the cache of {config['base_url']}, then greedy {how} of the prompt "
             f"sets {counts}\n" + host_program("eval_acceptance", config, self.python)
         )
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        said = super().summary(ctx)
+        if self.compare_outputs_to:
+            said.append(
+                f"then its greedy outputs against {self.compare_outputs_to}'s, per set and prompt (lossless: at most "
+                f"{self.lossless_tolerance:.0%} of a set's outputs may differ)"
+            )
+        return said
 
     # ---- what a comparison needs ----------------------------------------------------------------------
 

@@ -13,12 +13,15 @@ is interpreted, and a var that is unset or empty stops the step with its name.
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from executor.hostprogram import host_program
 from executor.model import Gate, Model
+from executor.render import with_vars
 from executor.stepkind import RenderContext, StepSpec, host_document
-from executor.transport.base import CommandResult
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
 
 T = TypeVar("T")
 
@@ -127,6 +130,13 @@ class InspectConfigStep(StepSpec):
     def render(self, ctx: RenderContext) -> str:
         config = {"target_dir": self.target_dir, "drafter_dir": self.drafter_dir}
         return host_program("inspect_config", config, self.python)
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        drafter = f" and {with_vars(self.drafter_dir, ctx.vars)}" if self.drafter_dir else ""
+        return [
+            f"read config.json of {with_vars(self.target_dir, ctx.vars)}{drafter}: custom code, attention, the "
+            "drafter's block size (what deploy chooses from), problems"
+        ]
 
     def parse_facts(self, result: CommandResult) -> InspectConfigFacts:
         return host_document(result, InspectConfigFacts, "the config check")

@@ -14,15 +14,18 @@ usable on the detected GPU architecture (`mla_backends_usable_on_gpu`).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import ConfigDict, computed_field
 
 from executor.durations import Duration
 from executor.hostprogram import host_program
-from executor.model import Gate
+from executor.model import DataModel, Gate
+from executor.render import with_vars
 from executor.stepkind import HUB_ENV, RenderContext, StepSpec, host_document
-from executor.transport.base import CommandResult
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
 
 _SM80_AND_LATER = ("sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121")
 #: Attention backends that serve MLA models (DeepSeek-V3, Kimi K2.x), by the GPU architectures
@@ -42,7 +45,7 @@ MLA_BACKEND_ARCHS: dict[str, tuple[str, ...]] = {
 }
 
 
-class Facts(BaseModel):
+class Facts(DataModel):
     """Base of the probe's facts: a key the host program sends that no model names is an error."""
 
     model_config = ConfigDict(extra="forbid")
@@ -161,6 +164,8 @@ class SglangFacts(Facts):
     version: str | None
     package_dir: str | None
     dflash: bool | None
+    speculative_algorithms: list[str] | None  # what --speculative-algorithm accepts (NONE left out)
+    ddtree: bool | None  # DDTREE among them: a build with SGLang's DDTree pull request (#29907)
     attention_backends: list[str] | None
     draft_attention_backends: list[str] | None
     kimi_k25_model: bool | None
@@ -273,6 +278,14 @@ class ProbeStep(StepSpec):
 
     def render(self, ctx: RenderContext) -> str:
         return host_program("probe", self.config(), "python3")  # the host's own: `python` may be missing
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        repos = f", the Hub's files of {', '.join(self.hub_repos)}" if self.hub_repos else ""
+        disks = ", ".join(with_vars(path, ctx.vars) for path in [self.models_dir, *self.paths])
+        return [
+            f"one round trip: GPUs, disks of {disks}, "
+            f"memory, OS, the HF token, the packages of {with_vars(self.python, ctx.vars)}{repos}"
+        ]
 
     def parse_facts(self, result: CommandResult) -> ProbeFacts:
         report = host_document(result, HostReport, "the probe (python3 on the host's PATH runs it)")

@@ -7,7 +7,9 @@ report on the same host (`StepContext.facts_of_kind`), so a runbook does not hav
 
 - `repos`: each `verify` step's repo (`verified` when it found every file as the Hub's manifest says),
   else each `download` step's (`verified: false`: the files were fetched, never checked);
-- `deployments`: the `deploy` step each benchmark measured (SGLang version from `/server_info`, argv);
+- `deployments`: the `deploy` step each benchmark measured (SGLang version from `/server_info`, argv), and
+  for one across a node group (`deploy` with `nodes:`) the group: its nodes in rank order with their GPU
+  model and count, the tp size and the dist-init address (rank 0's facts: steps/node_group.py GroupFacts);
 - `gpus`: the last `probe` step's GPUs (model, count, driver, CUDA);
 - `benchmarks`: every run of each side (concurrency, repeat, seed, command, start and end);
 - `acceptance`: the eval step's API, template and thinking setting, when the report has one.
@@ -24,13 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
+from executor.model import DataModel
 from executor.stepkind import StepContext
 from steps.benchmark_results import BenchRun
 
 
-class RepoProvenance(BaseModel):
+class RepoProvenance(DataModel):
     repo: str
     revision: str | None
     commit: str | None
@@ -39,7 +42,22 @@ class RepoProvenance(BaseModel):
     verified: bool  # every file checked against the Hub's manifest of `commit`
 
 
-class DeploymentProvenance(BaseModel):
+class NodeProvenance(DataModel):
+    rank: int
+    host: str
+    gpu_model: str | None
+    gpus: int
+
+
+class GroupProvenance(DataModel):
+    """A server across a node group: its nodes in rank order (rank 0 serves the benchmarked port)."""
+
+    nodes: list[NodeProvenance]
+    tp_size: int
+    dist_init_addr: str  # ADDR:PORT, as every rank got it
+
+
+class DeploymentProvenance(DataModel):
     side: str  # the benchmark's label
     step: str  # the deploy step
     host: str
@@ -49,9 +67,10 @@ class DeploymentProvenance(BaseModel):
     draft_model_path: str | None
     speculative_algorithm: str | None
     gpus: int | None  # GPUs the server runs on: tp x pp (x dp without DP attention) of its argv
+    group: GroupProvenance | None = None  # None: the server runs on one host
 
 
-class GpuProvenance(BaseModel):
+class GpuProvenance(DataModel):
     step: str  # the probe step
     model: str | None  # nvidia-smi's name; several names joined with ", " on a mixed host
     count: int
@@ -59,7 +78,7 @@ class GpuProvenance(BaseModel):
     cuda_version: str | None
 
 
-class RunProvenance(BaseModel):
+class RunProvenance(DataModel):
     concurrency: int
     repeat: int
     seed: int
@@ -68,20 +87,20 @@ class RunProvenance(BaseModel):
     finished_at: str
 
 
-class BenchmarkProvenance(BaseModel):
+class BenchmarkProvenance(DataModel):
     side: str
     step: str
     runs: list[RunProvenance]
 
 
-class AcceptanceProvenance(BaseModel):
+class AcceptanceProvenance(DataModel):
     step: str
     api: str | None
     template: str | None
     thinking: bool | None  # None for raw text (no template, no thinking switch)
 
 
-class Provenance(BaseModel):
+class Provenance(DataModel):
     """`provenance` of report.json. `runbook report` refuses a report without these keys
     (executor/cli.py PROVENANCE_KEYS)."""
 
@@ -97,7 +116,7 @@ class Provenance(BaseModel):
 # ---- the facts read, tolerantly ----------------------------------------------------------------------
 
 
-class _Seen(BaseModel):
+class _Seen(DataModel):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -143,6 +162,14 @@ class _Download(_Seen):
     hub_error: str | None = None
 
 
+class _Group(_Seen):
+    nodes: list[str]
+    gpus_per_node: int
+    gpu_model: str | None = None
+    tp_size: int
+    dist_init_addr: str
+
+
 class _Deploy(_Seen):
     argv: list[str] | None = None
     model_path: str | None = None
@@ -150,6 +177,7 @@ class _Deploy(_Seen):
     speculative_algorithm: str | None = None
     server_version: str | None = None
     server_version_unknown: str | None = None
+    group: _Group | None = None
 
 
 class _Gpu(_Seen):
@@ -278,6 +306,9 @@ def deployments(
                 unknown[f"{where}.{key}"] = (
                     f"no download or verify step on host {sources.host} names {path}: its commit is not known"
                 )
+        group = None if d.group is None else _group(d.group)
+        if d.group is not None and d.group.gpu_model is None:
+            unknown[f"{where}.group.gpu_model"] = f"the facts of {side.server} do not name the nodes' GPU model"
         result.append(
             DeploymentProvenance(
                 side=side.label,
@@ -289,9 +320,19 @@ def deployments(
                 draft_model_path=d.draft_model_path,
                 speculative_algorithm=d.speculative_algorithm,
                 gpus=None if d.argv is None else gpus_of(d.argv),
+                group=group,
             )
         )
     return result
+
+
+def _group(group: _Group) -> GroupProvenance:
+    """A node group's nodes in rank order: the preflight found the same GPUs on each."""
+    nodes = [
+        NodeProvenance(rank=rank, host=host, gpu_model=group.gpu_model, gpus=group.gpus_per_node)
+        for rank, host in enumerate(group.nodes)
+    ]
+    return GroupProvenance(nodes=nodes, tp_size=group.tp_size, dist_init_addr=group.dist_init_addr)
 
 
 def gpus(sources: Sources, unknown: dict[str, str]) -> GpuProvenance | None:

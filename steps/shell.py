@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import field_validator
 
 from executor.model import Model
 from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
-from executor.transport.base import CommandResult
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
 
 
 class FileCopy(Model):
@@ -22,10 +24,14 @@ class FileCopy(Model):
     dest: str
 
 
+SCRIPT_LINES = 3  # of a script the readable plan shows
+
+
 class ShellStep(StepSpec):
     kind: Literal["shell"] = "shell"
     #: a script may read any var, through any program it starts: every var and secret reaches it
     default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
+    script_fields: ClassVar[frozenset[str]] = frozenset({"script"})
     script: str
     parse: Literal["json", "text"] = "text"
     upload: list[FileCopy] = []
@@ -47,6 +53,14 @@ class ShellStep(StepSpec):
 
     def render(self, ctx: RenderContext) -> str:
         return self.script
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        lines = self.script.strip().splitlines() or [""]
+        shown = [f"script: {lines[0]}", *(f"        {line}" for line in lines[1:SCRIPT_LINES])]
+        more = [f"        ... {len(lines) - SCRIPT_LINES} more lines"] if len(lines) > SCRIPT_LINES else []
+        copies = [f"upload {c.src} -> {c.dest}" for c in self.upload]
+        copies += [f"fetch {c.src} -> {c.dest}" for c in self.fetch]
+        return shown + more + copies
 
     def parse_facts(self, result: CommandResult) -> Any:
         if self.parse != "json":

@@ -11,28 +11,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
-
 from executor.model import Gate
 from executor.stepkind import Outcome, RenderContext, StepContext, host_document, progress_messages
-from steps.deploy import ServerStep
+from steps import node_group
+from steps.deploy import ServerStep, StopFacts
 
-
-class StopFacts(BaseModel):
-    """The document hostprograms/deploy.py prints for `stop`."""
-
-    action: Literal["stop"]
-    port: int
-    state_file: str
-    stopped: bool  # a running server was stopped
-    pid: int | None
-    argv: list[str] | None
-    log_file: str | None
-    pids: list[int]
-    killed: bool
-    gpu_freed: bool | None  # None: there was no server
-    note: str | None  # why nothing was stopped
-    failure: str | None
+__all__ = ["StopFacts", "StopServerStep"]  # StopFacts: the stop program's document, in steps.deploy with the others
 
 
 class StopServerStep(ServerStep):
@@ -49,9 +33,13 @@ class StopServerStep(ServerStep):
         return f"# stop the SGLang server this runbook started on port {port}\n" + self._program(config, [])
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        if self.group:
+            return node_group.stop_plan(self, ctx)
         return [(f"stop the server on port {self.port_number(ctx)}", self.render(ctx))]
 
     async def execute(self, ctx: StepContext) -> Outcome:
+        if self.group:
+            return await node_group.stop(self, ctx)
         # the TERM wait, then the KILL wait, and the host program's start-up and the port lock
         limit = self.timeout or 2 * self.stop_timeout + 60
         result = await ctx.run(self.render(ctx), timeout=limit, on_output=progress_messages(ctx).feed)

@@ -15,20 +15,23 @@ HF_ENDPOINT and HF_TOKEN are the runbook's exported vars/secrets there, never pa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from executor.hostprogram import host_program
-from executor.model import Gate
+from executor.model import DataModel, Gate
+from executor.render import with_vars
 from executor.stepkind import HUB_ENV, Outcome, ProgressLines, RenderContext, StepContext, StepSpec, host_document
-from executor.transport.base import CommandResult, OutputSink
 from steps.download import Patterns, RepoId
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult, OutputSink
 
 GIB = 1 << 30
 
 
-class Facts(BaseModel):
+class Facts(DataModel):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -95,6 +98,13 @@ class VerifyStep(StepSpec):
     def render(self, ctx: RenderContext) -> str:
         config = self.model_dump(include={"repo", "revision", "local_dir", "include", "exclude", "workers", "repair"})
         return host_program("verify", config, self.python)
+
+    def summary(self, ctx: RenderContext) -> list[str]:
+        repair = "; repair: refetch what differs" if self.repair else ""
+        return [
+            f"check {self.repo}@{self.revision} in {with_vars(self.local_dir, ctx.vars)} against the Hub's manifest: "
+            f"sizes, safetensors headers, sha256{repair}"
+        ]
 
     def parse_facts(self, result: CommandResult) -> VerifyFacts:
         return host_document(result, VerifyFacts, "verify's host program")

@@ -13,12 +13,15 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox.hub import HubServer
+from sandbox.netns import NetnsUnavailable
 from sandbox.sglang_standin import faults as standin_faults
 from sandbox.sshd import SSHServer, start_sshd
+from sandbox.testhost import PoolHost, SshServerKind
 
 
 @pytest.fixture(scope="session")
@@ -100,29 +103,82 @@ class SandboxHost:
 
 @pytest.fixture(scope="session")
 def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SandboxHost]]:
-    """Factory of test hosts: `testhost("h200" | "rtx6000" | "none" | "absent", shell="clean" | "noisy")`,
-    one sshd per variant and login shell for the session (`noisy`: a slow, chatty ~/.bashrc that
-    changes the environment, sandbox/testhost.py). Tests that write into `.home` remove what they wrote."""
+    """Factory of test hosts: `testhost("h200" | "rtx6000" | "h200x8" | "h100x8" | "none" | "absent",
+    shell="clean" | "noisy", sglang="release" | "ddtree-pr")`, one sshd per variant, login shell and
+    SGLang build for the session (`noisy`: a slow, chatty ~/.bashrc that changes the environment;
+    `ddtree-pr`: SGLang with the DDTree pull request; sandbox/testhost.py). Tests that write into
+    `.home` remove what they wrote."""
     from sandbox import testhost as sandbox_host
     from sandbox.prepare import VENV_PYTHON
 
     problem = sandbox_host.missing()
     if problem:
         pytest.fail(problem)
-    started: dict[tuple[str, str], tuple[subprocess.Popen[bytes], SandboxHost]] = {}
+    started: dict[tuple[str, str, str], tuple[subprocess.Popen[bytes], SandboxHost]] = {}
 
-    def get(gpu: str = "h200", shell: str = "clean") -> SandboxHost:
-        if (gpu, shell) not in started:
-            root = tmp_path_factory.mktemp(f"testhost-{gpu}-{shell}")
-            home = root / "home"
-            home.mkdir()
-            sandbox_host.write_home(shell, home)
-            setenv = sandbox_host.sshd_config(sandbox_host.session_env(gpu, home))
-            proc, server = start_sshd(root / "sshd", extra_config=setenv)
-            started[gpu, shell] = (proc, SandboxHost(server, gpu, home, VENV_PYTHON))
-        return started[gpu, shell][1]
+    def get(gpu: str = "h200", shell: str = "clean", sglang: str = "release") -> SandboxHost:
+        if (gpu, shell, sglang) not in started:
+            root = tmp_path_factory.mktemp(f"testhost-{gpu}-{shell}-{sglang}")
+            proc, host = sandbox_host.start(root, "box", gpu, shell, sglang)
+            started[gpu, shell, sglang] = (proc, SandboxHost(host.server, gpu, host.home, VENV_PYTHON))
+        return started[gpu, shell, sglang][1]
 
     yield get
     for proc, _ in started.values():
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _pools(tmp_path_factory: pytest.TempPathFactory, own_addresses: bool) -> Iterator[Callable[..., list[PoolHost]]]:
+    """The factory behind `testhosts` and `testnodes`: pools started once per arguments, stopped at the end."""
+    from sandbox import testhost as sandbox_host
+
+    problem = sandbox_host.missing()
+    if problem:
+        pytest.fail(problem)
+    started: dict[tuple[Any, ...], list[tuple[subprocess.Popen[bytes], PoolHost]]] = {}
+
+    def get(
+        n: int = 3,
+        variants: tuple[str, ...] | None = None,
+        ssh: SshServerKind = "openssh",
+        sglang: str = "release",
+        isolated: tuple[int, ...] = (),
+    ) -> list[PoolHost]:
+        gpus = variants or ("h200x8",) * n
+        assert len(gpus) == n, f"{n} hosts, {len(gpus)} variants"
+        key = (gpus, ssh, sglang, isolated)
+        if key not in started:
+            root = tmp_path_factory.mktemp("testnodes" if own_addresses else "testhosts")
+            try:
+                started[key] = sandbox_host.start_pool(root, gpus, sglang, ssh, own_addresses, isolated)
+            except NetnsUnavailable as exc:
+                pytest.skip(f"node(s) {isolated} need a network namespace of their own: {exc}")
+        return [host for _, host in started[key]]
+
+    yield get
+    for hosts in started.values():
+        sandbox_host.stop_pool(hosts)
+
+
+@pytest.fixture(scope="session")
+def testhosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., list[PoolHost]]]:
+    """Factory of several test hosts at once: `testhosts(3, variants=("h200x8", "h200x8", "h100x8"),
+    ssh="openssh" | "embedded", sglang="release" | "ddtree-pr")` -> hosts gpu1..gpuN, each its own SSH
+    server (own loopback port), GPU variant, HOME (models folder, deploy state) and SGLang port; started
+    once per arguments for the session. `sandbox.testhost.pool_inventory(hosts, site_vars)` writes their
+    inventory, with `hosts.gpuN.vars` (models_dir, sglang_port)."""
+    yield from _pools(tmp_path_factory, own_addresses=False)
+
+
+@pytest.fixture(scope="session")
+def testnodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., list[PoolHost]]]:
+    """Factory of the nodes of one multi-node group: `testnodes(2, variants=("h100x8", "h100x8"),
+    sglang="release" | "ddtree-pr")` -> nodes gpu1..gpuN as `testhosts` gives them, but each OpenSSH
+    server on a loopback address of its own, 127.0.0.(i+1), which is the node's inventory `address`
+    (`.address`): rank 0's dist-init address is gpu1's, and node_preflight's interface is `lo`.
+    `node.standin(...)` sets that node's SGLang stand-in switches (`fault="nccl_hang"`, ...).
+    `isolated=(2,)`: node 2's sshd runs in a network namespace of its own, reached over a veth
+    (sandbox/netns.py), from which the other nodes' loopback addresses are unreachable; skipped with the reason
+    where namespaces cannot be made (not root, no CAP_NET_ADMIN). The namespaces go with the pools at the end."""
+    yield from _pools(tmp_path_factory, own_addresses=True)

@@ -1,20 +1,48 @@
-"""Transports: how a rendered command reaches a host (SSH, or this machine)."""
+"""Transports: how a rendered command reaches a host (SSH, or this machine).
+
+The two transports are imported when first used (PEP 562): a step kind that needs only
+`executor.transport.base` (a CommandResult) must not import asyncssh with this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from executor.diagnostics import NO_LOG, Log
-from executor.model import Host
 from executor.redact import NO_SECRETS, Redactor
 from executor.transport.base import CommandResult, Transfer, Transport
-from executor.transport.local import LocalTransport
-from executor.transport.ssh import SSHTransport
+
+if TYPE_CHECKING:
+    from executor.model import Host
+    from executor.transport.local import LocalTransport
+    from executor.transport.ssh import SSHTransport
 
 
 def transport_for(name: str, host: Host, redactor: Redactor = NO_SECRETS, log: Log = NO_LOG) -> Transport:
     """The transport a host definition asks for, masking `redactor`'s secrets in every command's output and
     writing its diagnostics to `log` (the run's), with the host bound."""
-    transport: Transport = LocalTransport(name) if host.is_local else SSHTransport(name, host)
+    if host.is_local:
+        from executor.transport.local import LocalTransport
+
+        transport: Transport = LocalTransport(name)
+    else:
+        from executor.transport.ssh import SSHTransport
+
+        transport = SSHTransport(name, host)
     transport.redactor = redactor
     transport.log = log.bind(host=name)
     return transport
+
+
+def __getattr__(name: str) -> Any:
+    """LocalTransport and SSHTransport, imported on first use (and kept here)."""
+    homes = {"LocalTransport": "executor.transport.local", "SSHTransport": "executor.transport.ssh"}
+    if name not in homes:
+        raise AttributeError(f"module 'executor.transport' has no attribute {name!r}")
+    value = getattr(importlib.import_module(homes[name]), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = ["CommandResult", "LocalTransport", "SSHTransport", "Transfer", "Transport", "transport_for"]

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import errno
 import hashlib
-import io
 import os
-import stat
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -34,6 +31,7 @@ from typing import BinaryIO, Protocol
 from executor.diagnostics import NO_LOG, Log
 from executor.errors import CommandInterrupted as CommandInterrupted  # supervise raises it (executor.errors)
 from executor.errors import TransportError
+from executor.files import open_regular as open_regular  # here too for transfer.py (base.open_regular)
 from executor.redact import NO_SECRETS, Redactor, StreamRedactor
 from executor.render import KILLED_NOTE, UNCONFIRMED_NOTE, RenderedCommand
 
@@ -330,20 +328,6 @@ async def supervise(collect: Collector, finish: Awaitable[int | None], timeout: 
 def is_hole(chunk: bytes) -> bool:
     """All zeros: a copy leaves a hole there (seek past it) and the destination stays sparse."""
     return chunk.count(0) == len(chunk)
-
-
-def open_regular(path: Path) -> io.BufferedReader:
-    """`path` opened for reading, refused unless it is a regular file: opening a FIFO waits for a writer
-    (forever, and in the event loop's thread), and a device such as /dev/zero never ends."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once this way
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder is never read)", str(path))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def read_hashed(source: BinaryIO, digest: Digest) -> bytes:

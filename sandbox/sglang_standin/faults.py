@@ -2,7 +2,10 @@
 
 A JSON object; a missing file means the defaults. Keys (all optional):
 
-- `fault`: null | "crash_at_startup" | "never_healthy" | "refuse_flush_cache";
+- `fault`: null | "crash_at_startup" | "never_healthy" | "refuse_flush_cache", or one of a multi-node
+  launch's (`--nnodes` > 1; distributed.py), for the node whose HOME holds the file: "nccl_error" (dies
+  with NCCL's error after "Init nccl begin."), "nccl_hang" (prints "Init nccl begin." and nothing more),
+  "wrong_tp" (joins claiming another tp size; node 0 refuses it);
 - `accept_length`: null (per-prompt defaults by kind of prompt) or the mean acceptance length
   to simulate (float, clamped to [1, draft token count]);
 - `decode_tokens_per_s`: one request's decode speed without speculative decoding (float > 0);
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 FILE_NAME = "sglang-standin.json"
-FAULTS = ("crash_at_startup", "never_healthy", "refuse_flush_cache")
+FAULTS = ("crash_at_startup", "never_healthy", "refuse_flush_cache", "nccl_error", "nccl_hang", "wrong_tp")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,14 @@ Two kinds of refusal, placed where the real server places them:
   found "in the scheduler" while loading, returned as the exception line the scheduler logs
   after `Scheduler hit an exception:`.
 
+`--speculative-algorithm` takes the names of the installed release's `SpeculativeAlgorithm` (read with
+ast), as `from_string` does: 0.5.23 refuses DDTREE with its "Unknown speculative algorithm name"; the
+build with the DDTree pull request (sandbox/prepare.py) knows it and its `--speculative-ddtree-budget`
+(the checks of the budget here are the stand-in's own wording: the PR is not released). The resolved
+`Speculation` (simulation.py) carries what acceptance and cost depend on: the drafter's block and
+`_name_or_path`, the budget, whether the target has linear-attention layers; `Weights` the checkpoint
+bytes the start-up memory check needs (memory.py).
+
 The GPUs are asked from `nvidia-smi` on PATH (on the test host: the nvidia-smi test double,
 sandbox/gpu.py, following RUNBOOK_SANDBOX_GPU), as the real server asks the driver.
 """
@@ -21,8 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# what the stand-in simulates; everything else is refused honestly
-SPECULATIVE_ALGORITHMS = ("DFLASH",)
+from . import launch_args, memory
+from .simulation import Speculation
+
+# what the stand-in simulates; everything else is refused honestly (DDTREE: only where the installed
+# SGLang knows it, a build with the DDTree pull request)
+SPECULATIVE_ALGORITHMS = ("DFLASH", "DDTREE")
 DEFAULT_DFLASH_BLOCK = 16
 NO_DRIVER = (
     "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
@@ -51,6 +63,8 @@ class Launch:
     architectures: list[str]
     draft_tokens: int | None  # None: no speculative decoding
     warnings: list[str] = field(default_factory=list)
+    speculation: Speculation | None = None  # None: no speculative decoding
+    weights: memory.Weights = field(default_factory=lambda: memory.Weights(0, 0))
 
     @property
     def speculative(self) -> bool:
@@ -73,6 +87,7 @@ class Launch:
         field of the release (unset ones null: the stand-in resolves only those it simulates)."""
         resolved = dict(sorted(vars(self.args).items()))
         resolved.update(host=self.host, port=self.port, tp_size=int(self.args.tp_size or 1))
+        resolved.update(nnodes=int(self.args.nnodes or 1), node_rank=int(self.args.node_rank or 0))
         resolved["served_model_name"] = self.served_model_name
         if self.speculative:
             resolved.update(
@@ -102,19 +117,35 @@ def _draft_block_size(draft: dict[str, Any]) -> int | None:
     return None
 
 
+def _hybrid(config: dict[str, Any]) -> bool:
+    """Whether the target has linear-attention (Mamba/GDN) layers: `layer_types` (Qwen3.5/3.6, Qwen3-Next)."""
+    text = config.get("text_config")
+    layers = (text if isinstance(text, dict) else config).get("layer_types") or []
+    return "linear_attention" in layers
+
+
 def resolve(args: argparse.Namespace, argv: list[str]) -> Launch:
-    """Check the arguments like prepare_server_args; ValueError with SGLang's message if refused."""
+    """Check the arguments like prepare_server_args; ValueError (AssertionError where check_server_args
+    asserts) with SGLang's message if refused."""
     if not args.model_path:
         raise ValueError("the following arguments are required: --model-path/--model")
-    architectures = list(_read_config(Path(args.model_path)).get("architectures") or [])
+    if int(args.tp_size or 1) % int(args.nnodes or 1) != 0:  # validation_hook.check_server_args (pp_size 1)
+        raise AssertionError("tp_size must be divisible by number of nodes")
+    target = _read_config(Path(args.model_path))
+    architectures = list(target.get("architectures") or [])
     algorithm = args.speculative_algorithm
+    weights = memory.Weights(memory.weight_bytes(Path(args.model_path)), 0)
     if algorithm is None:
-        return Launch(args, argv, architectures, None)
+        return Launch(args, argv, architectures, None, weights=weights)
+    if algorithm.upper() not in launch_args.speculative_algorithms(launch_args.sglang_dir()):
+        raise ValueError(f"Unknown speculative algorithm name: {algorithm}")  # SpeculativeAlgorithm.from_string
+    algorithm = algorithm.upper()
     if algorithm not in SPECULATIVE_ALGORITHMS:
-        raise ValueError(f"the SGLang stand-in (a test double) simulates only DFLASH, not {algorithm!r}")
+        raise ValueError(f"the SGLang stand-in (a test double) simulates only DFLASH and DDTREE, not {algorithm!r}")
     if args.speculative_draft_model_path is None:
-        raise ValueError("DFLASH speculative decoding requires setting --speculative-draft-model-path.")
+        raise ValueError(f"{algorithm} speculative decoding requires setting --speculative-draft-model-path.")
     draft = _read_config(Path(args.speculative_draft_model_path))
+    weights = memory.Weights(weights.target, memory.weight_bytes(Path(args.speculative_draft_model_path)))
     block, tokens = args.speculative_dflash_block_size, args.speculative_num_draft_tokens
     warnings = []
     if block is not None:
@@ -132,7 +163,20 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Launch:
     if tokens is None:
         tokens = DEFAULT_DFLASH_BLOCK
         warnings.append(f"speculative_num_draft_tokens is not set; defaulting to {tokens} for DFLASH.")
-    return Launch(args, argv, architectures, int(tokens), warnings)
+    budget = getattr(args, "speculative_ddtree_budget", None)
+    if algorithm == "DDTREE" and budget is None:
+        raise ValueError("DDTREE speculative decoding requires setting --speculative-ddtree-budget.")
+    if algorithm != "DDTREE" and budget is not None:
+        raise ValueError("--speculative-ddtree-budget is only valid with --speculative-algorithm DDTREE.")
+    if budget is not None and budget <= 0:
+        raise ValueError(f"DDTREE requires --speculative-ddtree-budget to be positive, got {budget}.")
+    drafter = draft.get("_name_or_path")
+    speculation = Speculation(
+        algorithm, int(tokens), budget, drafter if isinstance(drafter, str) else None, _hybrid(target)
+    )
+    # DDTREE's CUDA graphs are captured for budget + 1 draft tokens (sglang-dflash.md)
+    draft_tokens = int(tokens) if budget is None else budget + 1
+    return Launch(args, argv, architectures, draft_tokens, warnings, speculation, weights)
 
 
 def query_gpus() -> list[Gpu] | None:
@@ -158,14 +202,18 @@ def query_gpus() -> list[Gpu] | None:
 
 
 def scheduler_error(launch: Launch, gpus: list[Gpu] | None) -> str | None:
-    """The exception line a scheduler of this launch dies with on these GPUs, or None."""
+    """The exception line a scheduler of this launch dies with on these GPUs, or None. A node of a
+    multi-node launch runs tp_size / nnodes TP ranks, one per GPU (engine.py _calculate_rank_ranges)."""
     if not gpus:
         return NO_DRIVER
-    tp = int(launch.args.tp_size or 1)
-    if tp > len(gpus):
+    tp, nnodes = int(launch.args.tp_size or 1), int(launch.args.nnodes or 1)
+    if tp // nnodes > len(gpus):
+        first = int(launch.args.node_rank or 0) * (tp // nnodes)
+        split = f" over --nnodes {nnodes}: {tp // nnodes} per node" if nnodes > 1 else ""
         return (
             "torch.AcceleratorError: CUDA error: invalid device ordinal\n"
-            f"GPU {len(gpus)} requested by tp rank {len(gpus)} (--tp-size {tp}); this host has {len(gpus)} GPU(s)"
+            f"GPU {len(gpus)} requested by tp rank {first + len(gpus)} (--tp-size {tp}{split}); "
+            f"this host has {len(gpus)} GPU(s)"
         )
     gpu = gpus[0]
     sm = f"SM{gpu.major}{gpu.minor}"

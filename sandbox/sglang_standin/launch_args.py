@@ -22,6 +22,7 @@ from typing import Any
 FIELDS_DIR = "srt/arg_groups/fields"
 CHOICES_FILE = "srt/arg_groups/choices.py"
 SERVER_ARGS_FILE = "srt/server_args.py"
+SPEC_INFO_FILE = "srt/speculative/spec_info.py"
 _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
 
 
@@ -106,6 +107,16 @@ def plain_flags(source: str) -> dict[str, dict[str, Any]]:
             else:
                 flags[first.value] = {"dest": dest, "default": None} | ({"nargs": "+"} if "nargs" in keywords else {})
     return flags
+
+
+def speculative_algorithms(sglang_dir: Path) -> list[str]:
+    """The names `SpeculativeAlgorithm.from_string` accepts: the enum's members but NONE (DDTREE only in
+    a build with SGLang's DDTree pull request, sandbox.prepare's DDTREE_BUILD)."""
+    for node in ast.parse((sglang_dir / SPEC_INFO_FILE).read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeAlgorithm":
+            assigned = [item.targets for item in node.body if isinstance(item, ast.Assign)]
+            return [t.id for targets in assigned for t in targets if isinstance(t, ast.Name) and t.id != "NONE"]
+    return []
 
 
 def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:

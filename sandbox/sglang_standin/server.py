@@ -23,6 +23,11 @@ POST /v1/completions and /v1/chat/completions (not streamed; chat applies a Kimi
 template with the `thinking` kwarg and honours return_meta_info and return_token_ids).
 Switches: faults.py.
 
+Several nodes (`--nnodes N --node-rank R --dist-init-addr HOST:PORT --dist-timeout S`, distributed.py):
+every node starts up only after all of them joined node 0 on the dist-init address and loaded their
+weights; node 0 serves HTTP as above (server_info: tp_size, nnodes, node_rank), the others serve none
+and live until node 0 stops them; a node gone is NCCL's error line on the others.
+
 A prefix cache (prefix_cache.py, like SGLang's radix cache) keeps finished requests' tokens: a
 request's cached prefix is not prefilled again (its TTFT drops), `meta_info.cached_tokens` counts
 it, and each prefill logs the scheduler's real `Prefill batch, #new-seq: 1, #new-token: N,
@@ -45,10 +50,10 @@ from collections import deque
 from collections.abc import Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
-from . import faults, launch_args, simulation
+from . import distributed, faults, launch_args, memory, simulation
 from .launch import Launch, query_gpus, resolve, scheduler_error
 from .prefix_cache import PrefixCache
 
@@ -64,14 +69,20 @@ THROUGHPUT_WINDOW_S = 2.0
 MAX_TOTAL_NUM_TOKENS = 1048576  # the KV cache size the start-up log reports
 FLUSH_TIMED_OUT = "Timed out waiting for idle state."
 _LOG_LOCK = threading.Lock()
+_TP_RANK = [0]  # this node's first global TP rank: node_rank * tp_size / nnodes (set once by main)
 
 
 def log(message: str, tp: bool = False) -> None:
-    """One SGLang log line on stderr (configure_logger's format; scheduler lines carry ` TP0`)."""
+    """One SGLang log line on stderr (configure_logger's format; scheduler lines carry ` TPn`, n the
+    node's first TP rank: ` TP0` on one node, ` TP8` on the second of two nodes of TP16)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     with _LOG_LOCK:
-        sys.stderr.write(f"[{stamp}{' TP0' if tp else ''}] {message}\n")
+        sys.stderr.write(f"[{stamp}{f' TP{_TP_RANK[0]}' if tp else ''}] {message}\n")
         sys.stderr.flush()
+
+
+def scheduler_log(message: str) -> None:
+    log(message, tp=True)
 
 
 def uvicorn_log(message: str) -> None:
@@ -183,16 +194,16 @@ class Engine:
             max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
             max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else int(max_new)
             accept = 1.0
-            if self.launch.draft_tokens is not None:
-                accept = simulation.accept_length(prompt, self.launch.draft_tokens, self.switches.accept_length)
+            speculation = self.launch.speculation
+            if speculation is not None:
+                accept = speculation.accept_length(prompt, self.switches.accept_length)
             chunks = simulation.steps(max_new, accept)
             cached = self.prefill(prompt, prompt_tokens)
             text, ids, done = "", [], 0
             for step, size in enumerate(chunks):
                 if step > 0:
-                    speculative = self.launch.speculative
                     time.sleep(
-                        simulation.step_seconds(self.switches.decode_tokens_per_s, speculative, self.in_flight())
+                        simulation.step_seconds(self.switches.decode_tokens_per_s, speculation, self.in_flight())
                     )
                 if self.stopping:
                     return
@@ -503,7 +514,7 @@ class StandinHTTPServer(ThreadingHTTPServer):
         super().__init__((engine.launch.host, engine.launch.port), Handler)
 
 
-def _die_in_scheduler(error: str) -> None:
+def _die_in_scheduler(error: str) -> NoReturn:
     """Log a scheduler's death the way SGLang does, then kill this process like kill_process_tree."""
     trace = (
         "Traceback (most recent call last):\n"
@@ -515,23 +526,48 @@ def _die_in_scheduler(error: str) -> None:
     log(f"Scheduler hit an exception: {trace}", tp=True)
     log("Received sigquit from a child process. It usually means the child failed.")
     os.kill(os.getpid(), signal.SIGKILL)
+    raise SystemExit(128 + signal.SIGKILL)  # not reached: SIGKILL ends the process
 
 
-def _start_up(engine: Engine, stop: threading.Event) -> None:
-    """The loading phase: weights, attention backends, KV cache, warmup; runs beside the HTTP server."""
+def _start_up(engine: Engine, stop: threading.Event, group: distributed.Group | None) -> None:
+    """The loading phase: the nodes' rendezvous (`group`, several nodes), weights, attention backends, KV
+    cache, warmup; runs beside the HTTP server (node 0). A node >= 1 ends ready after its KV cache."""
     launch, switches = engine.launch, engine.switches
     step = switches.startup_s / 4
-    log("Load weight begin. avail mem=139.36 GB", tp=True)
+    gpus = query_gpus()
+    error = scheduler_error(launch, gpus)
+    if group is not None:  # the device is set before the process groups are made (bootstrap.py)
+        if error is not None:
+            group.log("Init torch distributed begin.")
+            _die_in_scheduler(error)
+        if not group.join():
+            return
+    fraction = launch.args.mem_fraction_static
+    verified = launch.speculation.verified_tokens if launch.speculation else 0
+    tp = int(launch.args.tp_size or 1)
+    fit = memory.fit(launch.weights, tp, gpus[0].memory_mib if gpus else 0, fraction, verified)
+    log(f"Load weight begin. avail mem={fit.total / memory.GIB:.2f} GB", tp=True)
+    if error is None and (error := memory.load_error(fit)) is not None:
+        _die_in_scheduler(error)
     if stop.wait(step):
         return
     model_type = launch.architectures[0] if launch.architectures else "Model"
-    log(f"Load weight end. elapsed={step:.2f} s, type={model_type}, avail mem=61.12 GB, mem usage=78.24 GB.", tp=True)
+    target = launch.weights.target / tp / memory.GIB
+    avail = fit.total / memory.GIB - target
+    log(
+        f"Load weight end. elapsed={step:.2f} s, type={model_type}, avail mem={avail:.2f} GB, "
+        f"mem usage={target:.2f} GB.",
+        tp=True,
+    )
     if launch.speculative:
+        draft = launch.weights.draft / memory.GIB
         log(
-            f"Load weight end. elapsed={step / 4:.2f} s, type=DFlashDraftModel, avail mem=57.90 GB, mem usage=3.22 GB.",
+            f"Load weight end. elapsed={step / 4:.2f} s, type=DFlashDraftModel, avail mem={avail - draft:.2f} GB, "
+            f"mem usage={draft:.2f} GB.",
             tp=True,
         )
-    error = scheduler_error(launch, query_gpus())
+    if error is None:
+        error = memory.pool_error(fit, fraction)
     if error is None and switches.fault == "crash_at_startup":
         error = (
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity "
@@ -540,15 +576,20 @@ def _start_up(engine: Engine, stop: threading.Event) -> None:
         )
     if error is not None:
         _die_in_scheduler(error)
+    if group is not None and not group.barrier("loaded"):
         return
-    log("KV Cache is allocated. #tokens: 1048576, KV size: 36.00 GB", tp=True)
+    log(f"KV Cache is allocated. #tokens: {fit.kv_tokens}, KV size: {fit.kv / memory.GIB:.2f} GB", tp=True)
     if stop.wait(step):
         return
     log(
-        "max_total_num_tokens=1048576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-        "max_running_requests=256, context_len=262144, available_gpu_mem=19.75 GB",
+        f"max_total_num_tokens={fit.kv_tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=256, context_len=262144, "
+        f"available_gpu_mem={(fit.total * (1 - (fraction or memory.DEFAULT_MEM_FRACTION))) / memory.GIB:.2f} GB",
         tp=True,
     )
+    if group is not None and group.topo.node_rank > 0:
+        engine.ready = True  # no tokenizer, no HTTP: it serves node 0's requests
+        return
     uvicorn_log(f"Started server process [{os.getpid()}]")
     uvicorn_log("Waiting for application startup.")
     uvicorn_log("Application startup complete.")
@@ -577,7 +618,11 @@ def main(argv: list[str] | None = None) -> int:
     for line in launch.warnings:
         log(line)
     log(f"server_args={launch.server_args()}")
+    stop = threading.Event()
+    group = _group(launch, switches, stop)
     engine = Engine(launch, switches)
+    if group is not None and group.topo.node_rank > 0:
+        return _follow(engine, group)
     try:
         httpd = StandinHTTPServer(engine)
     except OSError as exc:
@@ -586,7 +631,6 @@ def main(argv: list[str] | None = None) -> int:
             f"('{launch.host}', {launch.port}): {exc.strerror.lower() if exc.strerror else exc}\n"
         )
         return 1
-    stop = threading.Event()
 
     def on_sigterm(signum: int, frame: object) -> None:
         log(f"SIGTERM received. signum={signum} frame={frame}. Draining requests and shutting down...")
@@ -595,12 +639,47 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     serving.start()
-    threading.Thread(target=_start_up, args=(engine, stop), daemon=True).start()
+    threading.Thread(target=_start_up, args=(engine, stop, group), daemon=True).start()
     while not stop.wait(0.2):
         pass
     engine.stopping = True
+    if group is not None:
+        group.shutdown()
     remaining = engine.in_flight()
     log(f"Gracefully exiting... Remaining number of requests {remaining}. Remaining requests remaining_rids=[].")
     httpd.shutdown()
     httpd.server_close()
+    return 0
+
+
+def _group(launch: Launch, switches: faults.Switches, stop: threading.Event) -> distributed.Group | None:
+    """This node's side of a multi-node launch (None on one node); an address or timeout the scheduler
+    refuses kills it as the scheduler would."""
+    try:
+        topo = distributed.topology(launch.args)
+    except (ValueError, AssertionError) as exc:
+        scheduler_log("Init torch distributed begin.")
+        _die_in_scheduler(f"{type(exc).__name__}: {exc}")
+    if topo is None:
+        return None
+    _TP_RANK[0] = topo.rank
+    return distributed.Group(topo, switches.fault, scheduler_log, _die_in_scheduler, stop)
+
+
+def _follow(engine: Engine, group: distributed.Group) -> int:
+    """A node >= 1: no tokenizer, no HTTP; its scheduler starts up with the others (`_start_up`), then
+    serves node 0 until node 0 says shutdown (exit 0) or goes away (NCCL's error, `Group`). SIGTERM ends
+    it until it is ready; after that SGLang only logs it and waits for node 0's ShutdownReq."""
+    rank = group.topo.node_rank
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        log(
+            f"SIGTERM received on node_rank {rank}; waiting for the rank-0 ShutdownReq broadcast to stop the "
+            "schedulers."
+        )
+
+    threading.Thread(target=_start_up, args=(engine, group.stop, group), daemon=True).start()
+    while not group.finished.wait(0.2):
+        if engine.ready and signal.getsignal(signal.SIGTERM) is not on_sigterm:
+            signal.signal(signal.SIGTERM, on_sigterm)
     return 0

@@ -16,10 +16,24 @@ Deterministic per prompt, so tests and the demo see stable numbers:
 - greedy output: token ids and words deterministic per prompt, the same with and without
   speculative decoding (it is lossless), except with the `broken_drafter` switch: a speculative
   server's output then leaves the baseline's from an early index (BROKEN_FROM, per prompt) on;
-- decode: a request decodes at `decode_tokens_per_s` when alone; a DFLASH verify step costs
-  VERIFY_COST decode steps and yields the acceptance length in tokens; with N requests in flight
-  each step slows down by a batching factor (more for the heavier verify steps), so speculative
-  decoding is faster than the baseline, and its edge shrinks with concurrency, as on real GPUs.
+- the configuration (`Speculation`): the kind means above are those of a DFLASH block of
+  REFERENCE_BLOCK (8) draft tokens; with k tokens the acceptance length grows sublinearly
+  (1 + (mean - 1) * (1 - q^(k-1)) / (1 - q^(REFERENCE_BLOCK-1)), q = CHAIN_Q: each further draft
+  position is accepted less often), so the acceptance rate (accepted drafts / proposed) falls with k.
+  DDTREE (tree verification over the drafter's block, a build with SGLang's pull request #29907)
+  verifies a tree of `budget` nodes: +TREE_GAIN per doubling of the budget over REFERENCE_BLOCK on a
+  pure-attention target (Kimi K2.6: MLA + MoE), but on a hybrid target (linear-attention/Mamba
+  layers, `layer_types` with "linear_attention": Qwen3.6) a budget of HYBRID_COLLAPSE_BUDGET or more
+  collapses to 1.0-1.3, as the seeds measured. A drafter may have a profile (DRAFTER_PROFILES, by its
+  config's `_name_or_path`): SubSir/Kimi-K2.6-DFlash-tmp-long, trained for long contexts, is worse on
+  code and slightly better on chat;
+- decode: a request decodes at `decode_tokens_per_s` when alone; a verify step costs
+  `verify_cost` decode steps (1 + VERIFY_COST_PER_TOKEN per verified token: 1.3 for 8 tokens) and
+  yields the acceptance length in tokens; with N requests in flight each step slows down by a batching
+  factor that grows with the tokens verified per request (BATCH_SLOWDOWN, per REFERENCE_BLOCK tokens),
+  so speculative decoding is faster than the baseline alone, its edge shrinks with concurrency, and
+  at high concurrency a large draft count or tree budget is slower than the baseline (a crossover),
+  as on real GPUs.
 """
 
 from __future__ import annotations
@@ -37,8 +51,14 @@ ASSISTANT_TURN = "<|im_end|><|im_assistant|>assistant<|im_middle|>"
 THINK_ON, THINK_OFF = "<think>", "<think></think>"
 BROKEN_FROM = range(2, 10)  # token index where a broken drafter's output first differs, by prompt
 JITTER = 0.4
-VERIFY_COST = 1.3
-BATCH_SLOWDOWN = {False: 0.02, True: 0.1}  # per extra request in flight: baseline, speculative
+REFERENCE_BLOCK = 8
+CHAIN_Q = 0.8
+TREE_GAIN = 0.12
+HYBRID_COLLAPSE_BUDGET = 32
+VERIFY_COST_PER_TOKEN = 0.0375
+BATCH_SLOWDOWN = {False: 0.02, True: 0.1}  # per extra request in flight: baseline, speculative (8 tokens)
+#: drafter (config.json `_name_or_path`) -> factor on the acceptance length beyond the bonus token, by kind
+DRAFTER_PROFILES = {"SubSir/Kimi-K2.6-DFlash-tmp-long": {"math": 1.0, "code": 0.7, "chat": 1.05}}
 PREFILL_TOKENS_PER_S = 40_000.0
 PREFILL_OVERHEAD_S = 0.005
 
@@ -76,12 +96,52 @@ def template_of(prompt: str) -> str:
     return "no_thinking" if prompt.rstrip().endswith(THINK_OFF) else "thinking"
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """What a speculative server's configuration means for acceptance and cost (module docstring)."""
+
+    algorithm: str  # DFLASH | DDTREE
+    block: int  # the drafter's block: draft tokens of DFLASH, the tree's depth of DDTREE
+    budget: int | None = None  # DDTREE's tree budget (verified nodes)
+    drafter: str | None = None  # the drafter's `_name_or_path`, for DRAFTER_PROFILES
+    hybrid_target: bool = False  # the target has linear-attention (Mamba/GDN) layers
+
+    @property
+    def verified_tokens(self) -> int:
+        """Tokens one verify step checks per request: the block, or the tree's nodes and its root."""
+        return self.block if self.budget is None else self.budget + 1
+
+    def accept_length(self, prompt: str, mean: float | None) -> float:
+        """The acceptance length this prompt gets; `mean` (the accept_length switch) overrides the
+        configuration's shape, as the configured mean."""
+        kind = prompt_kind(prompt)
+        if mean is not None:
+            centre = mean
+        else:
+            chain = (1 - CHAIN_Q ** (self.block - 1)) / (1 - CHAIN_Q ** (REFERENCE_BLOCK - 1))
+            tree = 1.0 if self.budget is None else 1 + TREE_GAIN * math.log2(self.budget / REFERENCE_BLOCK)
+            gain = DRAFTER_PROFILES.get(self.drafter or "", {}).get(kind, 1.0)
+            centre = 1 + (DEFAULT_ACCEPT[kind] - 1) * chain * tree * gain
+        if self.budget is not None and self.hybrid_target and self.budget >= HYBRID_COLLAPSE_BUDGET:
+            return 1.0 + 0.3 * _unit(prompt)  # tree verification on a hybrid Mamba/GDN target collapses
+        centre *= TEMPLATE_SCALE[template_of(prompt)]
+        value = centre + (2 * _unit(prompt) - 1) * JITTER
+        return min(max(value, 1.0), float(self.block))
+
+    @property
+    def verify_cost(self) -> float:
+        """A verify step's wall time in decode steps of the baseline."""
+        return 1 + VERIFY_COST_PER_TOKEN * self.verified_tokens
+
+    @property
+    def batch_slowdown(self) -> float:
+        """Per extra request in flight: heavier verify steps saturate the GPU sooner."""
+        return BATCH_SLOWDOWN[True] * self.verified_tokens / REFERENCE_BLOCK
+
+
 def accept_length(prompt: str, draft_tokens: int, mean: float | None) -> float:
-    """The acceptance length this prompt gets with a drafter of `draft_tokens` (the block size)."""
-    centre = DEFAULT_ACCEPT[prompt_kind(prompt)] if mean is None else mean
-    centre *= TEMPLATE_SCALE[template_of(prompt)]
-    value = centre + (2 * _unit(prompt) - 1) * JITTER
-    return min(max(value, 1.0), float(draft_tokens))
+    """The acceptance length this prompt gets with a DFLASH drafter of `draft_tokens` (the block size)."""
+    return Speculation("DFLASH", draft_tokens).accept_length(prompt, mean)
 
 
 @dataclass(frozen=True)
@@ -134,10 +194,12 @@ def spec_counts(chunks: list[int], draft_tokens: int) -> SpecCounts | None:
     )
 
 
-def step_seconds(decode_tokens_per_s: float, speculative: bool, in_flight: int) -> float:
+def step_seconds(decode_tokens_per_s: float, speculation: Speculation | None, in_flight: int) -> float:
     """Wall time of one decode (or verify) step with `in_flight` requests running."""
-    base = (VERIFY_COST if speculative else 1.0) / decode_tokens_per_s
-    return base * (1 + BATCH_SLOWDOWN[speculative] * max(in_flight - 1, 0))
+    cost, slowdown = (
+        (1.0, BATCH_SLOWDOWN[False]) if speculation is None else (speculation.verify_cost, speculation.batch_slowdown)
+    )
+    return cost / decode_tokens_per_s * (1 + slowdown * max(in_flight - 1, 0))
 
 
 def prefill_seconds(prompt_tokens: int) -> float:

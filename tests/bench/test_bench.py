@@ -8,15 +8,17 @@ reported failed, and that the report is written with its machine and the command
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench import __main__ as bench_main
 from bench import overhead, transfer
 from bench.fleet import sshd_fleet
-from bench.harness import Section, Series, Table, ToolFailed, interleave, paired_median
+from bench.harness import Section, Series, Table, ToolFailed, fmt_seconds, interleave, paired_median
 from bench.tools import Ansible, AsyncsshFloor, LongLivedBash, Pyinfra, RunbookCLI
 
 
@@ -177,3 +179,44 @@ def test_the_redaction_benchmark_measures_each_secret_set_against_none() -> None
     (table,) = section.tables
     assert [row[0] for row in table.rows] == ["no secret", "one token", "a 20-line SSH key"]
     assert all("—" not in cell for row in table.rows for cell in row[1:])  # every case ran and was timed
+
+
+def test_the_launch_benchmark_sets_the_same_cells_in_runbooks_order_against_a_naive_loop(tmp_path: Path) -> None:
+    from bench import launches
+    from executor.loader import parse_runbook
+
+    host = {"address": "127.0.0.1", "port": 22}
+    books = launches.runbooks(host, tmp_path, 30000)
+    ours_data, naive_data = books.values()
+    matrix = parse_runbook(yaml.safe_dump(ours_data), tmp_path / "m.yaml")
+    flat = parse_runbook(yaml.safe_dump(naive_data), tmp_path / "n.yaml")
+    cells = len(launches.TOKENS) * len(launches.OUTPUT_LENS)
+    assert len(matrix.groups[0].cells) == cells and len(matrix.groups[0].servers) == len(launches.TOKENS)
+    deploys = [s for s in flat.steps if s.kind == "deploy"]
+    assert len(deploys) == cells  # a launch per cell: no two neighbours share a configuration
+    tokens = [d.speculative_num_draft_tokens for d in deploys]
+    assert all(a != b for a, b in itertools.pairwise(tokens))
+    benches = [s for s in matrix.steps if s.kind == "benchmark"]
+    assert sorted((b.output_len, b.server) for b in benches) == sorted(
+        (o, f"deploy[tokens={t}]") for t in launches.TOKENS for o in launches.OUTPUT_LENS
+    )
+
+
+def test_the_startup_benchmark_times_every_command_against_the_baseline_and_judges_the_targets() -> None:
+    from bench import startup
+
+    section = startup.section(reps=1, log=lambda _line: None)
+    (table,) = section.tables
+    names = [f"runbook {name}" for name in startup.commands(Path())]
+    assert [row[0] for row in table.rows] == [startup.BASELINE, startup.FLOOR, *names]
+    assert all("failed" not in cell and "—" not in cell for row in table.rows for cell in row[1:3])  # each ran
+    assert [t.text.split("`")[1] for t in section.targets] == ["runbook status", "runbook runs", "runbook validate"]
+    assert all(t.reached is not None for t in section.targets)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.9996, "1 s"), (0.9994, "999 ms"), (0.0009996, "1 ms"), (0.0009994, "999 µs"), (88.3, "88.3 s"), (None, "—")],
+)
+def test_a_duration_that_rounds_up_to_the_next_unit_is_written_in_it(seconds: float | None, text: str) -> None:
+    assert fmt_seconds(seconds) == text

@@ -100,7 +100,9 @@ def test_no_var_problem_quotes_a_character_of_a_secret(
 def test_a_var_value_yaml_cannot_read_is_its_text(value: str, book: Path) -> None:
     """Before: a yaml ParserError traceback (exit 1) that quoted the value, secret and all."""
     secret = token()
-    done = runbook_cli("plan", str(book), "--var", f"url={value.format(t=secret)}", env={"RB_PASTED_TOKEN": secret})
+    done = runbook_cli(
+        "plan", "--full", str(book), "--var", f"url={value.format(t=secret)}", env={"RB_PASTED_TOKEN": secret}
+    )
     assert done.returncode == 0, done.stderr
     assert f"export url={shlex.quote(value.format(t=secret)).replace(secret, '***')}\n" in done.stdout
     assert secret not in done.stdout + done.stderr
@@ -262,3 +264,36 @@ def test_validate_masks_a_secret_in_an_inventory_var_as_plan_does(tmp_path: Path
         assert done.returncode == 2, done.stderr
         assert "port: runbook var port = '***' does not fit: expected a whole number" in done.stderr, done.stderr
         assert secret.rstrip("=") not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_secret_written_as_a_matrix_value_is_refused_before_it_is_stored_or_shown(
+    command: str, tmp_path: Path
+) -> None:
+    """An instance's id and a cell's id are kept and shown as written (state.db, `runbook status`): a
+    secret pasted in as an axis value would be stored in clear. The run is refused, naming neither."""
+    value = token().rstrip("=")
+    path = tmp_path / "runbook.yaml"
+    matrix = f"    matrix: {{key: [{value}, other]}}\n    script: echo $matrix_key\n"
+    path.write_text(BOOK.replace('    script: echo "$url"\n', matrix))
+    where = ["--log-dir", str(tmp_path / "logs")] if command == "run" else []
+    done = runbook_cli(command, str(path), *where, env={"RB_PASTED_TOKEN": value})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "runbook.yaml:9:5: secret TOKEN: its value is in the step id 'echo[key=***]'" in done.stderr
+    assert value not in done.stdout + done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_var_holding_a_secret_with_a_quote_is_masked_in_the_plan_and_the_audit_log(
+    book: Path, tmp_path: Path
+) -> None:
+    """Before: `plan --full` printed, and the run's audit.jsonl kept, `export url='abcd1234'"'"'efgh5678'`:
+    the shell's quoting split the secret, so no form of it was found and both halves were shown."""
+    secret = "abcd1234'efgh5678"
+    logs = tmp_path / "logs"
+    for command in (["plan", "--full", str(book)], ["run", str(book), "--log-dir", str(logs)]):
+        done = runbook_cli(*command, "--var", f"url={secret}", env={"RB_PASTED_TOKEN": secret})
+        assert done.returncode == 0, done.stderr
+        assert "abcd1234" not in done.stdout + done.stderr and "efgh5678" not in done.stdout + done.stderr
+    for stored in logs.glob("*/*"):
+        assert b"abcd1234" not in stored.read_bytes() and b"efgh5678" not in stored.read_bytes(), stored.name

@@ -120,9 +120,12 @@ def test_audit_show_shows_the_command_escaped(hostile: HostileRun) -> None:
 
 
 def test_plan_shows_the_script_escaped(hostile: HostileRun) -> None:
-    done = cli("plan", str(hostile.book))
+    done = cli("plan", "--full", str(hostile.book))
     assert done.returncode == 0
     assert_safe(done.stdout, f"printf '%s\\n' '{SHOWN_PAYLOAD}'\n")
+    summary = cli("plan", str(hostile.book))  # the readable plan: its first lines, wrapped, escaped as well
+    assert summary.returncode == 0
+    assert_safe(summary.stdout, "script: printf '%s\\n' 'clip \\x1b]52;c;ZXZpbA==\\x07 title")
 
 
 def test_report_shows_a_stored_report_escaped(hostile: HostileRun) -> None:

@@ -35,7 +35,7 @@ def test_the_demo_s_lines_show_the_log_folder_as_named(
     book.write_text(TINY)
 
     @contextlib.contextmanager
-    def site(log_dir: Path, ssh: str, say: Any) -> Iterator[demo.DemoSite]:
+    def site(log_dir: Path, ssh: str, say: Any, **_sweep: Any) -> Iterator[demo.DemoSite]:
         inventory = log_dir.resolve() / "demo-host" / "inventory.yaml"
         inventory.parent.mkdir(parents=True)
         inventory.write_text("vars: {}\n")

@@ -344,7 +344,7 @@ def test_plan_prints_commands_and_runs_nothing(write_runbook, tmp_path, capsys, 
             fallbacks:
               - script: touch {canary}.fallback
         """)
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     out = capsys.readouterr().out
     assert not canary.exists()
     assert f"touch {canary}\n" in out and f"touch {canary}.fallback" in out
@@ -443,7 +443,8 @@ def test_inventory_names_must_exist_in_the_runbook(tmp_path, capsys) -> None:
     code = main(["validate", "runbooks/example_remote.yaml", "--inventory", str(inventory)])
     assert code == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"{inventory}:2:3: hosts: 'gpux' is not in the runbook; did you mean 'gpu'?",
+        f"{inventory}:2:3: hosts: 'gpux' is not in the runbook (a host the runbook does not name is added by "
+        "listing it in one of the inventory's pools); did you mean 'gpu'?",
         f"{inventory}:4:3: vars: 'model_dir' is not in the runbook; did you mean 'models_dir'?",
     ]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
 from executor.emitter import Emitter, EventStream
 from executor.engine import Engine, RunOptions
@@ -22,9 +23,12 @@ from executor.event_models import (
     EVENT_TYPES,
     EVENTS,
     AttemptFailed,
+    CellCounts,
+    CellsProgress,
     CommandFinished,
     Event,
     HostOutcome,
+    LaunchCounts,
     Note,
     PlannedStep,
     Progress,
@@ -90,6 +94,12 @@ def samples(text: str) -> list[Event]:
             duration_s=1,
             hosts={text: HostOutcome(status=text, attempts=1, via=text)},
             failures=[text],
+        ),
+        CellsProgress(
+            **stamp,
+            group=text,
+            cells=CellCounts(total=2, passed=1, failed=0, skipped=0, running=1),
+            launches=LaunchCounts(done=1, planned=2),
         ),
         Progress(**stamp, message=text, fields={text: [text, {text: text}], "n": 3}),
         Note(**stamp, message=text),
@@ -347,3 +357,28 @@ def test_a_reporter_that_raises_on_progress_fails_no_download(
     assert err.count("runbook: the reporter failed") == 1 and "(progress)" in err
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert runbook_cli("audit", "verify", str(run_dir)).returncode == 0
+
+
+def test_a_terminals_live_line_carries_the_grid_while_a_matrix_runs_and_drops_it_when_done() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    reporter = ConsoleReporter(console)
+    stamp: dict[str, Any] = {"seq": 1, "run_id": "r", "time": 1.0, "step": "bench[n=1]", "host": "gpu1"}
+
+    def progress(passed: int, running: int) -> CellsProgress:
+        counts = CellCounts(total=2, passed=passed, failed=0, skipped=0, running=running)
+        return CellsProgress(**stamp, group="sweep", cells=counts, launches=LaunchCounts(done=1, planned=2))
+
+    def live() -> str:
+        assert reporter._status is not None
+        return str(reporter._status.renderable.text)  # type: ignore[attr-defined]
+
+    try:
+        reporter.emit(progress(1, 1))
+        reporter.emit(StepStarted(**stamp, kind="benchmark", hosts=["gpu1"]))
+        assert live().startswith("sweep  cells 1/2 done: 1 passed, 0 failed, 0 skipped, 1 running;  launches 1/2")
+        assert live().endswith("bench[n=1] on gpu1")
+        reporter.emit(progress(2, 0))
+        reporter.emit(StepStarted(**{**stamp, "step": "report"}, kind="campaign_report", hosts=["gpu1"]))
+        assert live() == "report on gpu1"
+    finally:
+        reporter.close()

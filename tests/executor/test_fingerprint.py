@@ -71,7 +71,7 @@ def test_only_what_reaches_a_command_is_exported_and_plan_shows_it(
         "  - id: probe\n    kind: probe\n    models_dir: $models_dir\n"
         "  - id: narrow\n    kind: shell\n    pass_env: ['HF_*']\n    script: echo \"$path\"\n"
     )
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     plan = capsys.readouterr().out
     probe, narrow = plan.split("## step 2")
     assert "export models_dir=/m" in probe and "export HF_ENDPOINT=" in probe

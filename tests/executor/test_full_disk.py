@@ -295,11 +295,13 @@ def _result(stdout: bytes) -> Any:
     return collect.result(0)
 
 
-def _fill(folder: Path) -> None:
+def _fill(folder: Path, most: int = 64 << 20) -> None:
+    """Write until the disk is full (its 4 MiB), failing after `most` bytes: not the small disk, never full."""
     with contextlib.suppress(OSError), (folder / "fill").open("wb") as handle:
-        while True:
+        for _ in range(most // 65536):
             handle.write(b"\0" * 65536)
             handle.flush()
+        pytest.fail(f"{folder} took {most} bytes and is not full: not the 4 MiB disk")
 
 
 def test_an_audit_line_that_does_not_fit_is_rolled_back(small_disk: Path) -> None:

@@ -13,6 +13,7 @@ import itertools
 import json
 import re
 import secrets
+import shlex
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,7 @@ def test_no_form_of_a_secret_reaches_any_output_or_file(tmp_path: Path, write_ru
         done = runbook_cli(*command, env=env)
         assert done.returncode == 0, done.stderr
         outputs += [done.stdout, done.stderr]
-    plan = runbook_cli("plan", str(book), "--var", url, env=env).stdout
+    plan = runbook_cli("plan", "--full", str(book), "--var", url, env=env).stdout
     masked = "export url=https://u:***@hub.example/\n"
     first = json.loads((min(logs.iterdir()) / "audit.jsonl").read_text().splitlines()[0])
     assert masked in plan and masked in first["command"]  # plan masks as run does
@@ -343,3 +344,12 @@ def test_an_optional_secret_left_empty_is_absent(write_runbook: Any, tmp_path: P
     assert done.returncode == 0, done.stderr
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert '"stdout":"token=absent\\n"' in (run_dir / "audit.jsonl").read_text()
+
+
+@pytest.mark.parametrize("around", ["{s}", "https://u:{s}@hub.example/"])
+def test_a_secret_holding_a_quote_is_masked_as_the_shell_quotes_it(around: str) -> None:
+    """`export url='abcd1234'"'"'efgh5678'`: a run's audit log (and `plan --full`) render a `--var`
+    holding a secret so, and masked nothing of it: both halves were readable."""
+    secret = "abcd1234'efgh5678"
+    masked = Redactor([secret]).text(f"export url={shlex.quote(around.format(s=secret))}")
+    assert "abcd" not in masked and "efgh" not in masked, masked

@@ -45,13 +45,15 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> s
 
 
 def start(*args: str) -> subprocess.Popen[str]:
-    """Start `runbook` in the background, as a user's shell would."""
+    """Start `runbook` in the background, as a user's shell would: SIGHUP at its default even where the tests
+    run under `nohup` (which ignores it, and a run started so rightly outlives a hang-up)."""
     return subprocess.Popen(
         [*CLI, *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
 
 

@@ -419,3 +419,24 @@ def test_a_resume_reads_the_runbook_and_finds_the_run_once(
     err = capsys.readouterr().err
     assert "as it was started: --inventory" in err and "--var color=blue" in err
     assert (len(loads), len(finds)) == (1, 1)
+
+
+def test_from_and_only_with_a_matrix_step_as_written_name_its_instances_not_every_step(tmp_path: Path) -> None:
+    """`--only bench` (a matrix step's id as written) was `no step 'bench'` followed by every instance
+    id of the runbook: up to 10 000 of them, none said to be what `bench` expands to."""
+    path = tmp_path / "grid.yaml"
+    values = ", ".join(map(str, range(500)))
+    path.write_text(
+        "name: grid\nhosts: {box: {address: local}}\nsteps:\n  - {id: pre, kind: shell, script: echo}\n"
+        f"  - id: bench\n    kind: shell\n    matrix: {{n: [{values}]}}\n    script: echo $matrix_n\n"
+    )
+    book = load_runbook(path)
+    now = fingerprints(book)
+    with pytest.raises(ResumeError) as refused:
+        plan_steps(book, now, {}, None, only_step="bench")
+    assert str(refused.value) == (
+        "no step 'bench' in the runbook: 'bench' is a matrix step (group 'bench') of 500 instances; "
+        "name one, such as 'bench[n=0]' (`runbook validate` lists the cells)"
+    )
+    with pytest.raises(ResumeError, match=r"^no step 'nosuch' in the runbook \(steps: pre, bench\[\.\.\.\]\)$"):
+        plan_steps(book, now, {}, None, from_step="nosuch")

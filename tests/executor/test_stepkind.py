@@ -138,3 +138,23 @@ def test_the_stderr_a_failed_program_leaves_is_quoted_in_short_lines(exit_code: 
     with pytest.raises(FactsError, match=r": Traceback\nE{300} \.\.\.\nthe end$") as caught:
         host_document(collect.result(exit_code), _Floats, "the program")
     assert len(str(caught.value)) < 2000
+
+
+def test_a_kinds_step_references_are_needed_by_their_type_alone() -> None:
+    """A kind declares a reference to another step by typing the field `StepRef`; `needs()` (what resume,
+    the loader's order check and a matrix's cells follow) has it without the kind restating it."""
+    from typing import Literal
+
+    from executor.stepkind import StepRef, StepSpec
+
+    class Pointing(StepSpec):
+        kind: Literal["pointing_test"] = "pointing_test"
+        server: StepRef
+        other: StepRef | None = None
+
+    try:
+        step = Pointing(id="p", server="up", gates=["steps.probe.facts.ok"])
+        assert step.needs() == {"up", "probe"}
+        assert Pointing(id="q", server="up", other="eval", gates=[]).needs() == {"up", "eval"}
+    finally:
+        StepSpec.registry.pop("pointing_test")  # a test kind: out of the registry the other tests read

@@ -127,7 +127,7 @@ def test_the_console_shows_event_text_exactly_as_shown_writes_it(text: str, caps
     """No markup (`[red]`, `[link=...]`), no emoji code (`:smile:`), no control sequence of a host's
     text reaches the run's console: it prints the escaped text, character for character."""
     capsys.readouterr()
-    reporter = ConsoleReporter(cli.err)
+    reporter = ConsoleReporter(cli.err())
     stamp = {"seq": 1, "run_id": "r", "time": 0.0}
     reporter.emit(Note(**stamp, host="box", message=text))
     reporter.emit(AttemptFailed(**stamp, step="s", host="box", attempt=1, message=text))

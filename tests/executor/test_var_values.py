@@ -46,7 +46,7 @@ def local_book(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("text", TEXTS, ids=repr)
 def test_a_var_is_the_exact_text_given(local_book: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
-    assert main(["plan", str(local_book), "--var", f"v={text}"]) == 0
+    assert main(["plan", "--full", str(local_book), "--var", f"v={text}"]) == 0
     assert f"\nexport v={shlex.quote(text)}\n" in capsys.readouterr().out
 
 

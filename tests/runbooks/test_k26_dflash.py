@@ -286,5 +286,5 @@ def test_plan_shows_every_download_method(tmp_path, testhost, hub, capsys) -> No
         section = out.split(f"'{step}'")[1].split("## step")[0]
         assert all(method in section for method in ("hf_cli", "snapshot_download", "http")), step
     deploy = out.split("'deploy_dflash'")[1].split("## step")[0]
-    for shown in ("-m sglang.launch_server", "--speculative-algorithm DFLASH", "--tp-size <known at run time"):
+    for shown in ("-m sglang.launch_server", "--speculative-algorithm DFLASH", "--tp-size '<known at run time"):
         assert shown in deploy

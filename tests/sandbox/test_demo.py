@@ -41,6 +41,37 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert not live_pids(cmdline=str(logs))  # the SGLang stand-in was stopped by the runbook, the servers by the demo
 
 
+def test_the_demo_serves_the_flagship_across_two_nodes(tmp_path: Path) -> None:
+    """`runbook demo --nodes 2`: the flagship unchanged, its pool `nodes` two 8x H100 test nodes on their own
+    loopback addresses: both probed and given verified weights, one SGLang server of tp 16 across them (rank 1
+    launched on gpu2 with --node-rank 1), the evals and benchmarks against rank 0, every rank stopped."""
+    logs = tmp_path / "logs"
+    done = runbook_cli("demo", "--nodes", "2", "--log-dir", str(logs), "--ssh-server", "openssh", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = [p for p in logs.iterdir() if (p / "run.json").exists()]
+    status = json.loads(runbook_cli("status", "--log-dir", str(logs), "--json").stdout)
+    hosts: dict[str, set[str]] = {}
+    for step in status["steps"]:
+        assert step["status"] == "passed", step
+        hosts.setdefault(step["step"], set()).add(step["host"])
+    assert all(hosts[step] == {"gpu", "gpu2"} for step in ("probe", "verify_target", "verify_drafter"))
+    assert hosts["deploy_dflash"] == hosts["benchmark_dflash"] == hosts["stop"] == {"gpu"}  # rank 0's
+    records = [json.loads(line) for line in (run / "audit.jsonl").read_text().splitlines()]
+    launched = {r["host"]: json.loads(r["stdout"]) for r in records if r.get("step") == "deploy_dflash" and
+                r.get("stdout", "").startswith('{"action": "launch"')}  # fmt: skip
+    assert sorted(launched) == ["gpu", "gpu2"]
+    for rank, host in enumerate(("gpu", "gpu2")):
+        argv = " ".join(launched[host]["argv"])
+        assert "--tp-size 16 " in argv and f"--nnodes 2 --node-rank {rank} --dist-init-addr 127.0.0.2:" in argv
+    stopped = [json.loads(r["stdout"]) for r in records if r.get("step") == "stop" and r.get("event") == "command"]
+    assert sorted(s["state_file"].split("/demo-host/")[1].split("/")[0] for s in stopped) == ["gpu", "gpu2"]
+    assert all(s["stopped"] and s["gpu_freed"] for s in stopped)
+    deployments = json.loads((run / "report.json").read_text())["provenance"]["deployments"]
+    assert [d["gpus"] for d in deployments] == [16, 16] and all(d["server_version"] == "0.5.23" for d in deployments)
+    assert all([node["host"] for node in d["group"]["nodes"]] == ["gpu", "gpu2"] for d in deployments)
+    assert not live_pids(cmdline=str(logs))
+
+
 def _server_record(home: Path, server: subprocess.Popen[bytes], starttime: int) -> None:
     """What the deploy step records for a server it started, as sandbox.demo.stop_servers reads it."""
     records = home / ".runbook" / "sglang"

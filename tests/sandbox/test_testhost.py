@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
+import ipaddress
+import socket
 import subprocess
 import sys
 import time
@@ -11,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import gpu, testhost
-from sandbox.prepare import BIN, PINS, STANDIN_PTH, VENV, site_packages
+from sandbox import gpu, netns, testhost
+from sandbox.netns import NetnsUnavailable
+from sandbox.prepare import BIN, DDTREE_BUILD, PINS, STANDIN_PTH, VENV, site_packages
+from sandbox.testhost import PoolHost, pool_inventory
 from tests.conftest import SandboxHost
 
 REAL = Path(gpu.__file__).parent / "gpu_fixtures" / "h200"
@@ -89,12 +95,18 @@ def test_the_double_refuses_like_the_real_tool(args: list[str], variant: str, sa
     assert text.startswith(said) and exit_code == code
 
 
-def ssh(host: SandboxHost, command: str) -> subprocess.CompletedProcess[str]:
+def ssh(host: SandboxHost | PoolHost, command: str) -> subprocess.CompletedProcess[str]:
     server = host.server
     return subprocess.run(
         [
             *("ssh", "-F", str(server.root / "ssh_config"), "-i", str(server.client_key), "-p", str(server.port)),
-            *("-o", f"UserKnownHostsFile={server.known_hosts}", "-o", "BatchMode=yes", f"{server.user}@127.0.0.1"),
+            *(
+                "-o",
+                f"UserKnownHostsFile={server.known_hosts}",
+                "-o",
+                "BatchMode=yes",
+                f"{server.user}@{server.address}",
+            ),
             command,
         ],
         capture_output=True,
@@ -158,6 +170,7 @@ def test_prepare_is_idempotent() -> None:
         *(f"{name}=={version} already installed" for name, version, _ in PINS),
         f"{BIN / 'nvidia-smi'} up to date",
         f"{site_packages()}/{STANDIN_PTH} up to date",
+        f"{DDTREE_BUILD / 'sglang'} up to date",
     ]
 
 
@@ -170,3 +183,109 @@ def test_session_env_and_sshd_config(tmp_path: Path) -> None:
         testhost.session_env("a100", tmp_path)
     with pytest.raises(ValueError, match="double quote"):
         testhost.sshd_config({"HOME": 'a"b'})
+
+
+@pytest.mark.parametrize("server", ["openssh", "embedded"])
+def test_three_test_hosts_answer_at_once_each_with_its_own_gpus_home_and_port(
+    testhosts: Callable[..., list[PoolHost]], tmp_path: Path, server: str
+) -> None:
+    hosts = testhosts(3, variants=("h200x8", "h100", "h200"), ssh=server)
+    assert (
+        len({h.server.port for h in hosts}) == len({h.sglang_port for h in hosts}) == len({h.home for h in hosts}) == 3
+    )
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    command = (  # each waits until all three sessions have started: they run at the same time
+        f'touch {barrier}/"$RUNBOOK_SANDBOX_GPU"; for i in $(seq 300); do [ "$(ls {barrier} | wc -l)" = 3 ] && break; '
+        'sleep 0.05; done; echo "$HOME $(nvidia-smi -L | wc -l) $(ls ' + str(barrier) + ' | wc -l)"'
+    )
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda host: ssh(host, command), hosts))
+    assert [a.returncode for a in answers] == [0, 0, 0], [a.stderr for a in answers]
+    expected = [[str(h.home), gpus, "3"] for h, gpus in zip(hosts, "881", strict=True)]
+    assert [a.stdout.split() for a in answers] == expected
+    inventory = pool_inventory(hosts, {"HF_ENDPOINT": "http://127.0.0.1:1"})
+    assert inventory["hosts"]["gpu2"]["vars"] == {
+        "models_dir": str(hosts[1].home / "models"),
+        "sglang_port": hosts[1].sglang_port,
+    }
+    assert inventory["hosts"]["gpu3"]["port"] == hosts[2].server.port and inventory["vars"] == {
+        "HF_ENDPOINT": "http://127.0.0.1:1"
+    }
+
+
+def test_test_nodes_each_listen_on_their_own_loopback_address(testnodes: Callable[..., list[PoolHost]]) -> None:
+    nodes = testnodes(3, variants=("h100x8", "h100x8", "h200x8"))
+    assert [n.address for n in nodes] == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    for node, gpus in zip(nodes, ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "NVIDIA H200"), strict=True):
+        # the server side of the SSH connection is the node's address: sshd listens there only
+        done = ssh(node, 'echo "$SSH_CONNECTION $HOME"; nvidia-smi --query-gpu=name --format=csv,noheader | sort -u')
+        assert done.returncode == 0, done.stderr
+        connection, names = done.stdout.splitlines()[0].split(), done.stdout.splitlines()[1:]
+        assert connection[2:] == [node.address, str(node.server.port), str(node.home)] and names == [gpus]
+        with socket.socket() as other:  # the same port on 127.0.0.1 is not this node's sshd
+            assert other.connect_ex(("127.0.0.1", node.server.port)) != 0
+    inventory = pool_inventory(nodes, {})
+    assert [h["address"] for h in inventory["hosts"].values()] == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    assert len({n.sglang_port for n in nodes}) == len({n.home for n in nodes}) == 3
+
+
+def netns_listed() -> set[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in listed.splitlines() if line.strip()}
+
+
+def test_an_isolated_node_is_reached_over_its_veth_reaches_no_other_nodes_loopback_and_goes_away(
+    tmp_path: Path,
+) -> None:
+    try:
+        pool = testhost.start_pool(tmp_path, ("h100x8", "h100x8"), own_addresses=True, isolated=(2,))
+    except NetnsUnavailable as exc:
+        pytest.skip(f"node 2 needs a network namespace of its own: {exc}")
+    (_, gpu1), (_, gpu2) = pool
+    try:
+        assert gpu1.netns is None and gpu2.netns is not None and gpu2.address == gpu2.netns.address
+        assert ipaddress.ip_address(gpu2.address) in netns.RANGE and gpu2.netns.name in netns_listed()
+        reach = "python3 -c 'import socket, sys; print(socket.socket().connect_ex((sys.argv[1], int(sys.argv[2]))))'"
+        reach += f" {gpu1.address} {gpu1.server.port}"
+        # gpu1's sshd: reached from gpu1 itself, refused from gpu2, where its address is gpu2's own loopback's
+        assert ssh(gpu1, reach).stdout.split() == ["0"]
+        inside = ssh(gpu2, reach + '; echo "$SSH_CONNECTION"')
+        assert inside.returncode == 0, inside.stderr
+        assert inside.stdout.split()[0] == str(errno.ECONNREFUSED) and inside.stdout.split()[3] == gpu2.address
+    finally:
+        testhost.stop_pool(pool)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert gpu2.netns.name not in netns_listed() and gpu2.netns.host_veth not in links
+
+
+def test_an_isolated_host_whose_sshd_fails_leaves_no_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("sshd exited")
+
+    made: list[netns.Namespace] = []
+    create = netns.create
+
+    def recorded() -> netns.Namespace:
+        made.append(create())
+        return made[-1]
+
+    monkeypatch.setattr(netns, "create", recorded)
+    monkeypatch.setattr(testhost, "start_sshd", fails)
+    try:
+        with pytest.raises(RuntimeError, match="sshd exited"):
+            testhost.start(tmp_path, "gpu2", "h100x8", isolated=True)
+    except NetnsUnavailable as exc:
+        pytest.skip(f"a network namespace cannot be made here: {exc}")
+    (namespace,) = made
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert namespace.name not in netns_listed() and namespace.host_veth not in links
+
+
+def test_h100x8_is_eight_h100_80gb_cards() -> None:
+    query, code = gpu.answer(["--query-gpu=index,name,compute_cap,memory.total", "--format=csv,noheader"], "h100x8", 0)
+    assert code == 0 and query.splitlines() == [f"{i}, NVIDIA H100 80GB HBM3, 9.0, 81559 MiB" for i in range(8)]
+    root = ET.fromstring(gpu.answer(["-q", "-x"], "h100x8", time.time())[0])
+    assert root.findtext("attached_gpus") == "8"
+    assert {c.findtext("product_architecture") for c in root.findall("gpu")} == {"Hopper"}
+    assert len({c.findtext("uuid") for c in root.findall("gpu")}) == 8

@@ -33,6 +33,7 @@ from hostprograms import deploy as deploy_host
 from hostprograms.probe import literal_lists
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
+from sandbox.repos import oversized_copy
 from sandbox.sglang_standin.server import VERSION as STANDIN_VERSION
 from steps.deploy import Choice, DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
@@ -83,13 +84,16 @@ class Facts(RenderContext):
     """A render context over given facts of earlier steps."""
 
     def __init__(self, **steps: dict[str, Any]) -> None:
-        self.host_name, self.vars, self.steps = "box", {}, steps
+        self.host_name, self.host_address, self.vars, self.steps = "box", "box", {}, steps
 
     def fact(self, step_id: str, path: str) -> Any:
         value: Any = self.steps[step_id]
         for part in path.split("."):
             value = value[part]
         return value
+
+    def peer(self, host: str) -> RenderContext:
+        raise AssertionError("a single-node deploy sees no other host")
 
 
 def dflash(**params: Any) -> DeployStep:
@@ -275,7 +279,7 @@ def test_runbook_plan_shows_the_launch_command(tmp_path: Path, write_runbook: An
           - id: stop
             kind: stop_server
         """)
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     out = capsys.readouterr().out
     assert "# start or reuse the SGLang server on port 30000; '<known at run time: ...>' marks values" in out
     assert "#       --speculative-algorithm DFLASH \\\n" in out
@@ -661,3 +665,42 @@ def test_a_state_file_the_program_did_not_write_is_no_server_of_ours(change: dic
     assert deploy_host.read_state(str(tmp_path), 30000) == state
     (tmp_path / "30000.json").write_text(json.dumps(state | change))
     assert deploy_host.read_state(str(tmp_path), 30000) is None
+
+
+# ----------------------------------------------------------------------------- DDTREE and start-up memory
+
+
+def test_the_ddtree_budget_renders_its_flag_and_needs_ddtree() -> None:
+    step = dflash(speculative_algorithm="DDTREE", speculative_ddtree_budget=32, speculative_num_draft_tokens=8)
+    rendered = flags(step, PlanContext("box", {}))
+    assert rendered["--speculative-algorithm"] == "DDTREE" and rendered["--speculative-ddtree-budget"] == "32"
+    assert "--speculative-ddtree-budget" not in flags(dflash(), PlanContext("box", {}))
+    # a choice like the others, so the facts (and the campaign report's budget column) carry it
+    budget = step.choices(PlanContext("box", {}))["speculative_ddtree_budget"]
+    assert isinstance(budget, Choice) and (budget.value, budget.source) == (32, "runbook")
+    assert "speculative_ddtree_budget" not in dflash().choices(PlanContext("box", {}))
+    for params in ({"speculative_ddtree_budget": 16}, {"speculative_ddtree_budget": 16, "draft_model_path": None}):
+        with pytest.raises(ValueError, match="speculative_ddtree_budget is DDTREE's tree budget"):
+            dflash(**params)
+    with pytest.raises(ValueError, match="greater than 0"):
+        dflash(speculative_algorithm="DDTREE", speculative_ddtree_budget=0)
+    with pytest.raises(ValueError, match="extra_args set --speculative-ddtree-budget"):
+        dflash(extra_args=["--speculative-ddtree-budget", "16"])
+
+
+@pytest.mark.parametrize("site", ["h100"], indirect=True)
+def test_a_model_too_big_for_the_gpus_memory_fails_at_start_up_with_sglangs_line(site: Site) -> None:
+    """Kimi-K2.6's ~595 GB over 8x H100 80 GB: the weights fit, the KV cache does not (SGLang's MemoryPoolConfig)."""
+    oversized_copy(site.models / "Kimi-K2.6", site.models / "Kimi-K2.6-full", 595 * 10**9)
+    code, facts, err = site.run(site.deploy(model_path="$models_dir/Kimi-K2.6-full", tp_size=8, ready_timeout=300))
+    assert code != 0
+    failed = facts["deploy"]
+    assert failed["error_line"] == (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.88"
+    )
+    assert "the server exited (killed by SIGKILL) during start-up" in failed["failure"]
+    assert "Not enough memory" in err and not running(failed["pid"]) and not site.state_file.exists()
+    # on 4 GPUs the weights alone overflow one GPU: torch's CUDA out-of-memory while loading them
+    code, facts, _ = site.run(site.deploy(model_path="$models_dir/Kimi-K2.6-full", tp_size=4, ready_timeout=300))
+    assert code != 0 and facts["deploy"]["error_line"].startswith("torch.OutOfMemoryError: CUDA out of memory.")

@@ -456,7 +456,7 @@ def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: A
             include: ["*.json", "*.safetensors"]
             python: ~/sglang/bin/python
         """)
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.count('local_dir="${models_dir:?runbook var models_dir is unset or empty}"/Kimi-K2.6\n') == 3
     assert out.count('"local_dir": "$models_dir/Kimi-K2.6"') == 3  # precheck, http, check: expanded by the kit

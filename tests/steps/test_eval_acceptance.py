@@ -477,12 +477,12 @@ def test_plan_shows_every_prompt_sent_and_marks_what_is_known_at_run_time(sshd, 
         "  - id: eval\n    kind: eval_acceptance\n    server: dflash\n    limit: 2\n"
         "    prompt_sets: {math: math.jsonl}\n"
     )
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     out = capsys.readouterr().out
     assert "<known at run time: steps.dflash.facts.base_url>" in out
     assert "<read at run time from math.jsonl, relative to the runbook's folder>" in out
     path.write_text(path.read_text().replace("    prompt_sets: {math: math.jsonl}\n", "    prompt_sets: [math]\n"))
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     out = capsys.readouterr().out
     assert "A bakery sells muffins" in out and "A train leaves a station" in out  # the first two, as sent
     assert "Tom has twice as many marbles" not in out  # limit: 2

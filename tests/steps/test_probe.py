@@ -135,6 +135,27 @@ def test_sglang_capabilities_are_read_from_the_installed_release(h200: dict[str,
     assert h200["python"]["packages"]["sglang"] == "0.5.23" and h200["python"]["packages"]["torch"] is None
 
 
+def test_sglang_0_5_23_has_no_ddtree_and_says_which_algorithms_it_has(h200: dict[str, Any]) -> None:
+    sglang = h200["sglang"]
+    assert sglang["ddtree"] is False
+    assert sglang["speculative_algorithms"] == [
+        "DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM",
+    ]  # fmt: skip
+    assert sglang["sources"]["ddtree"].endswith("site-packages/sglang/srt/speculative/spec_info.py")
+
+
+def test_a_build_with_the_ddtree_pull_request_has_ddtree(
+    testhost: Callable[..., SandboxHost], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = testhost("h200", sglang="ddtree-pr")
+    code, facts, _ = run_probe(host, tmp_path, capsys, f"python: {host.python}\n")
+    assert code == 0 and facts is not None
+    sglang = facts["sglang"]
+    assert sglang["ddtree"] is True and sglang["dflash"] is True and sglang["version"] == "0.5.23"
+    assert sglang["speculative_algorithms"][:2] == ["DFLASH", "DDTREE"]
+    assert "sglang-with-ddtree-pr" in sglang["sources"]["ddtree"]
+
+
 def test_host_disks_memory_os_and_models(h200: dict[str, Any]) -> None:
     shm = h200["disks"]["/dev/shm"]
     df = subprocess.run(["df", "-B1", "--output=size,avail", "/dev/shm"], capture_output=True, text=True, check=True)
@@ -380,7 +401,7 @@ def test_hub_sizes_are_asked_from_the_host_and_a_failure_is_a_reason(testhost, t
 def test_plan_shows_one_command_shipping_the_program_and_its_config(tmp_path, capsys) -> None:
     path = tmp_path / "rb.yaml"
     path.write_text("name: p\nsteps:\n  - {id: probe, kind: probe, python: /root/venv_sglang/bin/python}\n")
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", "--full", str(path)]) == 0
     out = capsys.readouterr().out
     assert "# hostprograms/probe.py with the kit, zip sha256:" in out
     assert 'python3 "$prog/program.pyz" "$prog/config.json"' in out

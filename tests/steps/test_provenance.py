@@ -122,6 +122,22 @@ def test_a_server_that_did_not_say_its_version_is_named() -> None:
     assert p.unknown["deployments.baseline.server_version"] == "/server_info answered 404 'Not Found'"
 
 
+def test_a_node_group_is_recorded_in_rank_order_and_one_hosts_server_has_none() -> None:
+    group = {"nodes": ["gpu1", "gpu2"], "gpus_per_node": 8, "tp_size": 16, "dist_init_addr": "node1.example:20000"}
+    group |= {"per_node": {}}  # as the deploy step records it, each rank's wiring besides (not provenance)
+    deploys = {"deploy_baseline": deploy(ARGV), "deploy_dflash": deploy(DFLASH_ARGV) | {"group": group}}
+    p = build(sources(deploys=deploys), SIDES, "t")
+    baseline, dflash = p.deployments
+    assert baseline.group is None and dflash.group is not None
+    assert [(n.rank, n.host, n.gpus) for n in dflash.group.nodes] == [(0, "gpu1", 8), (1, "gpu2", 8)]
+    assert (dflash.group.tp_size, dflash.group.dist_init_addr) == (16, "node1.example:20000")
+    # facts of a deploy from before the group named its GPU model: null, and why
+    assert all(n.gpu_model is None for n in dflash.group.nodes)
+    assert (
+        p.unknown["deployments.dflash.group.gpu_model"] == "the facts of deploy_dflash do not name the nodes' GPU model"
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "count"),
     [

@@ -1,0 +1,654 @@
+"""Expand a runbook's matrices into step instances, before any step is validated (README, "Matrices").
+
+The loader hands the raw steps (plain data, every value's position known) to `expand`; it returns one
+`Entry` per step to validate: a plain step as written, or a matrix step's instance for its cell, with
+`${{ matrix.X }}` substituted, step references to group mates pointing at the same cell's instance and
+the group's hosts inherited. Problems are reported at their position; limits (cells per matrix,
+instances per runbook, characters of expanded text) are checked before the work they bound is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Protocol
+
+from executor.campaign import (
+    AxisValue,
+    Cell,
+    Instance,
+    MatrixGroup,
+    OnFailure,
+    instance_id,
+    matrix_environment,
+    value_text,
+)
+from executor.gates import step_refs
+from executor.stepkind import StepSpec, step_ref_fields
+
+Loc = tuple[str | int, ...]
+
+MAX_CELLS = 10_000  # of one matrix, counted (the product of its axes) before any is made
+MAX_INSTANCES = 10_000  # of a runbook: step instances of all matrices
+MAX_EXPANDED_TEXT = 64 << 20  # characters of parameters written by substitution, all instances together
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # as a step id
+_VALUE_TEXT = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.DOTALL)
+_MATRIX_EXPR = re.compile(r"^\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*$")
+_SCRIPT_VAR = re.compile(r"\$\{?(matrix_[A-Za-z0-9_]+)")
+_JINJA_AXIS = re.compile(r"\bmatrix\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
+_GROUP_KEYS = {"group", "description", "matrix", "on_failure", "hosts", "placement", "steps"}
+_MATRIX_STEP_KEYS = ("matrix", "on_failure", "placement")  # a matrix on one step: not the kind's parameters
+_JINJA_FIELDS = ("gates", "when")
+_FIXED_FIELDS = {"id", "kind", "description"}  # never substituted
+
+
+class Reporter(Protocol):
+    """Where problems go (the loader's positions): `problem` notes one, `refuse` stops at a limit."""
+
+    def problem(self, loc: Loc, message: str, *, key: bool = False) -> None: ...
+
+    def at(self, loc: Loc, *, key: bool = False) -> tuple[int, int]: ...
+
+    def refuse(self, mark: tuple[int, int], message: str) -> NoReturn: ...
+
+
+@dataclass
+class Entry:
+    """One step to validate: its raw data, where it is written, and (in a matrix) which instance it is."""
+
+    raw: Any
+    loc: Loc
+    instance: Instance | None = None
+
+
+@dataclass
+class Expansion:
+    entries: list[Entry] = field(default_factory=list)
+    groups: list[MatrixGroup] = field(default_factory=list)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    #: base id -> the group it belongs to (for the loader's cross-checks: references into a group)
+    member_of: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Member:
+    raw: dict[str, Any]
+    loc: Loc
+    base: str
+    model: type[StepSpec] | None
+    axes: set[str] = field(default_factory=set)
+    mates: set[str] = field(default_factory=set)  # group mates it refers to
+
+
+@dataclass
+class _Budget:
+    instances: int = 0
+    text: int = 0
+
+
+def expand(
+    raw_steps: list[Any],
+    kinds: Mapping[str, type[StepSpec]],
+    names: Collection[str],
+    selectors: Mapping[str, list[str]],
+    pos: Reporter,
+) -> Expansion:
+    """The steps to validate, in run order, and the matrix groups they expand; `names` are the runbook's
+    vars and secrets (an axis's `matrix_*` variable must not shadow one); `selectors` the hosts of each
+    name a `hosts:` may give instead of a list (`all`, the pools)."""
+    out = Expansion()
+    budget = _Budget()
+    written: list[Any] = []  # every step as written, in groups too: a group's name must not be one's id
+    for raw in raw_steps:
+        inner = raw.get("steps") if isinstance(raw, dict) and "group" in raw else None
+        written.extend(inner if isinstance(inner, list) else [raw])
+    taken = {step["id"] for step in written if isinstance(step, dict) and isinstance(step.get("id"), str)}
+    for index, raw in enumerate(raw_steps):
+        loc: Loc = ("steps", index)
+        if isinstance(raw, dict) and isinstance(raw.get("hosts"), str) and raw["hosts"] in selectors:
+            raw = {**raw, "hosts": list(selectors[raw["hosts"]])}  # a pool's (or all) hosts, for placement
+        if isinstance(raw, dict) and "group" in raw:
+            _group(raw, loc, kinds, names, taken, pos, out, budget)
+        elif isinstance(raw, dict) and "matrix" in raw:
+            step = {k: v for k, v in raw.items() if k not in _MATRIX_STEP_KEYS}
+            name = raw.get("id")
+            options = {"matrix": raw["matrix"], "on_failure": raw.get("on_failure"), "placement": raw.get("placement")}
+            if "hosts" in raw:
+                options["hosts"] = raw["hosts"]
+            _expand_group(str(name), options, loc, [(step, loc)], kinds, names, pos, out, budget, own_hosts=True)
+        else:
+            _refuse_outside(raw, loc, kinds, pos)
+            out.entries.append(Entry(raw, loc))
+    return out
+
+
+def _group(
+    raw: dict[str, Any],
+    loc: Loc,
+    kinds: Mapping[str, type[StepSpec]],
+    names: Collection[str],
+    taken: set[str],
+    pos: Reporter,
+    out: Expansion,
+    budget: _Budget,
+) -> None:
+    for key in raw:
+        if key not in _GROUP_KEYS:
+            pos.problem(
+                (*loc, key), f"unknown key '{key}' of a group (known: {', '.join(sorted(_GROUP_KEYS))})", key=True
+            )
+    name = raw["group"]
+    if not isinstance(name, str) or not _GROUP_NAME.match(name):
+        pos.problem((*loc, "group"), "group: a name such as sweep_1 (letters, digits, _ and -)")
+        name = str(name)
+    elif name in taken:
+        pos.problem((*loc, "group"), f"group '{name}': the name is taken by a step or another group")
+    taken.add(name)
+    if "matrix" not in raw:
+        pos.problem(loc, f"group '{name}': missing required key 'matrix'")
+        return
+    steps = raw.get("steps")
+    if not isinstance(steps, list) or not steps:
+        pos.problem((*loc, "steps"), f"group '{name}': steps: a list of one or more steps")
+        return
+    members: list[tuple[Any, Loc]] = []
+    for j, step in enumerate(steps):
+        step_loc: Loc = (*loc, "steps", j)
+        if isinstance(step, dict) and ("group" in step or "matrix" in step):
+            pos.problem(step_loc, f"group '{name}': a group's step cannot carry its own matrix or group")
+            continue
+        members.append((step, step_loc))
+    _expand_group(name, raw, loc, members, kinds, names, pos, out, budget, own_hosts=False)
+
+
+def _expand_group(
+    name: str,
+    options: Mapping[str, Any],
+    loc: Loc,
+    written: list[tuple[Any, Loc]],
+    kinds: Mapping[str, type[StepSpec]],
+    names: Collection[str],
+    pos: Reporter,
+    out: Expansion,
+    budget: _Budget,
+    *,
+    own_hosts: bool,
+) -> None:
+    """Expand one matrix over its steps (`written`), appending its entries, instances and group to `out`."""
+    matrix_loc = (*loc, "matrix")
+    parsed = _axes(options["matrix"], matrix_loc, names, pos)
+    written_on_failure = options.get("on_failure") or "stop"
+    if written_on_failure not in ("stop", "continue"):
+        pos.problem((*loc, "on_failure"), f"on_failure: 'stop' or 'continue', not {written_on_failure!r}")
+    on_failure: OnFailure = "continue" if written_on_failure == "continue" else "stop"
+    placement = options.get("placement")
+    hosts = options.get("hosts")
+    pool: tuple[str, ...] = ()
+    if placement is not None and placement != "spread":
+        pos.problem(
+            (*loc, "placement"), f"placement: 'spread' (each server configuration on one host), not {placement!r}"
+        )
+        placement = None
+    if hosts is not None and not (isinstance(hosts, list) and all(isinstance(h, str) for h in hosts) and hosts):
+        if not own_hosts:
+            pos.problem((*loc, "hosts"), "hosts: a list of host names, `all` or a pool's name (the group's hosts)")
+        hosts = None
+    listed: list[str] = hosts or []
+    twice = [h for i, h in enumerate(listed) if h in listed[:i]]
+    if twice:  # two lanes on one host would run two servers there at once (pools refuse this too)
+        pos.problem((*loc, "hosts"), f"hosts: host '{twice[0]}' is listed twice")
+    if placement is not None:
+        if hosts is None:
+            pos.problem((*loc, "placement"), "placement needs the hosts to spread over: give `hosts: [gpu1, gpu2]`")
+            placement = None
+        else:
+            pool = tuple(hosts)
+    members: list[_Member] = []
+    passthrough: list[Entry] = []
+    for raw, step_loc in written:
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            passthrough.append(Entry(raw, step_loc))  # the loader's validation reports it
+            continue
+        twin = next((k for k, m in enumerate(members) if m.base == raw["id"]), None)
+        if twin is not None:  # both would expand to the same instance ids: one would vanish
+            text = f"duplicate step id '{raw['id']}' (also step {twin + 1} of group '{name}')"
+            pos.problem((*step_loc, "id"), text)
+            continue
+        model = kinds.get(str(raw.get("kind")))
+        raw = dict(raw)
+        if not own_hosts and hosts is not None:
+            if placement is not None and ("host" in raw or "hosts" in raw):
+                key = "host" if "host" in raw else "hosts"
+                text = f"step '{raw['id']}': a step of a placed group runs where the placement puts it: remove '{key}'"
+                pos.problem((*step_loc, key), text, key=True)
+            elif "host" not in raw and "hosts" not in raw:
+                raw["hosts"] = list(hosts)
+        members.append(_Member(raw, step_loc, raw["id"], model))
+    out.entries.extend(passthrough)
+    out.member_of.update((member.base, name) for member in members)
+    if parsed is None:
+        return
+    axes, cells = parsed.axes, parsed.cells
+    _uses(members, axes, pos)
+    servers = [m for m in members if m.model is not None and m.model.starts_server]
+    for extra in servers[1:]:
+        text = (
+            f"group '{name}': a second server-starting step ('{extra.base}' after '{servers[0].base}'); one per group"
+        )
+        pos.problem(extra.loc, text)
+    server = servers[0] if servers else None
+    server_axes = tuple(a for a in axes if server is not None and a in server.axes)
+    cells = _ordered(cells, axes, server_axes)
+    bound = sum(min(len(cells), math.prod(len(axes[a]) for a in m.axes)) for m in members)
+    budget.instances += bound
+    if budget.instances > MAX_INSTANCES:
+        pos.refuse(pos.at(matrix_loc), f"the matrices expand to more than {MAX_INSTANCES} step instances (the limit)")
+    order: list[str] = []
+    made: dict[str, tuple[_Member, Cell]] = {}
+    cell_lists: dict[str, list[str]] = {}
+    server_of: dict[str, str | None] = {}
+    after_server = {m.base for m in members[members.index(server) :]} if server is not None else set()
+    for cell in cells:
+        cell_server = _own_id(server, cell) if server is not None else None
+        for member in members:
+            iid = _own_id(member, cell)
+            if iid not in made:
+                made[iid] = (member, cell)
+                order.append(iid)
+                cell_lists[iid] = []
+                server_of[iid] = cell_server if member.base in after_server else None
+            cell_lists[iid].append(cell.id)
+    for iid in order:
+        member, cell = made[iid]
+        values = {a: cell.values[a] for a in axes if a in member.axes}
+        instance = Instance(iid, member.base, name, values, tuple(cell_lists[iid]), server_of[iid])
+        out.instances[iid] = instance
+        raw = _instance_raw(member, cell, members, budget, pos)
+        out.entries.append(Entry(raw, member.loc, instance))
+    out.groups.append(
+        MatrixGroup(
+            name=name,
+            axes={a: tuple(v for v, _ in axis) for a, axis in axes.items()},
+            cells=tuple(cells),
+            bases=tuple(m.base for m in members),
+            instances=tuple(order),
+            on_failure=on_failure,
+            placement=placement,
+            pool=pool,
+            position=pos.at(matrix_loc),
+            server_axes=server_axes,
+            servers=tuple(i for i in order if server is not None and made[i][0] is server),
+            excluded=parsed.excluded,
+            included=parsed.included,
+        )
+    )
+
+
+# ---- axes and cells ----------------------------------------------------------------------------------
+
+#: an axis: its values, each with its text (what ids, excludes and `$matrix_X` show)
+Axes = dict[str, list[tuple[AxisValue, str]]]
+
+
+@dataclass
+class _Cells:
+    axes: Axes
+    cells: list[Cell]  # after exclude/include, not yet ordered
+    excluded: int
+    included: int
+
+
+def _axes(matrix: Any, loc: Loc, names: Collection[str], pos: Reporter) -> _Cells | None:
+    """The axes and the cells, or None when the matrix is broken."""
+    if not isinstance(matrix, dict) or not matrix:
+        pos.problem(loc, "matrix: a mapping of axes, each a list of values (and optional exclude/include)")
+        return None
+    axes: Axes = {}
+    broken = False
+    for axis, values in matrix.items():
+        if axis in ("exclude", "include"):
+            continue
+        if not _NAME.match(axis):
+            pos.problem(
+                (*loc, axis), f"matrix axis '{axis}': a name such as draft_tokens (letters, digits, _)", key=True
+            )
+            broken = True
+            continue
+        parsed = _values(axis, values, (*loc, axis), names, pos)
+        if parsed is None:
+            broken = True
+            continue
+        for other, values_of_other in axes.items():  # `a`'s field `b` and axis `a_b` are both $matrix_a_b
+            clash = sorted(_script_names(axis, parsed) & _script_names(other, values_of_other))
+            if clash:
+                text = f"matrix axis '{axis}': its script variable ${clash[0]} is also one of axis '{other}'"
+                pos.problem((*loc, axis), text, key=True)
+                broken = True
+        axes[axis] = parsed
+    if not axes and not broken:
+        pos.problem(loc, "matrix: no axes (an axis is a name with a list of values)")
+    if broken or not axes:
+        return None
+    size = math.prod(len(v) for v in axes.values())
+    include = matrix.get("include") or []
+    if size + (len(include) if isinstance(include, list) else 0) > MAX_CELLS:
+        pos.refuse(pos.at(loc), f"the matrix has {size} combinations; the limit is {MAX_CELLS} cells")
+    excludes = _combinations(matrix.get("exclude"), "exclude", axes, (*loc, "exclude"), pos, full=False)
+    includes = _combinations(include, "include", axes, (*loc, "include"), pos, full=True)
+    if excludes is None or includes is None:
+        return None
+    cells: list[tuple[int, ...]] = []
+    for combo in itertools.product(*(range(len(v)) for v in axes.values())):
+        chosen = dict(zip(axes, combo, strict=True))
+        if not any(all(chosen[a] == i for a, i in rule.items()) for rule in excludes):
+            cells.append(combo)
+    present = set(cells)
+    excluded = size - len(cells)
+    for rule in includes:
+        combo = tuple(rule[a] for a in axes)
+        if combo not in present:
+            present.add(combo)
+            cells.append(combo)
+    if not cells:
+        pos.problem(loc, "matrix: every combination is excluded; no cell is left")
+        return None
+    made = [Cell({a: axes[a][i][0] for a, i in zip(axes, combo, strict=True)}) for combo in cells]
+    return _Cells(axes, made, excluded, len(cells) - (size - excluded))
+
+
+def _values(
+    axis: str, values: Any, loc: Loc, names: Collection[str], pos: Reporter
+) -> list[tuple[AxisValue, str]] | None:
+    if not isinstance(values, list) or not values:
+        pos.problem(loc, f"matrix axis '{axis}': a list of one or more values")
+        return None
+    out: list[tuple[AxisValue, str]] = []
+    seen: set[str] = set()
+    ok = True
+    for i, value in enumerate(values):
+        where = (*loc, i)
+        if isinstance(value, dict):
+            if not isinstance(value.get("name"), str | int | float) or isinstance(value.get("name"), bool):
+                pos.problem(where, f"matrix axis '{axis}': a mapping value needs a `name` (what cell ids show)")
+                ok = False
+                continue
+            for key, item in value.items():
+                if not _NAME.match(key):
+                    pos.problem(
+                        (*where, key), f"matrix axis '{axis}': field '{key}': a name (letters, digits, _)", key=True
+                    )
+                    ok = False
+                elif not _field_value(item):
+                    pos.problem(
+                        (*where, key), f"matrix axis '{axis}': field '{key}': a scalar, null or a list of scalars"
+                    )
+                    ok = False
+        elif value is None or not isinstance(value, str | int | float | bool):
+            pos.problem(where, f"matrix axis '{axis}': a value is a scalar or a mapping with a name, not {value!r}")
+            ok = False
+            continue
+        text = value_text(value)
+        if not _VALUE_TEXT.match(text):
+            pos.problem(
+                where, f"matrix axis '{axis}': value '{text}' is not readable in a cell id (letters, digits, _ . + -)"
+            )
+            ok = False
+        elif text in seen:
+            pos.problem(where, f"matrix axis '{axis}': value '{text}' appears twice")
+            ok = False
+        seen.add(text)
+        out.append((value, text))
+    for clash in sorted(_script_names(axis, out) & set(names)):
+        pos.problem(loc, f"matrix axis '{axis}': its script variable ${clash} would shadow the var or secret '{clash}'")
+        ok = False
+    return out if ok else None
+
+
+def _script_names(axis: str, values: list[tuple[AxisValue, str]]) -> set[str]:
+    """The environment variables an axis gives scripts, as the engine exports them (`matrix_environment`)."""
+    return {name for value, _ in values for name in matrix_environment({axis: value})}
+
+
+def _field_value(item: Any) -> bool:
+    scalar = (str, int, float, bool)
+    return (
+        item is None
+        or isinstance(item, scalar)
+        or (isinstance(item, list) and all(isinstance(x, scalar) for x in item))
+    )
+
+
+def _combinations(
+    rules: Any, what: str, axes: Axes, loc: Loc, pos: Reporter, *, full: bool
+) -> list[dict[str, int]] | None:
+    """`exclude:`/`include:` entries as axis -> value index; `full`: each must name every axis."""
+    if rules is None:
+        return []
+    if not isinstance(rules, list):
+        pos.problem(loc, f"matrix {what}: a list of combinations ({{axis: value, ...}})")
+        return None
+    out: list[dict[str, int]] = []
+    ok = True
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict) or not rule:
+            pos.problem((*loc, i), f"matrix {what}: a combination is a mapping of axis to value")
+            ok = False
+            continue
+        chosen: dict[str, int] = {}
+        for axis, value in rule.items():
+            if axis not in axes:
+                pos.problem(
+                    (*loc, i, axis), f"matrix {what}: unknown axis '{axis}' (axes: {', '.join(axes)})", key=True
+                )
+                ok = False
+                continue
+            texts = [text for _, text in axes[axis]]
+            text = value_text(value) if isinstance(value, str | int | float | bool | dict) and _named(value) else None
+            if text not in texts:
+                shown = text if text is not None else repr(value)
+                pos.problem(
+                    (*loc, i, axis), f"matrix {what}: axis '{axis}' has no value '{shown}' (values: {', '.join(texts)})"
+                )
+                ok = False
+                continue
+            chosen[axis] = texts.index(text)
+        missing = [a for a in axes if a not in rule]
+        if full and missing and ok:
+            pos.problem((*loc, i), f"matrix include: a combination names every axis; missing: {', '.join(missing)}")
+            ok = False
+        out.append(chosen)
+    return out if ok else None
+
+
+def _named(value: Any) -> bool:
+    return not isinstance(value, dict) or "name" in value
+
+
+def _ordered(cells: list[Cell], axes: Axes, server_axes: tuple[str, ...]) -> list[Cell]:
+    """Cells sharing a server configuration together: the server axes vary slowest (in declaration order,
+    by value index), then the others; so each server configuration is one launch."""
+    index = {a: {text: i for i, (_, text) in enumerate(values)} for a, values in axes.items()}
+    order = [*server_axes, *(a for a in axes if a not in server_axes)]
+    return sorted(cells, key=lambda cell: tuple(index[a][value_text(cell.values[a])] for a in order))
+
+
+def _own_id(member: _Member, cell: Cell) -> str:
+    return instance_id(member.base, {a: v for a, v in cell.values.items() if a in member.axes})
+
+
+# ---- which axes a step uses --------------------------------------------------------------------------
+
+
+def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
+    """Fill each member's axes (its own, then those of the earlier mates it refers to) and mates; report
+    `${{ }}` that is not `matrix.AXIS[.FIELD]`, and `${{` where it does not belong."""
+    bases: list[str] = []
+    for member in members:
+        scripts = member.model.script_fields if member.model is not None else frozenset()
+        refs = step_ref_fields(member.model) if member.model is not None else frozenset()
+        for key, value, loc in _fields(member.raw, member.loc):
+            if key in _FIXED_FIELDS:
+                continue
+            if key in _JINJA_FIELDS:
+                for text, where in _texts(value, loc):
+                    if "${{" in text:
+                        pos.problem(
+                            where, f"{key}: the matrix is the variable `matrix` here: write matrix.AXIS, not ${{{{ }}}}"
+                        )
+                    for axis in _JINJA_AXIS.findall(text):
+                        _axis_used(axis, None, axes, member, where, pos)
+                    member.mates.update(r for r in step_refs(text) if r in bases)
+            elif key in scripts:
+                for text, where in _texts(value, loc):
+                    if "${{" in text:
+                        pos.problem(
+                            where,
+                            f"{key}: a script reads the matrix from its environment: use $matrix_AXIS, not ${{{{ }}}}",
+                        )
+                    for name in _SCRIPT_VAR.findall(text):
+                        member.axes.update(a for a in axes if name == f"matrix_{a}" or name.startswith(f"matrix_{a}_"))
+            else:
+                for text, where in _texts(value, loc):
+                    for expr in _EXPR.findall(text):
+                        match = _MATRIX_EXPR.match(expr)
+                        if match is None:
+                            pos.problem(where, f"{key}: ${{{{{expr}}}}} is not matrix.AXIS or matrix.AXIS.FIELD")
+                        else:
+                            _axis_used(match.group(1), match.group(2), axes, member, where, pos)
+                if key in refs and isinstance(value, str) and value in bases:
+                    member.mates.add(value)
+        for mate in members[: len(bases)]:
+            if mate.base in member.mates:
+                member.axes |= mate.axes
+        bases.append(member.base)
+
+
+def _axis_used(axis: str, name: str | None, axes: Axes, member: _Member, loc: Loc, pos: Reporter) -> None:
+    if axis not in axes:
+        pos.problem(loc, f"step '{member.base}': the matrix has no axis '{axis}' (axes: {', '.join(axes)})")
+        return
+    if name is not None and not any(isinstance(v, dict) and name in v for v, _ in axes[axis]):
+        pos.problem(loc, f"step '{member.base}': no value of axis '{axis}' has a field '{name}'")
+        return
+    member.axes.add(axis)
+
+
+def _fields(raw: dict[str, Any], loc: Loc) -> Iterator[tuple[str, Any, Loc]]:
+    """(key, value, position) of a step's fields, and of the fields of each of its fallbacks."""
+    for key, value in raw.items():
+        if key == "fallbacks" and isinstance(value, list):
+            for j, override in enumerate(value):
+                if isinstance(override, dict):
+                    yield from ((k, v, (*loc, key, j, k)) for k, v in override.items())
+        else:
+            yield key, value, (*loc, key)
+
+
+def _texts(value: Any, loc: Loc) -> Iterator[tuple[str, Loc]]:
+    """Every text in a value (nested lists and mappings' values), with its position; no recursion."""
+    stack = [(value, loc)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            yield item, where
+        elif isinstance(item, dict):
+            stack.extend((v, (*where, k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, (*where, i)) for i, v in enumerate(item))
+
+
+def _refuse_outside(raw: Any, loc: Loc, kinds: Mapping[str, type[StepSpec]], pos: Reporter) -> None:
+    """`${{ }}`, or `matrix.X` in a gate or `when:`, in a step that has no matrix."""
+    if not isinstance(raw, dict):
+        return
+    model = kinds.get(str(raw.get("kind")))
+    scripts = model.script_fields if model is not None else frozenset()
+    for key, value, where in _fields(raw, loc):
+        if key in _JINJA_FIELDS:
+            for text, at in _texts(value, where):
+                if _JINJA_AXIS.search(text):
+                    pos.problem(
+                        at, f"{key}: `matrix` in a step without a matrix (give it `matrix:`, or put it in a group)"
+                    )
+            continue
+        if key in _FIXED_FIELDS or key in scripts:
+            continue
+        for text, at in _texts(value, where):
+            if _EXPR.search(text):
+                pos.problem(
+                    at,
+                    f"{key}: ${{{{ matrix... }}}} in a step without a matrix (give it `matrix:`, or put it in a group)",
+                )
+
+
+# ---- substitution ------------------------------------------------------------------------------------
+
+
+def _instance_raw(
+    member: _Member, cell: Cell, members: list[_Member], budget: _Budget, pos: Reporter
+) -> dict[str, Any]:
+    """The member's raw data for `cell`: parameters substituted, references to mates pointing at the
+    same cell's instance (fallbacks likewise)."""
+    mates = {m.base: _own_id(m, cell) for m in members if m.base in member.mates}
+    scripts = member.model.script_fields if member.model is not None else frozenset()
+    refs = step_ref_fields(member.model) if member.model is not None else frozenset()
+
+    def fields(raw: dict[str, Any], loc: Loc) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key == "fallbacks" and isinstance(value, list):
+                out[key] = [fields(o, (*loc, key, j)) if isinstance(o, dict) else o for j, o in enumerate(value)]
+            elif key in refs and isinstance(value, str) and value in mates:
+                out[key] = mates[value]
+            elif key in _FIXED_FIELDS or key in _JINJA_FIELDS or key in scripts:
+                out[key] = value
+            else:
+                out[key] = _substitute(value, cell, budget, pos, (*loc, key))
+        return out
+
+    return fields(member.raw, member.loc)
+
+
+def _substitute(value: Any, cell: Cell, budget: _Budget, pos: Reporter, loc: Loc) -> Any:
+    if isinstance(value, list):
+        return [_substitute(v, cell, budget, pos, (*loc, i)) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _substitute(v, cell, budget, pos, (*loc, k)) for k, v in value.items()}
+    if not isinstance(value, str) or "${{" not in value:
+        return value
+    whole = _EXPR.fullmatch(value)
+    if whole is not None and (match := _MATRIX_EXPR.match(whole.group(1))) is not None:
+        return _lookup(cell, match.group(1), match.group(2))
+    text = _EXPR.sub(lambda m: _text_of(cell, m.group(1)), value)
+    budget.text += len(text)
+    if budget.text > MAX_EXPANDED_TEXT:
+        pos.refuse(
+            pos.at(loc), f"the matrices expand to more than {MAX_EXPANDED_TEXT} characters of parameters (the limit)"
+        )
+    return text
+
+
+def _lookup(cell: Cell, axis: str, name: str | None) -> Any:
+    value = cell.values.get(axis)  # an unknown axis is reported by _uses
+    if name is None:
+        return value_text(value) if isinstance(value, Mapping) else value
+    return value.get(name) if isinstance(value, Mapping) else None
+
+
+def _text_of(cell: Cell, expr: str) -> str:
+    """An expression's value inside a text: a value's text; a list's items with spaces; null as nothing."""
+    match = _MATRIX_EXPR.match(expr)
+    if match is None:  # reported by _uses
+        return ""
+    value = _lookup(cell, match.group(1), match.group(2))
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return " ".join(value_text(v) for v in value)
+    return value_text(value)

@@ -1,0 +1,449 @@
+"""`runbook mcp`: the Model Context Protocol server over stdio, for agents and editors.
+
+Built on the official `mcp` SDK (the optional extra `runbook[mcp]`), its tools give the CLI's answers as
+structured JSON: `validate` and `plan` read a runbook as `runbook validate` and `plan` do; `run` and
+`resume` start `python -m executor.cli run ... --json` in its own session and return once its first event
+(`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
+events.jsonl by `seq`; `status`, `runs` and `report` return what executor.views gives `--json`; `tail` a
+step's output from the audit log; `stop` interrupts a run as Ctrl-C would (SIGINT to the process holding its
+lock). Every result is capped (`RESULT_CAP` bytes: a long list is cut, saying so and how much was left out)
+and holds only what the run stored, redacted as the console shows it; secrets come from the server's own
+environment, as the CLI reads them, never from a tool's arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+
+from executor import views
+from executor.audit import read_records
+from executor.cli import LOG_DIR, load_checked
+from executor.errors import InvalidRunbook, RunbookError
+from executor.events import EVENTS_FILE
+from executor.planner import plan_document, secrets_redactor
+from executor.state import RunLock
+
+#: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
+RESULT_CAP = 64 * 1024
+#: How long `run` waits for the run's first event before answering without it.
+START_TIMEOUT_S = 60.0
+#: `events` returns at most this many events per call (fewer when the cap cuts them).
+EVENTS_LIMIT = 500
+#: The most bytes of JSON an error's message takes (one that quotes a huge argument back is cut to it).
+ERROR_CAP = 4096
+#: `tail` returns at most this many lines of each stream (and never more than its share of the cap).
+TAIL_LINES = 200
+
+
+def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP) -> dict[str, Any]:
+    """`result` whose JSON fits in `cap` bytes: the list at `key` cut from its end as far as needed, with
+    `truncated: true` and `left_out` (how many items were cut). A result that does not fit even without
+    the list says so instead of being sent."""
+    items = result.get(key)
+    if _size(result) <= cap:
+        return result
+    if not isinstance(items, list):
+        return {"truncated": True, "error": f"the result ({_size(result)} bytes) is over the cap of {cap} bytes"}
+    kept = _most(
+        len(items), lambda n: _size(result | {key: items[:n], "truncated": True, "left_out": len(items) - n}) <= cap
+    )
+    cut = result | {key: items[:kept], "truncated": True, "left_out": len(items) - kept}
+    if _size(cut) > cap:
+        return {"truncated": True, "error": f"the result is over the cap of {cap} bytes even without its {key}"}
+    return cut
+
+
+def capped_status(view: dict[str, Any], cap: int = RESULT_CAP) -> dict[str, Any]:
+    """A status that fits in `cap` bytes: the largest facts left out first (`facts: null`, named in
+    `facts_left_out` as STEP@HOST; `runbook status --json` has them), then steps cut from the end."""
+    if _size(view) <= cap:
+        return view
+    steps = [dict(step) for step in view["steps"]]
+    result = view | {"steps": steps, "truncated": True, "facts_left_out": []}
+    for step in sorted(steps, key=lambda step: _size(step["facts"]), reverse=True):
+        if _size(result) <= cap or step["facts"] is None:
+            break
+        step["facts"] = None
+        result["facts_left_out"].append(f"{step['step']}@{step['host']}")
+    return capped(result, "steps", cap)
+
+
+def capped_plan(document: dict[str, Any], cap: int = RESULT_CAP) -> dict[str, Any]:
+    """A plan that fits in `cap` bytes: its matrix groups' long parts (cells, instances, servers, the header's
+    lines) cut to their first items, as few as needed for the groups to take at most half of it (each cut one
+    says how many it left out in `KEY_left_out`; `runbook plan --json` has them all), then steps cut from the
+    end. A 10 000-cell grid's cells alone are far over the cap."""
+    if _size(document) <= cap:
+        return document
+    groups = document["groups"]
+
+    def first(count: int) -> dict[str, Any]:
+        return document | {"groups": [_first_items(group, count) for group in groups], "truncated": True}
+
+    longest = max((len(group[key]) for group in groups for key in GROUP_PARTS), default=0)
+    return capped(first(_most(longest, lambda n: _size(first(n)["groups"]) <= cap // 2)), "steps", cap)
+
+
+#: The parts of a plan's matrix group that grow with its cells.
+GROUP_PARTS = ("cells", "instances", "servers", "header")
+
+
+def _first_items(group: dict[str, Any], count: int) -> dict[str, Any]:
+    """`group` with each of its GROUP_PARTS longer than `count` cut to its first `count` items."""
+    cut = dict(group)
+    for key in GROUP_PARTS:
+        items = group[key]
+        if len(items) > count:
+            cut[key] = dict(list(items.items())[:count]) if isinstance(items, dict) else items[:count]
+            cut[f"{key}_left_out"] = len(items) - count
+    return cut
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, default=str).encode("utf-8"))
+
+
+def _failure(exc: RunbookError) -> dict[str, Any]:
+    """An error as a result: what the CLI prints for it and the exit code it would exit with (its start, where
+    it quotes a huge argument back: `no run RUN_ID`)."""
+    if isinstance(exc, InvalidRunbook):
+        problems = [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in exc.problems]
+        return {"ok": False, "exit_code": exc.exit_code, "problems": problems}
+    return {"ok": False, "exit_code": exc.exit_code, "error": _within(str(exc), ERROR_CAP)}
+
+
+def _pairs(variables: Mapping[str, str] | None) -> list[str]:
+    return [f"{name}={value}" for name, value in (variables or {}).items()]
+
+
+class Launches:
+    """The runs this server started: each a `python -m executor.cli run --json` in its own session (so an
+    agent's interrupt never reaches it, and it outlives the server), stdin at EOF, stdout and stderr in
+    files of a folder of the server's own (`/tmp/runbook-mcp-*`, made at the first run). Children that ended
+    are reaped at every call, and their files removed unless the run said something on stderr, which stays
+    for a reader until the server exits (`close`): then the folder goes, whatever still runs."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.children: dict[subprocess.Popen[bytes], Path] = {}  # each run's process -> its stderr file
+
+    def reap(self) -> None:
+        for child, err_path in list(self.children.items()):
+            if child.poll() is not None:
+                del self.children[child]
+                with contextlib.suppress(FileNotFoundError):
+                    if err_path.stat().st_size == 0:  # nothing said: nothing to keep
+                        err_path.unlink()
+
+    def close(self) -> None:
+        """Remove the folder and everything in it (a run still going on keeps writing to its open files)."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    async def start(self, argv: list[str]) -> dict[str, Any]:
+        """Start the run and wait for its `run_started` only: {run_id, run_dir, pid}; a run that ends before
+        it (a bad runbook, a locked run) gives its exit code and what it printed."""
+        self.reap()
+        if any("\0" in arg for arg in argv):  # the CLI refuses a var holding one, but it cannot even get there
+            return {
+                "ok": False,
+                "exit_code": 2,
+                "error": "an argument (a var, a path) holds a NUL byte, which no command line can carry",
+            }
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="runbook-mcp-"))
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{len(os.listdir(self.folder))}"
+        out_path, err_path = self.folder / f"{stamp}.jsonl", self.folder / f"{stamp}.stderr"
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "executor.cli", "run", "--json", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        self.children[child] = err_path
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            first = out_path.read_bytes().partition(b"\n")
+            if first[1]:
+                event = json.loads(first[0])
+                out_path.unlink()  # the same lines are in the run folder's events.jsonl
+                return {
+                    "ok": True,
+                    "run_id": event["run_id"],
+                    "run_dir": event["run_dir"],
+                    "pid": child.pid,
+                    "stderr": str(err_path),
+                }
+            if child.poll() is not None:
+                said = err_path.read_text(encoding="utf-8", errors="replace").splitlines()
+                del self.children[child]
+                out_path.unlink()
+                err_path.unlink()  # what it said is in this answer
+                return capped({"ok": False, "exit_code": child.returncode, "messages": said}, "messages")
+            await asyncio.sleep(0.05)
+        return {"ok": False, "pid": child.pid, "error": f"no run_started within {START_TIMEOUT_S:.0f}s"}
+
+
+def _run_dir(log_dir: str, run_id: str | None) -> Path:
+    """The folder of the run `run_id` names (a whole id or a unique prefix; the latest when None)."""
+    return Path(log_dir) / views.latest(Path(log_dir), run_id).run_id
+
+
+def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
+    """The events of a run with `seq` > `since_seq`, at most `limit`; `finished` once its `run_finished`
+    is among those returned, `running` while a process holds the run's lock."""
+    path = run_dir / EVENTS_FILE
+    events: list[dict[str, Any]] = []
+    if path.is_file():
+        with path.open("rb") as handle:
+            # line N holds seq N (seqs count from 1 without gaps, in order): the lines before since_seq are
+            # skipped unparsed, so following a long run by polling costs its new lines, not all of them again
+            for number, line in enumerate(handle, start=1):
+                if not line.endswith(b"\n"):  # being written: it comes whole at the next call
+                    break
+                if number <= since_seq:
+                    continue
+                events.append(_event_within(json.loads(line), RESULT_CAP // 2))
+                if len(events) >= limit:
+                    break
+    result = capped({"run_id": run_dir.name, "events": events}, "events")
+    returned = result.get("events", [])
+    result["next_seq"] = returned[-1]["seq"] if returned else since_seq
+    result["finished"] = any(event["event"] == "run_finished" for event in returned)
+    result["running"] = RunLock(run_dir).held()
+    return result
+
+
+def _event_within(event: dict[str, Any], budget: int) -> dict[str, Any]:
+    """`event`, or where its JSON is over `budget` bytes (a run_started listing a thousand steps) its scalars
+    alone, each text cut to its share, with `truncated` and the fields left out (`fields_left_out`; the run's
+    events.jsonl has it whole): cut from a list as a whole, it would stop a follower at its `seq` for good."""
+    if _size(event) <= budget:
+        return event
+    left_out = [name for name, value in event.items() if isinstance(value, list | dict)]
+    kept = {name: value for name, value in event.items() if name not in left_out}
+    share = budget // (2 * max(1, sum(isinstance(value, str) for value in kept.values())))
+    kept = {name: _within(value, share) if isinstance(value, str) else value for name, value in kept.items()}
+    return kept | {"truncated": True, "fields_left_out": left_out}
+
+
+def step_tail(run_dir: Path, step: str, host: str | None, lines: int) -> dict[str, Any]:
+    """The last `lines` lines of stdout and stderr of the latest command of `step` (on `host`, or on any)
+    in the run's audit log, as stored (redacted, long output clipped in its middle)."""
+    last: dict[str, Any] | None = None
+    for _, record, _ in read_records(run_dir):
+        same_host = record is not None and (host is None or record.get("host") == host)
+        if record and same_host and record.get("event") == "command" and record.get("step") == step:
+            last = record
+    if last is None:
+        said = (
+            f"no command of step {step!r}{f' on {host}' if host else ''} in run {run_dir.name}'s audit log "
+            "(not run yet, still running its first command, or reused from an earlier run: see status)"
+        )
+        return {"ok": False, "error": _within(said, ERROR_CAP)}
+    share = RESULT_CAP // 3  # each stream's share of the cap
+    result: dict[str, Any] = {
+        "ok": True,
+        "step": step,
+        "host": last.get("host"),
+        "attempt": last.get("attempt"),
+        "exit_code": last.get("exit_code"),
+        "timed_out": last.get("timed_out"),
+    }
+    for name in ("stdout", "stderr"):
+        kept = str(last.get(name) or "").splitlines()[-lines:]
+        text = "\n".join(kept)
+        result[name] = _within(text, share, end=True)
+        result[f"{name}_truncated"] = bool(last.get(f"{name}_truncated")) or len(result[name]) < len(text)
+    return result
+
+
+def _within(text: str, budget: int, end: bool = False) -> str:
+    """The longest start (with `end`: end) of `text` whose JSON string takes at most `budget` bytes: measured,
+    not counted in characters, since a control character (binary output, a terminal's escapes) takes six."""
+    count = _most(len(text), lambda n: _size(text[len(text) - n :] if end else text[:n]) <= budget)
+    return text[len(text) - count :] if end else text[:count]
+
+
+def _most(high: int, fits: Callable[[int], bool]) -> int:
+    """The largest n from 0 to `high` for which `fits(n)` holds (0 when none does), `fits` true up to some n
+    and false past it: a binary search, since each test measures a result's JSON."""
+    low = 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def stop_run(run_dir: Path) -> dict[str, Any]:
+    """SIGINT to the process holding the run's lock, as Ctrl-C: it kills its steps' remote sessions,
+    records them interrupted and exits 130. Refused for a run no process holds."""
+    lock = RunLock(run_dir)
+    if not lock.held():
+        return {"ok": False, "error": f"run {run_dir.name} is not running"}
+    try:
+        pid = int(lock.path.read_text(encoding="ascii").strip())
+        os.kill(pid, signal.SIGINT)
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": f"could not signal the process of run {run_dir.name}: {exc}"}
+    return {"ok": True, "run_id": run_dir.name, "pid": pid, "signal": "SIGINT"}
+
+
+def build_server(launches: Launches) -> MCPServer:
+    """The server with its tools; each returns a JSON object. `launches` holds the runs it starts."""
+    server = MCPServer("runbook", instructions=__doc__)
+
+    @server.tool()
+    def validate(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
+        """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message."""
+        try:
+            runbook, _ = load_checked(Path(file), Path(inventory) if inventory else None, _pairs(vars), os.environ)
+        except RunbookError as exc:
+            return capped(_failure(exc), "problems")
+        return {"ok": True, "steps": len(runbook.steps), "problems": []}
+
+    @server.tool()
+    def plan(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
+        """What a run would do, per step and host; runs nothing."""
+        try:
+            runbook, overrides = load_checked(
+                Path(file), Path(inventory) if inventory else None, _pairs(vars), os.environ
+            )
+        except RunbookError as exc:
+            return capped(_failure(exc), "problems")
+        return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
+
+    @server.tool()
+    async def run(
+        file: str,
+        inventory: str | None = None,
+        vars: dict[str, str] | None = None,
+        log_dir: str = str(LOG_DIR),
+        from_step: str | None = None,
+        only: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a run in the background; returns its run_id, run_dir and pid at once (follow it with events,
+        status). Secrets come from this server's environment."""
+        return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
+
+    @server.tool()
+    async def resume(
+        file: str,
+        run_id: str | None = None,
+        inventory: str | None = None,
+        vars: dict[str, str] | None = None,
+        log_dir: str = str(LOG_DIR),
+    ) -> dict[str, Any]:
+        """Continue a run (default: the latest of this runbook) in the background: what passed is reused."""
+        resume = f"--resume={run_id}" if run_id else "--resume"
+        return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
+
+    @server.tool()
+    def status(run_id: str | None = None, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+        """A run's steps (status, attempts, duration, failing gate and message, facts) and failed cells."""
+        launches.reap()
+        try:
+            return capped_status(views.status(Path(log_dir), run_id))
+        except RunbookError as exc:
+            return _failure(exc)
+
+    @server.tool()
+    def runs(log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+        """Recent runs, newest first: id, runbook, status, start, end, the run it resumed."""
+        launches.reap()
+        return capped({"runs": views.runs(Path(log_dir))}, "runs")
+
+    @server.tool()
+    def events(
+        run_id: str, since_seq: int = 0, limit: int = EVENTS_LIMIT, log_dir: str = str(LOG_DIR)
+    ) -> dict[str, Any]:
+        """A run's events with seq > since_seq (as `run --json` prints them), next_seq to ask from next,
+        finished once run_finished is among them, running while its process lives."""
+        launches.reap()
+        try:
+            return read_events(_run_dir(log_dir, run_id), since_seq, max(1, min(limit, EVENTS_LIMIT)))
+        except RunbookError as exc:
+            return _failure(exc)
+
+    @server.tool()
+    def tail(
+        run_id: str, step: str, host: str | None = None, lines: int = 50, log_dir: str = str(LOG_DIR)
+    ) -> dict[str, Any]:
+        """The last lines of stdout and stderr of a step's latest command (from the run's audit log)."""
+        try:
+            return step_tail(_run_dir(log_dir, run_id), step, host, max(1, min(lines, TAIL_LINES)))
+        except RunbookError as exc:
+            return _failure(exc)
+
+    @server.tool()
+    def stop(run_id: str, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+        """Interrupt a running run as Ctrl-C would; returns at once (it then ends interrupted, exit 130)."""
+        try:
+            return stop_run(_run_dir(log_dir, run_id))
+        except RunbookError as exc:
+            return _failure(exc)
+
+    @server.tool()
+    def report(run_id: str | None = None, log_dir: str = str(LOG_DIR), run_dir: str | None = None) -> dict[str, Any]:
+        """A run's report.json (tables, figures, provenance), refused without a complete provenance. The run
+        is `run_id` under `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
+        try:
+            return capped(views.report(Path(run_dir) if run_dir else _run_dir(log_dir, run_id)), "tables")
+        except RunbookError as exc:
+            return _failure(exc)
+
+    return server
+
+
+def _run_argv(
+    file: str,
+    inventory: str | None,
+    variables: Mapping[str, str] | None,
+    log_dir: str,
+    *options: str,
+    from_step: str | None = None,
+    only: str | None = None,
+) -> list[str]:
+    """`runbook run`'s arguments (after --json) for these tool arguments: each value joined to its option by
+    `=` and the file after `--`, so that none is read as an option (`--help`, a folder named `-logs`)."""
+    argv = [f"--log-dir={log_dir}", *options]
+    argv += [f"--inventory={inventory}"] if inventory else []
+    argv += [f"--var={pair}" for pair in _pairs(variables)]
+    argv += [f"--from={from_step}"] if from_step else []
+    argv += [f"--only={only}"] if only else []
+    return [*argv, "--", file]
+
+
+def serve() -> None:
+    """Serve over stdio until the client closes it (or SIGTERMs the server), then remove the runs' files."""
+    launches = Launches()
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        build_server(launches).run("stdio")
+    finally:
+        launches.close()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM ends the server as the end of its input does, its `finally` run (Python's default skips it)."""
+    raise SystemExit(128 + signum)

@@ -1,0 +1,103 @@
+"""The readable `runbook plan`: per step, host and fallback what it does in a line or two, the commands a
+person cares about, its gates, what it learns only at run time and from which step, and the host programs
+it ships as name, size and digest (never their bodies: `runbook plan --full` prints every script as sent).
+
+It renders `executor.planner.plan_document`, already masked, so the text and `plan --json` say the same.
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+WIDTH = 160  # of every line but an unbreakable word: the flagship's plan fits on a couple of screens
+INDENT = "    "
+MORE = "        "  # a wrapped line's continuation
+COMMAND = INDENT + "$ "
+
+
+def summary_text(document: Mapping[str, Any]) -> str:
+    """The plan document as text, in runbook order, each matrix group's header before its first instance."""
+    steps = document["steps"]
+    hosts = sorted({host for step in steps for host in step["hosts"]})
+    lines = [
+        f"# runbook {document['runbook']}: {len(steps)} steps on {', '.join(hosts) or 'no host'}; nothing is run "
+        "(`runbook plan --full` prints every command as sent)"
+    ]
+    if document["secrets"]:
+        lines.append("# secrets are shown as '***'; their values come at run time")
+    first = {group["instances"][0]: group for group in document["groups"] if group["instances"]}
+    for step in steps:
+        if step["id"] in first:
+            lines += ["", *first[step["id"]]["header"]]
+        for on in step["on"]:
+            for variant in on["variants"]:
+                lines.append(
+                    f"\n## step {step['number']} '{step['id']}' ({step['kind']}) on {on['host']} [{on['address']}], "
+                    f"{variant['via']}"
+                )
+                if step["description"] and variant["via"] == "primary":
+                    lines += _wrapped(step["description"], INDENT)
+                lines += list(_variant_lines(variant))
+    return "\n".join(lines)
+
+
+def _variant_lines(variant: Mapping[str, Any]) -> Iterator[str]:
+    for line in variant["summary"]:
+        yield from _wrapped(line, INDENT)
+    for command in variant["commands"]:
+        yield from _command(command)
+    if variant["gates"]:
+        yield from _wrapped("gates: " + "; ".join(gate["that"] for gate in variant["gates"]), INDENT)
+    by_step: dict[str, list[str]] = {}
+    for value in variant["run_time"]:
+        prefix = f"steps.{value['step']}.facts."
+        source = value["value"]
+        by_step.setdefault(value["step"], []).append(source.removeprefix(prefix))
+    for step, paths in by_step.items():
+        yield from _wrapped(f"known at run time, from step '{step}': {', '.join(paths)}", INDENT)
+    for program in variant["programs"]:
+        yield f"{INDENT}host program {program['name']}: {program['size']} bytes, sha256:{program['sha256']}"
+
+
+def _wrapped(text: str, indent: str, width: int = WIDTH) -> list[str]:
+    """`text` broken between words to fit `width`, the first line after `indent`, the others after MORE."""
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=MORE,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
+
+
+def _command(command: str) -> list[str]:
+    """A command as a person would paste it: after `$ `, broken only between shell words, with ` \\` at the
+    end of every line but the last, so that the lines paste as one command. A word no line holds (a long
+    run-time mark) gets lines of its own, broken between its inner words."""
+    try:
+        words = _options(shlex.split(command, posix=False))
+    except ValueError:  # no shell words (an unbalanced quote): shown as it is
+        return _wrapped(command, COMMAND)
+    rows: list[list[str]] = [[]]
+    for word in words:
+        head = COMMAND if len(rows) == 1 else MORE
+        if rows[-1] and len(head) + len(" ".join([*rows[-1], word])) + 2 > WIDTH:
+            rows.append([])
+        rows[-1].append(word)
+    shown = [_wrapped(" ".join(row), COMMAND if n == 0 else MORE, WIDTH - 2) for n, row in enumerate(rows)]
+    return [line for lines in shown[:-1] for line in [*lines[:-1], lines[-1] + " \\"]] + shown[-1]
+
+
+def _options(words: list[str]) -> list[str]:
+    """The words with each `--option` joined to its value, so that no line ends between the two."""
+    joined: list[str] = []
+    for word in words:
+        if joined and joined[-1].startswith("--") and " " not in joined[-1] and not word.startswith("-"):
+            joined[-1] += " " + word
+        else:
+            joined.append(word)
+    return joined

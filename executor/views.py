@@ -1,0 +1,182 @@
+"""What `runbook status --json`, `runs --json` and `report --json` say about stored runs, as JSON-able data.
+
+One module answers for the CLI (executor/cli.py prints these) and the MCP server (executor/mcp_server.py
+returns them), so an agent and a person reading the same run folder get the same answer. Nothing here
+prints, and nothing here imports the engine or a display: these are read by commands that need no SSH.
+Everything read was stored redacted by the run (see README "Secrets").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from executor.errors import ResumeError, StateError
+from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, WRITE_FAILED, RunMeta, find_run, open_state, scan_runs
+
+#: How many runs `runs` lists, newest first.
+RECENT_RUNS = 20
+REPORT_FILE = "report.json"
+#: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
+#: they are of (which commit, which server, which GPUs, which commands) are not shown.
+PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
+#: The JSON types of those keys (steps/provenance.py's Provenance): `"repos": null` says nothing either.
+PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {"generated_at": (str,), "gpus": (dict, type(None)), "unknown": (dict,)}
+PROVENANCE_TYPES |= dict.fromkeys(("repos", "deployments", "benchmarks"), (list,))
+
+
+def latest(log_dir: Path, run_id: str | None) -> RunMeta:
+    """The run `run_id` names (a whole id or a unique prefix), or the latest; an unreadable run folder is
+    explained rather than an older run shown in its place."""
+    meta = find_run(log_dir, run_id, naming="give the run to show (runbook status RUN_ID)")
+    if meta is None:
+        raise ResumeError(f"no run in {log_dir}")
+    return meta
+
+
+def note(status: str) -> str | None:
+    """What a run's status needs said beside it."""
+    if status == STOPPED:
+        return STOPPED_NOTE
+    if status == WRITE_FAILED:
+        return "a write to its run folder failed; --resume continues it once the disk is fixed"
+    return None
+
+
+def status(log_dir: Path, run_id: str | None = None) -> dict[str, Any]:
+    """`runbook status --json`: the run (`run.json` with its status, note and end), every step's record
+    (status, attempts, duration, via, the failing gate and its message, facts) and the failed cells."""
+    meta = latest(log_dir, run_id)
+    with open_state(log_dir / meta.run_id) as state:
+        records = state.records()
+        run_status = state.status()
+        finished_at = state.get("finished_at")
+        cells = failed_cells(state.get("failed_cells"))
+    return {
+        "run": meta.__dict__ | {"status": run_status, "note": note(run_status), "finished_at": finished_at},
+        "steps": [dataclasses.asdict(r) for r in records],
+        "failed_cells": cells,
+    }
+
+
+def failed_cells(stored: str | None) -> list[dict[str, str]]:
+    """The failed cells a run stored (`group`, `cell`, `reason` each), in the order they failed."""
+    if not stored:
+        return []
+    try:
+        cells = json.loads(stored)
+    except ValueError:
+        raise StateError("state.db: failed_cells is not JSON", reason="failed_cells is not JSON") from None
+    if not isinstance(cells, list) or not all(
+        isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("group", "cell", "reason")) for c in cells
+    ):
+        raise StateError("state.db: failed_cells is not a list of cells", reason="failed_cells is malformed")
+    return cells
+
+
+def runs(log_dir: Path) -> list[dict[str, Any]]:
+    """`runbook runs --json`: recent runs, newest first; a run folder that cannot be read is a row saying
+    why (`status: unreadable`, `note`), never an exception."""
+    found = scan_runs(log_dir)
+    rows: list[dict[str, Any]] = []
+    for meta in found.runs:
+        try:
+            with open_state(log_dir / meta.run_id) as state:
+                run_status, finished_at = state.status(), state.get("finished_at")
+                state.records()  # a step row that cannot be read makes the run unreadable here too
+            rows.append(meta.__dict__ | {"status": run_status, "note": note(run_status), "finished_at": finished_at})
+        except StateError as exc:
+            rows.append(meta.__dict__ | {"status": "unreadable", "note": exc.reason, "finished_at": None})
+    for folder in found.unreadable:
+        unknown = dict.fromkeys(f.name for f in dataclasses.fields(RunMeta)) | {"run_id": folder.run_id}
+        rows.append(
+            unknown | {"runbook": folder.runbook, "status": "unreadable", "note": folder.reason, "finished_at": None}
+        )
+    # newest first, unreadable folders among the others: run ids start with their UTC start time
+    return sorted(rows, key=lambda row: (row["run_id"][:STAMP_LEN], row["started_at"] or ""), reverse=True)[
+        :RECENT_RUNS
+    ]
+
+
+#: A report's tables as shown: (title, columns, rows), every cell as text.
+Tables = list[tuple[str, list[str], list[list[str]]]]
+
+
+def report(run_dir: Path) -> dict[str, Any]:
+    """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
+    it is not shaped as a report (`report_parts`), or its provenance is incomplete (`provenance_lacks`)."""
+    path = run_dir / REPORT_FILE
+    if not path.is_file():
+        what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
+        raise ResumeError(f"{run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise _not_a_report(path, exc) from None
+    report_parts(document, path)
+    lacks = provenance_lacks(document)
+    if lacks:
+        raise ResumeError(
+            f"{path}: refused: {lacks} (needs {', '.join(PROVENANCE_KEYS)}): nothing says which commits, "
+            "servers, GPUs and commands its numbers are of; run the step that wrote it again for a report that does"
+        )
+    return dict(document)
+
+
+def report_parts(document: Any, path: Path) -> tuple[Tables, list[str], list[tuple[str, str]]]:
+    """A report's tables, notes and figures (title, path) as text; ResumeError naming `path` when it is
+    not shaped as a report. What they mean is the writer's business."""
+    try:
+        tables = [
+            (str(t["title"]), [str(c) for c in t["columns"]], [list(map(str, r)) for r in t["rows"]])
+            for t in document.get("tables", [])
+        ]
+        notes = [str(note) for note in _listed(document.get("notes", []))]
+        figures = [
+            (str(f.get("title", "figure")), str(f.get("path", ""))) for f in _listed(document.get("figures", []))
+        ]
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise _not_a_report(path, exc) from None
+    return tables, notes, figures
+
+
+def _not_a_report(path: Path, exc: BaseException) -> ResumeError:
+    return ResumeError(
+        f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): {exc!r}"
+    )
+
+
+def _listed(value: Any) -> list[Any]:
+    """A report's list (notes, figures); anything else (a string, a number) is no report."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def provenance_lacks(report: dict[str, Any]) -> str | None:
+    """What the report's provenance lacks, in words; None when it is complete.
+
+    A campaign report (steps/campaign_report.py) has one provenance per host, each complete."""
+    provenance = report.get("provenance")
+    if "campaign" not in report:
+        return _one_provenance_lacks(provenance)
+    if not isinstance(provenance, dict) or not provenance:
+        return "no provenance of any host" if not provenance else f"a provenance that is {type(provenance).__name__}"
+    said = [f"host {host}: {lacks}" for host, one in provenance.items() if (lacks := _one_provenance_lacks(one))]
+    return "; ".join(said) or None
+
+
+def _one_provenance_lacks(provenance: Any) -> str | None:
+    if not isinstance(provenance, dict):
+        return "no provenance" if provenance is None else f"a provenance that is {type(provenance).__name__}"
+    missing = [key for key in PROVENANCE_KEYS if key not in provenance]
+    if missing:
+        return f"a provenance without {', '.join(missing)}"
+    wrong = [
+        f"{key} is {'empty' if value == '' else type(value).__name__}"
+        for key, value in ((key, provenance[key]) for key in PROVENANCE_KEYS)
+        if not isinstance(value, PROVENANCE_TYPES[key]) or value == ""
+    ]
+    return f"a provenance whose {', '.join(wrong)}" if wrong else None

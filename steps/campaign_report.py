@@ -1,0 +1,199 @@
+"""`campaign_report`: the report of a campaign's matrix, from the records of every step before it on every host.
+
+It runs no command. It reads `StepContext.steps_before()` (which cell ran where, with which facts, which
+failed and why) and writes into the run folder report.json (`campaign`: every cell with its host, values,
+status, acceptance, throughput and latency per concurrency, speedup over its host's baseline, lossless
+check and launch; the best configuration per concurrency, the crossover, the launch command per
+concurrency range, the failed cells; `provenance`: one per host), report.md and three figures
+(steps/campaign_report_cells.py, _document.py, _figures.py). `runbook report RUN_DIR` prints it.
+
+Speedups are per host against the `baseline` benchmark step, which runs on every host of the pool.
+Hosts whose GPUs differ (model or count, from each host's last probe) are not compared with one another:
+the report gives the best configuration per GPU kind, unless `compare_across_gpus: true`.
+
+Its facts say in short what the report says (best per concurrency, crossover, counts), so a gate can
+check them; by default it passes when the report was written and at least one cell has a benchmark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
+
+from pydantic import Field
+
+from executor.model import DataModel, Gate
+from executor.stepkind import Outcome, RenderContext, StepContext, StepRef, StepSpec, StepView
+from steps import campaign_report_document as document
+from steps import provenance
+from steps.benchmark import BenchmarkFacts
+from steps.benchmark_report import REPORT_JSON, REPORT_MD, Figure, write_document
+from steps.campaign_report_cells import CellReport, Comparison, collect, compare, read_facts
+
+if TYPE_CHECKING:
+    from executor.transport.base import CommandResult
+
+#: The kinds whose facts a host's provenance is made of (steps/provenance.py's Sources).
+PROVENANCE_KINDS = ("probe", "download", "verify", "deploy")
+
+
+class ComparisonFacts(DataModel):
+    gpus: str
+    hosts: list[str]
+    input_len: int
+    output_len: int
+    best: dict[str, str]  # concurrency -> the best configuration's name
+    crossover: int | None
+    crossover_why: str
+
+
+class CampaignReportFacts(DataModel):
+    json_file: str
+    markdown_file: str
+    figures: list[str]
+    counts: document.Counts
+    comparisons: list[ComparisonFacts]  # one per GPU kind and workload
+    #: the only comparison's best and crossover, for a gate (`facts.best['16']`); None where there are several
+    best: dict[str, str] | None
+    crossover: int | None
+    failed: dict[str, str]  # cell name -> reason
+
+
+class CampaignReportStep(StepSpec):
+    """Sum the campaign up: per cell and host, the best configuration per concurrency, what to launch."""
+
+    kind: Literal["campaign_report"] = "campaign_report"
+    baseline: StepRef  # the baseline benchmark step (it runs on every host of the pool)
+    tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.02  # a cheaper configuration this close to the fastest wins
+    compare_across_gpus: bool = False  # compare cells of hosts whose GPUs differ (model or count)
+    title: str | None = None
+
+    def default_gates(self) -> list[Gate]:
+        return [
+            Gate(that="facts.json_file", message="the report was not written"),
+            Gate(
+                that="facts.counts.benchmarked >= 1",
+                message="no cell passed with a benchmark: the report lists the failed cells and why",
+            ),
+        ]
+
+    def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        return [("", "# runs nothing on the host: reads the records of the steps before it on every host and writes "
+                 "report.json, report.md and the figures into the run folder\n")]  # fmt: skip
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        started = datetime.now(UTC)
+        views = ctx.steps_before()
+        cells = collect(views, self.baseline)
+        origins = host_provenance(views, cells, started.isoformat(timespec="seconds"))
+        kinds = {host: gpu_kind(origin) for host, origin in origins.items()}
+        comparisons = compare(cells, kinds, self.tolerance, self.compare_across_gpus)
+        campaign = document.Campaign(
+            baseline=self.baseline,
+            tolerance=self.tolerance,
+            compare_across_gpus=self.compare_across_gpus,
+            gpu_kinds=kinds,
+            counts=document.counts(cells),
+            comparisons=comparisons,
+            failed=[
+                document.Failed(name=c.name, host=c.host, status=c.status, reason=c.reason or c.status)
+                for c in cells
+                if c.status != "passed"
+            ],
+            cells=cells,
+        )
+        report = document.build(campaign, origins, self.title or f"Campaign: {', '.join(groups(cells)) or 'no cell'}")
+        write_document(ctx.run_dir, report, drawings(cells, comparisons))
+        ctx.progress(f"campaign report written: {ctx.run_dir / REPORT_MD}")
+        return Outcome(local_result(started), facts(ctx, campaign, report.figures))
+
+
+def groups(cells: Sequence[CellReport]) -> list[str]:
+    return list(dict.fromkeys(c.group for c in cells if c.group))
+
+
+def drawings(cells: Sequence[CellReport], comparisons: Sequence[Comparison]) -> dict[str, Callable[[BinaryIO], None]]:
+    from steps import campaign_report_figures as draw  # here: it needs matplotlib, which `runbook report` never does
+
+    return {
+        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, out),
+        document.PARETO_PNG: lambda out: draw.pareto(cells, comparisons, out),
+        document.ACCEPTANCE_PNG: lambda out: draw.acceptance(cells, out),
+    }
+
+
+def host_provenance(
+    views: Sequence[StepView], cells: Sequence[CellReport], generated_at: str
+) -> dict[str, provenance.Provenance]:
+    """Per host, steps/provenance.py's provenance of the benchmarks that passed there (the baseline and the cells)."""
+    result = {}
+    for host in dict.fromkeys(v.host for v in views):
+        passed = [v for v in views if v.host == host and v.status == "passed" and v.facts is not None]
+        by_kind = {kind: {v.step: v.facts for v in passed if v.kind == kind} for kind in PROVENANCE_KINDS}
+        sources = provenance.Sources(host, by_kind["probe"], by_kind["download"], by_kind["verify"], by_kind["deploy"])
+        benchmarks = ((v.step, read_facts(BenchmarkFacts, v)) for v in passed if v.kind == "benchmark")
+        measured = {step: facts for step, facts in benchmarks if facts is not None}
+        sides = [
+            provenance.Measured(c.name, c.benchmark, measured[c.benchmark].server, measured[c.benchmark].runs)
+            for c in cells
+            if c.host == host and c.status == "passed" and c.benchmark in measured
+        ]
+        result[host] = provenance.build(sources, sides, generated_at)
+    return result
+
+
+def gpu_kind(origin: provenance.Provenance) -> str:
+    """`8x NVIDIA H200`, from the host's last probe: what makes two hosts' numbers comparable."""
+    gpus = origin.gpus
+    if gpus is None or gpus.model is None:
+        return f"unknown GPUs ({origin.unknown.get('gpus') or origin.unknown.get('gpus.model') or 'no probe'})"
+    return f"{gpus.count}x {gpus.model}"
+
+
+def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figure]) -> CampaignReportFacts:
+    summed = [
+        ComparisonFacts(
+            gpus=c.gpus,
+            hosts=c.hosts,
+            input_len=c.input_len,
+            output_len=c.output_len,
+            best={str(b.concurrency): b.best for b in c.best},
+            crossover=c.crossover.concurrency,
+            crossover_why=c.crossover.why,
+        )
+        for c in campaign.comparisons
+    ]
+    only = summed[0] if len(summed) == 1 else None
+    return CampaignReportFacts(
+        json_file=str(ctx.run_dir / REPORT_JSON),
+        markdown_file=str(ctx.run_dir / REPORT_MD),
+        figures=[str(ctx.run_dir / f.path) for f in figures],
+        counts=campaign.counts,
+        comparisons=summed,
+        best=only.best if only else None,
+        crossover=only.crossover if only else None,
+        failed={f.name: f.reason for f in campaign.failed},
+    )
+
+
+_EMPTY = hashlib.sha256(b"").hexdigest()
+
+
+def local_result(started: datetime) -> CommandResult:
+    """The result of a step that ran no command on the host: exit 0, no output."""
+    from executor.transport.base import CommandResult  # here: validating a runbook imports no transport
+
+    duration = (datetime.now(UTC) - started).total_seconds()
+    return CommandResult(
+        exit_code=0,
+        stdout=b"",
+        stderr=b"",
+        stdout_total=0,
+        stderr_total=0,
+        stdout_sha256=_EMPTY,
+        stderr_sha256=_EMPTY,
+        started_at=started.isoformat(timespec="milliseconds"),
+        duration_s=round(duration, 6),
+    )
