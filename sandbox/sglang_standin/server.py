@@ -581,14 +581,16 @@ def _start_up(engine: Engine, stop: threading.Event, group: distributed.Group | 
     log(f"KV Cache is allocated. #tokens: {fit.kv_tokens}, KV size: {fit.kv / memory.GIB:.2f} GB", tp=True)
     if stop.wait(step):
         return
+    follower = group is not None and group.topo.node_rank > 0
+    if follower:
+        engine.ready = True  # no tokenizer, no HTTP: it serves node 0's requests (set before its last line)
     log(
         f"max_total_num_tokens={fit.kv_tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
         "max_running_requests=256, context_len=262144, "
         f"available_gpu_mem={(fit.total * (1 - (fraction or memory.DEFAULT_MEM_FRACTION))) / memory.GIB:.2f} GB",
         tp=True,
     )
-    if group is not None and group.topo.node_rank > 0:
-        engine.ready = True  # no tokenizer, no HTTP: it serves node 0's requests
+    if follower:
         return
     uvicorn_log(f"Started server process [{os.getpid()}]")
     uvicorn_log("Waiting for application startup.")
@@ -673,13 +675,19 @@ def _follow(engine: Engine, group: distributed.Group) -> int:
     rank = group.topo.node_rank
 
     def on_sigterm(signum: int, frame: object) -> None:
+        if not engine.ready:  # still starting up: SIGTERM kills it, as with no handler at all
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         log(
             f"SIGTERM received on node_rank {rank}; waiting for the rank-0 ShutdownReq broadcast to stop the "
             "schedulers."
         )
 
+    # Installed before start-up, deciding by `engine.ready` when the signal comes: installing it only once
+    # ready left a window in which a SIGTERM sent just after the last start-up line killed a ready node.
+    signal.signal(signal.SIGTERM, on_sigterm)
     threading.Thread(target=_start_up, args=(engine, group.stop, group), daemon=True).start()
     while not group.finished.wait(0.2):
-        if engine.ready and signal.getsignal(signal.SIGTERM) is not on_sigterm:
-            signal.signal(signal.SIGTERM, on_sigterm)
+        pass
     return 0
