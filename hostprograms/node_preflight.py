@@ -9,10 +9,10 @@ inspect {peer, interface}: the local IPv4 address a packet to `peer` (rank 0's a
 socket's connect sends nothing: the kernel only picks the route and source), the interface holding that
 address (or the named one) and whether it exists, and every interface of the node.
 
-listen {bind, port, expect, timeout} (on rank 0): binds the dist-init port (a busy port is refused,
-naming its holder) and accepts connections until every expected node has sent its line
-`runbook-preflight NAME` or the timeout passes. The port is free again when it answers: SGLang binds it
-later.
+listen {port, expect, timeout} (on rank 0): binds the dist-init port on every address, as torch's
+TCPStore server does (a busy port is refused, naming its holder), and accepts connections until every
+expected node has sent its line `runbook-preflight NAME` or the timeout passes. The port is free again
+when it answers: SGLang binds it later.
 
 connect {address, port, name, timeout} (on every other node): tries to connect to rank 0's listener until
 it answers or the timeout passes, and sends its line.
@@ -128,8 +128,8 @@ def listen(config: dict[str, Any]) -> dict[str, Any]:
     port, expect, timeout = config["port"], list(config["expect"]), float(config["timeout"])
     report: dict[str, Any] = {"action": "listen", "port": port, "port_free": False, "joined": [],
                               "missing": expect, "failure": None}  # fmt: skip
-    bind = config["bind"] or "0.0.0.0"
-    server = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
+    bind = "0.0.0.0"
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     with server, selectors.DefaultSelector() as selector:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

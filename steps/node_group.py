@@ -266,10 +266,10 @@ def inspect_script(step: DeployStep, target: str, interface: Choice | None) -> s
     )
 
 
-def listen_script(step: DeployStep, bind: str, port: int) -> str:
+def listen_script(step: DeployStep, port: int) -> str:
     assert step.nodes is not None
-    config = {"action": "listen", "bind": bind, "port": port, "expect": step.nodes[1:], "timeout": REACH_TIMEOUT_S}
-    return f"# is the dist-init port {bind}:{port} free here, and does every other node reach it?\n" + host_program(
+    config = {"action": "listen", "port": port, "expect": step.nodes[1:], "timeout": REACH_TIMEOUT_S}
+    return f"# is the dist-init port {port} free here, and does every other node reach it?\n" + host_program(
         "node_preflight", config, step.python
     )
 
@@ -316,7 +316,7 @@ def plan(step: DeployStep, ctx: RenderContext) -> list[tuple[str, str]]:
         launches.append((label, launch_script(step, view, rank, launch, env)))
         every = format_duration(step.watch_interval)
         watches.append((f"every {every} until ready: watch rank {rank} on {node}", watch_script(step, view, rank == 0)))
-    listen = (f"preflight on {rank0}: dist-init port {port} free and reached", listen_script(step, target, port))
+    listen = (f"preflight on {rank0}: dist-init port {port} free and reached", listen_script(step, port))
     return [*preflight, listen, *launches, *watches]
 
 
@@ -442,11 +442,10 @@ async def check_nodes(step: DeployStep, ctx: StepContext, views: list[StepContex
         raise GroupFailed(f"the nodes resolve rank 0 {rank0}'s address {target} differently ({said})")
     address = resolved[views[1].host_name] if step.dist_init_addr == "auto" else step.dist_init_addr
     assert address is not None
-    bind = found[0].peer_resolved or address
     if running.alive:
         note = f"held by the group's rank 0 running on {rank0} (pid {running.pid}): not checked again"
     else:
-        await check_port(step, views, bind, address, port)
+        await check_port(step, views, address, port)
         note = f"free on {rank0} and reached from {', '.join(v.host_name for v in views[1:])}"
     if step.dist_init_addr == "auto":
         source = f"{rank0}'s address {target} as {', '.join(resolved)} resolve it (node_preflight inspect)"
@@ -468,8 +467,10 @@ async def check_nodes(step: DeployStep, ctx: StepContext, views: list[StepContex
     return wiring, note
 
 
-async def check_port(step: DeployStep, views: list[StepContext], bind: str, address: str, port: int) -> None:
-    """Rank 0 listens on its dist-init port while every other node connects to it."""
+async def check_port(step: DeployStep, views: list[StepContext], address: str, port: int) -> None:
+    """Rank 0 listens on its dist-init port, on every address as torch's TCPStore does, while every other
+    node connects to it at `address`. Not on `address` as rank 0 resolves it: where /etc/hosts maps a host's
+    own name to 127.0.1.1 (Debian's default), that would refuse the others although SGLang would work."""
     import asyncio
 
     rank0 = views[0].host_name
@@ -479,10 +480,10 @@ async def check_port(step: DeployStep, views: list[StepContext], bind: str, addr
         script = connect_script(step, view.host_name, address, port)
         return (await ask(view, script, ConnectReport, "node_preflight (connect)", limit))[1]
 
-    listening = ask(views[0], listen_script(step, bind, port), ListenReport, "node_preflight (listen)", limit)
+    listening = ask(views[0], listen_script(step, port), ListenReport, "node_preflight (listen)", limit)
     (_, heard), reached = await asyncio.gather(listening, each(views[1:], connect))
     if not heard.port_free:
-        raise GroupFailed(f"node {rank0}: its dist-init port {bind}:{port} is taken: {heard.failure or 'in use'}")
+        raise GroupFailed(f"node {rank0}: its dist-init port {address}:{port} is taken: {heard.failure or 'in use'}")
     for view, report in zip(views[1:], reached, strict=True):
         if not report.reachable:
             tried = "" if report.seconds is None else f"for {report.seconds:g}s "

@@ -35,26 +35,29 @@ def test_inspect_reports_a_named_interface_the_node_lacks(run_program: ProgramRu
 
 def test_listen_waits_for_every_node_while_a_silent_connection_holds_up_none(tmp_path: Path) -> None:
     port = free_port()
-    listen = {"action": "listen", "bind": "127.0.0.1", "port": port, "expect": ["gpu2", "gpu3"], "timeout": 30}
+    listen = {"action": "listen", "port": port, "expect": ["gpu2", "gpu3"], "timeout": 30}
     rank0 = popen(tmp_path, listen)
+    # Each node reaches rank 0 at another of its addresses: rank 0 listens on every address, as torch's
+    # TCPStore does, not on its own name's (which /etc/hosts may map to 127.0.1.1).
+    addresses = {"gpu2": "127.0.0.1", "gpu3": "127.0.1.1"}
     try:
         silent = connect_until_up(port)  # a connection that says nothing, held open meanwhile
         with silent:
-            nodes = [popen(tmp_path, connect_config(port, name, 30)) for name in ("gpu2", "gpu3")]
+            nodes = [popen(tmp_path, connect_config(port, name, 30, address)) for name, address in addresses.items()]
             joined = [document(finish(node)) for node in nodes]
             listened = document(finish(rank0))
     finally:
         rank0.kill()
     assert listened == {"action": "listen", "port": port, "port_free": True, "joined": ["gpu2", "gpu3"],
                         "missing": [], "failure": None}  # fmt: skip
-    for answer in joined:
-        assert answer["reachable"] is True and answer["error"] is None and answer["address"] == "127.0.0.1"
+    for answer, address in zip(joined, addresses.values(), strict=True):
+        assert answer["reachable"] is True and answer["error"] is None and answer["address"] == address
         assert answer["port"] == port and 0 <= answer["seconds"] < 30
 
 
 def test_listen_names_the_nodes_that_never_came(run_program: ProgramRun) -> None:
     port = free_port()
-    config = {"action": "listen", "bind": "127.0.0.1", "port": port, "expect": ["gpu2"], "timeout": 1}
+    config = {"action": "listen", "port": port, "expect": ["gpu2"], "timeout": 1}
     alone = run_program("node_preflight", config)
     assert alone["port_free"] and alone["joined"] == [] and alone["missing"] == ["gpu2"]
     assert alone["failure"] == f"no word from gpu2 on port {port} within 1s"
@@ -65,7 +68,7 @@ def test_a_busy_dist_init_port_is_refused_naming_its_holder(run_program: Program
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        config = {"action": "listen", "bind": "127.0.0.1", "port": port, "expect": ["gpu2"], "timeout": 30}
+        config = {"action": "listen", "port": port, "expect": ["gpu2"], "timeout": 30}
         refused = run_program("node_preflight", config)
     assert refused["port_free"] is False and refused["joined"] == [] and refused["missing"] == ["gpu2"]
     assert refused["failure"].startswith(f"port {port} is taken by pid {os.getpid()} (")
@@ -82,8 +85,8 @@ def test_a_closed_port_is_unreachable_after_retrying_for_the_timeout(run_program
 # ----------------------------------------------------------------------------- helpers
 
 
-def connect_config(port: int, name: str, timeout: float) -> dict[str, Any]:
-    return {"action": "connect", "address": "127.0.0.1", "port": port, "name": name, "timeout": timeout}
+def connect_config(port: int, name: str, timeout: float, address: str = "127.0.0.1") -> dict[str, Any]:
+    return {"action": "connect", "address": address, "port": port, "name": name, "timeout": timeout}
 
 
 def popen(tmp_path: Path, config: dict[str, Any]) -> subprocess.Popen[str]:
