@@ -28,7 +28,7 @@ from executor.errors import InvalidRunbook, Problem
 from executor.files import open_regular
 from executor.gates import step_refs, syntax_error
 from executor.matrix import Expansion, expand
-from executor.model import Host, Inventory, RunbookHeader, SecretRef, env_text_problem, var_text
+from executor.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
 from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.stepkind import StepSpec, step_kinds
 
@@ -482,6 +482,10 @@ def _report(
             where = _loc_text(full[:-1]) or "the runbook"
             pos.problem(full[:-1], f"{where}: missing required key '{loc[-1]}'")
         else:
+            cause = error.get("ctx", {}).get("error")
+            if isinstance(cause, PlacedError):  # a model's check about one place below it: reported there
+                loc = (*loc, *cause.loc)
+                full = (*prefix, *loc)
             message = str(error["msg"]).removeprefix("Value error, ")
             where = ": ".join(filter(None, (instance, _loc_text(loc)))) if instance else _loc_text(full)
             pos.problem(full, f"{where}: {message}")
@@ -622,7 +626,8 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     names = [name for section in ("vars", "secrets") if isinstance(data.get(section), dict) for name in data[section]]
     host_names = list(data["hosts"]) if isinstance(data.get("hosts"), dict) and data["hosts"] else [LOCAL]
     pools = _pools(data)
-    expansion = expand(raw_steps, kinds, names, {**pools, "all": host_names}, pos)
+    pools = {**pools, "all": host_names}  # `all`, a reserved host name, is every host in the runbook's order
+    expansion = expand(raw_steps, kinds, names, pools, pos)
     for entry in expansion.entries:
         raw, loc = _pool_hosts(entry.raw, kinds, pools), entry.loc
         label = entry.instance.id if entry.instance is not None else None

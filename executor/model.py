@@ -18,6 +18,15 @@ from executor.render import BASH_OWNED_NAMES
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class PlacedError(ValueError):
+    """A model validator's error about one place below the model (`loc`, a key path such as
+    `("pools", "nodes", 1)`): the loader reports it at that place's line, not at the model's first."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
 class Model(BaseModel):
     """Base of every runbook model: unknown keys are errors, values are immutable.
 
@@ -208,17 +217,19 @@ class RunbookHeader(Model):
         hosts = self.hosts or {"local": Host(address="local")}
         for name, members in self.pools.items():
             if name in hosts:
-                raise ValueError(f"pool '{name}' has the name of a host: a step's `hosts: {name}` would be ambiguous")
-            unknown = [m for m in members if m not in hosts]
-            if unknown:
-                raise ValueError(f"pool '{name}' lists {', '.join(map(repr, unknown))}, not a host of the runbook")
+                text = f"pool '{name}' has the name of a host: a step's `hosts: {name}` would be ambiguous"
+                raise PlacedError(("pools", name), text)
+            for index, member in enumerate(members):
+                if member not in hosts:
+                    text = f"pool '{name}' lists '{member}', not a host of the runbook"
+                    raise PlacedError(("pools", name, index), text)
         return self
 
     @model_validator(mode="after")
     def _vars_and_secrets_distinct(self) -> RunbookHeader:
         clash = sorted(set(self.vars) & set(self.secrets))
         if clash:
-            raise ValueError(f"names used both as var and as secret: {', '.join(clash)}")
+            raise PlacedError(("secrets", clash[0]), f"names used both as var and as secret: {', '.join(clash)}")
         return self
 
 

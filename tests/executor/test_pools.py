@@ -85,7 +85,26 @@ def test_pool_mistakes_are_refused_at_their_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and "'box' is a host: `host: box`" in done.stderr
     bad_member = write(tmp_path, "member.yaml", RUNBOOK.replace("gpus: [gpu]", "gpus: [gpu, gpx]"))
     done = runbook_cli("validate", str(bad_member))
-    assert done.returncode == 2 and "pool 'gpus' lists 'gpx', not a host of the runbook" in done.stderr
+    assert done.returncode == 2
+    assert f"{bad_member}:6:15: pools.gpus[1]: pool 'gpus' lists 'gpx', not a host of the runbook" in done.stderr
+    host_named = write(tmp_path, "named.yaml", RUNBOOK.replace("gpus: [gpu]", "gpus: [gpu]\n  box: [gpu]"))
+    done = runbook_cli("validate", str(host_named))
+    assert done.returncode == 2 and f"{host_named}:7:8: pools.box: pool 'box' has the name of a host" in done.stderr
+    both = "vars: {hf_token: x}\nsecrets:\n  hf_token: {env: T}\npools:"
+    clash = write(tmp_path, "clash.yaml", RUNBOOK.replace("pools:", both))
+    done = runbook_cli("validate", str(clash))
+    said = f"{clash}:7:13: secrets.hf_token: names used both as var and as secret"
+    assert done.returncode == 2 and said in done.stderr
+
+
+def test_nodes_all_is_every_host_in_the_runbooks_order(tmp_path: Path) -> None:
+    text = RUNBOOK.split("pools:")[0].replace("box: {address: local}", "gpu2: {address: gpu-box2.example}")
+    text += "steps:\n  - {id: probe, kind: probe, hosts: all}\n"
+    text += "  - {id: up, kind: deploy, nodes: all, probe: probe, model_path: /m, port: 1, attention_backend: fa3}\n"
+    runbook = write(tmp_path, "all.yaml", text)
+    plan = runbook_cli("plan", "--full", str(runbook))
+    assert plan.returncode == 0, plan.stderr
+    assert "rank 0 on gpu: launch" in plan.stdout and "rank 1 on gpu2: launch" in plan.stdout
 
 
 def test_an_inventory_adds_only_the_hosts_its_pools_list_and_only_pools_the_runbook_has(tmp_path: Path) -> None:
