@@ -64,6 +64,8 @@ from steps.deploy import (
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
 
+#: How long the barrier waits, once a look finds a rank failed, before the look that names the cause.
+FAILURE_SETTLE_S = 2.0
 #: How long rank 0 listens for the other nodes, and they try to reach it, in the preflight.
 REACH_TIMEOUT_S = 20.0
 #: How long one look at a rank (`watch`) may take: it reads a log tail and asks /health once.
@@ -594,8 +596,13 @@ async def barrier(
 
     while True:
         seen = await each(range(len(views)), look)
-        if failed := _failed(views, seen):
-            raise GroupFailed(failed)
+        if _failed(views, seen):
+            # One look asks the nodes one after another: a rank looked at just before it died seems alive while
+            # a peer, looked at just after, already shows NCCL's line for it gone. Look again once the others'
+            # deaths have followed, so that the cause is named first.
+            await asyncio.sleep(FAILURE_SETTLE_S)
+            again = await each(range(len(views)), look)
+            raise GroupFailed(_failed(views, [b if _failing(b) else a for a, b in zip(seen, again, strict=True)]))
         rank0 = seen[0]
         if _answered(rank0.health) and _answered(rank0.generate):
             return rank0, results[views[0].host_name], loop.time() - t0
@@ -619,7 +626,7 @@ def _failed(views: list[StepContext], seen: list[WatchReport]) -> str | None:
     """Why the group failed, or None: a rank that exited or logged an error line. The cause is named first: one
     rank's death brings the others down within moments, each with NCCL's line for a peer gone (`REMOTE`), so a
     rank whose line is not one of those comes first, then the longest silent (its log stopped growing first)."""
-    failing = [(view, watch) for view, watch in zip(views, seen, strict=True) if not watch.alive or watch.error_line]
+    failing = [(view, watch) for view, watch in zip(views, seen, strict=True) if _failing(watch)]
     if not failing:
         return None
 
@@ -635,6 +642,10 @@ def _failed(views: list[StepContext], seen: list[WatchReport]) -> str | None:
         how = "" if watch.alive else f"its rank exited{code}: "
         said.append(f"node {view.host_name}: {how}{line} (log: {watch.log_file})")
     return said[0] + "".join(f"; then {text}" for text in said[1:])
+
+
+def _failing(watch: WatchReport) -> bool:
+    return not watch.alive or bool(watch.error_line)
 
 
 def _stalled(step: DeployStep, views: list[StepContext], seen: list[WatchReport]) -> str | None:

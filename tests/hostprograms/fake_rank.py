@@ -50,12 +50,12 @@ def main() -> int:
     parser.add_argument("--then", action="append", default=[])
     parser.add_argument("--exit", type=int)
     args = parser.parse_args()
+    for line in args.say:  # before the port answers: a look that finds it answering finds these lines too
+        print(line, flush=True)
     if args.port is not None:
         Handler.ready_file = args.ready
         server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    for line in args.say:
-        print(line, flush=True)
     if args.when:
         while not os.path.exists(args.when):
             time.sleep(0.05)

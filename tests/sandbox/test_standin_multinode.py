@@ -155,7 +155,7 @@ def test_two_nodes_rendezvous_node_0_serves_and_stops_the_group(group: Group) ->
     assert rank0.last_line().endswith(" TP0] Init torch distributed begin.")
     assert http(rank0.url + "/health")[0] == 503
     rank1 = group.start(1, 16)
-    wait_healthy(rank0)
+    wait_healthy(rank0, timeout=DEADLINE_S * 2)
     out = generate(rank0, "Tell me something nice about the sea.", max_new_tokens=8)
     assert out["meta_info"]["completion_tokens"] == 8
     status, raw = http(rank0.url + "/server_info")
@@ -182,7 +182,7 @@ def test_two_nodes_rendezvous_node_0_serves_and_stops_the_group(group: Group) ->
 @pytest.mark.parametrize("group", [3], indirect=True)
 def test_three_nodes_rendezvous(group: Group) -> None:
     rank0, rank1, rank2 = group.start_all(24)
-    wait_healthy(rank0)
+    wait_healthy(rank0, timeout=DEADLINE_S * 2)
     assert json.loads(http(rank0.url + "/server_info")[1])["nnodes"] == 3
     assert generate(rank0, "Hello there", max_new_tokens=4)["meta_info"]["completion_tokens"] == 4
     rank2.wait_for(" TP16] KV Cache is allocated.")
@@ -197,7 +197,7 @@ def test_three_nodes_rendezvous(group: Group) -> None:
 @pytest.mark.parametrize("killed", [1, 0])
 def test_a_node_killed_ends_the_other_with_nccls_error(group: Group, killed: int) -> None:
     ranks = group.start_all(16)
-    wait_healthy(ranks[0])
+    wait_healthy(ranks[0], timeout=DEADLINE_S * 2)
     ranks[1].wait_for("max_total_num_tokens=")
     os.kill(ranks[killed].pid, signal.SIGKILL)
     survivor = ranks[1 - killed]
@@ -225,8 +225,9 @@ def test_nccl_error_on_node_1_kills_it_with_nccls_line_and_node_0_after_it(group
 
 def test_nccl_hang_on_node_1_leaves_init_nccl_as_its_last_line_and_node_0_never_serves(group: Group) -> None:
     with switched(group, 1, fault="nccl_hang"):
-        rank0 = group.start(0, 16, timeout=3)
-        rank1 = group.start(1, 16, timeout=3)
+        # the dist timeout also bounds node 0's wait for node 1 to join: room for node 1's SSH session and start
+        rank0 = group.start(0, 16, timeout=6)
+        rank1 = group.start(1, 16, timeout=6)
         rank1.wait_for("Init nccl begin.")
         rank0.wait_for("Init nccl begin.")
         assert http(rank0.url + "/health")[0] == 503
@@ -235,7 +236,7 @@ def test_nccl_hang_on_node_1_leaves_init_nccl_as_its_last_line_and_node_0_never_
     assert http(rank0.url + "/health")[0] == 0 and READY_LINE not in rank0.text()
     assert "] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE" in rank0.text()
     assert "[rank0]:[E" in rank0.text() and "[PG ID 0 PG GUID 0(default_pg) Rank 0]" in rank0.text()
-    assert "Timeout(ms)=3000)" in rank0.text()
+    assert "Timeout(ms)=6000)" in rank0.text()
     assert rank1.last_line().endswith(" TP8] Init nccl begin.") and _alive(rank1.pid)  # and nothing more, ever
 
 
