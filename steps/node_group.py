@@ -601,7 +601,10 @@ async def barrier(
             # a peer, looked at just after, already shows NCCL's line for it gone. Look again once the others'
             # deaths have followed, so that the cause is named first.
             await asyncio.sleep(FAILURE_SETTLE_S)
-            again = await each(range(len(views)), look)
+            try:
+                again = await each(range(len(views)), look)
+            except GroupFailed:  # a node that stopped answering meanwhile: the first look's failure stands
+                again = seen
             raise GroupFailed(_failed(views, [b if _failing(b) else a for a, b in zip(seen, again, strict=True)]))
         rank0 = seen[0]
         if _answered(rank0.health) and _answered(rank0.generate):
