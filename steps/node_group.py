@@ -597,9 +597,9 @@ async def barrier(
     while True:
         seen = await each(range(len(views)), look)
         if _failed(views, seen):
-            # One look asks the nodes one after another: a rank looked at just before it died seems alive while
-            # a peer, looked at just after, already shows NCCL's line for it gone. Look again once the others'
-            # deaths have followed, so that the cause is named first.
+            # One look asks every node at once, but each answers from its own moment: a rank looked at just
+            # before it died seems alive while a peer, looked at just after, already shows NCCL's line for it
+            # gone. Look again once the others' deaths have followed, so that the cause is named first.
             await asyncio.sleep(FAILURE_SETTLE_S)
             try:
                 again = await each(range(len(views)), look)
