@@ -467,3 +467,34 @@ def test_a_node_that_stops_answering_is_named_and_its_rank_said_to_be_left_runni
         asyncio.run(node_group.ask(_SilentNode(), "true", node_group.WatchReport, "watch", 5))  # type: ignore[arg-type]
     said = node_group.stopped_text([_SilentNode()], ["node gpu2: transport error: ..."])  # type: ignore[list-item]
     assert said == "node gpu2: transport error: ... (its rank may still run and hold its GPUs)"
+
+
+def test_a_peers_remote_error_seen_before_the_dead_rank_is_not_named_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process, the barrier alone with its looks scripted (`ask` replaced): the first look caught gpu2 just
+    before it died and gpu1 just after, already with NCCL's line for a peer gone. Naming from that look alone
+    called gpu1's consequence the cause; the look after it finds gpu2 dead and names it first."""
+    remote = "[rank0]: ncclRemoteError: A call failed possibly due to ... a remote process exiting prematurely."
+    own = "[rank8]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed"
+
+    def look(alive: bool, line: str | None, idle: float) -> node_group.WatchReport:
+        return node_group.WatchReport(action="watch", port=1, alive=alive, exit_code=None if alive else 1,
+                                      error_line=line, last_line=line, idle_s=idle, log_file="rank.log")  # fmt: skip
+
+    looks = {"gpu1": [look(False, remote, 0.1), look(False, remote, 2.1)],
+             "gpu2": [look(True, None, 0.1), look(False, own, 2.5)]}  # fmt: skip
+    asked: list[str] = []
+
+    async def ask(view: Any, *_: Any) -> tuple[None, node_group.WatchReport]:
+        asked.append(view.host_name)
+        return None, looks[view.host_name].pop(0)
+
+    monkeypatch.setattr(node_group, "ask", ask)
+    monkeypatch.setattr(node_group, "watch_script", lambda *_: "")
+    monkeypatch.setattr(node_group, "FAILURE_SETTLE_S", 0.0)
+    step: Any = type("Step", (), {"watch_interval": 1.0, "stall_timeout": 600.0, "ready_limit": lambda self, ctx: 60})()
+    views: Any = [type("View", (), {"host_name": name})() for name in ("gpu1", "gpu2")]
+    with pytest.raises(node_group.GroupFailed) as failed:
+        asyncio.run(node_group.barrier(step, None, views))
+    assert sorted(asked) == ["gpu1", "gpu1", "gpu2", "gpu2"]  # two looks at each
+    assert str(failed.value).startswith(f"node gpu2: its rank exited (exit code 1): {own}")
+    assert f"; then node gpu1: its rank exited (exit code 1): {remote}" in str(failed.value)
