@@ -26,17 +26,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import unquote, urlparse
 
-import anyio
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.shared.exceptions import MCPDeprecationWarning
-from mcp_types import CallToolResult, InputRequiredResult, TextContent
+from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, TextContent
 from pydantic import ValidationError
 
 from executor import views
@@ -59,8 +56,6 @@ EVENTS_LIMIT = 500
 ERROR_CAP = 4096
 #: `tail` returns at most this many lines of each stream (and never more than its share of the cap).
 TAIL_LINES = 200
-#: How long a call waits for the client's answer to `roots/list` before going on with the server's roots.
-CLIENT_ROOTS_TIMEOUT_S = 5.0
 
 
 def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP, whole: Path | None = None) -> dict[str, Any]:
@@ -221,11 +216,11 @@ class Launches:
 class Roots:
     """The folders the tools read and write under: the server's own (its working folder, and each `runbook mcp
     --root DIR`) and the client's (its MCP roots, `file://` ones only, asked at each call when it declares
-    them). A path is inside when it resolves, its symlinks followed, to one of them or below."""
+    the capability: `ClientRoots`). A path is inside when it resolves, symlinks followed, to one or below."""
 
     def __init__(self, folders: Sequence[Path]) -> None:
         self.server = [folder.resolve() for folder in folders]
-        self.client: list[Path] = []
+        self.client: list[Path] = []  # the client's, for one call (`with_client`)
 
     def inside(self, argument: str, what: str) -> Path:
         """`argument` as a path, or ArgumentRefused (exit 2) when it resolves outside every root."""
@@ -241,24 +236,26 @@ class Roots:
             "`runbook mcp --root DIR` adds one): refused"
         )
 
-    async def ask_client(self, context: Context[Any, Any] | None) -> None:
-        """The client's roots, when it declares the capability and answers within CLIENT_ROOTS_TIMEOUT_S;
-        none otherwise (a client that cannot say is given the server's roots only)."""
-        self.client = []
-        try:
-            capabilities = context.client_capabilities if context is not None else None
-        except ValueError:  # called outside a request (in-process)
-            return
-        if capabilities is None or capabilities.roots is None or context is None:
-            return
-        try:
-            with anyio.fail_after(CLIENT_ROOTS_TIMEOUT_S), warnings.catch_warnings():
-                warnings.simplefilter("ignore", MCPDeprecationWarning)  # roots: deprecated, still what clients send
-                listed = await context.session.list_roots()
-        except Exception:  # a client that fails to answer gives no roots: never a failed call
-            return
-        uris = [urlparse(str(root.uri)) for root in listed.roots]
-        self.client = [Path(unquote(uri.path)).resolve() for uri in uris if uri.scheme == "file" and uri.path]
+    def with_client(self, listed: ListRootsResult | None) -> Roots:
+        """These roots and the client's `file://` ones (others, such as `https://`, name no folder here)."""
+        joined = Roots(self.server)
+        uris = [urlparse(str(root.uri)) for root in (listed.roots if listed else [])]
+        joined.client = [Path(unquote(uri.path)).resolve() for uri in uris if uri.scheme == "file" and uri.path]
+        return joined
+
+
+def ask_client_roots(context: Context[Any, Any]) -> ListRoots | None:
+    """The client's roots, asked (`roots/list`, the SDK carrying it as the protocol version wants) when the
+    client declares the capability; None otherwise, and for a call made in-process, outside any request."""
+    try:
+        capabilities = context.client_capabilities
+    except ValueError:  # no request: called in-process
+        return None
+    return ListRoots() if capabilities is not None and capabilities.roots is not None else None
+
+
+#: A tool's parameter filled with the client's roots by the SDK (never an argument of the caller).
+ClientRoots = Annotated[ListRootsResult | None, Resolve(ask_client_roots)]
 
 
 def _run_dir(roots: Roots, log_dir: str, run_id: str | None) -> Path:
@@ -414,20 +411,18 @@ def not_the_holder(holder: Any, run_id: str) -> str | None:
 
 
 class RunbookServer(MCPServer):
-    """The SDK's server, every tool call's answer made here: the client's roots asked first (`Roots`), then
-    the result (its structured content, and its text block as the same compact JSON, not the SDK's
-    indented copy, half as large again) within RESULT_CAP, and any failure, arguments that do not validate
-    and a crash included, an `ok: false` result rather than the SDK's error text or a protocol error."""
+    """The SDK's server, every tool call's answer made here: the result (its structured content, and its text
+    block as the same compact JSON, not the SDK's indented copy, half as large again) within RESULT_CAP, and
+    any failure, a RunbookError, arguments that do not validate and a crash alike, an `ok: false` result
+    rather than the SDK's error text or a protocol error."""
 
-    def __init__(self, roots: Roots) -> None:
+    def __init__(self) -> None:
         super().__init__("runbook", instructions=__doc__)
-        self.roots = roots
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         try:
-            await self.roots.ask_client(context)
             result = await super().call_tool(name, arguments, context)
         except Exception as exc:  # the SDK wraps a tool's exception; its cause says what it was
             return answer(_refusal(name, exc))
@@ -462,27 +457,28 @@ def _refusal(tool: str, exc: Exception) -> dict[str, Any]:
 
 
 def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServer:
-    """The server with its tools; each returns a JSON object. `launches` holds the runs it starts; `roots`
-    the folders its tools may use (the working folder when None)."""
+    """The server with its tools; each returns a JSON object (a RunbookError it raises becomes an `ok: false`
+    result: `RunbookServer.call_tool`). `launches` holds the runs it starts; `roots` the folders its tools
+    may use (the working folder when None), with the client's roots of each call (`client_roots`)."""
     roots = roots or Roots([Path.cwd()])
-    server = RunbookServer(roots)
+    server = RunbookServer()
 
     @server.tool()
-    def validate(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
+    def validate(
+        file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
+    ) -> dict[str, Any]:
         """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message."""
-        try:
-            runbook, _ = load_checked(*runbook_files(roots, file, inventory), _pairs(vars), os.environ)
-        except RunbookError as exc:
-            return capped(_failure(exc), "problems")
+        files = runbook_files(roots.with_client(client_roots), file, inventory)
+        runbook, _ = load_checked(*files, _pairs(vars), os.environ)
         return {"ok": True, "steps": len(runbook.steps), "problems": []}
 
     @server.tool()
-    def plan(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
+    def plan(
+        file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
+    ) -> dict[str, Any]:
         """What a run would do, per step and host; runs nothing."""
-        try:
-            runbook, overrides = load_checked(*runbook_files(roots, file, inventory), _pairs(vars), os.environ)
-        except RunbookError as exc:
-            return capped(_failure(exc), "problems")
+        files = runbook_files(roots.with_client(client_roots), file, inventory)
+        runbook, overrides = load_checked(*files, _pairs(vars), os.environ)
         return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
 
     @server.tool()
@@ -493,11 +489,13 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         log_dir: str = str(LOG_DIR),
         from_step: str | None = None,
         only: str | None = None,
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """Start a run in the background; returns its run_id, run_dir and pid at once (follow it with events,
         status). Secrets come from this server's environment."""
-        runbook_files(roots, file, inventory)
-        roots.inside(log_dir, "log_dir")
+        here = roots.with_client(client_roots)
+        runbook_files(here, file, inventory)
+        here.inside(log_dir, "log_dir")
         return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
 
     @server.tool()
@@ -507,68 +505,75 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         inventory: str | None = None,
         vars: dict[str, str] | None = None,
         log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """Continue a run (default: the latest of this runbook) in the background: what passed is reused."""
+        here = roots.with_client(client_roots)
+        runbook_files(here, file, inventory)
+        here.inside(log_dir, "log_dir")
         resume = f"--resume={run_id}" if run_id else "--resume"
-        runbook_files(roots, file, inventory)
-        roots.inside(log_dir, "log_dir")
         return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
 
     @server.tool()
-    def status(run_id: str | None = None, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+    def status(
+        run_id: str | None = None, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None
+    ) -> dict[str, Any]:
         """A run's steps (status, attempts, duration, failing gate and message, facts) and failed cells."""
         launches.reap()
-        try:
-            run_dir = _run_dir(roots, log_dir, run_id)
-            return capped_status(views.status(Path(log_dir), run_dir.name), whole=run_dir / STATE_FILE)
-        except RunbookError as exc:
-            return _failure(exc)
+        run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
+        return capped_status(views.status(Path(log_dir), run_dir.name), whole=run_dir / STATE_FILE)
 
     @server.tool()
-    def runs(log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+    def runs(log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Recent runs, newest first: id, runbook, status, start, end, the run it resumed."""
         launches.reap()
-        return capped({"runs": views.runs(roots.inside(log_dir, "log_dir"))}, "runs", whole=Path(log_dir))
+        folder = roots.with_client(client_roots).inside(log_dir, "log_dir")
+        return capped({"runs": views.runs(folder)}, "runs", whole=folder)
 
     @server.tool()
     def events(
-        run_id: str, since_seq: int = 0, limit: int = EVENTS_LIMIT, log_dir: str = str(LOG_DIR)
+        run_id: str,
+        since_seq: int = 0,
+        limit: int = EVENTS_LIMIT,
+        log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """A run's events with seq > since_seq (as `run --json` prints them), next_seq to ask from next,
         finished once run_finished is among them, running while its process lives."""
         launches.reap()
-        try:
-            return read_events(_run_dir(roots, log_dir, run_id), since_seq, max(1, min(limit, EVENTS_LIMIT)))
-        except RunbookError as exc:
-            return _failure(exc)
+        run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
+        return read_events(run_dir, since_seq, max(1, min(limit, EVENTS_LIMIT)))
 
     @server.tool()
     def tail(
-        run_id: str, step: str, host: str | None = None, lines: int = 50, log_dir: str = str(LOG_DIR)
+        run_id: str,
+        step: str,
+        host: str | None = None,
+        lines: int = 50,
+        log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """The last lines of stdout and stderr of a step's latest command (from the run's audit log)."""
-        try:
-            return step_tail(_run_dir(roots, log_dir, run_id), step, host, max(1, min(lines, TAIL_LINES)))
-        except RunbookError as exc:
-            return _failure(exc)
+        run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
+        return step_tail(run_dir, step, host, max(1, min(lines, TAIL_LINES)))
 
     @server.tool()
-    def stop(run_id: str, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+    def stop(run_id: str, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Interrupt a running run as Ctrl-C would; returns at once (it then ends interrupted, exit 130)."""
-        try:
-            return stop_run(_run_dir(roots, log_dir, run_id))
-        except RunbookError as exc:
-            return _failure(exc)
+        return stop_run(_run_dir(roots.with_client(client_roots), log_dir, run_id))
 
     @server.tool()
-    def report(run_id: str | None = None, log_dir: str = str(LOG_DIR), run_dir: str | None = None) -> dict[str, Any]:
+    def report(
+        run_id: str | None = None,
+        log_dir: str = str(LOG_DIR),
+        run_dir: str | None = None,
+        client_roots: ClientRoots = None,
+    ) -> dict[str, Any]:
         """A run's report.json (tables, figures, provenance), refused without a complete provenance. The run
         is `run_id` under `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
-        try:
-            folder = roots.inside(run_dir, "run_dir") if run_dir else _run_dir(roots, log_dir, run_id)
-            return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
-        except RunbookError as exc:
-            return _failure(exc)
+        here = roots.with_client(client_roots)
+        folder = here.inside(run_dir, "run_dir") if run_dir else _run_dir(here, log_dir, run_id)
+        return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
 
     return server
 
