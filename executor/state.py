@@ -574,6 +574,14 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
     return meta
 
 
+def _folder_meta(folder: Path) -> RunMeta | UnreadableRun | None:
+    """`read_meta` of a folder of a log folder; one that is a symlink is never followed (its files would be
+    shown as a run of this log folder): it is unreadable, saying so."""
+    if folder.is_symlink():
+        return UnreadableRun(folder.name, "a symlink, not a run folder (never followed)")
+    return read_meta(folder)
+
+
 def _cycles(metas: Sequence[RunMeta]) -> dict[str, str]:
     """The runs whose `resumed_from` links go round in a cycle, each with the cycle as text."""
     by_id = {m.run_id: m for m in metas}
@@ -601,7 +609,7 @@ def scan_runs(log_dir: Path, runbook: str | None = None) -> RunFolders:
     found = RunFolders([], [])
     if not log_dir.is_dir():
         return found
-    entries = [entry for folder in log_dir.iterdir() if folder.is_dir() and (entry := read_meta(folder)) is not None]
+    entries = [entry for folder in log_dir.iterdir() if folder.is_dir() and (entry := _folder_meta(folder)) is not None]
     metas = [entry for entry in entries if isinstance(entry, RunMeta)]
     cycles = _cycles(metas)
     for entry in entries:
