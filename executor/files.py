@@ -47,7 +47,7 @@ def odd_file(path: Path) -> str | None:
         return None
     kinds = {stat.S_ISLNK: "a symlink", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder"}
     kind = next((name for test, name in kinds.items() if test(mode)), "a device")
-    return f"{kind}, not a regular file (never followed or read)"
+    return f"not a regular file: {kind} (never followed or read)"
 
 
 def refusal(exc: OSError) -> str:
