@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import FileUrl
 
 pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
 
 import mcp_types as types
 from mcp.client.client import Client
+from mcp_types import CallToolResult
 
 from executor import views
 from executor.cli import main
@@ -47,7 +49,8 @@ def call(tool: str, root: Path, **arguments: Any) -> dict[str, Any]:
         result = asyncio.run(build_server(launches, Roots([root])).call_tool(tool, arguments))
     finally:
         launches.close()
-    assert not result.is_error and isinstance(result.structured_content, dict), result
+    assert isinstance(result, CallToolResult) and not result.is_error, result
+    assert isinstance(result.structured_content, dict)
     (block,) = result.content
     assert json.loads(getattr(block, "text", "")) == result.structured_content
     assert len(getattr(block, "text", "").encode()) <= RESULT_CAP
@@ -217,7 +220,7 @@ def test_the_clients_roots_are_roots_too(site: tuple[Path, Path]) -> None:
     root, outside = site
 
     async def roots(_: object) -> types.ListRootsResult:
-        return types.ListRootsResult(roots=[types.Root(uri=outside.as_uri())])
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl(outside.as_uri()))])
 
     async def validate(callback: Any) -> dict[str, Any]:
         async with Client(build_server(Launches(), Roots([root])), list_roots_callback=callback) as client:

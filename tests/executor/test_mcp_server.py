@@ -22,6 +22,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[m
 
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import CallToolResult
 
 from executor.cli import main
 from executor.events import EVENTS_FILE
@@ -292,7 +293,7 @@ def in_process(tool: str, root: Path | None = None, **arguments: Any) -> dict[st
         result = asyncio.run(build_server(launches, roots).call_tool(tool, arguments))
     finally:
         launches.close()
-    assert not result.is_error, result.content
+    assert isinstance(result, CallToolResult) and not result.is_error, result
     assert isinstance(result.structured_content, dict)
     return result.structured_content
 

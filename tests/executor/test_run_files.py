@@ -7,8 +7,8 @@ shown as the run's own. In-process, each call bounded by a thread's timeout (a h
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -27,7 +27,7 @@ from executor.cli import main
 
 pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
 
-from executor.mcp_server import Launches, Roots, build_server
+from tests.executor.test_mcp_guards import call
 
 #: every call must answer within this many seconds (each takes well under one)
 BOUND_S = 10
@@ -56,7 +56,8 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for _ in range(2):
             assert main(["run", str(book), "--log-dir", str(logs)]) == 0
     latest = sorted(p for p in logs.iterdir())[-1]
-    provenance = {"generated_at": "now", "repos": [], "deployments": [], "gpus": None, "benchmarks": [], "unknown": {}}
+    provenance: dict[str, Any] = {"generated_at": "now", "gpus": None, "unknown": {}}
+    provenance |= {key: [] for key in ("repos", "deployments", "benchmarks")}
     (latest / "report.json").write_text(json.dumps({"title": "t", "tables": [], "provenance": provenance}))
     return logs
 
@@ -119,16 +120,6 @@ def cli(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def mcp(tool: str, root: Path, **arguments: Any) -> dict[str, Any]:
-    launches = Launches()
-    try:
-        result = asyncio.run(build_server(launches, Roots([root])).call_tool(tool, arguments))
-    finally:
-        launches.close()
-    assert not result.is_error and isinstance(result.structured_content, dict), result
-    return result.structured_content
-
-
 @pytest.mark.parametrize("kind", ODD_KINDS)
 @pytest.mark.parametrize("name", sorted(READERS))
 def test_an_odd_run_file_is_named_at_once_by_every_reader(two_runs: Path, tmp_path: Path, name: str, kind: str) -> None:
@@ -147,11 +138,11 @@ def test_an_odd_run_file_is_named_at_once_by_every_reader(two_runs: Path, tmp_pa
         for surface, how in READERS[name]:
             if surface == "cli":
                 where = [str(run_dir)] if how["argv"][0] != "status" else [run_dir.name, "--log-dir", str(logs)]
-                code, _, err = bounded(lambda how=how, where=where: cli([*how["argv"], *where]))
+                code, _, err = bounded(functools.partial(cli, [*how["argv"], *where]))
                 assert code == 2 and name in err and "Traceback" not in err, (how, code, err)
             else:
                 arguments = {k: v for k, v in how.items() if k != "tool"} | {"log_dir": str(logs)}
                 arguments |= {"run_id": run_dir.name} if how["tool"] != "report" else {"run_dir": str(run_dir)}
-                answer = bounded(lambda how=how, arguments=arguments: mcp(how["tool"], tmp_path, **arguments))
+                answer = bounded(functools.partial(call, how["tool"], tmp_path, **arguments))
                 assert answer["ok"] is False and answer["exit_code"] == 2, (how, answer)
                 assert name in answer["error"], answer
