@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from executor import durable
 from executor.errors import DurableWriteError, StateError
-from executor.files import open_regular
+from executor.files import open_run_file, refusal
 from executor.redact import Redactor
 from executor.seal import AuditKey, HeadSeal, is_key_id
 from executor.state import (
@@ -291,12 +291,12 @@ def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, by
     StateError when the log is no regular file: a FIFO in its place would hang `audit verify` (and a
     resume) waiting for a writer, a link to /dev/zero fill memory with one endless line."""
     path = run_dir / AUDIT_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return
     try:
-        handle = open_regular(path)
+        handle = open_run_file(path)
     except OSError as exc:
-        why = f"{AUDIT_FILE}: {exc.strerror or exc}"
+        why = f"{AUDIT_FILE}: {refusal(exc)}"
         raise StateError(f"{run_dir} is unreadable ({why})", reason=why) from None
     with handle:
         number = 0
@@ -502,7 +502,7 @@ def _read_head(run_dir: Path) -> _Head | None:
     not as a run writes it: a count that is no whole number from 0 (`4.5` read as 4, `true` as 1, `-1`
     indexing from the end, `1e400` an OverflowError) or a hash that is no text."""
     try:
-        with open_regular(run_dir / HEAD_FILE) as handle:
+        with open_run_file(run_dir / HEAD_FILE) as handle:
             head = json.loads(handle.read(HEAD_MAX_BYTES))
         count, head_hash = head["count"], head["hash"]
     except (OSError, ValueError, KeyError, TypeError):

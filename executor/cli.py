@@ -160,8 +160,16 @@ def _parser() -> argparse.ArgumentParser:
         help="what serves the test host over SSH (auto: OpenSSH's sshd when installed and root, else embedded)",
     )
 
-    sub.add_parser(
+    p = sub.add_parser(
         "mcp", help="serve the Model Context Protocol over stdio (tools: validate, plan, run, status, events, ...)"
+    )
+    p.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="a folder the tools may use besides the working folder (repeatable); every path outside is refused",
     )
 
     p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
@@ -603,7 +611,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             raise
         print(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'", file=sys.stderr)
         return InvalidRunbook.exit_code
-    serve()
+    missing = [root for root in args.root if not root.is_dir()]
+    if missing:
+        raise ResumeError(f"mcp: --root {missing[0]} is not a folder")
+    serve(args.root)
     return EXIT_OK
 
 

@@ -10,6 +10,8 @@ to transport errors (`transport_error`).
     │     └── StateError         a run folder cannot be read (state.db, run.json) or written            2
     │           .reason: str     why, in a few words (for a table row)
     ├── AuditKeyError            the audit key is missing, unusable or already there                    2
+    ├── ArgumentRefused          an MCP tool's argument: a path outside the server's roots, a file      2
+    │                            that is no runbook (said in one line quoting none of it)
     ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report   4
     │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota)
     └── TransportError           the host could not be reached or the channel broke                     1
@@ -115,6 +117,13 @@ class StateError(ResumeError):
 class AuditKeyError(RunbookError):
     """The audit key (executor/seal.py) cannot be used: missing, no regular file, open to other users,
     malformed, or (for `runbook audit key`) already there."""
+
+    exit_code = 2
+
+
+class ArgumentRefused(RunbookError):
+    """An MCP tool's argument the server will not act on (executor/mcp_server.py): a path that resolves outside
+    its roots, or a file given as a runbook or an inventory that is none at all."""
 
     exit_code = 2
 

@@ -13,10 +13,12 @@ import stat
 from pathlib import Path
 
 
-def open_regular(path: Path) -> io.BufferedReader:
+def open_regular(path: Path, follow: bool = True) -> io.BufferedReader:
     """`path` opened for reading, refused unless it is a regular file: opening a FIFO waits for a writer
-    (forever, and in the event loop's thread), and a device such as /dev/zero never ends."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once this way
+    (forever, and in the event loop's thread), and a device such as /dev/zero never ends. With `follow`
+    false a symlink is refused too (ELOOP): see `open_run_file`."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)  # a FIFO opens at once this way
+    fd = os.open(path, flags)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder is never read)", str(path))
@@ -25,3 +27,30 @@ def open_regular(path: Path) -> io.BufferedReader:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_run_file(path: Path) -> io.BufferedReader:
+    """A run folder's file (its lock, run.json, events, audit log and head, report) opened for reading: a
+    regular file and not a symlink, whose target (another run's file, a secret outside) a reader of the
+    folder would otherwise show as this run's. The one way every run-folder reader opens one."""
+    return open_regular(path, follow=False)
+
+
+def odd_file(path: Path) -> str | None:
+    """Why `path` is no regular file of its own (a symlink, a FIFO, a socket, a device, a folder), without
+    opening it; None when it is one or is missing. For the files a library opens itself (SQLite's state.db)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {stat.S_ISLNK: "a symlink", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder"}
+    kind = next((name for test, name in kinds.items() if test(mode)), "a device")
+    return f"not a regular file: {kind} (never followed or read)"
+
+
+def refusal(exc: OSError) -> str:
+    """An OSError from opening a run file, in words: what the file is when it is no regular file (O_NOFOLLOW's
+    ELOOP is a symlink, a socket's ENXIO), else the system's reason."""
+    return (odd_file(Path(exc.filename)) if isinstance(exc.filename, str) else None) or str(exc.strerror or exc)

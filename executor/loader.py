@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import re
 import types
 import typing
 from collections.abc import Collection, Mapping
@@ -501,7 +502,9 @@ def _read(path: Path, what: str) -> str:
             text = f"the {what} is larger than {MAX_FILE_BYTES} bytes (the limit of a file `runbook` reads)"
             raise InvalidRunbook([Problem(str(path), 1, 1, text)])
         return data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:  # said without the byte: a binary's content is never quoted
+        raise InvalidRunbook([Problem(str(path), 1, 1, f"cannot read the {what}: not UTF-8 text")]) from None
+    except OSError as exc:
         raise InvalidRunbook([Problem(str(path), 1, 1, f"cannot read the {what}: {exc}")]) from None
 
 
@@ -544,6 +547,32 @@ def load_runbook(path: Path, inventory: Path | None = None) -> Runbook:
     """Read and validate a runbook (and the inventory laid over it); raise InvalidRunbook with every problem."""
     text = _read(path, "runbook")
     return parse_runbook(text, path, None if inventory is None else read_inventory(inventory))
+
+
+#: The keys one of which a runbook (an inventory) has at its top: a file with none of them is neither.
+SHAPE_KEYS = {"runbook": ("steps",), "inventory": ("hosts", "vars", "pools")}
+
+
+def not_a_runbook(path: Path, inventory: bool = False) -> str | None:
+    """Why the file is no runbook (with `inventory`: no inventory) at all, in one line quoting none of it, or
+    None when it is shaped as one (its problems, if any, are then a runbook's). For a reader that must not
+    show other files' content (the MCP server): the loader's problems name the keys and values of any YAML
+    mapping. A file that cannot be read or is no YAML raises InvalidRunbook as `load_runbook` does."""
+    what = "inventory" if inventory else "runbook"
+    text, keys = _read(path, what), SHAPE_KEYS[what]
+    expected = f"not a{'n' if inventory else ''} {what} (expected a YAML mapping with " + (
+        "hosts, vars or pools" if inventory else "name, hosts and steps"
+    )
+    try:
+        data, _ = _parse(text, str(path))
+    except InvalidRunbook as exc:  # a YAML error's message may quote a piece (an alias, a tag): only its place
+        if any(re.search(rf"^{key}\s*:", text, re.M) for key in keys):
+            raise  # a runbook being written: its error as the loader says it
+        where = exc.problems[0]
+        return f"{path}:{where.line}:{where.column}: {expected}; a YAML error here): refused"
+    if isinstance(data, dict) and (any(key in data for key in keys) or (inventory and not data)):
+        return None
+    return f"{path}: {expected}): refused"
 
 
 def apply_inventory(runbook: Runbook, path: Path) -> Runbook:

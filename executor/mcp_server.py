@@ -6,9 +6,12 @@ structured JSON: `validate` and `plan` read a runbook as `runbook validate` and 
 (`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
 events.jsonl by `seq`; `status`, `runs` and `report` return what executor.views gives `--json`; `tail` a
 step's output from the audit log; `stop` interrupts a run as Ctrl-C would (SIGINT to the process holding its
-lock). Every result is capped (`RESULT_CAP` bytes: a long list is cut, saying so and how much was left out)
+lock, once its lock's record proves that process is the one that took it). Every result is capped (`RESULT_CAP`
+bytes, its text block too: a long list is cut, saying so, how much was left out and which file holds it whole)
 and holds only what the run stored, redacted as the console shows it; secrets come from the server's own
-environment, as the CLI reads them, never from a tool's arguments.
+environment, as the CLI reads them, never from a tool's arguments. Every path a tool is given (a runbook, an
+inventory, a `log_dir`, a `run_dir`, a run's folder) must resolve under the server's roots (`Roots`), and any
+failure, a crash included, is an `ok: false` result (`RunbookServer.call_tool`), never a protocol error.
 """
 
 from __future__ import annotations
@@ -23,19 +26,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import unquote, urlparse
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, TextContent
+from pydantic import ValidationError
 
 from executor import views
-from executor.audit import read_records
+from executor.audit import AUDIT_FILE, read_records
 from executor.cli import LOG_DIR, load_checked
-from executor.errors import InvalidRunbook, RunbookError
+from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.events import EVENTS_FILE
+from executor.files import open_run_file, refusal
+from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
-from executor.state import RunLock
+from executor.state import STATE_FILE, RunLock, process_start
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -49,13 +58,15 @@ ERROR_CAP = 4096
 TAIL_LINES = 200
 
 
-def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP) -> dict[str, Any]:
+def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP, whole: Path | None = None) -> dict[str, Any]:
     """`result` whose JSON fits in `cap` bytes: the list at `key` cut from its end as far as needed, with
-    `truncated: true` and `left_out` (how many items were cut). A result that does not fit even without
-    the list says so instead of being sent."""
+    `truncated: true`, `left_out` (how many items were cut) and `whole` (the file that holds it all, when
+    there is one). A result that does not fit even without the list says so instead of being sent."""
     items = result.get(key)
     if _size(result) <= cap:
         return result
+    if whole is not None:
+        result = result | {"whole": str(whole)}
     if not isinstance(items, list):
         return {"truncated": True, "error": f"the result ({_size(result)} bytes) is over the cap of {cap} bytes"}
     kept = _most(
@@ -67,19 +78,20 @@ def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP) -> dict[str,
     return cut
 
 
-def capped_status(view: dict[str, Any], cap: int = RESULT_CAP) -> dict[str, Any]:
+def capped_status(view: dict[str, Any], cap: int = RESULT_CAP, whole: Path | None = None) -> dict[str, Any]:
     """A status that fits in `cap` bytes: the largest facts left out first (`facts: null`, named in
-    `facts_left_out` as STEP@HOST; `runbook status --json` has them), then steps cut from the end."""
+    `facts_left_out` as STEP@HOST; `runbook status --json` has them, from `whole`), then steps cut from the end."""
     if _size(view) <= cap:
         return view
     steps = [dict(step) for step in view["steps"]]
     result = view | {"steps": steps, "truncated": True, "facts_left_out": []}
+    result |= {"whole": str(whole)} if whole is not None else {}
     for step in sorted(steps, key=lambda step: _size(step["facts"]), reverse=True):
         if _size(result) <= cap or step["facts"] is None:
             break
         step["facts"] = None
         result["facts_left_out"].append(f"{step['step']}@{step['host']}")
-    return capped(result, "steps", cap)
+    return capped(result, "steps", cap, whole)
 
 
 def capped_plan(document: dict[str, Any], cap: int = RESULT_CAP) -> dict[str, Any]:
@@ -201,9 +213,68 @@ class Launches:
         return {"ok": False, "pid": child.pid, "error": f"no run_started within {START_TIMEOUT_S:.0f}s"}
 
 
-def _run_dir(log_dir: str, run_id: str | None) -> Path:
-    """The folder of the run `run_id` names (a whole id or a unique prefix; the latest when None)."""
-    return Path(log_dir) / views.latest(Path(log_dir), run_id).run_id
+class Roots:
+    """The folders the tools read and write under: the server's own (its working folder, and each `runbook mcp
+    --root DIR`) and the client's (its MCP roots, `file://` ones only, asked at each call when it declares
+    the capability: `ClientRoots`). A path is inside when it resolves, symlinks followed, to one or below."""
+
+    def __init__(self, folders: Sequence[Path]) -> None:
+        self.server = [folder.resolve() for folder in folders]
+        self.client: list[Path] = []  # the client's, for one call (`with_client`)
+
+    def inside(self, argument: str, what: str) -> Path:
+        """`argument` as a path, or ArgumentRefused (exit 2) when it resolves outside every root."""
+        try:
+            resolved = Path(argument).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop
+            raise ArgumentRefused(f"{what} {_within(argument, 200)!r}: not a usable path ({exc})") from None
+        if any(resolved.is_relative_to(root) for root in (*self.server, *self.client)):
+            return Path(argument)
+        roots = ", ".join(str(root) for root in (*self.server, *self.client))
+        raise ArgumentRefused(
+            f"{what} {_within(argument, 200)!r} is outside the server's roots ({_within(roots, 1000)}; "
+            "`runbook mcp --root DIR` adds one): refused"
+        )
+
+    def with_client(self, listed: ListRootsResult | None) -> Roots:
+        """These roots and the client's `file://` ones (others, such as `https://`, name no folder here)."""
+        joined = Roots(self.server)
+        uris = [urlparse(str(root.uri)) for root in (listed.roots if listed else [])]
+        joined.client = [Path(unquote(uri.path)).resolve() for uri in uris if uri.scheme == "file" and uri.path]
+        return joined
+
+
+def ask_client_roots(context: Context[Any, Any]) -> ListRoots | None:
+    """The client's roots, asked (`roots/list`, the SDK carrying it as the protocol version wants) when the
+    client declares the capability; None otherwise, and for a call made in-process, outside any request."""
+    try:
+        capabilities = context.client_capabilities
+    except ValueError:  # no request: called in-process
+        return None
+    return ListRoots() if capabilities is not None and capabilities.roots is not None else None
+
+
+#: A tool's parameter filled with the client's roots by the SDK (never an argument of the caller).
+ClientRoots = Annotated[ListRootsResult | None, Resolve(ask_client_roots)]
+
+
+def _run_dir(roots: Roots, log_dir: str, run_id: str | None) -> Path:
+    """The folder of the run `run_id` names (a whole id or a unique prefix; the latest when None), the log
+    folder and the run's folder both under the roots."""
+    folder = roots.inside(log_dir, "log_dir") / views.latest(Path(log_dir), run_id).run_id
+    return roots.inside(str(folder), "run folder")
+
+
+def runbook_files(roots: Roots, file: str, inventory: str | None) -> tuple[Path, Path | None]:
+    """The runbook and inventory arguments as paths, each under the roots and shaped as what it should be:
+    ArgumentRefused in one line that quotes none of a file that is not (a copied /etc/passwd, a binary)."""
+    path = roots.inside(file, "file")
+    inventory_path = roots.inside(inventory, "inventory") if inventory else None
+    for given, is_inventory in ((path, False), (inventory_path, True)):
+        why = not_a_runbook(given, is_inventory) if given is not None else None
+        if why:
+            raise ArgumentRefused(why)
+    return path, inventory_path
 
 
 def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
@@ -211,8 +282,8 @@ def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
     is among those returned, `running` while a process holds the run's lock."""
     path = run_dir / EVENTS_FILE
     events: list[dict[str, Any]] = []
-    if path.is_file():
-        with path.open("rb") as handle:
+    if os.path.lexists(path):
+        with _run_file(path) as handle:
             # line N holds seq N (seqs count from 1 without gaps, in order): the lines before since_seq are
             # skipped unparsed, so following a long run by polling costs its new lines, not all of them again
             for number, line in enumerate(handle, start=1):
@@ -223,12 +294,21 @@ def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
                 events.append(_event_within(json.loads(line), RESULT_CAP // 2))
                 if len(events) >= limit:
                     break
-    result = capped({"run_id": run_dir.name, "events": events}, "events")
+    result = capped({"run_id": run_dir.name, "events": events}, "events", whole=path)
     returned = result.get("events", [])
     result["next_seq"] = returned[-1]["seq"] if returned else since_seq
     result["finished"] = any(event["event"] == "run_finished" for event in returned)
     result["running"] = RunLock(run_dir).held()
     return result
+
+
+def _run_file(path: Path) -> Any:
+    """A run folder's file opened as every reader opens one (executor.files.open_run_file); StateError naming
+    it when it is a FIFO, a socket, a device or a symlink."""
+    try:
+        return open_run_file(path)
+    except OSError as exc:
+        raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{path.name}: {refusal(exc)}") from None
 
 
 def _event_within(event: dict[str, Any], budget: int) -> dict[str, Any]:
@@ -266,6 +346,7 @@ def step_tail(run_dir: Path, step: str, host: str | None, lines: int) -> dict[st
         "attempt": last.get("attempt"),
         "exit_code": last.get("exit_code"),
         "timed_out": last.get("timed_out"),
+        "whole": str(run_dir / AUDIT_FILE),
     }
     for name in ("stdout", "stderr"):
         kept = str(last.get(name) or "").splitlines()[-lines:]
@@ -297,40 +378,107 @@ def _most(high: int, fits: Callable[[int], bool]) -> int:
 
 def stop_run(run_dir: Path) -> dict[str, Any]:
     """SIGINT to the process holding the run's lock, as Ctrl-C: it kills its steps' remote sessions,
-    records them interrupted and exits 130. Refused for a run no process holds."""
+    records them interrupted and exits 130. Refused for a run no process holds, and for a pid not proven to
+    be the process that took the lock (`not_the_holder`): a pid is reused once its process ends."""
     lock = RunLock(run_dir)
     if not lock.held():
-        return {"ok": False, "error": f"run {run_dir.name} is not running"}
+        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name} is not running"}
+    holder = lock.holder()
+    why = not_the_holder(holder, run_dir.name)
+    if why or holder is None:
+        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {why}"}
     try:
-        pid = int(lock.path.read_text(encoding="ascii").strip())
-        os.kill(pid, signal.SIGINT)
-    except (OSError, ValueError) as exc:
-        return {"ok": False, "error": f"could not signal the process of run {run_dir.name}: {exc}"}
-    return {"ok": True, "run_id": run_dir.name, "pid": pid, "signal": "SIGINT"}
+        os.kill(holder.pid, signal.SIGINT)
+    except OSError as exc:
+        return {"ok": False, "exit_code": 1, "error": f"could not signal the process of run {run_dir.name}: {exc}"}
+    return {"ok": True, "run_id": run_dir.name, "pid": holder.pid, "signal": "SIGINT"}
 
 
-def build_server(launches: Launches) -> MCPServer:
-    """The server with its tools; each returns a JSON object. `launches` holds the runs it starts."""
-    server = MCPServer("runbook", instructions=__doc__)
+def not_the_holder(holder: Any, run_id: str) -> str | None:
+    """Why the lock's record does not prove its pid is this run's `runbook` process now, or None: the record
+    names this run, and the pid's process started when the one that took the lock did (/proc/PID/stat)."""
+    if holder is None:
+        return "its lock holds no record of the process that took it (an older runbook's, or damaged)"
+    if holder.run_id != run_id:
+        return f"its lock was taken for run {_within(holder.run_id, 200)!r}"
+    started = process_start(holder.pid)
+    if holder.started is None or started != holder.started:
+        return (
+            f"process {holder.pid} is not the one that took its lock (it started at tick {started}, the lock's "
+            f"at {holder.started}): its pid was reused"
+        )
+    return None
+
+
+class RunbookServer(MCPServer):
+    """The SDK's server, every tool call's answer made here: the result (its structured content, and its text
+    block as the same compact JSON, not the SDK's indented copy, half as large again) within RESULT_CAP, and
+    any failure, a RunbookError, arguments that do not validate and a crash alike, an `ok: false` result
+    rather than the SDK's error text or a protocol error."""
+
+    def __init__(self) -> None:
+        super().__init__("runbook", instructions=__doc__)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            result = await super().call_tool(name, arguments, context)
+        except Exception as exc:  # the SDK wraps a tool's exception; its cause says what it was
+            return answer(_refusal(name, exc))
+        if isinstance(result, CallToolResult) and isinstance(result.structured_content, dict):
+            return answer(result.structured_content)
+        return result
+
+
+def answer(result: dict[str, Any]) -> CallToolResult:
+    """A tool's result as sent: structured content and one text block of the same JSON, each within the cap
+    (a result the tool did not cut to fit is replaced by one saying so)."""
+    if _size(result) > RESULT_CAP:
+        result = {"ok": False, "exit_code": 1, "truncated": True, "error": f"the result is over {RESULT_CAP} bytes"}
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(result, default=str))], structured_content=result
+    )
+
+
+def _refusal(tool: str, exc: Exception) -> dict[str, Any]:
+    """An exception from a tool call as a result: a RunbookError as the CLI says it; arguments that do not
+    validate by their names (never their values); anything else by its type and message, one line, cut."""
+    cause = exc.__cause__ if isinstance(exc, ToolError) and exc.__cause__ is not None else exc
+    if isinstance(cause, ToolError):  # the SDK's own refusal of the call (an unknown tool): a bad argument
+        return {"ok": False, "exit_code": 2, "error": _within(str(cause), ERROR_CAP)}
+    if isinstance(cause, RunbookError):
+        return capped(_failure(cause), "problems")
+    if isinstance(cause, ValidationError):
+        names = sorted({".".join(map(str, error["loc"])) or "arguments" for error in cause.errors()})
+        return {"ok": False, "exit_code": 2, "error": f"{tool}: invalid arguments: {', '.join(names)}"}
+    said = " ".join(str(cause).split())
+    return {"ok": False, "exit_code": 1, "error": _within(f"{tool}: {type(cause).__name__}: {said}", ERROR_CAP)}
+
+
+def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServer:
+    """The server with its tools; each returns a JSON object (a RunbookError it raises becomes an `ok: false`
+    result: `RunbookServer.call_tool`). `launches` holds the runs it starts; `roots` the folders its tools
+    may use (the working folder when None), with the client's roots of each call (`client_roots`)."""
+    roots = roots or Roots([Path.cwd()])
+    server = RunbookServer()
 
     @server.tool()
-    def validate(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
+    def validate(
+        file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
+    ) -> dict[str, Any]:
         """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message."""
-        try:
-            runbook, _ = load_checked(Path(file), Path(inventory) if inventory else None, _pairs(vars), os.environ)
-        except RunbookError as exc:
-            return capped(_failure(exc), "problems")
+        files = runbook_files(roots.with_client(client_roots), file, inventory)
+        runbook, _ = load_checked(*files, _pairs(vars), os.environ)
         return {"ok": True, "steps": len(runbook.steps), "problems": []}
 
     @server.tool()
-    def plan(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
+    def plan(
+        file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
+    ) -> dict[str, Any]:
         """What a run would do, per step and host; runs nothing."""
-        try:
-            runbook, overrides = load_checked(
-                Path(file), Path(inventory) if inventory else None, _pairs(vars), os.environ
-            )
-        except RunbookError as exc:
-            return capped(_failure(exc), "problems")
+        files = runbook_files(roots.with_client(client_roots), file, inventory)
+        runbook, overrides = load_checked(*files, _pairs(vars), os.environ)
         return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
 
     @server.tool()
@@ -341,9 +489,13 @@ def build_server(launches: Launches) -> MCPServer:
         log_dir: str = str(LOG_DIR),
         from_step: str | None = None,
         only: str | None = None,
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """Start a run in the background; returns its run_id, run_dir and pid at once (follow it with events,
         status). Secrets come from this server's environment."""
+        here = roots.with_client(client_roots)
+        runbook_files(here, file, inventory)
+        here.inside(log_dir, "log_dir")
         return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
 
     @server.tool()
@@ -353,64 +505,75 @@ def build_server(launches: Launches) -> MCPServer:
         inventory: str | None = None,
         vars: dict[str, str] | None = None,
         log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """Continue a run (default: the latest of this runbook) in the background: what passed is reused."""
+        here = roots.with_client(client_roots)
+        runbook_files(here, file, inventory)
+        here.inside(log_dir, "log_dir")
         resume = f"--resume={run_id}" if run_id else "--resume"
         return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
 
     @server.tool()
-    def status(run_id: str | None = None, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+    def status(
+        run_id: str | None = None, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None
+    ) -> dict[str, Any]:
         """A run's steps (status, attempts, duration, failing gate and message, facts) and failed cells."""
         launches.reap()
-        try:
-            return capped_status(views.status(Path(log_dir), run_id))
-        except RunbookError as exc:
-            return _failure(exc)
+        run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
+        return capped_status(views.status(Path(log_dir), run_dir.name), whole=run_dir / STATE_FILE)
 
     @server.tool()
-    def runs(log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+    def runs(log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Recent runs, newest first: id, runbook, status, start, end, the run it resumed."""
         launches.reap()
-        return capped({"runs": views.runs(Path(log_dir))}, "runs")
+        folder = roots.with_client(client_roots).inside(log_dir, "log_dir")
+        return capped({"runs": views.runs(folder)}, "runs", whole=folder)
 
     @server.tool()
     def events(
-        run_id: str, since_seq: int = 0, limit: int = EVENTS_LIMIT, log_dir: str = str(LOG_DIR)
+        run_id: str,
+        since_seq: int = 0,
+        limit: int = EVENTS_LIMIT,
+        log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """A run's events with seq > since_seq (as `run --json` prints them), next_seq to ask from next,
         finished once run_finished is among them, running while its process lives."""
         launches.reap()
-        try:
-            return read_events(_run_dir(log_dir, run_id), since_seq, max(1, min(limit, EVENTS_LIMIT)))
-        except RunbookError as exc:
-            return _failure(exc)
+        run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
+        return read_events(run_dir, since_seq, max(1, min(limit, EVENTS_LIMIT)))
 
     @server.tool()
     def tail(
-        run_id: str, step: str, host: str | None = None, lines: int = 50, log_dir: str = str(LOG_DIR)
+        run_id: str,
+        step: str,
+        host: str | None = None,
+        lines: int = 50,
+        log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """The last lines of stdout and stderr of a step's latest command (from the run's audit log)."""
-        try:
-            return step_tail(_run_dir(log_dir, run_id), step, host, max(1, min(lines, TAIL_LINES)))
-        except RunbookError as exc:
-            return _failure(exc)
+        run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
+        return step_tail(run_dir, step, host, max(1, min(lines, TAIL_LINES)))
 
     @server.tool()
-    def stop(run_id: str, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
+    def stop(run_id: str, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Interrupt a running run as Ctrl-C would; returns at once (it then ends interrupted, exit 130)."""
-        try:
-            return stop_run(_run_dir(log_dir, run_id))
-        except RunbookError as exc:
-            return _failure(exc)
+        return stop_run(_run_dir(roots.with_client(client_roots), log_dir, run_id))
 
     @server.tool()
-    def report(run_id: str | None = None, log_dir: str = str(LOG_DIR), run_dir: str | None = None) -> dict[str, Any]:
+    def report(
+        run_id: str | None = None,
+        log_dir: str = str(LOG_DIR),
+        run_dir: str | None = None,
+        client_roots: ClientRoots = None,
+    ) -> dict[str, Any]:
         """A run's report.json (tables, figures, provenance), refused without a complete provenance. The run
         is `run_id` under `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
-        try:
-            return capped(views.report(Path(run_dir) if run_dir else _run_dir(log_dir, run_id)), "tables")
-        except RunbookError as exc:
-            return _failure(exc)
+        here = roots.with_client(client_roots)
+        folder = here.inside(run_dir, "run_dir") if run_dir else _run_dir(here, log_dir, run_id)
+        return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
 
     return server
 
@@ -434,12 +597,13 @@ def _run_argv(
     return [*argv, "--", file]
 
 
-def serve() -> None:
-    """Serve over stdio until the client closes it (or SIGTERMs the server), then remove the runs' files."""
+def serve(roots: Sequence[Path] = ()) -> None:
+    """Serve over stdio until the client closes it (or SIGTERMs the server), then remove the runs' files;
+    its tools use the working folder and `roots` (`runbook mcp --root DIR`)."""
     launches = Launches()
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        build_server(launches).run("stdio")
+        build_server(launches, Roots([Path.cwd(), *roots])).run("stdio")
     finally:
         launches.close()
 

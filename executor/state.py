@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import sqlite3
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
@@ -27,7 +28,7 @@ from typing import Any
 
 from executor import durable
 from executor.errors import ResumeError, RunLocked, StateError
-from executor.files import open_regular
+from executor.files import odd_file, open_run_file, refusal
 
 STATE_FILE = "state.db"
 META_FILE = "run.json"
@@ -128,33 +129,51 @@ class RunMeta:
 
 
 class RunLock:
-    """An exclusive flock on `<run-dir>/lock`: released by the kernel when the holder dies."""
+    """An exclusive flock on `<run-dir>/lock`: released by the kernel when the holder dies.
+
+    The holder writes who it is into the file (`LockRecord`: its pid, the start time of that pid's process
+    and the run id), so that `stop` can prove the pid is still the process that took the lock before it
+    signals it (a pid is reused once its process ends). The file is opened without following a symlink or
+    waiting on a FIFO, and only as a regular file."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open(os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            record = LockRecord.parse(os.read(fd, LOCK_RECORD_MAX))
             os.close(fd)
+            holder = record.pid if record else "another process"
             raise RunLocked(
                 f"run {self.path.parent.name} is in use by runbook process {holder}; "
                 "wait for it to finish or stop it first"
             ) from None
-        with contextlib.suppress(OSError):  # who holds it, for the message above: the flock is the lock
+        with contextlib.suppress(OSError):  # who holds it, for the message above and `stop`: the flock is the lock
             os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
+            record = LockRecord(os.getpid(), process_start(os.getpid()), self.path.parent.name)
+            os.write(fd, record.text().encode())
         self._fd = fd
+
+    def _open(self, flags: int) -> int:
+        """The lock file's descriptor; StateError naming it when it is no regular file (a symlink, a FIFO)."""
+        try:
+            fd = os.open(self.path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            raise _odd(self.path, refusal(exc)) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _odd(self.path, "not a regular file (a FIFO, device or folder is never read)")
+        return fd
 
     def held(self) -> bool:
         """Whether a live process holds this lock (a killed holder's lock is free)."""
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return False
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = self._open(os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -163,10 +182,60 @@ class RunLock:
             os.close(fd)
         return False
 
+    def holder(self) -> LockRecord | None:
+        """What the holder wrote into the lock; None when it is not a record (written by an older `runbook`)."""
+        fd = self._open(os.O_RDONLY)
+        try:
+            return LockRecord.parse(os.read(fd, LOCK_RECORD_MAX))
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+#: A lock's record is one short line of JSON: past this many bytes it is no record.
+LOCK_RECORD_MAX = 256
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """Who took a run's lock: its pid, when that process started (`process_start`) and the run id."""
+
+    pid: int
+    started: int | None
+    run_id: str
+
+    def text(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: bytes) -> LockRecord | None:
+        try:
+            data = json.loads(raw)
+            record = cls(data["pid"], data["started"], data["run_id"])
+        except (ValueError, TypeError, KeyError):
+            return None
+        shapes_fit = _fits(record.pid, "integer") and _fits(record.started, "integer or null")
+        return record if shapes_fit and record.pid > 0 and isinstance(record.run_id, str) else None
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat, field 22); None when there is
+    no such process (or no /proc). With the pid, it names one process: a pid is reused, never both."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat_line = handle.read()
+        # the command name (field 2) is in parentheses and may hold anything: the fields after its last `)`
+        return int(stat_line[stat_line.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _odd(path: Path, why: str) -> StateError:
+    return StateError(f"{path} is unreadable ({why})", reason=f"{path.name}: {why}")
 
 
 class RunState:
@@ -181,6 +250,9 @@ class RunState:
         self.run_dir = run_dir
         self._lock: RunLock | None = None  # only a store this process creates holds its run's lock
         db = run_dir / STATE_FILE
+        odd = odd_file(db)  # SQLite would follow a symlink, and wait on a FIFO
+        if odd:
+            raise _odd(db, odd)
         if not db.is_file():
             raise StateError(
                 f"{db} is missing: nothing of run {run_dir.name} can be reused; run without --resume to start over",
@@ -474,12 +546,12 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
     """The folder's run.json, each field of the type it must have; None when the folder is no run
     (or one cut short before its run.json)."""
     meta_file = folder / META_FILE
-    if not meta_file.exists():
+    if not os.path.lexists(meta_file):
         if any((folder / name).exists() for name in _RUN_FILES):
             return UnreadableRun(folder.name, f"{META_FILE} is missing")
         return None
     try:
-        with open_regular(meta_file) as handle:  # a FIFO or /dev/zero in its place must not hang a listing
+        with open_run_file(meta_file) as handle:  # a FIFO or /dev/zero in its place must not hang a listing
             raw = handle.read(META_MAX_BYTES + 1)
         if len(raw) > META_MAX_BYTES:
             raise TypeError(f"larger than {META_MAX_BYTES // 1024} KiB: no run.json is")
@@ -491,7 +563,7 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
             raise TypeError(why)
         meta = RunMeta(**data)
     except OSError as exc:
-        return UnreadableRun(folder.name, f"{META_FILE}: {exc.strerror or exc}")
+        return UnreadableRun(folder.name, f"{META_FILE}: {refusal(exc)}")
     except (ValueError, TypeError) as exc:
         return UnreadableRun(folder.name, f"{META_FILE}: {exc}")
     if meta.run_id != folder.name:
@@ -500,6 +572,14 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
     if meta.resumed_from == meta.run_id:
         return UnreadableRun(folder.name, f"its {META_FILE} says it resumed itself", runbook=meta.runbook)
     return meta
+
+
+def _folder_meta(folder: Path) -> RunMeta | UnreadableRun | None:
+    """`read_meta` of a folder of a log folder; one that is a symlink is never followed (its files would be
+    shown as a run of this log folder): it is unreadable, saying so."""
+    if folder.is_symlink():
+        return UnreadableRun(folder.name, "a symlink, not a run folder (never followed)")
+    return read_meta(folder)
 
 
 def _cycles(metas: Sequence[RunMeta]) -> dict[str, str]:
@@ -529,7 +609,7 @@ def scan_runs(log_dir: Path, runbook: str | None = None) -> RunFolders:
     found = RunFolders([], [])
     if not log_dir.is_dir():
         return found
-    entries = [entry for folder in log_dir.iterdir() if folder.is_dir() and (entry := read_meta(folder)) is not None]
+    entries = [entry for folder in log_dir.iterdir() if folder.is_dir() and (entry := _folder_meta(folder)) is not None]
     metas = [entry for entry in entries if isinstance(entry, RunMeta)]
     cycles = _cycles(metas)
     for entry in entries:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from executor.errors import ResumeError, StateError
+from executor.files import open_run_file, refusal
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, WRITE_FAILED, RunMeta, find_run, open_state, scan_runs
 
 #: How many runs `runs` lists, newest first.
@@ -108,11 +110,14 @@ def report(run_dir: Path) -> dict[str, Any]:
     """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
     it is not shaped as a report (`report_parts`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
         raise ResumeError(f"{run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        with open_run_file(path) as handle:
+            document = json.loads(handle.read().decode("utf-8"))
+    except OSError as exc:
+        raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
     except (ValueError, RecursionError) as exc:
         raise _not_a_report(path, exc) from None
     report_parts(document, path)

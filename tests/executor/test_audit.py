@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import audit
+from executor import audit, files
 from executor.audit import AuditContext, AuditLog, verify
 from executor.cli import main
 from executor.redact import Redactor
@@ -268,12 +268,12 @@ def test_a_head_read_while_the_live_run_rewrites_it_is_checked_again(
     whole = (run_dir / audit.HEAD_FILE).read_bytes()
     torn = whole[:30] + b"f" * 8 + whole[38:]  # the new head's first bytes over the old one's rest
     torn_reads = iter([True, True, True])
-    opened = audit.open_regular
+    opened = files.open_run_file
 
-    def open_regular(path: Path) -> Any:
+    def open_run_file(path: Path) -> Any:
         return io.BytesIO(torn) if path.name == audit.HEAD_FILE and next(torn_reads, False) else opened(path)
 
-    monkeypatch.setattr(audit, "open_regular", open_regular)
+    monkeypatch.setattr(audit, "open_run_file", open_run_file)
     try:
         report = verify(run_dir)
         torn_reads = iter([True] * audit.LIVE_CHECKS)  # torn every time: what tampering looks like

@@ -12,6 +12,7 @@ import pytest
 import executor
 from executor import cli, engine, errors, gates, stepkind
 from executor.errors import (
+    ArgumentRefused,
     AuditKeyError,
     DurableWriteError,
     HostKeyError,
@@ -33,6 +34,7 @@ EXIT_CODES: list[tuple[RunbookError, int]] = [
     (ResumeError("nothing to resume"), 2),
     (StateError("unreadable", reason="damaged"), 2),
     (AuditKeyError("open to others"), 2),
+    (ArgumentRefused("outside the roots"), 2),
     (DurableWriteError("/logs/run", "the audit log", "No space left on device", errno.ENOSPC, 0), 4),
     (TransportError("broke"), 1),
     (HostKeyError("not trusted"), 1),

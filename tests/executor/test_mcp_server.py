@@ -22,6 +22,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[m
 
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import CallToolResult
 
 from executor.cli import main
 from executor.events import EVENTS_FILE
@@ -30,6 +31,7 @@ from executor.mcp_server import (
     RESULT_CAP,
     TAIL_LINES,
     Launches,
+    Roots,
     build_server,
     capped,
     read_events,
@@ -282,14 +284,16 @@ def test_the_tail_of_an_output_of_control_characters_fits_the_cap(
     assert result["stdout"].endswith("\x1b\x07\x01") and result["stdout_truncated"] and result["stderr_truncated"]
 
 
-def in_process(tool: str, **arguments: Any) -> dict[str, Any]:
-    """A tool's structured result from the server called in this process (no stdio: for arguments only)."""
+def in_process(tool: str, root: Path | None = None, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured result from the server called in this process (no stdio: for arguments only), its
+    roots the working folder and `root`."""
     launches = Launches()
     try:
-        result = asyncio.run(build_server(launches).call_tool(tool, arguments))
+        roots = Roots([Path.cwd(), *([root] if root else [])])
+        result = asyncio.run(build_server(launches, roots).call_tool(tool, arguments))
     finally:
         launches.close()
-    assert not result.is_error, result.content
+    assert isinstance(result, CallToolResult) and not result.is_error, result
     assert isinstance(result.structured_content, dict)
     return result.structured_content
 
@@ -298,7 +302,7 @@ def test_a_var_holding_a_nul_byte_is_refused_by_run_as_by_validate(write_runbook
     """Before: `run` raised from Popen (`embedded null byte`), an error instead of a result."""
     book = write_runbook("name: nul\n__HOSTS__\nvars: {url: x}\nsteps:\n  - {id: a, kind: shell, script: echo}\n")
     for tool in ("run", "resume"):
-        result = in_process(tool, file=str(book), vars={"url": "a\0b"}, log_dir=str(tmp_path / "logs"))
+        result = in_process(tool, tmp_path, file=str(book), vars={"url": "a\0b"}, log_dir=str(tmp_path / "logs"))
         assert result["ok"] is False and result["exit_code"] == 2 and "NUL" in result["error"], result
     assert not (tmp_path / "logs").exists()
 
@@ -320,7 +324,7 @@ def test_a_huge_argument_quoted_back_still_fits_the_cap(tool: str, arguments: di
     book.write_text("name: one\nhosts:\n  box: {address: local}\nsteps:\n  - {id: a, kind: shell, script: echo}\n")
     assert main(["run", str(book), "--log-dir", str(logs)]) == 0
     (run_dir,) = logs.iterdir()
-    result = in_process(tool, **{"run_id": run_dir.name, **arguments, "log_dir": str(logs)})
+    result = in_process(tool, tmp_path, **{"run_id": run_dir.name, **arguments, "log_dir": str(logs)})
     assert result["ok"] is False and len(json.dumps(result).encode()) <= RESULT_CAP, len(json.dumps(result))
     assert result["error"].startswith("no ")
 
@@ -334,7 +338,7 @@ def test_the_plan_of_a_ten_thousand_cell_matrix_fits_the_cap_with_its_first_cell
         "name: grid\nhosts:\n  box: {address: local}\nsteps:\n"
         f"  - {{id: a, kind: shell, matrix: {json.dumps(axes)}, script: echo $matrix_x}}\n"
     )
-    result = in_process("plan", file=str(book))
+    result = in_process("plan", tmp_path, file=str(book))
     assert len(json.dumps(result).encode()) <= RESULT_CAP and result["truncated"]
     assert result["runbook"] == "grid" and result["steps"][0]["id"].startswith("a")
     (group,) = result["groups"]
@@ -377,4 +381,5 @@ def test_arguments_that_read_as_options_stay_the_runs_file_and_folder(
     wait_for(finished, 60, f"run {started['run_id']}'s run_finished")
     refused = in_process("run", file="--help", log_dir="-logs")
     assert refused["ok"] is False and refused["exit_code"] == 2, refused
-    assert any("--help" in line and "cannot read the runbook" in line for line in refused["messages"]), refused
+    (problem,) = refused["problems"]  # read as a file (none there), before any process starts
+    assert problem["file"] == "--help" and "cannot read the runbook" in problem["message"], refused

@@ -1,0 +1,148 @@
+"""A run folder's files are data: a lock, state.db, run.json, events.jsonl, audit log or report.json that is
+a FIFO, a socket, a device or a symlink (even to a regular file outside) is never opened blocking nor
+followed. `runs`, `status`, `report`, `audit show` and the MCP tools answer at once, naming the odd file
+(exit 2, `ok: false`), and `runs` still lists the other runs. Before: a FIFO lock hung `status`, `runs` and
+the MCP `events` for ever, a FIFO events.jsonl hung `events`, and a symlinked state.db or report.json was
+shown as the run's own. In-process, each call bounded by a thread's timeout (a hang fails, never blocks)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.cli import main
+
+pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
+
+from tests.executor.test_mcp_guards import call
+
+#: every call must answer within this many seconds (each takes well under one)
+BOUND_S = 10
+ODD_KINDS = ("fifo", "socket", "device", "symlink")
+#: a run folder's files and, for each, the answers that read it: (surface, arguments)
+READERS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "lock": [("cli", {"argv": ["status"]}), ("mcp", {"tool": "events"}), ("mcp", {"tool": "stop"})],
+    "state.db": [("cli", {"argv": ["status"]}), ("mcp", {"tool": "status"})],
+    "run.json": [("cli", {"argv": ["status"]}), ("mcp", {"tool": "events"})],
+    "events.jsonl": [("mcp", {"tool": "events"})],
+    "audit.jsonl": [("cli", {"argv": ["audit", "show"]}), ("mcp", {"tool": "tail", "step": "a"})],
+    "report.json": [("cli", {"argv": ["report"]}), ("mcp", {"tool": "report"})],
+}
+#: the files whose oddness makes the run's row in `runs` unreadable (the others are not read by it)
+LISTED = ("lock", "state.db", "run.json")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log folder of two finished runs (`address: local`), the later with a report.json."""
+    folder = tmp_path_factory.mktemp("runs")
+    book = folder / "one.yaml"
+    book.write_text("name: one\nhosts:\n  box: {address: local}\nsteps:\n  - {id: a, kind: shell, script: echo a}\n")
+    logs = folder / "logs"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        for _ in range(2):
+            assert main(["run", str(book), "--log-dir", str(logs)]) == 0
+    latest = sorted(p for p in logs.iterdir())[-1]
+    provenance: dict[str, Any] = {"generated_at": "now", "gpus": None, "unknown": {}}
+    provenance |= {key: [] for key in ("repos", "deployments", "benchmarks")}
+    (latest / "report.json").write_text(json.dumps({"title": "t", "tables": [], "provenance": provenance}))
+    return logs
+
+
+def bounded(call: Callable[[], Any]) -> Any:
+    """`call()`'s value, or a failure when it has not answered within BOUND_S (it hangs: a FIFO opened)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # carried to the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    assert not thread.is_alive(), f"no answer within {BOUND_S}s: it waits on the odd file"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@contextlib.contextmanager
+def made_odd(path: Path, kind: str, outside: Path) -> Iterator[None]:
+    """`path` replaced by a FIFO, a listening socket, a device (/dev/null's) or a symlink to itself moved
+    outside the run folder (a reader that follows it answers as if nothing were odd); a FIFO is opened for
+    writing at the end, so that a reader stuck on it ends."""
+    if kind == "symlink":
+        shutil.move(path, outside)
+        path.symlink_to(outside)
+    else:
+        path.unlink()
+    held: socket.socket | None = None
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(str(path))
+        held.listen()
+    elif kind == "device":
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("no CAP_MKNOD here to make a device node")
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.close()
+        if kind == "fifo":  # free a reader that is stuck on it
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("kind", ODD_KINDS)
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_an_odd_run_file_is_named_at_once_by_every_reader(two_runs: Path, tmp_path: Path, name: str, kind: str) -> None:
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    older, run_dir = sorted(p for p in logs.iterdir())
+    if name == "lock":  # read by `runs` and `status` for a run said to be running (a killed one's lock is free)
+        with contextlib.closing(sqlite3.connect(run_dir / "state.db")) as db, db:
+            db.execute("UPDATE run SET value = 'running' WHERE key = 'status'")
+    with made_odd(run_dir / name, kind, tmp_path / "elsewhere"):
+        code, out, _ = bounded(lambda: cli(["runs", "--json", "--log-dir", str(logs)]))
+        rows = {row["run_id"]: row for row in json.loads(out)}
+        assert code == 0 and rows[older.name]["status"] == "passed"  # the other run is still listed
+        if name in LISTED:
+            assert rows[run_dir.name]["status"] == "unreadable" and name in rows[run_dir.name]["note"], rows
+        for surface, how in READERS[name]:
+            if surface == "cli":
+                where = [str(run_dir)] if how["argv"][0] != "status" else [run_dir.name, "--log-dir", str(logs)]
+                code, _, err = bounded(functools.partial(cli, [*how["argv"], *where]))
+                assert code == 2 and name in err and "Traceback" not in err, (how, code, err)
+            else:
+                arguments = {k: v for k, v in how.items() if k != "tool"} | {"log_dir": str(logs)}
+                arguments |= {"run_id": run_dir.name} if how["tool"] != "report" else {"run_dir": str(run_dir)}
+                answer = bounded(functools.partial(call, how["tool"], tmp_path, **arguments))
+                assert answer["ok"] is False and answer["exit_code"] == 2, (how, answer)
+                assert name in answer["error"], answer
