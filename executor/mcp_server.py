@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import json
 import os
 import shutil
@@ -29,7 +31,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from executor import views
+from executor import strict_json, views
 from executor.audit import read_records
 from executor.cli import LOG_DIR, load_checked
 from executor.errors import InvalidRunbook, RunbookError
@@ -312,8 +314,9 @@ def stop_run(run_dir: Path) -> dict[str, Any]:
 def build_server(launches: Launches) -> MCPServer:
     """The server with its tools; each returns a JSON object. `launches` holds the runs it starts."""
     server = MCPServer("runbook", instructions=__doc__)
+    tool = _strict_tools(server)
 
-    @server.tool()
+    @tool
     def validate(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
         """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message."""
         try:
@@ -322,7 +325,7 @@ def build_server(launches: Launches) -> MCPServer:
             return capped(_failure(exc), "problems")
         return {"ok": True, "steps": len(runbook.steps), "problems": []}
 
-    @server.tool()
+    @tool
     def plan(file: str, inventory: str | None = None, vars: dict[str, str] | None = None) -> dict[str, Any]:
         """What a run would do, per step and host; runs nothing."""
         try:
@@ -333,7 +336,7 @@ def build_server(launches: Launches) -> MCPServer:
             return capped(_failure(exc), "problems")
         return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
 
-    @server.tool()
+    @tool
     async def run(
         file: str,
         inventory: str | None = None,
@@ -346,7 +349,7 @@ def build_server(launches: Launches) -> MCPServer:
         status). Secrets come from this server's environment."""
         return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
 
-    @server.tool()
+    @tool
     async def resume(
         file: str,
         run_id: str | None = None,
@@ -358,7 +361,7 @@ def build_server(launches: Launches) -> MCPServer:
         resume = f"--resume={run_id}" if run_id else "--resume"
         return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
 
-    @server.tool()
+    @tool
     def status(run_id: str | None = None, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
         """A run's steps (status, attempts, duration, failing gate and message, facts) and failed cells."""
         launches.reap()
@@ -367,13 +370,13 @@ def build_server(launches: Launches) -> MCPServer:
         except RunbookError as exc:
             return _failure(exc)
 
-    @server.tool()
+    @tool
     def runs(log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
         """Recent runs, newest first: id, runbook, status, start, end, the run it resumed."""
         launches.reap()
         return capped({"runs": views.runs(Path(log_dir))}, "runs")
 
-    @server.tool()
+    @tool
     def events(
         run_id: str, since_seq: int = 0, limit: int = EVENTS_LIMIT, log_dir: str = str(LOG_DIR)
     ) -> dict[str, Any]:
@@ -385,7 +388,7 @@ def build_server(launches: Launches) -> MCPServer:
         except RunbookError as exc:
             return _failure(exc)
 
-    @server.tool()
+    @tool
     def tail(
         run_id: str, step: str, host: str | None = None, lines: int = 50, log_dir: str = str(LOG_DIR)
     ) -> dict[str, Any]:
@@ -395,7 +398,7 @@ def build_server(launches: Launches) -> MCPServer:
         except RunbookError as exc:
             return _failure(exc)
 
-    @server.tool()
+    @tool
     def stop(run_id: str, log_dir: str = str(LOG_DIR)) -> dict[str, Any]:
         """Interrupt a running run as Ctrl-C would; returns at once (it then ends interrupted, exit 130)."""
         try:
@@ -403,7 +406,7 @@ def build_server(launches: Launches) -> MCPServer:
         except RunbookError as exc:
             return _failure(exc)
 
-    @server.tool()
+    @tool
     def report(run_id: str | None = None, log_dir: str = str(LOG_DIR), run_dir: str | None = None) -> dict[str, Any]:
         """A run's report.json (tables, figures, provenance), refused without a complete provenance. The run
         is `run_id` under `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
@@ -413,6 +416,32 @@ def build_server(launches: Launches) -> MCPServer:
             return _failure(exc)
 
     return server
+
+
+def _strict_tools(server: MCPServer) -> Callable[[Callable[..., Any]], Any]:
+    """`server.tool()` for a tool whose result leaves as strict JSON: written once by strict_json.dumps (a
+    NaN that a host printed into its facts becomes "NaN", and `allow_nan=False` proves none is left) and read
+    back, so the SDK serialises plain data whatever its own rule for floats is."""
+
+    def register(function: Callable[..., Any]) -> Any:
+        def leaving(result: Any) -> Any:
+            return json.loads(strict_json.dumps(result, default=str))
+
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def answer_async(*args: Any, **kwargs: Any) -> Any:
+                return leaving(await function(*args, **kwargs))
+
+            return server.tool()(answer_async)
+
+        @functools.wraps(function)
+        def answer(*args: Any, **kwargs: Any) -> Any:
+            return leaving(function(*args, **kwargs))
+
+        return server.tool()(answer)
+
+    return register
 
 
 def _run_argv(

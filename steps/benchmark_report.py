@@ -27,7 +27,6 @@ min-max and relative MAD, and mark a noisy point.
 from __future__ import annotations
 
 import io
-import json
 import math
 import shlex
 from collections.abc import Callable, Mapping
@@ -36,7 +35,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from pydantic import AliasChoices, ConfigDict, Field
 
-from executor import durable
+from executor import durable, strict_json
 from executor.model import DataModel
 from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Spread
@@ -615,7 +614,7 @@ def write_document(run_dir: Path, report: Document, drawings: Mapping[str, Calla
         raise durable.failed(exc, run_dir, "the report") from None
     # each through durable.replace_file: a full or failing disk raises DurableWriteError, which stops the run
     # (never a failed step, never retried), and leaves no half-written report behind
-    document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+    document = strict_json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
     durable.replace_file(run_dir / REPORT_JSON, document.encode("utf-8"), REPORT_JSON, mode=0o644)
     durable.replace_file(run_dir / REPORT_MD, markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
     for figure_of in report.figures:
