@@ -15,6 +15,8 @@ JSON answer is strict.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import math
 import os
@@ -261,3 +263,57 @@ def test_every_mcp_result_is_strict_json(tmp_path: Path, capsys: pytest.CaptureF
     assert results[0]["steps"][0]["facts"] == {"tps": "NaN"}
     assert results[3]["tables"][0]["rows"] == [["Infinity"]]
     assert PROVENANCE["generated_at"] == results[3]["provenance"]["generated_at"]
+
+
+# -- a secret of any shape through every writer and answer -------------------------------------------------
+
+#: Secrets from characters the run's own files never hold in a row of 8 (no hex digit, no lowercase word, no
+#: timestamp): quotes, a backslash, regex metacharacters, whitespace and newlines, unicode, a `%` and `@`.
+writer_secrets = st.text(
+    st.sampled_from("GHJKLMNPRSTVWXYZ'\"\\$^*+?()[]|@%é€中\u00a0 \n\t"), min_size=MIN_SECRET_CHARS, max_size=40
+).filter(lambda s: len(s.strip()) >= MIN_SECRET_CHARS and len(s.replace("\n", "").strip()) >= MIN_SECRET_CHARS)
+
+WRITERS_BOOK = """\
+name: writers
+hosts: {here: {address: local}}
+secrets: {TOKEN: {env: RB_WRITERS_TOKEN}}
+steps:
+  - id: say
+    kind: shell
+    script: |
+      printf 'out %s\\n' "$TOKEN"; printf 'err %s' "$TOKEN" >&2
+    gates:
+      - that: "stdout == ''"
+        message: "saw {{ stdout }}"
+"""
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secret=writer_secrets)
+def test_a_secret_of_any_shape_is_in_no_run_file_and_no_json_or_mcp_answer(
+    secret: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step prints the secret to both streams and fails a gate that quotes its stdout: the console,
+    `--json` lines, every file of the run (state.db, audit, events, debug log, run.json), `status`/`runs
+    --json` and the MCP `events`, `tail` and `status` answers hold no form of it."""
+    from executor import views
+    from executor.mcp_server import read_events, step_tail
+
+    monkeypatch.setenv("RB_WRITERS_TOKEN", secret)
+    root = tmp_path_factory.mktemp("writers")
+    book, logs = root / "writers.yaml", root / "logs"
+    book.write_text(WRITERS_BOOK)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["run", str(book), "--log-dir", str(logs), "--json"]) == 1
+        assert main(["status", "--log-dir", str(logs), "--json"]) == 0
+        assert main(["runs", "--log-dir", str(logs), "--json"]) == 0
+    (run_dir,) = logs.iterdir()
+    answers = [out.getvalue(), err.getvalue()]
+    answers += [json.dumps(views.status(logs, None)), json.dumps(read_events(run_dir, 0, 500))]
+    answers += [json.dumps(step_tail(run_dir, "say", None, 200), ensure_ascii=False)]
+    answers += [f.read_bytes().decode("utf-8", "replace") for f in run_dir.iterdir() if f.is_file()]
+    assert "out ***" in answers[0] and "err ***" in json.dumps(step_tail(run_dir, "say", None, 200))
+    redactor = Redactor([secret])
+    for text in answers:
+        assert redactor.text(text) == text, text
