@@ -317,3 +317,74 @@ def test_a_secret_of_any_shape_is_in_no_run_file_and_no_json_or_mcp_answer(
     redactor = Redactor([secret])
     for text in answers:
         assert redactor.text(text) == text, text
+
+
+# -- the reports: what the runbook wrote (a label, a title, a cell value) masked where a report leaves --------
+
+REPORT_SECRET = "hf_Zq9-pasted.+Secret7é"
+
+
+@pytest.fixture
+def drawn_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every figure saved from now on, also as SVG with its texts as text (`svg.fonttype: none`): what the
+    PNG shows, readable."""
+    import matplotlib
+    from matplotlib.figure import Figure as MplFigure
+
+    drawn: list[str] = []
+    original = MplFigure.savefig
+
+    def also_as_svg(self: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, target, *args, **kwargs)
+        svg = io.StringIO()
+        with matplotlib.rc_context({"svg.fonttype": "none"}):
+            original(self, svg, format="svg")
+        drawn.append(svg.getvalue())
+
+    monkeypatch.setattr(MplFigure, "savefig", also_as_svg)
+    return drawn
+
+
+def assert_masked(run_dir: Path, drawn: list[str]) -> None:
+    written = [(run_dir / name).read_text() for name in ("report.json", "report.md")]
+    assert drawn and all(REPORT_SECRET not in text for text in [*written, *drawn])
+    assert all("***" in text for text in written) and any("***" in svg for svg in drawn)
+
+
+def test_a_benchmark_label_holding_a_secret_is_masked_in_report_json_md_and_figures(
+    tmp_path: Path, drawn_texts: list[str]
+) -> None:
+    """Before: a `label:` pasted from a secret was written as it is into report.json, report.md and the
+    legends and titles of speedup.png and pareto.png (a report is the step's own file, not the engine's)."""
+    from steps.benchmark_report import write_report
+    from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
+
+    candidate = DFLASH.model_copy(update={"label": f"dflash {REPORT_SECRET}"})
+    write_report(tmp_path, BASELINE, candidate, PROVENANCE, ACCEPTANCE, redactor=Redactor([REPORT_SECRET]))
+    assert_masked(tmp_path, drawn_texts)
+
+
+def test_a_campaign_title_and_cell_value_holding_a_secret_are_masked_in_its_report_and_figures(
+    tmp_path: Path, drawn_texts: list[str]
+) -> None:
+    """The campaign report through its step, as the engine gives it `ctx.redactor`: the loader refuses a
+    secret in a matrix value, and should one come another way (a title, a host's views), the writer masks it."""
+    import dataclasses
+
+    from steps.campaign_report import CampaignReportStep
+    from tests.steps.test_campaign_report import StepsBeforeDouble, host_views
+
+    pasted = [
+        dataclasses.replace(
+            v,
+            step=v.step.replace("drafter=zlab", f"drafter={REPORT_SECRET}"),
+            cell={k: REPORT_SECRET if x == "zlab" else x for k, x in v.cell.items()},
+        )
+        for v in host_views()
+    ]
+    params = {"id": "report", "kind": "campaign_report", "baseline": "bench_baseline", "title": REPORT_SECRET}
+    context = StepsBeforeDouble(pasted, tmp_path)
+    context.redactor = Redactor([REPORT_SECRET])
+    outcome = asyncio.run(CampaignReportStep.model_validate(params).execute(context))
+    assert outcome.result.exit_code == 0
+    assert_masked(tmp_path, drawn_texts)
