@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from executor import strict_json
 from executor.cli import main
+from executor.diagnostics import DEBUG_FILE
 from executor.errors import InvalidRunbook
 from executor.event_models import Progress
 from executor.events import json_line
@@ -220,6 +221,7 @@ def test_a_hosts_nan_facts_leave_every_answer_as_strict_json(
     assert main(["run", str(book), "--log-dir", str(logs), "--json"]) == 0
     (run_dir,) = logs.iterdir()
     answers = [capsys.readouterr().out.splitlines(), (run_dir / "events.jsonl").read_text().splitlines()]
+    answers.append((run_dir / DEBUG_FILE).read_text().splitlines())
     for command in (["status", "--log-dir", str(logs), "--json"], ["runs", "--log-dir", str(logs), "--json"]):
         assert main(command) == 0
         answers.append([capsys.readouterr().out])
@@ -231,7 +233,7 @@ def test_a_hosts_nan_facts_leave_every_answer_as_strict_json(
     for lines in answers:
         for line in lines:
             strict_load(line)
-    status = strict_load(answers[2][0])
+    status = strict_load(answers[3][0])
     assert status["steps"][0]["facts"] == {"tps": "NaN", "deep": [{"up": "Infinity", "down": "-Infinity"}]}
 
 
