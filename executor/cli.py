@@ -18,7 +18,6 @@ import contextlib
 import functools
 import gc
 import io
-import json
 import os
 import shlex
 import signal
@@ -27,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from executor import seal
+from executor import seal, strict_json
 from executor.campaign import EXIT_CELLS_FAILED
 from executor.durations import format_duration
 from executor.errors import (
@@ -230,7 +229,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     from executor.schema import inventory_schema, runbook_schema
 
     document = inventory_schema() if args.inventory else runbook_schema()
-    print(json.dumps(document, indent=2, ensure_ascii=True))
+    print(strict_json.dumps(document, indent=2, ensure_ascii=True))
     return EXIT_OK
 
 
@@ -244,7 +243,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     document = plan_document(runbook, overrides, redactor)
     if args.json:
-        print(json.dumps(document))  # ensure_ascii: no control character reaches the terminal
+        print(strict_json.dumps(document))  # ensure_ascii: no control character reaches the terminal
         return EXIT_OK
     from executor.plan_summary import summary_text  # the readable plan: built from the same document
 
@@ -416,7 +415,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     view = views.status(args.log_dir, args.run_id)
     if args.json:
-        print(json.dumps(view, default=str, indent=2))
+        print(strict_json.dumps(view, default=str, indent=2))
         return EXIT_OK
     run, failed_cells = view["run"], view["failed_cells"]
     status = run["status"]
@@ -469,7 +468,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     rows = views.runs(args.log_dir)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json.dumps(rows, indent=2))
         return EXIT_OK
     if not rows:
         out().print(shown_text(f"no runs in {args.log_dir}"))
@@ -552,7 +551,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = args.run_dir / views.REPORT_FILE
     tables, notes, figures = views.report_parts(report, path)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(strict_json.dumps(report, indent=2))
         return EXIT_OK
     out().print(shown_text(str(report.get("title", path)), style="bold"))
     for note in notes:

@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 import structlog
 from structlog.typing import FilteringBoundLogger
 
+from executor import strict_json
 from executor.redact import Redactor
 from executor.terminal import shown
 
@@ -88,7 +89,7 @@ class DebugLog:
     def _render(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> str:
         """The line, masked: one pass over the JSON text, whose escaped forms of a secret the Redactor knows
         (a pass per value would cost ten times as much, on every command)."""
-        return self._redactor.text(json.dumps(event, default=_text))
+        return self._redactor.text(strict_json.dumps(event, default=_text))
 
     def _echo(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         """`-v`: the line on stderr as well, masked and shown safe (stderr looked up now: a live display on

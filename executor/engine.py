@@ -135,6 +135,7 @@ class HostContext(StepContext):
         self.base_dir = engine.runbook.path.parent
         self.output_dir = engine.run_dir / "hosts" / host
         self.run_dir = engine.run_dir
+        self.redactor = engine.redactor
         self.audit_context = AuditContext(step=spec.id, host=host, attempt=attempt, via=via)
         self.events = engine.events.bind(step=spec.id, host=host, attempt=attempt)
         self.debug_log = engine.log.bind(step=spec.id, host=host, attempt=attempt, via=via)

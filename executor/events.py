@@ -9,7 +9,6 @@ terminal (executor.terminal), one handler per event type. Both print only redact
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
+from executor import strict_json
 from executor.consoles import UnattendedConsole
 from executor.durations import format_duration
 from executor.event_models import (
@@ -103,8 +103,9 @@ class RedactingReporter(Reporter):
 
 
 def json_line(event: Event) -> str:
-    """An event as one line of `--json` (json.dumps escapes every control character, a newline too)."""
-    return json.dumps(event.model_dump(by_alias=True), default=str) + "\n"
+    """An event as one line of `--json`, strict JSON (json.dumps escapes every control character, a newline too;
+    a host's NaN in a progress field is written as "NaN": executor/strict_json.py)."""
+    return strict_json.dumps(event.model_dump(by_alias=True), default=str) + "\n"
 
 
 class JsonReporter(Reporter):

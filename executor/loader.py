@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from executor.campaign import Instance, MatrixGroup
+from executor.campaign import Instance, MatrixGroup, value_text
 from executor.errors import InvalidRunbook, Problem
 from executor.files import open_regular
 from executor.gates import step_refs, syntax_error
@@ -922,16 +922,37 @@ def secret_values(runbook: Runbook, environ: Mapping[str, str], *, required: boo
 
 
 def _secret_in_ids(runbook: Runbook, name: str, value: str) -> list[Problem]:
-    """The first step or matrix cell id holding the secret (a matrix value pasted from it): ids are stored
-    in state.db and shown by `runbook status` as written, never masked, so such a run is refused."""
+    """The first step id, matrix cell id or matrix value holding the secret (a value pasted from it): ids are
+    stored in state.db and shown by `runbook status` as written, and a matrix value, each field of a mapping
+    and each item of a list too, is written as it is into the campaign report (report.json, report.md, the
+    figures' labels) and the events' `cell`: none is masked, so such a run is refused."""
     redactor = Redactor([value])
     named = [(spec.id, runbook.step_positions.get(spec.id, (1, 1)), "step id") for spec in runbook.steps]
     named += [(f"{g.name}[{cell.id}]", g.position, "matrix cell") for g in runbook.groups for cell in g.cells]
+    named += [(text, g.position, what) for g in runbook.groups for text, what in _matrix_texts(g)]
     for text, (line, col), what in named:
         if (shown := redactor.text(text)) != text:
-            why = f"secret {name}: its value is in the {what} '{shown}' (ids are stored and shown unmasked)"
-            return [Problem(str(runbook.path), line, col, why)]
+            why = f"secret {name}: its value is in the {what} '{shown}' (ids and matrix values are shown unmasked)"
+            return [Problem(str(runbook.path), line, col, redactor.text(why))]
     return []
+
+
+def _matrix_texts(group: MatrixGroup) -> list[tuple[str, str]]:
+    """Every text of a matrix's values, each with what it is (`matrix axis 'drafter' value 'zlab', field
+    'repo'`): a scalar's text, and of a mapping each field's name, its scalar's text or each list item's."""
+    texts: list[tuple[str, str]] = []
+    for axis, axis_values in group.axes.items():
+        for item in axis_values:
+            where = f"matrix axis '{axis}' value"
+            texts.append((value_text(item), where))
+            if not isinstance(item, Mapping):
+                continue
+            for field_name, field_value in item.items():
+                texts.append((field_name, f"{where} '{value_text(item)}', a field name"))
+                for part in field_value if isinstance(field_value, list) else [field_value]:
+                    if part is not None:
+                        texts.append((value_text(part), f"{where} '{value_text(item)}', field '{field_name}'"))
+    return texts
 
 
 def _secret_problem(name: str, ref: SecretRef, value: str | None, required: bool) -> str | None:

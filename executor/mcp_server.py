@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import json
 import os
 import shutil
@@ -36,7 +38,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, TextContent
 from pydantic import ValidationError
 
-from executor import views
+from executor import strict_json, views
 from executor.audit import AUDIT_FILE, read_records
 from executor.cli import LOG_DIR, load_checked
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
@@ -433,11 +435,12 @@ class RunbookServer(MCPServer):
 
 def answer(result: dict[str, Any]) -> CallToolResult:
     """A tool's result as sent: structured content and one text block of the same JSON, each within the cap
-    (a result the tool did not cut to fit is replaced by one saying so)."""
+    (a result the tool did not cut to fit is replaced by one saying so). Its text is strict JSON: each tool's
+    result was made so before the SDK saw it (`_strict_tools`)."""
     if _size(result) > RESULT_CAP:
         result = {"ok": False, "exit_code": 1, "truncated": True, "error": f"the result is over {RESULT_CAP} bytes"}
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(result, default=str))], structured_content=result
+        content=[TextContent(type="text", text=strict_json.dumps(result, default=str))], structured_content=result
     )
 
 
@@ -462,8 +465,9 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
     may use (the working folder when None), with the client's roots of each call (`client_roots`)."""
     roots = roots or Roots([Path.cwd()])
     server = RunbookServer()
+    tool = _strict_tools(server)
 
-    @server.tool()
+    @tool
     def validate(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
@@ -472,7 +476,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         runbook, _ = load_checked(*files, _pairs(vars), os.environ)
         return {"ok": True, "steps": len(runbook.steps), "problems": []}
 
-    @server.tool()
+    @tool
     def plan(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
@@ -481,7 +485,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         runbook, overrides = load_checked(*files, _pairs(vars), os.environ)
         return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
 
-    @server.tool()
+    @tool
     async def run(
         file: str,
         inventory: str | None = None,
@@ -498,7 +502,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         here.inside(log_dir, "log_dir")
         return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
 
-    @server.tool()
+    @tool
     async def resume(
         file: str,
         run_id: str | None = None,
@@ -514,7 +518,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         resume = f"--resume={run_id}" if run_id else "--resume"
         return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
 
-    @server.tool()
+    @tool
     def status(
         run_id: str | None = None, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None
     ) -> dict[str, Any]:
@@ -523,14 +527,14 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
         return capped_status(views.status(Path(log_dir), run_dir.name), whole=run_dir / STATE_FILE)
 
-    @server.tool()
+    @tool
     def runs(log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Recent runs, newest first: id, runbook, status, start, end, the run it resumed."""
         launches.reap()
         folder = roots.with_client(client_roots).inside(log_dir, "log_dir")
         return capped({"runs": views.runs(folder)}, "runs", whole=folder)
 
-    @server.tool()
+    @tool
     def events(
         run_id: str,
         since_seq: int = 0,
@@ -544,7 +548,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
         return read_events(run_dir, since_seq, max(1, min(limit, EVENTS_LIMIT)))
 
-    @server.tool()
+    @tool
     def tail(
         run_id: str,
         step: str,
@@ -557,12 +561,12 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
         return step_tail(run_dir, step, host, max(1, min(lines, TAIL_LINES)))
 
-    @server.tool()
+    @tool
     def stop(run_id: str, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Interrupt a running run as Ctrl-C would; returns at once (it then ends interrupted, exit 130)."""
         return stop_run(_run_dir(roots.with_client(client_roots), log_dir, run_id))
 
-    @server.tool()
+    @tool
     def report(
         run_id: str | None = None,
         log_dir: str = str(LOG_DIR),
@@ -576,6 +580,32 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
 
     return server
+
+
+def _strict_tools(server: MCPServer) -> Callable[[Callable[..., Any]], Any]:
+    """`server.tool()` for a tool whose result leaves as strict JSON: written once by strict_json.dumps (a
+    NaN that a host printed into its facts becomes "NaN", and `allow_nan=False` proves none is left) and read
+    back, so the SDK serialises plain data whatever its own rule for floats is."""
+
+    def register(function: Callable[..., Any]) -> Any:
+        def leaving(result: Any) -> Any:
+            return json.loads(strict_json.dumps(result, default=str))
+
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def answer_async(*args: Any, **kwargs: Any) -> Any:
+                return leaving(await function(*args, **kwargs))
+
+            return server.tool()(answer_async)
+
+        @functools.wraps(function)
+        def answer(*args: Any, **kwargs: Any) -> Any:
+            return leaving(function(*args, **kwargs))
+
+        return server.tool()(answer)
+
+    return register
 
 
 def _run_argv(

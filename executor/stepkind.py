@@ -37,6 +37,7 @@ from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, 
 from executor.render import var_names
 
 if TYPE_CHECKING:
+    from executor.redact import Redactor
     from executor.transport.base import CommandResult, OutputSink, Transfer
 
 #: What huggingface_hub and its `hf` CLI read from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME,
@@ -283,12 +284,15 @@ class StepContext(RenderContext):
 
     `base_dir` is the runbook's folder (local paths in a runbook are relative to it);
     `output_dir` is this host's folder inside the run folder, for fetched results; `run_dir` is
-    the run folder itself, for what a step produces about the whole run (a report).
+    the run folder itself, for what a step produces about the whole run (a report). `redactor` masks the
+    run's secrets: what a step writes into the run folder itself (a report) goes through it, as
+    everything the engine stores does.
     """
 
     base_dir: Path
     output_dir: Path
     run_dir: Path
+    redactor: Redactor
 
     @abstractmethod
     async def run(

@@ -248,7 +248,7 @@ class BenchmarkStep(StepSpec):
                 points=facts.points,
             )
             origin = self._provenance(ctx, baseline, candidate, acceptance)
-            _, files = write_report(ctx.run_dir, baseline, candidate, origin, acceptance)
+            _, files = write_report(ctx.run_dir, baseline, candidate, origin, acceptance, redactor=ctx.redactor)
             facts = facts.model_copy(update={"speedup": speedup(baseline, candidate), "report": files})
             ctx.progress(f"report written: {files.markdown_file}")
         return Outcome(result, facts)

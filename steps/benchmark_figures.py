@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from steps.benchmark_report import Acceptance, ParetoPoint, Side, Speedup, or_na, pareto_points
+from steps.benchmark_report import Acceptance, ParetoPoint, Side, Speedup, or_na, pareto_points, save_figure
 
 
 def _throughputs(side: Side) -> tuple[list[int], list[float], list[list[float]]]:
@@ -42,7 +42,7 @@ def speedup(baseline: Side, candidate: Side, gain: Speedup, path: Path | BinaryI
         axes.minorticks_off()
         axes.grid(True, alpha=0.3)
     left.legend()
-    figure.savefig(path, format="png", metadata={"Software": None})
+    save_figure(figure, path)
 
 
 def pareto(baseline: Side, candidate: Side, gpus: dict[str, int | None], path: Path | BinaryIO) -> None:
@@ -84,7 +84,7 @@ def pareto(baseline: Side, candidate: Side, gpus: dict[str, int | None], path: P
         ylabel="output tokens/s per GPU (median output throughput / GPUs)",
     )
     axes.grid(True, alpha=0.3)
-    figure.savefig(path, format="png", metadata={"Software": None})
+    save_figure(figure, path)
 
 
 def acceptance_histograms(acceptance: Acceptance, path: Path | BinaryIO) -> None:
@@ -122,4 +122,4 @@ def acceptance_histograms(acceptance: Acceptance, path: Path | BinaryIO) -> None
         axes.set_xlim(low, high)
         axes.grid(True, axis="y", alpha=0.3)
     grid[0].set_ylabel("requests")
-    figure.savefig(path, format="png", metadata={"Software": None})
+    save_figure(figure, path)

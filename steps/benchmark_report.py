@@ -27,17 +27,18 @@ min-max and relative MAD, and mark a noisy point.
 from __future__ import annotations
 
 import io
-import json
 import math
 import shlex
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from pydantic import AliasChoices, ConfigDict, Field
 
-from executor import durable
+from executor import durable, strict_json
 from executor.model import DataModel
+from executor.redact import NO_SECRETS, Redactor
 from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Spread
 from steps.provenance import Provenance
@@ -583,8 +584,11 @@ def write_report(
     candidate: Side,
     provenance: Provenance,
     acceptance: Acceptance | None = None,
+    *,
+    redactor: Redactor = NO_SECRETS,
 ) -> tuple[Report, ReportFiles]:
-    """Write report.json, report.md and the figures it lists into `run_dir`."""
+    """Write report.json, report.md and the figures it lists into `run_dir`, the run's secrets masked
+    (`redactor`: the step's `ctx.redactor`)."""
     report = build_report(baseline, candidate, provenance, acceptance)
     paths = [figure.path for figure in report.figures]
     files = ReportFiles(
@@ -603,22 +607,50 @@ def write_report(
     }
     if acceptance is not None:
         drawings[ACCEPTANCE_PNG] = lambda out: draw.acceptance_histograms(acceptance, out)
-    write_document(run_dir, report, drawings)
+    write_document(run_dir, report, drawings, redactor)
     return report, files
 
 
-def write_document(run_dir: Path, report: Document, drawings: Mapping[str, Callable[[BinaryIO], None]]) -> None:
-    """Write report.json, report.md and each figure the report lists (drawn by `drawings[path]`) into `run_dir`."""
+#: The redactor of the report `write_document` is drawing the figures of: `save_figure` masks their texts.
+_FIGURE_REDACTOR: ContextVar[Redactor] = ContextVar("figure_redactor", default=NO_SECRETS)
+
+
+def write_document(
+    run_dir: Path, report: Document, drawings: Mapping[str, Callable[[BinaryIO], None]], redactor: Redactor
+) -> None:
+    """Write report.json, report.md and each figure the report lists (drawn by `drawings[path]`) into `run_dir`.
+
+    A report is built from facts (stored redacted) but also from what the runbook wrote (a benchmark's
+    `label`, a campaign's `title`, cell values, host names): every text of the document and of each figure
+    is masked with `redactor` here, where the report leaves for the run folder, as the engine masks what
+    it stores."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise durable.failed(exc, run_dir, "the report") from None
     # each through durable.replace_file: a full or failing disk raises DurableWriteError, which stops the run
     # (never a failed step, never retried), and leaves no half-written report behind
-    document = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+    masked = type(report).model_validate(redactor.deep(report.model_dump()))
+    document = strict_json.dumps(masked.model_dump(mode="json"), indent=2) + "\n"
     durable.replace_file(run_dir / REPORT_JSON, document.encode("utf-8"), REPORT_JSON, mode=0o644)
-    durable.replace_file(run_dir / REPORT_MD, markdown(report).encode("utf-8"), REPORT_MD, mode=0o644)
+    durable.replace_file(run_dir / REPORT_MD, markdown(masked).encode("utf-8"), REPORT_MD, mode=0o644)
     for figure_of in report.figures:
         figure = io.BytesIO()
-        drawings[figure_of.path](figure)
+        masking = _FIGURE_REDACTOR.set(redactor)
+        try:
+            drawings[figure_of.path](figure)
+        finally:
+            _FIGURE_REDACTOR.reset(masking)
         durable.replace_file(run_dir / figure_of.path, figure.getvalue(), figure_of.path, mode=0o644)
+
+
+def save_figure(figure: Any, out: Path | BinaryIO) -> None:
+    """A matplotlib figure as PNG without software metadata (the same facts give the same bytes), each of its
+    texts (title, axis and tick labels, legend, annotations) masked first with the redactor of the report
+    being written (`write_document`): a label pasted from a secret is never drawn."""
+    from matplotlib.text import Text
+
+    redactor = _FIGURE_REDACTOR.get()
+    for text in figure.findobj(Text):
+        text.set_text(redactor.text(text.get_text()))
+    figure.savefig(out, format="png", metadata={"Software": None})

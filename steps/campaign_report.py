@@ -105,7 +105,7 @@ class CampaignReportStep(StepSpec):
             cells=cells,
         )
         report = document.build(campaign, origins, self.title or f"Campaign: {', '.join(groups(cells)) or 'no cell'}")
-        write_document(ctx.run_dir, report, drawings(cells, comparisons))
+        write_document(ctx.run_dir, report, drawings(cells, comparisons), ctx.redactor)
         ctx.progress(f"campaign report written: {ctx.run_dir / REPORT_MD}")
         return Outcome(local_result(started), facts(ctx, campaign, report.figures))
 

@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, BinaryIO, NamedTuple
 
+from steps.benchmark_report import save_figure
 from steps.campaign_report_cells import CellReport, Comparison
 
 
@@ -20,7 +21,7 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _save(figure: Any, out: BinaryIO) -> None:
-    figure.savefig(out, format="png", metadata={"Software": None})
+    save_figure(figure, out)
 
 
 def _log2_concurrency(axes: Any, concurrencies: Sequence[int]) -> None:

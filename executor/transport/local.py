@@ -1,9 +1,19 @@
-"""`address: local`: the same rendered command, run by a local subprocess."""
+"""`address: local`: the same rendered command, run by a local subprocess.
+
+The subprocess gets a declared environment, as a step on an SSH host gets its login's: PATH, HOME and LANG
+of the controller's (`LOCAL_ENV_NAMES`), then, from the wrapper's payload, the vars and secrets the step
+gets. Never the controller's whole environment: the MCP server's or a CI job's HF_TOKEN, AWS keys or
+PYTHONPATH would otherwise reach every local step (and `status` or `tail` could show what one printed)
+without the runbook naming them. A step that needs another variable declares it: a var, or a secret read
+from the controller's environment (and then masked).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from executor.render import RenderedCommand
@@ -20,6 +30,18 @@ from executor.transport.base import (
     supervise,
 )
 
+#: The controller's variables a local step's bash starts with (each where the controller has it; PATH the
+#: system's default where it has none).
+LOCAL_ENV_NAMES = ("PATH", "HOME", "LANG")
+
+
+def declared_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a local step's wrapper starts with: LOCAL_ENV_NAMES of `environ` (the controller's), nothing
+    else; the step's vars and secrets follow in the payload, as for an SSH host."""
+    env = {name: environ[name] for name in LOCAL_ENV_NAMES if name in environ}
+    env.setdefault("PATH", os.defpath)
+    return env
+
 
 class LocalTransport(Transport):
     def __init__(self, name: str) -> None:
@@ -33,6 +55,7 @@ class LocalTransport(Transport):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            env=declared_environment(os.environ),
         )
         assert proc.stdin and proc.stdout and proc.stderr
         stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr

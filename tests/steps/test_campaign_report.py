@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from executor.campaign import AxisValue
 from executor.gates import evaluate
+from executor.redact import NO_SECRETS
 from executor.stepkind import StepContext, StepView
 from executor.transport.base import CommandResult, Transfer
 from steps.benchmark import BenchmarkFacts
@@ -254,6 +255,7 @@ class StepsBeforeDouble(StepContext):
     def __init__(self, views: list[StepView], run_dir: Path) -> None:
         self.views, self.run_dir, self.output_dir, self.base_dir = views, run_dir, run_dir / "gpu1", run_dir
         self.host_name, self.host_address, self.vars, self.said = "gpu1", "gpu1", {}, []
+        self.redactor = NO_SECRETS
 
     def fact(self, step_id: str, path: str) -> Any:
         raise KeyError(step_id)

@@ -1,0 +1,37 @@
+"""Every JSON that leaves runbook is strict JSON (RFC 8259), which has no NaN or Infinity.
+
+Python's json module writes a non-finite float as the bare word `NaN`, `Infinity` or `-Infinity`, which
+no strict reader (JavaScript's `JSON.parse`, Go, jq) accepts: one host that prints `{"tps": NaN}` as its
+facts would make `status --json`, an MCP answer or report.json unreadable. So each kind of answer leaves
+the program through `dumps` (the `--json` event lines and events.jsonl, `status`/`runs`/`report`/`plan
+--json`, report.json) or `strict` (an MCP tool's result, which the SDK serialises): a non-finite float
+becomes the string of its name (`"NaN"`, `"Infinity"`, `"-Infinity"`), decided here once, and
+`allow_nan=False` proves that nothing else non-finite is left.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+#: What a non-finite float is written as: the word Python's json would write bare, as a string.
+NON_FINITE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def strict(value: Any) -> Any:
+    """`value` (JSON-like data) with each non-finite float, at any depth, replaced by its name as a string;
+    tuples become lists, as json writes them. Everything else is returned as it is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else NON_FINITE_NAMES[repr(value).lower()]
+    if isinstance(value, dict):
+        return {key: strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(item) for item in value]
+    return value
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """`json.dumps` of `value` made strict (see `strict`), with `allow_nan=False`: the one way a JSON answer
+    or file of runbook is written. `options` are json.dumps's (`indent`, `default`, ...)."""
+    return json.dumps(strict(value), allow_nan=False, **options)

@@ -1,0 +1,392 @@
+"""Issue 27, items 1 and 6: a secret reaches no file and no answer by a path around the redactor, and every
+JSON answer is strict.
+
+- A secret pasted into a matrix value (a scalar, a mapping's field or field name, a list's item) is refused
+  by `validate`, `plan` and `run` alike (`executor.loader.secret_values`, the one place all of them read the
+  secrets), naming where and never the value: a matrix value is written unmasked into cell ids, events,
+  the campaign report and its figures, so no run may hold one.
+- A local step gets a declared environment (PATH, HOME, LANG, then its vars and secrets), never the
+  controller's: a token in the environment of the MCP server or CI job that runs `runbook` reaches no
+  local step, so neither the audit log, `status`, `tail` nor an MCP answer can show it.
+- A non-finite number (a host's `NaN` in its JSON facts) leaves as strict JSON from every answer: the
+  `--json` events and events.jsonl, `status`/`runs`/`report`/`plan --json`, report.json, the MCP results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from executor import strict_json
+from executor.cli import main
+from executor.diagnostics import DEBUG_FILE
+from executor.errors import InvalidRunbook
+from executor.event_models import Progress
+from executor.events import json_line
+from executor.loader import load_runbook, secret_values
+from executor.redact import MIN_SECRET_CHARS, Redactor
+from executor.render import render_command
+from executor.transport.local import LOCAL_ENV_NAMES, LocalTransport
+from tests.executor.test_cli_report import PROVENANCE, write
+
+# -- a secret as a matrix value ----------------------------------------------------------------------------
+
+BOOK = """\
+name: sweep
+hosts:
+  box: {{address: local}}
+secrets:
+  TOKEN: {{env: RB_MATRIX_TOKEN}}
+steps:
+  - group: g
+    matrix:
+      drafter:
+        - {{name: zlab, repo: {repo}, dirs: [{first}, {second}]}}
+      tokens: [{tokens}, 8]
+    steps:
+      - id: note
+        kind: shell
+        script: echo "$matrix_drafter_repo $matrix_tokens"
+"""
+PLAIN = {"repo": '"z-lab/Kimi"', "first": "a", "second": "b", "tokens": "4"}
+#: A token none of the runbooks below holds, for the check that a runbook without the secret passes.
+ABSENT = "hf_absentFromEveryRunbook0123"
+
+#: Secrets of odd shape: quotes, backslashes, regex metacharacters, newlines, unicode (no surrogates:
+#: an environment variable is UTF-8 text; of the BMP, whose escapes PyYAML reads), and ordinary words
+#: (`password`, a substring of `passwords`).
+odd_secrets = st.one_of(
+    st.text(
+        st.characters(max_codepoint=0xFFFF, exclude_categories=["Cs", "Cc"]) | st.sampled_from("\n\t"), max_size=40
+    ),
+    st.sampled_from(["password", "changeme1", ".*+?[](){}|^$\\", "a'b\"c\\nd%40"]),
+).filter(lambda s: len(s.strip()) >= MIN_SECRET_CHARS)
+#: A secret an axis value's text can be (`[A-Za-z0-9_.+-]+`), for a scalar value.
+id_secrets = st.text("abcXYZ0189_.+-", min_size=MIN_SECRET_CHARS, max_size=30)
+
+
+def quoted(text: str) -> str:
+    """`text` as a YAML double-quoted scalar (JSON's escapes are YAML's)."""
+    return json.dumps(text)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    secret=odd_secrets,
+    place=st.sampled_from(["repo", "first", "second"]),
+    around=st.sampled_from(["{s}", "x/{s}", "{s}-y", "pre {s} post"]),
+)
+def test_a_secret_in_a_matrix_mapping_field_or_list_item_is_refused_naming_where_not_what(
+    secret: str, place: str, around: str, tmp_path: Path
+) -> None:
+    """Before: only ids were checked, so a secret in a mapping's field (not in the cell id) was written as it
+    is into report.json, report.md and the campaign figures. Refused now by validate, plan and run alike."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(BOOK.format(**PLAIN | {place: quoted(around.format(s=secret))}))
+    runbook = load_runbook(path)
+    assert secret_values(runbook, {"RB_MATRIX_TOKEN": ABSENT}) == {"TOKEN": ABSENT}
+    for required in (True, False):  # run; validate and plan
+        with pytest.raises(InvalidRunbook) as refused:
+            secret_values(runbook, {"RB_MATRIX_TOKEN": secret}, required=required)
+        (problem,) = refused.value.problems
+        assert (problem.line, problem.column) == (9, 7), problem  # the matrix
+        where = "field 'repo'" if place == "repo" else "field 'dirs'"
+        assert "secret TOKEN: its value is in the matrix axis 'drafter' value" in problem.message
+        assert where in problem.message or "matrix cell" in problem.message, problem.message
+        assert Redactor([secret]).text(str(refused.value)) == str(refused.value)  # no form of it is shown
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secret=id_secrets)
+def test_a_secret_as_a_scalar_axis_value_is_refused(secret: str, tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(BOOK.format(**PLAIN | {"tokens": quoted(secret)}))
+    with pytest.raises(InvalidRunbook) as refused:
+        secret_values(load_runbook(path), {"RB_MATRIX_TOKEN": secret})
+    assert "secret TOKEN: its value is in the step id 'note[drafter=zlab,tokens=***]'" in str(refused.value)
+    assert secret not in str(refused.value)
+
+
+def test_a_secret_as_a_field_name_is_refused(tmp_path: Path) -> None:
+    secret = "fieldNameToken01"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(BOOK.format(**PLAIN).replace("repo:", f"{secret}: x, repo:"))
+    with pytest.raises(InvalidRunbook) as refused:
+        secret_values(load_runbook(path), {"RB_MATRIX_TOKEN": secret})
+    assert "matrix axis 'drafter' value 'zlab', a field name '***'" in str(refused.value)
+
+
+# -- a local step's environment ----------------------------------------------------------------------------
+
+CONTROLLER_TOKEN = "hf_controllerOnlyToken0123456789"
+#: What bash and the wrapper set themselves, besides LOCAL_ENV_NAMES and the step's exports.
+BASH_OWN = {"PWD", "OLDPWD", "SHLVL", "_", "DEBIAN_FRONTEND", "SUDO_ASKPASS"}
+
+
+def test_a_local_step_starts_from_path_home_and_lang_and_its_exports_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the wrapper inherited os.environ whole (PYTHONPATH, AWS keys, the MCP server's HF_TOKEN)."""
+    monkeypatch.setenv("HF_TOKEN", CONTROLLER_TOKEN)
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    command = render_command("env -0", {"greeting": "hi"}, {"TOKEN": "declaredSecret01"})
+    result = asyncio.run(LocalTransport("here").run(command, 30))
+    assert result.exit_code == 0, result.stderr
+    names = {entry.partition("=")[0] for entry in result.stdout.decode().split("\0") if entry}
+    assert names - BASH_OWN == {*LOCAL_ENV_NAMES, "greeting", "TOKEN"}, names
+    environment = dict(entry.partition("=")[::2] for entry in result.stdout.decode().split("\0") if entry)
+    assert environment["PATH"] == os.environ["PATH"] and environment["LANG"] == "C.UTF-8"
+
+
+def test_the_controllers_token_reaches_no_file_status_or_tail_of_a_local_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The MCP server's HF_TOKEN, not declared by the runbook: a local step that prints its environment (or
+    names the variable) shows nothing of it, so no run file, `status --json` or tail holds it."""
+    monkeypatch.setenv("HF_TOKEN", CONTROLLER_TOKEN)
+    book = tmp_path / "local.yaml"
+    book.write_text(
+        "name: local\nhosts: {here: {address: local}}\nsteps:\n"
+        "  - {id: leak, kind: shell, script: 'env; echo \"token=$HF_TOKEN\"'}\n"
+    )
+    logs = tmp_path / "logs"
+    assert main(["run", str(book), "--log-dir", str(logs), "--json"]) == 0
+    assert main(["status", "--log-dir", str(logs), "--json"]) == 0
+    shown = capsys.readouterr()
+    (run_dir,) = logs.iterdir()
+    from executor.mcp_server import step_tail  # the MCP `tail` answer, as its tool gives it
+
+    answer = step_tail(run_dir, "leak", None, 200)
+    assert answer["stdout"].endswith("\ntoken="), answer  # the step ran and printed the variable: empty
+    tail = json.dumps(answer)
+    for text in (shown.out, shown.err, tail, *(f.read_text(errors="replace") for f in run_dir.iterdir())):
+        assert CONTROLLER_TOKEN not in text
+
+
+# -- strict JSON -------------------------------------------------------------------------------------------
+
+NON_FINITE = [math.nan, math.inf, -math.inf]
+
+
+def strict_load(text: str) -> Any:
+    """`text` read as a strict reader reads it: a bare NaN or Infinity is an error."""
+
+    def refuse(word: str) -> Any:
+        raise ValueError(f"not strict JSON: {word}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+json_data = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=json_data)
+def test_any_data_leaves_as_strict_json_with_non_finite_numbers_named(data: Any) -> None:
+    text = strict_json.dumps(data)
+    again = strict_load(text)
+    assert strict_load(strict_json.dumps(again)) == again  # a fixed point: nothing is lost twice
+    line = strict_load(json_line(Progress(run_id="r", seq=1, time=0.0, message="m", fields={"x": data})))
+    assert line["fields"]["x"] == again
+
+
+def test_non_finite_names_are_decided_once() -> None:
+    assert strict_load(strict_json.dumps(NON_FINITE)) == ["NaN", "Infinity", "-Infinity"]
+
+
+def test_a_hosts_nan_facts_leave_every_answer_as_strict_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `{"tps": NaN}` printed by a host became facts that `status --json`, the events and the MCP
+    `status` answer wrote back as bare NaN, which JSON.parse, jq and Go refuse."""
+    book = tmp_path / "nan.yaml"
+    printed = '{"tps": NaN, "deep": [{"up": Infinity, "down": -Infinity}]}'
+    book.write_text(
+        "name: nan\nhosts: {here: {address: local}}\nsteps:\n"
+        f"  - {{id: measure, kind: shell, parse: json, script: {json.dumps('echo ' + repr(printed))}}}\n"
+    )
+    logs = tmp_path / "logs"
+    assert main(["run", str(book), "--log-dir", str(logs), "--json"]) == 0
+    (run_dir,) = logs.iterdir()
+    answers = [capsys.readouterr().out.splitlines(), (run_dir / "events.jsonl").read_text().splitlines()]
+    answers.append((run_dir / DEBUG_FILE).read_text().splitlines())
+    for command in (["status", "--log-dir", str(logs), "--json"], ["runs", "--log-dir", str(logs), "--json"]):
+        assert main(command) == 0
+        answers.append([capsys.readouterr().out])
+    assert main(["plan", str(book), "--json"]) == 0
+    answers.append([capsys.readouterr().out])
+    write(run_dir, {"title": "t", "tables": [{"title": "x", "columns": ["a"], "rows": [[math.nan]]}], "figures": []})
+    assert main(["report", str(run_dir), "--json"]) == 0
+    answers.append([capsys.readouterr().out])
+    for lines in answers:
+        for line in lines:
+            strict_load(line)
+    status = strict_load(answers[3][0])
+    assert status["steps"][0]["facts"] == {"tps": "NaN", "deep": [{"up": "Infinity", "down": "-Infinity"}]}
+
+
+def test_every_mcp_result_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The one place MCP answers leave (`mcp_server.answer`): a NaN in stored facts or a report's table."""
+    pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
+    from tests.executor.test_mcp_server import in_process
+
+    book = tmp_path / "nan.yaml"
+    book.write_text(
+        "name: nan\nhosts: {here: {address: local}}\nsteps:\n"
+        '  - {id: measure, kind: shell, parse: json, script: "echo \'{\\"tps\\": NaN}\'"}\n'
+    )
+    logs = tmp_path / "logs"
+    assert main(["run", str(book), "--log-dir", str(logs)]) == 0
+    capsys.readouterr()
+    (run_dir,) = logs.iterdir()
+    write(run_dir, {"title": "t", "tables": [{"title": "x", "columns": ["a"], "rows": [[math.inf]]}], "figures": []})
+    where = {"log_dir": str(logs)}
+    results = [
+        in_process("status", tmp_path, **where),
+        in_process("events", tmp_path, run_id=run_dir.name, **where),
+        in_process("runs", tmp_path, **where),
+        in_process("report", tmp_path, run_dir=str(run_dir)),
+        in_process("plan", tmp_path, file=str(book)),
+    ]
+    for result in results:
+        json.dumps(result, allow_nan=False)
+    assert results[0]["steps"][0]["facts"] == {"tps": "NaN"}
+    assert results[3]["tables"][0]["rows"] == [["Infinity"]]
+    assert PROVENANCE["generated_at"] == results[3]["provenance"]["generated_at"]
+
+
+# -- a secret of any shape through every writer and answer -------------------------------------------------
+
+#: Secrets from characters the run's own files never hold in a row of 8 (no hex digit, no lowercase word, no
+#: timestamp): quotes, a backslash, regex metacharacters, whitespace and newlines, unicode, a `%` and `@`.
+writer_secrets = st.text(
+    st.sampled_from("GHJKLMNPRSTVWXYZ'\"\\$^*+?()[]|@%é€中\u00a0 \n\t"), min_size=MIN_SECRET_CHARS, max_size=40
+).filter(lambda s: len(s.strip()) >= MIN_SECRET_CHARS and len(s.replace("\n", "").strip()) >= MIN_SECRET_CHARS)
+
+WRITERS_BOOK = """\
+name: writers
+hosts: {here: {address: local}}
+secrets: {TOKEN: {env: RB_WRITERS_TOKEN}}
+steps:
+  - id: say
+    kind: shell
+    script: |
+      printf 'out %s\\n' "$TOKEN"; printf 'err %s' "$TOKEN" >&2
+    gates:
+      - that: "stdout == ''"
+        message: "saw {{ stdout }}"
+"""
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secret=writer_secrets)
+def test_a_secret_of_any_shape_is_in_no_run_file_and_no_json_or_mcp_answer(
+    secret: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step prints the secret to both streams and fails a gate that quotes its stdout: the console,
+    `--json` lines, every file of the run (state.db, audit, events, debug log, run.json), `status`/`runs
+    --json` and the MCP `events`, `tail` and `status` answers hold no form of it."""
+    from executor import views
+    from executor.mcp_server import read_events, step_tail
+
+    monkeypatch.setenv("RB_WRITERS_TOKEN", secret)
+    root = tmp_path_factory.mktemp("writers")
+    book, logs = root / "writers.yaml", root / "logs"
+    book.write_text(WRITERS_BOOK)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["run", str(book), "--log-dir", str(logs), "--json"]) == 1
+        assert main(["status", "--log-dir", str(logs), "--json"]) == 0
+        assert main(["runs", "--log-dir", str(logs), "--json"]) == 0
+    (run_dir,) = logs.iterdir()
+    answers = [out.getvalue(), err.getvalue()]
+    answers += [json.dumps(views.status(logs, None)), json.dumps(read_events(run_dir, 0, 500))]
+    answers += [json.dumps(step_tail(run_dir, "say", None, 200), ensure_ascii=False)]
+    answers += [f.read_bytes().decode("utf-8", "replace") for f in run_dir.iterdir() if f.is_file()]
+    assert "out ***" in answers[0] and "err ***" in json.dumps(step_tail(run_dir, "say", None, 200))
+    redactor = Redactor([secret])
+    for text in answers:
+        assert redactor.text(text) == text, text
+
+
+# -- the reports: what the runbook wrote (a label, a title, a cell value) masked where a report leaves --------
+
+REPORT_SECRET = "hf_Zq9-pasted.+Secret7é"
+
+
+@pytest.fixture
+def drawn_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every figure saved from now on, also as SVG with its texts as text (`svg.fonttype: none`): what the
+    PNG shows, readable."""
+    import matplotlib
+    from matplotlib.figure import Figure as MplFigure
+
+    drawn: list[str] = []
+    original = MplFigure.savefig
+
+    def also_as_svg(self: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, target, *args, **kwargs)
+        svg = io.StringIO()
+        with matplotlib.rc_context({"svg.fonttype": "none"}):
+            original(self, svg, format="svg")
+        drawn.append(svg.getvalue())
+
+    monkeypatch.setattr(MplFigure, "savefig", also_as_svg)
+    return drawn
+
+
+def assert_masked(run_dir: Path, drawn: list[str]) -> None:
+    written = [(run_dir / name).read_text() for name in ("report.json", "report.md")]
+    assert drawn and all(REPORT_SECRET not in text for text in [*written, *drawn])
+    assert all("***" in text for text in written) and any("***" in svg for svg in drawn)
+
+
+def test_a_benchmark_label_holding_a_secret_is_masked_in_report_json_md_and_figures(
+    tmp_path: Path, drawn_texts: list[str]
+) -> None:
+    """Before: a `label:` pasted from a secret was written as it is into report.json, report.md and the
+    legends and titles of speedup.png and pareto.png (a report is the step's own file, not the engine's)."""
+    from steps.benchmark_report import write_report
+    from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
+
+    candidate = DFLASH.model_copy(update={"label": f"dflash {REPORT_SECRET}"})
+    write_report(tmp_path, BASELINE, candidate, PROVENANCE, ACCEPTANCE, redactor=Redactor([REPORT_SECRET]))
+    assert_masked(tmp_path, drawn_texts)
+
+
+def test_a_campaign_title_and_cell_value_holding_a_secret_are_masked_in_its_report_and_figures(
+    tmp_path: Path, drawn_texts: list[str]
+) -> None:
+    """The campaign report through its step, as the engine gives it `ctx.redactor`: the loader refuses a
+    secret in a matrix value, and should one come another way (a title, a host's views), the writer masks it."""
+    import dataclasses
+
+    from steps.campaign_report import CampaignReportStep
+    from tests.steps.test_campaign_report import StepsBeforeDouble, host_views
+
+    pasted = [
+        dataclasses.replace(
+            v,
+            step=v.step.replace("drafter=zlab", f"drafter={REPORT_SECRET}"),
+            cell={k: REPORT_SECRET if x == "zlab" else x for k, x in v.cell.items()},
+        )
+        for v in host_views()
+    ]
+    params = {"id": "report", "kind": "campaign_report", "baseline": "bench_baseline", "title": REPORT_SECRET}
+    context = StepsBeforeDouble(pasted, tmp_path)
+    context.redactor = Redactor([REPORT_SECRET])
+    outcome = asyncio.run(CampaignReportStep.model_validate(params).execute(context))
+    assert outcome.result.exit_code == 0
+    assert_masked(tmp_path, drawn_texts)
