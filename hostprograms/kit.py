@@ -259,9 +259,9 @@ def _shut(sock: socket.socket) -> None:
 def _watched(http_class: Any, watch: _Deadline) -> Any:
     """`http_class` whose connection waits at most what is left of `watch` and is shut down at its end."""
 
-    class Watched(http_class):  # type: ignore[misc,valid-type]
+    class Watched(http_class):  # type: ignore[misc]
         def connect(self) -> None:
-            self.timeout = min(self.timeout, watch.left())
+            self.timeout = watch.left()  # the deadline's rest, for the connect, and for each read after
             super().connect()
             watch.add(self.sock)
 
@@ -307,9 +307,9 @@ def exchange(
             with request(
                 url, token=token, method=method, headers=headers, data=data, timeout=deadline, watch=watch
             ) as response:
-                status, body = response.status, response.read(limit)
+                status, body = response.status, _body(response, limit)
         except urllib.error.HTTPError as exc:
-            status, body = exc.code, exc.read(limit)
+            status, body = exc.code, _body(exc, limit)
     except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut, unreadable
         if not watch.expired:
             raise NoAnswer(f"{url}: {getattr(exc, 'reason', exc)}") from None
@@ -319,6 +319,11 @@ def exchange(
         server = urllib.parse.urlsplit(url).netloc
         raise NoAnswer(f"{server} did not answer {url} whole within {deadline:g} s", late=True)
     return status, body
+
+
+def _body(answer: Any, limit: int | None) -> bytes:
+    """The first `limit` bytes of an answer's body, or all of it."""
+    return bytes(answer.read() if limit is None else answer.read(limit))
 
 
 class Retry(Exception):
