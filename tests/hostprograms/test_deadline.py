@@ -78,6 +78,7 @@ def test_a_dripping_server_is_given_up_at_the_deadline_and_named(slow_server: st
     assert str(answer) == f"{slow_server[7:]} did not answer {slow_server}/v1/models whole within 1 s"
 
 
+@pytest.mark.parametrize("slow_server", ["body"], indirect=True)  # the kit's test drips the head too
 def test_eval_acceptance_bounds_each_request_by_request_timeout(slow_server: str) -> None:
     config = {"base_url": slow_server, "request_timeout_s": DEADLINE_S, "api": "chat"}
     error, took = timed(lambda: eval_acceptance.served_model(config, None))
@@ -86,6 +87,7 @@ def test_eval_acceptance_bounds_each_request_by_request_timeout(slow_server: str
     assert f"{slow_server[7:]} did not answer" in str(error) and "within 1 s (request_timeout)" in str(error)
 
 
+@pytest.mark.parametrize("slow_server", ["body"], indirect=True)  # the kit's test drips the head too
 def test_deploy_readiness_checks_end_within_what_is_left(slow_server: str) -> None:
     (health, generate, served), took = timed(lambda: deploy.probe(slow_server, DEADLINE_S))
     assert took < DEADLINE_S + SLACK_S
