@@ -129,13 +129,15 @@ def shipped_programs(script: str) -> list[Shipped]:
 #: counted after the command name, which may hold spaces and parens), its marker with its pid; then every
 #: folder of this user that such a marker names a bash no longer running for (a step killed outright: kill -9
 #: of the controller or of its step, a lost host) is removed. A live step's folder, of this run or another,
-#: names a running bash and stays. Without /proc no marker is read and nothing is swept.
+#: names a running bash and stays. Without /proc no marker is read and nothing is swept. The script's own IFS
+#: (a strict mode's newline and tab) does not reach the reading.
 _SWEEP = r"""runbook_started() {
-  local stat fields
+  local stat fields IFS=$' \t\n'
   runbook_start=0
   [[ $1 =~ ^[0-9]+$ ]] && { read -r stat < "/proc/$1/stat"; } 2> /dev/null || return 0
-  fields=(${stat##*) })
-  runbook_start=${fields[19]}
+  read -r -a fields <<< "${stat##*) }"
+  [[ ${fields[19]:-} =~ ^[0-9]+$ ]] && runbook_start=${fields[19]}
+  return 0
 }
 runbook_started $$
 if [ "$runbook_start" != 0 ]; then

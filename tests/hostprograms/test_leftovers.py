@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from executor.hostprogram import host_program
 from executor.model import Host
@@ -84,3 +87,21 @@ def test_a_killed_controller_s_program_folder_goes_at_the_next_program_and_a_liv
     live, after = asyncio.run(next_programs())
     assert len(live) == 1  # the next program (this one) removed the killed one's folder at its start
     assert after == live  # the program after it left the live one's, and its own went at its exit
+
+
+@pytest.mark.parametrize("strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n"])
+def test_the_sweep_tells_a_live_owner_from_a_gone_or_reused_pid_whatever_the_script_set_before(
+    strict: str, tmp_path: Path
+) -> None:
+    with subprocess.Popen(["sleep", "30"]) as live:
+        started = Path(f"/proc/{live.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+        kept = tmp_path / f"runbook-prog.{live.pid}.{started}.aaaaaaaa"
+        reused = tmp_path / f"runbook-prog.{live.pid}.{int(started) + 1}.bbbbbbbb"  # the pid of a later process
+        gone = tmp_path / "runbook-prog.4194304.5.cccccccc"  # above any pid_max
+        for folder in (kept, reused, gone):
+            folder.mkdir()
+        script = strict + host_program("node_preflight", {"action": "listen", "port": 0, "expect": [], "timeout": 0})
+        done = subprocess.run(["bash", "-c", script], env={"TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]})
+        live.kill()
+    assert done.returncode == 0
+    assert sorted(tmp_path.iterdir()) == [kept]
