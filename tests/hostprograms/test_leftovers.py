@@ -1,16 +1,14 @@
 """Nothing a host program ships is left on the host (executor/hostprogram.py `host_program`): a folder whose
-bash was killed before its EXIT trap could run (here: the controller killed with SIGKILL mid-program, over the
-real sshd) is removed by the next program on the host, and a folder of a program still running (another run's,
-over another connection) is not touched."""
+bash was killed before its EXIT trap could run (a step or its controller killed outright; here the step's bash
+gets SIGKILL, over the real sshd) is removed by the next program on the host, and the folder of a program
+still running (another step's, another run's) is not touched."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,20 +19,8 @@ from executor.hostprogram import host_program
 from executor.model import Host
 from executor.render import render_command
 from executor.transport import SSHTransport
+from executor.transport.base import CommandResult
 from sandbox.sshd import SSHServer
-
-CONTROLLER = """
-import asyncio, json, sys
-from executor.model import Host
-from executor.render import render_command
-from executor.transport import SSHTransport
-host, script = json.loads(sys.argv[1]), sys.argv[2]
-async def main():
-    transport = SSHTransport("box", Host(**host))
-    await transport.connect()
-    await transport.run(render_command(script, {}), timeout=60)
-asyncio.run(main())
-"""
 
 
 def waiting_program(tmp: Path, seconds: float) -> str:
@@ -52,41 +38,35 @@ def folders(tmp: Path, until: Callable[[list[Path]], bool], within: float = 10.0
     return found
 
 
-def test_a_killed_controller_s_program_folder_goes_at_the_next_program_and_a_live_one_stays(
+def test_a_killed_step_s_program_folder_goes_at_the_next_program_and_a_live_one_stays(
     sshd: SSHServer, tmp_path: Path
 ) -> None:
-    host = sshd.host_dict()
-    killed = subprocess.Popen([sys.executable, "-c", CONTROLLER, json.dumps(host), waiting_program(tmp_path, 60)])
-    try:
-        [left] = folders(tmp_path, bool)
-    finally:
-        killed.send_signal(signal.SIGKILL)
-        killed.wait()
-    owner = Path("/proc", left.name.split(".")[1])  # the step's bash, which the name carries
-    end = time.monotonic() + 10
-    while owner.exists() and time.monotonic() < end:  # the runner's stop of its steps: TERM, then KILL after 2 s
-        time.sleep(0.05)
-    assert not owner.exists() and left.is_dir()  # what a step killed outright leaves
+    quick = {"action": "listen", "port": 0, "expect": [], "timeout": 0}
 
-    async def next_programs() -> tuple[list[Path], list[Path]]:
-        transport = SSHTransport("box", Host(**host))
+    async def programs() -> tuple[Path, CommandResult, list[Path], CommandResult, list[Path]]:
+        transport = SSHTransport("box", Host(**sshd.host_dict()))
         await transport.connect()
         try:
+            killed = asyncio.create_task(transport.run(render_command(waiting_program(tmp_path, 60), {}), 60))
+            [left] = await asyncio.to_thread(folders, tmp_path, bool)
+            os.kill(int(left.name.split(".")[1]), signal.SIGKILL)  # the step's bash, which the name carries
+            outright = await killed
+            assert left.is_dir()
             live = asyncio.create_task(transport.run(render_command(waiting_program(tmp_path, 30), {}), 60))
             running = await asyncio.to_thread(folders, tmp_path, lambda found: bool(found) and left not in found)
-            quick = {"action": "listen", "port": 0, "expect": [], "timeout": 0}
             done = await transport.run(render_command(f"export TMPDIR={tmp_path}\n" + host_program(
                 "node_preflight", quick), {}), 30)  # fmt: skip
-            assert done.exit_code == 0, done.stderr
             after = sorted(tmp_path.glob("runbook-prog.*"))
             live.cancel()
-            return running, after
+            return left, outright, running, done, after
         finally:
             await transport.close()
 
-    live, after = asyncio.run(next_programs())
-    assert len(live) == 1  # the next program (this one) removed the killed one's folder at its start
-    assert after == live  # the program after it left the live one's, and its own went at its exit
+    left, outright, running, done, after = asyncio.run(programs())
+    assert outright.exit_code == 128 + signal.SIGKILL  # its EXIT trap never ran: its folder was left
+    assert len(running) == 1 and left not in running  # the next program removed it at its start
+    assert done.exit_code == 0, done.stderr
+    assert after == running  # the program after that left the live one's folder; its own went at its exit
 
 
 @pytest.mark.parametrize("strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n"])
