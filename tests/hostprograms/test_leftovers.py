@@ -44,7 +44,7 @@ def test_a_killed_step_s_program_folder_goes_at_the_next_program_and_a_live_one_
     quick = {"action": "listen", "port": 0, "expect": [], "timeout": 0}
 
     async def programs() -> tuple[Path, CommandResult, list[Path], CommandResult, list[Path]]:
-        transport = SSHTransport("box", Host(**sshd.host_dict()))
+        transport = SSHTransport("box", Host.model_validate(sshd.host_dict()))
         await transport.connect()
         try:
             killed = asyncio.create_task(transport.run(render_command(waiting_program(tmp_path, 60), {}), 60))
