@@ -158,13 +158,15 @@ def host_program(name: str, config: Mapping[str, Any], python: str = "python3") 
     """Bash lines that run program `name` with `config` under the host's `python` (a host word: `~` and
     `$var` expand there) and leave its exit status as theirs. Its folder is named after the bash that runs
     it (`runbook-prog.PID.START.XXXXXXXX`), so that the next program on the host removes it when that bash
-    was killed before its EXIT trap could (`_SWEEP`)."""
+    was killed before its EXIT trap could (`_SWEEP`). TERM and PIPE end it through that trap: a stopped step's
+    bash says `Terminated` on a stderr whose reader may be gone (the controller killed), and PIPE's default
+    would end it there, its folder left."""
     digest, encoded = _shipped(name)
     return (
         f"# hostprograms/{name}.py with the kit, zip sha256:{digest[:16]}\n"
         + _SWEEP
         + 'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.$$.$runbook_start.XXXXXXXX") || exit 1\n'
-        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\n"
+        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\ntrap 'exit 141' PIPE\n"
         + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")
         + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
         + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'

@@ -6,9 +6,11 @@ still running (another step's, another run's) is not touched."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +69,35 @@ def test_a_killed_step_s_program_folder_goes_at_the_next_program_and_a_live_one_
     assert len(running) == 1 and left not in running  # the next program removed it at its start
     assert done.exit_code == 0, done.stderr
     assert after == running  # the program after that left the live one's folder; its own went at its exit
+
+
+CONTROLLER = """
+import asyncio, sys
+from executor.model import Host
+from executor.render import render_command
+from executor.transport import SSHTransport
+async def main():
+    transport = SSHTransport("box", Host.model_validate_json(sys.argv[1]))
+    await transport.connect()
+    await transport.run(render_command(sys.argv[2], {}), timeout=60)
+asyncio.run(main())
+"""
+
+
+def test_a_program_whose_controller_is_killed_removes_its_folder(sshd: SSHServer, tmp_path: Path) -> None:
+    # the runner stops the step and closes its output: bash's `Terminated` line then met a closed pipe, and
+    # SIGPIPE ended bash before its EXIT trap could remove the folder
+    host = json.dumps(sshd.host_dict())
+    with subprocess.Popen([sys.executable, "-c", CONTROLLER, host, waiting_program(tmp_path, 60)]) as controller:
+        try:
+            [made] = folders(tmp_path, bool)
+        finally:
+            controller.send_signal(signal.SIGKILL)
+    owner = Path("/proc", made.name.split(".")[1])  # the step's bash, which the name carries
+    end = time.monotonic() + 10
+    while owner.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not owner.exists() and not made.exists()
 
 
 @pytest.mark.parametrize("strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n"])
