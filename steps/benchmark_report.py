@@ -562,9 +562,10 @@ def _md_line(text: str) -> str:
     return shown(" ".join(text.splitlines()), keep="")
 
 
-#: What Markdown (CommonMark, GitHub's tables, strikethrough and autolinks) could read in text as a tag, a link, an
-#: image, emphasis, code or a cell's end; each is written with a backslash, which shows it as itself.
-_MD_ACTIVE = re.compile(r"[\\`*_~\[\]<&|@#]|:(?=//)|(?<=www)\.", re.IGNORECASE)
+#: What Markdown (CommonMark; GitHub's tables, strikethrough, autolinks, math and emoji shortcodes) could read in
+#: text as a tag, a link, an image, emphasis, code, math or a cell's end; each is written with a backslash, which
+#: shows it as itself.
+_MD_ACTIVE = re.compile(r"[\\`*_~\[\]<&|@#$]|:(?=//|[+-]1:|[0-9]*[A-Za-z_][\w+-]*:)|(?<=www)\.", re.IGNORECASE)
 #: What opens a block at the start of a line (a note is one: `- TEXT`): a quote, a list item, a rule.
 _MD_BLOCK = re.compile(r"^(?:>|[+-](?=\s|$)|-(?=(?:\s*-){2,}\s*$)|\d{1,9}[.)](?=\s|$))")
 

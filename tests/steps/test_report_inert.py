@@ -37,6 +37,7 @@ HOSTILE = [
     "# heading #",
     "    indented",
     "x\x1b]52;c;aGk=\x07\u202e",
+    ":octocat: $\\href{javascript:x}{y}$ 12:30:45",
 ]
 hostile_text = (
     st.lists(st.sampled_from(HOSTILE) | st.text(max_size=6), max_size=5)
