@@ -7,7 +7,8 @@ entries, stored uncompressed so no zlib is needed on either side), and so are th
 (fixed: neither base64 nor a JSON line can hold one), so the rendered script and `runbook plan` are
 stable; it is sent base64 in a quoted heredoc (`render.heredoc`), the config
 (JSON, any size: eval_acceptance's prompt sets too) in another, both into a `mktemp -d` folder removed
-on exit, then run as `PYTHON program.pyz config.json` (hostprograms/kit.py says what it prints).
+on exit (or, when its bash was killed first, by the next program on the host: `host_program`), then run
+as `PYTHON program.pyz config.json` (hostprograms/kit.py says what it prints).
 
 The `__main__.py` checks the interpreter against the program's MIN_PYTHON before the program is read,
 in syntax any Python parses, so an old interpreter fails in one plain line with kit.TOO_OLD, which
@@ -124,14 +125,48 @@ def shipped_programs(script: str) -> list[Shipped]:
     return [Shipped(name, len(bundle(name)), _shipped(name)[0]) for name in dict.fromkeys(shipped)]
 
 
+#: Before a program's folder is made: the start time of the bash that makes it (field 22 of /proc/PID/stat,
+#: counted after the command name, which may hold spaces and parens), its marker with its pid; then every
+#: folder of this user that such a marker names a bash no longer running for (a step killed outright: kill -9
+#: of the controller or of its step, a lost host) is removed. A live step's folder, of this run or another,
+#: names a running bash and stays. Without /proc no marker is read and nothing is swept. The script's own IFS
+#: (a strict mode's newline and tab) does not reach the reading.
+_SWEEP = r"""runbook_started() {
+  local stat fields IFS=$' \t\n'
+  runbook_start=0
+  [[ $1 =~ ^[0-9]+$ ]] && { read -r stat < "/proc/$1/stat"; } 2> /dev/null || return 0
+  read -r -a fields <<< "${stat##*) }"
+  [[ ${fields[19]:-} =~ ^[0-9]+$ ]] && runbook_start=${fields[19]}
+  return 0
+}
+runbook_started $$
+if [ "$runbook_start" != 0 ]; then
+  runbook_own=$runbook_start
+  for runbook_old in "${TMPDIR:-/tmp}"/runbook-prog.*.*.*; do
+    [ -d "$runbook_old" ] && [ ! -L "$runbook_old" ] && [ -O "$runbook_old" ] || continue
+    runbook_owner=${runbook_old##*/runbook-prog.}
+    runbook_started "${runbook_owner%%.*}"
+    runbook_owner=${runbook_owner#*.}
+    [ "$runbook_start" = "${runbook_owner%%.*}" ] || rm -rf -- "$runbook_old" || true
+  done
+  runbook_start=$runbook_own
+fi
+"""
+
+
 def host_program(name: str, config: Mapping[str, Any], python: str = "python3") -> str:
     """Bash lines that run program `name` with `config` under the host's `python` (a host word: `~` and
-    `$var` expand there) and leave its exit status as theirs."""
+    `$var` expand there) and leave its exit status as theirs. Its folder is named after the bash that runs
+    it (`runbook-prog.PID.START.XXXXXXXX`), so that the next program on the host removes it when that bash
+    was killed before its EXIT trap could (`_SWEEP`). TERM and PIPE end it through that trap: a stopped step's
+    bash says `Terminated` on a stderr whose reader may be gone (the controller killed), and PIPE's default
+    would end it there, its folder left."""
     digest, encoded = _shipped(name)
     return (
         f"# hostprograms/{name}.py with the kit, zip sha256:{digest[:16]}\n"
-        'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.XXXXXXXX") || exit 1\n'
-        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\n"
+        + _SWEEP
+        + 'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.$$.$runbook_start.XXXXXXXX") || exit 1\n'
+        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\ntrap 'exit 141' PIPE\n"
         + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")
         + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
         + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'

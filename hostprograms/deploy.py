@@ -44,8 +44,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from stat import S_ISREG
 from typing import Any, NamedTuple
@@ -282,18 +280,15 @@ def log_tail(path: str) -> list[str]:
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0, limit: int = 4096) -> tuple[int | None, str]:
-    """(status, the body's first `limit` bytes as text) of one request; status None with the reason when there
-    was no answer."""
+    """(status, the body's first `limit` bytes as text) of one request whose whole answer comes within
+    `timeout`; status None with the reason, naming the server, when there was no such answer."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     try:
-        with kit.request(url, method=method, headers=headers, data=data, timeout=timeout) as response:
-            return response.status, response.read(limit).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(limit).decode("utf-8", "replace")
-    except (OSError, ValueError) as exc:  # refused, reset, timed out
-        reason = getattr(exc, "reason", exc)
-        return None, str(reason)
+        status, answer = kit.exchange(url, timeout, method=method, headers=headers, data=data, limit=limit)
+    except kit.NoAnswer as exc:  # refused, reset, too slow
+        return None, str(exc)
+    return status, answer.decode("utf-8", "replace")
 
 
 def progress(message: str, **fields: Any) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
 from typing import Any
 
 from hostprograms import kit
@@ -61,17 +60,15 @@ class Unreachable(Exception):
 def send(
     url: str, payload: dict[str, Any] | None, timeout: float, api_key: str | None, method: str = "POST"
 ) -> tuple[int, str]:
-    """(status, body) of a request; an HTTP error status is an answer too. Unreachable otherwise."""
+    """(status, body) of a request whose whole answer comes within `timeout` (request_timeout); an HTTP error
+    status is an answer too. Unreachable otherwise, naming the server."""
     data = json.dumps(payload).encode() if payload is not None else (b"" if method == "POST" else None)
     headers = {"Content-Type": "application/json"}
     try:
-        with kit.request(url, token=api_key, method=method, headers=headers, data=data, timeout=timeout) as response:
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise Unreachable(f"{url}: {reason}") from None
+        status, body = kit.exchange(url, timeout, token=api_key, method=method, headers=headers, data=data)
+    except kit.NoAnswer as exc:
+        raise Unreachable(f"{exc} (request_timeout)" if exc.late else str(exc)) from None
+    return status, body.decode("utf-8", "replace")
 
 
 def flush_cache(config: dict[str, Any], api_key: str | None) -> dict[str, Any]:

@@ -13,10 +13,13 @@ declares (MIN_PYTHON; tests/hostprograms/test_versions.py holds each module to i
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
+import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -184,10 +187,12 @@ def request(
     data: bytes | None = None,
     timeout: float = 10.0,
     follow_redirects: bool = True,
+    watch: _Deadline | None = None,
 ) -> Any:
     """Open `url` (an http.client.HTTPResponse; urllib's HTTPError for an error status).
 
-    A token goes only as `Authorization: Bearer`, and never to another host a redirect leads to.
+    A token goes only as `Authorization: Bearer`, and never to another host a redirect leads to. `timeout`
+    bounds each read of the socket only; `watch` (see `exchange`) bounds the whole answer.
     """
     sent = urllib.request.Request(url, data=data, method=method, headers={"User-Agent": USER_AGENT, **(headers or {})})
     if token:
@@ -196,8 +201,129 @@ def request(
                 "the Hub token holds a character other than ASCII, which no HTTP header carries"
             )
         sent.add_header("Authorization", f"Bearer {token}")
-    handler = _SameHostAuth() if follow_redirects else _NoRedirect()
-    return urllib.request.build_opener(handler).open(sent, timeout=timeout)
+    handlers: list[urllib.request.BaseHandler] = [_SameHostAuth() if follow_redirects else _NoRedirect()]
+    if watch is not None:
+        handlers += [_WatchedHTTP(watch)] + ([_WatchedHTTPS(watch)] if hasattr(http.client, "HTTPSConnection") else [])
+    return urllib.request.build_opener(*handlers).open(sent, timeout=timeout)
+
+
+class NoAnswer(Exception):
+    """A server gave no whole answer: refused, reset, unreachable, or not done by the deadline (`late`)."""
+
+    def __init__(self, message: str, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
+
+
+class _Deadline:
+    """Shuts the sockets of one request down when its deadline passes.
+
+    A socket timeout bounds each read, not the answer: a server that sends a byte a second never trips it.
+    Shutting the socket down ends whatever read is waiting (status line, headers, body), from another thread.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        return max(self.end - time.monotonic(), 0.001)
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut the connection under `sock` (TLS's too: its own shutdown would first drop the TLS state)."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _watched(http_class: Any, watch: _Deadline) -> Any:
+    """`http_class` whose connection waits at most what is left of `watch` and is shut down at its end."""
+
+    class Watched(http_class):  # type: ignore[misc]
+        def connect(self) -> None:
+            self.timeout = watch.left()  # the deadline's rest, for the connect, and for each read after
+            super().connect()
+            watch.add(self.sock)
+
+    return Watched
+
+
+class _WatchedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Deadline) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(_watched(http_class, self.watch), req, **kwargs)
+
+
+class _WatchedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Deadline) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(_watched(http_class, self.watch), req, **kwargs)
+
+
+def exchange(
+    url: str,
+    deadline: float,
+    *,
+    token: str | None = None,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    limit: int | None = None,
+) -> tuple[int, bytes]:
+    """(status, body: its first `limit` bytes, else all) of one request whose whole answer, redirects, status
+    line, headers and body, comes within `deadline` seconds; an HTTP error status is an answer too.
+
+    NoAnswer otherwise, naming the server: `late` when the deadline passed (however slowly it sent).
+    """
+    watch = _Deadline(deadline)
+    try:
+        try:
+            with request(
+                url, token=token, method=method, headers=headers, data=data, timeout=deadline, watch=watch
+            ) as response:
+                status, body = response.status, _body(response, limit)
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, _body(exc, limit)
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut, unreadable
+        if not watch.expired:
+            raise NoAnswer(f"{url}: {getattr(exc, 'reason', exc)}") from None
+    finally:
+        watch.cancel()
+    if watch.expired:
+        server = urllib.parse.urlsplit(url).netloc
+        raise NoAnswer(f"{server} did not answer {url} whole within {deadline:g} s", late=True)
+    return status, body
+
+
+def _body(answer: Any, limit: int | None) -> bytes:
+    """The first `limit` bytes of an answer's body, or all of it."""
+    return bytes(answer.read() if limit is None else answer.read(limit))
 
 
 class Retry(Exception):

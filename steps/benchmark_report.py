@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -562,19 +563,30 @@ def _md_line(text: str) -> str:
     return shown(" ".join(text.splitlines()), keep="")
 
 
-def _md_cell(text: str) -> str:
-    """One cell on one line (`_md_line`), backslashes and pipes escaped."""
-    return _md_line(text).replace("\\", "\\\\").replace("|", "\\|")
+#: What Markdown (CommonMark; GitHub's tables, strikethrough, autolinks, math and emoji shortcodes) could read in
+#: text as a tag, a link, an image, emphasis, code, math or a cell's end; each is written with a backslash, which
+#: shows it as itself.
+_MD_ACTIVE = re.compile(r"[\\`*_~\[\]<&|@#$]|:(?=//|[+-]1:|[0-9]*[A-Za-z_][\w+-]*:)|(?<=www)\.", re.IGNORECASE)
+#: What opens a block at the start of a line (a note is one: `- TEXT`): a quote, a list item, a rule.
+_MD_BLOCK = re.compile(r"^(?:>|[+-](?=\s|$)|-(?=(?:\s*-){2,}\s*$)|\d{1,9}[.)](?=\s|$))")
+
+
+def md_text(text: str) -> str:
+    """`text` inert in report.md, on one line (`_md_line`, stripped): no tag, link, image, emphasis, code or block
+    comes from it, and no `|` ends a cell. Report text holds the host's words (failure reasons, stderr lines,
+    model names, versions, paths, argv): a reader's Markdown viewer must show them, not follow or run them."""
+    inline = _MD_ACTIVE.sub(lambda m: "\\" + m.group(), _md_line(text).strip())
+    return _MD_BLOCK.sub(lambda m: m.group()[:-1] + "\\" + m.group()[-1], inline)
 
 
 def markdown(report: Document) -> str:
-    lines = [f"# {_md_line(report.title)}", "", *(f"- {_md_line(note)}" for note in report.notes)]
+    lines = [f"# {md_text(report.title)}", "", *(f"- {md_text(note)}" for note in report.notes)]
     for table in report.tables:
-        lines += ["", f"## {_md_line(table.title)}", "", "| " + " | ".join(map(_md_cell, table.columns)) + " |"]
+        lines += ["", f"## {md_text(table.title)}", "", "| " + " | ".join(map(md_text, table.columns)) + " |"]
         lines.append("|" + "|".join("---" for _ in table.columns) + "|")
-        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in table.rows]
+        lines += ["| " + " | ".join(map(md_text, row)) + " |" for row in table.rows]
     for figure in report.figures:
-        lines += ["", f"![{figure.title}]({figure.path})"]
+        lines += ["", f"![{md_text(figure.title)}]({figure.path})"]
     return "\n".join(lines) + "\n"
 
 

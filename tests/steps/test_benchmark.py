@@ -24,6 +24,7 @@ from executor.transport.base import Collector, CommandResult
 from sandbox.model_configs import drafter_config, target_config
 from sandbox.sglang_standin import simulation
 from steps.benchmark import BenchmarkStep
+from steps.benchmark_report import md_text
 from steps.benchmark_results import FLOAT_FIELDS, JSONL_MARKER, NO_ACCEPT_LENGTH, RunInfo, jsonl_lines, parse_run
 from tests.conftest import runbook_cli
 
@@ -352,7 +353,7 @@ def test_baseline_then_dflash_with_the_report(
     for table in report["tables"]:
         assert f"## {table['title']}" in markdown and table["title"] in shown
         for row in table["rows"]:
-            assert "| " + " | ".join(row) + " |" in markdown
+            assert "| " + " | ".join(map(md_text, row)) + " |" in markdown
             assert all(cell in shown for cell in row)
 
 
