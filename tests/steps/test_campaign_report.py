@@ -408,7 +408,9 @@ def test_facts_that_do_not_fit_or_hold_a_non_finite_number_are_left_out_not_a_cr
     ValueError failing the step."""
     views = host_views()
     zlab_4, zlab_8 = instance("bench", drafter="zlab", tokens=4), instance("bench", drafter="zlab", tokens=8)
-    infinite = bench_facts(instance("deploy_dflash", drafter="zlab", tokens=8), {1: float("inf"), 4: 1e308})
+    infinite = bench_facts(instance("deploy_dflash", drafter="zlab", tokens=8), {1: 1.0, 4: 1.0})
+    for run, number in zip(infinite["runs"], [float("inf"), 1e308, -1.0, 10**400], strict=True):
+        run["output_throughput"] = number
     replaced = {zlab_4: {"label": "bench", "runs": "older shape"}, zlab_8: infinite}
     hostile = [view(v.step, v.kind, replaced[v.step], v.host, cell=v.cell) if v.step in replaced else v for v in views]
     hostile = [
