@@ -240,7 +240,7 @@ class HostContext(StepContext):
             duration_s=result.duration_s,
         )
 
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         self.events.emit(event_models.Progress, message=message, fields=fields)
 
     async def put(self, local: Path, remote: str) -> Transfer:

@@ -264,7 +264,7 @@ class StepsBeforeDouble(StepContext):
     async def run(self, script: str | bytes, *, timeout: float | None = None, on_output: Any = None) -> CommandResult:
         raise AssertionError("the campaign report runs no command on the host")
 
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         self.said.append(message)
 
     def facts_of_kind(self, kind: str) -> dict[str, Any]:
