@@ -377,6 +377,24 @@ def test_the_best_is_never_slower_than_the_tolerance_allows_and_is_the_cheapest_
     assert all(chosen.cost <= other.cost for other in within)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([1, 2, 8]), st.sampled_from([0.0, 5e-324, 1.0, 1e4])), min_size=1, max_size=6),
+    st.floats(0.0, 0.99),
+)
+def test_a_cell_that_measured_no_throughput_never_wins(configs: list[tuple[int, float]], tolerance: float) -> None:
+    """A median output throughput of 0 (a server that produced nothing) is no configuration: however cheap, it
+    is never chosen, nor within the tolerance of a fastest one; where no cell measured more, nothing is chosen."""
+    cells = [cell(f"c{i}", gpus, None, t) for i, (gpus, t) in enumerate(configs)]
+    best = choose(cells, 1, tolerance)
+    if all(t == 0 for _, t in configs):
+        assert best is None
+        return
+    assert best is not None and best.output_throughput > 0 and best.fastest_throughput > 0
+    zero = {c.name for c, (_, t) in zip(cells, configs, strict=True) if t == 0}
+    assert not zero & {best.best, best.fastest, *best.within_tolerance}
+
+
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0])
 def test_a_tolerance_outside_0_to_1_is_refused(tolerance: float) -> None:
     with pytest.raises(ValueError, match="tolerance"):
