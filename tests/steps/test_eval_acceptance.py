@@ -436,7 +436,9 @@ def test_no_served_model_stops_the_chat_evaluation_before_any_prompt() -> None:
     assert [path for path, _, _ in seen] == ["/flush_cache", "/v1/models"]
 
 
-@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
+@pytest.mark.parametrize(
+    "number", ["NaN", "-Infinity", "1e999", pytest.param("[" * 100_000 + "]" * 100_000, id="nested-100000-deep")]
+)
 def test_a_number_json_has_not_in_an_answer_is_that_requests_error_and_the_document_still_prints(number: str) -> None:
     """Python's JSON reads NaN, and 1e999 as inf; the kit prints its document with allow_nan=False, so one such
     answer must not lose every request's record in a traceback."""
