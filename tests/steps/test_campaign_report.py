@@ -438,3 +438,18 @@ def test_facts_that_do_not_fit_or_hold_a_non_finite_number_are_left_out_not_a_cr
     facts = write_campaign(tmp_path, hostile)
     assert facts.counts.benchmarked == 0 and facts.best is None
     json.loads((tmp_path / "report.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+
+
+@pytest.mark.parametrize("tpot", [5e-324, 0.0])
+def test_a_tpot_whose_tokens_per_user_is_not_finite_is_no_pareto_point(tpot: float) -> None:
+    """1000 / 5e-324 ms is infinite, 1000 / 0 undefined: such a concurrency has no Pareto point (in the benchmark
+    report's data, nor in the campaign's figure), the others keep theirs."""
+    from steps import campaign_report_figures as figures
+    from steps.benchmark_report import pareto_points
+    from tests.steps.test_benchmark_report import side_of
+
+    runs = [bench_run(1, 100.0, median_tpot_ms=tpot), bench_run(4, 300.0, median_tpot_ms=20.0)]
+    assert [(p.concurrency, p.tokens_per_s_per_user) for p in pareto_points(side_of("s", runs), gpus=2)] == [(4, 50.0)]
+    tokens_4 = cell("c", 2, 4, 100.0)
+    point = tokens_4.points[0].model_copy(update={"tpot_ms": (tpot, tpot, tpot)})
+    assert figures.points(tokens_4.model_copy(update={"points": [point]})) == []
