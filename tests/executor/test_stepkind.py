@@ -8,7 +8,7 @@ import functools
 import itertools
 import json
 import types
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -183,7 +183,7 @@ def engine_progress() -> tuple[Any, Recorded]:
     recorded = Recorded()
     events = Emitter(EventStream(recorded, "run", Redactor([]))).bind(step="s", host="h", attempt=1)
     return types.SimpleNamespace(
-        progress=functools.partial(HostContext.progress, types.SimpleNamespace(events=events))
+        progress=functools.partial(HostContext.progress, cast(HostContext, types.SimpleNamespace(events=events)))
     ), recorded
 
 
@@ -191,7 +191,7 @@ def engine_progress() -> tuple[Any, Recorded]:
 NAMES = ["self", "message", "id", "__class__", "kind", "event", "step", "fields", "seq", "set", "done", "total"]
 KNOWN = ["files_done", "files_total", "bytes_done", "bytes_total", "bytes_per_s", "disk_bytes", "completion_tokens"]
 KNOWN += ["spec_verify_ct", "seconds", "prompt_tokens", "spec_accept_length", "output_ids", "error", "finish_reason"]
-HOSTILE = st.one_of(
+HOSTILE: st.SearchStrategy[Any] = st.one_of(
     st.sampled_from([0, -1, 1e308, -1e308, 10**400, -(10**400), 1.5, "x", "", None, True, [], {}]),
     st.integers(),
     st.floats(allow_nan=False, allow_infinity=False),
@@ -247,7 +247,7 @@ def progress_messages_feed(ctx: Any) -> Any:
     return progress_messages(ctx).feed
 
 
-VALID = {
+VALID: dict[Any, dict[str, Any]] = {
     eval_progress: {"set": "math", "done": 1, "total": 2, "completion_tokens": 8, "spec_verify_ct": 2, "seconds": 0.5},
     verify_progress: {"files_done": 1, "files_total": 2, "bytes_done": 1, "bytes_total": 2, "bytes_per_s": 1},
     progress_messages_feed: {"message": "started"},
