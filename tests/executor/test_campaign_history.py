@@ -101,12 +101,19 @@ def test_only_one_cell_then_only_the_report_reports_every_cell_that_passed(
 
 
 def test_only_a_step_before_the_group_then_only_the_report_reports_the_cells_of_the_run_before(
-    campaign: Campaign, capsys: pytest.CaptureFixture[str]
+    campaign: Campaign, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--only bench_baseline` leaves every later step out (each may depend on it); their records keep the facts
-    of their last pass, so `--only report` reuses them; a `--resume` runs them again instead."""
+    of their last pass (`runbook status` says so), so `--only report` reuses them; a `--resume` runs them again."""
+    first = campaign.newest().name
     assert campaign.run("--only", "bench_baseline") == 0
     only = campaign.newest().name
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["status", "--log-dir", str(campaign.logs)]) == 0
+    rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    status = {row[1].strip(): row[3].strip() for row in rows}
+    assert status["bench[n=3]"] == status["report"] == f"skipped (last passed in {first})"
     assert campaign.run("--only", "report") == 0, capsys.readouterr()
     assert campaign.cells() == ALL_PASSED
     capsys.readouterr()
