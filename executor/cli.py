@@ -38,7 +38,7 @@ from executor.errors import (
     ResumeError,
     RunbookError,
 )
-from executor.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord
+from executor.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.terminal import shown, shown_text
 
 # The engine, the reporters, the loader and the audit log are imported by the commands that use them: `runbook status`
@@ -425,7 +425,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_column(column)
     details = []
     for r in records:
-        if r.reused_from:
+        if r.reused_from and passed_before(r) and r.status == "skipped":  # left out by --only, its pass kept
+            status_text = f"skipped (last passed in {r.reused_from})"
+        elif r.reused_from:
             status_text = f"{r.status} (reused from {r.reused_from})"  # passed, or skipped by its `when:`
         elif r.status == "running" and status in (STOPPED, WRITE_FAILED):
             status_text = "running (process gone)" if status == STOPPED else "running (stopped by a failed write)"

@@ -57,7 +57,18 @@ from executor.planner import host_env, placed_hosts
 from executor.redact import Redactor
 from executor.render import render_command
 from executor.resume import Fingerprints, begin, plan_steps
-from executor.state import NOT_STARTED, RunLock, RunMeta, RunState, StepRecord, new_run_id, now, open_state
+from executor.state import (
+    NOT_STARTED,
+    ONLY_SKIPPED,
+    RunLock,
+    RunMeta,
+    RunState,
+    StepRecord,
+    new_run_id,
+    now,
+    open_state,
+    passed_before,
+)
 from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
 from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, StepView, check_depth
 from executor.transport import Transport, transport_for
@@ -241,7 +252,7 @@ class HostContext(StepContext):
             duration_s=result.duration_s,
         )
 
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         self.events.emit(event_models.Progress, message=message, fields=fields)
 
     async def put(self, local: Path, remote: str) -> Transfer:
@@ -413,17 +424,25 @@ class Engine:
             host_key_unverified=self._unverified_hosts(to_run),
         )
         reused_ids, run_ids = set(plan.reused), set(plan.to_run)
+        kept = {p.step: p.reused_on for p in plan.steps}  # the hosts whose record each step keeps from the source
         for spec in self.runbook.steps:  # every step of the run has a row from the start
-            runs_on = self.hosts_to_run.get(spec.id, self.runbook.step_hosts[spec.id])
             for host in self.runbook.step_hosts[spec.id]:
-                if spec.id in reused_ids or (spec.id in run_ids and host not in runs_on):
-                    old = source_records[(spec.id, host)]
-                    origin = old.reused_from or meta.resumed_from
+                old = source_records.get((spec.id, host))
+                origin = (old.reused_from if old else None) or meta.resumed_from
+                if host in kept[spec.id]:
+                    assert old is not None
+                    if old.status != "passed" and passed_before(old):  # an --only run left it out after it passed
+                        old = dataclasses.replace(old, status="passed", message=None)
                     self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
                     if old.status == "skipped":  # left out unchanged (a `when:` still false): so are its dependents
                         self.cells.left_out(spec.id, old.message or "")
                     else:
                         self.cells.status[spec.id] = "passed"
+                elif why[spec.id] == ONLY_SKIPPED and passed_before(old):
+                    assert old is not None  # left out by this --only run: the record keeps the facts of its pass
+                    self.records[(spec.id, host)] = dataclasses.replace(
+                        old, status="skipped", message=ONLY_SKIPPED, reused_from=origin
+                    )
                 else:
                     status = "pending" if spec.id in run_ids else "skipped"
                     self.records[(spec.id, host)] = StepRecord(

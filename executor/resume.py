@@ -27,7 +27,7 @@ from executor.loader import Runbook, apply_inventory
 from executor.model import VarValue, override_value, var_text
 from executor.planner import render_problems, secrets_redactor
 from executor.redact import NO_SECRETS, Redactor
-from executor.state import NOT_STARTED, RunMeta, StepRecord, find_run
+from executor.state import NOT_STARTED, ONLY_SKIPPED, RunMeta, StepRecord, find_run, passed_before
 from executor.stepkind import StepSpec
 
 if TYPE_CHECKING:
@@ -383,7 +383,9 @@ def plan_steps(
     reuses each step that passed on all its hosts with the fingerprint it has now, up to the first that
     did not; that one and every later step run. A step that passed on some of its hosts and not on the
     others (and is unchanged) runs again only on the others. `--from`/`--only` reuse the facts of every
-    earlier step that passed (saying when the step changed since), and `--only` skips the later ones.
+    earlier step that passed (saying when the step changed since; on the hosts where it passed, or from the
+    record an earlier `--only` run kept: `passed_before`), and `--only` skips the later ones, but for the
+    instances of a matrix instance's group that a resume would reuse (the other cells): those it reuses.
     Within a matrix group, an instance that runs makes only its dependents run (the later instances of its
     cells, and those that need it), and a reused server instance runs again (a deploy adopts the server
     still running) when an instance against it runs; a step after the group runs again when anything
@@ -399,13 +401,16 @@ def plan_steps(
     dirty: dict[tuple[str, str], str] = {}  # (group, cell) -> the first instance of it that runs
     rerun: set[str] = set()  # the instances that run
     index = Index(runbook)
+    only = runbook.instances.get(only_step or "")  # `--only` of a matrix instance keeps its group's other cells
     for spec in runbook.steps:
         hosts = tuple(runbook.step_hosts[spec.id])
         records = [source.get((spec.id, h)) for h in hosts]
         passed = all(r is not None and r.status == "passed" for r in records)
         same = all(fingerprints.same(spec, r) for r in records)
         if start_id is not None:
+            passed = all(passed_before(r) for r in records)  # a step an --only run left out kept its facts
             position, start = positions[spec.id], positions[start_id]
+            instance = runbook.instances.get(spec.id)
             if position < start:
                 why = f"facts reused from {source_id}" if passed else "skipped (never passed)"
                 if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
@@ -414,12 +419,27 @@ def plan_steps(
                         f"--from {spec.id} runs it again)"
                     )
                 steps.append(
-                    StepPlan(spec.id, "reuse", why, reused_on=hosts) if passed else StepPlan(spec.id, "skip", why)
+                    StepPlan(spec.id, "reuse", why, reused_on=hosts)
+                    if passed
+                    else _kept(spec, hosts, source, source_id)
                 )
             elif only_step and position > start:
-                steps.append(StepPlan(spec.id, "skip", "skipped (--only)"))
+                independent = (  # a later cell of the group that does not need the instance run
+                    only is not None
+                    and instance is not None
+                    and instance.group == only.group
+                    and _cell_cause(index, spec, instance, dirty, rerun) is None
+                )
+                if independent and passed and same:
+                    steps.append(StepPlan(spec.id, "reuse", f"reused (passed in {source_id})", reused_on=hosts))
+                else:
+                    steps.append(StepPlan(spec.id, "skip", ONLY_SKIPPED))
             else:
                 steps.append(StepPlan(spec.id, "run", "runs (--only)" if only_step else "runs (--from)", hosts))
+                if only is not None and instance is not None:
+                    rerun.add(spec.id)
+                    for cell in instance.cells:
+                        dirty.setdefault((instance.group, cell), spec.id)
         elif source_id is None:
             steps.append(StepPlan(spec.id, "run", "runs", hosts))
         else:
@@ -484,6 +504,17 @@ def _resumed(
     return StepPlan(spec.id, "run", why, hosts)
 
 
+def _kept(spec: StepSpec, hosts: tuple[str, ...], source: Records, source_id: str | None) -> StepPlan:
+    """An earlier step that `--from`/`--only` leaves out because it did not pass on every host: its record is
+    kept where it passed (a campaign's baseline that passed on one host of two stays in the report there)."""
+    done = tuple(h for h in hosts if passed_before(source.get((spec.id, h))))
+    if not done:
+        return StepPlan(spec.id, "skip", "skipped (never passed)")
+    others = ", ".join(h for h in hosts if h not in done)
+    why = f"skipped on {others} (never passed there); facts reused from {source_id} on {', '.join(done)}"
+    return StepPlan(spec.id, "skip", why, reused_on=done)
+
+
 def _left_out(record: StepRecord | None) -> bool:
     """Whether a record is of a step the engine skipped for its `when:` (or for a step it needs that was),
     not one a failed cell or `--only` left out: resuming, it is skipped again unless something it reads
@@ -492,6 +523,7 @@ def _left_out(record: StepRecord | None) -> bool:
         record is not None
         and record.status == "skipped"
         and not (record.message or CELL_FAILED).startswith(CELL_FAILED)
+        and record.message != ONLY_SKIPPED
     )
 
 

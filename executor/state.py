@@ -109,6 +109,22 @@ _MARKS = ", ".join("?" * len(_STEP_COLUMNS))
 _INSERT_STEP = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES ({_MARKS})"
 
 
+#: Why `--only` leaves out a step after the one it runs: a record with it keeps the facts of the step's last pass.
+ONLY_SKIPPED = "skipped (--only)"
+
+
+def passed_before(record: StepRecord | None) -> bool:
+    """Whether `record` passed, or is of a step an `--only` run left out that had passed before it (the record keeps
+    that pass: its facts, fingerprint and `reused_from`, the run it passed in), so that a later `--only REPORT`
+    reports it rather than `skipped (never passed)`. A `--resume` runs such a step again: it may depend on the step
+    the `--only` run ran."""
+    if record is None:
+        return False
+    return record.status == "passed" or (
+        record.status == "skipped" and record.message == ONLY_SKIPPED and record.reused_from is not None
+    )
+
+
 @dataclass
 class RunMeta:
     """What `run.json` holds: written once when the run starts."""

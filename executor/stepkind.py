@@ -133,15 +133,17 @@ _TOO_LONG = b"(a line too long to be progress)"  # stands in for such a line unt
 class ProgressSink(Protocol):
     """What shows progress: a StepContext, or a test's collector."""
 
-    def progress(self, message: str, **fields: Any) -> None: ...
+    def progress(self, message: str, /, **fields: Any) -> None: ...
 
 
 class ProgressLines:
     """Reads `runbook-progress {json}` lines from one output stream of a command (an OutputSink: `feed`).
 
     Output arrives in chunks cut anywhere, so an unfinished line waits for the next chunk. Every other
-    line, and a progress line whose JSON is malformed or not an object, is skipped: progress is a
-    display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object.
+    line, and a progress line whose JSON is malformed, nested too deep or not an object, is skipped: progress
+    is a display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object, whose
+    keys are data (`ProgressSink.progress` takes its message positionally: a key `self` or `message` is a
+    field); one whose values it cannot show (a count that is text, 10**400 / 1.0) is skipped the same way.
     """
 
     def __init__(self, on_fields: Callable[[dict[str, Any]], None], stream: str = "stderr") -> None:
@@ -160,10 +162,10 @@ class ProgressLines:
                 continue
             try:
                 fields = kit.loads(line[len(PROGRESS_PREFIX) :])  # NaN, Infinity or 1e999: malformed, skipped
-            except ValueError:
+                if isinstance(fields, dict):
+                    self.on_fields(fields)
+            except (ValueError, LookupError, TypeError, ArithmeticError, RecursionError):
                 continue
-            if isinstance(fields, dict):
-                self.on_fields(fields)
 
 
 def progress_messages(ctx: ProgressSink) -> ProgressLines:
@@ -304,7 +306,7 @@ class StepContext(RenderContext):
         """
 
     @abstractmethod
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         """Show live progress of this step (console status line; a `progress` JSON event)."""
 
     @abstractmethod

@@ -449,7 +449,7 @@ def server_version(url: str) -> tuple[str | None, str | None]:
         return None, f"/server_info answered {describe_answer({'status': status, 'body': body})}"
     try:
         version = json.loads(body).get("version")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # RecursionError: nested past the parser's depth
         return None, f"/server_info answered no JSON object: {body[:100]!r}"
     if not isinstance(version, str) or not version:
         return None, f"/server_info has no version (it says {version!r})"

@@ -145,7 +145,7 @@ def ask(config: dict[str, Any], model: str | None, text: str, api_key: str | Non
         meta, ids = meta_and_ids(config, kit.loads(body))
         if not isinstance(meta, dict):
             raise TypeError("meta_info is not an object")
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:  # nested past the parser's depth
         record["error"] = f"unexpected answer ({exc}): {body.strip()[:BODY_CHARS]}"
         return record
     record.update({name: meta[name] for name in META_FIELDS if name in meta})

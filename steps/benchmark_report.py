@@ -530,9 +530,8 @@ def pareto_points(side: Side, gpus: int | None) -> list[ParetoPoint]:
     throughput, tpot = medians(side, "output_throughput"), medians(side, "median_tpot_ms")
     if not gpus:
         return []
-    return [
-        ParetoPoint(c, throughput[c] / gpus, 1000.0 / tpot[c]) for c in sorted(throughput) if c in tpot and tpot[c] > 0
-    ]
+    per_user = {c: speed for c, ms in tpot.items() if (speed := ratio(1000.0, ms)) is not None}  # 5e-324 ms: inf
+    return [ParetoPoint(c, throughput[c] / gpus, per_user[c]) for c in sorted(throughput) if c in per_user]
 
 
 def pareto_notes(baseline: Side, candidate: Side, gpus: dict[str, int | None]) -> list[str]:

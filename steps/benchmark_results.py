@@ -6,8 +6,8 @@ file after a marker line, and this module turns the line into a typed `BenchRun`
 
 The benchmark writes its line even when every request failed (with `completed: 0`), so a line is
 no proof of success: `BenchRun.shortfall` says when fewer requests completed than were asked.
-A metric the line lacks (another release) or reports as NaN is null with its reason in `unknown`,
-never a number that looks measured.
+A metric the line lacks (another release) or reports as no usable number (NaN, infinite, negative, at or
+above MEASURED_MAX, a string) is null with its reason in `unknown`, never a number that looks measured.
 
 A concurrency is run `repeats` times; `points` sums its runs up as a `BenchPoint`: per metric the
 `Spread` of the repeats (median, min, max, relative median absolute deviation and relative range),
@@ -23,7 +23,9 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from executor.model import DataModel
 
@@ -46,6 +48,11 @@ FLOAT_FIELDS = (
     *LATENCY_FIELDS,
 )
 INT_FIELDS = ("total_input_tokens", "total_output_tokens")
+#: No count, rate or time a benchmark measures reaches this (10^12 tokens/s, ms or tokens): a value at or above
+#: it (1e308, an integer of 400 digits) is unusable, as a negative one is, rather than a median that overflows.
+MEASURED_MAX = 1e12
+#: A metric as the facts hold it: finite, not negative, below MEASURED_MAX (a state.db holding another is refused).
+Measured = Annotated[float, Field(ge=0, lt=MEASURED_MAX, allow_inf_nan=False)]
 NO_ACCEPT_LENGTH = (
     "the server reported no speculative acceptance length (/server_info has no avg_spec_accept_length): "
     "no speculative decoding"
@@ -69,30 +76,30 @@ class BenchRun(RunInfo):
     bench_serving measured (mean requests in flight)."""
 
     completed: int
-    duration: float | None
-    total_input_tokens: int | None
-    total_output_tokens: int | None
-    request_throughput: float | None  # requests/s
-    input_throughput: float | None  # tokens/s
-    output_throughput: float | None  # tokens/s
-    total_throughput: float | None  # tokens/s
-    max_output_tokens_per_s: float | None
-    concurrency: float | None
-    mean_ttft_ms: float | None
-    median_ttft_ms: float | None
-    p99_ttft_ms: float | None
-    mean_tpot_ms: float | None
-    median_tpot_ms: float | None
-    p99_tpot_ms: float | None
-    mean_itl_ms: float | None
-    median_itl_ms: float | None
-    p99_itl_ms: float | None
-    mean_e2e_latency_ms: float | None
-    median_e2e_latency_ms: float | None
-    p99_e2e_latency_ms: float | None
+    duration: Measured | None
+    total_input_tokens: Annotated[int, Field(ge=0, lt=MEASURED_MAX)] | None
+    total_output_tokens: Annotated[int, Field(ge=0, lt=MEASURED_MAX)] | None
+    request_throughput: Measured | None  # requests/s
+    input_throughput: Measured | None  # tokens/s
+    output_throughput: Measured | None  # tokens/s
+    total_throughput: Measured | None  # tokens/s
+    max_output_tokens_per_s: Measured | None
+    concurrency: Measured | None
+    mean_ttft_ms: Measured | None
+    median_ttft_ms: Measured | None
+    p99_ttft_ms: Measured | None
+    mean_tpot_ms: Measured | None
+    median_tpot_ms: Measured | None
+    p99_tpot_ms: Measured | None
+    mean_itl_ms: Measured | None
+    median_itl_ms: Measured | None
+    p99_itl_ms: Measured | None
+    mean_e2e_latency_ms: Measured | None
+    median_e2e_latency_ms: Measured | None
+    p99_e2e_latency_ms: Measured | None
     # the server's average acceptance length since the flush just before this run: this run's own
     # (null without speculative decoding)
-    accept_length: float | None
+    accept_length: Measured | None
     unknown: dict[str, str]  # field -> why it is null
 
     @property
@@ -103,16 +110,36 @@ class BenchRun(RunInfo):
         return f"only {self.completed} of {self.num_prompts} requests completed"
 
 
+def unusable(value: Any) -> str | None:
+    """Why a number a host reported cannot be a measurement (not a number, NaN, infinite, negative, at or above
+    MEASURED_MAX), or None when it can. Compared, never converted: float() of a 400-digit integer overflows."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a finite number"
+    if value < 0:
+        return "negative"
+    if value >= MEASURED_MAX:
+        return f"not below {MEASURED_MAX:.0e}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A host's value in a message, cut short (an integer of 400 digits, a long string)."""
+    if isinstance(value, int) and abs(value) >= 10**30:  # str() of one of 5000 digits raises
+        return f"an integer of {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def _number(line: dict[str, Any], name: str, unknown: dict[str, str]) -> float | None:
     value = line.get(name)
     if name not in line:
         unknown[name] = f"bench_serving's JSONL line has no {name!r}"
     elif value is None:
         unknown[name] = f"bench_serving reported {name} as null"
-    elif isinstance(value, bool) or not isinstance(value, int | float):
-        unknown[name] = f"bench_serving reported {name} as {value!r}, not a number"
-    elif not math.isfinite(value):
-        unknown[name] = f"bench_serving reported {name} as {value}"
+    elif (why := unusable(value)) is not None:
+        unknown[name] = f"bench_serving reported {name} as {_shown(value)}: {why}, unusable"
     else:
         return float(value)
     return None
@@ -127,8 +154,8 @@ def parse_run(text: str, info: RunInfo) -> BenchRun:
     if not isinstance(line, dict):
         raise ValueError(f"the JSONL line is {type(line).__name__}, not a JSON object")
     completed = line.get("completed")
-    if isinstance(completed, bool) or not isinstance(completed, int):
-        raise ValueError(f"the JSONL line has no request count ('completed' is {completed!r})")
+    if isinstance(completed, bool) or not isinstance(completed, int) or unusable(completed):
+        raise ValueError(f"the JSONL line has no request count ('completed' is {_shown(completed)})")
     unknown: dict[str, str] = {}
     values: dict[str, Any] = {name: _number(line, name, unknown) for name in FLOAT_FIELDS}
     for name in INT_FIELDS:
@@ -167,10 +194,10 @@ POINT_METRICS = (
 class Spread(DataModel):
     """A metric over the repeats of one concurrency."""
 
-    values: list[float]  # the repeats' values, in run order
-    median: float
-    min: float
-    max: float
+    values: list[Measured]  # the repeats' values, in run order
+    median: Measured
+    min: Measured
+    max: Measured
     rel_mad: float | None  # median absolute deviation / |median|; None when the median is 0
     rel_range: float | None  # (max - min) / |median|; None when the median is 0
 

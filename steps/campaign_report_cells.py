@@ -104,8 +104,10 @@ class CellReport(DataModel):
         )
 
     def throughput_at(self, concurrency: int) -> float | None:
+        """Its median output throughput at `concurrency`; None where unmeasured or not above 0 (a server that
+        produced no token is no configuration to choose)."""
         for p in self.points:
-            if p.concurrency == concurrency and p.output_throughput is not None:
+            if p.concurrency == concurrency and p.output_throughput is not None and p.output_throughput[0] > 0:
                 return p.output_throughput[0]
         return None
 

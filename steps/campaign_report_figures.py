@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, BinaryIO, NamedTuple
 
-from steps.benchmark_report import save_figure
+from steps.benchmark_report import ratio, save_figure
 from steps.campaign_report_cells import CellReport, Comparison
 
 
@@ -72,9 +72,11 @@ def points(cell: CellReport) -> list[Point]:
     if not gpus or cell.status != "passed":
         return []
     return [
-        Point(cell.name, p.concurrency, 1000.0 / p.tpot_ms[0], p.output_throughput[0] / gpus)
+        Point(cell.name, p.concurrency, per_user, p.output_throughput[0] / gpus)
         for p in cell.points
-        if p.output_throughput is not None and p.tpot_ms is not None and p.tpot_ms[0] > 0
+        if p.output_throughput is not None
+        and p.tpot_ms is not None
+        and (per_user := ratio(1000.0, p.tpot_ms[0])) is not None  # none of 0 ms, nor an infinite one of 5e-324
     ]
 
 

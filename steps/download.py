@@ -498,12 +498,8 @@ class ProgressMeter:
         self.first: tuple[float, int] | None = None
         self.feed = ProgressLines(self._size_line).feed
 
-    def _size_line(self, fields: dict[str, Any]) -> None:
-        try:
-            size = int(fields["disk_bytes"])
-        except (ValueError, KeyError, TypeError):
-            return
-        self.update(size)
+    def _size_line(self, fields: dict[str, Any]) -> None:  # a line without a size it can read is skipped
+        self.update(int(fields["disk_bytes"]))
 
     def update(self, disk_bytes: int) -> None:
         now = self.clock()

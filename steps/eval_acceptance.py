@@ -89,6 +89,7 @@ from executor.stepkind import (
     StepSpec,
     host_document,
 )
+from steps.benchmark_results import MEASURED_MAX, Measured, unusable
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult, OutputSink
@@ -199,41 +200,49 @@ class Summary(Model):
 
 
 #: A count or a token id as the server must send it: a JSON integer, never `true`, `"64"` or `64.0` (which
-#: pydantic would take for one), never negative (a negative count makes a negative acceptance length).
-Count = Annotated[int, Field(strict=True, ge=0)]
+#: pydantic would take for one), never negative (a negative count makes a negative acceptance length), below
+#: MEASURED_MAX (10**400 / 1 would overflow a float).
+Count = Annotated[int, Field(strict=True, ge=0, lt=MEASURED_MAX)]
 
 
 class RequestFacts(Model):
+    """One request as the host program reported it; a number out of its bounds is a ValidationError naming it."""
+
     set: str
     id: str
-    seconds: float
+    seconds: Measured
     prompt_tokens: Count | None
     completion_tokens: Count | None
     verify_ct: Count | None
     accept_length: float | None  # completion_tokens / verify_ct; None without speculative decoding
-    server_accept_length: float | None  # meta_info.spec_accept_length as the server reported it
+    server_accept_length: Measured | None  # meta_info.spec_accept_length as the server reported it
     finish_reason: str | None
     error: str | None
     output_ids: list[Count] | None  # the greedy output's token ids, kept by a reference eval (speculative: false)
 
 
 def request_facts(set_name: str, raw: dict[str, Any]) -> RequestFacts:
-    """One request as the host program reported it, with its acceptance length."""
-    completion, verify = raw.get("completion_tokens"), raw.get("spec_verify_ct")
-    accept = completion / verify if isinstance(completion, int) and isinstance(verify, int) and verify > 0 else None
-    return RequestFacts(
-        set=set_name,
-        id=str(raw.get("id")),
-        seconds=float(raw.get("seconds") or 0.0),
-        prompt_tokens=raw.get("prompt_tokens"),
-        completion_tokens=completion,
-        verify_ct=verify,
-        accept_length=accept,
-        server_accept_length=raw.get("spec_accept_length"),
-        finish_reason=raw.get("finish_reason"),
-        error=raw.get("error"),
-        output_ids=raw.get("output_ids"),
+    """One request as the host program reported it, with its acceptance length: validated first (a ValidationError
+    naming the field), so that the division is of two counts below MEASURED_MAX."""
+    request = RequestFacts.model_validate(
+        {
+            "set": set_name,
+            "id": str(raw.get("id")),
+            "seconds": raw.get("seconds") or 0.0,
+            "prompt_tokens": raw.get("prompt_tokens"),
+            "completion_tokens": raw.get("completion_tokens"),
+            "verify_ct": raw.get("spec_verify_ct"),
+            "accept_length": None,
+            "server_accept_length": raw.get("spec_accept_length"),
+            "finish_reason": raw.get("finish_reason"),
+            "error": raw.get("error"),
+            "output_ids": raw.get("output_ids"),
+        }
     )
+    completion, verify = request.completion_tokens, request.verify_ct
+    if completion is None or not verify:
+        return request
+    return request.model_copy(update={"accept_length": completion / verify})
 
 
 def summarize(requests: Iterable[RequestFacts], expected: int) -> Summary:
@@ -246,6 +255,7 @@ def summarize(requests: Iterable[RequestFacts], expected: int) -> Summary:
     completion = sum(r.completion_tokens or 0 for r in answered)
     verify = sum(r.verify_ct or 0 for r in measured)
     seconds = sum(r.seconds for r in answered)
+    rate = completion / seconds if seconds > 0 and completion else None  # 8 tokens in 5e-324 s: infinite, unusable
     unknown = None
     if not done:
         unknown = f"no request was sent ({expected} planned): the evaluation stopped before this set"
@@ -280,7 +290,7 @@ def summarize(requests: Iterable[RequestFacts], expected: int) -> Summary:
         completion_tokens=completion,
         verify_ct=verify,
         seconds=round(seconds, 3),
-        tokens_per_s=round(completion / seconds, 2) if seconds > 0 and completion else None,
+        tokens_per_s=round(rate, 2) if rate is not None and unusable(rate) is None else None,
         unknown_reason=unknown,
         errors=[f"{r.id}: {r.error}" for r in failed[:ERRORS_KEPT]],
     )
@@ -470,12 +480,9 @@ def progress_sink(ctx: StepContext) -> OutputSink:
     """One ctx.progress call per `runbook-progress {json}` line of the host program (one per prompt)."""
     measured: dict[str, list[float]] = {}
 
-    def show(fields: dict[str, Any]) -> None:
-        try:
-            request = request_facts(fields["set"], fields)
-            head = f"{request.set} {fields['done']}/{fields['total']}"
-        except (ValueError, KeyError, TypeError):
-            return
+    def show(fields: dict[str, Any]) -> None:  # a line it cannot show (ValidationError, KeyError) is skipped
+        request = request_facts(fields["set"], fields)
+        head = f"{request.set} {fields['done']}/{fields['total']}"
         if request.error is not None:
             ctx.progress(f"{head}: failed: {request.error}", **fields)
             return

@@ -273,7 +273,8 @@ PARALLEL_FLAGS = {
 
 def gpus_of(argv: list[str]) -> int | None:
     """The GPUs a server launched with `argv` runs on: tp x pp, times dp unless DP attention is on (its
-    data-parallel groups live inside the TP group); None when a size is no number."""
+    data-parallel groups live inside the TP group); None when a size is no number of at least 1 (`--tp-size -8`
+    would make the costliest configuration the cheapest)."""
     sizes = dict.fromkeys(PARALLEL_FLAGS, 1)
     for index, word in enumerate(argv):
         flag, equals, value = word.partition("=")  # `--dp-size 2` or argparse's `--dp-size=2`
@@ -282,6 +283,8 @@ def gpus_of(argv: list[str]) -> int | None:
                 try:
                     sizes[name] = int(value if equals else argv[index + 1])
                 except ValueError:
+                    return None
+                if sizes[name] < 1:
                     return None
     dp = 1 if "--enable-dp-attention" in argv else sizes["dp"]
     return sizes["tp"] * sizes["pp"] * dp

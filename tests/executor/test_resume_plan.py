@@ -206,7 +206,10 @@ def test_from_refuses_an_unknown_step_and_a_step_whose_facts_never_passed(book: 
     )
     source = Source(book, now).add("s1", "a").add("s1", "b", "failed")
     plan = plan_steps(book, now, source.records, SOURCE, from_step="s3")  # s3 and s4 need nothing
-    assert plan.step("s1").action == "skip" and plan.why["s1"] == "skipped (never passed)"
+    assert (plan.step("s1").action, plan.step("s1").reused_on) == ("skip", ("a",))  # kept where it passed
+    assert plan.why["s1"] == f"skipped on b (never passed there); facts reused from {SOURCE} on a"
+    never = plan_steps(book, now, Source(book, now).add("s1", "b", "failed").records, SOURCE, from_step="s3")
+    assert (never.step("s1").reused_on, never.why["s1"]) == ((), "skipped (never passed)")
 
 
 # ---- properties over random outcomes of a source run -----------------------------------------------
@@ -273,6 +276,8 @@ def test_from_and_only_run_from_their_step_and_reuse_what_passed_before(
         passed = all((r := source.get((step.step, h))) is not None and r.status == "passed" for h in hosts)
         if index < ids.index(start):
             assert step.action == ("reuse" if passed else "skip")
+            kept = tuple(h for h in hosts if (r := source.get((step.step, h))) is not None and r.status == "passed")
+            assert step.reused_on == kept, "every host's record that passed is kept"
         elif index == ids.index(start) or not only:
             assert (step.action, step.runs_on) == ("run", hosts)
         else:
@@ -440,3 +445,49 @@ def test_from_and_only_with_a_matrix_step_as_written_name_its_instances_not_ever
     )
     with pytest.raises(ResumeError, match=r"^no step 'nosuch' in the runbook \(steps: pre, bench\[\.\.\.\]\)$"):
         plan_steps(book, now, {}, None, from_step="nosuch")
+
+
+GRID = """\
+    name: grid
+    hosts: {a: {address: local}}
+    steps:
+      - {id: pre, kind: shell, script: echo pre}
+      - group: grid
+        matrix: {srv: [x, y], conc: [1, 2]}
+        steps:
+          - {id: up, kind: shell, script: echo $matrix_srv}
+          - {id: bench, kind: shell, script: echo $matrix_srv $matrix_conc, gates: ['steps.up.exit_code == 0']}
+      - {id: post, kind: shell, script: echo post}
+    """
+
+
+def test_only_a_matrix_instance_keeps_the_group_s_cells_that_do_not_depend_on_it(tmp_path: Path) -> None:
+    """What `--only` leaves out that a `--resume` would reuse is kept (reused): the group's other cells, so that
+    a later report of the run still has them; an instance of the same cell, one that needs it, and every step
+    after the group are left out (`skipped (--only)`), as they may depend on what ran."""
+    path = tmp_path / "grid.yaml"
+    path.write_text(textwrap.dedent(GRID))
+    grid = load_runbook(path)
+    now = fingerprints(grid)
+    source = Source(grid, now).all().records
+    plan = plan_steps(grid, now, source, SOURCE, only_step="bench[srv=x,conc=1]")
+    kept = f"reused (passed in {SOURCE})"
+    assert {p.step: p.why for p in plan.steps if p.action != "reuse" or p.why == kept} == {
+        "bench[srv=x,conc=1]": "runs (--only)",
+        "bench[srv=x,conc=2]": kept,
+        "up[srv=y]": kept,
+        "bench[srv=y,conc=1]": kept,
+        "bench[srv=y,conc=2]": kept,
+        "post": "skipped (--only)",
+    }
+    server = plan_steps(grid, now, source, SOURCE, only_step="up[srv=x]")  # both x cells run against it
+    assert [p.step for p in server.steps if p.action == "skip"] == [
+        "bench[srv=x,conc=1]",
+        "bench[srv=x,conc=2]",
+        "post",
+    ]
+    assert [p.step for p in server.steps if p.why == kept] == [
+        "up[srv=y]",
+        "bench[srv=y,conc=1]",
+        "bench[srv=y,conc=2]",
+    ]

@@ -4,16 +4,23 @@ an endless line is not kept whole; and the prefix the controller reads is the on
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
-from typing import Any
+import types
+from typing import Any, cast
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from executor.emitter import Emitter, EventStream
+from executor.engine import HostContext
+from executor.event_models import Progress
+from executor.events import Reporter
 from executor.hostprogram import PACKAGE
+from executor.redact import Redactor
 from executor.stepkind import (
     PROGRESS_LINE_MAX,
     PROGRESS_PREFIX,
@@ -48,7 +55,7 @@ class Collect:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         self.calls.append((message, fields))
 
 
@@ -158,3 +165,100 @@ def test_a_kinds_step_references_are_needed_by_their_type_alone() -> None:
         assert Pointing(id="q", server="up", other="eval", gates=[]).needs() == {"up", "eval"}
     finally:
         StepSpec.registry.pop("pointing_test")  # a test kind: out of the registry the other tests read
+
+
+# ---- hostile progress lines through every sink, into the engine's own `progress` ------------------------------
+
+
+class Recorded(Reporter):
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+
+
+def engine_progress() -> tuple[Any, Recorded]:
+    """The engine's HostContext.progress (the method itself) on a real Emitter: what a sink calls in a run."""
+    recorded = Recorded()
+    events = Emitter(EventStream(recorded, "run", Redactor([]))).bind(step="s", host="h", attempt=1)
+    return types.SimpleNamespace(
+        progress=functools.partial(HostContext.progress, cast(HostContext, types.SimpleNamespace(events=events)))
+    ), recorded
+
+
+#: Keys that are names in Python or in the event: a progress line's keys are data all the same
+NAMES = ["self", "message", "id", "__class__", "kind", "event", "step", "fields", "seq", "set", "done", "total"]
+KNOWN = ["files_done", "files_total", "bytes_done", "bytes_total", "bytes_per_s", "disk_bytes", "completion_tokens"]
+KNOWN += ["spec_verify_ct", "seconds", "prompt_tokens", "spec_accept_length", "output_ids", "error", "finish_reason"]
+HOSTILE: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from([0, -1, 1e308, -1e308, 10**400, -(10**400), 1.5, "x", "", None, True, [], {}]),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(NAMES + KNOWN), HOSTILE, max_size=12))
+def test_a_progress_line_of_any_keys_and_numbers_is_shown_with_its_keys_as_data_or_skipped(
+    fields: dict[str, Any],
+) -> None:
+    """Every sink of the kinds (the deploy's and stop_server's messages, eval_acceptance's per-request line,
+    verify's hashing, download's size lines), fed one line whose keys are `self`, `id`, `message`, ... and
+    whose numbers are negative, 1e308, 400 digits or text: the line is shown, every key of it a field as sent,
+    or skipped; never a TypeError (`self` as a keyword), an OverflowError or a ValueError out of the feed."""
+    line = PROGRESS_PREFIX + json.dumps(fields).encode() + b"\n"
+    for make in (progress_messages_feed, eval_progress, verify_progress, download_meter):
+        ctx, recorded = engine_progress()
+        feed = make(ctx)
+        feed("stderr", line)
+        if make is progress_messages_feed:
+            assert len(recorded.events) == ("message" in fields)
+        for event in recorded.events:
+            assert isinstance(event, Progress) and (event.step, event.host) == ("s", "h")
+            shown = {k: v for k, v in fields.items() if k != "message"} if make is progress_messages_feed else None
+            if shown is not None:
+                assert event.fields == shown and event.message == str(fields["message"])
+            elif make is not download_meter:
+                assert event.fields == fields
+
+
+def eval_progress(ctx: Any) -> Any:
+    from steps.eval_acceptance import progress_sink
+
+    return progress_sink(ctx)
+
+
+def verify_progress(ctx: Any) -> Any:
+    from steps.verify import progress_sink
+
+    return progress_sink(ctx)
+
+
+def download_meter(ctx: Any) -> Any:
+    from steps.download import ProgressMeter
+
+    return ProgressMeter(ctx, "org/repo", "hf", total=1000, done_before=0).feed
+
+
+def progress_messages_feed(ctx: Any) -> Any:
+    return progress_messages(ctx).feed
+
+
+VALID: dict[Any, dict[str, Any]] = {
+    eval_progress: {"set": "math", "done": 1, "total": 2, "completion_tokens": 8, "spec_verify_ct": 2, "seconds": 0.5},
+    verify_progress: {"files_done": 1, "files_total": 2, "bytes_done": 1, "bytes_total": 2, "bytes_per_s": 1},
+    progress_messages_feed: {"message": "started"},
+}
+
+
+@pytest.mark.parametrize("make", list(VALID))
+def test_keys_named_as_python_or_the_event_names_things_are_fields_like_any_other(make: Any) -> None:
+    names = {"self": 1, "id": "p7", "__class__": "x", "kind": "k", "event": "e", "step": "t", "fields": [1]}
+    ctx, recorded = engine_progress()
+    make(ctx)("stderr", PROGRESS_PREFIX + json.dumps(VALID[make] | names).encode() + b"\n")
+    [event] = recorded.events
+    assert isinstance(event, Progress) and event.event == "progress" and event.step == "s"
+    assert {k: event.fields[k] for k in names} == names

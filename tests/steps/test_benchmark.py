@@ -25,7 +25,17 @@ from sandbox.model_configs import drafter_config, target_config
 from sandbox.sglang_standin import simulation
 from steps.benchmark import BenchmarkStep
 from steps.benchmark_report import md_text
-from steps.benchmark_results import FLOAT_FIELDS, JSONL_MARKER, NO_ACCEPT_LENGTH, RunInfo, jsonl_lines, parse_run
+from steps.benchmark_results import (
+    FLOAT_FIELDS,
+    INT_FIELDS,
+    JSONL_MARKER,
+    MEASURED_MAX,
+    NO_ACCEPT_LENGTH,
+    RunInfo,
+    jsonl_lines,
+    parse_run,
+    points,
+)
 from tests.conftest import runbook_cli
 
 
@@ -126,20 +136,44 @@ def test_a_line_without_a_request_count_is_refused(text: str, message: str) -> N
         parse_run(text, asked(1, 1))
 
 
-numbers = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**12), 10**12))
+#: What a bench_serving line may hold where a number belongs: NaN, infinities, 1e308, negatives, integers of 400
+#: digits, text, a list, a mapping
+numbers = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**12), 10**12),
+    st.sampled_from([0, -1, 1e308, -1e308, 10**400, -(10**400), 1e12, 10**12 - 1]),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
 
 
-@given(values=st.fixed_dictionaries({name: numbers for name in FLOAT_FIELDS}), completed=st.integers(0, 10**6))
-def test_any_numbers_are_kept_when_finite_and_explained_when_not(values: dict[str, Any], completed: int) -> None:
+@given(
+    values=st.fixed_dictionaries({name: numbers for name in (*FLOAT_FIELDS, *INT_FIELDS, "accept_length")}),
+    completed=st.integers(0, 10**6),
+)
+def test_any_numbers_are_kept_when_usable_and_explained_when_not(values: dict[str, Any], completed: int) -> None:
+    """A usable number (finite, not negative, below MEASURED_MAX) is kept; anything else is null with the field's
+    name and why in `unknown`, never an OverflowError or a median of 1e308 that overflows to infinity."""
     run = parse_run(json.dumps(real_line(completed=completed, **values)), asked(2, 100))
     for name, value in values.items():
         kept = getattr(run, name)
-        if value is not None and math.isfinite(value):
-            assert kept == float(value) and name not in run.unknown
+        usable = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < MEASURED_MAX
+        if usable and (isinstance(value, int) or math.isfinite(value)):
+            assert kept == (int(value) if name in INT_FIELDS else float(value)) and name not in run.unknown
         else:
-            assert kept is None and run.unknown[name]
+            assert kept is None and name in run.unknown[name]
     json.dumps(run.model_dump(mode="json"), allow_nan=False)  # facts never carry NaN
     assert (run.shortfall is None) == (completed >= 100)
+    summed = points([run, run.model_copy(update={"repeat": 2})], 0.05)  # the median of two, summed as the report does
+    json.dumps([p.model_dump(mode="json") for p in summed], allow_nan=False)
+
+
+@pytest.mark.parametrize("completed", [-1, 10**400, 1e308, "16", True])
+def test_a_request_count_that_is_no_count_is_refused_naming_it(completed: Any) -> None:
+    with pytest.raises(ValueError, match="'completed' is"):
+        parse_run(json.dumps(real_line(completed=completed)), asked(1, 1))
 
 
 def test_the_last_marker_starts_the_jsonl() -> None:

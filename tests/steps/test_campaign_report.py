@@ -266,7 +266,7 @@ class StepsBeforeDouble(StepContext):
     async def run(self, script: str | bytes, *, timeout: float | None = None, on_output: Any = None) -> CommandResult:
         raise AssertionError("the campaign report runs no command on the host")
 
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         self.said.append(message)
 
     def facts_of_kind(self, kind: str) -> dict[str, Any]:
@@ -379,6 +379,24 @@ def test_the_best_is_never_slower_than_the_tolerance_allows_and_is_the_cheapest_
     assert all(chosen.cost <= other.cost for other in within)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([1, 2, 8]), st.sampled_from([0.0, 5e-324, 1.0, 1e4])), min_size=1, max_size=6),
+    st.floats(0.0, 0.99),
+)
+def test_a_cell_that_measured_no_throughput_never_wins(configs: list[tuple[int, float]], tolerance: float) -> None:
+    """A median output throughput of 0 (a server that produced nothing) is no configuration: however cheap, it
+    is never chosen, nor within the tolerance of a fastest one; where no cell measured more, nothing is chosen."""
+    cells = [cell(f"c{i}", gpus, None, t) for i, (gpus, t) in enumerate(configs)]
+    best = choose(cells, 1, tolerance)
+    if all(t == 0 for _, t in configs):
+        assert best is None
+        return
+    assert best is not None and best.output_throughput > 0 and best.fastest_throughput > 0
+    zero = {c.name for c, (_, t) in zip(cells, configs, strict=True) if t == 0}
+    assert not zero & {best.best, best.fastest, *best.within_tolerance}
+
+
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0])
 def test_a_tolerance_outside_0_to_1_is_refused(tolerance: float) -> None:
     with pytest.raises(ValueError, match="tolerance"):
@@ -410,7 +428,9 @@ def test_facts_that_do_not_fit_or_hold_a_non_finite_number_are_left_out_not_a_cr
     ValueError failing the step."""
     views = host_views()
     zlab_4, zlab_8 = instance("bench", drafter="zlab", tokens=4), instance("bench", drafter="zlab", tokens=8)
-    infinite = bench_facts(instance("deploy_dflash", drafter="zlab", tokens=8), {1: float("inf"), 4: 1e308})
+    infinite = bench_facts(instance("deploy_dflash", drafter="zlab", tokens=8), {1: 1.0, 4: 1.0})
+    for run, number in zip(infinite["runs"], [float("inf"), 1e308, -1.0, 10**400], strict=True):
+        run["output_throughput"] = number
     replaced = {zlab_4: {"label": "bench", "runs": "older shape"}, zlab_8: infinite}
     hostile = [view(v.step, v.kind, replaced[v.step], v.host, cell=v.cell) if v.step in replaced else v for v in views]
     hostile = [
@@ -420,3 +440,18 @@ def test_facts_that_do_not_fit_or_hold_a_non_finite_number_are_left_out_not_a_cr
     facts = write_campaign(tmp_path, hostile)
     assert facts.counts.benchmarked == 0 and facts.best is None
     json.loads((tmp_path / "report.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+
+
+@pytest.mark.parametrize("tpot", [5e-324, 0.0])
+def test_a_tpot_whose_tokens_per_user_is_not_finite_is_no_pareto_point(tpot: float) -> None:
+    """1000 / 5e-324 ms is infinite, 1000 / 0 undefined: such a concurrency has no Pareto point (in the benchmark
+    report's data, nor in the campaign's figure), the others keep theirs."""
+    from steps import campaign_report_figures as figures
+    from steps.benchmark_report import pareto_points
+    from tests.steps.test_benchmark_report import side_of
+
+    runs = [bench_run(1, 100.0, median_tpot_ms=tpot), bench_run(4, 300.0, median_tpot_ms=20.0)]
+    assert [(p.concurrency, p.tokens_per_s_per_user) for p in pareto_points(side_of("s", runs), gpus=2)] == [(4, 50.0)]
+    tokens_4 = cell("c", 2, 4, 100.0)
+    point = tokens_4.points[0].model_copy(update={"tpot_ms": (tpot, tpot, tpot)})
+    assert figures.points(tokens_4.model_copy(update={"points": [point]})) == []

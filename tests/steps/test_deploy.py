@@ -316,6 +316,22 @@ def test_proc_stat_fields_follow_the_last_parenthesis(name: str) -> None:
     assert deploy_host.parse_stat(text) == {"state": "S", "pgrp": 4242, "starttime": 987654}
 
 
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "no JSON object"),  # nested past the parser's depth: a RecursionError
+        ('{"version": ' + "9" * 400 + "}", "no version"),
+        ("[1]", "no JSON object"),
+    ],
+)
+def test_a_server_info_of_any_shape_is_an_unknown_version_with_its_reason(
+    body: str, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deploy_host, "http", lambda *args, **kwargs: (200, body))
+    version, reason = deploy_host.server_version("http://127.0.0.1:30000")
+    assert version is None and reason is not None and why in reason
+
+
 def test_client_address_for_a_bind_address() -> None:
     assert [deploy_host.base_url(b, 30000) for b in ("127.0.0.1", "0.0.0.0", "::", "192.0.2.5", "fe80::1")] == [
         "http://127.0.0.1:30000",

@@ -104,7 +104,7 @@ class FakeContext:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    def progress(self, message: str, **fields: Any) -> None:
+    def progress(self, message: str, /, **fields: Any) -> None:
         self.calls.append((message, fields))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -436,7 +436,9 @@ def test_no_served_model_stops_the_chat_evaluation_before_any_prompt() -> None:
     assert [path for path, _, _ in seen] == ["/flush_cache", "/v1/models"]
 
 
-@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
+@pytest.mark.parametrize(
+    "number", ["NaN", "-Infinity", "1e999", pytest.param("[" * 100_000 + "]" * 100_000, id="nested-100000-deep")]
+)
 def test_a_number_json_has_not_in_an_answer_is_that_requests_error_and_the_document_still_prints(number: str) -> None:
     """Python's JSON reads NaN, and 1e999 as inf; the kit prints its document with allow_nan=False, so one such
     answer must not lose every request's record in a traceback."""
@@ -948,3 +950,38 @@ def test_an_eval_whose_requests_differ_from_its_reference_is_refused_before_send
     )
     assert differ in record["message"] and record["message"].endswith("max_new_tokens on both sides; nothing was sent")
     assert not [e for e in events if e["event"] == "progress" and e["step"] == "eval"]
+
+
+HOSTILE_NUMBER = st.one_of(
+    st.sampled_from([0, -1, 1e308, -1e308, 5e-324, 10**400, -(10**400), 10**12, "x", None, True, [1], {"a": 1}]),
+    st.integers(0, 64),
+    st.floats(min_value=0, max_value=1e300),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            name: HOSTILE_NUMBER
+            for name in ("seconds", "completion_tokens", "spec_verify_ct", "prompt_tokens", "spec_accept_length")
+        },
+    )
+)
+@example({"seconds": 5e-324, "completion_tokens": 8, "spec_verify_ct": 2})  # 8 / 5e-324 tokens/s: infinite
+@example({"completion_tokens": 10**400, "spec_verify_ct": 1})  # 10**400 / 1: an OverflowError
+@example({"seconds": "x", "completion_tokens": 8})  # float("x"): a ValueError
+def test_any_number_in_a_request_gives_facts_of_finite_numbers_or_a_failure_naming_the_field(
+    record: dict[str, Any],
+) -> None:
+    """Counts, seconds and the server's acceptance length that are negative, 1e308, 5e-324, 400 digits, text or
+    nested: the facts hold only finite numbers, or the attempt fails (FactsError) naming the field; never an
+    OverflowError or a ValueError escaping as "failed unexpectedly"."""
+    try:
+        facts = parsed(record)
+    except FactsError as exc:
+        named = {"seconds", "completion_tokens", "verify_ct", "prompt_tokens", "server_accept_length"}
+        assert any(name in str(exc) for name in named) or "max_new_tokens 64" in str(exc), str(exc)
+        return
+    json.dumps(facts.model_dump(), allow_nan=False)  # python mode: mode="json" would write inf as null

@@ -155,7 +155,7 @@ def test_progress_lines_become_progress_events() -> None:
     seen: list[tuple[str, dict[str, Any]]] = []
 
     class Ctx:
-        def progress(self, message: str, **fields: Any) -> None:
+        def progress(self, message: str, /, **fields: Any) -> None:
             seen.append((message, fields))
 
     sink = progress_sink(Ctx())  # type: ignore[arg-type]  # only progress() is used
