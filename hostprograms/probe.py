@@ -174,7 +174,9 @@ def field_options(source: str) -> list[list[str]]:
             ann = node.annotation
             if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "A"):
                 continue
-            inner = ann.slice.value if type(ann.slice).__name__ == "Index" else ann.slice  # Python 3.8's ast.Index
+            inner = ann.slice
+            if type(inner).__name__ == "Index":  # Python 3.8 wraps a subscript's slice in ast.Index
+                inner = getattr(inner, "value", inner)
             if not isinstance(inner, ast.Tuple) or len(inner.elts) < 2:
                 continue
             keywords = _keywords(inner.elts[1])
