@@ -565,30 +565,31 @@ class DeployStep(ServerStep):
         probe read from its parser, an abbreviation or alias written as the flag it sets (so the argv recorded,
         and a report's provenance, name the flags the server ran with); one that would set a flag this step
         renders, or that the parser refuses as ambiguous, fails the step before anything starts."""
+        for word in self.extra_args:  # a runbook var's value, as the host will expand it: no var hides a flag
+            if (clash := sglang_flags.managed_clash(with_vars(word, ctx.vars))) is not None:
+                raise FactsError(f"extra_args: {clash} (`{word}` on this host): use its parameters")
         table, why = self._launch_options(ctx)
+        if table is None:
+            return Choice(value=list(self.extra_args), source=f"as written: {why}")
         words, notes = [], []
         for word in self.extra_args:
-            shown = with_vars(word, ctx.vars)  # a runbook var's value, as the host will expand it
-            if (clash := sglang_flags.managed_clash(shown)) is not None:
-                raise FactsError(f"extra_args: {clash} (`{word}` on this host): use its parameters")
-            found = sglang_flags.resolve(shown, table) if table and sglang_flags.is_option(shown) else None
+            shown = with_vars(word, ctx.vars)
+            found = sglang_flags.resolve(shown, table) if sglang_flags.is_option(shown) else None
             if found is not None and found.kind == "ambiguous":
                 raise FactsError(
                     f"extra_args: ambiguous option: {found.name} could match {', '.join(found.matches)} "
                     f"(steps.{self.probe}.facts.sglang.launch_options): SGLang's parser refuses it"
                 )
-            if table and found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
+            if found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
                 raise FactsError(
                     f"extra_args: this SGLang reads {found.name} as {found.flag}, which this step renders from "
                     f"`{sglang_flags.MANAGED[managed][0]}`: use its parameters"
                 )
-            if found is None or found.flag is None or found.name == found.flag or "$" in found.name:
-                words.append(word)
+            if found is None or found.flag in (None, found.name) or word.partition("=")[0] != found.name:
+                words.append(word)  # an option as written, a value, or one named through a var: as written
             else:
                 words.append(found.flag + word[len(found.name) :])
                 notes.append(f"{found.name} -> {found.flag}")
-        if table is None:
-            return Choice(value=words, source=f"as written: {why}")
         said = "; ".join(notes) or "every option as written"
         return Choice(value=words, source=f"{said} (steps.{self.probe}.facts.sglang.launch_options)")
 

@@ -6,7 +6,9 @@ stand-in's argparse parser built from the same release's files), offline and in-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import io
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from executor.cli import main
 from executor.stepkind import FactsError
 from hostprograms.probe import _read_launch_options, _sglang_blank
 from sandbox.prepare import DDTREE_BUILD, VENV
@@ -171,3 +174,22 @@ def test_the_probe_reads_the_releases_option_strings() -> None:
     assert read["--nccl-init-addr"] == "--dist-init-addr" and read["--ep"] == "--ep-size"
     ddtree = {o for group in options(DDTREE_BUILD / "sglang") for o in group}
     assert "--speculative-ddtree-budget" in ddtree - set(read)
+
+
+def test_validate_refuses_a_runbook_var_that_hides_a_managed_flag(tmp_path: Path) -> None:
+    """`extra_args: [$flag, ...]`: the var's value is known at validate (and per `--var` at run), so is the flag."""
+    path = tmp_path / "hidden.yaml"
+    path.write_text(
+        "name: hidden\nhosts: {gpu: {address: 127.0.0.1}}\nvars: {flag: --attention-back}\nsteps:\n"
+        "  - {id: probe, kind: probe}\n"
+        "  - {id: serve, kind: deploy, model_path: /m, probe: probe, extra_args: [$flag, triton]}\n"
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        assert main(["validate", str(path)]) == 2
+    assert (
+        f"{path}:6:5: step 'serve': extra_args: --attention-back abbreviates --attention-backend, which this step "
+        "renders from `attention_backend` (`$flag` on this host): use its parameters"
+    ) in out.getvalue()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        assert main(["plan", str(path), "--var", "flag=--reasoning-parser"]) == 0  # another flag: as written
