@@ -571,27 +571,30 @@ class DeployStep(ServerStep):
         table, why = self._launch_options(ctx)
         if table is None:
             return Choice(value=list(self.extra_args), source=f"as written: {why}")
-        words, notes = [], []
-        for word in self.extra_args:
-            shown = with_vars(word, ctx.vars)
-            found = sglang_flags.resolve(shown, table) if sglang_flags.is_option(shown) else None
-            if found is not None and found.kind == "ambiguous":
-                raise FactsError(
-                    f"extra_args: ambiguous option: {found.name} could match {', '.join(found.matches)} "
-                    f"(steps.{self.probe}.facts.sglang.launch_options): SGLang's parser refuses it"
-                )
-            if found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
-                raise FactsError(
-                    f"extra_args: this SGLang reads {found.name} as {found.flag}, which this step renders from "
-                    f"`{sglang_flags.MANAGED[managed][0]}`: use its parameters"
-                )
-            if found is None or found.flag in (None, found.name) or word.partition("=")[0] != found.name:
-                words.append(word)  # an option as written, a value, or one named through a var: as written
-            else:
-                words.append(found.flag + word[len(found.name) :])
-                notes.append(f"{found.name} -> {found.flag}")
-        said = "; ".join(notes) or "every option as written"
-        return Choice(value=words, source=f"{said} (steps.{self.probe}.facts.sglang.launch_options)")
+        read = [self._as_read(word, with_vars(word, ctx.vars), table) for word in self.extra_args]
+        said = "; ".join(note for _, note in read if note) or "every option as written"
+        return Choice(
+            value=[word for word, _ in read], source=f"{said} (steps.{self.probe}.facts.sglang.launch_options)"
+        )
+
+    def _as_read(self, word: str, shown: str, table: Mapping[str, str]) -> tuple[str, str | None]:
+        """One word of extra_args (`shown`: its runbook vars' values) as the host's parser (`table`) reads it:
+        (the word to launch, `ABBREVIATION -> FLAG` when it is rewritten as its flag); FactsError when it would
+        set a managed flag or the parser would refuse it as ambiguous."""
+        found = sglang_flags.resolve(shown, table) if sglang_flags.is_option(shown) else None
+        if found is not None and found.kind == "ambiguous":
+            raise FactsError(
+                f"extra_args: ambiguous option: {found.name} could match {', '.join(found.matches)} "
+                f"(steps.{self.probe}.facts.sglang.launch_options): SGLang's parser refuses it"
+            )
+        if found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
+            raise FactsError(
+                f"extra_args: this SGLang reads {found.name} as {found.flag}, which this step renders from "
+                f"`{sglang_flags.MANAGED[managed][0]}`: use its parameters"
+            )
+        if found is None or found.flag in (None, found.name) or word.partition("=")[0] != found.name:
+            return word, None  # an option as written, a value, or one named through a var: as written
+        return found.flag + word[len(found.name) :], f"{found.name} -> {found.flag}"
 
     def _launch_options(self, ctx: RenderContext) -> tuple[dict[str, str] | None, str]:
         """The host's SGLang option table (option string -> its flag) from the probe, or None and why not."""
