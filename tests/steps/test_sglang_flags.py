@@ -24,6 +24,7 @@ from sandbox.prepare import DDTREE_BUILD, VENV
 from sandbox.sglang_standin import launch_args
 from steps import sglang_flags
 from steps.deploy import Choice, DeployStep
+from steps.provenance import gpus_of
 from tests.steps.test_deploy import Facts, inspect_facts, probe_facts
 
 SGLANG = next(VENV.glob("lib/python*/site-packages")) / "sglang"
@@ -138,6 +139,16 @@ def test_at_run_time_extra_args_are_written_as_the_flags_the_server_reads() -> N
     assert choice.value == words
     assert choice.source.startswith("--reasoning-pars -> --reasoning-parser; --tool-call-p -> --tool-call-parser")
     assert choice.source.endswith("(steps.probe.facts.sglang.launch_options)")
+
+
+def test_the_gpus_the_report_counts_are_those_the_server_ran_on() -> None:
+    """An abbreviated `--pipeline-parallel 2` runs on twice the GPUs: launched as `--pp-size 2`, the report's
+    provenance (steps/provenance.py `gpus_of`, which reads the flags by name) counts them; as written it did not."""
+    step = deploy(extra_args=["--pipeline-parallel", "2", "--data-parallel=2"])
+    launch = step.launch(Facts(probe=probe_facts("sm100"), inspect=inspect_facts()))
+    argv = [arg.text for group in launch.groups for arg in group]
+    assert argv[-3:] == ["--pp-size", "2", "--dp-size=2"] and gpus_of(argv) == 8 * 2 * 2
+    assert gpus_of([*argv[:-3], *step.extra_args]) == 8  # what the written words would have told the report
 
 
 def test_at_run_time_the_hosts_table_decides() -> None:
