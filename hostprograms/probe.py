@@ -678,11 +678,12 @@ def _read_launch_options(package: str, facts: dict[str, Any]) -> None:
     """Every option string of `python -m sglang.launch_server`, one list per argument (its flag first, then its
     aliases): what `deploy` resolves extra_args against, as SGLang's argparse (allow_abbrev) will."""
     fields = os.path.join(package, FIELDS_DIR)
-    paths = (
-        sorted(os.path.join(fields, n) for n in os.listdir(fields) if n.endswith(".py"))
-        if os.path.isdir(fields)
-        else []
-    )
+    try:  # releases before the field declarations kept every flag in server_args.py
+        names = sorted(os.listdir(fields)) if os.path.isdir(fields) else []
+    except OSError as exc:
+        facts["unknown"]["launch_options"] = f"{fields}: {exc.strerror}"
+        return
+    paths = [os.path.join(fields, name) for name in names if name.endswith(".py")]
     paths.append(os.path.join(package, SERVER_ARGS_FILE))
     groups: list[list[str]] = [["--help", "-h"]]  # argparse's own
     seen = {"--help", "-h"}

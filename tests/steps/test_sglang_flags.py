@@ -204,3 +204,28 @@ def test_validate_refuses_a_runbook_var_that_hides_a_managed_flag(tmp_path: Path
     ) in out.getvalue()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         assert main(["plan", str(path), "--var", "flag=--reasoning-parser"]) == 0  # another flag: as written
+
+
+def test_an_older_release_s_flags_and_an_unreadable_one_s_reason(tmp_path: Path) -> None:
+    """Releases before the field declarations kept every flag in server_args.py (`add_argument`, aliases
+    included); a file that does not parse leaves the table unknown with the reason, never an empty table."""
+    (tmp_path / "srt").mkdir()
+    server_args = tmp_path / "srt" / "server_args.py"
+    server_args.write_text(
+        "def add_cli_args(parser):\n"
+        "    parser.add_argument('--model-path', '--model', type=str)\n"
+        "    parser.add_argument('--tp-size', '--tensor-parallel-size', type=int)\n"
+        "    parser.add_argument(name_from_a_variable)\n"
+    )
+    facts = _sglang_blank()
+    _read_launch_options(str(tmp_path), facts)
+    assert facts["launch_options"] == [
+        ["--help", "-h"],
+        ["--model-path", "--model"],
+        ["--tp-size", "--tensor-parallel-size"],
+    ]
+    assert facts["sources"]["launch_options"] == str(server_args)
+    server_args.write_text("def add_cli_args(parser:\n")
+    facts = _sglang_blank()
+    _read_launch_options(str(tmp_path), facts)
+    assert facts["launch_options"] is None and "does not parse with Python" in facts["unknown"]["launch_options"]
