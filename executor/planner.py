@@ -256,8 +256,8 @@ def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Reda
     learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
     matrix groups with their cells, launches and placement. Every string is masked by `redactor` as
     `plan_text` masks its text (one by one: a secret holding `"` or `\\` is masked as written)."""
-    hosts = placed_hosts(runbook)
     by_id = {spec.id: spec for spec in runbook.steps}
+    hosts = placed_hosts(runbook)
     steps = []
     for number, spec in enumerate(runbook.steps, start=1):
         instance = runbook.instances.get(spec.id)
