@@ -687,6 +687,7 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     if runbook is not None:
         _check_host_vars(runbook.hosts, runbook.header.vars, pos)
         _cross_check(runbook, locs, pos, broken, expansion)
+        _check_with_runbook(runbook, locs, pos)
     if pos.problems or runbook is None:
         raise pos.invalid()
     return runbook
@@ -790,6 +791,14 @@ def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set
             elif ref not in seen or ref == spec.id:
                 text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
                 pos.problem(step_loc, text, near=(ref, list(seen) if len(seen) <= MAX_HINT_CHOICES else ()))
+
+
+def _check_with_runbook(runbook: Runbook, locs: list[Loc], pos: _Positions) -> None:
+    """Each step's problems with the other steps (`StepSpec.check_runbook`), at the step."""
+    by_id = {spec.id: spec for spec in runbook.steps}
+    for step_loc, spec in zip(locs, runbook.steps, strict=True):
+        for text in spec.check_runbook(by_id):
+            pos.problem(step_loc, f"step '{spec.id}': {text}")
 
 
 def _into_group(ref: str, expansion: Expansion, instance: Instance | None) -> str | None:

@@ -176,6 +176,7 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor
             "# secrets are shown as '***'; their values (and so the environment's byte count) come at run time"
         )
     hosts = placed_hosts(runbook)
+    by_id = {spec.id: spec for spec in runbook.steps}
     first = {group.instances[0]: group for group in runbook.groups if group.instances}
     for number, spec in enumerate(runbook.steps, start=1):
         if spec.id in first:
@@ -190,6 +191,7 @@ def plan_text(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor
                     lines.append(f"#   also on {', '.join(f'{p} [{runbook.hosts[p].address}]' for p in peers)}")
                 for gate in variant.effective_gates():
                     lines.append(f"#   gate: {gate.that}")
+                lines.extend(f"#   {note}" for note in variant.plan_notes(by_id))
                 for label, script in variant.plan(ctx):
                     if label:
                         lines.append(f"# {label}")
@@ -254,6 +256,7 @@ def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Reda
     learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
     matrix groups with their cells, launches and placement. Every string is masked by `redactor` as
     `plan_text` masks its text (one by one: a secret holding `"` or `\\` is masked as written)."""
+    by_id = {spec.id: spec for spec in runbook.steps}
     hosts = placed_hosts(runbook)
     steps = []
     for number, spec in enumerate(runbook.steps, start=1):
@@ -263,6 +266,8 @@ def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Reda
             # masked before a kind quotes or wraps a value: `'` quoted by the shell would split a secret
             ctx = plan_context(_Recording, runbook, host, overrides, redactor.deep)
             runs = [_variant(variant, ctx, via) for via, variant in variants(runbook, spec)]
+            for run in runs:
+                run["summary"] += spec.plan_notes(by_id)
             on.append({"host": host, "address": runbook.hosts[host].address, "variants": runs})
         steps.append(
             {

@@ -467,6 +467,16 @@ class StepSpec(Model):
         names = {name for gate in self.effective_gates() for name in var_refs(gate.that)}
         return [n for n in available if n in names or "*" in names]
 
+    def check_runbook(self, steps: Mapping[str, StepSpec]) -> list[str]:
+        """Problems of this step with the runbook's other steps (`steps`: every step by id), found at `validate`:
+        a campaign report whose baseline is launched unlike its cells. None by default."""
+        return []
+
+    def plan_notes(self, steps: Mapping[str, StepSpec]) -> list[str]:
+        """Lines `runbook plan` adds to this step's summary from the runbook's other steps (a campaign report:
+        its baseline's parity with each group's deploys). None by default."""
+        return []
+
     def local_files(self) -> list[str]:
         """Files on the controller this step reads (relative to the runbook's folder; `~` allowed).
 

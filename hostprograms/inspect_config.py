@@ -28,6 +28,7 @@ from hostprograms import kit
 
 MIN_PYTHON = (3, 7)
 CONFIG = "config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 SGLANG_DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MASK_TOKEN = "<|MASK|>"
 # read by SGLang from dflash_config only: a top-level copy is silently ignored
@@ -450,6 +451,15 @@ def setting(scheme: Section | None, key: str, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
+def tokenizer_section(model_dir: str, names: list[str], problems: Problems) -> Section | None:
+    """tokenizer_config.json, where a tokenizer that is remote code names its class in `auto_map` (Kimi's
+    tiktoken tokenizer): SGLang loads it only with --trust-remote-code, the baseline's launch too."""
+    if TOKENIZER_CONFIG not in names:
+        return None
+    path = os.path.join(model_dir, TOKENIZER_CONFIG)
+    return Section(read_json(path, problems), path, "", problems)
+
+
 def inspect_target(model_dir: str, problems: Problems) -> dict[str, Any]:
     path, config, names = load(model_dir, problems)
     top = Section(config, path, "", problems)
@@ -487,7 +497,7 @@ def inspect_target(model_dir: str, problems: Problems) -> dict[str, Any]:
         "max_position_embeddings": text.integer("max_position_embeddings", 1),
         "dtype": dtype,
         "quantization": quantization([top, text] if nested else [top], model_dir, names, problems),
-        **custom_code([top, nested], names, problems),
+        **custom_code([top, nested, tokenizer_section(model_dir, names, problems)], names, problems),
     }
 
 

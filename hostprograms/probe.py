@@ -42,6 +42,10 @@ _UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 # Newer releases first; older ones kept the choice lists in server_args.py.
 CHOICES_FILES = ("srt/arg_groups/choices.py", "srt/server_args.py")
 SPEC_INFO_FILE = "srt/speculative/spec_info.py"
+# The launch parser's option strings: fields declared `name: A[type, "help" | Arg(...)]` (0.5.23 builds its
+# parser from them), then the `parser.add_argument("--flag", ...)` calls of server_args.py (all of them before).
+FIELDS_DIR = "srt/arg_groups/fields"
+SERVER_ARGS_FILE = "srt/server_args.py"
 MODELS_DIR = "srt/models"
 KIMI_K25_FILE = "kimi_k25.py"
 KIMI_ARCH = "KimiK25ForConditionalGeneration"
@@ -152,6 +156,50 @@ def class_attributes(source: str, class_name: str) -> list[str] | None:
                     names.append(item.target.id)
             return names
     return None
+
+
+def _keywords(node: ast.expr) -> dict[str, ast.expr]:
+    return {k.arg: k.value for k in node.keywords if k.arg} if isinstance(node, ast.Call) else {}
+
+
+def field_options(source: str) -> list[list[str]]:
+    """The option strings of each `name: A[type, meta]` field of the module's classes, as SGLang's
+    add_cli_args_from_dataclass makes them: `cli_name` or `--name-with-dashes`, then `aliases`; none for
+    `no_cli=True`. Only literals are read (ast)."""
+    found = []
+    for cls in ast.parse(source).body:
+        for node in cls.body if isinstance(cls, ast.ClassDef) else []:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            ann = node.annotation
+            if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "A"):
+                continue
+            inner = ann.slice
+            if type(inner).__name__ == "Index":  # Python 3.8 wraps a subscript's slice in ast.Index
+                inner = getattr(inner, "value", inner)
+            if not isinstance(inner, ast.Tuple) or len(inner.elts) < 2:
+                continue
+            keywords = _keywords(inner.elts[1])
+            try:
+                if "no_cli" in keywords and ast.literal_eval(keywords["no_cli"]) is True:
+                    continue
+                name = ast.literal_eval(keywords["cli_name"]) if "cli_name" in keywords else None
+                aliases = ast.literal_eval(keywords["aliases"]) if "aliases" in keywords else []
+            except ValueError:
+                continue
+            found.append([name or "--" + node.target.id.replace("_", "-"), *[str(a) for a in aliases]])
+    return found
+
+
+def argument_options(source: str) -> list[list[str]]:
+    """The option strings of each `*.add_argument("--flag", "--alias", ...)` call with literal names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if names and all(name.startswith("-") for name in names):
+                found.append(names)
+    return found
 
 
 def model_classes(source: str) -> tuple[list[str], list[str]]:
@@ -428,6 +476,7 @@ SGLANG_KEYS = (
     "draft_attention_backends",
     "kimi_k25_model",
     "kimi_k25_classes",
+    "launch_options",
 )
 
 
@@ -533,6 +582,7 @@ def sglang_facts() -> dict[str, Any]:
     _read_choices(package, facts)
     _read_dflash(package, facts)
     _read_kimi(package, facts)
+    _read_launch_options(package, facts)
     attention = os.path.join(package, ATTENTION_DIR)
     if os.path.isdir(attention):
         names = sorted(n[: -len("_backend.py")] for n in os.listdir(attention) if n.endswith("_backend.py"))
@@ -622,6 +672,35 @@ def _read_kimi(package: str, facts: dict[str, Any]) -> None:
         return
     facts.update(kimi_k25_model=False, kimi_k25_classes=[])
     facts["sources"]["kimi_k25_model"] = models
+
+
+def _read_launch_options(package: str, facts: dict[str, Any]) -> None:
+    """Every option string of `python -m sglang.launch_server`, one list per argument (its flag first, then its
+    aliases): what `deploy` resolves extra_args against, as SGLang's argparse (allow_abbrev) will."""
+    fields = os.path.join(package, FIELDS_DIR)
+    try:  # releases before the field declarations kept every flag in server_args.py
+        names = sorted(os.listdir(fields)) if os.path.isdir(fields) else []
+    except OSError as exc:
+        facts["unknown"]["launch_options"] = f"{fields}: {exc.strerror}"
+        return
+    paths = [os.path.join(fields, name) for name in names if name.endswith(".py")]
+    paths.append(os.path.join(package, SERVER_ARGS_FILE))
+    groups: list[list[str]] = [["--help", "-h"]]  # argparse's own
+    seen = {"--help", "-h"}
+    for path in paths:
+        source, problem = _parse_file(path)
+        if source is None:
+            facts["unknown"]["launch_options"] = problem
+            return
+        read = field_options(source) if path.startswith(fields + os.sep) else argument_options(source)
+        for group in read:  # an option string declared twice: the first declaration has it, as in argparse
+            fresh = [option for option in group if option not in seen]
+            seen.update(fresh)
+            if fresh:
+                groups.append(fresh)
+    facts["launch_options"] = groups
+    read_from = [os.path.join(fields, "*.py")] if len(paths) > 1 else []
+    facts["sources"]["launch_options"] = " and ".join([*read_from, paths[-1]])
 
 
 INTERPRETER_KEYS = {"executable", "version", "packages", "unknown_reason", "sglang"}  # what interpreter_facts returns

@@ -18,16 +18,16 @@ check them; by default it passes when the report was written and at least one ce
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from executor.model import DataModel, Gate
 from executor.stepkind import Outcome, RenderContext, StepContext, StepRef, StepSpec, StepView
+from steps import campaign_parity, provenance, sglang_flags
 from steps import campaign_report_document as document
-from steps import provenance
 from steps.benchmark import BenchmarkFacts
 from steps.benchmark_report import REPORT_JSON, REPORT_MD, Figure, write_document
 from steps.campaign_report_cells import CellReport, Comparison, collect, compare, read_facts
@@ -68,7 +68,30 @@ class CampaignReportStep(StepSpec):
     baseline: StepRef  # the baseline benchmark step (it runs on every host of the pool)
     tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.02  # a cheaper configuration this close to the fastest wins
     compare_across_gpus: bool = False  # compare cells of hosts whose GPUs differ (model or count)
+    #: flags in which the baseline's launch may differ from its cells' besides the speculative ones (campaign_parity)
+    baseline_may_differ: list[str] = []
     title: str | None = None
+
+    @field_validator("baseline_may_differ")
+    @classmethod
+    def _flags(cls, value: list[str]) -> list[str]:
+        if bad := [flag for flag in value if not sglang_flags.is_option(flag)]:
+            raise ValueError(f"expected launch flags such as --attention-backend, got {', '.join(map(repr, bad))}")
+        return [sglang_flags.MANAGED_TABLE.get(flag, flag) for flag in value]  # an alias as its flag
+
+    def check_runbook(self, steps: Mapping[str, StepSpec]) -> list[str]:
+        base, groups = campaign_parity.baseline_parity(steps, self.baseline, _step_of)
+        return [
+            f"the baseline's deploy {base} and those of {p.group} differ beyond the speculative flags in "
+            f"{p.shown()}: launch the baseline as the cells (the same parameters, an inspect step of the same "
+            "target), or list the flags in baseline_may_differ"
+            for p in groups
+            if set(p.differ) - set(self.baseline_may_differ)
+        ]
+
+    def plan_notes(self, steps: Mapping[str, StepSpec]) -> list[str]:
+        base, groups = campaign_parity.baseline_parity(steps, self.baseline, _step_of)
+        return [p.line(base or "", self.baseline_may_differ) for p in groups]
 
     def default_gates(self) -> list[Gate]:
         return [
@@ -86,7 +109,7 @@ class CampaignReportStep(StepSpec):
     async def execute(self, ctx: StepContext) -> Outcome:
         started = datetime.now(UTC)
         views = ctx.steps_before()
-        cells = collect(views, self.baseline)
+        cells = collect(views, self.baseline, self.baseline_may_differ)
         origins = host_provenance(views, cells, started.isoformat(timespec="seconds"))
         kinds = {host: gpu_kind(origin) for host, origin in origins.items()}
         comparisons = compare(cells, kinds, self.tolerance, self.compare_across_gpus)
@@ -108,6 +131,11 @@ class CampaignReportStep(StepSpec):
         write_document(ctx.run_dir, report, drawings(cells, comparisons), ctx.redactor)
         ctx.progress(f"campaign report written: {ctx.run_dir / REPORT_MD}")
         return Outcome(local_result(started), facts(ctx, campaign, report.figures))
+
+
+def _step_of(instance: str) -> str:
+    """The step a matrix instance is of (`deploy_dflash[drafter=zlab,spec=dflash-8]` -> deploy_dflash)."""
+    return instance.partition("[")[0]
 
 
 def groups(cells: Sequence[CellReport]) -> list[str]:

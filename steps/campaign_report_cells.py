@@ -33,6 +33,7 @@ from executor.model import DataModel
 from executor.stepkind import StepView
 from steps.benchmark import BenchmarkFacts
 from steps.benchmark_report import Acceptance, Side, Speedup, speedup
+from steps.campaign_parity import launch_difference
 from steps.deploy import DeployFacts
 from steps.provenance import gpus_of
 
@@ -202,13 +203,15 @@ def _status(own: StepView, mates: Sequence[StepView]) -> tuple[Status, str | Non
     return "passed", None
 
 
-def collect(views: Sequence[StepView], baseline: str) -> list[CellReport]:
-    """The baseline of each host, then every cell's benchmark on each host, in run order."""
+def collect(views: Sequence[StepView], baseline: str, may_differ: Sequence[str] = ()) -> list[CellReport]:
+    """The baseline of each host, then every cell's benchmark on each host, in run order. A cell whose launch
+    differs from its host's baseline's in a flag beyond the speculative ones and `may_differ` gets no speedup."""
     several = len({v.host for v in views}) > 1
     steps = {(v.host, v.step): v for v in views}
     benchmarks = [v for v in views if v.kind == "benchmark"]
     bases = [v for v in benchmarks if v.step == baseline]
     baselines = {v.host: (v, read_facts(BenchmarkFacts, v)) for v in bases}
+    launches: dict[str, Launch] = {}  # each host's baseline launch
     reports = []
     for view in [*bases, *(v for v in benchmarks if v.group is not None and v.step != baseline)]:
         is_cell = view.step != baseline
@@ -226,6 +229,10 @@ def collect(views: Sequence[StepView], baseline: str) -> list[CellReport]:
         deploy = deploy or next((m for m in mates if m.kind == "deploy"), None)
         status, reason = _status(view, [*mates, view])
         gain, unknown = _speedup(view, facts, baselines.get(view.host)) if is_cell else (None, None)
+        launch = _launch(deploy)
+        base_launch = launches.setdefault(view.host, launch) if not is_cell else launches.get(view.host)
+        unlike = _unlike(base_launch, launch, may_differ) if is_cell and gain is not None else None
+        gain, unknown = (None, unlike) if unlike else (gain, unknown)
         name = f"{view.group}[{cell_text(view.cell)}]" if is_cell else view.step
         reports.append(
             CellReport(
@@ -238,7 +245,7 @@ def collect(views: Sequence[StepView], baseline: str) -> list[CellReport]:
                 benchmark=view.step,
                 input_len=facts.input_len if facts else None,
                 output_len=facts.output_len if facts else None,
-                launch=_launch(deploy),
+                launch=launch,
                 acceptance=[a for a in (_acceptance(m) for m in mates if m.kind == "eval_acceptance") if a is not None],
                 points=_points(facts, gain),
                 speedup=gain,
@@ -262,6 +269,13 @@ def _speedup(
             f"this cell {facts.input_len} / {facts.output_len}"
         )
     return speedup(_side(base_view, base_facts), _side(view, facts)), None
+
+
+def _unlike(baseline: Launch | None, cell: Launch, may_differ: Sequence[str]) -> str | None:
+    """Why a cell may not be compared with its baseline: their argv differ beyond the speculative flags."""
+    if baseline is None or baseline.argv is None or cell.argv is None:
+        return None
+    return launch_difference(baseline.argv, cell.argv, may_differ)
 
 
 def _acceptance(view: StepView) -> Acceptance | None:

@@ -49,6 +49,7 @@ from executor.stepkind import (
     progress_messages,
     resolve_var,
 )
+from steps import sglang_flags
 
 #: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
 #: installed ones run on the GPU architecture (steps/probe.py MLA_BACKEND_ARCHS). SGLang's own defaults
@@ -62,14 +63,6 @@ DRAFT_PREFERENCE = {"sm90": ("fa3", "flashinfer", "triton"), "sm100": ("fa4", "f
 DRAFT_PREFERENCE["sm103"] = DRAFT_PREFERENCE["sm100"]
 DRAFT_DEFAULT = ("flashinfer", "triton")
 DRAFT_REJECTED = ("trtllm_mha",)
-#: Flags this step renders from its parameters; `extra_args` may not set them a second time.
-MANAGED_FLAGS = (
-    "--model-path", "--model", "--speculative-algorithm", "--speculative-draft-model-path",
-    "--speculative-draft-model", "--speculative-num-draft-tokens", "--speculative-dflash-block-size", "--tp-size",
-    "--tp", "--tensor-parallel-size", "--attention-backend", "--speculative-draft-attention-backend",
-    "--mem-fraction-static", "--trust-remote-code", "--host", "--port", "--speculative-ddtree-budget",
-    "--nnodes", "--node-rank", "--dist-init-addr", "--dist-timeout",
-)  # fmt: skip
 #: A network interface's name as Linux allows it (`eth0`, `ens1f0np0`, `bond0.100`, `ib0`).
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 #: A host name or an IPv4 address, as `dist_init_addr` names rank 0.
@@ -77,7 +70,7 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?$")
 #: The environment a node group's launch sets per node from `network_interface` (steps/node_group.py).
 GROUP_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SGLANG_HOST_IP")
 
-ChoiceValue = str | int | float | bool | None
+ChoiceValue = str | int | float | bool | list[str] | None
 
 
 class Choice(Model):
@@ -375,9 +368,8 @@ class DeployStep(ServerStep):
             raise ValueError("tp_size: auto takes the GPU count from a probe step: set `probe: <step id>` or a number")
         if self.draft_attention_backend in DRAFT_REJECTED:
             raise ValueError(f"draft_attention_backend {self.draft_attention_backend}: SGLang rejects it for the draft")
-        clashes = [a for a in self.extra_args if a.split("=", 1)[0] in MANAGED_FLAGS]
-        if clashes:
-            raise ValueError(f"extra_args set {', '.join(clashes)}, which this step renders: use its parameters")
+        if clashes := [why for word in self.extra_args if (why := sglang_flags.managed_clash(word))]:
+            raise ValueError(f"extra_args: {'; '.join(clashes)}: use its parameters")
         if self.nodes is None and (alone := sorted(self.GROUP_FIELDS & self.model_fields_set)):
             raise ValueError(f"{', '.join(alone)}: a node group's parameters, for a deploy with `nodes:`")
         if self.nodes is not None and self.probe is None:
@@ -445,6 +437,8 @@ class DeployStep(ServerStep):
         }
         if self.algorithm == "DDTREE":
             rules["speculative_ddtree_budget"] = (self._ddtree_budget, [], "")
+        if self.extra_args:
+            rules["extra_args"] = (self._extra_args, [(probe, "sglang.launch_options")], "")
         chosen: dict[str, Choice | RunTime] = {}
         for name, (rule, facts, note) in rules.items():
             try:
@@ -566,6 +560,55 @@ class DeployStep(ServerStep):
             return Choice(value=None, source="left out: SGLang's default tree budget")
         return Choice(value=self.speculative_ddtree_budget, source="runbook")
 
+    def _extra_args(self, ctx: RenderContext) -> Choice:
+        """extra_args as the SGLang on the host reads them: each option resolved against the option table the
+        probe read from its parser, an abbreviation or alias written as the flag it sets (so the argv recorded,
+        and a report's provenance, name the flags the server ran with); one that would set a flag this step
+        renders, or that the parser refuses as ambiguous, fails the step before anything starts."""
+        for word in self.extra_args:  # a runbook var's value, as the host will expand it: no var hides a flag
+            if (clash := sglang_flags.managed_clash(with_vars(word, ctx.vars))) is not None:
+                raise FactsError(f"extra_args: {clash} (`{word}` on this host): use its parameters")
+        table, why = self._launch_options(ctx)
+        if table is None:
+            return Choice(value=list(self.extra_args), source=f"as written: {why}")
+        read = [self._as_read(word, with_vars(word, ctx.vars), table) for word in self.extra_args]
+        said = "; ".join(note for _, note in read if note) or "every option as written"
+        return Choice(
+            value=[word for word, _ in read], source=f"{said} (steps.{self.probe}.facts.sglang.launch_options)"
+        )
+
+    def _as_read(self, word: str, shown: str, table: Mapping[str, str]) -> tuple[str, str | None]:
+        """One word of extra_args (`shown`: its runbook vars' values) as the host's parser (`table`) reads it:
+        (the word to launch, `ABBREVIATION -> FLAG` when it is rewritten as its flag); FactsError when it would
+        set a managed flag or the parser would refuse it as ambiguous."""
+        found = sglang_flags.resolve(shown, table) if sglang_flags.is_option(shown) else None
+        if found is not None and found.kind == "ambiguous":
+            raise FactsError(
+                f"extra_args: ambiguous option: {found.name} could match {', '.join(found.matches)} "
+                f"(steps.{self.probe}.facts.sglang.launch_options): SGLang's parser refuses it"
+            )
+        if found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
+            raise FactsError(
+                f"extra_args: this SGLang reads {found.name} as {found.flag}, which this step renders from "
+                f"`{sglang_flags.MANAGED[managed][0]}`: use its parameters"
+            )
+        if found is None or found.flag in (None, found.name) or word.partition("=")[0] != found.name:
+            return word, None  # an option as written, a value, or one named through a var: as written
+        return found.flag + word[len(found.name) :], f"{found.name} -> {found.flag}"
+
+    def _launch_options(self, ctx: RenderContext) -> tuple[dict[str, str] | None, str]:
+        """The host's SGLang option table (option string -> its flag) from the probe, or None and why not."""
+        if self.probe is None:
+            return None, "no probe step read the SGLang's launch options"
+        try:
+            groups = self._fact(ctx, self.probe, "sglang.launch_options")
+        except FactsError:  # a probe's facts from before the probe read them (a resumed run)
+            return None, f"steps.{self.probe}.facts has no sglang.launch_options"
+        if groups is None:
+            reason = self._fact(ctx, self.probe, "sglang.unknown").get("launch_options")
+            return None, f"steps.{self.probe}.facts.sglang.launch_options is unknown ({reason})"
+        return sglang_flags.canonical_table(groups), ""
+
     def _mem_fraction(self, ctx: RenderContext) -> Choice:
         if self.mem_fraction_static is None:
             return Choice(value=None, source="left out: SGLang's default")
@@ -598,8 +641,10 @@ class DeployStep(ServerStep):
         elif trust.value:
             groups.append([literal("--trust-remote-code")])
         groups.append([literal("--host"), literal(self.bind), literal("--port"), literal(self.port_number(ctx))])
-        if self.extra_args:
-            groups.append([on_host(arg) for arg in self.extra_args])
+        extra = chosen.get("extra_args")
+        if self.extra_args:  # at run time as resolved against the host's SGLang (_extra_args), in a plan as written
+            words = extra.value if isinstance(extra, Choice) and isinstance(extra.value, list) else self.extra_args
+            groups.append([on_host(arg) for arg in words])
         return Launch(groups, chosen)
 
     def ready_limit(self, ctx: RenderContext) -> float:

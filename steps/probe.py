@@ -171,6 +171,9 @@ class SglangFacts(Facts):
     kimi_k25_model: bool | None
     kimi_k25_classes: list[str] | None
     attention_backend_files: list[str] | None
+    #: every option string of `python -m sglang.launch_server`, one list per argument, its flag first: what
+    #: `deploy` resolves extra_args against (abbreviations and aliases, as SGLang's argparse reads them)
+    launch_options: list[list[str]] | None
     sources: dict[str, str]
     unknown: dict[str, str]
 

@@ -40,6 +40,13 @@ NO_DRIVER = (
     "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
     "and installed a driver from http://www.nvidia.com/Download/index.aspx"
 )
+#: srt/utils/hf_transformers/tokenizer.py (0.5.23), raised when transformers refuses a custom tokenizer (Kimi's
+#: tiktoken one) because the launch lacks --trust-remote-code: the process ends with a traceback, exit 1.
+CUSTOM_TOKENIZER_ERROR = (
+    "Failed to load the tokenizer. If the tokenizer is a custom tokenizer not yet available in the HuggingFace "
+    "transformers library, consider setting `trust_remote_code=True` in LLM or using the `--trust-remote-code` "
+    "flag in the CLI."
+)
 FA3_ERROR = (
     "AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90. Please use `--attention-backend flashinfer`."
 )
@@ -109,6 +116,19 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
+def _custom_tokenizer(path: Path) -> bool:
+    """Whether the tokenizer in `path` is remote code: tokenizer_config.json's `auto_map` names an AutoTokenizer
+    (Kimi's `tokenization_kimi.TikTokenTokenizer`), which transformers runs only with trust_remote_code. The
+    stand-in's rule: transformers also loads such a tokenizer when it knows the class itself."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    named = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+    return any(isinstance(ref, str) for ref in (named if isinstance(named, list) else [named]))
+
+
 def _draft_block_size(draft: dict[str, Any]) -> int | None:
     """block_size at the top level or in dflash_config (dflash_utils.parse_dflash_draft_config)."""
     for where in (draft, draft.get("dflash_config") or {}):
@@ -126,12 +146,15 @@ def _hybrid(config: dict[str, Any]) -> bool:
 
 def resolve(args: argparse.Namespace, argv: list[str]) -> Launch:
     """Check the arguments like prepare_server_args; ValueError (AssertionError where check_server_args
-    asserts) with SGLang's message if refused."""
+    asserts; RuntimeError for a custom tokenizer without --trust-remote-code) with SGLang's message if refused."""
     if not args.model_path:
         raise ValueError("the following arguments are required: --model-path/--model")
     if int(args.tp_size or 1) % int(args.nnodes or 1) != 0:  # validation_hook.check_server_args (pp_size 1)
         raise AssertionError("tp_size must be divisible by number of nodes")
     target = _read_config(Path(args.model_path))
+    tokenizer = Path(args.tokenizer_path or args.model_path)
+    if not args.trust_remote_code and not args.skip_tokenizer_init and _custom_tokenizer(tokenizer):
+        raise RuntimeError(CUSTOM_TOKENIZER_ERROR)  # the tokenizer manager, before any request is served
     architectures = list(target.get("architectures") or [])
     algorithm = args.speculative_algorithm
     weights = memory.Weights(memory.weight_bytes(Path(args.model_path)), 0)

@@ -49,7 +49,7 @@ def shipped(full: str) -> dict[str, bytes]:
 def test_the_flagships_plan_fits_two_screens_and_says_what_each_step_does(capsys: pytest.CaptureFixture[str]) -> None:
     text = plan(capsys, str(FLAGSHIP))
     lines = text.splitlines()
-    assert len(lines) <= 120 and max(map(len, lines)) <= 160, (len(lines), max(map(len, lines)))
+    assert len(lines) <= 124 and max(map(len, lines)) <= 160, (len(lines), max(map(len, lines)))
     assert "RUNBOOK_PROGRAM" not in text and "base64 -d" not in text  # no program's body
     deploy = section(text, "deploy_dflash")
     launch = deploy.replace(" \\\n        ", " ")  # the command's lines, joined as a shell joins them
@@ -125,10 +125,11 @@ def test_the_plan_names_every_fact_a_deploy_command_depends_on(step: str, capsys
     if step == "deploy_dflash":
         probe += ", sglang.draft_attention_backends"
         inspect = "deploy.attention_arch, deploy.speculative_num_draft_tokens, deploy.trust_remote_code"
+    probe += ", sglang.launch_options"  # extra_args, resolved as the host's SGLang reads them
     shown = section(plan(capsys, str(FLAGSHIP)), step)
     # the attention backend's mark fits no line: it gets lines of its own, the command keeps its ` \\` breaks
     assert "--tp-size '<known at run time: steps.probe.facts.gpu_count>' \\\n" in shown
-    assert f"known at run time, from step 'probe': {probe}\n" in shown
+    assert f"known at run time, from step 'probe': {probe}\n" in shown.replace(",\n        ", ", ")  # a wrapped line
     assert f"known at run time, from step 'inspect': {inspect}\n" in shown
 
 

@@ -29,7 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox.prepare import VENV
-from sandbox.sglang_standin import bench_client, faults, hook, launch_args, simulation
+from sandbox.repos import target_repo
+from sandbox.sglang_standin import bench_client, faults, hook, launch, launch_args, simulation
 from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE
 from sandbox.sshd import free_port
 from tests.conftest import SandboxHost
@@ -618,6 +619,25 @@ def test_the_launch_flags_are_the_real_releases() -> None:
     backends = next(a for a in parser._actions if a.dest == "attention_backend").choices
     assert backends is not None and {"trtllm_mla", "flashinfer", "triton", "fa3", "fa4"} <= set(backends)
     assert "cutlass_mla" not in backends  # gone in 0.5.23
+
+
+@pytest.mark.parametrize("flags", [[], ["--trust-remote-code"], ["--skip-tokenizer-init"]])
+def test_a_custom_tokenizer_needs_trust_remote_code_as_in_sglang(tmp_path: Path, flags: list[str]) -> None:
+    """The test Hub's Kimi target ships its tokenizer as remote code (tokenizer_config.json's auto_map): SGLang
+    0.5.23 stops without --trust-remote-code (srt/utils/hf_transformers/tokenizer.py), and so does the stand-in."""
+    files = target_repo().files
+    for name in ("config.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes(files[name].content)
+    argv = ["--model-path", str(tmp_path), "--tp-size", "8", *flags]
+    refused = "Failed to load the tokenizer. If the tokenizer is a custom tokenizer not yet available"
+    if flags:
+        assert launch.resolve(launch_args.build_parser(SGLANG).parse_args(argv), argv).draft_tokens is None
+    else:
+        with pytest.raises(RuntimeError, match=refused):
+            launch.resolve(launch_args.build_parser(SGLANG).parse_args(argv), argv)
+    real = ast.parse((SGLANG / "srt" / "utils" / "hf_transformers" / "tokenizer.py").read_text())
+    texts = [node.value for node in ast.walk(real) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    assert launch.CUSTOM_TOKENIZER_ERROR in texts  # the real release's words
 
 
 def test_the_switches_file_is_checked() -> None:

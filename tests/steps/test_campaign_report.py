@@ -235,6 +235,29 @@ def test_without_a_baseline_there_is_no_crossover_rather_than_one_at_the_first_c
     assert "no speedup over a baseline is known" in comparison.crossover.why
 
 
+def test_a_baseline_launched_unlike_its_cells_gets_them_no_speedup_unless_allowed() -> None:
+    """The sweep's old baseline: no inspect step, so flashinfer and no --trust-remote-code where its cells ran
+    trtllm_mla with the flag. Its speedups would measure the backend, not speculative decoding."""
+    facts = deploy_facts()
+    facts["argv"] = [*facts["argv"], "--attention-backend", "flashinfer"]
+    views = [view("deploy_baseline", "deploy", facts) if v.step == "deploy_baseline" else v for v in host_views()]
+    for v in views:
+        if v.kind == "deploy" and v.cell and v.facts:
+            v.facts["argv"] += ["--attention-backend", "trtllm_mla", "--trust-remote-code", "--port", "30001"]
+    cells = {c.name: c for c in collect(views, "bench_baseline")}
+    four = cells[ZLAB_4]
+    assert four.speedup is None and all(p.speedup is None for p in four.points)
+    assert four.speedup_unknown == (
+        "the baseline ran with other flags than this cell, beyond the speculative ones (--attention-backend: "
+        "flashinfer vs trtllm_mla; --trust-remote-code: not given vs given): not a comparison of speculative "
+        "decoding (list the flags in baseline_may_differ to compare anyway)"
+    )
+    [comparison] = compare(list(cells.values()), {}, 0.02, across_gpus=False)
+    assert comparison.crossover.concurrency is None  # no speedup is known: none is claimed
+    allowed = {c.name: c for c in collect(views, "bench_baseline", ["--attention-backend", "--trust-remote-code"])}
+    assert allowed[ZLAB_4].speedup is not None and allowed[ZLAB_4].speedup_unknown is None
+
+
 def test_hosts_with_other_gpus_are_not_compared_unless_told() -> None:
     views = host_views("gpu1", "NVIDIA H200") + host_views("gpu2", "NVIDIA B200", scale=2.0)
     cells = collect(views, "bench_baseline")

@@ -6,6 +6,7 @@ stand-in through the test host's real sshd: start, reuse, restart on new argumen
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ from executor.hostprogram import bundle
 from executor.planner import PlanContext
 from executor.stepkind import FactsError, RenderContext, RunTime
 from hostprograms import deploy as deploy_host
-from hostprograms.probe import literal_lists
+from hostprograms.probe import _read_launch_options, _sglang_blank, literal_lists
 from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config, target_config
 from sandbox.prepare import VENV
 from sandbox.repos import oversized_copy
@@ -48,6 +49,15 @@ def sglang_choices() -> dict[str, list[str]]:
     return literal_lists(source, ("ATTENTION_BACKEND_CHOICES", "DRAFT_ATTENTION_BACKEND_CHOICES"))
 
 
+@functools.cache
+def launch_options() -> list[list[str]]:
+    """The launch flags of the SGLang release installed on the test host, read as the probe reads them."""
+    facts = _sglang_blank()
+    _read_launch_options(str(SITE / "sglang"), facts)
+    options: list[list[str]] = facts["launch_options"]
+    return options
+
+
 def probe_facts(arch: str | None, count: int = 8) -> dict[str, Any]:
     """The probe facts the deploy step reads, as the probe derives them for `count` GPUs of `arch`."""
     lists = sglang_choices()
@@ -62,6 +72,7 @@ def probe_facts(arch: str | None, count: int = 8) -> dict[str, Any]:
         "sglang": {
             "attention_backends": attention,
             "draft_attention_backends": lists["DRAFT_ATTENTION_BACKEND_CHOICES"],
+            "launch_options": launch_options(),
         },
         "unknown": unknown,
     }
@@ -177,7 +188,7 @@ def test_every_choice_is_overridable_in_the_runbook() -> None:
     assert chosen["--speculative-draft-attention-backend"] == "fa3" and chosen["--speculative-num-draft-tokens"] == "16"
     assert "--trust-remote-code" not in chosen and chosen["--mem-fraction-static"] == "0.85"
     assert (chosen["--host"], chosen["--port"], chosen["--reasoning-parser"]) == ("0.0.0.0", "31000", "kimi_k2")
-    assert {c.source for c in step.choices(ctx).values()} == {"runbook"}
+    assert {c.source for name, c in step.choices(ctx).items() if name != "extra_args"} == {"runbook"}
 
 
 def test_a_baseline_has_no_speculative_flags() -> None:
@@ -217,7 +228,8 @@ def test_parameters_are_checked() -> None:
         "needs draft_model_path": {"draft_model_path": None, "speculative_algorithm": "DFLASH"},
         "tp_size: auto takes the GPU count from a probe step": {"probe": None},
         "SGLang rejects it for the draft": {"draft_attention_backend": "trtllm_mha"},
-        "extra_args set --tp, --port=1": {"extra_args": ["--tp", "2", "--port=1"]},
+        "extra_args: --tp abbreviates --tp-size, which this step renders from `tp_size`; --port is rendered by this "
+        "step from `port`: use its parameters": {"extra_args": ["--tp", "2", "--port=1"]},
         "model_path\n  Input should be a valid string": {"model_path": None},
         "not a variable name": {"env": {"A B": "1"}},
     }
@@ -700,7 +712,7 @@ def test_the_ddtree_budget_renders_its_flag_and_needs_ddtree() -> None:
             dflash(**params)
     with pytest.raises(ValueError, match="greater than 0"):
         dflash(speculative_algorithm="DDTREE", speculative_ddtree_budget=0)
-    with pytest.raises(ValueError, match="extra_args set --speculative-ddtree-budget"):
+    with pytest.raises(ValueError, match="extra_args: --speculative-ddtree-budget is rendered"):
         dflash(extra_args=["--speculative-ddtree-budget", "16"])
 
 

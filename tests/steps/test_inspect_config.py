@@ -242,6 +242,28 @@ def test_realistic_configs_give_the_deploy_facts(tmp_path: Path) -> None:
     assert (deploy.model_path, deploy.draft_model_path) == (str(tmp_path / "Kimi-K2.6"), drafter.dir)
 
 
+def test_a_tokenizer_that_is_remote_code_asks_for_trust_remote_code(tmp_path: Path) -> None:
+    """A target whose only custom code is its tokenizer (tokenizer_config.json's auto_map, as Kimi's tiktoken one):
+    SGLang refuses to load it without --trust-remote-code, so every launch of it needs the flag."""
+    target = write_model(tmp_path / "target", edit(auto_map=None), target_config())
+    plain = InspectConfigFacts.model_validate(host.inspect(str(target)))
+    assert not plain.deploy.trust_remote_code and plain.target.auto_map == {}
+    auto_map = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
+    (target / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "TikTokenTokenizer", "auto_map": auto_map})
+    )
+    (target / "tokenization_kimi.py").write_text("# the tokenizer's code\n")
+    facts = InspectConfigFacts.model_validate(host.inspect(str(target)))
+    assert facts.deploy.trust_remote_code and facts.problems == []
+    assert facts.target.auto_map == {"AutoTokenizer": "tokenization_kimi.TikTokenTokenizer"}
+    (target / "tokenization_kimi.py").unlink()  # named but missing: a problem of the tokenizer's config
+    missing = InspectConfigFacts.model_validate(host.inspect(str(target)))
+    assert missing.problems == [
+        f"{target / 'tokenizer_config.json'}: auto_map.AutoTokenizer names tokenization_kimi.TikTokenTokenizer, "
+        "but tokenization_kimi.py is not in the folder"
+    ]
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
