@@ -948,3 +948,23 @@ def test_an_eval_whose_requests_differ_from_its_reference_is_refused_before_send
     )
     assert differ in record["message"] and record["message"].endswith("max_new_tokens on both sides; nothing was sent")
     assert not [e for e in events if e["event"] == "progress" and e["step"] == "eval"]
+
+
+def test_a_var_in_base_url_expands_on_the_host_and_an_unset_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `base_url: $url` reached the host program as the text `$url` (urllib: unknown url type)."""
+    from hostprograms import kit
+
+    config = {"base_url": "http://$srv", "api": "chat", "flush_attempts": 1, "flush_delay_s": 0}
+    config |= {"request_timeout_s": 2, "api_key_var": None, "sets": {}}
+    silent = socket.socket()  # nothing listens here once closed: the flush is refused at once
+    silent.bind(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    silent.close()
+    monkeypatch.setenv("srv", f"127.0.0.1:{port}")
+    document = host.evaluate(dict(config))
+    assert document["base_url"] == f"http://127.0.0.1:{port}"
+    assert document["flush"]["body"].startswith(f"http://127.0.0.1:{port}/flush_cache:")
+    monkeypatch.delenv("srv")
+    with pytest.raises(kit.Refused, match="runbook var srv is unset or empty"):
+        host.evaluate(dict(config))
+    assert "srv" in EvalAcceptanceStep(id="e", base_url="http://$srv").env_names(["srv", "other"])
