@@ -35,11 +35,15 @@ Loc = tuple[str | int, ...]
 MAX_CELLS = 10_000  # of one matrix, counted (the product of its axes) before any is made
 MAX_INSTANCES = 10_000  # of a runbook: step instances of all matrices
 MAX_EXPANDED_TEXT = 64 << 20  # characters of parameters written by substitution, all instances together
+#: values of all step instances (items of their lists and mappings; a fallback counts as the step again): each
+#: instance is its step's data validated anew, so a list of 20 000 items in a 10 000-cell step would be 2e8
+MAX_INSTANCE_VALUES = 1_000_000
 MAX_AXES = 32  # of one matrix: each instance keeps the values of the axes it uses
 MAX_VALUE_TEXT = 64  # characters of an axis's name or a value's text: what cell and instance ids show
 MAX_VALUE_CHARS = 4096  # characters of one value, a mapping's fields included (its `$matrix_AXIS_FIELD`s)
 MAX_CELL_CHARS = 16_384  # characters of one cell's axes and values (fields included), counted before any is made
 MAX_RULES = 1000  # `exclude:` and `include:` entries of one matrix
+MAX_ID = 128  # characters of a matrix step's id or a group's name: each instance id (and cell name) repeats it
 MAX_CELL_STEPS = 100_000  # a matrix's cells x its steps: each cell's instance of each step is kept (cells.Index)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -97,6 +101,7 @@ class _Member:
 class _Budget:
     instances: int = 0
     text: int = 0
+    values: int = 0
 
 
 def expand(
@@ -151,6 +156,7 @@ def _group(
                 (*loc, key), f"unknown key '{key}' of a group (known: {', '.join(sorted(_GROUP_KEYS))})", key=True
             )
     name = raw["group"]
+    _refuse_long_id(name, (*loc, "group"), pos)
     if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
         pos.problem((*loc, "group"), "group: a name such as sweep_1 (letters, digits, _ and -)")
         name = str(name)
@@ -223,6 +229,7 @@ def _expand_group(
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
             passthrough.append(Entry(raw, step_loc))  # the loader's validation reports it
             continue
+        _refuse_long_id(raw["id"], (*step_loc, "id"), pos)
         twin = number.get(raw["id"])
         if twin is not None:  # both would expand to the same instance ids: one would vanish
             text = f"duplicate step id '{raw['id']}' (also step {twin + 1} of group '{name}')"
@@ -259,10 +266,14 @@ def _expand_group(
     server = servers[0] if servers else None
     server_axes = tuple(a for a in axes if server is not None and a in server.axes)
     cells = _ordered(cells, axes, server_axes)
-    bound = sum(min(len(cells), math.prod(len(axes[a]) for a in m.axes)) for m in members)
-    budget.instances += bound
+    counts = [min(len(cells), math.prod(len(axes[a]) for a in m.axes)) for m in members]
+    budget.instances += sum(counts)
     if budget.instances > MAX_INSTANCES:
         pos.refuse(pos.at(matrix_loc), f"the matrices expand to more than {MAX_INSTANCES} step instances (the limit)")
+    budget.values += sum(count * _weight(m.raw) for count, m in zip(counts, members, strict=True))
+    if budget.values > MAX_INSTANCE_VALUES:
+        text = f"the matrices' step instances hold more than {MAX_INSTANCE_VALUES} values (the limit)"
+        pos.refuse(pos.at(matrix_loc), text)
     order: list[str] = []
     made: dict[str, tuple[_Member, Cell]] = {}
     cell_lists: dict[str, list[str]] = {}
@@ -560,6 +571,19 @@ def _ordered(cells: list[Cell], axes: Axes, server_axes: tuple[str, ...]) -> lis
     return sorted(cells, key=lambda cell: tuple(index[a][value_text(cell.values[a])] for a in order))
 
 
+def _weight(raw: dict[str, Any]) -> int:
+    """The values validating one instance of a step makes: the items of its lists and mappings, all of it
+    again for each fallback (a fallback is the step validated with its overrides)."""
+    fallbacks = raw.get("fallbacks")
+    count, stack = 0, [raw]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list):
+            count += len(item)
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return count * (1 + (len(fallbacks) if isinstance(fallbacks, list) else 0))
+
+
 def _own_id(member: _Member, cell: Cell) -> str:
     return instance_id(member.base, {a: v for a, v in cell.values.items() if a in member.axes})
 
@@ -608,6 +632,12 @@ def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
         for mate in member.mates:
             member.axes |= bases[mate].axes
         bases[member.base] = member
+
+
+def _refuse_long_id(name: Any, loc: Loc, pos: Reporter) -> None:
+    """A matrix step's id or a group's name past MAX_ID, refused before any instance id repeats it."""
+    if isinstance(name, str) and len(name) > MAX_ID:
+        pos.refuse(pos.at(loc), f"an id of {len(name)} characters in a matrix (the limit is {MAX_ID})")
 
 
 def _refuse_unused(name: str, axes: Axes, members: list[_Member], loc: Loc, pos: Reporter) -> None:

@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from executor.cli import main
 from executor.errors import InvalidRunbook
 from executor.loader import Runbook, parse_runbook
-from executor.matrix import MAX_AXES, MAX_CELL_CHARS, MAX_CELL_STEPS, MAX_RULES, MAX_VALUE_CHARS
+from executor.matrix import (
+    MAX_AXES,
+    MAX_CELL_CHARS,
+    MAX_CELL_STEPS,
+    MAX_ID,
+    MAX_INSTANCE_VALUES,
+    MAX_RULES,
+    MAX_VALUE_CHARS,
+)
 from executor.planner import PLAN_SHOWN
 from tests.conftest import runbook_cli
 
@@ -514,8 +522,19 @@ FIELD = "f" * 2000
             ),
             f"sweep.yaml:6:7: 10000 cells x 11 steps is more than {MAX_CELL_STEPS} cell steps (the limit)",
         ),
+        (
+            _group(
+                _axis("a", [str(i) for i in range(100)]) + _axis("b", [str(i) for i in range(100)]),
+                USES_A.replace("}", f", pass_env: [{', '.join(['v'] * 200)}]}}"),
+            ),
+            f"sweep.yaml:6:7: the matrices' step instances hold more than {MAX_INSTANCE_VALUES} values (the limit)",
+        ),
+        (
+            _group(_axis("a", ["1"]) + _axis("b", ["1"]), USES_A.replace("id: s,", f"id: {'s' * (MAX_ID + 1)},")),
+            f"sweep.yaml:9:14: an id of {MAX_ID + 1} characters in a matrix (the limit is {MAX_ID})",
+        ),
     ],
-    ids=["axes", "value", "cell", "rules", "cell steps"],
+    ids=["axes", "value", "cell", "rules", "cell steps", "instance values", "id"],
 )
 def test_a_matrix_past_a_limit_is_refused_at_its_position_before_the_work(text: str, expected: str) -> None:
     assert problems(text) == [expected]
