@@ -46,6 +46,7 @@ MAX_ALIASES = 1000  # `*name` written in the file
 MAX_VALUES = 100_000  # values and keys of the document, aliases expanded (an alias bomb stops here)
 MAX_TEXT = 4 << 20  # characters of all values and keys, aliases expanded
 MAX_PROBLEMS = 100  # reported; the rest of a file of 50 000 unknown keys is not worth the seconds
+MAX_STEP_HOSTS = 10_000  # step-host pairs (a placed instance: one per host of its pool): validate and plan render each
 MAX_HINT_CHOICES = 1000  # names a did-you-mean compares with (difflib's cost grows with each); past it, no hint
 _MERGE = "tag:yaml.org,2002:merge"
 
@@ -718,6 +719,7 @@ def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set
     seen: dict[str, Loc] = {}
     bases: dict[str, Loc] = {}  # ids as written: two instances of one step share one
     done: dict[str, dict[str, int]] = {}  # group -> its bases seen so far, each with its place (`steps.MATE`)
+    pairs = 0
     for step_loc, spec in zip(locs, runbook.steps, strict=True):
         loc: Loc = (*step_loc, "id")
         instance = runbook.instances.get(spec.id)
@@ -731,6 +733,9 @@ def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set
             mates.setdefault(base, len(mates))
         runbook.step_positions.setdefault(spec.id, pos.at(step_loc))
         runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, runbook.header.pools, step_loc, pos)
+        pairs += len(runbook.step_hosts[spec.id])
+        if pairs > MAX_STEP_HOSTS:  # before anything renders them: `hosts: all` of 10 000 hosts x 10 000 steps
+            pos.refuse(pos.at(step_loc), f"the steps run on more than {MAX_STEP_HOSTS} step-host pairs (the limit)")
         _check_peers(spec, runbook.fallbacks.get(spec.id, []), hosts, step_loc, pos)
         checked: set[str] = set()  # a fallback's gates are mostly the step's own: each text is checked once
         for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from executor.cli import main
 from executor.errors import InvalidRunbook
-from executor.loader import Runbook, parse_runbook
+from executor.loader import Runbook, load_runbook, parse_runbook
 from executor.matrix import (
     MAX_AXES,
     MAX_CELL_CHARS,
@@ -28,7 +28,7 @@ from executor.matrix import (
     MAX_RULES,
     MAX_VALUE_CHARS,
 )
-from executor.planner import PLAN_SHOWN
+from executor.planner import PLAN_SHOWN, placed_hosts, plan_document
 from tests.conftest import runbook_cli
 
 SWEEP = """\
@@ -585,3 +585,23 @@ def test_plan_and_plan_json_summarise_a_big_grid_saying_what_they_left_out(
     assert f"... and {900 - PLAN_SHOWN} more cells (the plan shows the first {PLAN_SHOWN}; `runbook validate`" in text
     assert f"... and {900 - PLAN_SHOWN} more step instances" in text and "`runbook plan --full` every one" in text
     assert text.count("\n## step ") == PLAN_SHOWN
+
+
+def test_a_placed_group_of_one_cell_and_thousands_of_steps_is_planned_in_seconds(tmp_path: Path) -> None:
+    """Each step's mates were looked up among all of them (the loader's order check, the placement's
+    `needed`): 5000 steps reading the first one's facts took 14 s to plan, 9000 took 38 s."""
+    steps = "      - {id: s0, kind: shell, script: echo $matrix_a}\n"
+    steps += "".join(f"      - {{id: s{i}, kind: shell, script: e, when: steps.s0}}\n" for i in range(1, 5000))
+    text = _group(_axis("a", ["x"]), steps).replace(
+        "    steps:\n", "    hosts: [box, gpu2]\n    placement: spread\n    steps:\n", 1
+    )
+    path = tmp_path / "one.yaml"
+    path.write_text(
+        text.replace("hosts: {box: {address: local}}", "hosts: {box: {address: local}, gpu2: {address: local}}")
+    )
+    started = time.monotonic()
+    runbook = load_runbook(path)
+    document = plan_document(runbook, {})
+    assert time.monotonic() - started < 8
+    assert document["groups"][0]["instances_left_out"] == 5000 - PLAN_SHOWN
+    assert {tuple(hosts) for hosts in placed_hosts(runbook).values()} == {("box",)}  # after s0, on its host
