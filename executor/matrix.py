@@ -60,7 +60,10 @@ _FIXED_FIELDS = {"id", "kind", "description"}  # never substituted
 
 
 class Reporter(Protocol):
-    """Where problems go (the loader's positions): `problem` notes one, `refuse` stops at a limit."""
+    """Where problems go (the loader's positions): `problem` notes one, `refuse` stops at a limit; `written`
+    holds the text as written of each scalar YAML read as something else."""
+
+    written: dict[Loc, str]
 
     def problem(self, loc: Loc, message: str, *, key: bool = False) -> None: ...
 
@@ -461,7 +464,10 @@ def _values(
             ok = False
             continue
         text = value_text(value)
-        if not _VALUE_TEXT.fullmatch(text) or len(text) > MAX_VALUE_TEXT:  # whole: `$` matches before a newline
+        if retyped := _retyped(value, where, pos):
+            pos.problem(where, f"matrix axis '{axis}': {retyped}")
+            ok = False
+        elif not _VALUE_TEXT.fullmatch(text) or len(text) > MAX_VALUE_TEXT:  # whole: `$` matches before a newline
             shown = text[:MAX_VALUE_TEXT].encode("unicode_escape").decode("ascii")
             pos.problem(
                 where,
@@ -501,7 +507,21 @@ def _mapping_value(axis: str, value: dict[str, Any], where: Loc, pos: Reporter) 
         elif problem := env_text_problem(_field_text(item)):
             pos.problem((*where, key), f"matrix axis '{axis}': field '{key}' {problem}")
             fine = False
+        elif retyped := _retyped(item, (*where, key), pos):
+            pos.problem((*where, key), f"matrix axis '{axis}': field '{key}': {retyped}")
+            fine = False
     return fine
+
+
+def _retyped(value: Any, loc: Loc, pos: Reporter) -> str | None:
+    """Why a value is not what was written, or None: it reaches ids and `$matrix_*` as text, so one YAML
+    reads as something whose text differs (`0123` is 83, `12:30` is 750, `yes` is true) is refused as a
+    var's value is, with the hint to quote it."""
+    written = pos.written.get(loc)
+    if written is None or value is None or (isinstance(value, bool | int | float) and value_text(value) == written):
+        return None  # a field may be null (`$matrix_AXIS_FIELD` is then empty); a value may not (said elsewhere)
+    shown = value_text(value) if isinstance(value, bool | int | float) else str(value)
+    return f"YAML reads {written} as the {type(value).__name__} {shown}; quote it to keep the text: '{written}'"
 
 
 def _script_names(axis: str, values: list[tuple[AxisValue, str]]) -> set[str]:

@@ -247,6 +247,8 @@ def at(text: str, snippet: str) -> str:
         ),
         (("concurrency: [1, 4]", 'concurrency: [1, "4\\n"]'), '"4', "value '4\\n' is not readable in a cell id"),
         (("concurrency: [1, 4]", f"concurrency: [1, {'x' * 65}]"), "xx", "(letters, digits, _ . + -; at most 64"),
+        (("concurrency: [1, 4]", "concurrency: [1, 0123]"), "0123", "YAML reads 0123 as the int 83; quote it"),
+        (("dir: Kimi-K2.6-DFlash}", "dir: yes}"), "yes}", "field 'dir': YAML reads yes as the bool true; quote"),
         (
             ("repo: z-lab/Kimi-K2.6-DFlash,", 'repo: "z-lab\\0K",'),
             '"z-lab',
