@@ -12,6 +12,7 @@ against. It is data only (no parsing, no running), the one seam between the load
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -65,8 +66,9 @@ class Cell:
 
     values: Mapping[str, AxisValue]
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
+        """Made once: every instance of the cell's steps holds this one text (`Instance.cells`), not a copy."""
         return cell_text(self.values)
 
 

@@ -58,14 +58,18 @@ class Index:
         instance in the same cell (empty outside a matrix). An instance uses the axes of the mates it refers
         to, so each of its cells names the same mate."""
         instance = self.runbook.instances.get(step_id)
-        if instance is None or not instance.cells:
+        if instance is None:
             return {}
-        cell, group = instance.cells[0], instance.group
-        return {
-            base: self._by_cell[(group, base, cell)]
-            for base in self.groups[group].bases
-            if base != instance.base and (group, base, cell) in self._by_cell
-        }
+        found = ((base, self.mate(step_id, base)) for base in self.groups[instance.group].bases)
+        return {base: mate for base, mate in found if mate is not None}
+
+    def mate(self, step_id: str, base: str) -> str | None:
+        """The instance of group mate `base` that `step_id` sees as `steps.<base>` (None outside a matrix, for
+        its own base id or a name that is no mate): one lookup, where `aliases` makes them all."""
+        instance = self.runbook.instances.get(step_id)
+        if instance is None or not instance.cells or base == instance.base:
+            return None
+        return self._by_cell.get((instance.group, base, instance.cells[0]))
 
     def needs(self, group: MatrixGroup) -> dict[str, set[str]]:
         """What each instance of `group` needs (`needed`): a placed group keeps it on the host of those."""
@@ -77,8 +81,7 @@ class Index:
         (`StepSpec.needs`), and the server instance it runs against; a group mate named by its base id as the
         same cell's instance."""
         variants = [spec, *self.runbook.fallbacks.get(spec.id, [])]
-        mates = self.aliases(spec.id)
-        ids = {mates.get(name, name) for name in set().union(*(v.needs() for v in variants))}
+        ids = {self.mate(spec.id, name) or name for name in set().union(*(v.needs() for v in variants))}
         instance = self.runbook.instances.get(spec.id)
         if instance is not None and instance.server is not None:
             ids.add(instance.server)

@@ -47,6 +47,7 @@ MAX_ALIASES = 1000  # `*name` written in the file
 MAX_VALUES = 100_000  # values and keys of the document, aliases expanded (an alias bomb stops here)
 MAX_TEXT = 4 << 20  # characters of all values and keys, aliases expanded
 MAX_PROBLEMS = 100  # reported; the rest of a file of 50 000 unknown keys is not worth the seconds
+MAX_STEP_HOSTS = 10_000  # step-host pairs (a placed instance: one per host of its pool): validate and plan render each
 MAX_HINT_CHOICES = 1000  # names a did-you-mean compares with (difflib's cost grows with each); past it, no hint
 _MERGE = "tag:yaml.org,2002:merge"
 
@@ -736,12 +737,19 @@ def _check_fallback_keys(raw: Any, loc: Loc, pos: _Positions) -> None:
             pos.problem((*loc, j, key), f"a fallback cannot change '{key}'", key=True)
 
 
+def _mate_before(mates: Mapping[str, int], ref: str, base: str) -> bool:
+    """Whether group mate `ref` comes before `base` (`mates`: the group's bases by place; one lookup each, where
+    a list of those before each step made a 9000-step group quadratic)."""
+    return ref in mates and mates[ref] < mates[base]
+
+
 def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set[str], expansion: Expansion) -> None:
     hosts = runbook.hosts
     known = {*runbook.header.vars, *runbook.header.secrets}
     seen: dict[str, Loc] = {}
     bases: dict[str, Loc] = {}  # ids as written: two instances of one step share one
-    done: dict[str, list[str]] = {}  # group -> its bases seen so far (a gate's `steps.MATE` is the same cell's)
+    done: dict[str, dict[str, int]] = {}  # group -> its bases seen so far, each with its place (`steps.MATE`)
+    pairs = 0
     for step_loc, spec in zip(locs, runbook.steps, strict=True):
         loc: Loc = (*step_loc, "id")
         instance = runbook.instances.get(spec.id)
@@ -750,12 +758,14 @@ def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set
             pos.problem(loc, f"duplicate step id '{base}' (also step {int(bases[base][1]) + 1})")
         bases.setdefault(base, step_loc)
         seen.setdefault(spec.id, step_loc)
-        mates = done.setdefault(instance.group, []) if instance is not None else []
-        if base not in mates and instance is not None:
-            mates.append(base)
-        before = mates[: mates.index(base)] if instance is not None else []
+        mates = done.setdefault(instance.group, {}) if instance is not None else {}
+        if instance is not None:
+            mates.setdefault(base, len(mates))
         runbook.step_positions.setdefault(spec.id, pos.at(step_loc))
         runbook.step_hosts[spec.id] = _hosts_of(spec, hosts, runbook.header.pools, step_loc, pos)
+        pairs += len(runbook.step_hosts[spec.id])
+        if pairs > MAX_STEP_HOSTS:  # before anything renders them: `hosts: all` of 10 000 hosts x 10 000 steps
+            pos.refuse(pos.at(step_loc), f"the steps run on more than {MAX_STEP_HOSTS} step-host pairs (the limit)")
         _check_peers(spec, runbook.fallbacks.get(spec.id, []), hosts, step_loc, pos)
         checked: set[str] = set()  # a fallback's gates are mostly the step's own: each text is checked once
         for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
@@ -776,7 +786,7 @@ def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set
                 for ref in step_refs(that):
                     if (why := _into_group(ref, expansion, instance)) is not None:
                         pos.problem(where, why)
-                    elif ref not in before and (ref not in seen or ref in (spec.id, base)):
+                    elif not _mate_before(mates, ref, base) and (ref not in seen or ref in (spec.id, base)):
                         text = f"{what.split(' ')[0]} refers to step '{ref}', which does not run before '{base}'"
                         pos.problem(where, text)
         for n, name in enumerate(spec.pass_env or []):

@@ -27,6 +27,7 @@ from executor.campaign import (
     value_text,
 )
 from executor.gates import step_refs
+from executor.model import env_text_problem
 from executor.stepkind import StepSpec, step_ref_fields
 
 Loc = tuple[str | int, ...]
@@ -34,6 +35,16 @@ Loc = tuple[str | int, ...]
 MAX_CELLS = 10_000  # of one matrix, counted (the product of its axes) before any is made
 MAX_INSTANCES = 10_000  # of a runbook: step instances of all matrices
 MAX_EXPANDED_TEXT = 64 << 20  # characters of parameters written by substitution, all instances together
+#: values of all step instances (items of their lists and mappings; a fallback counts as the step again): each
+#: instance is its step's data validated anew, so a list of 20 000 items in a 10 000-cell step would be 2e8
+MAX_INSTANCE_VALUES = 1_000_000
+MAX_AXES = 32  # of one matrix: each instance keeps the values of the axes it uses
+MAX_VALUE_TEXT = 64  # characters of an axis's name or a value's text: what cell and instance ids show
+MAX_VALUE_CHARS = 4096  # characters of one value, a mapping's fields included (its `$matrix_AXIS_FIELD`s)
+MAX_CELL_CHARS = 16_384  # characters of one cell's axes and values (fields included), counted before any is made
+MAX_RULES = 1000  # `exclude:` and `include:` entries of one matrix
+MAX_ID = 128  # characters of a matrix step's id or a group's name: each instance id (and cell name) repeats it
+MAX_CELL_STEPS = 100_000  # a matrix's cells x its steps: each cell's instance of each step is kept (cells.Index)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # as a step id
@@ -49,7 +60,10 @@ _FIXED_FIELDS = {"id", "kind", "description"}  # never substituted
 
 
 class Reporter(Protocol):
-    """Where problems go (the loader's positions): `problem` notes one, `refuse` stops at a limit."""
+    """Where problems go (the loader's positions): `problem` notes one, `refuse` stops at a limit; `written`
+    holds the text as written of each scalar YAML read as something else."""
+
+    written: dict[Loc, str]
 
     def problem(self, loc: Loc, message: str, *, key: bool = False) -> None: ...
 
@@ -90,6 +104,7 @@ class _Member:
 class _Budget:
     instances: int = 0
     text: int = 0
+    values: int = 0
 
 
 def expand(
@@ -144,7 +159,8 @@ def _group(
                 (*loc, key), f"unknown key '{key}' of a group (known: {', '.join(sorted(_GROUP_KEYS))})", key=True
             )
     name = raw["group"]
-    if not isinstance(name, str) or not _GROUP_NAME.match(name):
+    _refuse_long_id(name, (*loc, "group"), pos)
+    if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
         pos.problem((*loc, "group"), "group: a name such as sweep_1 (letters, digits, _ and -)")
         name = str(name)
     elif name in taken:
@@ -211,11 +227,13 @@ def _expand_group(
             pool = tuple(hosts)
     members: list[_Member] = []
     passthrough: list[Entry] = []
+    number: dict[str, int] = {}  # base id -> its place among the members
     for raw, step_loc in written:
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
             passthrough.append(Entry(raw, step_loc))  # the loader's validation reports it
             continue
-        twin = next((k for k, m in enumerate(members) if m.base == raw["id"]), None)
+        _refuse_long_id(raw["id"], (*step_loc, "id"), pos)
+        twin = number.get(raw["id"])
         if twin is not None:  # both would expand to the same instance ids: one would vanish
             text = f"duplicate step id '{raw['id']}' (also step {twin + 1} of group '{name}')"
             pos.problem((*step_loc, "id"), text)
@@ -229,6 +247,7 @@ def _expand_group(
                 pos.problem((*step_loc, key), text, key=True)
             elif "host" not in raw and "hosts" not in raw:
                 raw["hosts"] = list(hosts)
+        number[raw["id"]] = len(members)
         members.append(_Member(raw, step_loc, raw["id"], model))
     out.entries.extend(passthrough)
     out.member_of.update((member.base, name) for member in members)
@@ -236,6 +255,11 @@ def _expand_group(
         return
     axes, cells = parsed.axes, parsed.cells
     _uses(members, axes, pos)
+    if members and not passthrough:
+        _refuse_unused(name, axes, members, matrix_loc, pos)
+    if len(cells) * len(members) > MAX_CELL_STEPS:
+        text = f"{len(cells)} cells x {len(members)} steps is more than {MAX_CELL_STEPS} cell steps (the limit)"
+        pos.refuse(pos.at(matrix_loc), text)
     servers = [m for m in members if m.model is not None and m.model.starts_server]
     for extra in servers[1:]:
         text = (
@@ -245,10 +269,14 @@ def _expand_group(
     server = servers[0] if servers else None
     server_axes = tuple(a for a in axes if server is not None and a in server.axes)
     cells = _ordered(cells, axes, server_axes)
-    bound = sum(min(len(cells), math.prod(len(axes[a]) for a in m.axes)) for m in members)
-    budget.instances += bound
+    counts = [min(len(cells), math.prod(len(axes[a]) for a in m.axes)) for m in members]
+    budget.instances += sum(counts)
     if budget.instances > MAX_INSTANCES:
         pos.refuse(pos.at(matrix_loc), f"the matrices expand to more than {MAX_INSTANCES} step instances (the limit)")
+    budget.values += sum(count * _weight(m.raw) for count, m in zip(counts, members, strict=True))
+    if budget.values > MAX_INSTANCE_VALUES:
+        text = f"the matrices' step instances hold more than {MAX_INSTANCE_VALUES} values (the limit)"
+        pos.refuse(pos.at(matrix_loc), text)
     order: list[str] = []
     made: dict[str, tuple[_Member, Cell]] = {}
     cell_lists: dict[str, list[str]] = {}
@@ -264,12 +292,13 @@ def _expand_group(
                 cell_lists[iid] = []
                 server_of[iid] = cell_server if member.base in after_server else None
             cell_lists[iid].append(cell.id)
+    by_base = {m.base: m for m in members}
     for iid in order:
         member, cell = made[iid]
         values = {a: cell.values[a] for a in axes if a in member.axes}
         instance = Instance(iid, member.base, name, values, tuple(cell_lists[iid]), server_of[iid])
         out.instances[iid] = instance
-        raw = _instance_raw(member, cell, members, budget, pos)
+        raw = _instance_raw(member, cell, by_base, budget, pos)
         out.entries.append(Entry(raw, member.loc, instance))
     out.groups.append(
         MatrixGroup(
@@ -309,45 +338,45 @@ def _axes(matrix: Any, loc: Loc, names: Collection[str], pos: Reporter) -> _Cell
     if not isinstance(matrix, dict) or not matrix:
         pos.problem(loc, "matrix: a mapping of axes, each a list of values (and optional exclude/include)")
         return None
+    declared = [axis for axis in matrix if axis not in ("exclude", "include")]
+    if len(declared) > MAX_AXES:
+        text = f"the matrix has {len(declared)} axes; the limit is {MAX_AXES}"
+        pos.refuse(pos.at((*loc, declared[MAX_AXES]), key=True), text)
     axes: Axes = {}
     broken = False
-    for axis, values in matrix.items():
-        if axis in ("exclude", "include"):
-            continue
-        if not _NAME.match(axis):
-            pos.problem(
-                (*loc, axis), f"matrix axis '{axis}': a name such as draft_tokens (letters, digits, _)", key=True
-            )
+    given_by: dict[str, str] = {}  # script variable -> the axis giving it: `a`'s field `b` and axis `a_b` clash
+    for axis in declared:
+        if not _NAME.fullmatch(axis) or len(axis) > MAX_VALUE_TEXT:
+            text = f"matrix axis '{axis[:MAX_VALUE_TEXT]}': a name such as draft_tokens (letters, digits, _; "
+            pos.problem((*loc, axis), text + f"at most {MAX_VALUE_TEXT} characters)", key=True)
             broken = True
             continue
-        parsed = _values(axis, values, (*loc, axis), names, pos)
+        parsed = _values(axis, matrix[axis], (*loc, axis), names, pos)
         if parsed is None:
             broken = True
             continue
-        for other, values_of_other in axes.items():  # `a`'s field `b` and axis `a_b` are both $matrix_a_b
-            clash = sorted(_script_names(axis, parsed) & _script_names(other, values_of_other))
-            if clash:
-                text = f"matrix axis '{axis}': its script variable ${clash[0]} is also one of axis '{other}'"
-                pos.problem((*loc, axis), text, key=True)
-                broken = True
+        variables = _script_names(axis, parsed)
+        clash = sorted(name for name in variables if name in given_by)
+        if clash:
+            text = f"matrix axis '{axis}': its script variable ${clash[0]} is also one of axis '{given_by[clash[0]]}'"
+            pos.problem((*loc, axis), text, key=True)
+            broken = True
+        given_by |= dict.fromkeys(variables, axis)
         axes[axis] = parsed
     if not axes and not broken:
         pos.problem(loc, "matrix: no axes (an axis is a name with a list of values)")
     if broken or not axes:
         return None
+    _check_sizes(matrix, axes, loc, pos)
     size = math.prod(len(v) for v in axes.values())
     include = matrix.get("include") or []
-    if size + (len(include) if isinstance(include, list) else 0) > MAX_CELLS:
-        pos.refuse(pos.at(loc), f"the matrix has {size} combinations; the limit is {MAX_CELLS} cells")
     excludes = _combinations(matrix.get("exclude"), "exclude", axes, (*loc, "exclude"), pos, full=False)
     includes = _combinations(include, "include", axes, (*loc, "include"), pos, full=True)
     if excludes is None or includes is None:
         return None
-    cells: list[tuple[int, ...]] = []
-    for combo in itertools.product(*(range(len(v)) for v in axes.values())):
-        chosen = dict(zip(axes, combo, strict=True))
-        if not any(all(chosen[a] == i for a, i in rule.items()) for rule in excludes):
-            cells.append(combo)
+    taken_out = _excluded(excludes, axes)
+    combos = itertools.product(*(range(len(v)) for v in axes.values()))
+    cells = [combo for i, combo in enumerate(combos) if not taken_out[i]]
     present = set(cells)
     excluded = size - len(cells)
     for rule in includes:
@@ -362,6 +391,59 @@ def _axes(matrix: Any, loc: Loc, names: Collection[str], pos: Reporter) -> _Cell
     return _Cells(axes, made, excluded, len(cells) - (size - excluded))
 
 
+def _check_sizes(matrix: Mapping[str, Any], axes: Axes, loc: Loc, pos: Reporter) -> None:
+    """Refuse a matrix past its limits before any cell is made: its combinations (with its includes), the
+    characters of its largest cell (every cell id, `$matrix_*` environment and plan line is at most that) and
+    its `exclude:`/`include:` entries (each the next past the limit's position)."""
+    size = math.prod(len(v) for v in axes.values())
+    include = matrix.get("include") or []
+    if size + (len(include) if isinstance(include, list) else 0) > MAX_CELLS:
+        pos.refuse(pos.at(loc), f"the matrix has {size} combinations; the limit is {MAX_CELLS} cells")
+    largest = sum(len(axis) + 2 + max(_chars(value, text) for value, text in values) for axis, values in axes.items())
+    if largest > MAX_CELL_CHARS:
+        text = f"a cell of the matrix holds {largest} characters of axes and values; the limit is {MAX_CELL_CHARS}"
+        pos.refuse(pos.at(loc), text)
+    seen = 0
+    for what in ("exclude", "include"):
+        rules = matrix.get(what)
+        if isinstance(rules, list) and seen + len(rules) > MAX_RULES:
+            text = f"the matrix has more than {MAX_RULES} exclude and include entries (the limit)"
+            pos.refuse(pos.at((*loc, what, MAX_RULES - seen)), text)
+        seen += len(rules) if isinstance(rules, list) else 0
+
+
+def _chars(value: AxisValue, text: str) -> int:
+    """A value's size: its text, and a mapping's field names and texts."""
+    if not isinstance(value, Mapping):
+        return len(text)
+    return sum(len(name) + len(_field_text(item)) for name, item in value.items())
+
+
+def _field_text(item: Any) -> str:
+    """A field's text, as `${{ matrix.AXIS.FIELD }}` inside a text gives it (a list's items with spaces)."""
+    if item is None:
+        return ""
+    return " ".join(value_text(v) for v in item) if isinstance(item, list) else value_text(item)
+
+
+def _excluded(rules: list[dict[str, int]], axes: Axes) -> bytearray:
+    """For each combination (in `itertools.product` order), whether a rule takes it out. Each distinct rule
+    marks the combinations it matches, enumerated from its own values: work in proportion to what the rules
+    match, never cells x rules."""
+    sizes = [len(values) for values in axes.values()]
+    strides = [math.prod(sizes[k + 1 :]) for k in range(len(sizes))]
+    out = bytearray(math.prod(sizes))
+    for rule in {tuple(sorted(rule.items())) for rule in rules}:
+        fixed = dict(rule)
+        offsets = [sum(strides[k] * fixed[axis] for k, axis in enumerate(axes) if axis in fixed)]
+        for k, axis in enumerate(axes):
+            if axis not in fixed:
+                offsets = [offset + i * strides[k] for offset in offsets for i in range(sizes[k])]
+        for offset in offsets:
+            out[offset] = 1
+    return out
+
+
 def _values(
     axis: str, values: Any, loc: Loc, names: Collection[str], pos: Reporter
 ) -> list[tuple[AxisValue, str]] | None:
@@ -374,30 +456,28 @@ def _values(
     for i, value in enumerate(values):
         where = (*loc, i)
         if isinstance(value, dict):
-            if not isinstance(value.get("name"), str | int | float) or isinstance(value.get("name"), bool):
-                pos.problem(where, f"matrix axis '{axis}': a mapping value needs a `name` (what cell ids show)")
+            if not _mapping_value(axis, value, where, pos):
                 ok = False
                 continue
-            for key, item in value.items():
-                if not _NAME.match(key):
-                    pos.problem(
-                        (*where, key), f"matrix axis '{axis}': field '{key}': a name (letters, digits, _)", key=True
-                    )
-                    ok = False
-                elif not _field_value(item):
-                    pos.problem(
-                        (*where, key), f"matrix axis '{axis}': field '{key}': a scalar, null or a list of scalars"
-                    )
-                    ok = False
         elif value is None or not isinstance(value, str | int | float | bool):
             pos.problem(where, f"matrix axis '{axis}': a value is a scalar or a mapping with a name, not {value!r}")
             ok = False
             continue
         text = value_text(value)
-        if not _VALUE_TEXT.match(text):
+        if retyped := _retyped(value, where, pos):
+            pos.problem(where, f"matrix axis '{axis}': {retyped}")
+            ok = False
+        elif not _VALUE_TEXT.fullmatch(text) or len(text) > MAX_VALUE_TEXT:  # whole: `$` matches before a newline
+            shown = text[:MAX_VALUE_TEXT].encode("unicode_escape").decode("ascii")
             pos.problem(
-                where, f"matrix axis '{axis}': value '{text}' is not readable in a cell id (letters, digits, _ . + -)"
+                where,
+                f"matrix axis '{axis}': value '{shown}' is not readable in a cell id (letters, digits, _ . + -; "
+                f"at most {MAX_VALUE_TEXT} characters)",
             )
+            ok = False
+        elif _chars(value, text) > MAX_VALUE_CHARS:
+            text_of = f"{_chars(value, text)} characters with its fields"
+            pos.problem(where, f"matrix axis '{axis}': value '{text}' holds {text_of}; the limit is {MAX_VALUE_CHARS}")
             ok = False
         elif text in seen:
             pos.problem(where, f"matrix axis '{axis}': value '{text}' appears twice")
@@ -408,6 +488,40 @@ def _values(
         pos.problem(loc, f"matrix axis '{axis}': its script variable ${clash} would shadow the var or secret '{clash}'")
         ok = False
     return out if ok else None
+
+
+def _mapping_value(axis: str, value: dict[str, Any], where: Loc, pos: Reporter) -> bool:
+    """Whether a mapping value is one: a `name`, and fields named as names holding what an environment
+    variable can carry (a NUL is refused as in a var's value, never dropped)."""
+    if not isinstance(value.get("name"), str | int | float) or isinstance(value.get("name"), bool):
+        pos.problem(where, f"matrix axis '{axis}': a mapping value needs a `name` (what cell ids show)")
+        return False
+    fine = True
+    for key, item in value.items():
+        if not _NAME.fullmatch(key):
+            pos.problem((*where, key), f"matrix axis '{axis}': field '{key}': a name (letters, digits, _)", key=True)
+            fine = False
+        elif not _field_value(item):
+            pos.problem((*where, key), f"matrix axis '{axis}': field '{key}': a scalar, null or a list of scalars")
+            fine = False
+        elif problem := env_text_problem(_field_text(item)):
+            pos.problem((*where, key), f"matrix axis '{axis}': field '{key}' {problem}")
+            fine = False
+        elif retyped := _retyped(item, (*where, key), pos):
+            pos.problem((*where, key), f"matrix axis '{axis}': field '{key}': {retyped}")
+            fine = False
+    return fine
+
+
+def _retyped(value: Any, loc: Loc, pos: Reporter) -> str | None:
+    """Why a value is not what was written, or None: it reaches ids and `$matrix_*` as text, so one YAML
+    reads as something whose text differs (`0123` is 83, `12:30` is 750, `yes` is true) is refused as a
+    var's value is, with the hint to quote it."""
+    written = pos.written.get(loc)
+    if written is None or value is None or (isinstance(value, bool | int | float) and value_text(value) == written):
+        return None  # a field may be null (`$matrix_AXIS_FIELD` is then empty); a value may not (said elsewhere)
+    shown = value_text(value) if isinstance(value, bool | int | float) else str(value)
+    return f"YAML reads {written} as the {type(value).__name__} {shown}; quote it to keep the text: '{written}'"
 
 
 def _script_names(axis: str, values: list[tuple[AxisValue, str]]) -> set[str]:
@@ -435,6 +549,7 @@ def _combinations(
         return None
     out: list[dict[str, int]] = []
     ok = True
+    index = {a: {text: i for i, (_, text) in enumerate(values)} for a, values in axes.items()}
     for i, rule in enumerate(rules):
         if not isinstance(rule, dict) or not rule:
             pos.problem((*loc, i), f"matrix {what}: a combination is a mapping of axis to value")
@@ -448,16 +563,14 @@ def _combinations(
                 )
                 ok = False
                 continue
-            texts = [text for _, text in axes[axis]]
             text = value_text(value) if isinstance(value, str | int | float | bool | dict) and _named(value) else None
-            if text not in texts:
-                shown = text if text is not None else repr(value)
-                pos.problem(
-                    (*loc, i, axis), f"matrix {what}: axis '{axis}' has no value '{shown}' (values: {', '.join(texts)})"
-                )
+            if text not in index[axis]:
+                shown = (text if text is not None else repr(value))[:MAX_VALUE_TEXT]
+                listed = ", ".join(itertools.islice(index[axis], 20)) + (", ..." if len(index[axis]) > 20 else "")
+                pos.problem((*loc, i, axis), f"matrix {what}: axis '{axis}' has no value '{shown}' (values: {listed})")
                 ok = False
                 continue
-            chosen[axis] = texts.index(text)
+            chosen[axis] = index[axis][text]
         missing = [a for a in axes if a not in rule]
         if full and missing and ok:
             pos.problem((*loc, i), f"matrix include: a combination names every axis; missing: {', '.join(missing)}")
@@ -478,6 +591,19 @@ def _ordered(cells: list[Cell], axes: Axes, server_axes: tuple[str, ...]) -> lis
     return sorted(cells, key=lambda cell: tuple(index[a][value_text(cell.values[a])] for a in order))
 
 
+def _weight(raw: dict[str, Any]) -> int:
+    """The values validating one instance of a step makes: the items of its lists and mappings, all of it
+    again for each fallback (a fallback is the step validated with its overrides)."""
+    fallbacks = raw.get("fallbacks")
+    count, stack = 0, [raw]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list):
+            count += len(item)
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return count * (1 + (len(fallbacks) if isinstance(fallbacks, list) else 0))
+
+
 def _own_id(member: _Member, cell: Cell) -> str:
     return instance_id(member.base, {a: v for a, v in cell.values.items() if a in member.axes})
 
@@ -488,7 +614,7 @@ def _own_id(member: _Member, cell: Cell) -> str:
 def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
     """Fill each member's axes (its own, then those of the earlier mates it refers to) and mates; report
     `${{ }}` that is not `matrix.AXIS[.FIELD]`, and `${{` where it does not belong."""
-    bases: list[str] = []
+    bases: dict[str, _Member] = {}  # the earlier members, by base id
     for member in members:
         scripts = member.model.script_fields if member.model is not None else frozenset()
         refs = step_ref_fields(member.model) if member.model is not None else frozenset()
@@ -511,7 +637,7 @@ def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
                             where,
                             f"{key}: a script reads the matrix from its environment: use $matrix_AXIS, not ${{{{ }}}}",
                         )
-                    for name in _SCRIPT_VAR.findall(text):
+                    for name in set(_SCRIPT_VAR.findall(text)):
                         member.axes.update(a for a in axes if name == f"matrix_{a}" or name.startswith(f"matrix_{a}_"))
             else:
                 for text, where in _texts(value, loc):
@@ -523,10 +649,29 @@ def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
                             _axis_used(match.group(1), match.group(2), axes, member, where, pos)
                 if key in refs and isinstance(value, str) and value in bases:
                     member.mates.add(value)
-        for mate in members[: len(bases)]:
-            if mate.base in member.mates:
-                member.axes |= mate.axes
-        bases.append(member.base)
+        for mate in member.mates:
+            member.axes |= bases[mate].axes
+        bases[member.base] = member
+
+
+def _refuse_long_id(name: Any, loc: Loc, pos: Reporter) -> None:
+    """A matrix step's id or a group's name past MAX_ID, refused before any instance id repeats it."""
+    if isinstance(name, str) and len(name) > MAX_ID:
+        pos.refuse(pos.at(loc), f"an id of {len(name)} characters in a matrix (the limit is {MAX_ID})")
+
+
+def _refuse_unused(name: str, axes: Axes, members: list[_Member], loc: Loc, pos: Reporter) -> None:
+    """An axis no step uses would multiply the cells, not the work: every cell would run the same commands
+    once, and the run would count them as many cells passed. Refused at the axis."""
+    used = set().union(*(member.axes for member in members))
+    for axis in axes:
+        if axis not in used:
+            text = (
+                f"matrix axis '{axis}': no step of '{name}' uses it, so its cells would all run the same commands; "
+                f"name it in a step (${{{{ matrix.{axis} }}}}, $matrix_{axis}, matrix.{axis} in a gate or when:) "
+                "or remove it"
+            )
+            pos.problem((*loc, axis), text, key=True)
 
 
 def _axis_used(axis: str, name: str | None, axes: Axes, member: _Member, loc: Loc, pos: Reporter) -> None:
@@ -591,11 +736,11 @@ def _refuse_outside(raw: Any, loc: Loc, kinds: Mapping[str, type[StepSpec]], pos
 
 
 def _instance_raw(
-    member: _Member, cell: Cell, members: list[_Member], budget: _Budget, pos: Reporter
+    member: _Member, cell: Cell, members: Mapping[str, _Member], budget: _Budget, pos: Reporter
 ) -> dict[str, Any]:
     """The member's raw data for `cell`: parameters substituted, references to mates pointing at the
-    same cell's instance (fallbacks likewise)."""
-    mates = {m.base: _own_id(m, cell) for m in members if m.base in member.mates}
+    same cell's instance (fallbacks likewise); `members` by base id."""
+    mates = {base: _own_id(members[base], cell) for base in member.mates}
     scripts = member.model.script_fields if member.model is not None else frozenset()
     refs = step_ref_fields(member.model) if member.model is not None else frozenset()
 

@@ -123,7 +123,7 @@ def _first_items(group: dict[str, Any], count: int) -> dict[str, Any]:
         items = group[key]
         if len(items) > count:
             cut[key] = dict(list(items.items())[:count]) if isinstance(items, dict) else items[:count]
-            cut[f"{key}_left_out"] = len(items) - count
+            cut[f"{key}_left_out"] = len(items) - count + group.get(f"{key}_left_out", 0)  # plan_document's too
     return cut
 
 

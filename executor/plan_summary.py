@@ -22,8 +22,9 @@ def summary_text(document: Mapping[str, Any]) -> str:
     """The plan document as text, in runbook order, each matrix group's header before its first instance."""
     steps = document["steps"]
     hosts = sorted({host for step in steps for host in step["hosts"]})
+    count = len(steps) + sum(group.get("instances_left_out", 0) for group in document["groups"])
     lines = [
-        f"# runbook {document['runbook']}: {len(steps)} steps on {', '.join(hosts) or 'no host'}; nothing is run "
+        f"# runbook {document['runbook']}: {count} steps on {', '.join(hosts) or 'no host'}; nothing is run "
         "(`runbook plan --full` prints every command as sent)"
     ]
     if document["secrets"]:

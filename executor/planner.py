@@ -19,6 +19,11 @@ from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
 from executor.stepkind import FactsError, RenderContext, RunTime, StepSpec
 
+#: Of each matrix group, the readable plan and `plan --json` detail the first this many instances, cells and
+#: server configurations and count the rest (`KEY_left_out`): a 10 000-cell grid is a summary, not 10 000
+#: renderings of one step (`plan --full` prints every command, `validate` every cell id).
+PLAN_SHOWN = 50
+
 #: A host of the runbook as a plan context sees another: (its address, the vars of a step on it).
 HostView = Callable[[str], tuple[str, Mapping[str, str]]]
 
@@ -132,10 +137,15 @@ def placed_hosts(
 
 
 def _group_header(
-    runbook: Runbook, group: MatrixGroup, overrides: Mapping[str, Any], hosts: Mapping[str, list[str]]
+    runbook: Runbook,
+    group: MatrixGroup,
+    overrides: Mapping[str, Any],
+    hosts: Mapping[str, list[str]],
+    shown: int | None = None,
 ) -> list[str]:
     """What a matrix costs before anything runs: its cells, launches, an upper bound of their start-up
-    time and where each server configuration goes."""
+    time and where each server configuration goes; with `shown`, only that many servers and cells, and
+    how many instances the plan leaves out."""
     launches = len(group.servers)
     lines = [f"\n# {matrix_summary(group)}"]
     server = next((s for s in runbook.steps if s.id in group.servers), None)
@@ -156,9 +166,19 @@ def _group_header(
         lines.append("#   placement: none (each instance runs on its step's hosts)")
     else:
         lines.append(f"#   placement: {group.placement} over {', '.join(group.pool)}")
-        lines.extend(f"#     {unit} on {', '.join(hosts.get(unit, []))}" for unit in group.servers)
-    lines.extend(f"#   cell {cell.id}" for cell in group.cells)
+        lines.extend(f"#     {unit} on {', '.join(hosts.get(unit, []))}" for unit in group.servers[:shown])
+        lines += _more(len(group.servers), shown, "server configurations", "#     ", "runbook plan --full")
+    lines.extend(f"#   cell {cell.id}" for cell in group.cells[:shown])
+    lines += _more(len(group.cells), shown, "cells", "#   ", "runbook validate")
+    lines += _more(len(group.instances), shown, "step instances", "#   ", "runbook plan --full")
     return lines
+
+
+def _more(total: int, shown: int | None, what: str, indent: str, where: str) -> list[str]:
+    """The line saying what a summarised group leaves out and which command shows it, if it leaves any out."""
+    if shown is None or total <= shown:
+        return []
+    return [f"{indent}... and {total - shown} more {what} (the plan shows the first {shown}; `{where}` every one)"]
 
 
 def variants(runbook: Runbook, spec: StepSpec) -> list[tuple[str, StepSpec]]:
@@ -235,31 +255,41 @@ def _variant(variant: StepSpec, ctx: _Recording, via: str) -> dict[str, Any]:
 def _group(
     runbook: Runbook, group: MatrixGroup, overrides: Mapping[str, Any], hosts: Mapping[str, list[str]]
 ) -> dict[str, Any]:
-    """A matrix group as data: its cells, launches and placement, and its header as `plan` prints it."""
-    return {
+    """A matrix group as data: its cells, launches and placement, and its header as `plan` prints it; each
+    of its long parts cut to its first PLAN_SHOWN items, saying how many it left out (`cells_left_out`, ...)."""
+    header = _group_header(runbook, group, overrides, hosts, PLAN_SHOWN)
+    document: dict[str, Any] = {
         "name": group.name,
-        "cells": [{"id": cell.id, "values": dict(cell.values)} for cell in group.cells],
+        "cells": [{"id": cell.id, "values": dict(cell.values)} for cell in group.cells[:PLAN_SHOWN]],
         "excluded": group.excluded,
         "included": group.included,
-        "instances": list(group.instances),
+        "instances": list(group.instances[:PLAN_SHOWN]),
         "launches": len(group.servers),
         "placement": group.placement,
         "pool": list(group.pool),
-        "servers": {unit: hosts.get(unit, []) for unit in group.servers},
-        "header": [line.strip("\n") for line in _group_header(runbook, group, overrides, hosts)],
+        "servers": {unit: hosts.get(unit, []) for unit in group.servers[:PLAN_SHOWN]},
+        "header": [line.strip("\n") for line in header],
     }
+    for key, items in (("cells", group.cells), ("instances", group.instances), ("servers", group.servers)):
+        if len(items) > PLAN_SHOWN:
+            document[f"{key}_left_out"] = len(items) - PLAN_SHOWN
+    return document
 
 
 def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> dict[str, Any]:
     """The plan as data, for `plan --json`, the readable plan (`executor.plan_summary`) and agents: per step
     and host (and fallback) what it does in summary, the commands a person cares about, its gates, what it
     learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
-    matrix groups with their cells, launches and placement. Every string is masked by `redactor` as
+    matrix groups with their cells, launches and placement. A group's instances past its first PLAN_SHOWN are
+    left out of `steps` (its `instances_left_out` counts them). Every string is masked by `redactor` as
     `plan_text` masks its text (one by one: a secret holding `"` or `\\` is masked as written)."""
     by_id = {spec.id: spec for spec in runbook.steps}
     hosts = placed_hosts(runbook)
+    left_out = {i for group in runbook.groups for i in group.instances[PLAN_SHOWN:]}
     steps = []
     for number, spec in enumerate(runbook.steps, start=1):
+        if spec.id in left_out:
+            continue
         instance = runbook.instances.get(spec.id)
         on = []
         for host in hosts[spec.id]:

@@ -20,11 +20,11 @@ releases answered 200 either way. Only a 200 whose body starts with "Cache flush
 refusal is retried a few times (the requests in flight may finish), then the run stops with the
 server's words: an acceptance length measured on a warm cache is not the one asked for.
 
-Shipped with the kit (hostprograms/kit.py). Its config: base_url, api ("chat" | "generate"),
-thinking (bool, chat only) and thinking_kwarg, max_new_tokens, request_timeout_s, flush_attempts,
-flush_delay_s, api_key_var (the NAME of an environment variable holding the server's API key, or
-null) and sets ({name: [{id, text}]}). One result document; one progress line per prompt (without
-the token ids).
+Shipped with the kit (hostprograms/kit.py). Its config: base_url (`$vars` expand here, as in a path),
+api ("chat" | "generate"), thinking (bool, chat only) and thinking_kwarg, max_new_tokens,
+request_timeout_s, flush_attempts, flush_delay_s, api_key_var (the NAME of an environment variable
+holding the server's API key, or null) and sets ({name: [{id, text}]}). One result document; one
+progress line per prompt (without the token ids).
 Exit status 1 when the run stopped early (`error` in the document says why), else 0.
 """
 
@@ -158,6 +158,7 @@ def ask(config: dict[str, Any], model: str | None, text: str, api_key: str | Non
 def evaluate(config: dict[str, Any]) -> dict[str, Any]:
     """Flush, then every prompt of every set in order; stops early only when the server is gone."""
     api_key = os.environ.get(config["api_key_var"]) if config.get("api_key_var") else None
+    config = config | {"base_url": kit.expand_path(config["base_url"])}  # `$vars` in it expand, as in a path
     document: dict[str, Any] = {"base_url": config["base_url"], "error": None, "sets": {}}
     document["planned"] = {name: len(prompts) for name, prompts in config["sets"].items()}
     document["flush"] = flush = flush_cache(config, api_key)

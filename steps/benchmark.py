@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -88,7 +89,7 @@ class BenchmarkStep(StepSpec):
     repeats: Positive = 3  # clean runs per concurrency
     seed: Annotated[int, Field(ge=0)] = 1  # the first run's --seed; each later run's is one more
     spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # noisy above this rel MAD (or twice it in range)
-    extra_args: list[str] = []  # passed to bench_serving as they are (e.g. ["--tokenizer", "/models/x"])
+    extra_args: list[str] = []  # passed to bench_serving (["--tokenizer", "$models/x"]: `$vars` expand on the host)
     compare_to: StepRef | None = None  # id of the baseline benchmark step
     acceptance: StepRef | None = None  # id of an eval_acceptance step, for the report's acceptance table
 
@@ -132,17 +133,22 @@ class BenchmarkStep(StepSpec):
     # ---- scripts ---------------------------------------------------------------------------------------
 
     def command(
-        self, base_url: str, concurrency: int, seed: int, python: str | None = None, out: str = '"$out"'
+        self, base_url: str, concurrency: int, seed: int, pasted: Mapping[str, str] | None = None, out: str = '"$out"'
     ) -> str:
-        """The bench_serving command line of one run: the script's, as rendered; with `python` (a word) and
-        `out`, as a person would paste it."""
+        """The bench_serving command line of one run: the script's, as rendered (`python` and `extra_args` are
+        host words: `~` and `$vars` expand there, as in deploy's); with `pasted` (the host's vars) and `out`, as
+        a person would paste it."""
+
+        def word(text: str) -> str:
+            return host_word(text) if pasted is None else pasted_word(text, pasted)
+
         args: list[str | int] = ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids"]
         args += ["--random-input-len", self.input_len, "--random-output-len", self.output_len]
         args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
         args += ["--seed", seed, "--flush-cache"]
-        words = " ".join(shlex.quote(str(arg)) for arg in [*args, *self.extra_args])
-        return f"{python or host_word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
+        words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
+        return f"{word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
 
     def script(self, base_url: str, concurrency: int, repeat: int, seed: int) -> str:
         return (
@@ -172,8 +178,7 @@ class BenchmarkStep(StepSpec):
 
     def commands(self, ctx: RenderContext) -> list[str]:
         concurrency, _, seed = self.schedule()[0]
-        python = pasted_word(self.python, ctx.vars)
-        return [self.command(str(ctx.fact(self.server, "base_url")), concurrency, seed, python, "bench.jsonl")]
+        return [self.command(str(ctx.fact(self.server, "base_url")), concurrency, seed, ctx.vars, "bench.jsonl")]
 
     # ---- running ---------------------------------------------------------------------------------------
 

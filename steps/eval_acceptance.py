@@ -510,7 +510,7 @@ def progress_sink(ctx: StepContext) -> OutputSink:
 class EvalAcceptanceStep(StepSpec):
     kind: Literal["eval_acceptance"] = "eval_acceptance"
     server: StepRef | None = None  # id of the deploy step whose `base_url` fact names the server
-    base_url: str | None = None  # or the server's address as seen from the host
+    base_url: str | None = None  # or the server's address as seen from the host; `$vars` expand there
     python: str = "python3"  # any python3 on the host (the program is stdlib only)
     prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
     max_new_tokens: int = Field(default=256, ge=1)

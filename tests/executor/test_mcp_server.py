@@ -336,10 +336,10 @@ def test_the_plan_of_a_ten_thousand_cell_matrix_fits_the_cap_with_its_first_cell
     axes = {"x": list(range(100)), "y": list(range(100))}
     book.write_text(
         "name: grid\nhosts:\n  box: {address: local}\nsteps:\n"
-        f"  - {{id: a, kind: shell, matrix: {json.dumps(axes)}, script: echo $matrix_x}}\n"
+        f"  - {{id: a, kind: shell, matrix: {json.dumps(axes)}, script: echo $matrix_x $matrix_y}}\n"
     )
     result = in_process("plan", tmp_path, file=str(book))
-    assert len(json.dumps(result).encode()) <= RESULT_CAP and result["truncated"]
+    assert len(json.dumps(result).encode()) <= RESULT_CAP  # the plan summarises the grid; the cap may cut more
     assert result["runbook"] == "grid" and result["steps"][0]["id"].startswith("a")
     (group,) = result["groups"]
     assert group["cells"][0]["id"] == "x=0,y=0" and group["cells_left_out"] == 10_000 - len(group["cells"]) > 0

@@ -548,3 +548,12 @@ def test_a_refused_flush_fails_the_run_naming_it(
     assert f"HTTPError: 400 Client Error: Bad Request for url: {url}" in failure
     facts = facts_of(tmp_path / "logs", capsys)["bench"]
     assert facts["runs"] == [] and facts["points"] == []
+
+
+def test_a_var_in_extra_args_expands_on_the_host_as_in_deploy_never_sent_raw() -> None:
+    """Before: `'$models/tok'` quoted whole, so bench_serving got the text `$models/tok`."""
+    step = BenchmarkStep(id="b", server="d", extra_args=["--tokenizer", "$models/tok", "--x", "a b"])
+    sent = step.command("http://h:1", 4, 1)
+    assert "--tokenizer \"${models:?runbook var models is unset or empty}\"/tok --x 'a b' --output-file" in sent
+    assert "--tokenizer /m/tok --x 'a b'" in step.command("http://h:1", 4, 1, {"models": "/m"}, "bench.jsonl")
+    assert "models" in step.env_names(["models", "other"])

@@ -985,3 +985,23 @@ def test_any_number_in_a_request_gives_facts_of_finite_numbers_or_a_failure_nami
         assert any(name in str(exc) for name in named) or "max_new_tokens 64" in str(exc), str(exc)
         return
     json.dumps(facts.model_dump(), allow_nan=False)  # python mode: mode="json" would write inf as null
+
+
+def test_a_var_in_base_url_expands_on_the_host_and_an_unset_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `base_url: $url` reached the host program as the text `$url` (urllib: unknown url type)."""
+    from hostprograms import kit
+
+    config = {"base_url": "http://$srv", "api": "chat", "flush_attempts": 1, "flush_delay_s": 0}
+    config |= {"request_timeout_s": 2, "api_key_var": None, "sets": {}}
+    silent = socket.socket()  # nothing listens here once closed: the flush is refused at once
+    silent.bind(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    silent.close()
+    monkeypatch.setenv("srv", f"127.0.0.1:{port}")
+    document = host.evaluate(dict(config))
+    assert document["base_url"] == f"http://127.0.0.1:{port}"
+    assert document["flush"]["body"].startswith(f"http://127.0.0.1:{port}/flush_cache:")
+    monkeypatch.delenv("srv")
+    with pytest.raises(kit.Refused, match="runbook var srv is unset or empty"):
+        host.evaluate(dict(config))
+    assert "srv" in EvalAcceptanceStep(id="e", base_url="http://$srv").env_names(["srv", "other"])
