@@ -41,7 +41,7 @@ from executor.audit import AUDIT_FILE, read_records
 from executor.cli import LOG_DIR, load_checked
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.events import EVENTS_FILE
-from executor.files import open_run_file, refusal
+from executor.files import lines_within, open_run_file, refusal
 from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
 from executor.state import STATE_FILE, RunLock, process_start
@@ -52,6 +52,8 @@ RESULT_CAP = 64 * 1024
 START_TIMEOUT_S = 60.0
 #: `events` returns at most this many events per call (fewer when the cap cuts them).
 EVENTS_LIMIT = 500
+#: The longest line of events.jsonl read as an event (one is a few KiB): a longer one is read past, unparsed.
+EVENT_MAX_BYTES = 16 << 20
 #: The most bytes of JSON an error's message takes (one that quotes a huge argument back is cut to it).
 ERROR_CAP = 4096
 #: `tail` returns at most this many lines of each stream (and never more than its share of the cap).
@@ -286,20 +288,36 @@ def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
         with _run_file(path) as handle:
             # line N holds seq N (seqs count from 1 without gaps, in order): the lines before since_seq are
             # skipped unparsed, so following a long run by polling costs its new lines, not all of them again
-            for number, line in enumerate(handle, start=1):
+            for number, (line, too_long) in enumerate(lines_within(handle, EVENT_MAX_BYTES), start=1):
                 if not line.endswith(b"\n"):  # being written: it comes whole at the next call
                     break
-                if number <= since_seq:
-                    continue
-                events.append(_event_within(json.loads(line), RESULT_CAP // 2))
+                if number > since_seq:
+                    events.append(_event_within(_event(line, number, too_long), RESULT_CAP // 2))
                 if len(events) >= limit:
                     break
     result = capped({"run_id": run_dir.name, "events": events}, "events", whole=path)
     returned = result.get("events", [])
-    result["next_seq"] = returned[-1]["seq"] if returned else since_seq
-    result["finished"] = any(event["event"] == "run_finished" for event in returned)
+    # counted in lines, not taken from the last event's seq: a line's content never holds a follower back
+    result["next_seq"] = max(since_seq, 0) + len(returned) if returned else since_seq
+    result["finished"] = any(event.get("event") == "run_finished" for event in returned)
     result["running"] = RunLock(run_dir).held()
     return result
+
+
+def _event(line: bytes, number: int, too_long: bool) -> dict[str, Any]:
+    """The event on line `number` of events.jsonl, or one saying why that line holds none (`unreadable`:
+    longer than EVENT_MAX_BYTES, or no JSON object, a hand edit or a damaged disk), so that `next_seq`
+    moves past it rather than every later call failing on it."""
+    why = f"longer than {EVENT_MAX_BYTES >> 20} MiB (the limit of an event)" if too_long else None
+    if why is None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            return event
+        why = "not a JSON object"
+    return {"seq": number, "event": "unreadable", "error": f"{EVENTS_FILE} line {number}: {why}"}
 
 
 def _run_file(path: Path) -> Any:

@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import stat
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from executor.cli import main
 
 pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
 
+from executor import mcp_server
 from tests.executor.test_mcp_guards import call
 
 #: every call must answer within this many seconds (each takes well under one)
@@ -146,3 +148,61 @@ def test_an_odd_run_file_is_named_at_once_by_every_reader(two_runs: Path, tmp_pa
                 answer = bounded(functools.partial(call, how["tool"], tmp_path, **arguments))
                 assert answer["ok"] is False and answer["exit_code"] == 2, (how, answer)
                 assert name in answer["error"], answer
+
+
+# ---- sizes: a run file's size bounds nothing but what is read of it ---------------------------------
+
+
+def peak_bytes(call: Callable[[], Any]) -> tuple[Any, int]:
+    """`call()`'s value and the most memory Python held for it meanwhile (tracemalloc's peak)."""
+    tracemalloc.start()
+    try:
+        return call(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+#: a file of this many bytes (sparse: zeros, no newline) is read past in bounded memory
+HUGE = 64 << 20
+
+
+def test_a_huge_events_line_is_read_past_in_bounded_memory(
+    two_runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: one line of events.jsonl was read whole (a 1 GiB sparse file, or a 300 MB line without a
+    newline, took the server past 2 GB), and a line that was no JSON object failed every call from there
+    on, a follower stuck at its seq. Now a line past EVENT_MAX_BYTES (16 MiB), or no JSON object, comes as an
+    `unreadable` event of its seq and `next_seq` moves on."""
+    monkeypatch.setattr(mcp_server, "EVENT_MAX_BYTES", 1 << 20)  # a smaller limit: a quicker test
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    run_dir = sorted(logs.iterdir())[-1]
+    events = run_dir / "events.jsonl"
+    whole = events.read_bytes()
+    count = whole.count(b"\n")
+    with events.open("ab") as handle:
+        handle.write(b"[1, 2]\n{not json\n")
+        handle.truncate(len(whole) + 17 + HUGE)  # zeros, then a newline: one line of 64 MiB
+        handle.seek(0, os.SEEK_END)
+        handle.write(b'\n{"seq": 99, "event": "last"}\n')
+    answer, peak = peak_bytes(lambda: call("events", tmp_path, run_id=run_dir.name, log_dir=str(logs)))
+    assert peak < 8 << 20, peak
+    odd = answer["events"][count:]
+    assert [event["event"] for event in odd] == ["unreadable"] * 3 + ["last"], odd
+    assert [event["seq"] for event in odd[:3]] == [count + 1, count + 2, count + 3]
+    assert "1 MiB" in odd[2]["error"] and answer["next_seq"] == count + 4, answer
+    again = call("events", tmp_path, run_id=run_dir.name, since_seq=count + 1, log_dir=str(logs))
+    assert [event["seq"] for event in again["events"]][:2] == [count + 2, count + 3], again
+
+
+def test_a_huge_report_is_refused_unread(two_runs: Path, tmp_path: Path) -> None:
+    """Before: report.json was read whole (a 1 GiB one took `runbook report` and the server past 2 GB)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(sorted(two_runs.iterdir())[-1], run_dir, symlinks=True)
+    with (run_dir / "report.json").open("ab") as handle:
+        handle.truncate(HUGE)
+    answer, peak = peak_bytes(lambda: call("report", tmp_path, run_dir=str(run_dir)))
+    assert answer["ok"] is False and answer["exit_code"] == 2 and "16 MiB" in answer["error"], answer
+    assert peak < 1 << 20, peak
+    code, _, err = cli(["report", str(run_dir)])
+    assert code == 2 and "16 MiB" in err, err
