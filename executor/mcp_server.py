@@ -44,7 +44,7 @@ from executor.events import EVENTS_FILE
 from executor.files import lines_within, open_run_file, refusal
 from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
-from executor.state import STATE_FILE, RunLock, process_start
+from executor.state import STATE_FILE, LockRecord, RunLock, process_start
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -402,22 +402,31 @@ def stop_run(run_dir: Path) -> dict[str, Any]:
     if not lock.held():
         return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name} is not running"}
     holder = lock.holder()
-    why = not_the_holder(holder, run_dir.name)
-    if why or holder is None:
+    if holder is None:
+        why = "its lock holds no record of the process that took it (an older runbook's, or damaged)"
         return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {why}"}
     try:
-        os.kill(holder.pid, signal.SIGINT)
+        # the process pinned before it is checked: were the pid reused after the check, the signal goes nowhere
+        pidfd = os.pidfd_open(holder.pid)
+    except (OSError, OverflowError) as exc:
+        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: process {holder.pid}: {exc}"}
+    try:
+        why = not_the_holder(holder, lock)
+        if why:
+            return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {why}"}
+        signal.pidfd_send_signal(pidfd, signal.SIGINT)
     except OSError as exc:
         return {"ok": False, "exit_code": 1, "error": f"could not signal the process of run {run_dir.name}: {exc}"}
+    finally:
+        os.close(pidfd)
     return {"ok": True, "run_id": run_dir.name, "pid": holder.pid, "signal": "SIGINT"}
 
 
-def not_the_holder(holder: Any, run_id: str) -> str | None:
+def not_the_holder(holder: LockRecord, lock: RunLock) -> str | None:
     """Why the lock's record does not prove its pid is this run's `runbook` process now, or None: the record
-    names this run, and the pid's process started when the one that took the lock did (/proc/PID/stat)."""
-    if holder is None:
-        return "its lock holds no record of the process that took it (an older runbook's, or damaged)"
-    if holder.run_id != run_id:
+    names this run, the pid's process started when the one that took the lock did (/proc/PID/stat), and the
+    kernel lists that process as the lock's holder (a record is only what someone wrote in the file)."""
+    if holder.run_id != lock.path.parent.name:
         return f"its lock was taken for run {_within(holder.run_id, 200)!r}"
     started = process_start(holder.pid)
     if holder.started is None or started != holder.started:
@@ -425,6 +434,8 @@ def not_the_holder(holder: Any, run_id: str) -> str | None:
             f"process {holder.pid} is not the one that took its lock (it started at tick {started}, the lock's "
             f"at {holder.started}): its pid was reused"
         )
+    if not lock.taken_by(holder.pid):
+        return f"process {holder.pid} holds no lock on {lock.path.name} (the kernel's /proc/locks): its record is false"
     return None
 
 

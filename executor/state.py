@@ -190,6 +190,27 @@ class RunLock:
         finally:
             os.close(fd)
 
+    def taken_by(self, pid: int) -> bool:
+        """Whether process `pid` is the one holding this lock, as the kernel lists it (/proc/locks: a flock's
+        pid is the process that took it), which no file in the run folder can forge: the record in the file
+        only says who should."""
+        fd = self._open(os.O_RDONLY)
+        try:
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        try:
+            with open("/proc/locks", "rb") as handle:
+                listed = handle.read(LOCKS_MAX_BYTES).splitlines()
+        except OSError:
+            return False
+        # `1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF`; a waiter's line has `->` after its number
+        return any(
+            fields[1:2] == [b"FLOCK"] and fields[4:5] == [str(pid).encode()] and fields[5].endswith(b":%d" % inode)
+            for fields in map(bytes.split, listed)
+            if len(fields) > 5
+        )
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -198,6 +219,8 @@ class RunLock:
 
 #: A lock's record is one short line of JSON: past this many bytes it is no record.
 LOCK_RECORD_MAX = 256
+#: The most of /proc/locks read (a line per lock held on the machine, ~50 bytes each).
+LOCKS_MAX_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)

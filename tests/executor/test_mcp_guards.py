@@ -83,10 +83,11 @@ def held_lock(run_dir: Path, record: bytes) -> Iterator[None]:
         os.close(fd)
 
 
-@pytest.mark.parametrize("record", ["reused pid", "older lock", "another run"])
+@pytest.mark.parametrize("record", ["reused pid", "older lock", "another run", "not the holder"])
 def test_stop_never_signals_a_process_the_lock_does_not_prove_took_it(finished: Path, record: str) -> None:
     """Before: `stop` sent SIGINT to whatever pid the lock file held: a pid reused by another process since
-    (here a `sleep`) was interrupted."""
+    (here a `sleep`) was interrupted; and a record naming another process, its start time and the run (what
+    anyone may write, /proc/PID/stat is readable) was proof enough while the lock was held by someone else."""
     (run_dir,) = (finished / "logs").iterdir()
     foreign = subprocess.Popen(["sleep", "60"])
     try:
@@ -96,13 +97,19 @@ def test_stop_never_signals_a_process_the_lock_does_not_prove_took_it(finished: 
             "reused pid": LockRecord(foreign.pid, started - 1, run_dir.name).text(),  # a process before it
             "older lock": str(foreign.pid),  # what `runbook` wrote before it recorded more
             "another run": LockRecord(foreign.pid, started, "20260101-000000-abcdef").text(),
+            "not the holder": LockRecord(foreign.pid, started, run_dir.name).text(),  # this process holds it
         }[record]
         with held_lock(run_dir, text.encode()):
             answer = call("stop", finished, run_id=run_dir.name, log_dir=str(finished / "logs"))
         time.sleep(0.2)
         assert foreign.poll() is None, "the foreign process was signalled"
         assert answer["ok"] is False and answer["exit_code"] == 2 and "not signalled" in answer["error"], answer
-        why = {"reused pid": "pid was reused", "older lock": "no record", "another run": "taken for run"}[record]
+        why = {
+            "reused pid": "pid was reused",
+            "older lock": "no record",
+            "another run": "taken for run",
+            "not the holder": "holds no lock",
+        }[record]
         assert why in answer["error"], answer
     finally:
         foreign.kill()
