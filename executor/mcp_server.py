@@ -403,8 +403,8 @@ def stop_run(run_dir: Path) -> dict[str, Any]:
         return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name} is not running"}
     holder = lock.holder()
     if holder is None:
-        why = "its lock holds no record of the process that took it (an older runbook's, or damaged)"
-        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {why}"}
+        no_record = "its lock holds no record of the process that took it (an older runbook's, or damaged)"
+        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {no_record}"}
     try:
         # the process pinned before it is checked: were the pid reused after the check, the signal goes nowhere
         pidfd = os.pidfd_open(holder.pid)
@@ -451,18 +451,28 @@ class RunbookServer(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        context = context or Context(mcp_server=self, subscriptions=self._subscriptions)
         try:
-            result = await super().call_tool(name, arguments, context)
+            # the tool's value itself (as MCPServer.call_tool runs it, without its conversion, which fails on
+            # text that JSON cannot carry, a lone surrogate: `answer` makes it JSON first)
+            result = await self._tool_manager.call_tool(name, arguments, context)
         except Exception as exc:  # the SDK wraps a tool's exception; its cause says what it was
             return answer(_refusal(name, exc))
-        if isinstance(result, CallToolResult) and isinstance(result.structured_content, dict):
-            return answer(result.structured_content)
-        return result
+        return answer(result) if isinstance(result, dict) else result
+
+
+def as_json(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` as JSON can hold it: a lone surrogate in a text (json.loads gives one for `"\\ud800"` in what a
+    remote printed) as U+FFFD, NaN and Infinity as null (a strict parser reads neither), any other value as
+    its text."""
+    text = json.dumps(value, default=str, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return dict(json.loads(text.decode("utf-8", "replace"), parse_constant=lambda _: None))
 
 
 def answer(result: dict[str, Any]) -> CallToolResult:
     """A tool's result as sent: structured content and one text block of the same JSON, each within the cap
-    (a result the tool did not cut to fit is replaced by one saying so)."""
+    (a result the tool did not cut to fit is replaced by one saying so), as JSON can hold it (`as_json`)."""
+    result = as_json(result)
     if _size(result) > RESULT_CAP:
         result = {"ok": False, "exit_code": 1, "truncated": True, "error": f"the result is over {RESULT_CAP} bytes"}
     return CallToolResult(

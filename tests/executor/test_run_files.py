@@ -206,3 +206,22 @@ def test_a_huge_report_is_refused_unread(two_runs: Path, tmp_path: Path) -> None
     assert peak < 1 << 20, peak
     code, _, err = cli(["report", str(run_dir)])
     assert code == 2 and "16 MiB" in err, err
+
+
+def test_text_json_cannot_carry_is_answered_as_json_can(two_runs: Path, tmp_path: Path) -> None:
+    """Before: an event holding a lone surrogate (`"\\ud800"`, as json.loads gives it from a remote's JSON)
+    failed that `events` call and every later one from its seq (`PydanticSerializationError`: the SDK cannot
+    encode it), a follower stuck; NaN went into the text block as `NaN`, which no strict JSON parser reads. Now
+    such text comes with U+FFFD in its place and NaN or Infinity as null, in both the structured content and
+    the text block."""
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    run_dir = sorted(logs.iterdir())[-1]
+    events = run_dir / "events.jsonl"
+    count = events.read_bytes().count(b"\n")
+    with events.open("ab") as handle:
+        handle.write(b'{"seq": %d, "event": "odd", "text": "a\\ud800b", "nan": NaN, "inf": -Infinity}\n' % (count + 1))
+    answer = call("events", tmp_path, run_id=run_dir.name, since_seq=count, log_dir=str(logs))
+    (event,) = answer["events"]
+    assert event["text"].startswith("a\ufffd") and event["text"].endswith("b"), event
+    assert event["nan"] is None and event["inf"] is None and answer["next_seq"] == count + 1, answer
