@@ -239,11 +239,21 @@ class Roots:
         )
 
     def with_client(self, listed: ListRootsResult | None) -> Roots:
-        """These roots and the client's `file://` ones (others, such as `https://`, name no folder here)."""
+        """These roots and the client's `file://` ones of this host (others, such as `https://` or
+        `file://elsewhere/`, name no folder here, and neither does a path no folder can have, holding a NUL)."""
         joined = Roots(self.server)
         uris = [urlparse(str(root.uri)) for root in (listed.roots if listed else [])]
-        joined.client = [Path(unquote(uri.path)).resolve() for uri in uris if uri.scheme == "file" and uri.path]
+        here = [unquote(uri.path) for uri in uris if uri.scheme == "file" and uri.netloc in ("", "localhost")]
+        joined.client = [folder for path in here if path and (folder := _resolved(path)) is not None]
         return joined
+
+
+def _resolved(path: str) -> Path | None:
+    """`path` with its links and `..` resolved; None when it cannot be (a NUL byte in it, a symlink loop)."""
+    try:
+        return Path(path).resolve()
+    except (OSError, ValueError, RuntimeError):
+        return None
 
 
 def ask_client_roots(context: Context[Any, Any]) -> ListRoots | None:

@@ -244,6 +244,28 @@ def test_the_clients_roots_are_roots_too(site: tuple[Path, Path]) -> None:
     assert "outside the server's roots" in asyncio.run(validate(None))["error"]
 
 
+def test_a_clients_root_on_another_host_or_no_path_is_no_root(site: tuple[Path, Path]) -> None:
+    """Before: `file://elsewhere/PATH` was taken as PATH here (the host ignored), and a root whose path held a
+    NUL byte (`%00`) or was a symlink loop failed every call (ValueError, RuntimeError), the other roots with it."""
+    root, outside = site
+    (root / "loop").symlink_to(root / "loop")
+    listed = [f"file://elsewhere{outside}", f"file://{root}/x%00y", (root / "loop").as_uri()]
+
+    async def roots(_: object) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in listed])
+
+    async def validate(file: Path) -> dict[str, Any]:
+        async with Client(build_server(Launches(), Roots([root])), list_roots_callback=roots) as client:
+            result = await client.call_tool("validate", {"file": str(file)})
+        assert isinstance(result.structured_content, dict)
+        return result.structured_content
+
+    assert "outside the server's roots" in asyncio.run(validate(outside / "one.yaml"))["error"]
+    assert asyncio.run(validate(root / "one.yaml"))["ok"] is True
+    listed = [outside.as_uri().replace("///", "//localhost/")]  # this host's own name: a root here
+    assert asyncio.run(validate(outside / "one.yaml"))["ok"] is True
+
+
 def test_runbook_mcp_refuses_a_root_that_is_no_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mcp", "--root", str(tmp_path / "nope")]) == 2
     assert "--root" in capsys.readouterr().err
