@@ -254,8 +254,10 @@ def test_a_clients_root_on_another_host_or_no_path_is_no_root(site: tuple[Path, 
     async def roots(_: object) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in listed])
 
+    callback: Any = roots  # the SDK's type of it is a protocol over the request context, unused here
+
     async def validate(file: Path) -> dict[str, Any]:
-        async with Client(build_server(Launches(), Roots([root])), list_roots_callback=roots) as client:
+        async with Client(build_server(Launches(), Roots([root])), list_roots_callback=callback) as client:
             result = await client.call_tool("validate", {"file": str(file)})
         assert isinstance(result.structured_content, dict)
         return result.structured_content
