@@ -31,6 +31,8 @@ from executor.errors import ResumeError, RunLocked, StateError
 from executor.files import odd_file, open_run_file, refusal
 
 STATE_FILE = "state.db"
+#: The files SQLite keeps beside state.db (its rollback journal, write-ahead log and shared memory).
+SQLITE_SIDECARS = ("-journal", "-wal", "-shm")
 META_FILE = "run.json"
 #: A run.json is a few KiB; one past this is damaged, and is not read whole.
 META_MAX_BYTES = 1024 * 1024
@@ -273,9 +275,10 @@ class RunState:
         self.run_dir = run_dir
         self._lock: RunLock | None = None  # only a store this process creates holds its run's lock
         db = run_dir / STATE_FILE
-        odd = odd_file(db)  # SQLite would follow a symlink, and wait on a FIFO
-        if odd:
-            raise _odd(db, odd)
+        for path in (db, *(db.with_name(db.name + suffix) for suffix in SQLITE_SIDECARS)):
+            odd = odd_file(path)  # SQLite opens each itself: it would follow a symlink, and wait on a FIFO
+            if odd:
+                raise _odd(path, odd)
         if not db.is_file():
             raise StateError(
                 f"{db} is missing: nothing of run {run_dir.name} can be reused; run without --resume to start over",

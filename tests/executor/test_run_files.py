@@ -225,3 +225,24 @@ def test_text_json_cannot_carry_is_answered_as_json_can(two_runs: Path, tmp_path
     (event,) = answer["events"]
     assert event["text"].startswith("a\ufffd") and event["text"].endswith("b"), event
     assert event["nan"] is None and event["inf"] is None and answer["next_seq"] == count + 1, answer
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+@pytest.mark.parametrize("suffix", ["-journal", "-wal", "-shm"])
+def test_an_odd_sqlite_sidecar_is_named_at_once(two_runs: Path, tmp_path: Path, suffix: str, kind: str) -> None:
+    """SQLite opens state.db's journal, WAL and shared-memory files itself, following links: before, a FIFO
+    as state.db-journal (a hot journal to roll back) hung `status`, `runs` and the MCP `status` for ever, and
+    a link was followed (another run's WAL read as this one's)."""
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    older, run_dir = sorted(logs.iterdir())
+    name = f"state.db{suffix}"
+    (run_dir / name).write_bytes(b"")
+    with made_odd(run_dir / name, kind, tmp_path / "elsewhere"):
+        code, _, err = bounded(lambda: cli(["status", run_dir.name, "--log-dir", str(logs)]))
+        assert code == 2 and name in err, err
+        code, out, _ = bounded(lambda: cli(["runs", "--json", "--log-dir", str(logs)]))
+        rows = {row["run_id"]: row for row in json.loads(out)}
+        assert rows[older.name]["status"] == "passed" and name in rows[run_dir.name]["note"], rows
+        answer = bounded(lambda: call("status", tmp_path, run_id=run_dir.name, log_dir=str(logs)))
+        assert answer["ok"] is False and name in answer["error"], answer
