@@ -306,7 +306,7 @@ def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, by
                 continue
             try:
                 record = json.loads(raw) if raw.endswith(b"\n") else None
-            except ValueError:
+            except (ValueError, RecursionError):  # nested too deep for the parser: no record either
                 record = None
             yield number, record if isinstance(record, dict) else None, raw
 

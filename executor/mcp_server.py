@@ -322,7 +322,7 @@ def _event(line: bytes, number: int, too_long: bool) -> dict[str, Any]:
     if why is None:
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested too deep for the parser: no event either
             event = None
         if isinstance(event, dict):
             return event

@@ -246,3 +246,24 @@ def test_an_odd_sqlite_sidecar_is_named_at_once(two_runs: Path, tmp_path: Path, 
         assert rows[older.name]["status"] == "passed" and name in rows[run_dir.name]["note"], rows
         answer = bounded(lambda: call("status", tmp_path, run_id=run_dir.name, log_dir=str(logs)))
         assert answer["ok"] is False and name in answer["error"], answer
+
+
+#: a line json.loads gives up on with RecursionError, not ValueError
+DEEP = b"[" * 100_000 + b"]" * 100_000 + b"\n"
+
+
+def test_a_deeply_nested_line_is_no_event_and_no_record(two_runs: Path, tmp_path: Path) -> None:
+    """Before: a line of 100 000 nested lists in events.jsonl or the audit log raised RecursionError (json.loads'
+    other failure) through `events` and `tail` on every call from there on, and through `audit show`."""
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    run_dir = sorted(logs.iterdir())[-1]
+    count = (run_dir / "events.jsonl").read_bytes().count(b"\n")
+    for name in ("events.jsonl", "audit.jsonl"):
+        with (run_dir / name).open("ab") as handle:
+            handle.write(DEEP)
+    answer = call("events", tmp_path, run_id=run_dir.name, since_seq=count, log_dir=str(logs))
+    assert [event["event"] for event in answer["events"]] == ["unreadable"] and answer["next_seq"] == count + 1
+    assert call("tail", tmp_path, run_id=run_dir.name, step="a", log_dir=str(logs))["stdout"] == "a"
+    code, _, err = cli(["audit", "show", str(run_dir)])
+    assert code == 0 and "RecursionError" not in err, err
