@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from executor import durable
 from executor.errors import DurableWriteError, StateError
-from executor.files import lines_within, open_run_file, refusal
+from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.redact import Redactor
 from executor.seal import AuditKey, HeadSeal, is_key_id
 from executor.state import (
@@ -305,8 +305,8 @@ def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, by
                 yield number, None, raw
                 continue
             try:
-                record = json.loads(raw) if raw.endswith(b"\n") else None
-            except (ValueError, RecursionError):  # nested too deep for the parser: no record either
+                record = json_data(raw) if raw.endswith(b"\n") else None
+            except ValueError:
                 record = None
             yield number, record if isinstance(record, dict) else None, raw
 
@@ -493,7 +493,7 @@ def _read_head(run_dir: Path) -> _Head | None:
     indexing from the end, `1e400` an OverflowError) or a hash that is no text."""
     try:
         with open_run_file(run_dir / HEAD_FILE) as handle:
-            head = json.loads(handle.read(HEAD_MAX_BYTES))
+            head = json_data(handle.read(HEAD_MAX_BYTES))
         count, head_hash = head["count"], head["hash"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -41,7 +41,7 @@ from executor.audit import AUDIT_FILE, read_records
 from executor.cli import LOG_DIR, load_checked
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.events import EVENTS_FILE
-from executor.files import lines_within, open_run_file, refusal
+from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
 from executor.state import STATE_FILE, LockRecord, RunLock, process_start
@@ -321,8 +321,8 @@ def _event(line: bytes, number: int, too_long: bool) -> dict[str, Any]:
     why = f"longer than {EVENT_MAX_BYTES >> 20} MiB (the limit of an event)" if too_long else None
     if why is None:
         try:
-            event = json.loads(line)
-        except (ValueError, RecursionError):  # nested too deep for the parser: no event either
+            event = json_data(line)
+        except ValueError:
             event = None
         if isinstance(event, dict):
             return event

@@ -28,7 +28,7 @@ from typing import Any
 
 from executor import durable
 from executor.errors import ResumeError, RunLocked, StateError
-from executor.files import odd_file, open_run_file, refusal
+from executor.files import json_data, odd_file, open_run_file, refusal
 
 STATE_FILE = "state.db"
 #: The files SQLite keeps beside state.db (its rollback journal, write-ahead log and shared memory).
@@ -239,7 +239,7 @@ class LockRecord:
     @classmethod
     def parse(cls, raw: bytes) -> LockRecord | None:
         try:
-            data = json.loads(raw)
+            data = json_data(raw)
             record = cls(data["pid"], data["started"], data["run_id"])
         except (ValueError, TypeError, KeyError):
             return None
@@ -429,7 +429,7 @@ class RunState:
         if raw is None:
             return None
         try:
-            position = json.loads(raw)
+            position = json_data(raw)
             count, last = position["count"], position["hash"]
             if not (_fits(count, "integer") and count >= 0 and _fits(last, "hash")):
                 raise TypeError(f"expected a count and a hash, got {raw[:80]!r}")
@@ -449,7 +449,7 @@ class RunState:
                 for name in _JSON_COLUMNS:
                     if not isinstance(values[name], str | None):
                         raise TypeError(f"field {name!r} must be JSON text, not {_shown(values[name])}")
-                    values[name] = json.loads(values[name]) if values[name] else None
+                    values[name] = json_data(values[name]) if values[name] else None
                 why = _misshapen(values, _RECORD_SHAPES)
                 if why:
                     raise TypeError(why)
@@ -581,7 +581,7 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
             raw = handle.read(META_MAX_BYTES + 1)
         if len(raw) > META_MAX_BYTES:
             raise TypeError(f"larger than {META_MAX_BYTES // 1024} KiB: no run.json is")
-        data = json.loads(raw.decode("utf-8"))
+        data = json_data(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise TypeError(f"expected an object, got {type(data).__name__}")
         why = _misshapen(data, _META_SHAPES)

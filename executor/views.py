@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.errors import ResumeError, StateError
-from executor.files import open_run_file, refusal
+from executor.files import json_data, open_run_file, refusal
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, WRITE_FAILED, RunMeta, find_run, open_state, scan_runs
 
 #: How many runs `runs` lists, newest first.
@@ -70,7 +70,7 @@ def failed_cells(stored: str | None) -> list[dict[str, str]]:
     if not stored:
         return []
     try:
-        cells = json.loads(stored)
+        cells = json_data(stored)
     except ValueError:
         raise StateError("state.db: failed_cells is not JSON", reason="failed_cells is not JSON") from None
     if not isinstance(cells, list) or not all(

@@ -267,3 +267,23 @@ def test_a_deeply_nested_line_is_no_event_and_no_record(two_runs: Path, tmp_path
     assert call("tail", tmp_path, run_id=run_dir.name, step="a", log_dir=str(logs))["stdout"] == "a"
     code, _, err = cli(["audit", "show", str(run_dir)])
     assert code == 0 and "RecursionError" not in err, err
+
+
+def test_run_data_nested_too_deep_is_unreadable_not_a_crash(two_runs: Path, tmp_path: Path) -> None:
+    """Before: json.loads' RecursionError (not a ValueError) went through every reader of run data: a run.json
+    of 30 000 nested lists made `runbook runs` a traceback (exit 1) and the MCP `runs` listed nothing; a step's
+    facts so nested in state.db did the same to `status`. Now each is the run's `unreadable` row or exit 2."""
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    older, run_dir = sorted(logs.iterdir())
+    deep = "[" * 30_000 + "]" * 30_000
+    with contextlib.closing(sqlite3.connect(older / "state.db")) as db, db:
+        db.execute("UPDATE steps SET facts = ?", (deep,))
+    (run_dir / "run.json").write_text(deep)
+    code, out, err = cli(["runs", "--json", "--log-dir", str(logs)])
+    rows = {row["run_id"]: row for row in json.loads(out)} if code == 0 else {}
+    assert rows[run_dir.name]["status"] == rows[older.name]["status"] == "unreadable", (code, err)
+    assert "nested" in rows[run_dir.name]["note"] and "nested" in rows[older.name]["note"], rows
+    assert call("runs", tmp_path, log_dir=str(logs))["runs"] == json.loads(out)
+    code, _, err = cli(["status", older.name, "--log-dir", str(logs)])
+    assert code == 2 and "nested" in err, err
