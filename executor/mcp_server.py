@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -184,13 +185,24 @@ class Launches:
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{len(os.listdir(self.folder))}"
         out_path, err_path = self.folder / f"{stamp}.jsonl", self.folder / f"{stamp}.stderr"
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "executor.cli", "run", "--json", *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+            try:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "executor.cli", "run", "--json", *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # E2BIG: the arguments are the caller's, not the server's failure
+                if exc.errno != errno.E2BIG:
+                    raise
+                out_path.unlink()
+                err_path.unlink()
+                return {
+                    "ok": False,
+                    "exit_code": 2,
+                    "error": f"the arguments are too long for a command line: {exc.strerror}",
+                }
         self.children[child] = err_path
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -341,3 +341,12 @@ def test_arguments_of_the_wrong_type_and_a_crash_are_ok_false_results(
     monkeypatch.setattr(views, "runs", crash)
     crashed = call("runs", finished, log_dir=str(finished / "logs"))
     assert crashed == {"ok": False, "exit_code": 1, "error": "runs: RuntimeError: boom with a second line"}
+
+
+def test_arguments_too_long_for_a_command_line_are_a_bad_argument(finished: Path) -> None:
+    """Before: a var of 300 000 characters for `run` answered exit 1, `OSError: [Errno 7] Argument list too long`
+    with the interpreter's path, as if the server had failed rather than the argument."""
+    logs = str(finished / "logs")
+    answer = call("run", finished, file=str(finished / "one.yaml"), vars={"a": "b" * 300_000}, log_dir=logs)
+    assert answer["ok"] is False and answer["exit_code"] == 2 and "too long" in answer["error"], answer
+    assert sys.executable not in answer["error"], answer
