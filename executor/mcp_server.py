@@ -71,14 +71,19 @@ def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP, whole: Path 
     if whole is not None:
         result = result | {"whole": str(whole)}
     if not isinstance(items, list):
-        return {"truncated": True, "error": f"the result ({_size(result)} bytes) is over the cap of {cap} bytes"}
+        return _over_cap(f"the result ({_size(result)} bytes) is over the cap of {cap} bytes", whole)
     kept = _most(
         len(items), lambda n: _size(result | {key: items[:n], "truncated": True, "left_out": len(items) - n}) <= cap
     )
     cut = result | {key: items[:kept], "truncated": True, "left_out": len(items) - kept}
     if _size(cut) > cap:
-        return {"truncated": True, "error": f"the result is over the cap of {cap} bytes even without its {key}"}
+        return _over_cap(f"the result is over the cap of {cap} bytes even without its {key}", whole)
     return cut
+
+
+def _over_cap(said: str, whole: Path | None) -> dict[str, Any]:
+    """A result that cannot be cut to fit, as a failure (the CLI's `--json` prints it whole, from `whole`)."""
+    return {"ok": False, "exit_code": 1, "truncated": True, "error": said} | ({"whole": str(whole)} if whole else {})
 
 
 def capped_status(view: dict[str, Any], cap: int = RESULT_CAP, whole: Path | None = None) -> dict[str, Any]:
@@ -496,7 +501,7 @@ def answer(result: dict[str, Any]) -> CallToolResult:
     (a result the tool did not cut to fit is replaced by one saying so), as JSON can hold it (`as_json`)."""
     result = as_json(result)
     if _size(result) > RESULT_CAP:
-        result = {"ok": False, "exit_code": 1, "truncated": True, "error": f"the result is over {RESULT_CAP} bytes"}
+        result = _over_cap(f"the result is over {RESULT_CAP} bytes", None)
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(result, default=str))], structured_content=result
     )

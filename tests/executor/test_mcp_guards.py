@@ -326,6 +326,20 @@ def test_a_big_answers_text_block_fits_the_cap_too(tmp_path: Path) -> None:
     assert plan["truncated"] and len(json.dumps(plan, indent=2).encode()) > RESULT_CAP
 
 
+def test_an_answer_over_the_cap_even_cut_is_an_ok_false_with_the_whole(finished: Path, tmp_path: Path) -> None:
+    """Before: a status whose run.json alone is over the cap (100 vars of 1000 characters, as a runbook may
+    set them) answered `{"truncated": true, "error": ...}`: neither `ok: false` and an exit code nor where
+    the whole is."""
+    logs = tmp_path / "logs"
+    shutil.copytree(finished / "logs", logs)
+    (run_dir,) = logs.iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps(meta | {"vars": {f"v{i}": "x" * 1000 for i in range(100)}}))
+    answer = call("status", tmp_path, run_id=run_dir.name, log_dir=str(logs))
+    assert answer["ok"] is False and answer["exit_code"] == 1 and answer["truncated"] is True, answer
+    assert answer["whole"] == str(run_dir / "state.db") and "cap" in answer["error"], answer
+
+
 def test_arguments_of_the_wrong_type_and_a_crash_are_ok_false_results(
     finished: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
