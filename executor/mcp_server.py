@@ -319,7 +319,7 @@ def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
                 if not line.endswith(b"\n"):  # being written: it comes whole at the next call
                     break
                 if number > since_seq:
-                    events.append(_event_within(_event(line, number, too_long), RESULT_CAP // 2))
+                    events.append(_event_within(_event(line, number, too_long), RESULT_CAP // 2, number))
                 if len(events) >= limit:
                     break
     result = capped({"run_id": run_dir.name, "events": events}, "events", whole=path)
@@ -356,17 +356,22 @@ def _run_file(path: Path) -> Any:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{path.name}: {refusal(exc)}") from None
 
 
-def _event_within(event: dict[str, Any], budget: int) -> dict[str, Any]:
-    """`event`, or where its JSON is over `budget` bytes (a run_started listing a thousand steps) its scalars
-    alone, each text cut to its share, with `truncated` and the fields left out (`fields_left_out`; the run's
-    events.jsonl has it whole): cut from a list as a whole, it would stop a follower at its `seq` for good."""
+def _event_within(event: dict[str, Any], budget: int, number: int) -> dict[str, Any]:
+    """`event` (line `number`), or where its JSON is over `budget` bytes (a run_started listing a thousand
+    steps) its scalars alone, each text cut to its share, with `truncated` and the fields left out
+    (`fields_left_out`; the run's events.jsonl has it whole), or where even that is over (20 000 keys) its seq
+    and kind alone: cut from a list as a whole, it would stop a follower at its `seq` for good."""
     if _size(event) <= budget:
         return event
     left_out = [name for name, value in event.items() if isinstance(value, list | dict)]
     kept = {name: value for name, value in event.items() if name not in left_out}
     share = budget // (2 * max(1, sum(isinstance(value, str) for value in kept.values())))
     kept = {name: _within(value, share) if isinstance(value, str) else value for name, value in kept.items()}
-    return kept | {"truncated": True, "fields_left_out": left_out}
+    cut = kept | {"truncated": True, "fields_left_out": left_out}
+    if _size(cut) <= budget:
+        return cut
+    said = f"{EVENTS_FILE} line {number}: over {budget} bytes even with its scalars alone (the file has it whole)"
+    return {"seq": number, "event": _within(str(event.get("event")), 200), "truncated": True, "error": said}
 
 
 def step_tail(run_dir: Path, step: str, host: str | None, lines: int) -> dict[str, Any]:

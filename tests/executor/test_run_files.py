@@ -287,3 +287,20 @@ def test_run_data_nested_too_deep_is_unreadable_not_a_crash(two_runs: Path, tmp_
     assert call("runs", tmp_path, log_dir=str(logs))["runs"] == json.loads(out)
     code, _, err = cli(["status", older.name, "--log-dir", str(logs)])
     assert code == 2 and "nested" in err, err
+
+
+def test_an_event_too_big_even_cut_still_moves_next_seq_on(two_runs: Path, tmp_path: Path) -> None:
+    """Before: an event whose scalars alone were over half the cap (20 000 keys) was cut from the list as a
+    whole: `events` answered none, `next_seq` stayed where it was, and a follower asked for it for ever."""
+    logs = tmp_path / "logs"
+    shutil.copytree(two_runs, logs, symlinks=True)
+    run_dir = sorted(logs.iterdir())[-1]
+    events = run_dir / "events.jsonl"
+    count = events.read_bytes().count(b"\n")
+    big = {"seq": count + 1, "event": "big"} | {f"k{i}": i for i in range(20_000)} | {"many": {}}
+    with events.open("a") as handle:
+        handle.write(json.dumps(big) + "\n")
+    answer = call("events", tmp_path, run_id=run_dir.name, since_seq=count, log_dir=str(logs))
+    (event,) = answer["events"]
+    assert event["seq"] == count + 1 and event["event"] == "big" and event["truncated"] is True, event
+    assert answer["next_seq"] == count + 1, answer
