@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlparse
 from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, TextContent
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from executor import views
 from executor.audit import AUDIT_FILE, read_records
@@ -53,6 +53,8 @@ RESULT_CAP = 64 * 1024
 START_TIMEOUT_S = 60.0
 #: `events` returns at most this many events per call (fewer when the cap cuts them).
 EVENTS_LIMIT = 500
+#: The largest `since_seq` taken (no run has this many events; one of 5000 digits could not be written back).
+MAX_SEQ = 2**63 - 1
 #: The longest line of events.jsonl read as an event (one is a few KiB): a longer one is read past, unparsed.
 EVENT_MAX_BYTES = 16 << 20
 #: The most bytes of JSON an error's message takes (one that quotes a huge argument back is cut to it).
@@ -488,9 +490,9 @@ class RunbookServer(MCPServer):
             # the tool's value itself (as MCPServer.call_tool runs it, without its conversion, which fails on
             # text that JSON cannot carry, a lone surrogate: `answer` makes it JSON first)
             result = await self._tool_manager.call_tool(name, arguments, context)
+            return answer(result) if isinstance(result, dict) else result
         except Exception as exc:  # the SDK wraps a tool's exception; its cause says what it was
             return answer(_refusal(name, exc))
-        return answer(result) if isinstance(result, dict) else result
 
 
 def as_json(value: dict[str, Any]) -> dict[str, Any]:
@@ -604,7 +606,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
     @server.tool()
     def events(
         run_id: str,
-        since_seq: int = 0,
+        since_seq: Annotated[int, Field(le=MAX_SEQ)] = 0,
         limit: int = EVENTS_LIMIT,
         log_dir: str = str(LOG_DIR),
         client_roots: ClientRoots = None,

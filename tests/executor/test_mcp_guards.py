@@ -357,6 +357,21 @@ def test_arguments_of_the_wrong_type_and_a_crash_are_ok_false_results(
     assert crashed == {"ok": False, "exit_code": 1, "error": "runs: RuntimeError: boom with a second line"}
 
 
+def test_a_number_json_cannot_write_back_is_a_bad_argument_not_a_crash(
+    finished: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `since_seq` of 5000 digits was echoed as `next_seq`, and writing the answer raised (Python writes
+    no int of over 4300 digits): a traceback on the server's stderr and the SDK's `is_error` text, no answer.
+    Writing any answer is now inside the net that makes a crash `ok: false`."""
+    logs = str(finished / "logs")
+    answer = call("events", finished, run_id="2", since_seq=10**5000, log_dir=logs)
+    assert answer == {"ok": False, "exit_code": 2, "error": "events: invalid arguments: since_seq"}, answer
+    assert call("events", finished, run_id="2", since_seq=2**63 - 1, log_dir=logs)["events"] == []
+    monkeypatch.setattr(views, "runs", lambda log_dir: [{"n": 10**5000}])
+    crashed = call("runs", finished, log_dir=logs)
+    assert crashed["ok"] is False and crashed["exit_code"] == 1 and "4300 digits" in crashed["error"], crashed
+
+
 def test_arguments_too_long_for_a_command_line_are_a_bad_argument(finished: Path) -> None:
     """Before: a var of 300 000 characters for `run` answered exit 1, `OSError: [Errno 7] Argument list too long`
     with the interpreter's path, as if the server had failed rather than the argument."""
