@@ -18,7 +18,6 @@ write) may have a head that lags the log. What each check can and cannot prove: 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import time
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from executor import durable
 from executor.errors import DurableWriteError, StateError
-from executor.files import open_run_file, refusal
+from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.redact import Redactor
 from executor.seal import AuditKey, HeadSeal, is_key_id
 from executor.state import (
@@ -299,26 +298,17 @@ def read_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any] | None, by
         why = f"{AUDIT_FILE}: {refusal(exc)}"
         raise StateError(f"{run_dir} is unreadable ({why})", reason=why) from None
     with handle:
-        number = 0
-        while raw := handle.readline(MAX_RECORD_BYTES + 1):
-            number += 1
-            if len(raw) > MAX_RECORD_BYTES and not raw.endswith(b"\n"):
-                yield number, None, _skip_line(handle, raw[:MAX_RECORD_BYTES])
+        # a line longer than any record stands as its head and a newline, a whole line that is no record (a
+        # torn write is a record's prefix, never this long), so verify calls it tampering wherever it is
+        for number, (raw, too_long) in enumerate(lines_within(handle, MAX_RECORD_BYTES), start=1):
+            if too_long:
+                yield number, None, raw
                 continue
             try:
-                record = json.loads(raw) if raw.endswith(b"\n") else None
+                record = json_data(raw) if raw.endswith(b"\n") else None
             except ValueError:
                 record = None
             yield number, record if isinstance(record, dict) else None, raw
-
-
-def _skip_line(handle: io.BufferedReader, head: bytes) -> bytes:
-    """Read past the rest of a line longer than any record (a piece at a time: memory stays bounded);
-    what stands for it is its head and a newline, a whole line that is no record (a torn write is a
-    record's prefix, never this long), so verify calls it tampering wherever it is."""
-    while (piece := handle.readline(MAX_RECORD_BYTES)) and not piece.endswith(b"\n"):
-        pass
-    return head + b"\n"
 
 
 @dataclass(frozen=True)
@@ -503,7 +493,7 @@ def _read_head(run_dir: Path) -> _Head | None:
     indexing from the end, `1e400` an OverflowError) or a hash that is no text."""
     try:
         with open_run_file(run_dir / HEAD_FILE) as handle:
-            head = json.loads(handle.read(HEAD_MAX_BYTES))
+            head = json_data(handle.read(HEAD_MAX_BYTES))
         count, head_hash = head["count"], head["hash"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def open_regular(path: Path, follow: bool = True) -> io.BufferedReader:
@@ -54,3 +57,25 @@ def refusal(exc: OSError) -> str:
     """An OSError from opening a run file, in words: what the file is when it is no regular file (O_NOFOLLOW's
     ELOOP is a symlink, a socket's ENXIO), else the system's reason."""
     return (odd_file(Path(exc.filename)) if isinstance(exc.filename, str) else None) or str(exc.strerror or exc)
+
+
+def lines_within(handle: io.BufferedReader, limit: int) -> Iterator[tuple[bytes, bool]]:
+    """Each line of `handle` (the last one without its newline if it has none yet), and whether it was longer
+    than `limit` bytes: such a line is read past a piece at a time, so that memory stays bounded whatever the
+    file holds (a 1 GiB line of zeros), and stands as its first `limit` bytes and a newline."""
+    while line := handle.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, False
+            continue
+        while (piece := handle.readline(limit)) and not piece.endswith(b"\n"):
+            pass
+        yield line[:limit] + b"\n", True
+
+
+def json_data(text: str | bytes) -> Any:
+    """`json.loads(text)`, where a document nested deeper than the parser goes (30 000 lists in a run.json) is
+    a ValueError as any other JSON it cannot read, not its RecursionError, which no reader of run data expects."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deep to read (no run file is)") from None

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
+import errno
 import json
 import os
 import shutil
@@ -36,17 +35,17 @@ from urllib.parse import unquote, urlparse
 from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, TextContent
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from executor import strict_json, views
 from executor.audit import AUDIT_FILE, read_records
 from executor.cli import LOG_DIR, load_checked
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.events import EVENTS_FILE
-from executor.files import open_run_file, refusal
+from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
-from executor.state import STATE_FILE, RunLock, process_start
+from executor.state import STATE_FILE, LockRecord, RunLock, process_start
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -54,6 +53,10 @@ RESULT_CAP = 64 * 1024
 START_TIMEOUT_S = 60.0
 #: `events` returns at most this many events per call (fewer when the cap cuts them).
 EVENTS_LIMIT = 500
+#: The largest `since_seq` taken (no run has this many events; one of 5000 digits could not be written back).
+MAX_SEQ = 2**63 - 1
+#: The longest line of events.jsonl read as an event (one is a few KiB): a longer one is read past, unparsed.
+EVENT_MAX_BYTES = 16 << 20
 #: The most bytes of JSON an error's message takes (one that quotes a huge argument back is cut to it).
 ERROR_CAP = 4096
 #: `tail` returns at most this many lines of each stream (and never more than its share of the cap).
@@ -70,14 +73,19 @@ def capped(result: dict[str, Any], key: str, cap: int = RESULT_CAP, whole: Path 
     if whole is not None:
         result = result | {"whole": str(whole)}
     if not isinstance(items, list):
-        return {"truncated": True, "error": f"the result ({_size(result)} bytes) is over the cap of {cap} bytes"}
+        return _over_cap(f"the result ({_size(result)} bytes) is over the cap of {cap} bytes", whole)
     kept = _most(
         len(items), lambda n: _size(result | {key: items[:n], "truncated": True, "left_out": len(items) - n}) <= cap
     )
     cut = result | {key: items[:kept], "truncated": True, "left_out": len(items) - kept}
     if _size(cut) > cap:
-        return {"truncated": True, "error": f"the result is over the cap of {cap} bytes even without its {key}"}
+        return _over_cap(f"the result is over the cap of {cap} bytes even without its {key}", whole)
     return cut
+
+
+def _over_cap(said: str, whole: Path | None) -> dict[str, Any]:
+    """A result that cannot be cut to fit, as a failure (the CLI's `--json` prints it whole, from `whole`)."""
+    return {"ok": False, "exit_code": 1, "truncated": True, "error": said} | ({"whole": str(whole)} if whole else {})
 
 
 def capped_status(view: dict[str, Any], cap: int = RESULT_CAP, whole: Path | None = None) -> dict[str, Any]:
@@ -184,13 +192,24 @@ class Launches:
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{len(os.listdir(self.folder))}"
         out_path, err_path = self.folder / f"{stamp}.jsonl", self.folder / f"{stamp}.stderr"
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "executor.cli", "run", "--json", *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+            try:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "executor.cli", "run", "--json", *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # E2BIG: the arguments are the caller's, not the server's failure
+                if exc.errno != errno.E2BIG:
+                    raise
+                out_path.unlink()
+                err_path.unlink()
+                return {
+                    "ok": False,
+                    "exit_code": 2,
+                    "error": f"the arguments are too long for a command line: {exc.strerror}",
+                }
         self.children[child] = err_path
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -239,11 +258,21 @@ class Roots:
         )
 
     def with_client(self, listed: ListRootsResult | None) -> Roots:
-        """These roots and the client's `file://` ones (others, such as `https://`, name no folder here)."""
+        """These roots and the client's `file://` ones of this host (others, such as `https://` or
+        `file://elsewhere/`, name no folder here, and neither does a path no folder can have, holding a NUL)."""
         joined = Roots(self.server)
         uris = [urlparse(str(root.uri)) for root in (listed.roots if listed else [])]
-        joined.client = [Path(unquote(uri.path)).resolve() for uri in uris if uri.scheme == "file" and uri.path]
+        here = [unquote(uri.path) for uri in uris if uri.scheme == "file" and uri.netloc in ("", "localhost")]
+        joined.client = [folder for path in here if path and (folder := _resolved(path)) is not None]
         return joined
+
+
+def _resolved(path: str) -> Path | None:
+    """`path` with its links and `..` resolved; None when it cannot be (a NUL byte in it, a symlink loop)."""
+    try:
+        return Path(path).resolve()
+    except (OSError, ValueError, RuntimeError):
+        return None
 
 
 def ask_client_roots(context: Context[Any, Any]) -> ListRoots | None:
@@ -288,20 +317,36 @@ def read_events(run_dir: Path, since_seq: int, limit: int) -> dict[str, Any]:
         with _run_file(path) as handle:
             # line N holds seq N (seqs count from 1 without gaps, in order): the lines before since_seq are
             # skipped unparsed, so following a long run by polling costs its new lines, not all of them again
-            for number, line in enumerate(handle, start=1):
+            for number, (line, too_long) in enumerate(lines_within(handle, EVENT_MAX_BYTES), start=1):
                 if not line.endswith(b"\n"):  # being written: it comes whole at the next call
                     break
-                if number <= since_seq:
-                    continue
-                events.append(_event_within(json.loads(line), RESULT_CAP // 2))
+                if number > since_seq:
+                    events.append(_event_within(_event(line, number, too_long), RESULT_CAP // 2, number))
                 if len(events) >= limit:
                     break
     result = capped({"run_id": run_dir.name, "events": events}, "events", whole=path)
     returned = result.get("events", [])
-    result["next_seq"] = returned[-1]["seq"] if returned else since_seq
-    result["finished"] = any(event["event"] == "run_finished" for event in returned)
+    # counted in lines, not taken from the last event's seq: a line's content never holds a follower back
+    result["next_seq"] = max(since_seq, 0) + len(returned) if returned else since_seq
+    result["finished"] = any(event.get("event") == "run_finished" for event in returned)
     result["running"] = RunLock(run_dir).held()
     return result
+
+
+def _event(line: bytes, number: int, too_long: bool) -> dict[str, Any]:
+    """The event on line `number` of events.jsonl, or one saying why that line holds none (`unreadable`:
+    longer than EVENT_MAX_BYTES, or no JSON object, a hand edit or a damaged disk), so that `next_seq`
+    moves past it rather than every later call failing on it."""
+    why = f"longer than {EVENT_MAX_BYTES >> 20} MiB (the limit of an event)" if too_long else None
+    if why is None:
+        try:
+            event = json_data(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            return event
+        why = "not a JSON object"
+    return {"seq": number, "event": "unreadable", "error": f"{EVENTS_FILE} line {number}: {why}"}
 
 
 def _run_file(path: Path) -> Any:
@@ -313,17 +358,22 @@ def _run_file(path: Path) -> Any:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{path.name}: {refusal(exc)}") from None
 
 
-def _event_within(event: dict[str, Any], budget: int) -> dict[str, Any]:
-    """`event`, or where its JSON is over `budget` bytes (a run_started listing a thousand steps) its scalars
-    alone, each text cut to its share, with `truncated` and the fields left out (`fields_left_out`; the run's
-    events.jsonl has it whole): cut from a list as a whole, it would stop a follower at its `seq` for good."""
+def _event_within(event: dict[str, Any], budget: int, number: int) -> dict[str, Any]:
+    """`event` (line `number`), or where its JSON is over `budget` bytes (a run_started listing a thousand
+    steps) its scalars alone, each text cut to its share, with `truncated` and the fields left out
+    (`fields_left_out`; the run's events.jsonl has it whole), or where even that is over (20 000 keys) its seq
+    and kind alone: cut from a list as a whole, it would stop a follower at its `seq` for good."""
     if _size(event) <= budget:
         return event
     left_out = [name for name, value in event.items() if isinstance(value, list | dict)]
     kept = {name: value for name, value in event.items() if name not in left_out}
     share = budget // (2 * max(1, sum(isinstance(value, str) for value in kept.values())))
     kept = {name: _within(value, share) if isinstance(value, str) else value for name, value in kept.items()}
-    return kept | {"truncated": True, "fields_left_out": left_out}
+    cut = kept | {"truncated": True, "fields_left_out": left_out}
+    if _size(cut) <= budget:
+        return cut
+    said = f"{EVENTS_FILE} line {number}: over {budget} bytes even with its scalars alone (the file has it whole)"
+    return {"seq": number, "event": _within(str(event.get("event")), 200), "truncated": True, "error": said}
 
 
 def step_tail(run_dir: Path, step: str, host: str | None, lines: int) -> dict[str, Any]:
@@ -386,22 +436,31 @@ def stop_run(run_dir: Path) -> dict[str, Any]:
     if not lock.held():
         return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name} is not running"}
     holder = lock.holder()
-    why = not_the_holder(holder, run_dir.name)
-    if why or holder is None:
-        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {why}"}
+    if holder is None:
+        no_record = "its lock holds no record of the process that took it (an older runbook's, or damaged)"
+        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {no_record}"}
     try:
-        os.kill(holder.pid, signal.SIGINT)
+        # the process pinned before it is checked: were the pid reused after the check, the signal goes nowhere
+        pidfd = os.pidfd_open(holder.pid)
+    except (OSError, OverflowError) as exc:
+        return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: process {holder.pid}: {exc}"}
+    try:
+        why = not_the_holder(holder, lock)
+        if why:
+            return {"ok": False, "exit_code": 2, "error": f"run {run_dir.name}: not signalled: {why}"}
+        signal.pidfd_send_signal(pidfd, signal.SIGINT)
     except OSError as exc:
         return {"ok": False, "exit_code": 1, "error": f"could not signal the process of run {run_dir.name}: {exc}"}
+    finally:
+        os.close(pidfd)
     return {"ok": True, "run_id": run_dir.name, "pid": holder.pid, "signal": "SIGINT"}
 
 
-def not_the_holder(holder: Any, run_id: str) -> str | None:
+def not_the_holder(holder: LockRecord, lock: RunLock) -> str | None:
     """Why the lock's record does not prove its pid is this run's `runbook` process now, or None: the record
-    names this run, and the pid's process started when the one that took the lock did (/proc/PID/stat)."""
-    if holder is None:
-        return "its lock holds no record of the process that took it (an older runbook's, or damaged)"
-    if holder.run_id != run_id:
+    names this run, the pid's process started when the one that took the lock did (/proc/PID/stat), and the
+    kernel lists that process as the lock's holder (a record is only what someone wrote in the file)."""
+    if holder.run_id != lock.path.parent.name:
         return f"its lock was taken for run {_within(holder.run_id, 200)!r}"
     started = process_start(holder.pid)
     if holder.started is None or started != holder.started:
@@ -409,6 +468,8 @@ def not_the_holder(holder: Any, run_id: str) -> str | None:
             f"process {holder.pid} is not the one that took its lock (it started at tick {started}, the lock's "
             f"at {holder.started}): its pid was reused"
         )
+    if not lock.taken_by(holder.pid):
+        return f"process {holder.pid} holds no lock on {lock.path.name} (the kernel's /proc/locks): its record is false"
     return None
 
 
@@ -424,21 +485,30 @@ class RunbookServer(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        context = context or Context(mcp_server=self, subscriptions=self._subscriptions)
         try:
-            result = await super().call_tool(name, arguments, context)
+            # the tool's value itself (as MCPServer.call_tool runs it, without its conversion, which fails on
+            # text that JSON cannot carry, a lone surrogate: `answer` makes it JSON first)
+            result = await self._tool_manager.call_tool(name, arguments, context)
+            return answer(result) if isinstance(result, dict) else result
         except Exception as exc:  # the SDK wraps a tool's exception; its cause says what it was
             return answer(_refusal(name, exc))
-        if isinstance(result, CallToolResult) and isinstance(result.structured_content, dict):
-            return answer(result.structured_content)
-        return result
+
+
+def as_json(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` as strict JSON can hold it: a lone surrogate in a text (json.loads gives one for `"\\ud800"` in
+    what a remote printed) as U+FFFD, NaN and Infinity by their names (`strict_json`, as every other answer
+    writes them), any other value as its text."""
+    text = strict_json.dumps(value, default=str, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return dict(json.loads(text.decode("utf-8", "replace")))
 
 
 def answer(result: dict[str, Any]) -> CallToolResult:
     """A tool's result as sent: structured content and one text block of the same JSON, each within the cap
-    (a result the tool did not cut to fit is replaced by one saying so). Its text is strict JSON: each tool's
-    result was made so before the SDK saw it (`_strict_tools`)."""
+    (a result the tool did not cut to fit is replaced by one saying so), as JSON can hold it (`as_json`)."""
+    result = as_json(result)
     if _size(result) > RESULT_CAP:
-        result = {"ok": False, "exit_code": 1, "truncated": True, "error": f"the result is over {RESULT_CAP} bytes"}
+        result = _over_cap(f"the result is over {RESULT_CAP} bytes", None)
     return CallToolResult(
         content=[TextContent(type="text", text=strict_json.dumps(result, default=str))], structured_content=result
     )
@@ -465,9 +535,8 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
     may use (the working folder when None), with the client's roots of each call (`client_roots`)."""
     roots = roots or Roots([Path.cwd()])
     server = RunbookServer()
-    tool = _strict_tools(server)
 
-    @tool
+    @server.tool()
     def validate(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
@@ -476,7 +545,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         runbook, _ = load_checked(*files, _pairs(vars), os.environ)
         return {"ok": True, "steps": len(runbook.steps), "problems": []}
 
-    @tool
+    @server.tool()
     def plan(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
@@ -485,7 +554,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         runbook, overrides = load_checked(*files, _pairs(vars), os.environ)
         return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
 
-    @tool
+    @server.tool()
     async def run(
         file: str,
         inventory: str | None = None,
@@ -502,7 +571,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         here.inside(log_dir, "log_dir")
         return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
 
-    @tool
+    @server.tool()
     async def resume(
         file: str,
         run_id: str | None = None,
@@ -518,7 +587,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         resume = f"--resume={run_id}" if run_id else "--resume"
         return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
 
-    @tool
+    @server.tool()
     def status(
         run_id: str | None = None, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None
     ) -> dict[str, Any]:
@@ -527,17 +596,17 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
         return capped_status(views.status(Path(log_dir), run_dir.name), whole=run_dir / STATE_FILE)
 
-    @tool
+    @server.tool()
     def runs(log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Recent runs, newest first: id, runbook, status, start, end, the run it resumed."""
         launches.reap()
         folder = roots.with_client(client_roots).inside(log_dir, "log_dir")
         return capped({"runs": views.runs(folder)}, "runs", whole=folder)
 
-    @tool
+    @server.tool()
     def events(
         run_id: str,
-        since_seq: int = 0,
+        since_seq: Annotated[int, Field(le=MAX_SEQ)] = 0,
         limit: int = EVENTS_LIMIT,
         log_dir: str = str(LOG_DIR),
         client_roots: ClientRoots = None,
@@ -548,7 +617,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
         return read_events(run_dir, since_seq, max(1, min(limit, EVENTS_LIMIT)))
 
-    @tool
+    @server.tool()
     def tail(
         run_id: str,
         step: str,
@@ -561,12 +630,12 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         run_dir = _run_dir(roots.with_client(client_roots), log_dir, run_id)
         return step_tail(run_dir, step, host, max(1, min(lines, TAIL_LINES)))
 
-    @tool
+    @server.tool()
     def stop(run_id: str, log_dir: str = str(LOG_DIR), client_roots: ClientRoots = None) -> dict[str, Any]:
         """Interrupt a running run as Ctrl-C would; returns at once (it then ends interrupted, exit 130)."""
         return stop_run(_run_dir(roots.with_client(client_roots), log_dir, run_id))
 
-    @tool
+    @server.tool()
     def report(
         run_id: str | None = None,
         log_dir: str = str(LOG_DIR),
@@ -580,32 +649,6 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
 
     return server
-
-
-def _strict_tools(server: MCPServer) -> Callable[[Callable[..., Any]], Any]:
-    """`server.tool()` for a tool whose result leaves as strict JSON: written once by strict_json.dumps (a
-    NaN that a host printed into its facts becomes "NaN", and `allow_nan=False` proves none is left) and read
-    back, so the SDK serialises plain data whatever its own rule for floats is."""
-
-    def register(function: Callable[..., Any]) -> Any:
-        def leaving(result: Any) -> Any:
-            return json.loads(strict_json.dumps(result, default=str))
-
-        if inspect.iscoroutinefunction(function):
-
-            @functools.wraps(function)
-            async def answer_async(*args: Any, **kwargs: Any) -> Any:
-                return leaving(await function(*args, **kwargs))
-
-            return server.tool()(answer_async)
-
-        @functools.wraps(function)
-        def answer(*args: Any, **kwargs: Any) -> Any:
-            return leaving(function(*args, **kwargs))
-
-        return server.tool()(answer)
-
-    return register
 
 
 def _run_argv(

@@ -28,9 +28,11 @@ from typing import Any
 
 from executor import durable
 from executor.errors import ResumeError, RunLocked, StateError
-from executor.files import odd_file, open_run_file, refusal
+from executor.files import json_data, odd_file, open_run_file, refusal
 
 STATE_FILE = "state.db"
+#: The files SQLite keeps beside state.db (its rollback journal, write-ahead log and shared memory).
+SQLITE_SIDECARS = ("-journal", "-wal", "-shm")
 META_FILE = "run.json"
 #: A run.json is a few KiB; one past this is damaged, and is not read whole.
 META_MAX_BYTES = 1024 * 1024
@@ -206,6 +208,27 @@ class RunLock:
         finally:
             os.close(fd)
 
+    def taken_by(self, pid: int) -> bool:
+        """Whether process `pid` is the one holding this lock, as the kernel lists it (/proc/locks: a flock's
+        pid is the process that took it), which no file in the run folder can forge: the record in the file
+        only says who should."""
+        fd = self._open(os.O_RDONLY)
+        try:
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        try:
+            with open("/proc/locks", "rb") as handle:
+                listed = handle.read(LOCKS_MAX_BYTES).splitlines()
+        except OSError:
+            return False
+        # `1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF`; a waiter's line has `->` after its number
+        return any(
+            fields[1:2] == [b"FLOCK"] and fields[4:5] == [str(pid).encode()] and fields[5].endswith(b":%d" % inode)
+            for fields in map(bytes.split, listed)
+            if len(fields) > 5
+        )
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -214,6 +237,8 @@ class RunLock:
 
 #: A lock's record is one short line of JSON: past this many bytes it is no record.
 LOCK_RECORD_MAX = 256
+#: The most of /proc/locks read (a line per lock held on the machine, ~50 bytes each).
+LOCKS_MAX_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -230,7 +255,7 @@ class LockRecord:
     @classmethod
     def parse(cls, raw: bytes) -> LockRecord | None:
         try:
-            data = json.loads(raw)
+            data = json_data(raw)
             record = cls(data["pid"], data["started"], data["run_id"])
         except (ValueError, TypeError, KeyError):
             return None
@@ -266,9 +291,10 @@ class RunState:
         self.run_dir = run_dir
         self._lock: RunLock | None = None  # only a store this process creates holds its run's lock
         db = run_dir / STATE_FILE
-        odd = odd_file(db)  # SQLite would follow a symlink, and wait on a FIFO
-        if odd:
-            raise _odd(db, odd)
+        for path in (db, *(db.with_name(db.name + suffix) for suffix in SQLITE_SIDECARS)):
+            odd = odd_file(path)  # SQLite opens each itself: it would follow a symlink, and wait on a FIFO
+            if odd:
+                raise _odd(path, odd)
         if not db.is_file():
             raise StateError(
                 f"{db} is missing: nothing of run {run_dir.name} can be reused; run without --resume to start over",
@@ -419,7 +445,7 @@ class RunState:
         if raw is None:
             return None
         try:
-            position = json.loads(raw)
+            position = json_data(raw)
             count, last = position["count"], position["hash"]
             if not (_fits(count, "integer") and count >= 0 and _fits(last, "hash")):
                 raise TypeError(f"expected a count and a hash, got {raw[:80]!r}")
@@ -439,7 +465,7 @@ class RunState:
                 for name in _JSON_COLUMNS:
                     if not isinstance(values[name], str | None):
                         raise TypeError(f"field {name!r} must be JSON text, not {_shown(values[name])}")
-                    values[name] = json.loads(values[name]) if values[name] else None
+                    values[name] = json_data(values[name]) if values[name] else None
                 why = _misshapen(values, _RECORD_SHAPES)
                 if why:
                     raise TypeError(why)
@@ -571,7 +597,7 @@ def read_meta(folder: Path) -> RunMeta | UnreadableRun | None:
             raw = handle.read(META_MAX_BYTES + 1)
         if len(raw) > META_MAX_BYTES:
             raise TypeError(f"larger than {META_MAX_BYTES // 1024} KiB: no run.json is")
-        data = json.loads(raw.decode("utf-8"))
+        data = json_data(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise TypeError(f"expected an object, got {type(data).__name__}")
         why = _misshapen(data, _META_SHAPES)

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from executor.errors import ResumeError, StateError
-from executor.files import open_run_file, refusal
+from executor.files import json_data, open_run_file, refusal
 from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, WRITE_FAILED, RunMeta, find_run, open_state, scan_runs
 
 #: How many runs `runs` lists, newest first.
 RECENT_RUNS = 20
 REPORT_FILE = "report.json"
+#: The largest report.json read (a campaign's is a few MiB at most): past it, refused unparsed.
+REPORT_MAX_BYTES = 16 << 20
 #: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
 #: they are of (which commit, which server, which GPUs, which commands) are not shown.
 PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
@@ -68,7 +70,7 @@ def failed_cells(stored: str | None) -> list[dict[str, str]]:
     if not stored:
         return []
     try:
-        cells = json.loads(stored)
+        cells = json_data(stored)
     except ValueError:
         raise StateError("state.db: failed_cells is not JSON", reason="failed_cells is not JSON") from None
     if not isinstance(cells, list) or not all(
@@ -114,8 +116,12 @@ def report(run_dir: Path) -> dict[str, Any]:
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
         raise ResumeError(f"{run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
     try:
-        with open_run_file(path) as handle:
-            document = json.loads(handle.read().decode("utf-8"))
+        with open_run_file(path) as handle:  # its size checked before it is read, and what is read bounded too
+            too_big = os.fstat(handle.fileno()).st_size > REPORT_MAX_BYTES
+            data = b"" if too_big else handle.read(REPORT_MAX_BYTES + 1)
+        if too_big or len(data) > REPORT_MAX_BYTES:
+            raise ResumeError(f"{path}: refused: larger than {REPORT_MAX_BYTES >> 20} MiB (the limit of a report)")
+        document = json.loads(data.decode("utf-8"))
     except OSError as exc:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
     except (ValueError, RecursionError) as exc:

@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from executor.files import open_regular
 from executor.hostprogram import host_program
 from executor.model import DataModel, Gate, Model
 from executor.stepkind import (
@@ -606,7 +607,8 @@ class EvalAcceptanceStep(StepSpec):
             else:
                 source = str(base_dir / path)
                 try:
-                    text = (base_dir / path).read_text(encoding="utf-8")
+                    with open_regular(base_dir / path) as handle:  # a FIFO or a device: refused at once
+                        text = handle.read().decode("utf-8")
                 except (OSError, UnicodeDecodeError) as exc:
                     raise FactsError(f"prompt set {name!r}: cannot read {source}: {exc}") from None
             try:

@@ -52,9 +52,14 @@ def call(tool: str, root: Path, **arguments: Any) -> dict[str, Any]:
     assert isinstance(result, CallToolResult) and not result.is_error, result
     assert isinstance(result.structured_content, dict)
     (block,) = result.content
-    assert json.loads(getattr(block, "text", "")) == result.structured_content
+    assert json.loads(getattr(block, "text", ""), parse_constant=strict) == result.structured_content
     assert len(getattr(block, "text", "").encode()) <= RESULT_CAP
     return result.structured_content
+
+
+def strict(constant: str) -> None:
+    """Fails a text block holding NaN or Infinity, which JSON has not (json.loads reads them)."""
+    raise AssertionError(f"{constant} in a text block: no JSON")
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +88,11 @@ def held_lock(run_dir: Path, record: bytes) -> Iterator[None]:
         os.close(fd)
 
 
-@pytest.mark.parametrize("record", ["reused pid", "older lock", "another run"])
+@pytest.mark.parametrize("record", ["reused pid", "older lock", "another run", "not the holder"])
 def test_stop_never_signals_a_process_the_lock_does_not_prove_took_it(finished: Path, record: str) -> None:
     """Before: `stop` sent SIGINT to whatever pid the lock file held: a pid reused by another process since
-    (here a `sleep`) was interrupted."""
+    (here a `sleep`) was interrupted; and a record naming another process, its start time and the run (what
+    anyone may write, /proc/PID/stat is readable) was proof enough while the lock was held by someone else."""
     (run_dir,) = (finished / "logs").iterdir()
     foreign = subprocess.Popen(["sleep", "60"])
     try:
@@ -96,13 +102,19 @@ def test_stop_never_signals_a_process_the_lock_does_not_prove_took_it(finished: 
             "reused pid": LockRecord(foreign.pid, started - 1, run_dir.name).text(),  # a process before it
             "older lock": str(foreign.pid),  # what `runbook` wrote before it recorded more
             "another run": LockRecord(foreign.pid, started, "20260101-000000-abcdef").text(),
+            "not the holder": LockRecord(foreign.pid, started, run_dir.name).text(),  # this process holds it
         }[record]
         with held_lock(run_dir, text.encode()):
             answer = call("stop", finished, run_id=run_dir.name, log_dir=str(finished / "logs"))
         time.sleep(0.2)
         assert foreign.poll() is None, "the foreign process was signalled"
         assert answer["ok"] is False and answer["exit_code"] == 2 and "not signalled" in answer["error"], answer
-        why = {"reused pid": "pid was reused", "older lock": "no record", "another run": "taken for run"}[record]
+        why = {
+            "reused pid": "pid was reused",
+            "older lock": "no record",
+            "another run": "taken for run",
+            "not the holder": "holds no lock",
+        }[record]
         assert why in answer["error"], answer
     finally:
         foreign.kill()
@@ -232,6 +244,30 @@ def test_the_clients_roots_are_roots_too(site: tuple[Path, Path]) -> None:
     assert "outside the server's roots" in asyncio.run(validate(None))["error"]
 
 
+def test_a_clients_root_on_another_host_or_no_path_is_no_root(site: tuple[Path, Path]) -> None:
+    """Before: `file://elsewhere/PATH` was taken as PATH here (the host ignored), and a root whose path held a
+    NUL byte (`%00`) or was a symlink loop failed every call (ValueError, RuntimeError), the other roots with it."""
+    root, outside = site
+    (root / "loop").symlink_to(root / "loop")
+    listed = [f"file://elsewhere{outside}", f"file://{root}/x%00y", (root / "loop").as_uri()]
+
+    async def roots(_: object) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in listed])
+
+    callback: Any = roots  # the SDK's type of it is a protocol over the request context, unused here
+
+    async def validate(file: Path) -> dict[str, Any]:
+        async with Client(build_server(Launches(), Roots([root])), list_roots_callback=callback) as client:
+            result = await client.call_tool("validate", {"file": str(file)})
+        assert isinstance(result.structured_content, dict)
+        return result.structured_content
+
+    assert "outside the server's roots" in asyncio.run(validate(outside / "one.yaml"))["error"]
+    assert asyncio.run(validate(root / "one.yaml"))["ok"] is True
+    listed = [outside.as_uri().replace("///", "//localhost/")]  # this host's own name: a root here
+    assert asyncio.run(validate(outside / "one.yaml"))["ok"] is True
+
+
 def test_runbook_mcp_refuses_a_root_that_is_no_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mcp", "--root", str(tmp_path / "nope")]) == 2
     assert "--root" in capsys.readouterr().err
@@ -279,15 +315,29 @@ def test_an_inventory_that_is_none_is_refused_as_well(tmp_path: Path) -> None:
 
 def test_a_big_answers_text_block_fits_the_cap_too(tmp_path: Path) -> None:
     """Before: the text block was the SDK's indented copy of the structured result, 90 kB for a plan cut to
-    the cap's 64 KiB."""
+    the cap's 64 KiB (a plan lists a grid's first 50 instances: each one's long script makes it big)."""
     book = tmp_path / "grid.yaml"
     axes = {"x": list(range(100)), "y": list(range(100))}
     book.write_text(
         "name: grid\nhosts:\n  box: {address: local}\nsteps:\n"
-        f"  - {{id: a, kind: shell, matrix: {json.dumps(axes)}, script: echo $matrix_x}}\n"
+        f"  - {{id: a, kind: shell, matrix: {json.dumps(axes)}, script: echo $matrix_x $matrix_y {'z' * 3000}}}\n"
     )
     plan = call("plan", tmp_path, file=str(book))  # `call` checks the text block's size and content
     assert plan["truncated"] and len(json.dumps(plan, indent=2).encode()) > RESULT_CAP
+
+
+def test_an_answer_over_the_cap_even_cut_is_an_ok_false_with_the_whole(finished: Path, tmp_path: Path) -> None:
+    """Before: a status whose run.json alone is over the cap (100 vars of 1000 characters, as a runbook may
+    set them) answered `{"truncated": true, "error": ...}`: neither `ok: false` and an exit code nor where
+    the whole is."""
+    logs = tmp_path / "logs"
+    shutil.copytree(finished / "logs", logs)
+    (run_dir,) = logs.iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps(meta | {"vars": {f"v{i}": "x" * 1000 for i in range(100)}}))
+    answer = call("status", tmp_path, run_id=run_dir.name, log_dir=str(logs))
+    assert answer["ok"] is False and answer["exit_code"] == 1 and answer["truncated"] is True, answer
+    assert answer["whole"] == str(run_dir / "state.db") and "cap" in answer["error"], answer
 
 
 def test_arguments_of_the_wrong_type_and_a_crash_are_ok_false_results(
@@ -305,3 +355,27 @@ def test_arguments_of_the_wrong_type_and_a_crash_are_ok_false_results(
     monkeypatch.setattr(views, "runs", crash)
     crashed = call("runs", finished, log_dir=str(finished / "logs"))
     assert crashed == {"ok": False, "exit_code": 1, "error": "runs: RuntimeError: boom with a second line"}
+
+
+def test_a_number_json_cannot_write_back_is_a_bad_argument_not_a_crash(
+    finished: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `since_seq` of 5000 digits was echoed as `next_seq`, and writing the answer raised (Python writes
+    no int of over 4300 digits): a traceback on the server's stderr and the SDK's `is_error` text, no answer.
+    Writing any answer is now inside the net that makes a crash `ok: false`."""
+    logs = str(finished / "logs")
+    answer = call("events", finished, run_id="2", since_seq=10**5000, log_dir=logs)
+    assert answer == {"ok": False, "exit_code": 2, "error": "events: invalid arguments: since_seq"}, answer
+    assert call("events", finished, run_id="2", since_seq=2**63 - 1, log_dir=logs)["events"] == []
+    monkeypatch.setattr(views, "runs", lambda log_dir: [{"n": 10**5000}])
+    crashed = call("runs", finished, log_dir=logs)
+    assert crashed["ok"] is False and crashed["exit_code"] == 1 and "4300 digits" in crashed["error"], crashed
+
+
+def test_arguments_too_long_for_a_command_line_are_a_bad_argument(finished: Path) -> None:
+    """Before: a var of 300 000 characters for `run` answered exit 1, `OSError: [Errno 7] Argument list too long`
+    with the interpreter's path, as if the server had failed rather than the argument."""
+    logs = str(finished / "logs")
+    answer = call("run", finished, file=str(finished / "one.yaml"), vars={"a": "b" * 300_000}, log_dir=logs)
+    assert answer["ok"] is False and answer["exit_code"] == 2 and "too long" in answer["error"], answer
+    assert sys.executable not in answer["error"], answer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import shutil
 import socket
 import statistics
@@ -155,6 +156,28 @@ def test_a_runbooks_own_file_that_cannot_be_read_or_parsed_fails_with_its_path(t
     (tmp_path / "prompts" / "mine.jsonl").write_text('{"prompt": "hi"}\n{"promt": "typo"}\n')
     with pytest.raises(FactsError, match=r"prompt set 'mine': .*mine\.jsonl line 2: needs exactly one of"):
         step._sets(tmp_path)
+
+
+def test_a_prompt_set_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
+    """Before: a FIFO as the prompt set waited for a writer for ever (the run hung in its event loop), and a
+    device was read as one (/dev/zero: an endless line filling memory; /dev/null here, harmless)."""
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    (tmp_path / "device.jsonl").symlink_to(os.devnull)
+    for name in ("fifo.jsonl", "device.jsonl"):
+        step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets={"mine": name})
+        answered: list[BaseException] = []
+
+        def read(step: EvalAcceptanceStep = step, answered: list[BaseException] = answered) -> None:
+            with pytest.raises(FactsError, match="not a regular file") as caught:
+                step._sets(tmp_path)
+            answered.append(caught.value)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(10)
+        if reader.is_alive():  # free the reader stuck on the FIFO before failing
+            os.close(os.open(tmp_path / "fifo.jsonl", os.O_WRONLY | os.O_NONBLOCK))
+        assert answered, f"{name}: no answer within 10 s"
 
 
 # ------------------------------------------------------------------------------------------- statistics
