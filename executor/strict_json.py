@@ -31,6 +31,25 @@ def strict(value: Any) -> Any:
     return value
 
 
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether JSON-like data nests deeper than `limit`, walked without recursion: data read back from a run
+    folder's file may nest past what a recursive walk (`strict`, json.dumps with `indent`, dataclasses.asdict)
+    survives, so a reader checks it first and refuses the file instead of ending in a RecursionError."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def dumps(value: Any, **options: Any) -> str:
     """`json.dumps` of `value` made strict (see `strict`), with `allow_nan=False`: the one way a JSON answer
     or file of runbook is written. `options` are json.dumps's (`indent`, `default`, ...)."""

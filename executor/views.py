@@ -14,13 +14,28 @@ import os
 from pathlib import Path
 from typing import Any
 
+from executor import strict_json
 from executor.errors import ResumeError, StateError
 from executor.files import open_run_file, refusal
-from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, WRITE_FAILED, RunMeta, find_run, open_state, scan_runs
+from executor.state import (
+    JSON_COLUMN_MAX_DEPTH,
+    STAMP_LEN,
+    STOPPED,
+    STOPPED_NOTE,
+    WRITE_FAILED,
+    RunMeta,
+    find_run,
+    open_state,
+    scan_runs,
+)
 
 #: How many runs `runs` lists, newest first.
 RECENT_RUNS = 20
 REPORT_FILE = "report.json"
+#: How deep a report.json may nest: twice what a stored record may (state.JSON_COLUMN_MAX_DEPTH), as a report's
+#: provenance holds step facts a few levels down. One deeper was not written by a step, and printing it
+#: (`report --json`, the MCP `report`) would exhaust the stack.
+REPORT_MAX_DEPTH = 2 * JSON_COLUMN_MAX_DEPTH
 #: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
 #: they are of (which commit, which server, which GPUs, which commands) are not shown.
 PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
@@ -120,6 +135,8 @@ def report(run_dir: Path) -> dict[str, Any]:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
     except (ValueError, RecursionError) as exc:
         raise _not_a_report(path, exc) from None
+    if strict_json.nested_deeper(document, REPORT_MAX_DEPTH):
+        raise _not_a_report(path, ValueError(f"nested deeper than {REPORT_MAX_DEPTH} levels"))
     report_parts(document, path)
     lacks = provenance_lacks(document)
     if lacks:

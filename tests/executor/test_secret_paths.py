@@ -36,7 +36,9 @@ from executor.events import json_line
 from executor.loader import load_runbook, secret_values
 from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.render import render_command
+from executor.state import JSON_COLUMN_MAX_DEPTH
 from executor.transport.local import LOCAL_ENV_NAMES, LocalTransport
+from executor.views import REPORT_MAX_DEPTH
 from tests.executor.test_cli_report import PROVENANCE, write
 
 # -- a secret as a matrix value ----------------------------------------------------------------------------
@@ -309,6 +311,40 @@ def test_every_mcp_result_is_strict_json(tmp_path: Path, capsys: pytest.CaptureF
     assert results[0]["steps"][0]["facts"] == {"tps": "NaN"}
     assert results[3]["tables"][0]["rows"] == [["Infinity"]]
     assert PROVENANCE["generated_at"] == results[3]["provenance"]["generated_at"]
+
+
+@pytest.mark.parametrize("depth", [JSON_COLUMN_MAX_DEPTH + 1, 900, 100_000])
+def test_run_files_nested_past_their_bound_are_refused_not_a_recursion_error(
+    depth: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: facts in state.db or a report.json nested 900 deep (json.loads reads them) ended `status`
+    (dataclasses.asdict), `status --json` and `report --json` (strict_json.strict) in a RecursionError traceback,
+    100 000 deep (past json.loads) too. Now each says which file and why, exit 2."""
+    import sqlite3
+
+    from executor.stepkind import FACTS_MAX_DEPTH
+
+    assert JSON_COLUMN_MAX_DEPTH == FACTS_MAX_DEPTH  # what a run stores is what it reads back
+    book = tmp_path / "deep.yaml"
+    book.write_text("name: deep\nhosts: {here: {address: local}}\nsteps:\n  - {id: s, kind: shell, script: 'true'}\n")
+    logs = tmp_path / "logs"
+    assert main(["run", str(book), "--log-dir", str(logs)]) == 0
+    (run_dir,) = logs.iterdir()
+    nested = "[" * depth + "]" * depth
+    with contextlib.closing(sqlite3.connect(run_dir / "state.db")) as db, db:
+        db.execute("UPDATE steps SET facts = ?", (nested,))
+    write(run_dir, {"title": "t", "tables": [], "figures": [], "deep": []})
+    (run_dir / "report.json").write_text(
+        (run_dir / "report.json").read_text().replace('"deep": []', f'"deep": {nested}')
+    )
+    capsys.readouterr()
+    for command in (["status", "--log-dir", str(logs)], ["status", "--log-dir", str(logs), "--json"]):
+        assert main(command) == 2
+        assert f"field 'facts' nests deeper than {JSON_COLUMN_MAX_DEPTH} levels" in capsys.readouterr().err
+    if depth <= REPORT_MAX_DEPTH:
+        return  # a report that deep is one a step may write
+    assert main(["report", str(run_dir), "--json"]) == 2
+    assert "report.json: not a report" in capsys.readouterr().err
 
 
 # -- a secret of any shape through every writer and answer -------------------------------------------------
