@@ -401,6 +401,39 @@ def test_a_secret_of_any_shape_is_in_no_run_file_and_no_json_or_mcp_answer(
         assert redactor.text(text) == text, text
 
 
+@pytest.fixture
+def mcp_tool() -> Any:
+    """The MCP server's tools called in this process (`in_process`), imported before a property test draws
+    (the module holds @given tests of its own, which Hypothesis refuses to define inside one)."""
+    pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
+    from tests.executor.test_mcp_server import in_process
+
+    return in_process
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secret=writer_secrets, var=st.sampled_from(["url", "port", "nope"]))
+def test_a_secret_of_any_shape_is_in_no_plan_or_validate_answer(
+    secret: str, var: str, mcp_tool: Any, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answers the writers test does not reach: `plan --json`, `plan --full` and the MCP `plan` and
+    `validate` given a `--var` pasted from the secret (a var of the runbook, a number, an unknown name)."""
+    monkeypatch.setenv("RB_WRITERS_TOKEN", secret)
+    root = tmp_path_factory.mktemp("answers")
+    book = root / "plan.yaml"
+    book.write_text(WRITERS_BOOK.replace("steps:", "vars: {url: 'http://h', port: 8000}\nsteps:", 1))
+    pasted = f"https://u:{secret}@h/"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for shape in ("--json", "--full"):
+            main(["plan", str(book), shape, "--var", f"{var}={pasted}"])
+    answers = [out.getvalue(), err.getvalue()]
+    answers += [json.dumps(mcp_tool(tool, root, file=str(book), vars={var: pasted})) for tool in ("plan", "validate")]
+    redactor = Redactor([secret])
+    for text in answers:
+        assert redactor.text(text) == text, text
+
+
 # -- the reports: what the runbook wrote (a label, a title, a cell value) masked where a report leaves --------
 
 REPORT_SECRET = "hf_Zq9-pasted.+Secret7é"
