@@ -23,7 +23,8 @@ def strict(value: Any) -> Any:
     """`value` (JSON-like data) with each non-finite float, at any depth, replaced by its name as a string;
     tuples become lists, as json writes them. Everything else is returned as it is."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else NON_FINITE_NAMES[repr(value).lower()]
+        # repr of the float itself: a subclass's own repr (numpy's `np.float64(nan)`) names no key
+        return value if math.isfinite(value) else NON_FINITE_NAMES[repr(float(value)).lower()]
     if isinstance(value, dict):
         return {key: strict(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

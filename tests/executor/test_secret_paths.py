@@ -252,6 +252,16 @@ def test_non_finite_names_are_decided_once() -> None:
     assert strict_load(strict_json.dumps(NON_FINITE)) == ["NaN", "Infinity", "-Infinity"]
 
 
+def test_a_float_subclass_with_its_own_repr_is_named_too() -> None:
+    """Before: a KeyError, as the name was looked up by the value's repr (numpy 2's `np.float64(nan)`)."""
+
+    class Float64(float):
+        def __repr__(self) -> str:
+            return f"np.float64({float(self)!r})"
+
+    assert strict_load(strict_json.dumps([Float64(v) for v in NON_FINITE])) == ["NaN", "Infinity", "-Infinity"]
+
+
 def test_a_hosts_nan_facts_leave_every_answer_as_strict_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
