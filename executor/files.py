@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from executor import strict_json
+
 
 def open_regular(path: Path, follow: bool = True) -> io.BufferedReader:
     """`path` opened for reading, refused unless it is a regular file: opening a FIFO waits for a writer
@@ -72,10 +74,15 @@ def lines_within(handle: io.BufferedReader, limit: int) -> Iterator[tuple[bytes,
         yield line[:limit] + b"\n", True
 
 
-def json_data(text: str | bytes) -> Any:
-    """`json.loads(text)`, where a document nested deeper than the parser goes (30 000 lists in a run.json) is
-    a ValueError as any other JSON it cannot read, not its RecursionError, which no reader of run data expects."""
+def json_data(text: str | bytes, max_depth: int | None = None) -> Any:
+    """`json.loads(text)`, where a document nested deeper than the parser goes (30 000 lists in a run.json), or
+    than `max_depth` (a run file's own bound: deeper was not written by runbook, and a recursive walk of it,
+    json.dumps with `indent`, would exhaust the stack), is a ValueError as any other JSON it cannot read, not
+    a RecursionError, which no reader of run data expects."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except RecursionError:
         raise ValueError("nested too deep to read (no run file is)") from None
+    if max_depth is not None and strict_json.nested_deeper(value, max_depth):
+        raise ValueError(f"nests deeper than {max_depth} levels")
+    return value

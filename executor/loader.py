@@ -63,6 +63,9 @@ class Runbook:
     step_hosts: dict[str, list[str]] = field(default_factory=dict)
     step_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # (line, column) of each step
     secret_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # of each secret's declaration
+    #: the runbook's name and the names of its hosts, pools, vars and secrets, each with where it is and what
+    #: it is: stored and shown as written (run.json, state.db, `status`, `runs`), never masked
+    names: list[tuple[str, tuple[int, int], str]] = field(default_factory=list)
     #: the matrices, expanded (executor.campaign): a matrix's step instances are in `steps`, in run order
     groups: list[MatrixGroup] = field(default_factory=list)
     instances: dict[str, Instance] = field(default_factory=dict)  # instance id -> what it is of which matrix
@@ -684,6 +687,7 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     runbook = Runbook(path, header, steps, fallbacks, sha256=digest, text=text) if header is not None else None
     if runbook is not None:
         runbook.secret_positions = {name: pos.at(("secrets", name), key=True) for name in runbook.header.secrets}
+        runbook.names = _header_names(runbook.header, pos)
         runbook.groups, runbook.instances = expansion.groups, expansion.instances
     if runbook is not None:
         _check_host_vars(runbook.hosts, runbook.header.vars, pos)
@@ -941,19 +945,29 @@ def secret_values(runbook: Runbook, environ: Mapping[str, str], *, required: boo
 
 
 def _secret_in_ids(runbook: Runbook, name: str, value: str) -> list[Problem]:
-    """The first step id, matrix cell id or matrix value holding the secret (a value pasted from it): ids are
-    stored in state.db and shown by `runbook status` as written, and a matrix value, each field of a mapping
-    and each item of a list too, is written as it is into the campaign report (report.json, report.md, the
-    figures' labels) and the events' `cell`: none is masked, so such a run is refused."""
+    """The first step id, matrix cell id, matrix value or name (of the runbook, a host, pool, var or secret)
+    holding the secret (a value pasted from it): ids and names are stored in state.db and run.json and shown
+    by `runbook status` and `runs` as written, and a matrix value, each field of a mapping and each item of a
+    list too, is written as it is into the campaign report (report.json, report.md, the figures' labels) and
+    the events' `cell`: none is masked, so such a run is refused."""
     redactor = Redactor([value])
     named = [(spec.id, runbook.step_positions.get(spec.id, (1, 1)), "step id") for spec in runbook.steps]
     named += [(f"{g.name}[{cell.id}]", g.position, "matrix cell") for g in runbook.groups for cell in g.cells]
     named += [(text, g.position, what) for g in runbook.groups for text, what in _matrix_texts(g)]
+    named += runbook.names
     for text, (line, col), what in named:
         if (shown := redactor.text(text)) != text:
-            why = f"secret {name}: its value is in the {what} '{shown}' (ids and matrix values are shown unmasked)"
+            why = f"secret {name}: its value is in the {what} '{shown}' (ids, names, matrix values are shown unmasked)"
             return [Problem(str(runbook.path), line, col, redactor.text(why))]
     return []
+
+
+def _header_names(header: RunbookHeader, pos: _Positions) -> list[tuple[str, tuple[int, int], str]]:
+    """The runbook's name and each host, pool, var and secret name, with its position and what it is."""
+    named = [(header.name, pos.at(("name",)), "runbook name")]
+    for section, what in (("hosts", "host"), ("pools", "pool"), ("vars", "var"), ("secrets", "secret")):
+        named += [(name, pos.at((section, name), key=True), f"{what} name") for name in getattr(header, section)]
+    return named
 
 
 def _matrix_texts(group: MatrixGroup) -> list[tuple[str, str]]:

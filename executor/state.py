@@ -53,6 +53,10 @@ AUDIT_POSITION = "audit_position"
 STAMP_LEN = len("YYYYMMDD-HHMMSS")
 #: step-record columns stored as JSON text
 _JSON_COLUMNS = ("facts", "parts")
+#: How deep a stored JSON column may nest: a run stores facts bounded by executor.stepkind.FACTS_MAX_DEPTH (the
+#: same 64; not imported here, that module would cost every `status` a tenth of a second), parts less. One
+#: nested deeper was not written by a run, and walking it (status, a resume) would exhaust the stack.
+JSON_COLUMN_MAX_DEPTH = 64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -465,7 +469,7 @@ class RunState:
                 for name in _JSON_COLUMNS:
                     if not isinstance(values[name], str | None):
                         raise TypeError(f"field {name!r} must be JSON text, not {_shown(values[name])}")
-                    values[name] = json_data(values[name]) if values[name] else None
+                    values[name] = _json_column(name, values[name]) if values[name] else None
                 why = _misshapen(values, _RECORD_SHAPES)
                 if why:
                     raise TypeError(why)
@@ -487,6 +491,15 @@ def open_state(run_dir: Path) -> Iterator[RunState]:
         yield state
     finally:
         state.close()
+
+
+def _json_column(name: str, text: str) -> Any:
+    """A step record's JSON column, read; ValueError when it is no JSON or nests deeper than
+    JSON_COLUMN_MAX_DEPTH (json.loads itself gives up, with a RecursionError, only past about 1000 levels)."""
+    try:
+        return json_data(text, JSON_COLUMN_MAX_DEPTH)
+    except ValueError as exc:
+        raise ValueError(f"field {name!r}: {exc}") from None
 
 
 def _unreadable(db: Path, why: object) -> StateError:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from executor import strict_json
 from executor.campaign import AxisValue
 from executor.durations import Duration
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
@@ -53,18 +54,8 @@ SUMMARY_LINES = 3  # of a step's default summary: the readable plan fits on a co
 
 def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:
     """Raise FactsError when JSON-like data nests deeper than `limit` (walked without recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Iterable[Any] = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            raise FactsError(f"facts nested deeper than {limit} levels")
-        stack.extend((child, depth + 1) for child in children)
+    if strict_json.nested_deeper(value, limit):
+        raise FactsError(f"facts nested deeper than {limit} levels")
 
 
 DocumentT = TypeVar("DocumentT", bound=BaseModel)

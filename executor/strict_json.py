@@ -23,12 +23,32 @@ def strict(value: Any) -> Any:
     """`value` (JSON-like data) with each non-finite float, at any depth, replaced by its name as a string;
     tuples become lists, as json writes them. Everything else is returned as it is."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else NON_FINITE_NAMES[repr(value).lower()]
+        # repr of the float itself: a subclass's own repr (numpy's `np.float64(nan)`) names no key
+        return value if math.isfinite(value) else NON_FINITE_NAMES[repr(float(value)).lower()]
     if isinstance(value, dict):
         return {key: strict(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [strict(item) for item in value]
     return value
+
+
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether JSON-like data nests deeper than `limit`, walked without recursion: data read back from a run
+    folder's file may nest past what a recursive walk (`strict`, json.dumps with `indent`, dataclasses.asdict)
+    survives, so a reader checks it first and refuses the file instead of ending in a RecursionError."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def dumps(value: Any, **options: Any) -> str:

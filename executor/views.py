@@ -9,20 +9,33 @@ Everything read was stored redacted by the run (see README "Secrets").
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from executor.errors import ResumeError, StateError
 from executor.files import json_data, open_run_file, refusal
-from executor.state import STAMP_LEN, STOPPED, STOPPED_NOTE, WRITE_FAILED, RunMeta, find_run, open_state, scan_runs
+from executor.state import (
+    JSON_COLUMN_MAX_DEPTH,
+    STAMP_LEN,
+    STOPPED,
+    STOPPED_NOTE,
+    WRITE_FAILED,
+    RunMeta,
+    find_run,
+    open_state,
+    scan_runs,
+)
 
 #: How many runs `runs` lists, newest first.
 RECENT_RUNS = 20
 REPORT_FILE = "report.json"
 #: The largest report.json read (a campaign's is a few MiB at most): past it, refused unparsed.
 REPORT_MAX_BYTES = 16 << 20
+#: How deep a report.json may nest: twice what a stored record may (state.JSON_COLUMN_MAX_DEPTH), as a report's
+#: provenance holds step facts a few levels down. One deeper was not written by a step, and printing it
+#: (`report --json`, the MCP `report`) would exhaust the stack.
+REPORT_MAX_DEPTH = 2 * JSON_COLUMN_MAX_DEPTH
 #: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
 #: they are of (which commit, which server, which GPUs, which commands) are not shown.
 PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
@@ -121,10 +134,10 @@ def report(run_dir: Path) -> dict[str, Any]:
             data = b"" if too_big else handle.read(REPORT_MAX_BYTES + 1)
         if too_big or len(data) > REPORT_MAX_BYTES:
             raise ResumeError(f"{path}: refused: larger than {REPORT_MAX_BYTES >> 20} MiB (the limit of a report)")
-        document = json.loads(data.decode("utf-8"))
+        document = json_data(data.decode("utf-8"), REPORT_MAX_DEPTH)
     except OSError as exc:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise _not_a_report(path, exc) from None
     report_parts(document, path)
     lacks = provenance_lacks(document)

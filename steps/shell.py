@@ -70,7 +70,7 @@ class ShellStep(StepSpec):
             raise FactsError("parse: json expected a JSON document on stdout, but stdout was empty")
         try:
             return json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # a JSONDecodeError, or an integer past Python's 4300 digits
             raise FactsError(f"parse: json could not parse stdout: {exc}") from None
 
     async def execute(self, ctx: StepContext) -> Outcome:

@@ -36,7 +36,9 @@ from executor.events import json_line
 from executor.loader import load_runbook, secret_values
 from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.render import render_command
+from executor.state import JSON_COLUMN_MAX_DEPTH
 from executor.transport.local import LOCAL_ENV_NAMES, LocalTransport
+from executor.views import REPORT_MAX_DEPTH
 from tests.executor.test_cli_report import PROVENANCE, write
 
 # -- a secret as a matrix value ----------------------------------------------------------------------------
@@ -126,6 +128,50 @@ def test_a_secret_as_a_field_name_is_refused(tmp_path: Path) -> None:
     assert "matrix axis 'drafter' value 'zlab', a field name '***'" in str(refused.value)
 
 
+NAMES_BOOK = """\
+name: {name}
+hosts: {{{host}: {{address: local}}}}
+pools: {{{pool}: [{host}]}}
+vars: {{{var}: plain}}
+secrets: {{{secret}: {{env: RB_NAME_TOKEN}}}}
+steps:
+  - {{id: note, kind: shell, script: 'true'}}
+"""
+NAMES_PLAIN = {"name": "names", "host": "box", "pool": "gpus", "var": "greeting", "secret": "TOKEN"}
+#: Where each name is (line, column) in NAMES_BOOK, and what the refusal calls it.
+NAME_PLACES = {
+    "name": ((1, 7), "runbook name"),
+    "host": ((2, 9), "host name"),
+    "pool": ((3, 9), "pool name"),
+    "var": ((4, 8), "var name"),
+    "secret": ((5, 11), "secret name"),
+}
+#: A secret a name can hold (letters, digits, `_`: every kind of name allows these).
+name_secrets = st.text("abcXYZ0189_", min_size=MIN_SECRET_CHARS, max_size=20).filter(lambda s: not s[0].isdigit())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secret=name_secrets, place=st.sampled_from(sorted(NAME_PLACES)), around=st.sampled_from(["{s}", "x{s}_y"]))
+def test_a_secret_in_the_runbooks_name_or_a_host_pool_var_or_secret_name_is_refused(
+    secret: str, place: str, around: str, tmp_path: Path
+) -> None:
+    """Before: only ids and matrix values were checked, so a runbook name or host name pasted from the secret was
+    written as it is into run.json and state.db and shown by `runs --json` and `status --json` (names are
+    stored unmasked, as ids are)."""
+    path = tmp_path / "names.yaml"
+    path.write_text(NAMES_BOOK.format(**NAMES_PLAIN | {place: around.format(s=secret)}))
+    runbook = load_runbook(path)
+    env = "RB_NAME_TOKEN"
+    assert secret_values(runbook, {env: ABSENT}) == {"TOKEN" if place != "secret" else around.format(s=secret): ABSENT}
+    with pytest.raises(InvalidRunbook) as refused:
+        secret_values(runbook, {env: secret})
+    (problem,) = refused.value.problems
+    where, what = NAME_PLACES[place]
+    assert (problem.line, problem.column) == where, problem
+    assert f"its value is in the {what} '" in problem.message, problem.message
+    assert secret not in str(refused.value)
+
+
 # -- a local step's environment ----------------------------------------------------------------------------
 
 CONTROLLER_TOKEN = "hf_controllerOnlyToken0123456789"
@@ -206,6 +252,16 @@ def test_non_finite_names_are_decided_once() -> None:
     assert strict_load(strict_json.dumps(NON_FINITE)) == ["NaN", "Infinity", "-Infinity"]
 
 
+def test_a_float_subclass_with_its_own_repr_is_named_too() -> None:
+    """Before: a KeyError, as the name was looked up by the value's repr (numpy 2's `np.float64(nan)`)."""
+
+    class Float64(float):
+        def __repr__(self) -> str:
+            return f"np.float64({float(self)!r})"
+
+    assert strict_load(strict_json.dumps([Float64(v) for v in NON_FINITE])) == ["NaN", "Infinity", "-Infinity"]
+
+
 def test_a_hosts_nan_facts_leave_every_answer_as_strict_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -267,6 +323,41 @@ def test_every_mcp_result_is_strict_json(tmp_path: Path, capsys: pytest.CaptureF
     assert PROVENANCE["generated_at"] == results[3]["provenance"]["generated_at"]
 
 
+@pytest.mark.parametrize("depth", [JSON_COLUMN_MAX_DEPTH + 1, 900, 100_000])
+def test_run_files_nested_past_their_bound_are_refused_not_a_recursion_error(
+    depth: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: facts in state.db or a report.json nested 900 deep (json.loads reads them) ended `status`
+    (dataclasses.asdict), `status --json` and `report --json` (strict_json.strict) in a RecursionError traceback,
+    100 000 deep (past json.loads) too. Now each says which file and why, exit 2."""
+    import sqlite3
+
+    from executor.stepkind import FACTS_MAX_DEPTH
+
+    assert JSON_COLUMN_MAX_DEPTH == FACTS_MAX_DEPTH  # what a run stores is what it reads back
+    book = tmp_path / "deep.yaml"
+    book.write_text("name: deep\nhosts: {here: {address: local}}\nsteps:\n  - {id: s, kind: shell, script: 'true'}\n")
+    logs = tmp_path / "logs"
+    assert main(["run", str(book), "--log-dir", str(logs)]) == 0
+    (run_dir,) = logs.iterdir()
+    nested = "[" * depth + "]" * depth
+    with contextlib.closing(sqlite3.connect(run_dir / "state.db")) as db, db:
+        db.execute("UPDATE steps SET facts = ?", (nested,))
+    write(run_dir, {"title": "t", "tables": [], "figures": [], "deep": []})
+    (run_dir / "report.json").write_text(
+        (run_dir / "report.json").read_text().replace('"deep": []', f'"deep": {nested}')
+    )
+    capsys.readouterr()
+    for command in (["status", "--log-dir", str(logs)], ["status", "--log-dir", str(logs), "--json"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err  # past json.loads's own depth: "nested too deep to read"
+        assert f"field 'facts': nests deeper than {JSON_COLUMN_MAX_DEPTH} levels" in err or "too deep" in err, err
+    if depth <= REPORT_MAX_DEPTH:
+        return  # a report that deep is one a step may write
+    assert main(["report", str(run_dir), "--json"]) == 2
+    assert "report.json: not a report" in capsys.readouterr().err
+
+
 # -- a secret of any shape through every writer and answer -------------------------------------------------
 
 #: Secrets from characters the run's own files never hold in a row of 8 (no hex digit, no lowercase word, no
@@ -316,6 +407,39 @@ def test_a_secret_of_any_shape_is_in_no_run_file_and_no_json_or_mcp_answer(
     answers += [json.dumps(step_tail(run_dir, "say", None, 200), ensure_ascii=False)]
     answers += [f.read_bytes().decode("utf-8", "replace") for f in run_dir.iterdir() if f.is_file()]
     assert "out ***" in answers[0] and "err ***" in json.dumps(step_tail(run_dir, "say", None, 200))
+    redactor = Redactor([secret])
+    for text in answers:
+        assert redactor.text(text) == text, text
+
+
+@pytest.fixture
+def mcp_tool() -> Any:
+    """The MCP server's tools called in this process (`in_process`), imported before a property test draws
+    (the module holds @given tests of its own, which Hypothesis refuses to define inside one)."""
+    pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
+    from tests.executor.test_mcp_server import in_process
+
+    return in_process
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(secret=writer_secrets, var=st.sampled_from(["url", "port", "nope"]))
+def test_a_secret_of_any_shape_is_in_no_plan_or_validate_answer(
+    secret: str, var: str, mcp_tool: Any, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answers the writers test does not reach: `plan --json`, `plan --full` and the MCP `plan` and
+    `validate` given a `--var` pasted from the secret (a var of the runbook, a number, an unknown name)."""
+    monkeypatch.setenv("RB_WRITERS_TOKEN", secret)
+    root = tmp_path_factory.mktemp("answers")
+    book = root / "plan.yaml"
+    book.write_text(WRITERS_BOOK.replace("steps:", "vars: {url: 'http://h', port: 8000}\nsteps:", 1))
+    pasted = f"https://u:{secret}@h/"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for shape in ("--json", "--full"):
+            main(["plan", str(book), shape, "--var", f"{var}={pasted}"])
+    answers = [out.getvalue(), err.getvalue()]
+    answers += [json.dumps(mcp_tool(tool, root, file=str(book), vars={var: pasted})) for tool in ("plan", "validate")]
     redactor = Redactor([secret])
     for text in answers:
         assert redactor.text(text) == text, text

@@ -28,7 +28,13 @@ def test_parse_json_makes_facts() -> None:
 
 @pytest.mark.parametrize(
     ("stdout", "message"),
-    [(b"", "stdout was empty"), (b"  \n", "stdout was empty"), (b"{nope", "could not parse stdout")],
+    [
+        (b"", "stdout was empty"),
+        (b"  \n", "stdout was empty"),
+        (b"{nope", "could not parse stdout"),
+        # before: a ValueError, so the step failed "unexpectedly" with a traceback for a message
+        pytest.param(b'{"n": ' + b"9" * 5000 + b"}", "could not parse stdout: Exceeds the limit", id="5000 digits"),
+    ],
 )
 def test_parse_json_is_loud_about_bad_output(stdout: bytes, message: str) -> None:
     with pytest.raises(FactsError, match=message):
