@@ -338,6 +338,7 @@ def _body(answer: Any, limit: int | None, url: str) -> bytes:
     while held < most:
         piece = answer.read(min(_PIECE_BYTES, most - held))
         if not piece:
+            _whole(answer, b"".join(pieces))
             break
         pieces.append(piece)
         held += len(piece)
@@ -347,6 +348,15 @@ def _body(answer: Any, limit: int | None, url: str) -> bytes:
             f"{server} answered {url} with more than {ANSWER_MAX_BYTES >> 20} MiB, the most one answer may hold"
         )
     return b"".join(pieces)
+
+
+def _whole(answer: Any, read: bytes) -> None:
+    """IncompleteRead when the connection ended before the Content-Length an answer (or its HTTPError's) claimed:
+    a read of a piece returns what came, where a read of all of it said that it was cut."""
+    response = answer if isinstance(answer, http.client.HTTPResponse) else getattr(answer, "fp", None)
+    missing = getattr(response, "length", None)
+    if missing:
+        raise http.client.IncompleteRead(read, missing)
 
 
 class Retry(Exception):

@@ -111,8 +111,7 @@ def test_a_whole_answer_within_the_deadline_is_read_whole() -> None:
 
 
 def serving(send: Callable[[socket.socket], None]) -> str:
-    """A server on 127.0.0.1 that answers one request with `send`, then holds the connection until the client
-    goes; its base URL."""
+    """A server on 127.0.0.1 that answers one request with `send`, then closes the connection; its base URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
 
@@ -122,12 +121,16 @@ def serving(send: Callable[[socket.socket], None]) -> str:
         with connection:
             connection.recv(65536)
             send(connection)
-            connection.settimeout(DEADLINE_S + SLACK_S)
-            with contextlib.suppress(OSError):
-                connection.recv(1)  # until the client gives up
 
     threading.Thread(target=answer, daemon=True).start()
     return url
+
+
+def held(connection: socket.socket) -> None:
+    """Send nothing more until the client gives up."""
+    connection.settimeout(DEADLINE_S + SLACK_S)
+    with contextlib.suppress(OSError):
+        connection.recv(1)
 
 
 def endless_chunks(connection: socket.socket) -> None:
@@ -136,11 +139,18 @@ def endless_chunks(connection: socket.socket) -> None:
     with contextlib.suppress(OSError):
         for _ in range(64):
             connection.sendall(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+    held(connection)
 
 
 def claimed_petabyte(connection: socket.socket) -> None:
     """A Content-Length of 10**15, and 3 bytes of it."""
     connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\nabc" % 10**15)
+    held(connection)
+
+
+def cut_short(connection: socket.socket) -> None:
+    """An error status whose body ends (the connection closed) 97 bytes before its Content-Length."""
+    connection.sendall(b"HTTP/1.1 503 Busy\r\nContent-Length: 100\r\n\r\nabc")
 
 
 def test_a_body_longer_than_an_answer_may_be_is_refused_when_it_passes_the_most(monkeypatch: Any) -> None:
@@ -157,3 +167,11 @@ def test_a_claimed_length_decides_no_read_and_the_deadline_still_holds() -> None
     answer, took = timed(lambda: kit.exchange(url + "/health", DEADLINE_S))
     assert took < DEADLINE_S + SLACK_S
     assert isinstance(answer, kit.NoAnswer) and answer.late, answer
+
+
+def test_a_body_cut_before_its_length_is_no_answer() -> None:
+    url = serving(cut_short)
+    answer, took = timed(lambda: kit.exchange(url + "/health", DEADLINE_S))
+    assert took < DEADLINE_S
+    assert isinstance(answer, kit.NoAnswer) and not answer.late
+    assert str(answer) == f"{url}/health: IncompleteRead(3 bytes read, 97 more expected)"
