@@ -154,19 +154,28 @@ fi
 """
 
 
+def marked_folder(var: str) -> str:
+    """Bash lines that sweep the folders of killed steps (`_SWEEP`), then make a folder for this one, in bash
+    variable `var`, named after the bash that runs them (`runbook-prog.PID.START.XXXXXXXX`) and removed at its
+    exit. TERM and PIPE end it through that trap: a stopped step's bash says `Terminated` on a stderr whose
+    reader may be gone (the controller killed), and PIPE's default would end it there, its folder left. What a
+    step leaves in the host's temp folder lies in one (a host program, bench_serving's output)."""
+    return (
+        _SWEEP
+        + f'{var}=$(mktemp -d "${{TMPDIR:-/tmp}}/runbook-prog.$$.$runbook_start.XXXXXXXX") || exit 1\n'
+        + f"trap 'rm -rf -- \"${var}\"' EXIT\ntrap 'exit 143' TERM\ntrap 'exit 141' PIPE\n"
+    )
+
+
 def host_program(name: str, config: Mapping[str, Any], python: str = "python3") -> str:
     """Bash lines that run program `name` with `config` under the host's `python` (a host word: `~` and
     `$var` expand there) and leave its exit status as theirs. Its folder is named after the bash that runs
-    it (`runbook-prog.PID.START.XXXXXXXX`), so that the next program on the host removes it when that bash
-    was killed before its EXIT trap could (`_SWEEP`). TERM and PIPE end it through that trap: a stopped step's
-    bash says `Terminated` on a stderr whose reader may be gone (the controller killed), and PIPE's default
-    would end it there, its folder left."""
+    it (`marked_folder`), so that the next program on the host removes it when that bash was killed before
+    its EXIT trap could."""
     digest, encoded = _shipped(name)
     return (
         f"# hostprograms/{name}.py with the kit, zip sha256:{digest[:16]}\n"
-        + _SWEEP
-        + 'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.$$.$runbook_start.XXXXXXXX") || exit 1\n'
-        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\ntrap 'exit 141' PIPE\n"
+        + marked_folder("prog")
         + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")
         + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
         + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'

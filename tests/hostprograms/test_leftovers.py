@@ -23,6 +23,7 @@ from executor.render import render_command
 from executor.transport import SSHTransport
 from executor.transport.base import CommandResult
 from sandbox.sshd import SSHServer
+from steps.benchmark import BenchmarkStep
 
 
 def waiting_program(tmp: Path, seconds: float) -> str:
@@ -116,3 +117,21 @@ def test_the_sweep_tells_a_live_owner_from_a_gone_or_reused_pid_whatever_the_scr
         live.kill()
     assert done.returncode == 0
     assert sorted(tmp_path.iterdir()) == [kept]
+
+
+def test_a_killed_benchmark_s_output_goes_at_the_next_program(tmp_path: Path) -> None:
+    # bench_serving writes its JSONL into a file of the host's temp folder: the same class as a program's folder
+    sleeper = tmp_path / "python"
+    sleeper.write_text("#!/bin/sh\nexec sleep 30\n")
+    sleeper.chmod(0o755)
+    bench = BenchmarkStep(id="b", server="d", python=str(sleeper)).script("http://127.0.0.1:1", 1, 1, 1)
+    env = {"TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]}
+    with subprocess.Popen(["bash", "-c", bench], env=env, start_new_session=True) as killed:
+        end = time.monotonic() + 10
+        while not (made := sorted(set(tmp_path.iterdir()) - {sleeper})) and time.monotonic() < end:
+            time.sleep(0.05)
+        os.killpg(killed.pid, signal.SIGKILL)  # bash and bench_serving, outright: no EXIT trap runs
+    assert made and all(path.exists() for path in made)
+    script = host_program("node_preflight", {"action": "listen", "port": 0, "expect": [], "timeout": 0})
+    assert subprocess.run(["bash", "-c", script], env=env).returncode == 0
+    assert sorted(tmp_path.iterdir()) == [sleeper]
