@@ -132,8 +132,8 @@ def shipped_programs(script: str) -> list[Shipped]:
 #: names a running bash and stays. The marker carries the bash's pid namespace too (the inode of
 #: /proc/PID/ns/pid; 0 where unreadable), and only folders of this one are judged: a container sharing /tmp
 #: counts its pids apart, so its live program's pid names another process here, or none. Without /proc no
-#: marker is read and nothing is swept. The script's own IFS (a strict mode's newline and tab) does not reach
-#: the reading.
+#: marker is read and nothing is swept. The script's own IFS (a strict mode's newline and tab), noglob or
+#: failglob do not reach the sweep (a subshell, which keeps its variables too).
 _SWEEP = r"""runbook_started() {
   local stat fields IFS=$' \t\n'
   runbook_start=0
@@ -147,17 +147,19 @@ runbook_ns=$(readlink "/proc/$$/ns/pid" 2> /dev/null) || runbook_ns=
 runbook_ns=${runbook_ns//[^0-9]/}
 runbook_ns=${runbook_ns:-0}
 if [ "$runbook_start" != 0 ]; then
-  runbook_own=$runbook_start
-  for runbook_old in "${TMPDIR:-/tmp}"/runbook-prog.*.*.*.*; do
-    [ -d "$runbook_old" ] && [ ! -L "$runbook_old" ] && [ -O "$runbook_old" ] || continue
-    runbook_owner=${runbook_old##*/runbook-prog.}
-    runbook_started "${runbook_owner%%.*}"
-    runbook_owner=${runbook_owner#*.}
-    runbook_other=${runbook_owner#*.}
-    [ "${runbook_other%%.*}" = "$runbook_ns" ] || continue
-    [ "$runbook_start" = "${runbook_owner%%.*}" ] || rm -rf -- "$runbook_old" || true
-  done
-  runbook_start=$runbook_own
+  (
+    set +f
+    shopt -u failglob
+    for runbook_old in "${TMPDIR:-/tmp}"/runbook-prog.*.*.*.*; do
+      [ -d "$runbook_old" ] && [ ! -L "$runbook_old" ] && [ -O "$runbook_old" ] || continue
+      runbook_owner=${runbook_old##*/runbook-prog.}
+      runbook_started "${runbook_owner%%.*}"
+      runbook_owner=${runbook_owner#*.}
+      runbook_other=${runbook_owner#*.}
+      [ "${runbook_other%%.*}" = "$runbook_ns" ] || continue
+      [ "$runbook_start" = "${runbook_owner%%.*}" ] || rm -rf -- "$runbook_old" || true
+    done
+  ) || true
 fi
 """
 

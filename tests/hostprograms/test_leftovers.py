@@ -120,7 +120,9 @@ def test_a_folder_of_another_pid_namespace_is_never_judged_by_this_one_s_pids(tm
     assert sorted(tmp_path.iterdir()) == [theirs]
 
 
-@pytest.mark.parametrize("strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n"])
+@pytest.mark.parametrize(
+    "strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n", "set -euf -o pipefail\nshopt -s failglob\n"]
+)
 def test_the_sweep_tells_a_live_owner_from_a_gone_or_reused_pid_whatever_the_script_set_before(
     strict: str, tmp_path: Path
 ) -> None:
