@@ -567,8 +567,9 @@ def _md_line(text: str) -> str:
 #: text as a tag, a link, an image, emphasis, code, math or a cell's end; each is written with a backslash, which
 #: shows it as itself.
 _MD_ACTIVE = re.compile(r"[\\`*_~\[\]<&|@#$]|:(?=//|[+-]1:|[0-9]*[A-Za-z_][\w+-]*:)|(?<=www)\.", re.IGNORECASE)
-#: What opens a block at the start of a line (a note is one: `- TEXT`): a quote, a list item, a rule.
-_MD_BLOCK = re.compile(r"^(?:>|[+-](?=\s|$)|-(?=(?:\s*-){2,}\s*$)|\d{1,9}[.)](?=\s|$))")
+#: What opens a block at the start of a line (a note is one: `- TEXT`): a quote, a list item, a rule (two
+#: dashes are one after a note's own `- `).
+_MD_BLOCK = re.compile(r"^(?:>|[+-](?=\s|$)|-(?=(?:\s*-)+\s*$)|\d{1,9}[.)](?=\s|$))")
 
 
 def md_text(text: str) -> str:
