@@ -175,3 +175,25 @@ def test_a_body_cut_before_its_length_is_no_answer() -> None:
     assert took < DEADLINE_S
     assert isinstance(answer, kit.NoAnswer) and not answer.late
     assert str(answer) == f"{url}/health: IncompleteRead(3 bytes read, 97 more expected)"
+
+
+def test_deploy_s_generate_gets_only_what_health_left_of_the_limit() -> None:
+    # /health answers 200 late, then /generate drips: asked with the whole limit again, the probe ran 1.9 s
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def answer() -> None:
+        with listener:
+            health, _ = listener.accept()
+            with health:
+                health.recv(65536)
+                time.sleep(0.9 * DEADLINE_S)
+                health.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            generate, _ = listener.accept()
+        drip(generate, "head")
+
+    threading.Thread(target=answer, daemon=True).start()
+    (health, generate, served), took = timed(lambda: deploy.probe(url, DEADLINE_S))
+    assert took < DEADLINE_S + SLACK_S
+    assert health["status"] == 200 and generate is not None and generate["status"] is None and not served
+    assert generate["body"].startswith(f"{url[7:]} did not answer {url}/generate whole within")
