@@ -129,8 +129,11 @@ def shipped_programs(script: str) -> list[Shipped]:
 #: counted after the command name, which may hold spaces and parens), its marker with its pid; then every
 #: folder of this user that such a marker names a bash no longer running for (a step killed outright: kill -9
 #: of the controller or of its step, a lost host) is removed. A live step's folder, of this run or another,
-#: names a running bash and stays. Without /proc no marker is read and nothing is swept. The script's own IFS
-#: (a strict mode's newline and tab) does not reach the reading.
+#: names a running bash and stays. The marker carries the bash's pid namespace too (the inode of
+#: /proc/PID/ns/pid; 0 where unreadable), and only folders of this one are judged: a container sharing /tmp
+#: counts its pids apart, so its live program's pid names another process here, or none. Without /proc no
+#: marker is read and nothing is swept. The script's own IFS (a strict mode's newline and tab), noglob or
+#: failglob do not reach the sweep (a subshell, which keeps its variables too).
 _SWEEP = r"""runbook_started() {
   local stat fields IFS=$' \t\n'
   runbook_start=0
@@ -140,33 +143,49 @@ _SWEEP = r"""runbook_started() {
   return 0
 }
 runbook_started $$
+runbook_ns=$(readlink "/proc/$$/ns/pid" 2> /dev/null) || runbook_ns=
+runbook_ns=${runbook_ns//[^0-9]/}
+runbook_ns=${runbook_ns:-0}
 if [ "$runbook_start" != 0 ]; then
-  runbook_own=$runbook_start
-  for runbook_old in "${TMPDIR:-/tmp}"/runbook-prog.*.*.*; do
-    [ -d "$runbook_old" ] && [ ! -L "$runbook_old" ] && [ -O "$runbook_old" ] || continue
-    runbook_owner=${runbook_old##*/runbook-prog.}
-    runbook_started "${runbook_owner%%.*}"
-    runbook_owner=${runbook_owner#*.}
-    [ "$runbook_start" = "${runbook_owner%%.*}" ] || rm -rf -- "$runbook_old" || true
-  done
-  runbook_start=$runbook_own
+  (
+    set +f
+    shopt -u failglob
+    for runbook_old in "${TMPDIR:-/tmp}"/runbook-prog.*.*.*.*; do
+      [ -d "$runbook_old" ] && [ ! -L "$runbook_old" ] && [ -O "$runbook_old" ] || continue
+      runbook_owner=${runbook_old##*/runbook-prog.}
+      runbook_started "${runbook_owner%%.*}"
+      runbook_owner=${runbook_owner#*.}
+      runbook_other=${runbook_owner#*.}
+      [ "${runbook_other%%.*}" = "$runbook_ns" ] || continue
+      [ "$runbook_start" = "${runbook_owner%%.*}" ] || rm -rf -- "$runbook_old" || true
+    done
+  ) || true
 fi
 """
+
+
+def marked_folder(var: str) -> str:
+    """Bash lines that sweep the folders of killed steps (`_SWEEP`), then make a folder for this one, in bash
+    variable `var`, named after the bash that runs them (`runbook-prog.PID.START.PIDNS.XXXXXXXX`), removed at its
+    exit. TERM and PIPE end it through that trap: a stopped step's bash says `Terminated` on a stderr whose
+    reader may be gone (the controller killed), and PIPE's default would end it there, its folder left. What a
+    step leaves in the host's temp folder lies in one (a host program, bench_serving's output)."""
+    return (
+        _SWEEP
+        + f'{var}=$(mktemp -d "${{TMPDIR:-/tmp}}/runbook-prog.$$.$runbook_start.$runbook_ns.XXXXXXXX") || exit 1\n'
+        + f"trap 'rm -rf -- \"${var}\"' EXIT\ntrap 'exit 143' TERM\ntrap 'exit 141' PIPE\n"
+    )
 
 
 def host_program(name: str, config: Mapping[str, Any], python: str = "python3") -> str:
     """Bash lines that run program `name` with `config` under the host's `python` (a host word: `~` and
     `$var` expand there) and leave its exit status as theirs. Its folder is named after the bash that runs
-    it (`runbook-prog.PID.START.XXXXXXXX`), so that the next program on the host removes it when that bash
-    was killed before its EXIT trap could (`_SWEEP`). TERM and PIPE end it through that trap: a stopped step's
-    bash says `Terminated` on a stderr whose reader may be gone (the controller killed), and PIPE's default
-    would end it there, its folder left."""
+    it (`marked_folder`), so that the next program on the host removes it when that bash was killed before
+    its EXIT trap could."""
     digest, encoded = _shipped(name)
     return (
         f"# hostprograms/{name}.py with the kit, zip sha256:{digest[:16]}\n"
-        + _SWEEP
-        + 'prog=$(mktemp -d "${TMPDIR:-/tmp}/runbook-prog.$$.$runbook_start.XXXXXXXX") || exit 1\n'
-        "trap 'rm -rf -- \"$prog\"' EXIT\ntrap 'exit 143' TERM\ntrap 'exit 141' PIPE\n"
+        + marked_folder("prog")
         + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")
         + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
         + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'

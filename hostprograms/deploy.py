@@ -386,13 +386,14 @@ def port_lock(state_dir: str, port: int) -> Iterator[None]:
 
 def probe(url: str, limit: float) -> tuple[dict[str, Any], dict[str, Any] | None, bool]:
     """(/health's answer, /generate's to the one-token prompt, asked only after /health said 200, else
-    None; whether it generated text: the server serves), each within `limit` seconds (and 10 s for
-    /health, 120 s for /generate)."""
+    None; whether it generated text: the server serves), both within `limit` seconds (and 10 s for
+    /health, 120 s for /generate): /generate gets what /health left of it."""
+    end = time.monotonic() + limit
     status, body = http("GET", url + "/health", timeout=min(10.0, limit))
     health = {"status": status, "body": body[:200]}
     if status != 200:
         return health, None, False
-    status, body = http("POST", url + "/generate", READY_PROMPT, timeout=min(120.0, limit))
+    status, body = http("POST", url + "/generate", READY_PROMPT, timeout=min(120.0, max(end - time.monotonic(), 0.0)))
     return health, {"status": status, "body": body[:300]}, status == 200 and '"text"' in body
 
 

@@ -307,9 +307,9 @@ def exchange(
             with request(
                 url, token=token, method=method, headers=headers, data=data, timeout=deadline, watch=watch
             ) as response:
-                status, body = response.status, _body(response, limit)
+                status, body = response.status, _body(response, limit, url)
         except urllib.error.HTTPError as exc:
-            status, body = exc.code, _body(exc, limit)
+            status, body = exc.code, _body(exc, limit, url)
     except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut, unreadable
         if not watch.expired:
             raise NoAnswer(f"{url}: {getattr(exc, 'reason', exc)}") from None
@@ -321,9 +321,42 @@ def exchange(
     return status, body
 
 
-def _body(answer: Any, limit: int | None) -> bytes:
-    """The first `limit` bytes of an answer's body, or all of it."""
-    return bytes(answer.read() if limit is None else answer.read(limit))
+#: The most bytes of one answer's body `exchange` keeps when no smaller `limit` is asked for (an eval's answer,
+#: a completion with its token ids, is well under 1 MiB): a server's claimed length (a Content-Length of 10**15)
+#: or endless chunks never decide what the host program holds in memory.
+ANSWER_MAX_BYTES = 64 << 20
+_PIECE_BYTES = 1 << 16
+
+
+def _body(answer: Any, limit: int | None, url: str) -> bytes:
+    """The first `limit` bytes of an answer's body, or all of it: read a piece at a time, so that neither a
+    claimed length nor endless chunks make one read (or its buffer) unbounded. NoAnswer, naming the server,
+    when a body asked for whole holds more than ANSWER_MAX_BYTES."""
+    most = ANSWER_MAX_BYTES + 1 if limit is None else limit
+    pieces: list[bytes] = []
+    held = 0
+    while held < most:
+        piece = answer.read(min(_PIECE_BYTES, most - held))
+        if not piece:
+            _whole(answer, b"".join(pieces))
+            break
+        pieces.append(piece)
+        held += len(piece)
+    if held > ANSWER_MAX_BYTES:
+        server = urllib.parse.urlsplit(url).netloc
+        raise NoAnswer(
+            f"{server} answered {url} with more than {ANSWER_MAX_BYTES >> 20} MiB, the most one answer may hold"
+        )
+    return b"".join(pieces)
+
+
+def _whole(answer: Any, read: bytes) -> None:
+    """IncompleteRead when the connection ended before the Content-Length an answer (or its HTTPError's) claimed:
+    a read of a piece returns what came, where a read of all of it said that it was cut."""
+    response = answer if isinstance(answer, http.client.HTTPResponse) else getattr(answer, "fp", None)
+    missing = getattr(response, "length", None)
+    if missing:
+        raise http.client.IncompleteRead(read, missing)
 
 
 class Retry(Exception):

@@ -4,8 +4,9 @@ concurrency, and, given a baseline benchmark step, the comparison report of the 
 Each run (each concurrency, each repeat) is its own audited command on the host, with the step's
 timeout: `$python -m sglang.bench_serving --backend sglang --base-url <deploy's base_url> --dataset-name
 random-ids ... --seed S --flush-cache` (random-ids: token ids drawn locally, nothing to download on a host
-without network), writing to a fresh temporary JSONL file that the script prints after a marker line and
-removes. The line it appended becomes a typed `BenchRun` (steps/benchmark_results.py), with its repeat,
+without network), writing to a JSONL file in a fresh temporary folder that the script prints after a marker
+line and removes (or, its bash killed outright, the next program on the host: `marked_folder`). The line
+it appended becomes a typed `BenchRun` (steps/benchmark_results.py), with its repeat,
 seed, command and times. bench_serving writes its line even when requests failed, so a run that completed
 fewer requests than it sent fails the step, naming the concurrency and repeat, rather than reporting a
 throughput of the requests that happened to succeed.
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from executor.hostprogram import marked_folder
 from executor.model import DataModel, Gate
 from executor.render import host_word, pasted_word
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
@@ -133,7 +135,12 @@ class BenchmarkStep(StepSpec):
     # ---- scripts ---------------------------------------------------------------------------------------
 
     def command(
-        self, base_url: str, concurrency: int, seed: int, pasted: Mapping[str, str] | None = None, out: str = '"$out"'
+        self,
+        base_url: str,
+        concurrency: int,
+        seed: int,
+        pasted: Mapping[str, str] | None = None,
+        out: str = '"$out/bench.jsonl"',
     ) -> str:
         """The bench_serving command line of one run: the script's, as rendered (`python` and `extra_args` are
         host words: `~` and `$vars` expand there, as in deploy's); with `pasted` (the host's vars) and `out`, as
@@ -155,12 +162,11 @@ class BenchmarkStep(StepSpec):
             f"# bench_serving at {self.run_name(concurrency, repeat)}: {self.prompts_at(concurrency)} prompts of "
             f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download), "
             f"seed {seed}, the cache flushed after the warmup\n"
-            'out=$(mktemp "${TMPDIR:-/tmp}/runbook-bench.XXXXXXXX") || exit 1\n'
-            "trap 'rm -f \"$out\"' EXIT\n"
-            f"{self.command(base_url, concurrency, seed)}\n"
+            + marked_folder("out")
+            + f"{self.command(base_url, concurrency, seed)}\n"
             "rc=$?\n"
             f"echo {shlex.quote(JSONL_MARKER)}\n"
-            'cat "$out"\n'
+            'cat "$out/bench.jsonl" 2> /dev/null\n'  # none when bench_serving failed first
             'exit "$rc"\n'
         )
 

@@ -566,8 +566,9 @@ def _md_line(text: str) -> str:
 #: text as a tag, a link, an image, emphasis, code, math or a cell's end; each is written with a backslash, which
 #: shows it as itself.
 _MD_ACTIVE = re.compile(r"[\\`*_~\[\]<&|@#$]|:(?=//|[+-]1:|[0-9]*[A-Za-z_][\w+-]*:)|(?<=www)\.", re.IGNORECASE)
-#: What opens a block at the start of a line (a note is one: `- TEXT`): a quote, a list item, a rule.
-_MD_BLOCK = re.compile(r"^(?:>|[+-](?=\s|$)|-(?=(?:\s*-){2,}\s*$)|\d{1,9}[.)](?=\s|$))")
+#: What opens a block at the start of a line (a note is one: `- TEXT`): a quote, a list item, a rule (two
+#: dashes are one after a note's own `- `).
+_MD_BLOCK = re.compile(r"^(?:>|[+-](?=\s|$)|-(?=(?:\s*-)+\s*$)|\d{1,9}[.)](?=\s|$))")
 
 
 def md_text(text: str) -> str:
@@ -658,10 +659,13 @@ def write_document(
 def save_figure(figure: Any, out: Path | BinaryIO) -> None:
     """A matplotlib figure as PNG without software metadata (the same facts give the same bytes), each of its
     texts (title, axis and tick labels, legend, annotations) masked first with the redactor of the report
-    being written (`write_document`): a label pasted from a secret is never drawn."""
+    being written (`write_document`): a label pasted from a secret is never drawn. Each is drawn as written,
+    never read as TeX: a `$...$` in a host's or a runbook's words (a prompt set's name, a label, a model path)
+    would be mathtext, which fails the drawing (`$x^$`, a ParseFatalException) or recurses past Python's limit."""
     from matplotlib.text import Text
 
     redactor = _FIGURE_REDACTOR.get()
     for text in figure.findobj(Text):
         text.set_text(redactor.text(text.get_text()))
+        text.set_parse_math(False)
     figure.savefig(out, format="png", metadata={"Software": None})

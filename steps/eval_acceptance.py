@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from executor.durations import Delay, Duration
 from executor.files import open_regular
 from executor.hostprogram import host_program
 from executor.model import DataModel, Gate, Model
@@ -523,9 +524,9 @@ class EvalAcceptanceStep(StepSpec):
     speculative: bool = True  # false: the baseline server, whose outputs a speculative eval compares with
     compare_outputs_to: StepRef | None = None  # id of the `speculative: false` eval_acceptance step
     lossless_tolerance: float = Field(default=0.1, ge=0, le=1)  # share of a set's outputs that may differ
-    request_timeout: float = Field(default=300.0, gt=0)  # seconds per request
+    request_timeout: Duration = 300.0  # per request, its whole answer (a bound: at most 30 days, as any)
     flush_attempts: int = Field(default=5, ge=1)
-    flush_retry_delay: float = Field(default=1.0, ge=0)  # seconds between flush attempts
+    flush_retry_delay: Delay = 1.0  # between flush attempts (a pause: 0 too, at most 30 days)
     api_key_var: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # a runbook secret's name
 
     def env_names(self, available: Iterable[str]) -> list[str]:

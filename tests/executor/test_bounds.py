@@ -237,6 +237,23 @@ def test_a_parameter_float_cannot_be_infinite(tmp_path: Path, capsys: pytest.Cap
     assert f"{path}:7:" in err and "finite" in err
 
 
+@pytest.mark.parametrize("key", ["request_timeout", "flush_retry_delay"])
+@pytest.mark.parametrize("value", ["1e308", "31d", "-1"])
+def test_an_eval_s_request_timeout_and_flush_delay_are_bounds_like_any_duration(
+    key: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1e308 passed as a finite float, then the host program failed with a traceback (OverflowError: its
+    # deadline's timer, a socket timeout, a sleep); a duration is at most 30 days
+    path = tmp_path / "book.yaml"
+    path.write_text(
+        "name: t\nhosts: {h: {address: local}}\nsteps:\n  - id: e\n    kind: eval_acceptance\n"
+        f"    base_url: http://127.0.0.1:1\n    {key}: {value}\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:7:" in err and "Traceback" not in err
+
+
 def test_a_retry_delay_of_zero_is_a_pause_not_a_bound_and_is_allowed(tmp_path: Path) -> None:
     path = tmp_path / "book.yaml"
     path.write_text(

@@ -5,6 +5,7 @@ names it, in the kit and in the programs that ask servers (eval_acceptance's req
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -107,3 +108,92 @@ def test_a_whole_answer_within_the_deadline_is_read_whole() -> None:
 
         threading.Thread(target=answer, daemon=True).start()
         assert kit.exchange(f"http://127.0.0.1:{listener.getsockname()[1]}/", DEADLINE_S) == (503, BODY)
+
+
+def serving(send: Callable[[socket.socket], None]) -> str:
+    """A server on 127.0.0.1 that answers one request with `send`, then closes the connection; its base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def answer() -> None:
+        with listener:
+            connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            send(connection)
+
+    threading.Thread(target=answer, daemon=True).start()
+    return url
+
+
+def held(connection: socket.socket) -> None:
+    """Send nothing more until the client gives up."""
+    connection.settimeout(DEADLINE_S + SLACK_S)
+    with contextlib.suppress(OSError):
+        connection.recv(1)
+
+
+def endless_chunks(connection: socket.socket) -> None:
+    """Chunks of 64 KiB, 4 MiB of them (as endless to a client that keeps 1 MiB), then nothing."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with contextlib.suppress(OSError):
+        for _ in range(64):
+            connection.sendall(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+    held(connection)
+
+
+def claimed_petabyte(connection: socket.socket) -> None:
+    """A Content-Length of 10**15, and 3 bytes of it."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\nabc" % 10**15)
+    held(connection)
+
+
+def cut_short(connection: socket.socket) -> None:
+    """An error status whose body ends (the connection closed) 97 bytes before its Content-Length."""
+    connection.sendall(b"HTTP/1.1 503 Busy\r\nContent-Length: 100\r\n\r\nabc")
+
+
+def test_a_body_longer_than_an_answer_may_be_is_refused_when_it_passes_the_most(monkeypatch: Any) -> None:
+    monkeypatch.setattr(kit, "ANSWER_MAX_BYTES", 1 << 20)
+    url = serving(endless_chunks)
+    answer, took = timed(lambda: kit.exchange(url + "/v1/models", DEADLINE_S))
+    assert took < DEADLINE_S
+    assert isinstance(answer, kit.NoAnswer) and not answer.late
+    assert str(answer) == f"{url[7:]} answered {url}/v1/models with more than 1 MiB, the most one answer may hold"
+
+
+def test_a_claimed_length_decides_no_read_and_the_deadline_still_holds() -> None:
+    url = serving(claimed_petabyte)
+    answer, took = timed(lambda: kit.exchange(url + "/health", DEADLINE_S))
+    assert took < DEADLINE_S + SLACK_S
+    assert isinstance(answer, kit.NoAnswer) and answer.late, answer
+
+
+def test_a_body_cut_before_its_length_is_no_answer() -> None:
+    url = serving(cut_short)
+    answer, took = timed(lambda: kit.exchange(url + "/health", DEADLINE_S))
+    assert took < DEADLINE_S
+    assert isinstance(answer, kit.NoAnswer) and not answer.late
+    assert str(answer) == f"{url}/health: IncompleteRead(3 bytes read, 97 more expected)"
+
+
+def test_deploy_s_generate_gets_only_what_health_left_of_the_limit() -> None:
+    # /health answers 200 late, then /generate drips: asked with the whole limit again, the probe ran 1.9 s
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def answer() -> None:
+        with listener:
+            health, _ = listener.accept()
+            with health:
+                health.recv(65536)
+                time.sleep(0.9 * DEADLINE_S)
+                health.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            generate, _ = listener.accept()
+        drip(generate, "head")
+
+    threading.Thread(target=answer, daemon=True).start()
+    (health, generate, served), took = timed(lambda: deploy.probe(url, DEADLINE_S))
+    assert took < DEADLINE_S + SLACK_S
+    assert health["status"] == 200 and generate is not None and generate["status"] is None and not served
+    assert generate["body"].startswith(f"{url[7:]} did not answer {url}/generate whole within")

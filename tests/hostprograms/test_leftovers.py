@@ -23,6 +23,7 @@ from executor.render import render_command
 from executor.transport import SSHTransport
 from executor.transport.base import CommandResult
 from sandbox.sshd import SSHServer
+from steps.benchmark import BenchmarkStep
 
 
 def waiting_program(tmp: Path, seconds: float) -> str:
@@ -100,15 +101,37 @@ def test_a_program_whose_controller_is_killed_removes_its_folder(sshd: SSHServer
     assert not owner.exists() and not made.exists()
 
 
-@pytest.mark.parametrize("strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n"])
+#: The inode of this process's pid namespace, as a program's folder name carries it.
+PID_NAMESPACE = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
+
+
+def test_a_folder_of_another_pid_namespace_is_never_judged_by_this_one_s_pids(tmp_path: Path) -> None:
+    # a container sharing /tmp (and the uid): its bash's pid names another process here, or none; sweeping by
+    # it removed the folder of a program still running there (seen: `unshare --pid --fork --mount-proc`)
+    theirs = tmp_path / "runbook-prog.4194304.5.1.aaaaaaaa"
+    ours = tmp_path / f"runbook-prog.4194304.5.{PID_NAMESPACE}.bbbbbbbb"
+    for folder in (theirs, ours):
+        folder.mkdir()
+    script = host_program("node_preflight", {"action": "listen", "port": 0, "expect": [], "timeout": 0})
+    assert (
+        subprocess.run(["bash", "-c", script], env={"TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]}).returncode
+        == 0
+    )
+    assert sorted(tmp_path.iterdir()) == [theirs]
+
+
+@pytest.mark.parametrize(
+    "strict", ["", "set -euo pipefail\nIFS=$'\\n\\t'\n", "set -euf -o pipefail\nshopt -s failglob\n"]
+)
 def test_the_sweep_tells_a_live_owner_from_a_gone_or_reused_pid_whatever_the_script_set_before(
     strict: str, tmp_path: Path
 ) -> None:
     with subprocess.Popen(["sleep", "30"]) as live:
         started = Path(f"/proc/{live.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
-        kept = tmp_path / f"runbook-prog.{live.pid}.{started}.aaaaaaaa"
-        reused = tmp_path / f"runbook-prog.{live.pid}.{int(started) + 1}.bbbbbbbb"  # the pid of a later process
-        gone = tmp_path / "runbook-prog.4194304.5.cccccccc"  # above any pid_max
+        ns = PID_NAMESPACE
+        kept = tmp_path / f"runbook-prog.{live.pid}.{started}.{ns}.aaaaaaaa"
+        reused = tmp_path / f"runbook-prog.{live.pid}.{int(started) + 1}.{ns}.bbbbbbbb"  # the pid of a later process
+        gone = tmp_path / f"runbook-prog.4194304.5.{ns}.cccccccc"  # above any pid_max
         for folder in (kept, reused, gone):
             folder.mkdir()
         script = strict + host_program("node_preflight", {"action": "listen", "port": 0, "expect": [], "timeout": 0})
@@ -116,3 +139,21 @@ def test_the_sweep_tells_a_live_owner_from_a_gone_or_reused_pid_whatever_the_scr
         live.kill()
     assert done.returncode == 0
     assert sorted(tmp_path.iterdir()) == [kept]
+
+
+def test_a_killed_benchmark_s_output_goes_at_the_next_program(tmp_path: Path) -> None:
+    # bench_serving writes its JSONL into a file of the host's temp folder: the same class as a program's folder
+    sleeper = tmp_path / "python"
+    sleeper.write_text("#!/bin/sh\nexec sleep 30\n")
+    sleeper.chmod(0o755)
+    bench = BenchmarkStep(id="b", server="d", python=str(sleeper)).script("http://127.0.0.1:1", 1, 1, 1)
+    env = {"TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]}
+    with subprocess.Popen(["bash", "-c", bench], env=env, start_new_session=True) as killed:
+        end = time.monotonic() + 10
+        while not (made := sorted(set(tmp_path.iterdir()) - {sleeper})) and time.monotonic() < end:
+            time.sleep(0.05)
+        os.killpg(killed.pid, signal.SIGKILL)  # bash and bench_serving, outright: no EXIT trap runs
+    assert made and all(path.exists() for path in made)
+    script = host_program("node_preflight", {"action": "listen", "port": 0, "expect": [], "timeout": 0})
+    assert subprocess.run(["bash", "-c", script], env=env).returncode == 0
+    assert sorted(tmp_path.iterdir()) == [sleeper]

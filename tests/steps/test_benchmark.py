@@ -213,7 +213,7 @@ def test_the_command_is_the_real_bench_serving_command() -> None:
         "--base-url http://127.0.0.1:30000 --dataset-name random-ids",
         "--random-input-len 256 --random-output-len 64 --random-range-ratio 1.0 --num-prompts 20",
         "--max-concurrency 16 --warmup-requests 1 --disable-tqdm",
-        '--output-file "$out"',
+        '--output-file "$out/bench.jsonl"',
     ):
         assert flags in command
 

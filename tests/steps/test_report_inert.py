@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from executor.terminal import shown
-from steps.benchmark_report import Document, build_report, markdown
-from tests.steps.test_benchmark_report import BASELINE, DFLASH, PROVENANCE
+from steps.benchmark_report import Document, build_report, markdown, write_report
+from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
 from tests.steps.test_campaign_report import host_views, write_campaign
 
 HOSTILE = [
@@ -32,6 +32,7 @@ HOSTILE = [
     "*em* __strong__ ~~gone~~",
     "\\[x\\](y) \\",
     "- - -",
+    "--",
     "1. one",
     "> quote",
     "# heading #",
@@ -75,6 +76,7 @@ def as_shown(text: str) -> str:
 
 @settings(max_examples=60, deadline=None)
 @given(text=hostile_text)
+@example(text="--")  # a note's own `- ` made it a rule: `- --`
 def test_host_text_in_any_cell_note_or_title_renders_as_itself(text: str) -> None:
     report = build_report(BASELINE, DFLASH, PROVENANCE)
     tables = [t.model_copy(update={"title": text, "rows": [[text] * len(t.columns)] * 2}) for t in report.tables]
@@ -94,3 +96,16 @@ def test_a_failed_cell_and_a_served_version_of_a_campaign_report_render_inert(tm
     page = (tmp_path / "report.md").read_text()
     texts = rendered_texts(page, 3)
     assert any(as_shown(said) in text for text in texts)
+
+
+#: Words matplotlib would read as mathtext ($...$): a syntax error, an unknown symbol, a nesting past recursion.
+TEX = ["$x^$", "$\\frac$", "a $\\foo{$ b", "$" + "{" * 500 + "$"]
+
+
+def test_host_and_runbook_text_in_every_figure_is_drawn_as_written(tmp_path: Path) -> None:
+    sets = {name: ACCEPTANCE.sets["math"] for name in TEX}
+    acceptance = ACCEPTANCE.model_copy(update={"sets": sets, "lossless": None})
+    baseline, candidate = (BASELINE.model_copy(update={"label": TEX[0]}), DFLASH.model_copy(update={"label": TEX[1]}))
+    report, _ = write_report(tmp_path, baseline, candidate, PROVENANCE, acceptance)
+    for figure in report.figures:
+        assert (tmp_path / figure.path).read_bytes().startswith(b"\x89PNG")
