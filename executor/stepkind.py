@@ -92,7 +92,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
+        raise FactsError(f"{wrong}: {shape_errors(exc)}; stderr: {said}") from None
 
 
 #: Characters of a line of stderr that a message quotes: a line of a host's can be megabytes.
@@ -108,7 +108,7 @@ def _cut(line: str) -> str:
 SHAPE_ERRORS_SHOWN = 3
 
 
-def _shape(exc: ValidationError) -> str:
+def shape_errors(exc: ValidationError) -> str:
     """The first errors of a ValidationError, each `where: what` with its path cut short (a key is host text)."""
     count = exc.error_count()
     shown = [
