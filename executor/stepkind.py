@@ -140,8 +140,8 @@ class ProgressLines:
     """Reads `runbook-progress {json}` lines from one output stream of a command (an OutputSink: `feed`).
 
     Output arrives in chunks cut anywhere, so an unfinished line waits for the next chunk. Every other
-    line, and a progress line whose JSON is malformed, nested too deep or not an object, is skipped: progress
-    is a display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object, whose
+    line, and a progress line whose JSON is malformed, nested past FACTS_MAX_DEPTH or not an object, is skipped:
+    progress is a display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object, whose
     keys are data (`ProgressSink.progress` takes its message positionally: a key `self` or `message` is a
     field); one whose values it cannot show (a count that is text, 10**400 / 1.0) is skipped the same way.
     """
@@ -162,9 +162,10 @@ class ProgressLines:
                 continue
             try:
                 fields = kit.loads(line[len(PROGRESS_PREFIX) :])  # NaN, Infinity or 1e999: malformed, skipped
+                check_depth(fields)  # 600 levels parse, then stop the reporters that recurse into the event
                 if isinstance(fields, dict):
                     self.on_fields(fields)
-            except (ValueError, LookupError, TypeError, ArithmeticError, RecursionError):
+            except (ValueError, LookupError, TypeError, ArithmeticError, RecursionError, FactsError):
                 continue
 
 
