@@ -427,6 +427,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in records:
         if r.reused_from and passed_before(r) and r.status == "skipped":  # left out by --only, its pass kept
             status_text = f"skipped (last passed in {r.reused_from})"
+        elif r.reused_from and r.status == "failed":  # kept by --from/--only as it ended in an earlier run
+            status_text = f"failed (in {r.reused_from})"
         elif r.reused_from:
             status_text = f"{r.status} (reused from {r.reused_from})"  # passed, or skipped by its `when:`
         elif r.status == "running" and status in (STOPPED, WRITE_FAILED):

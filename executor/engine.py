@@ -436,6 +436,8 @@ class Engine:
                     self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)
                     if old.status == "skipped":  # left out unchanged (a `when:` still false): so are its dependents
                         self.cells.left_out(spec.id, old.message or "")
+                    elif old.status == "failed":  # kept as it ended last (`--from`/`--only` after it)
+                        self.cells.status[spec.id] = "failed"
                     else:
                         self.cells.status[spec.id] = "passed"
                 elif why[spec.id] == ONLY_SKIPPED and passed_before(old):
@@ -443,6 +445,8 @@ class Engine:
                     self.records[(spec.id, host)] = dataclasses.replace(
                         old, status="skipped", message=ONLY_SKIPPED, reused_from=origin
                     )
+                elif why[spec.id] == ONLY_SKIPPED and old is not None and old.status == "failed":
+                    self.records[(spec.id, host)] = dataclasses.replace(old, reused_from=origin)  # as it ended last
                 else:
                     status = "pending" if spec.id in run_ids else "skipped"
                     self.records[(spec.id, host)] = StepRecord(

@@ -506,13 +506,18 @@ def _resumed(
 
 def _kept(spec: StepSpec, hosts: tuple[str, ...], source: Records, source_id: str | None) -> StepPlan:
     """An earlier step that `--from`/`--only` leaves out because it did not pass on every host: its record is
-    kept where it passed (a campaign's baseline that passed on one host of two stays in the report there)."""
+    kept where it passed (a campaign's baseline that passed on one host of two stays in the report there) and
+    where it failed last (the newest outcome: a cell that failed after it passed is reported failed, with the
+    failure's message, never `skipped (never passed)` nor with the numbers of its older pass)."""
     done = tuple(h for h in hosts if passed_before(source.get((spec.id, h))))
-    if not done:
+    failed = tuple(h for h in hosts if (r := source.get((spec.id, h))) is not None and r.status == "failed")
+    others = ", ".join(h for h in hosts if h not in done + failed)
+    if not done and not failed:
         return StepPlan(spec.id, "skip", "skipped (never passed)")
-    others = ", ".join(h for h in hosts if h not in done)
-    why = f"skipped on {others} (never passed there); facts reused from {source_id} on {', '.join(done)}"
-    return StepPlan(spec.id, "skip", why, reused_on=done)
+    whys = [f"skipped on {others} (never passed there)"] if others else []
+    whys += [f"facts reused from {source_id} on {', '.join(done)}"] if done else []
+    whys += [f"kept failed on {', '.join(failed)} (as in {source_id})"] if failed else []
+    return StepPlan(spec.id, "skip", "; ".join(whys), reused_on=tuple(h for h in hosts if h in done + failed))
 
 
 def _left_out(record: StepRecord | None) -> bool:

@@ -543,6 +543,9 @@ _META_SHAPES: dict[str, str] = {
     "inventory": "text or null",
     "host_key_unverified": "list of texts",
 }
+#: A step's recorded duration is below this (about 31 years): an infinite or NaN one of a damaged state.db made
+#: `runbook status` raise OverflowError formatting it, a 1e308 one print 300 digits.
+SECONDS_MAX = 1e9
 #: ... and each column of a step's row in `state.db` (`facts` is any JSON value)
 _RECORD_SHAPES: dict[str, str] = {
     "step": "text",
@@ -552,7 +555,7 @@ _RECORD_SHAPES: dict[str, str] = {
     "fingerprint": "text",
     "attempts": "integer",
     "started_at": "text or null",
-    "duration_s": "number or null",
+    "duration_s": "seconds (0 to 1e9) or null",
     "exit_code": "integer or null",
     "message": "text or null",
     "via": "text or null",
@@ -573,6 +576,8 @@ def _fits(value: Any, shape: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if shape == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
+    if shape == "seconds (0 to 1e9)":  # compared, never converted: NaN and infinities fail both bounds
+        return _fits(value, "number") and 0 <= value < SECONDS_MAX
     if shape == "hash":
         return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
     if shape == "run id":  # a folder beside this one: never a path

@@ -83,7 +83,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise FactsError(f"{wrong}: {_shape(exc)}; stderr: {said}") from None
+        raise FactsError(f"{wrong}: {shape_errors(exc)}; stderr: {said}") from None
 
 
 #: Characters of a line of stderr that a message quotes: a line of a host's can be megabytes.
@@ -99,7 +99,7 @@ def _cut(line: str) -> str:
 SHAPE_ERRORS_SHOWN = 3
 
 
-def _shape(exc: ValidationError) -> str:
+def shape_errors(exc: ValidationError) -> str:
     """The first errors of a ValidationError, each `where: what` with its path cut short (a key is host text)."""
     count = exc.error_count()
     shown = [
@@ -131,8 +131,8 @@ class ProgressLines:
     """Reads `runbook-progress {json}` lines from one output stream of a command (an OutputSink: `feed`).
 
     Output arrives in chunks cut anywhere, so an unfinished line waits for the next chunk. Every other
-    line, and a progress line whose JSON is malformed, nested too deep or not an object, is skipped: progress
-    is a display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object, whose
+    line, and a progress line whose JSON is malformed, nested past FACTS_MAX_DEPTH or not an object, is skipped:
+    progress is a display, and a garbled one must never fail the step. `on_fields` gets each line's JSON object, whose
     keys are data (`ProgressSink.progress` takes its message positionally: a key `self` or `message` is a
     field); one whose values it cannot show (a count that is text, 10**400 / 1.0) is skipped the same way.
     """
@@ -153,9 +153,10 @@ class ProgressLines:
                 continue
             try:
                 fields = kit.loads(line[len(PROGRESS_PREFIX) :])  # NaN, Infinity or 1e999: malformed, skipped
+                check_depth(fields)  # 600 levels parse, then stop the reporters that recurse into the event
                 if isinstance(fields, dict):
                     self.on_fields(fields)
-            except (ValueError, LookupError, TypeError, ArithmeticError, RecursionError):
+            except (ValueError, LookupError, TypeError, ArithmeticError, RecursionError, FactsError):
                 continue
 
 

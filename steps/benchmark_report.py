@@ -41,7 +41,7 @@ from executor import durable, strict_json
 from executor.model import DataModel
 from executor.redact import NO_SECRETS, Redactor
 from executor.terminal import shown
-from steps.benchmark_results import BenchPoint, BenchRun, Spread
+from steps.benchmark_results import BenchPoint, BenchRun, Measured, MeasuredCount, Spread
 from steps.provenance import Provenance
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
@@ -65,9 +65,9 @@ class HistogramBin(DataModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    low: float
-    high: float
-    count: int
+    low: Measured  # bounded, as every number the report reads from stored facts (a tampered state.db's count of
+    high: Measured  # 400 digits or a bin from -1e308 to 1e308 made drawing the histogram raise)
+    count: MeasuredCount
 
 
 class AcceptanceSet(DataModel):
@@ -76,14 +76,14 @@ class AcceptanceSet(DataModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    requests: int | None = Field(default=None, validation_alias=AliasChoices("requests", "prompts"))
-    mean: float | None = None  # per request, each weighing the same
-    weighted_mean: float | None = None  # completion tokens / verify steps over the set
-    median: float | None = None
-    p10: float | None = None
-    min: float | None = None
-    max: float | None = None
-    tokens_per_s: float | None = None
+    requests: MeasuredCount | None = Field(default=None, validation_alias=AliasChoices("requests", "prompts"))
+    mean: Measured | None = None  # per request, each weighing the same
+    weighted_mean: Measured | None = None  # completion tokens / verify steps over the set
+    median: Measured | None = None
+    p10: Measured | None = None
+    min: Measured | None = None
+    max: Measured | None = None
+    tokens_per_s: Measured | None = None
     histogram: list[HistogramBin] | None = None
 
 
@@ -92,10 +92,10 @@ class LosslessSet(DataModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    compared: int | None = None
-    identical: int | None = None
-    differing: int | None = None
-    first_divergence: list[int] = []  # the token index where each differing output first differs
+    compared: MeasuredCount | None = None
+    identical: MeasuredCount | None = None
+    differing: MeasuredCount | None = None
+    first_divergence: list[MeasuredCount] = []  # the token index where each differing output first differs
     max_differing_fraction: float | None = None  # the tolerance the gate allows
 
 

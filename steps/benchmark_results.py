@@ -53,6 +53,8 @@ INT_FIELDS = ("total_input_tokens", "total_output_tokens")
 MEASURED_MAX = 1e12
 #: A metric as the facts hold it: finite, not negative, below MEASURED_MAX (a state.db holding another is refused).
 Measured = Annotated[float, Field(ge=0, lt=MEASURED_MAX, allow_inf_nan=False)]
+#: A count as the facts hold it (requests, tokens, a histogram bin's): an integer from 0, below MEASURED_MAX.
+MeasuredCount = Annotated[int, Field(ge=0, lt=MEASURED_MAX)]
 NO_ACCEPT_LENGTH = (
     "the server reported no speculative acceptance length (/server_info has no avg_spec_accept_length): "
     "no speculative decoding"
@@ -77,8 +79,8 @@ class BenchRun(RunInfo):
 
     completed: int
     duration: Measured | None
-    total_input_tokens: Annotated[int, Field(ge=0, lt=MEASURED_MAX)] | None
-    total_output_tokens: Annotated[int, Field(ge=0, lt=MEASURED_MAX)] | None
+    total_input_tokens: MeasuredCount | None
+    total_output_tokens: MeasuredCount | None
     request_throughput: Measured | None  # requests/s
     input_throughput: Measured | None  # tokens/s
     output_throughput: Measured | None  # tokens/s

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from executor.campaign import AxisValue, cell_text
 from executor.model import DataModel
-from executor.stepkind import StepView
+from executor.stepkind import StepView, shape_errors
 from steps.benchmark import BenchmarkFacts
 from steps.benchmark_report import Acceptance, Side, Speedup, speedup
 from steps.campaign_parity import launch_difference
@@ -125,13 +125,21 @@ def _three(spread: Any) -> tuple[float, float, float] | None:
 def read_facts(model: type[Any], view: StepView | None) -> Any:
     """The facts of a passed step as `model`; None when it did not pass or its facts do not fit, a NaN or
     an infinity included (a tampered state.db): no report shows, ranks or plots such a number."""
+    return checked_facts(model, view)[0]
+
+
+def checked_facts(model: type[Any], view: StepView | None) -> tuple[Any, str | None]:
+    """`read_facts`, with why the recorded facts of a passed step are unusable (None when they fit or it did not
+    pass), so that a cell whose numbers a report cannot use says so instead of showing no number without a word."""
     if view is None or view.status != "passed" or view.facts is None:
-        return None
+        return None, None
     try:
         json.dumps(view.facts, allow_nan=False)
-        return model.model_validate(view.facts)
-    except (ValidationError, ValueError, TypeError):
-        return None
+        return model.model_validate(view.facts), None
+    except ValidationError as exc:
+        return None, shape_errors(exc)
+    except (ValueError, TypeError) as exc:  # NaN or infinity: json's own message; a 5000-digit integer's
+        return None, str(exc)[:200]
 
 
 def _launch(view: StepView | None) -> Launch:
@@ -224,10 +232,12 @@ def collect(views: Sequence[StepView], baseline: str, may_differ: Sequence[str] 
             and consistent(m.cell, view.cell)
             and m is not view
         ]
-        facts: BenchmarkFacts | None = read_facts(BenchmarkFacts, view)
+        facts, unusable = checked_facts(BenchmarkFacts, view)
         deploy = steps.get((view.host, facts.server)) if facts else None
         deploy = deploy or next((m for m in mates if m.kind == "deploy"), None)
         status, reason = _status(view, [*mates, view])
+        if unusable is not None and status == "passed":  # passed, but its recorded numbers cannot be used
+            status, reason = "failed", f"{view.step}: its recorded facts are unusable: {unusable}"
         gain, unknown = _speedup(view, facts, baselines.get(view.host)) if is_cell else (None, None)
         launch = _launch(deploy)
         base_launch = launches.setdefault(view.host, launch) if not is_cell else launches.get(view.host)

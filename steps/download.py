@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, RootModel, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from executor.durations import Duration, format_duration
 from executor.hostprogram import host_program
@@ -299,7 +299,7 @@ class DownloadStep(StepSpec):
             raise FactsError(f"the {what} timed out after {CHECK_TIMEOUT_S:g}s")
         if result.exit_code != 0:
             raise FactsError(f"the {what} did not report (exit {result.exit_code}): {last_line(result) or 'no output'}")
-        return result, host_document(result, HostReport, f"the {what}").root
+        return result, host_document(result, HostReport, f"the {what}").model_dump(exclude_none=True)
 
     async def execute(self, ctx: StepContext) -> Outcome:
         started = time.monotonic()
@@ -457,14 +457,55 @@ def incomplete_summary(after: dict[str, Any]) -> str:
     return f"{len(missing)} of {after['files']} files incomplete: {names}"
 
 
-class HostReport(RootModel[dict[str, Any]]):
-    """A document of the download program: its keys are read where they are used."""
+#: Bytes or files as the download program counts them (from the Hub's sizes and the host's disk): a JSON integer,
+#: never negative, below 2**63 (what a file system holds): a Hub answering a size of 10**400 fails the step naming
+#: the field, where `human_bytes` or a rate would raise OverflowError.
+ByteCount = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
 
-    model_config = ConfigDict(defer_build=True)  # as DataModel's: built when a host's document is read
+
+class _Open(DataModel):
+    """A part of the download program's document: the counts checked, its other keys kept as the host sent them."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _Disk(_Open):
+    path: str
+    free_bytes: ByteCount
+
+
+class _File(_Open):
+    path: str
+    state: str
+    have: ByteCount
+    size: ByteCount
+
+
+class HostReport(_Open):
+    """A document of the download program (precheck, check): its counts validated here, the one place they are
+    read; its other keys are read where they are used. `files`, `bytes` and the rest are absent when the Hub's
+    file list is unknown (`hub_error`)."""
+
+    local_dir: str
+    files: ByteCount | None = None
+    bytes: ByteCount | None = None
+    complete_bytes: ByteCount | None = None
+    partial_bytes: ByteCount | None = None
+    incomplete: list[_File] | None = None
+    disk: _Disk
+
+    @model_validator(mode="after")
+    def _listing_whole(self) -> HostReport:
+        """The comparison with the Hub's list comes whole or not at all (null as absent): `bytes` without
+        `complete_bytes` would be a KeyError where the disk check subtracts them."""
+        listing = (self.files, self.bytes, self.complete_bytes, self.partial_bytes, self.incomplete)
+        if any(v is None for v in listing) and any(v is not None for v in listing):
+            raise ValueError("files, bytes, complete_bytes, partial_bytes and incomplete come together or not at all")
+        return self
 
 
 class _Fetched(DataModel):
-    resumed_from: int
+    resumed_from: ByteCount
 
 
 class FetchReport(DataModel):

@@ -271,10 +271,15 @@ PARALLEL_FLAGS = {
 }
 
 
+#: The largest size of one parallel axis that counts as a number of GPUs: a `--tp-size` of 400 digits (a tampered
+#: state.db's argv) made the campaign figure's throughput per GPU an OverflowError.
+PARALLEL_MAX = 65536
+
+
 def gpus_of(argv: list[str]) -> int | None:
     """The GPUs a server launched with `argv` runs on: tp x pp, times dp unless DP attention is on (its
-    data-parallel groups live inside the TP group); None when a size is no number of at least 1 (`--tp-size -8`
-    would make the costliest configuration the cheapest)."""
+    data-parallel groups live inside the TP group); None when a size is no number from 1 to PARALLEL_MAX
+    (`--tp-size -8` would make the costliest configuration the cheapest)."""
     sizes = dict.fromkeys(PARALLEL_FLAGS, 1)
     for index, word in enumerate(argv):
         flag, equals, value = word.partition("=")  # `--dp-size 2` or argparse's `--dp-size=2`
@@ -284,7 +289,7 @@ def gpus_of(argv: list[str]) -> int | None:
                     sizes[name] = int(value if equals else argv[index + 1])
                 except ValueError:
                     return None
-                if sizes[name] < 1:
+                if not 1 <= sizes[name] <= PARALLEL_MAX:
                     return None
     dp = 1 if "--enable-dp-attention" in argv else sizes["dp"]
     return sizes["tp"] * sizes["pp"] * dp

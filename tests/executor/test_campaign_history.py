@@ -9,6 +9,7 @@ steps printing a base_url, so one run of the whole campaign takes about a second
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +156,77 @@ def test_an_unusable_throughput_never_wins(
     assert [c["points"][0]["output_throughput"] for c in state if c["name"] == "sweep[n=3]"] == [None]
 
 
-def test_a_cell_that_never_passed_is_the_only_one_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cell_that_failed_is_reported_failed_as_in_the_whole_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--only report` after a run in which n=3 failed reports it failed with the failure's message, as the whole
+    run's report did (it said `skipped (never passed)`); the cells that passed stay passed."""
     campaign = Campaign(tmp_path)
     campaign.throughput(3, "fail")
     assert campaign.run() == 5, capsys.readouterr()  # cells-failed
+    whole = campaign.cells()
     assert campaign.run("--only", "report") == 0, capsys.readouterr()
-    status, reason = campaign.cells().pop("sweep[n=3]")
-    assert status == "skipped" and reason == "bench[n=3]: skipped (never passed)"
-    assert {name: cell for name, cell in campaign.cells().items() if name != "sweep[n=3]"} == {
-        name: cell for name, cell in ALL_PASSED.items() if name != "sweep[n=3]"
-    }
+    assert campaign.cells() == whole
+    status, reason = whole.pop("sweep[n=3]")
+    assert status == "failed" and reason is not None and reason.startswith("bench[n=3]: ")
+    assert whole == {name: cell for name, cell in ALL_PASSED.items() if name != "sweep[n=3]"}
+
+
+def test_the_newest_outcome_wins_a_cell_that_failed_after_it_passed_is_failed_through_later_runs(
+    campaign: Campaign, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n=2 passed at 300 tokens/s, then failed in an `--only` of it: neither `--only report` nor one after an
+    `--only` of another cell reports n=2 passed with the numbers of its older pass (nor `skipped (never
+    passed)`): it is failed, with its failure, and never the best; `runbook status` says in which run it failed."""
+    campaign.throughput(2, "300")
+    assert campaign.run("--only", "bench[n=2]") == 0
+    campaign.throughput(2, "fail")
+    assert campaign.run("--only", "bench[n=2]") == 5
+    failed_in = campaign.newest().name
+    assert campaign.run("--only", "bench[n=1]") == 0  # leaves bench[n=2] out after it: its record stays failed
+    for _ in range(2):  # and so does the report's, then the next one's
+        assert campaign.run("--only", "report") == 0, capsys.readouterr()
+        cells = campaign.cells()
+        status, reason = cells.pop("sweep[n=2]")
+        assert status == "failed" and reason is not None and "the benchmark did not complete" in reason
+        assert cells == {name: cell for name, cell in ALL_PASSED.items() if name != "sweep[n=2]"}
+        [best] = campaign.best()
+        assert best["best"] != "sweep[n=2]" and best["fastest_throughput"] == 100.0
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["status", "--log-dir", str(campaign.logs)]) == 0
+    rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert {row[1].strip(): row[3].strip() for row in rows}["bench[n=2]"] == f"failed (in {failed_in})"
+
+
+#: A recorded median output throughput that is no measurement, and what the report says of it
+UNUSABLE = [
+    (-5.0, "greater than or equal to 0"),
+    (float("nan"), "Out of range float values are not JSON compliant"),
+    (10**400, "valid number"),
+    ("fast", "valid number"),
+]
+
+
+def test_a_cell_whose_recorded_numbers_are_unusable_says_so(
+    campaign: Campaign, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tampered state.db: n=2's recorded median output throughput is no measurement. `--only report` reports
+    the cell failed, saying its recorded facts are unusable and why (it was `passed` with no number and no word),
+    and the best is chosen among the others. Each value in turn, in the newest run (whose record `--only` copies)."""
+    for median, why in UNUSABLE:
+        db = sqlite3.connect(campaign.newest() / "state.db")
+        with db:
+            [(text,)] = db.execute("SELECT facts FROM steps WHERE step = 'bench[n=2]'").fetchall()
+            facts = json.loads(text)
+            facts["points"][0]["output_throughput"]["median"] = median
+            db.execute("UPDATE steps SET facts = ? WHERE step = 'bench[n=2]'", (json.dumps(facts),))
+        db.close()
+        assert campaign.run("--only", "report") == 0, capsys.readouterr()
+        cells = campaign.cells()
+        status, reason = cells.pop("sweep[n=2]")
+        assert status == "failed" and reason is not None, reason
+        assert reason.startswith("bench[n=2]: its recorded facts are unusable: ") and why in reason, reason
+        assert cells == {name: cell for name, cell in ALL_PASSED.items() if name != "sweep[n=2]"}
+        [best] = campaign.best()
+        assert best["best"] != "sweep[n=2]" and best["fastest_throughput"] == 100.0

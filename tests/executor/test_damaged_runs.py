@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -244,6 +245,22 @@ def test_random_damage_to_a_state_db_field_is_named_never_a_traceback(
                 assert f"{logs / run_id / 'state.db'} is unreadable (step " in said, (name, said)
         for name, (code, _out, said) in done.items():
             assert code in (0, 1, 2) and "Traceback" not in said, (name, code, said)
+
+
+@pytest.mark.parametrize("seconds", [math.inf, -math.inf, 1e308, -1.0])
+def test_a_duration_no_step_can_take_is_named_never_an_overflow(
+    finished_run: tuple[Path, Path], seconds: float
+) -> None:
+    """A damaged state.db's duration_s of infinity made `runbook status` raise OverflowError formatting it (1e308
+    printed 300 digits of hours, -1 "-1000ms"): it is a field of the wrong shape, named, exit 2."""
+    book, pristine = finished_run
+    with _copy(pristine) as logs:
+        run_id = run_ids(logs)[-1]
+        with contextlib.closing(sqlite3.connect(logs / run_id / "state.db")) as db, db:
+            db.execute("UPDATE steps SET duration_s = ? WHERE step = 'two'", (seconds,))
+        for name, (code, _out, said) in _every_command(book, logs, run_id).items():
+            if name.startswith(("status", "resume")):
+                assert code == 2 and "field 'duration_s' must be seconds (0 to 1e9) or null" in said, (name, said)
 
 
 # ---- a pipe whose reader went away --------------------------------------------------------------

@@ -206,9 +206,15 @@ def test_from_refuses_an_unknown_step_and_a_step_whose_facts_never_passed(book: 
     )
     source = Source(book, now).add("s1", "a").add("s1", "b", "failed")
     plan = plan_steps(book, now, source.records, SOURCE, from_step="s3")  # s3 and s4 need nothing
-    assert (plan.step("s1").action, plan.step("s1").reused_on) == ("skip", ("a",))  # kept where it passed
-    assert plan.why["s1"] == f"skipped on b (never passed there); facts reused from {SOURCE} on a"
-    never = plan_steps(book, now, Source(book, now).add("s1", "b", "failed").records, SOURCE, from_step="s3")
+    assert (plan.step("s1").action, plan.step("s1").reused_on) == ("skip", ("a", "b"))  # kept as it ended
+    assert plan.why["s1"] == f"facts reused from {SOURCE} on a; kept failed on b (as in {SOURCE})"
+    partly = Source(book, now).add("s1", "a").add("s1", "b", "interrupted").records
+    plan = plan_steps(book, now, partly, SOURCE, from_step="s3")
+    assert (plan.step("s1").reused_on, plan.why["s1"]) == (
+        ("a",),
+        f"skipped on b (never passed there); facts reused from {SOURCE} on a",
+    )
+    never = plan_steps(book, now, Source(book, now).add("s1", "b", "interrupted").records, SOURCE, from_step="s3")
     assert (never.step("s1").reused_on, never.why["s1"]) == ((), "skipped (never passed)")
 
 
@@ -276,8 +282,9 @@ def test_from_and_only_run_from_their_step_and_reuse_what_passed_before(
         passed = all((r := source.get((step.step, h))) is not None and r.status == "passed" for h in hosts)
         if index < ids.index(start):
             assert step.action == ("reuse" if passed else "skip")
-            kept = tuple(h for h in hosts if (r := source.get((step.step, h))) is not None and r.status == "passed")
-            assert step.reused_on == kept, "every host's record that passed is kept"
+            ended = ("passed", "failed")  # the newest outcome: a failure is kept as such, never as "never passed"
+            kept = tuple(h for h in hosts if (r := source.get((step.step, h))) is not None and r.status in ended)
+            assert step.reused_on == kept, "every host's record that passed or failed is kept"
         elif index == ids.index(start) or not only:
             assert (step.action, step.runs_on) == ("run", hosts)
         else:

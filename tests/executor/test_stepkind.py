@@ -5,6 +5,7 @@ an endless line is not kept whole; and the prefix the controller reads is the on
 from __future__ import annotations
 
 import functools
+import io
 import itertools
 import json
 import types
@@ -18,10 +19,11 @@ from pydantic import BaseModel
 from executor.emitter import Emitter, EventStream
 from executor.engine import HostContext
 from executor.event_models import Progress
-from executor.events import Reporter
+from executor.events import JsonReporter, RedactingReporter, Reporter
 from executor.hostprogram import PACKAGE
 from executor.redact import Redactor
 from executor.stepkind import (
+    FACTS_MAX_DEPTH,
     PROGRESS_LINE_MAX,
     PROGRESS_PREFIX,
     FactsError,
@@ -262,3 +264,20 @@ def test_keys_named_as_python_or_the_event_names_things_are_fields_like_any_othe
     [event] = recorded.events
     assert isinstance(event, Progress) and event.event == "progress" and event.step == "s"
     assert {k: event.fields[k] for k in names} == names
+
+
+@pytest.mark.parametrize("depth", [FACTS_MAX_DEPTH + 1, 600, 990])
+def test_a_progress_line_nested_past_the_facts_depth_is_skipped_and_the_reporters_live_on(depth: int) -> None:
+    """A line nested 600 deep parses, and then stopped the console and `--json` reporters for the rest of the run
+    (a RecursionError where the redacting reporter walks the event): it is skipped, the next event is printed."""
+    out, said = io.StringIO(), io.StringIO()
+    stream = EventStream(RedactingReporter(JsonReporter(out), Redactor(["s3cret"])), "run", Redactor([]), said)
+    events = Emitter(stream).bind(step="s", host="h", attempt=1)
+    ctx = types.SimpleNamespace(
+        progress=functools.partial(HostContext.progress, cast(HostContext, types.SimpleNamespace(events=events)))
+    )
+    nested = b"[" * depth + b"]" * depth
+    progress_messages(ctx).feed("stderr", PROGRESS_PREFIX + b'{"message": "deep", "x": ' + nested + b"}\n")
+    progress_messages(ctx).feed("stderr", PROGRESS_PREFIX + b'{"message": "next"}\n')
+    shown = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["message"] for e in shown] == ["next"] and stream.failed == [] and said.getvalue() == ""

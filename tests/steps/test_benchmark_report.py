@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from steps.benchmark_report import (
     ACCEPTANCE_PNG,
@@ -27,7 +29,7 @@ from steps.benchmark_report import (
     speedup,
     write_report,
 )
-from steps.benchmark_results import LATENCY_FIELDS, BenchRun, points
+from steps.benchmark_results import LATENCY_FIELDS, MEASURED_MAX, BenchRun, points
 from steps.provenance import Measured, Provenance, Sources, build
 from tests.steps.test_benchmark import asked
 
@@ -166,6 +168,35 @@ def test_an_older_eval_s_facts_show_n_a_and_no_lossless_table() -> None:
     assert "api n/a, template n/a, thinking n/a" in next(n for n in report.notes if n.startswith("acceptance length"))
     assert [f.path for f in report.figures] == [FIGURE_PNG, PARETO_PNG]  # no histogram: no acceptance.png
     assert "no acceptance histogram: the facts of eval have none." in report.notes
+
+
+@pytest.mark.parametrize(
+    ("hostile", "where"),
+    [
+        ({"histogram": [{"low": 1.0, "high": 2.0, "count": 10**400}]}, "histogram.0.count"),  # OverflowError drawing
+        (
+            {"histogram": [{"low": -1e308, "high": 1e308, "count": 3}]},
+            "histogram.0.low histogram.0.high",
+        ),  # matplotlib's ValueError
+        ({"requests": -4}, "requests"),
+        ({"mean": 1e308}, "mean"),
+        ({"tokens_per_s": 10**400}, "tokens_per_s"),
+    ],
+)
+def test_stored_acceptance_numbers_out_of_bounds_are_refused_naming_the_field(hostile: Any, where: str) -> None:
+    """An eval's facts as a tampered state.db holds them: refused where they are read (the benchmark step then fails
+    naming the field: `acceptance: the sets of step ... are not acceptance facts`), never drawn."""
+    with pytest.raises(ValidationError) as refused:
+        Acceptance.model_validate({"step": "eval", "sets": {"math": {"prompts": 4, "mean": 4.0} | hostile}})
+    assert [".".join(map(str, e["loc"][2:])) for e in refused.value.errors()] == where.split()
+
+
+def test_the_largest_acceptance_numbers_allowed_are_drawn(tmp_path: Path) -> None:
+    top = MEASURED_MAX - 1
+    bins = [{"low": 0.0, "high": top, "count": int(top)}, {"low": 0.0, "high": 5e-324, "count": 0}]
+    sets = {"math": {"prompts": int(top), "mean": top, "tokens_per_s": top, "histogram": bins}}
+    write_report(tmp_path, BASELINE, DFLASH, PROVENANCE, Acceptance.model_validate({"step": "eval", "sets": sets}))
+    assert (tmp_path / ACCEPTANCE_PNG).stat().st_size > 0
 
 
 SIDE_LABELS = ("baseline", "dflash")

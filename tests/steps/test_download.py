@@ -14,14 +14,19 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from executor.cli import main
+from executor.errors import FactsError
+from executor.stepkind import host_document
 from executor.transport.base import Collector, CommandResult
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID, TARGET_ID
 from steps.download import (
     DownloadStep,
+    HostReport,
     ProgressMeter,
     human_bytes,
     incomplete_summary,
@@ -172,6 +177,49 @@ def test_the_http_method_report_is_the_last_line_of_its_stdout() -> None:
     assert resumed_bytes(result(0, stdout=b"a line of the method's\n" + report, stderr=progress)) == 7
     assert resumed_bytes(result(1, stdout=report + b"not json\n")) == 0
     assert resumed_bytes(result(1, stderr=progress)) == 0
+
+
+PRECHECK = {
+    "local_dir": "/m",
+    "files": 1,
+    "bytes": 5,
+    "complete_bytes": 0,
+    "partial_bytes": 0,
+    "incomplete": [{"path": "a", "state": "missing", "have": 0, "size": 5}],
+    "disk": {"path": "/m", "free_bytes": 10, "total_bytes": 20},
+    "commit": "a" * 40,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"bytes": 10**400}, "bytes: Input should be less than"),  # a Hub's size: human_bytes overflowed
+        ({"bytes": 1e308}, "bytes: Input should be a valid integer"),
+        ({"complete_bytes": -1}, "complete_bytes: Input should be greater than or equal to 0"),
+        ({"disk": {"path": "/m", "free_bytes": 10**400}}, "disk.free_bytes: Input should be less than"),
+        ({"incomplete": [{"path": "a", "state": "short", "have": "5", "size": 5}]}, "incomplete.0.have"),
+        ({"partial_bytes": None}, "come together or not at all"),  # was a KeyError or TypeError later
+    ],
+)
+def test_a_count_of_the_download_program_that_is_no_count_fails_naming_it(change: dict[str, Any], named: str) -> None:
+    """Counts from the host and the Hub are checked where the document is read: the step fails naming the field,
+    never with an OverflowError from `human_bytes(10**400)` or a TypeError in the disk check."""
+    stdout = json.dumps(PRECHECK | change).encode()
+    with pytest.raises(FactsError, match=f"the precheck printed a document of an unexpected shape: .*{named}"):
+        host_document(result(0, stdout=stdout), HostReport, "the precheck")
+
+
+COUNT = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@given(total=COUNT, complete=COUNT, free=COUNT, margin=st.sampled_from(["5%", "20GB", 0.5, 0]))
+def test_any_counts_the_document_allows_give_a_disk_check(total: int, complete: int, free: int, margin: Any) -> None:
+    """Within the bounds the document allows, the disk check and its message never raise."""
+    stdout = json.dumps(PRECHECK | precheck(total, complete, free)).encode()
+    pre = host_document(result(0, stdout=stdout), HostReport, "the precheck").model_dump(exclude_none=True)
+    disk = step(min_free_margin=margin).disk_check(pre)
+    assert disk.shortfall is None or disk.shortfall.startswith("need ")
 
 
 # ----------------------------------------------------------------------------- through the test host

@@ -153,6 +153,9 @@ def test_a_node_group_is_recorded_in_rank_order_and_one_hosts_server_has_none() 
         (["--tp-size", "8", "--dp-size=x"], None),
         (["--tp-size", "-8"], None),  # no size below 1: -8 GPUs would be the cheapest configuration
         (["--tp-size", "8", "--pp-size=0"], None),
+        (["--tp-size", "65536"], 65536),
+        (["--tp-size", "9" * 400], None),  # a tampered argv: its throughput per GPU overflowed a float
+        (["--tp-size", "8", "--dp-size=65537"], None),
     ],
 )
 def test_the_gpus_of_a_launch_command(extra: list[str], count: int | None) -> None:
