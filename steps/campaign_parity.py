@@ -51,7 +51,7 @@ def terms(step: DeployStep, target_of: Callable[[str], str | None]) -> dict[str,
 
 
 def _speculative(flag: str) -> bool:
-    return flag.startswith(sglang_flags.SPECULATIVE_PREFIX) or flag in sglang_flags.ADDRESSING
+    return sglang_flags.is_speculative(flag) or flag in sglang_flags.ADDRESSING
 
 
 @dataclass(frozen=True)

@@ -589,8 +589,8 @@ class DeployStep(ServerStep):
             )
         if found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
             raise FactsError(
-                f"extra_args: this SGLang reads {found.name} as {found.flag}, which this step renders from "
-                f"`{sglang_flags.MANAGED[managed][0]}`: use its parameters"
+                f"extra_args: this SGLang reads {found.name} as {found.flag}, which "
+                f"{sglang_flags.rendered_from(managed)}: use its parameters"
             )
         if found is None or found.flag in (None, found.name) or word.partition("=")[0] != found.name:
             return word, None  # an option as written, a value, or one named through a var: as written
