@@ -68,7 +68,7 @@ def deploy(**params: Any) -> DeployStep:
 MANAGED_DESTS = {"model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
                  "speculative_dflash_block_size", "tp_size", "attention_backend", "speculative_draft_attention_backend",
                  "mem_fraction_static", "trust_remote_code", "host", "port", "nnodes", "node_rank", "dist_init_addr",
-                 "dist_timeout", "config"}  # fmt: skip
+                 "dist_timeout", "config", "decode_attention_backend", "prefill_attention_backend"}  # fmt: skip
 MANAGED_OPTIONS = sorted(o for group in options() for o in group if real_dest(group[0]) in MANAGED_DESTS)
 
 
