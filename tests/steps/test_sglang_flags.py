@@ -256,3 +256,14 @@ def test_a_negated_boolean_is_read_as_the_real_parser_reads_it() -> None:
     negatable = [*options(), ["--no-trust-remote-code"]]  # a release whose --trust-remote-code is negatable
     with pytest.raises(FactsError, match="reads --no-trust-remote as --no-trust-remote-code, which this step renders"):
         ran(deploy(extra_args=["--no-trust-remote"]), negatable)
+
+
+@pytest.mark.parametrize("word", ["$SGLANG_EXTRA", "${SGLANG_EXTRA}", "$SGLANG_EXTRA=4"])
+def test_a_word_that_starts_with_a_var_the_runbook_does_not_give_is_refused(word: str) -> None:
+    """The host expands `$name` from its own environment (hostprograms/kit.py expand_path): a var the runbook does
+    not declare has a value the controller cannot check (`SGLANG_EXTRA=--tp-size` on the host would override the
+    step's tp size). Refused before anything starts; a declared var and a var inside a value still pass."""
+    with pytest.raises(FactsError, match=r"starts with \$SGLANG_EXTRA, no runbook var: .* declare it in `vars`"):
+        ran(deploy(extra_args=[word, "8"]))
+    words, _ = ran(deploy(extra_args=["$parser", "kimi_k2", "--download-dir=$SGLANG_EXTRA"]), parser="--reasoning-p")
+    assert words == ["$parser", "kimi_k2", "--download-dir=$SGLANG_EXTRA"]
