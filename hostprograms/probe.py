@@ -187,8 +187,23 @@ def field_options(source: str) -> list[list[str]]:
                 aliases = ast.literal_eval(keywords["aliases"]) if "aliases" in keywords else []
             except ValueError:
                 continue
-            found.append([name or "--" + node.target.id.replace("_", "-"), *[str(a) for a in aliases]])
+            group = [name or "--" + node.target.id.replace("_", "-"), *[str(a) for a in aliases]]
+            found.append(group)
+            if _negatable(keywords.get("action")):
+                found.append(negations(group))
     return found
+
+
+def _negatable(action: ast.expr | None) -> bool:
+    """Whether an Arg's `action=` is argparse.BooleanOptionalAction, which adds a `--no-FLAG` per `--FLAG`."""
+    name = action.attr if isinstance(action, ast.Attribute) else action.id if isinstance(action, ast.Name) else None
+    return name == "BooleanOptionalAction"
+
+
+def negations(group: list[str]) -> list[str]:
+    """The `--no-` option strings BooleanOptionalAction adds for an argument's `group`: listed as an argument of
+    their own, since they set the opposite value (an abbreviation of one is launched as it, never as the flag)."""
+    return ["--no-" + option[2:] for option in group if option.startswith("--")]
 
 
 def argument_options(source: str) -> list[list[str]]:
@@ -199,6 +214,8 @@ def argument_options(source: str) -> list[list[str]]:
             names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if names and all(name.startswith("-") for name in names):
                 found.append(names)
+                if _negatable(_keywords(node).get("action")):
+                    found.append(negations(names))
     return found
 
 

@@ -47,11 +47,36 @@ def terms(step: DeployStep, target_of: Callable[[str], str | None]) -> dict[str,
     }
     written = sglang_flags.flag_values(step.extra_args)
     found |= {flag: " ".join(values) for flag, values in written.items()}
+    found |= {PYTHON: step.python} | {ENV + name: value for name, value in step.env.items()}
     return {flag: how for flag, how in found.items() if not _speculative(flag)}
 
 
+#: How `terms` names what is not a flag yet sets how the server runs: the interpreter (so the SGLang install) and
+#: each variable of the server's environment (SGLang reads SGLANG_* as settings: `env:SGLANG_ENABLE_TORCH_COMPILE`).
+PYTHON = "python"
+ENV = "env:"
+
+
+def may_differ_problems(parities: Sequence[Parity], allowed: Sequence[str]) -> list[str]:
+    """Why entries of `baseline_may_differ` allow nothing: a speculative or addressing flag (always free to differ),
+    or one that no deploy of the campaign sets (a typo, an abbreviation, a flag the runbook never gives)."""
+    known = {flag for parity in parities for flag in parity.flags}
+    problems = [
+        f"baseline_may_differ: {flag} is a speculative flag or one that only addresses the server: it may always differ"
+        for flag in allowed
+        if _speculative(flag)
+    ]
+    unset = [flag for flag in allowed if not _speculative(flag) and flag not in known]
+    if unset and parities:
+        problems.append(
+            f"baseline_may_differ: {', '.join(unset)}: set by no deploy of the campaign (they set "
+            f"{', '.join(sorted(known))}): write a flag as the deploys give it, in full"
+        )
+    return problems
+
+
 def _speculative(flag: str) -> bool:
-    return flag.startswith(sglang_flags.SPECULATIVE_PREFIX) or flag in sglang_flags.ADDRESSING
+    return sglang_flags.is_speculative(flag) or flag in sglang_flags.ADDRESSING
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,7 @@ class Parity:
     group: str
     deploys: list[str]
     differ: dict[str, tuple[str, str]]  # flag -> (how the baseline sets it, how a cell does)
+    flags: set[str]  # every flag (and `terms`' python, env:NAME) the baseline or a cell sets
 
     def line(self, baseline: str, allowed: Sequence[str]) -> str:
         """What `runbook plan` says of it."""
@@ -95,10 +121,11 @@ def baseline_parity(
         cell = _served_by(steps, step_id) if step_id != baseline and step.kind == "benchmark" else None
         if cell is None or cell.id == base.id:
             continue
-        parity = groups.setdefault(group_of(cell.id), Parity(group_of(cell.id), [], {}))
+        parity = groups.setdefault(group_of(cell.id), Parity(group_of(cell.id), [], {}, set(reference)))
         if cell.id not in parity.deploys:
             parity.deploys.append(cell.id)
         own = terms(cell, target_of)
+        parity.flags.update(own)
         for flag in dict.fromkeys([*reference, *own]):
             if reference.get(flag) != own.get(flag):
                 parity.differ.setdefault(flag, (reference.get(flag, "not given"), own.get(flag, "not given")))

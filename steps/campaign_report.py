@@ -75,13 +75,16 @@ class CampaignReportStep(StepSpec):
     @field_validator("baseline_may_differ")
     @classmethod
     def _flags(cls, value: list[str]) -> list[str]:
-        if bad := [flag for flag in value if not sglang_flags.is_option(flag)]:
-            raise ValueError(f"expected launch flags such as --attention-backend, got {', '.join(map(repr, bad))}")
+        if bad := [flag for flag in value if not _differs_in(flag)]:
+            raise ValueError(
+                "expected launch flags such as --attention-backend (or python, env:NAME), got "
+                + ", ".join(map(repr, bad))
+            )
         return [sglang_flags.MANAGED_TABLE.get(flag, flag) for flag in value]  # an alias as its flag
 
     def check_runbook(self, steps: Mapping[str, StepSpec]) -> list[str]:
         base, groups = campaign_parity.baseline_parity(steps, self.baseline, _step_of)
-        return [
+        return campaign_parity.may_differ_problems(groups, self.baseline_may_differ) + [
             f"the baseline's deploy {base} and those of {p.group} differ beyond the speculative flags in "
             f"{p.shown()}: launch the baseline as the cells (the same parameters, an inspect step of the same "
             "target), or list the flags in baseline_may_differ"
@@ -131,6 +134,12 @@ class CampaignReportStep(StepSpec):
         write_document(ctx.run_dir, report, drawings(cells, comparisons), ctx.redactor)
         ctx.progress(f"campaign report written: {ctx.run_dir / REPORT_MD}")
         return Outcome(local_result(started), facts(ctx, campaign, report.figures))
+
+
+def _differs_in(name: str) -> bool:
+    """Whether `name` can be an entry of baseline_may_differ: a flag, the interpreter or a server's env var."""
+    env = name.removeprefix(campaign_parity.ENV)
+    return sglang_flags.is_option(name) or name == campaign_parity.PYTHON or (env != name and env.isidentifier())
 
 
 def _step_of(instance: str) -> str:

@@ -67,6 +67,8 @@ DRAFT_REJECTED = ("trtllm_mha",)
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 #: A host name or an IPv4 address, as `dist_init_addr` names rank 0.
 HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?$")
+#: A word that, its runbook vars replaced, still starts with a `$name`: the host expands it from its own environment.
+UNKNOWN_VAR_FIRST = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 #: The environment a node group's launch sets per node from `network_interface` (steps/node_group.py).
 GROUP_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SGLANG_HOST_IP")
 
@@ -566,7 +568,13 @@ class DeployStep(ServerStep):
         and a report's provenance, name the flags the server ran with); one that would set a flag this step
         renders, or that the parser refuses as ambiguous, fails the step before anything starts."""
         for word in self.extra_args:  # a runbook var's value, as the host will expand it: no var hides a flag
-            if (clash := sglang_flags.managed_clash(with_vars(word, ctx.vars))) is not None:
+            shown = with_vars(word, ctx.vars)
+            if host_var := UNKNOWN_VAR_FIRST.match(shown):
+                raise FactsError(
+                    f"extra_args: `{word}` starts with ${host_var[1]}, no runbook var: the host's environment gives "
+                    "its value, which could be a flag this step renders: declare it in `vars` (the home folder: ~/)"
+                )
+            if (clash := sglang_flags.managed_clash(shown)) is not None:
                 raise FactsError(f"extra_args: {clash} (`{word}` on this host): use its parameters")
         table, why = self._launch_options(ctx)
         if table is None:
@@ -589,8 +597,8 @@ class DeployStep(ServerStep):
             )
         if found is not None and (managed := sglang_flags.managed_of(found.flag, table)):
             raise FactsError(
-                f"extra_args: this SGLang reads {found.name} as {found.flag}, which this step renders from "
-                f"`{sglang_flags.MANAGED[managed][0]}`: use its parameters"
+                f"extra_args: this SGLang reads {found.name} as {found.flag}, which "
+                f"{sglang_flags.rendered_from(managed)}: use its parameters"
             )
         if found is None or found.flag in (None, found.name) or word.partition("=")[0] != found.name:
             return word, None  # an option as written, a value, or one named through a var: as written

@@ -39,6 +39,13 @@ MANAGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "--dist-timeout": ("dist_timeout", ()),
     "--config": ("the step's parameters and extra_args: a config file could set any flag above", ()),
 }
+#: Flags this step does not render that SGLang prefers to one it does (0.5.23 srt/arg_groups/fields/exec_.py: the
+#: decode and prefill attention backends "have priority over --attention-backend"): given in extra_args, the server
+#: would run another backend than the one the step chose and recorded, so they are refused as the managed flag is.
+OVERRIDING: dict[str, str] = {
+    "--decode-attention-backend": "--attention-backend",
+    "--prefill-attention-backend": "--attention-backend",
+}
 #: Flags of speculative decoding: a campaign's baseline and cells may differ in them (and only in them).
 SPECULATIVE_PREFIX = "--speculative-"
 #: Flags that say where a server listens or how its nodes meet, not what it computes: never a parity difference.
@@ -93,7 +100,19 @@ def resolve(word: str, table: Mapping[str, str]) -> Resolved:
 
 
 #: The managed flags and their aliases as a table: what `validate` resolves against, before any host is known.
-MANAGED_TABLE: dict[str, str] = {option: flag for flag, (_, aliases) in MANAGED.items() for option in (flag, *aliases)}
+MANAGED_TABLE: dict[str, str] = {
+    **{option: flag for flag, (_, aliases) in MANAGED.items() for option in (flag, *aliases)},
+    **{flag: flag for flag in OVERRIDING},
+}
+
+
+def rendered_from(flag: str) -> str:
+    """What becomes of `flag` (a value of MANAGED_TABLE) in this step, after "FLAG, which": the parameter it
+    renders it from, or for a flag SGLang prefers to a managed one (OVERRIDING), the managed one it overrides."""
+    if flag in OVERRIDING:
+        managed = OVERRIDING[flag]
+        return f"SGLang prefers to {managed}, which this step renders from `{MANAGED[managed][0]}`"
+    return f"this step renders from `{MANAGED[flag][0]}`"
 
 
 def managed_clash(word: str) -> str | None:
@@ -104,11 +123,12 @@ def managed_clash(word: str) -> str | None:
         return None
     found = resolve(word, MANAGED_TABLE)
     if found.flag is not None:
-        param = MANAGED[found.flag][0]
+        if found.name == found.flag and found.flag in MANAGED:
+            return f"{found.name} is rendered by this step from `{MANAGED[found.flag][0]}`"
         if found.name == found.flag:
-            return f"{found.name} is rendered by this step from `{param}`"
+            return f"{found.name} is a flag {rendered_from(found.flag)}"
         how = "abbreviates" if found.kind == "abbreviation" else "is an alias of"
-        return f"{found.name} {how} {found.flag}, which this step renders from `{param}`"
+        return f"{found.name} {how} {found.flag}, which {rendered_from(found.flag)}"
     if found.kind == "ambiguous":
         flags = sorted({MANAGED_TABLE[option] for option in found.matches})
         return f"{found.name} abbreviates {', '.join(flags)}, which this step renders (SGLang's parser takes a prefix)"
@@ -129,6 +149,16 @@ def flag_values(words: Sequence[str]) -> dict[str, list[str]]:
     return found
 
 
+def positive(flag: str) -> str:
+    """`--no-FLAG` as `--FLAG` (argparse's BooleanOptionalAction: the same setting, the other value), else `flag`."""
+    return "--" + flag.removeprefix("--no-") if flag.startswith("--no-") else flag
+
+
+def is_speculative(flag: str) -> bool:
+    """Whether `flag` (or the flag it negates) is one of speculative decoding's."""
+    return positive(flag).startswith(SPECULATIVE_PREFIX)
+
+
 def parity_differences(baseline: Mapping[str, list[str]], cell: Mapping[str, list[str]]) -> list[str]:
     """The flags (canonical, as `flag_values` of the argv each server ran with) in which a baseline and a cell
     differ, but the speculative ones and those that only address the server (ADDRESSING)."""
@@ -136,13 +166,16 @@ def parity_differences(baseline: Mapping[str, list[str]], cell: Mapping[str, lis
     return [
         name
         for name in names
-        if not name.startswith(SPECULATIVE_PREFIX) and name not in ADDRESSING and baseline.get(name) != cell.get(name)
+        if not is_speculative(name) and name not in ADDRESSING and baseline.get(name) != cell.get(name)
     ]
 
 
 def managed_of(flag: str | None, table: Mapping[str, str]) -> str | None:
     """The managed flag (a key of MANAGED) that `flag`, a canonical flag of the host's `table`, is: one of its
-    action's option strings is a managed flag or alias; None for a flag this step leaves to extra_args."""
+    action's option strings is a managed flag or alias, or negates one (`--no-FLAG`); None for a flag this step
+    leaves to extra_args."""
     if flag is None:
         return None
-    return next((MANAGED_TABLE[o] for o, f in table.items() if f == flag and o in MANAGED_TABLE), None)
+    return next(
+        (MANAGED_TABLE[positive(o)] for o, f in table.items() if f == flag and positive(o) in MANAGED_TABLE), None
+    )

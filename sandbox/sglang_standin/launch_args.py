@@ -131,7 +131,10 @@ def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
             aliases = ast.literal_eval(keywords["aliases"]) if "aliases" in keywords else []
             options: dict[str, Any] = {"dest": name, "default": None}
             kind, literal = _inner(annotation)
-            if "action" in keywords:
+            action = keywords.get("action")
+            if isinstance(action, ast.Attribute) and action.attr == "BooleanOptionalAction":
+                options["action"] = argparse.BooleanOptionalAction  # --FLAG and --no-FLAG, as the real parser
+            elif action is not None:
                 options["action"] = "store_true"  # custom actions (deprecations) take no value in 0.5.23
             elif kind == "bool":
                 options["action"] = "store_true"

@@ -83,6 +83,8 @@ def test_the_sweep_s_plan_shows_the_parity(tmp_path: Path) -> None:
         ({"extra_args": ["--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--context-length", "8192"]},
          "--context-length"),
         ({"model_path": "$models_dir/Kimi-K2.5"}, "--model-path"),
+        ({"env": {"SGLANG_ENABLE_TORCH_COMPILE": "1"}}, "env:SGLANG_ENABLE_TORCH_COMPILE"),  # SGLang reads it
+        ({"python": "/root/venv_other/bin/python"}, "python"),  # another SGLang install
     ],
 )  # fmt: skip
 def test_any_non_speculative_difference_is_refused_and_allowed_only_by_name(
@@ -102,6 +104,28 @@ def test_speculative_and_addressing_differences_are_the_comparison(tmp_path: Pat
 
 def test_baseline_may_differ_takes_flags_an_alias_as_its_flag(tmp_path: Path) -> None:
     code, said = cli("validate", str(sweep(tmp_path, baseline_may_differ=["attention_backend"])))
-    assert code == 2 and "expected launch flags such as --attention-backend, got 'attention_backend'" in said
+    assert (
+        code == 2 and "expected launch flags such as --attention-backend (or python, env:NAME), got 'attention_" in said
+    )
     path = sweep(tmp_path, cell={"tp_size": 4}, baseline_may_differ=["--tensor-parallel-size"])
     assert cli("validate", str(path))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("allowed", "why"),
+    [
+        (["--speculative-algorithm"], "--speculative-algorithm is a speculative flag or one that only addresses"),
+        (["--port"], "--port is a speculative flag or one that only addresses the server: it may always differ"),
+        (["--attention-backnd"], "--attention-backnd: set by no deploy of the campaign (they set --attention-backend,"),
+        (["--attention-back"], "--attention-back: set by no deploy of the campaign"),  # an abbreviation allows nothing
+        (["env:SGLANG_NOWHERE"], "env:SGLANG_NOWHERE: set by no deploy of the campaign"),
+    ],
+)
+def test_a_baseline_may_differ_entry_that_allows_nothing_is_refused_at_its_step(
+    tmp_path: Path, allowed: list[str], why: str
+) -> None:
+    """A typo or an abbreviation would otherwise be accepted and allow nothing, silently; a speculative flag always
+    may differ: each is refused at validate, FILE:LINE:COL naming the report step."""
+    path = sweep(tmp_path, baseline_may_differ=allowed)
+    code, said = cli("validate", str(path))
+    assert code == 2 and said.startswith(f"{path}:") and f"step 'report': baseline_may_differ: {why}" in said

@@ -68,7 +68,7 @@ def deploy(**params: Any) -> DeployStep:
 MANAGED_DESTS = {"model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
                  "speculative_dflash_block_size", "tp_size", "attention_backend", "speculative_draft_attention_backend",
                  "mem_fraction_static", "trust_remote_code", "host", "port", "nnodes", "node_rank", "dist_init_addr",
-                 "dist_timeout", "config"}  # fmt: skip
+                 "dist_timeout", "config", "decode_attention_backend", "prefill_attention_backend"}  # fmt: skip
 MANAGED_OPTIONS = sorted(o for group in options() for o in group if real_dest(group[0]) in MANAGED_DESTS)
 
 
@@ -229,3 +229,41 @@ def test_an_older_release_s_flags_and_an_unreadable_one_s_reason(tmp_path: Path)
     facts = _sglang_blank()
     _read_launch_options(str(tmp_path), facts)
     assert facts["launch_options"] is None and "does not parse with Python" in facts["unknown"]["launch_options"]
+
+
+@pytest.mark.parametrize("word", ["--decode-attention-backend", "--prefill-attention-backend=fa3", "--decode-att"])
+def test_a_flag_sglang_prefers_to_the_attention_backend_is_refused(word: str) -> None:
+    """0.5.23's decode and prefill attention backends "have priority over --attention-backend": given in extra_args,
+    the server would run another backend than the one the step chose (and the choices record); refused at validate
+    and, as the host's parser reads it, at run time."""
+    assert real_dest(word.partition("=")[0]) in {"decode_attention_backend", "prefill_attention_backend"}
+    with pytest.raises(ValidationError, match="SGLang prefers to --attention-backend, which this step renders"):
+        deploy(extra_args=[word, "flashinfer"])
+    with pytest.raises(FactsError, match=r"SGLang prefers to --attention-backend, .* from `attention_backend`"):
+        ran(deploy(extra_args=["$flag", "flashinfer"]), flag=word)  # known only at run time: a host var's value
+
+
+def test_a_negated_boolean_is_read_as_the_real_parser_reads_it() -> None:
+    """BooleanOptionalAction adds `--no-FLAG` (0.5.23: `--no-speculative-enable-w4a4-mxfp4-megamoe`): the probe's
+    table lists it, so an abbreviation of it is launched as it (never as the flag it negates), it counts as
+    speculative in a campaign's parity, and a host whose managed flag is negatable refuses `--no-` of it."""
+    negated = "--no-speculative-enable-w4a4-mxfp4-megamoe"
+    assert real_dest(negated) == "speculative_enable_w4a4_mxfp4_megamoe"
+    assert any(negated in group for group in options())
+    words, _ = ran(deploy(extra_args=["--no-speculative-enable-w4a4"]))
+    assert words == [negated]
+    assert sglang_flags.parity_differences({}, {negated: []}) == []
+    negatable = [*options(), ["--no-trust-remote-code"]]  # a release whose --trust-remote-code is negatable
+    with pytest.raises(FactsError, match="reads --no-trust-remote as --no-trust-remote-code, which this step renders"):
+        ran(deploy(extra_args=["--no-trust-remote"]), negatable)
+
+
+@pytest.mark.parametrize("word", ["$SGLANG_EXTRA", "${SGLANG_EXTRA}", "$SGLANG_EXTRA=4"])
+def test_a_word_that_starts_with_a_var_the_runbook_does_not_give_is_refused(word: str) -> None:
+    """The host expands `$name` from its own environment (hostprograms/kit.py expand_path): a var the runbook does
+    not declare has a value the controller cannot check (`SGLANG_EXTRA=--tp-size` on the host would override the
+    step's tp size). Refused before anything starts; a declared var and a var inside a value still pass."""
+    with pytest.raises(FactsError, match=r"starts with \$SGLANG_EXTRA, no runbook var: .* declare it in `vars`"):
+        ran(deploy(extra_args=[word, "8"]))
+    words, _ = ran(deploy(extra_args=["$parser", "kimi_k2", "--download-dir=$SGLANG_EXTRA"]), parser="--reasoning-p")
+    assert words == ["$parser", "kimi_k2", "--download-dir=$SGLANG_EXTRA"]
