@@ -234,12 +234,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from executor.planner import plan_document, plan_text, secrets_redactor
+    from executor.planner import plan_blocks, plan_document, secrets_redactor
 
     runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
     redactor = secrets_redactor(runbook, os.environ)
     if args.full:
-        out().print(shown_text(plan_text(runbook, overrides, redactor)))
+        for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
+            print(shown(block))  # not through rich, which measures each character's width (1 MB/s)
         return EXIT_OK
     document = plan_document(runbook, overrides, redactor)
     if args.json:

@@ -22,7 +22,7 @@ import pickle
 import re
 import struct
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -77,9 +77,41 @@ def _compiled(expression: str) -> TemplateExpression:
     return _ENV.compile_expression(expression, undefined_to_none=False)
 
 
+class _TextMemo:
+    """Results by expression text, kept for at most `limit` characters of texts (then all forgotten at once).
+    Every instance of a matrix step, and each fallback, repeats its step's gates: a 200 kB gate parsed per
+    instance took 0.3 s each (`validate` of 100 cells: 33 s). A runbook holds at most 4 MiB of text, so one
+    load never outgrows the memo, and a long-lived MCP server keeps no more than `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chars = 0
+        self.known: dict[str, Any] = {}
+
+    def get(self, text: str, compute: Callable[[str], Any]) -> Any:
+        if text in self.known:
+            return self.known[text]
+        if self.chars + len(text) > self.limit:
+            self.known.clear()
+            self.chars = 0
+        value = self.known[text] = compute(text)
+        self.chars += len(text)
+        return value
+
+
+#: Characters of the texts whose syntax check and step references are remembered (twice a runbook's 4 MiB).
+MEMO_CHARS = 8 << 20
+_syntax_memo = _TextMemo(MEMO_CHARS)
+_refs_memo = _TextMemo(MEMO_CHARS)
+
+
 def step_refs(text: str) -> list[str]:
     """Ids of the steps whose facts a text refers to (`steps.probe...`, `steps['dl-1']...`)."""
-    return [m.group(1) or m.group(2) for m in _STEP_REF.finditer(text)]
+    return list(_refs_memo.get(text, _step_refs))
+
+
+def _step_refs(text: str) -> tuple[str, ...]:
+    return tuple(m.group(1) or m.group(2) for m in _STEP_REF.finditer(text))
 
 
 def parse(expression: str) -> nodes.Expr:
@@ -124,7 +156,12 @@ def _var_refs(expression: str) -> tuple[str, ...]:
 
 
 def syntax_error(expression: str) -> str | None:
-    """None if the expression parses, else the parser's complaint."""
+    """None if the expression parses, else the parser's complaint (each distinct text parsed once)."""
+    problem: str | None = _syntax_memo.get(expression, _syntax_error)
+    return problem
+
+
+def _syntax_error(expression: str) -> str | None:
     try:
         parse(expression)
     except TemplateSyntaxError as exc:

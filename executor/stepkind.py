@@ -26,7 +26,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from executor import strict_json
 from executor.campaign import AxisValue
@@ -177,6 +177,17 @@ def progress_messages(ctx: ProgressSink) -> ProgressLines:
 #: value (a port, a timeout): an inventory or `--var` can then set them per site, like any path.
 VAR_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
 VarRef = Annotated[str, StringConstraints(pattern=VAR_REF.pattern)]
+
+
+def _as_written(text: str) -> str:
+    if var_names(text):
+        raise ValueError(f"{text!r}: a $var does not expand here (the host gets this text as written): give the value")
+    return text
+
+
+#: A parameter the host gets as written (a revision, a file pattern, a flag's value, an address to bind): a
+#: `$var` there would reach the host raw (`revision: $rev` asked the Hub for "$rev"), so validate refuses it.
+AsWritten = Annotated[str, AfterValidator(_as_written)]
 ValueT = TypeVar("ValueT")
 
 

@@ -37,6 +37,7 @@ from executor.model import DataModel, Gate, Model
 from executor.render import pasted_word, with_vars
 from executor.stepkind import (
     VAR_REF,
+    AsWritten,
     FactsError,
     Outcome,
     RenderContext,
@@ -235,6 +236,11 @@ def _asked(ctx: RenderContext, facts: list[tuple[str, str]]) -> str:
     return named if len(facts) == 1 else f"by {named}"
 
 
+#: Nodes of one node group: each rank's commands name every node, so `validate` and `plan` render a group's
+#: commands in its nodes squared (one deploy on 3000 nodes took 1.1 GB to validate, 1.9 GB to plan).
+MAX_NODES = 32
+
+
 class ServerStep(StepSpec):
     """What starting (`deploy`) and stopping (`stop_server`) a server share: the server is the one recorded
     on its port in `state_dir` on the host, and one host program, run by `python`, starts or stops it (the
@@ -245,7 +251,8 @@ class ServerStep(StepSpec):
     port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
     stop_timeout: Duration = 60.0
     state_dir: str = "~/.runbook/sglang"
-    nodes: list[str] | None = None  # a node group, rank 0 first: the step runs on nodes[0], its commands on all
+    #: a node group, rank 0 first: the step runs on nodes[0], its commands on all (at most 32: MAX_NODES)
+    nodes: Annotated[list[str], Field(max_length=MAX_NODES)] | None = None
 
     #: `nodes:` may name a pool, which stands for its hosts (the loader puts them in): one runbook serves on
     #: one host or across a node group as the site's inventory lists the pool.
@@ -295,7 +302,7 @@ class DeployStep(ServerStep):
     }
     model_path: str  # `~` and `$vars` expand on the host
     draft_model_path: str | None = None  # None: a baseline without speculative decoding
-    speculative_algorithm: str | None = None  # DFLASH when a drafter is given
+    speculative_algorithm: AsWritten | None = None  # DFLASH when a drafter is given
     probe: StepRef | None = None  # probe step: GPU count and architecture, SGLang's backends
     inspect: StepRef | None = None  # inspect_config step: draft token count, custom code, MLA
     tp_size: Literal["auto"] | PositiveInt = "auto"
@@ -306,7 +313,7 @@ class DeployStep(ServerStep):
     speculative_ddtree_budget: PositiveInt | None = None
     trust_remote_code: Literal["auto"] | bool = "auto"
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
-    bind: str = "127.0.0.1"
+    bind: AsWritten = "127.0.0.1"
     extra_args: list[str] = []
     env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout

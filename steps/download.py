@@ -44,6 +44,7 @@ from executor.render import heredoc, host_word, pasted_word, with_vars
 from executor.stepkind import (
     HUB_ENV,
     PROGRESS_PREFIX,
+    AsWritten,
     FactsError,
     Outcome,
     ProgressLines,
@@ -105,7 +106,7 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-Patterns = Annotated[list[str], BeforeValidator(_as_list, json_schema_input_type=str | list[str])]
+Patterns = Annotated[list[AsWritten], BeforeValidator(_as_list, json_schema_input_type=str | list[str])]
 RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]  # `org/name`, as the Hub spells it
 
 
@@ -168,7 +169,7 @@ class DownloadStep(StepSpec):
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId
-    revision: str = Field(default="main", min_length=1)
+    revision: AsWritten = Field(default="main", min_length=1)
     local_dir: str
     include: Patterns = []
     exclude: Patterns = []

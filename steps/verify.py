@@ -22,7 +22,16 @@ from pydantic import ConfigDict, Field
 from executor.hostprogram import host_program
 from executor.model import DataModel, Gate
 from executor.render import with_vars
-from executor.stepkind import HUB_ENV, Outcome, ProgressLines, RenderContext, StepContext, StepSpec, host_document
+from executor.stepkind import (
+    HUB_ENV,
+    AsWritten,
+    Outcome,
+    ProgressLines,
+    RenderContext,
+    StepContext,
+    StepSpec,
+    host_document,
+)
 from steps.download import Patterns, RepoId
 
 if TYPE_CHECKING:
@@ -87,7 +96,7 @@ class VerifyStep(StepSpec):
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId
-    revision: str = Field(default="main", min_length=1)
+    revision: AsWritten = Field(default="main", min_length=1)
     local_dir: str  # on the host; `~` and `$VARS` expand there
     include: Patterns = []  # huggingface_hub allow_patterns
     exclude: Patterns = []  # huggingface_hub ignore_patterns
