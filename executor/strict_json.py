@@ -4,7 +4,7 @@ Python's json module writes a non-finite float as the bare word `NaN`, `Infinity
 no strict reader (JavaScript's `JSON.parse`, Go, jq) accepts: one host that prints `{"tps": NaN}` as its
 facts would make `status --json`, an MCP answer or report.json unreadable. So each kind of answer leaves
 the program through `dumps` (the `--json` event lines and events.jsonl, `status`/`runs`/`report`/`plan
---json`, report.json) or `strict` (an MCP tool's result, which the SDK serialises): a non-finite float
+--json`, report.json, the debug log, and every MCP result: `mcp_server.as_json`): a non-finite float
 becomes the string of its name (`"NaN"`, `"Infinity"`, `"-Infinity"`), decided here once, and
 `allow_nan=False` proves that nothing else non-finite is left.
 """
