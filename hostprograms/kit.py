@@ -268,22 +268,23 @@ def _watched(http_class: Any, watch: _Deadline) -> Any:
     return Watched
 
 
-class _WatchedHTTP(urllib.request.HTTPHandler):
+class _WatchedOpen:
+    """do_open of urllib's HTTP and HTTPS handlers alike, with the connection class watched by the deadline."""
+
     def __init__(self, watch: _Deadline) -> None:
         super().__init__()
         self.watch = watch
 
     def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
-        return super().do_open(_watched(http_class, self.watch), req, **kwargs)
+        return super().do_open(_watched(http_class, self.watch), req, **kwargs)  # type: ignore[misc]
 
 
-class _WatchedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, watch: _Deadline) -> None:
-        super().__init__()
-        self.watch = watch
+class _WatchedHTTP(_WatchedOpen, urllib.request.HTTPHandler):
+    pass
 
-    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
-        return super().do_open(_watched(http_class, self.watch), req, **kwargs)
+
+class _WatchedHTTPS(_WatchedOpen, urllib.request.HTTPSHandler):
+    pass
 
 
 def exchange(
