@@ -37,6 +37,7 @@ from executor.seal import AuditKey, load_key
 from sandbox.sshd import SSHServer
 from tests.conftest import runbook_cli
 from tests.executor.killpoints import run_book
+from tests.runfolders import run_folders
 
 
 def cli(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
@@ -54,11 +55,6 @@ def book_text(hosts: str, marker: Path) -> str:
         "  - id: a2\n    kind: shell\n    script: echo a2\n"
         "  - id: a3\n    kind: shell\n    script: 'echo a3; test -f \"$marker\"'\n"
     )
-
-
-def run_dirs(logs: Path) -> list[Path]:
-    """The run folders of `logs`, oldest first (run ids start with their start time)."""
-    return sorted(p for p in logs.iterdir() if p.is_dir())
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
@@ -137,7 +133,7 @@ def sealed(tmp_path_factory: pytest.TempPathFactory, sshd: SSHServer) -> Runs:
 def test_a_cut_last_record_with_its_head_rolled_back_is_found(plain: Runs, tmp_path: Path, rolled_back: str) -> None:
     """The issue's case: cut the last record and write the head to match. On main this verified as
     intact: the head may lag the log, and nothing looked at state.db."""
-    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir,) = run_folders(copy_logs(plain.logs, tmp_path))
     kept = records(run_dir)[:-1]
     write_records(run_dir, kept)
     if rolled_back == "to nothing":
@@ -180,7 +176,7 @@ def test_any_cut_is_found_and_only_an_unfinished_run_may_lag(
     to match what is left; a head that lags a whole log is tampering for a run that finished, and
     tolerated (and said) for one that did not (a lock nobody holds: its process is gone)."""
     with tempfile.TemporaryDirectory() as scratch:
-        (run_dir,) = run_dirs(copy_logs(plain.logs, Path(scratch)))
+        (run_dir,) = run_folders(copy_logs(plain.logs, Path(scratch)))
         every = records(run_dir)
         kept = every[: len(every) - cut]
         head_at = min(head_at, len(kept))
@@ -206,7 +202,7 @@ def test_any_cut_is_found_and_only_an_unfinished_run_may_lag(
 
 
 def test_a_store_from_before_the_audit_position_is_said_to_be_checked_by_its_head(plain: Runs, tmp_path: Path) -> None:
-    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir,) = run_folders(copy_logs(plain.logs, tmp_path))
     with contextlib.closing(sqlite3.connect(run_dir / "state.db")) as db, db:
         db.execute("DELETE FROM run WHERE key = 'audit_position'")
     code, out, err = _main("audit", "verify", str(run_dir))
@@ -231,7 +227,7 @@ def test_a_killed_run_may_lag_and_is_said_to_have_crashed(tmp_path: Path, sshd: 
     logs = tmp_path / "logs"
     killed = run_book(book, logs, tmp_path / "journal-killed", kill_at=second_line, env=keyed)
     assert killed.returncode == -9, killed.stderr
-    (run_dir,) = run_dirs(logs)
+    (run_dir,) = run_folders(logs)
     assert (head(run_dir)["count"], len(records(run_dir))) == (1, 2)
 
     done = cli("audit", "verify", str(run_dir), config=config)
@@ -246,7 +242,7 @@ def test_a_killed_run_may_lag_and_is_said_to_have_crashed(tmp_path: Path, sshd: 
 
     resumed = cli("run", str(book), "--resume", "--log-dir", str(logs), config=config)
     assert resumed.returncode == 0, resumed.stderr
-    whole = cli("audit", "verify", str(run_dirs(logs)[-1]), "--key", config=config)
+    whole = cli("audit", "verify", str(run_folders(logs)[-1]), "--key", config=config)
     assert whole.returncode == 0 and "2 run(s)" in whole.stdout, whole.stdout + whole.stderr
     assert f"{run_dir.name}: head lags by 1 record(s)" in whole.stderr
 
@@ -278,7 +274,7 @@ def test_the_audit_key_is_made_private_once_and_never_shown(tmp_path: Path) -> N
 
 
 def test_a_sealed_history_verifies_with_its_key_and_says_so_without(sealed: Runs) -> None:
-    first, resumed = run_dirs(sealed.logs)
+    first, resumed = run_folders(sealed.logs)
     key = key_of(sealed.config)
     unkeyed = cli("audit", "verify", str(resumed), config=sealed.empty)
     assert unkeyed.returncode == 0 and unkeyed.stdout.startswith("intact: 4 records in 2 run(s)"), unkeyed.stdout
@@ -313,7 +309,7 @@ def rewrite(run_dir: Path, start: str, edit: dict[str, Any] | None = None) -> st
 def test_a_rewritten_sealed_history_is_found_only_with_the_key(sealed: Runs, tmp_path: Path) -> None:
     """a1's output edited, every hash after it computed again, heads, state.db and the link of the
     resumed run rewritten to match: the unkeyed checks cannot tell; the seal can."""
-    first, resumed = run_dirs(copy_logs(sealed.logs, tmp_path))
+    first, resumed = run_folders(copy_logs(sealed.logs, tmp_path))
     tail = rewrite(first, GENESIS, {"stdout": "forged\n"})
     meta = json.loads((resumed / "run.json").read_text())
     (resumed / "run.json").write_text(json.dumps(meta | {"audit_prev_hash": tail}))
@@ -330,7 +326,7 @@ def test_a_rewritten_sealed_history_is_found_only_with_the_key(sealed: Runs, tmp
 def test_a_sealed_run_unlinked_or_unsealed_is_found_with_the_key(sealed: Runs, tmp_path: Path, damage: str) -> None:
     """The seal covers the link to the resumed run: with `resumed_from` taken out of run.json, the run
     verifies alone as intact, but not with the key; a head whose seal was removed is not sealed."""
-    _first, resumed = run_dirs(copy_logs(sealed.logs, tmp_path))
+    _first, resumed = run_folders(copy_logs(sealed.logs, tmp_path))
     if damage == "seal removed":
         (resumed / "audit.head").write_text(json.dumps({k: v for k, v in head(resumed).items() if k != "seal"}))
         expected = "its head carries no seal"
@@ -348,11 +344,11 @@ def test_another_key_or_an_unsealed_run_is_refused(sealed: Runs, plain: Runs, tm
     other = tmp_path / "other"
     assert cli("audit", "key", config=other).returncode == 0
     theirs, ours = key_of(other), key_of(sealed.config)
-    resumed = run_dirs(sealed.logs)[-1]
+    resumed = run_folders(sealed.logs)[-1]
     wrong = cli("audit", "verify", str(resumed), "--key", str(theirs.path), config=sealed.empty)
     assert wrong.returncode == 1, wrong.stdout + wrong.stderr
     assert f"it was sealed with another key (key id {ours.key_id}), not {theirs.path}" in wrong.stderr
-    (unsealed_run,) = run_dirs(plain.logs)
+    (unsealed_run,) = run_folders(plain.logs)
     unsealed = cli("audit", "verify", str(unsealed_run), "--key", str(ours.path), config=sealed.empty)
     assert unsealed.returncode == 1 and "its head carries no seal" in unsealed.stderr, unsealed.stderr
 
@@ -377,7 +373,7 @@ def test_an_unusable_key_is_named_with_exit_2(plain: Runs, tmp_path: Path, kind:
         path.chmod(0o600)
     elif kind == "a folder":
         path.mkdir()
-    (run_dir,) = run_dirs(plain.logs)
+    (run_dir,) = run_folders(plain.logs)
     done = cli("audit", "verify", str(run_dir), "--key", str(path), config=plain.empty)
     assert done.returncode == 2 and expected in done.stderr, done.stderr
     if kind != "missing":  # no key at all means no sealing
@@ -418,7 +414,7 @@ def test_a_log_or_head_that_is_no_regular_file_is_answered_at_once(
     """A FIFO in its place hung `audit verify` (and `audit show`) waiting for a writer, a link to
     /dev/zero read forever: a log that is no file is an unreadable run folder (2), a head that is none is
     an unreadable head (1)."""
-    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir,) = run_folders(copy_logs(plain.logs, tmp_path))
     (run_dir / name).unlink()
     if what == "fifo":
         os.mkfifo(run_dir / name)
@@ -439,7 +435,7 @@ def test_a_log_or_head_that_is_no_regular_file_is_answered_at_once(
 def test_a_head_whose_count_no_run_writes_is_an_unreadable_head(plain: Runs, tmp_path: Path, count: str) -> None:
     """`int()` of the head's count read 3.5 and "3" as 3 (intact), true as 1, -1 as the last record, and
     1e400 raised OverflowError (a traceback): a count that is no whole number from 0 is no head."""
-    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir,) = run_folders(copy_logs(plain.logs, tmp_path))
     last = records(run_dir)[-1]["hash"]
     (run_dir / "audit.head").write_text(f'{{"count": {count}, "hash": "{last}"}}')
     code, out, err = _main("audit", "verify", str(run_dir))
@@ -455,7 +451,7 @@ def test_a_line_longer_than_any_record_is_tampering_read_in_bounded_pieces(
     held, and such a line, wherever it is, ended by a newline or not, is no record (a torn write is the
     prefix of a record, never that long)."""
     monkeypatch.setattr(audit_mod, "MAX_RECORD_BYTES", 4096)
-    (run_dir,) = run_dirs(copy_logs(plain.logs, tmp_path))
+    (run_dir,) = run_folders(copy_logs(plain.logs, tmp_path))
     lines = (run_dir / "audit.jsonl").read_bytes().splitlines(keepends=True)
     long_line = b"x" * 50_000 + (b"\n" if where == "middle" else b"")
     lines.insert(1 if where == "middle" else len(lines), long_line)

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from executor import cli as cli_mod
 from tests.conftest import runbook_cli
+from tests.runfolders import run_folders
 
 CLI = [sys.executable, "-m", "executor.cli"]
 
@@ -341,7 +342,7 @@ def test_a_kill_in_a_retry_delay_is_said_to_have_its_record(tmp_path: Path, writ
 def test_a_run_json_that_is_no_small_file_is_named_not_read_forever(finished_run: tuple[Path, Path], kind: str) -> None:
     book, logs = finished_run
     with _copy(logs) as copy:
-        run_id = sorted(p.name for p in copy.iterdir() if p.is_dir())[-1]
+        run_id = run_folders(copy)[-1].name
         meta = copy / run_id / "run.json"
         meta.unlink()
         if kind == "dev-zero":

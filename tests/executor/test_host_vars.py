@@ -14,6 +14,7 @@ import yaml
 
 from sandbox.testhost import PoolHost, pool_inventory
 from tests.conftest import runbook_cli
+from tests.runfolders import run_folders
 
 RUNBOOK = """\
 name: pool
@@ -81,7 +82,7 @@ def test_each_host_gets_its_own_vars_and_a_changed_one_reruns_only_its_steps(
     assert again.returncode == 0, again.stderr
     said = again.stdout + again.stderr
     assert "runs again on gpu2 (changed there since" in said and "var sglang_port); reused on gpu1, gpu3" in said
-    resumed = sorted(p for p in logs.iterdir() if p.is_dir())[-1]
+    resumed = run_folders(logs)[-1]
     audit = [json.loads(line) for line in (resumed / "audit.jsonl").read_text().splitlines()]
     ran = {(r.get("step"), r.get("host")) for r in audit if r.get("step")}
     assert ("where", "gpu2") in ran and ("where", "gpu1") not in ran and ("where", "gpu3") not in ran

@@ -30,6 +30,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[m
 
 from executor import mcp_server
 from tests.executor.test_mcp_guards import call
+from tests.runfolders import run_folders
 
 #: every call must answer within this many seconds (each takes well under one)
 BOUND_S = 10
@@ -57,7 +58,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         for _ in range(2):
             assert main(["run", str(book), "--log-dir", str(logs)]) == 0
-    latest = sorted(p for p in logs.iterdir())[-1]
+    latest = run_folders(logs)[-1]
     provenance: dict[str, Any] = {"generated_at": "now", "gpus": None, "unknown": {}}
     provenance |= {key: [] for key in ("repos", "deployments", "benchmarks")}
     (latest / "report.json").write_text(json.dumps({"title": "t", "tables": [], "provenance": provenance}))
@@ -127,7 +128,7 @@ def cli(argv: list[str]) -> tuple[int, str, str]:
 def test_an_odd_run_file_is_named_at_once_by_every_reader(two_runs: Path, tmp_path: Path, name: str, kind: str) -> None:
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    older, run_dir = sorted(p for p in logs.iterdir())
+    older, run_dir = run_folders(logs)
     if name == "lock":  # read by `runs` and `status` for a run said to be running (a killed one's lock is free)
         with contextlib.closing(sqlite3.connect(run_dir / "state.db")) as db, db:
             db.execute("UPDATE run SET value = 'running' WHERE key = 'status'")
@@ -176,7 +177,7 @@ def test_a_huge_events_line_is_read_past_in_bounded_memory(
     monkeypatch.setattr(mcp_server, "EVENT_MAX_BYTES", 1 << 20)  # a smaller limit: a quicker test
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    run_dir = sorted(logs.iterdir())[-1]
+    run_dir = run_folders(logs)[-1]
     events = run_dir / "events.jsonl"
     whole = events.read_bytes()
     count = whole.count(b"\n")
@@ -198,7 +199,7 @@ def test_a_huge_events_line_is_read_past_in_bounded_memory(
 def test_a_huge_report_is_refused_unread(two_runs: Path, tmp_path: Path) -> None:
     """Before: report.json was read whole (a 1 GiB one took `runbook report` and the server past 2 GB)."""
     run_dir = tmp_path / "run"
-    shutil.copytree(sorted(two_runs.iterdir())[-1], run_dir, symlinks=True)
+    shutil.copytree(run_folders(two_runs)[-1], run_dir, symlinks=True)
     with (run_dir / "report.json").open("ab") as handle:
         handle.truncate(HUGE)
     answer, peak = peak_bytes(lambda: call("report", tmp_path, run_dir=str(run_dir)))
@@ -216,7 +217,7 @@ def test_text_json_cannot_carry_is_answered_as_json_can(two_runs: Path, tmp_path
     structured content and the text block."""
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    run_dir = sorted(logs.iterdir())[-1]
+    run_dir = run_folders(logs)[-1]
     events = run_dir / "events.jsonl"
     count = events.read_bytes().count(b"\n")
     with events.open("ab") as handle:
@@ -235,7 +236,7 @@ def test_an_odd_sqlite_sidecar_is_named_at_once(two_runs: Path, tmp_path: Path, 
     a link was followed (another run's WAL read as this one's)."""
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    older, run_dir = sorted(logs.iterdir())
+    older, run_dir = run_folders(logs)
     name = f"state.db{suffix}"
     (run_dir / name).write_bytes(b"")
     with made_odd(run_dir / name, kind, tmp_path / "elsewhere"):
@@ -257,7 +258,7 @@ def test_a_deeply_nested_line_is_no_event_and_no_record(two_runs: Path, tmp_path
     other failure) through `events` and `tail` on every call from there on, and through `audit show`."""
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    run_dir = sorted(logs.iterdir())[-1]
+    run_dir = run_folders(logs)[-1]
     count = (run_dir / "events.jsonl").read_bytes().count(b"\n")
     for name in ("events.jsonl", "audit.jsonl"):
         with (run_dir / name).open("ab") as handle:
@@ -275,7 +276,7 @@ def test_run_data_nested_too_deep_is_unreadable_not_a_crash(two_runs: Path, tmp_
     facts so nested in state.db did the same to `status`. Now each is the run's `unreadable` row or exit 2."""
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    older, run_dir = sorted(logs.iterdir())
+    older, run_dir = run_folders(logs)
     deep = "[" * 30_000 + "]" * 30_000
     with contextlib.closing(sqlite3.connect(older / "state.db")) as db, db:
         db.execute("UPDATE steps SET facts = ?", (deep,))
@@ -294,7 +295,7 @@ def test_an_event_too_big_even_cut_still_moves_next_seq_on(two_runs: Path, tmp_p
     whole: `events` answered none, `next_seq` stayed where it was, and a follower asked for it for ever."""
     logs = tmp_path / "logs"
     shutil.copytree(two_runs, logs, symlinks=True)
-    run_dir = sorted(logs.iterdir())[-1]
+    run_dir = run_folders(logs)[-1]
     events = run_dir / "events.jsonl"
     count = events.read_bytes().count(b"\n")
     big = {"seq": count + 1, "event": "big"} | {f"k{i}": i for i in range(20_000)} | {"many": {}}
