@@ -34,8 +34,8 @@ from executor.stepkind import StepView, shape_errors
 from steps.benchmark import BenchmarkFacts
 from steps.benchmark_report import Acceptance, Side, Speedup, speedup
 from steps.campaign_parity import launch_difference
-from steps.deploy import DeployFacts
 from steps.provenance import gpus_of
+from steps.server.documents import DeployFacts
 
 Status = Literal["passed", "failed", "skipped"]
 

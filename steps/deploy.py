@@ -17,24 +17,22 @@ port is refused, named. A new server gets its own session (it outlives SSH) and 
 `<state_dir>/<port>.json`. Ready means /health 200 and then a real one-token /generate; if the process
 exits meanwhile the step fails at once with the error line of its log in the gate's message.
 
-`ServerStep` holds what `deploy` and `stop_server` (steps/stop_server.py) share: the server is found by
-its port in `state_dir`, and the same host program stops it (process group, GPUs freed).
+Where the server runs is its topology (steps/server/): one host, or a node group's ranks with `nodes:`.
+This module renders the one-node launch command from the choices; the topology plans, starts, waits for
+and reports the server, rendering each rank's launch from this one.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from executor.durations import Duration, format_duration, parse_duration
-from executor.hostprogram import host_program
-from executor.model import DataModel, Gate, Model
-from executor.render import pasted_word, with_vars
+from executor.durations import Duration, parse_duration
+from executor.model import Gate
+from executor.render import with_vars
 from executor.stepkind import (
     VAR_REF,
     AsWritten,
@@ -44,13 +42,14 @@ from executor.stepkind import (
     RunTime,
     StepContext,
     StepRef,
-    StepSpec,
     VarRef,
-    host_document,
-    progress_messages,
     resolve_var,
 )
 from steps import sglang_flags
+from steps.server.base import INTERFACE_NAME, Arg, Launch, ServerStep, literal, on_host
+from steps.server.documents import Choice
+from steps.server.one_node import start_script
+from steps.server.topology import topology
 
 #: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
 #: installed ones run on the GPU architecture (steps/probe.py MLA_BACKEND_ARCHS). SGLang's own defaults
@@ -64,165 +63,14 @@ DRAFT_PREFERENCE = {"sm90": ("fa3", "flashinfer", "triton"), "sm100": ("fa4", "f
 DRAFT_PREFERENCE["sm103"] = DRAFT_PREFERENCE["sm100"]
 DRAFT_DEFAULT = ("flashinfer", "triton")
 DRAFT_REJECTED = ("trtllm_mha",)
-#: A network interface's name as Linux allows it (`eth0`, `ens1f0np0`, `bond0.100`, `ib0`).
-INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 #: A host name or an IPv4 address, as `dist_init_addr` names rank 0.
 HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?$")
 #: A word that, its runbook vars replaced, still starts with a `$name`: the host expands it from its own environment.
 UNKNOWN_VAR_FIRST = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
-#: The environment a node group's launch sets per node from `network_interface` (steps/node_group.py).
-GROUP_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SGLANG_HOST_IP")
-
-ChoiceValue = str | int | float | bool | list[str] | None
-
-
-class Choice(Model):
-    """One decision of the launch command: its value (None: the flag is left out) and where it came from."""
-
-    value: ChoiceValue
-    source: str
-
-
-class HttpAnswer(DataModel):
-    status: int | None  # None: no answer (the body says why: connection refused, timed out)
-    body: str
-
-
-class PreviousServer(DataModel):
-    """The server recorded on the port before this step: stopped (arguments differ) or forgotten (dead)."""
-
-    pid: int
-    action: Literal["stopped", "forgotten"]
-    reason: str
-    argv: list[str] | None = None
-    pids: list[int] = []
-    killed: bool = False
-    left: list[int] = []
-    gpu_freed: bool | None = None
-
-
-class Stopped(DataModel):
-    pids: list[int]
-    killed: bool  # SIGTERM was not enough
-    left: list[int]
-    gpu_freed: bool  # no process of the server's group is left to hold GPU memory
-
-
-class StartReport(DataModel):
-    """The document hostprograms/deploy.py prints for `start`, and for `launch` (a node group's rank: started
-    or adopted, not waited for: `ready` false, `health` and `generate` null)."""
-
-    action: Literal["start", "launch"]
-    port: int
-    bind: str
-    base_url: str  # what a client ON THE HOST uses
-    argv: list[str]  # as the host expanded it
-    state_file: str
-    pid: int | None
-    log_file: str | None
-    reused: bool  # a server with these arguments was running already
-    previous: PreviousServer | None
-    ready: bool
-    ready_s: float | None  # seconds until /health and /generate answered (for a reused one: the check)
-    exit_code: int | None  # the server's, when it exited during start-up
-    health: HttpAnswer | None
-    generate: HttpAnswer | None
-    error_line: str | None  # the line of its log that says what went wrong
-    log_tail: list[str]
-    failure: str | None
-    port_holder: str | None = None  # who holds the port, when it is not our server
-    server_version: str | None = None  # what /server_info says once the server is ready (provenance)
-    server_version_unknown: str | None = None  # why server_version is None
-    stopped: Stopped | None = None  # the server stopped after a failed start-up
-
-
-class StopFacts(DataModel):
-    """The document hostprograms/deploy.py prints for `stop` (the facts of `stop_server`)."""
-
-    action: Literal["stop"]
-    port: int
-    state_file: str
-    stopped: bool  # a running server was stopped
-    pid: int | None
-    argv: list[str] | None
-    log_file: str | None
-    pids: list[int]
-    killed: bool
-    gpu_freed: bool | None  # None: there was no server
-    note: str | None  # why nothing was stopped
-    failure: str | None
-
-
-class DeployFacts(StartReport):
-    speculative_algorithm: str | None  # None: a baseline, no speculative decoding
-    model_path: str
-    draft_model_path: str | None
-    env: dict[str, str]
-    choices: dict[str, Choice]
 
 
 class _NotYet(Exception):
     """A fact `runbook plan` cannot know yet."""
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One word of the launch command, as the runbook reads (`$models_dir/x`); `expands`: `~` and `$vars` in
-    it expand on the host (the host program's kit.expand_path, as bash's would: executor.render.host_word)."""
-
-    text: str
-    expands: bool
-
-
-def literal(value: Any) -> Arg:
-    return Arg(str(value), False)
-
-
-def on_host(text: str) -> Arg:
-    """A path or word in which `~` and `$vars` expand on the host."""
-    return Arg(text, True)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """The launch command in groups (the program, then one flag with its value per group) and its choices."""
-
-    groups: list[list[Arg]]
-    choices: dict[str, Choice | RunTime]  # a RunTime: chosen from facts known only at run time
-
-    def words(self) -> list[tuple[str, bool]]:
-        """The command as the host program's config gives it: each word with whether it expands."""
-        return [(arg.text, arg.expands) for group in self.groups for arg in group]
-
-    def comment(self) -> str:
-        lines = ["# launch command (~ and $vars expand on the host):"]
-        last = len(self.groups) - 1
-        for i, group in enumerate(self.groups):
-            words = " ".join(arg.text for arg in group)
-            lines.append(("#   " if i == 0 else "#       ") + words + (" \\" if i < last else ""))
-        lines.append("# choices (value <- where it came from; null: the flag is left out):")
-        for name, choice in self.choices.items():
-            shown = str(choice) if isinstance(choice, RunTime) else f"{json.dumps(choice.value)} <- {choice.source}"
-            lines.append(f"#   {name}: {shown}")
-        return "".join(line.replace("\n", "\\n") + "\n" for line in lines)
-
-
-def argv_value(argv: list[str], option: str) -> str | None:
-    """The value after `option` in the argv the host ran: paths as the host expanded them."""
-    return argv[argv.index(option) + 1] if option in argv[:-1] else None
-
-
-def command_line(launch: Launch, env: dict[str, str], variables: Mapping[str, str]) -> str:
-    """The launch as one would paste it on the host, its environment first (the readable plan)."""
-    assigned = [f"{name}={pasted_word(value, {}, expands=False)}" for name, value in env.items()]
-    words = [pasted_word(arg.text, variables, arg.expands) for group in launch.groups for arg in group]
-    return " ".join([*assigned, *words])
-
-
-def _whole_number(text: str) -> int:
-    if not text.strip().isdigit():
-        raise ValueError("expected a whole number such as 30000")
-    return int(text)
 
 
 def _asked(ctx: RenderContext, facts: list[tuple[str, str]]) -> str:
@@ -234,59 +82,6 @@ def _asked(ctx: RenderContext, facts: list[tuple[str, str]]) -> str:
         by_step.setdefault(step, []).append(path)
     named = " and ".join(f"steps.{step}.facts.{', '.join(paths)}" for step, paths in by_step.items())
     return named if len(facts) == 1 else f"by {named}"
-
-
-#: Nodes of one node group: each rank's commands name every node, so `validate` and `plan` render a group's
-#: commands in its nodes squared (one deploy on 3000 nodes took 1.1 GB to validate, 1.9 GB to plan).
-MAX_NODES = 32
-
-
-class ServerStep(StepSpec):
-    """What starting (`deploy`) and stopping (`stop_server`) a server share: the server is the one recorded
-    on its port in `state_dir` on the host, and one host program, run by `python`, starts or stops it (the
-    process-group kill and the GPU-freed check are its, for both). With `nodes`, the server is a node
-    group's (steps/node_group.py): one rank on each host, rank 0 on nodes[0], where the step runs."""
-
-    python: str = "python3"  # the SGLang virtualenv's interpreter
-    port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
-    stop_timeout: Duration = 60.0
-    state_dir: str = "~/.runbook/sglang"
-    #: a node group, rank 0 first: the step runs on nodes[0], its commands on all (at most 32: MAX_NODES)
-    nodes: Annotated[list[str], Field(max_length=MAX_NODES)] | None = None
-
-    #: `nodes:` may name a pool, which stands for its hosts (the loader puts them in): one runbook serves on
-    #: one host or across a node group as the site's inventory lists the pool.
-    host_list_fields: ClassVar[frozenset[str]] = frozenset({"nodes"})
-
-    @field_validator("nodes")
-    @classmethod
-    def _group(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and not value:
-            raise ValueError("a node group needs at least one host")
-        if value is not None and len(set(value)) != len(value):
-            raise ValueError(f"a host appears twice in {value}: each node runs one rank")
-        return value
-
-    @property
-    def group(self) -> list[str] | None:
-        """The node group, rank 0 first; None for one server on one host: no `nodes`, or nodes of one host
-        (a pool of one), which serves exactly as `host:` would."""
-        return self.nodes if self.nodes is not None and len(self.nodes) > 1 else None
-
-    def own_hosts(self) -> list[str] | None:
-        return self.nodes[:1] if self.nodes else None
-
-    def peer_hosts(self) -> list[str]:
-        return self.nodes[1:] if self.nodes else []
-
-    def _program(self, config: dict[str, Any], words: list[tuple[str, bool]]) -> str:
-        return host_program("deploy", config | {"state_dir": self.state_dir, "launch": words}, self.python)
-
-    def port_number(self, ctx: RenderContext) -> int:
-        port = resolve_var(ctx, self.port, "port", _whole_number)
-        if not 1 <= port <= 65535:
-            raise FactsError(f"port: {port} is not a TCP port (1-65535)")
-        return port
 
 
 class DeployStep(ServerStep):
@@ -317,7 +112,7 @@ class DeployStep(ServerStep):
     extra_args: list[str] = []
     env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
-    # ---- a node group's (with `nodes`; steps/node_group.py) -------------------------------------------
+    # ---- a node group's (with `nodes`; steps/server/node_group.py) ------------------------------------
     #: verify steps that passed on every node, each with the same commit everywhere (checked before launching)
     verified: list[StepRef] = []
     dist_init_addr: str = "auto"  # auto: rank 0's address as the other nodes resolve it; or a host name or IP
@@ -383,7 +178,7 @@ class DeployStep(ServerStep):
             raise ValueError(f"{', '.join(alone)}: a node group's parameters, for a deploy with `nodes:`")
         if self.nodes is not None and self.probe is None:
             raise ValueError("a node group needs `probe: <step id>`: the probe that ran on every node")
-        if self.group is not None and (managed := [name for name in GROUP_ENV if name in self.env]):
+        if managed := [name for name in topology(self).managed_env if name in self.env]:
             raise ValueError(
                 f"env sets {', '.join(managed)}, which a node group's launch sets on each node: use `network_interface`"
             )
@@ -420,7 +215,7 @@ class DeployStep(ServerStep):
         probe, inspect = self.probe, self.inspect
         rules: dict[str, tuple[Callable[[RenderContext], Choice], list[tuple[str | None, str]], str]] = {
             "speculative_algorithm": (self._algorithm, [], ""),
-            "tp_size": (self._tp_size, [(probe, "gpu_count")], f" (summed over {self._on()})" if self.group else ""),
+            "tp_size": (self._tp_size, [(probe, "gpu_count")], topology(self).tp_size_note),
             "attention_backend": (
                 self._attention_backend,
                 [
@@ -456,9 +251,6 @@ class DeployStep(ServerStep):
                 chosen[name] = RunTime(_asked(ctx, [(step, path) for step, path in facts if step is not None]) + note)
         return chosen
 
-    def _on(self) -> str:
-        return ", ".join(self.nodes or [])
-
     def _algorithm(self, ctx: RenderContext) -> Choice:
         if self.algorithm is None:
             return Choice(value=None, source="baseline: no draft_model_path, no speculative decoding")
@@ -468,16 +260,9 @@ class DeployStep(ServerStep):
     def _tp_size(self, ctx: RenderContext) -> Choice:
         if self.tp_size != "auto":
             return Choice(value=self.tp_size, source="runbook")
-        assert self.probe is not None  # the validator requires it for auto
-        if self.group:  # every node's GPUs (the preflight checked that each has as many)
-            counts = [self._fact(ctx.peer(node), self.probe, "gpu_count") for node in self.group]
-            each = " + ".join(map(str, counts))
-            return Choice(value=sum(counts), source=f"steps.{self.probe}.facts.gpu_count on {self._on()} = {each}")
-        count = self._fact(ctx, self.probe, "gpu_count")
-        if not count:
-            reason = self._fact(ctx, self.probe, "gpu.reason")
-            raise FactsError(f"tp_size auto: the probe found no GPUs ({reason}); nothing to deploy on")
-        return Choice(value=count, source=f"steps.{self.probe}.facts.gpu_count = {count}")
+        probe = self.probe
+        assert probe is not None  # the validator requires it for auto
+        return topology(self).tp_size(ctx, probe, lambda host, path: self._fact(host, probe, path))
 
     def _gpu_arch(self, ctx: RenderContext, what: str) -> str:
         assert self.probe is not None
@@ -665,76 +450,23 @@ class DeployStep(ServerStep):
     def ready_limit(self, ctx: RenderContext) -> float:
         return resolve_var(ctx, self.ready_timeout, "ready_timeout", parse_duration)
 
-    def start_script(self, launch: Launch, port: int, ready_timeout: float) -> str:
-        config = {"action": "start", "port": port, "bind": self.bind, "env": self.env}
-        config |= {"ready_timeout": ready_timeout, "stop_timeout": self.stop_timeout}
-        return (
-            f"# start the SGLang server on {self.bind}:{port}, or reuse the one running there with the same "
-            "arguments\n" + launch.comment() + self._program(config, launch.words())
-        )
-
     def render(self, ctx: RenderContext) -> str:
-        return self.start_script(self.launch(ctx), self.port_number(ctx), self.ready_limit(ctx))
+        """The script of a server on one host (a node group's ranks run theirs: `plan`)."""
+        return start_script(self, self.launch(ctx), self.port_number(ctx), self.ready_limit(ctx))
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
-        if self.group:
-            from steps import node_group  # here: it builds on this module
-
-            return node_group.plan(self, ctx)
-        label = (
-            f"start or reuse the SGLang server on port {self.port_number(ctx)}; "
-            f"'{RunTime('...')}' marks values chosen from earlier steps' facts"
-        )
-        return [(label, self.render(ctx))]
+        return topology(self).start_plan(self, ctx)
 
     def summary(self, ctx: RenderContext) -> list[str]:
         drafter = "no drafter"
         if self.draft_model_path is not None:
             drafter = f"{self.algorithm}, drafter {with_vars(self.draft_model_path, ctx.vars)}"
-        if self.group:
-            ranks = ", ".join(f"rank {rank} on {node}" for rank, node in enumerate(self.group))
-            return [
-                f"preflight every node (same SGLang, GPUs, verified weights; interfaces; dist-init port), then start "
-                f"(or adopt, same arguments on every node) SGLang across {len(self.group)} nodes ({drafter}), rank 0 "
-                f"serving {self.bind}:{self.port_number(ctx)}, ready within {format_duration(self.ready_limit(ctx))}; "
-                f"the launches of {ranks}:"
-            ]
-        return [
-            f"start (or reuse, same arguments) SGLang on {self.bind}:{self.port_number(ctx)} ({drafter}), ready within "
-            f"{format_duration(self.ready_limit(ctx))}:"
-        ]
+        return [topology(self).start_summary(self, ctx, drafter)]
 
     def commands(self, ctx: RenderContext) -> list[str]:
-        if self.group:
-            from steps import node_group  # here: it builds on this module (its models), so not at the top
-
-            return node_group.commands(self, ctx)
-        return [command_line(self.launch(ctx), self.env, ctx.vars)]
+        return topology(self).commands(self, ctx)
 
     # ---- running ---------------------------------------------------------------------------------------
 
     async def execute(self, ctx: StepContext) -> Outcome:
-        if self.group:
-            from steps import node_group  # here: it builds on this module
-
-            return await node_group.deploy(self, ctx)
-        launch = self.launch(ctx)
-        ready = self.ready_limit(ctx)
-        script = self.start_script(launch, self.port_number(ctx), ready)
-        limit = self.timeout or ready + 2 * self.stop_timeout + 60
-        result = await ctx.run(script, timeout=limit, on_output=progress_messages(ctx).feed)
-        if result.timed_out or result.interrupted:
-            return Outcome(result)
-        report = host_document(result, StartReport, "the deploy program")
-        choices = {name: c for name, c in launch.choices.items() if isinstance(c, Choice)}
-        assert len(choices) == len(launch.choices)  # a run knows every fact: no RunTime
-        draft = argv_value(report.argv, "--speculative-draft-model-path")
-        facts = DeployFacts(
-            **dict(report),
-            speculative_algorithm=self.algorithm,
-            model_path=argv_value(report.argv, "--model-path") or "",
-            draft_model_path=draft,
-            env=self.env,
-            choices=choices,
-        )
-        return Outcome(result, facts)
+        return await topology(self).start(self, ctx)

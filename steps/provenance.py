@@ -9,7 +9,7 @@ report on the same host (`StepContext.facts_of_kind`), so a runbook does not hav
   else each `download` step's (`verified: false`: the files were fetched, never checked);
 - `deployments`: the `deploy` step each benchmark measured (SGLang version from `/server_info`, argv), and
   for one across a node group (`deploy` with `nodes:`) the group: its nodes in rank order with their GPU
-  model and count, the tp size and the dist-init address (rank 0's facts: steps/node_group.py GroupFacts);
+  model and count, the tp size and the dist-init address (rank 0's facts: steps/server/node_group.py GroupFacts);
 - `gpus`: the last `probe` step's GPUs (model, count, driver, CUDA);
 - `benchmarks`: every run of each side (concurrency, repeat, seed, command, start and end);
 - `acceptance`: the eval step's API, template and thinking setting, when the report has one.

@@ -35,7 +35,7 @@ from executor.matrix import MAX_CELL_CHARS, MAX_RULES, MAX_VALUE_TEXT
 from executor.model import var_text
 from executor.planner import PLAN_SHOWN
 from executor.stepkind import MAX_FALLBACKS
-from steps.deploy import MAX_NODES
+from steps.server.base import MAX_NODES
 from tests.conftest import runbook_cli
 from tests.executor.test_loader import GOOD
 

@@ -23,8 +23,8 @@ from steps.benchmark_report import Acceptance, AcceptanceSet, LosslessSet
 from steps.benchmark_results import points
 from steps.campaign_report import CampaignReportStep
 from steps.campaign_report_cells import CellPoint, CellReport, Launch, choose, collect, compare
-from steps.deploy import Choice, DeployFacts
 from steps.probe import Gpu, GpuFacts
+from steps.server.documents import Choice, DeployFacts
 from tests.conftest import runbook_cli
 from tests.steps.test_benchmark_report import bench_run
 

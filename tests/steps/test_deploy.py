@@ -36,8 +36,9 @@ from sandbox.model_configs import BLOCK_SIZE, custom_code_files, drafter_config,
 from sandbox.prepare import VENV
 from sandbox.repos import oversized_copy
 from sandbox.sglang_standin.server import VERSION as STANDIN_VERSION
-from steps.deploy import Choice, DeployStep
+from steps.deploy import DeployStep
 from steps.probe import MLA_BACKEND_ARCHS
+from steps.server.documents import Choice
 from steps.stop_server import StopServerStep
 
 SITE = next(VENV.glob("lib/python*/site-packages"), VENV)

@@ -26,7 +26,7 @@ from sandbox.prepare import VENV_PYTHON
 from sandbox.repos import DRAFTER_ID
 from sandbox.sshd import free_port
 from sandbox.testhost import PoolHost
-from steps import node_group
+from steps.server import node_group
 from tests.conftest import runbook_cli
 
 MODEL = "Kimi-K2.6"

@@ -23,8 +23,9 @@ from hostprograms.probe import _read_launch_options, _sglang_blank
 from sandbox.prepare import DDTREE_BUILD, VENV
 from sandbox.sglang_standin import launch_args
 from steps import sglang_flags
-from steps.deploy import Choice, DeployStep
+from steps.deploy import DeployStep
 from steps.provenance import gpus_of
+from steps.server.documents import Choice
 from tests.steps.test_deploy import Facts, inspect_facts, probe_facts
 
 SGLANG = next(VENV.glob("lib/python*/site-packages")) / "sglang"
