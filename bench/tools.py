@@ -44,7 +44,7 @@ import asyncssh
 import yaml
 
 from bench.harness import REPO, Stopwatch, ToolFailed
-from executor import engine as engine_module
+from executor import run_folder
 from executor.engine import Engine, RunOptions
 from executor.errors import TransportError
 from executor.events import Reporter
@@ -272,7 +272,7 @@ class NoAudit:
 class RunbookEngine(Runner):
     """runbook's Engine in this process (no interpreter start, no reporter output): load the
     runbook, then `Engine.run()`. With `audit=False` the engine's AuditLog is swapped for `NoAudit`
-    for the run (a patch of `executor.engine.AuditLog`), the "build with the audit log off"."""
+    for the run (a patch of `executor.run_folder.AuditLog`), the "build with the audit log off"."""
 
     in_process = True
 
@@ -285,7 +285,7 @@ class RunbookEngine(Runner):
         with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
             path = write_runbook(Path(tmp), hosts, scripts, self.runner)
             options = RunOptions(log_dir=Path(tmp) / "logs")
-            swap = contextlib.nullcontext() if self.audit else mock.patch.object(engine_module, "AuditLog", NoAudit)
+            swap = contextlib.nullcontext() if self.audit else mock.patch.object(run_folder, "AuditLog", NoAudit)
             with swap, Stopwatch() as watch:
                 code = asyncio.run(Engine(load_runbook(path), options, Reporter()).run())
         if code != 0:

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from executor.engine import Engine, RunOptions
+    from executor.engine import Engine
     from executor.errors import (
         FactsError,
         HostKeyError,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from executor.model import Gate, Host
     from executor.planner import plan_text, render_problems
     from executor.render import heredoc, host_word, render_command
+    from executor.run_options import RunOptions
     from executor.stepkind import (
         Outcome,
         ProgressLines,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _HOMES = {
-    "executor.engine": ("Engine", "RunOptions"),
+    "executor.engine": ("Engine",),
     "executor.errors": (
         "FactsError",
         "HostKeyError",
@@ -59,6 +60,7 @@ _HOMES = {
     "executor.model": ("Gate", "Host"),
     "executor.planner": ("plan_text", "render_problems"),
     "executor.render": ("heredoc", "host_word", "render_command"),
+    "executor.run_options": ("RunOptions",),
     "executor.stepkind": (
         "Outcome",
         "ProgressLines",

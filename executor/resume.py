@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from executor.campaign import Instance, matrix_environment
 from executor.cells import CELL_FAILED, Index
@@ -27,11 +27,9 @@ from executor.loader import Runbook, apply_inventory
 from executor.model import VarValue, override_value, var_text
 from executor.planner import render_problems, secrets_redactor
 from executor.redact import NO_SECRETS, Redactor
+from executor.run_options import RunOptions
 from executor.state import NOT_STARTED, ONLY_SKIPPED, RunMeta, StepRecord, find_run, passed_before
 from executor.stepkind import StepSpec
-
-if TYPE_CHECKING:
-    from executor.engine import RunOptions
 
 #: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
 #: only say how commands get there: changing them, e.g. a longer connect_timeout after a timeout, reruns nothing.

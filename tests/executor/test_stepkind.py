@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from executor.attempts import HostContext
 from executor.emitter import Emitter, EventStream
-from executor.engine import HostContext
 from executor.event_models import Progress
 from executor.events import JsonReporter, RedactingReporter, Reporter
 from executor.hostprogram import PACKAGE

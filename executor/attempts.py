@@ -1,0 +1,521 @@
+"""Attempts: one step on one host, with its `when`, its retries, its fallbacks and its gates.
+
+An attempt fails on a failed gate, a timeout, unusable output or a transport error; tenacity repeats it
+per the retry policy (`_should_retry` says which failures are tried again); then each fallback gets the
+same treatment. Every command is audited (`HostContext`, what a step kind sees) before the step's row is
+saved, so the state never claims more than the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from pydantic import BaseModel
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from executor import cells, durable, event_models
+from executor.audit import AuditContext
+from executor.errors import (
+    AttemptFailed,
+    CommandInterrupted,
+    DurableWriteError,
+    FactsError,
+    GateWorkerUnavailable,
+    HostKeyError,
+    HostRefused,
+    TransportError,
+)
+from executor.gates import GateWorkers, roots
+from executor.loader import Runbook
+from executor.model import Host, host_variables
+from executor.planner import host_env
+from executor.redact import Redactor
+from executor.render import render_command
+from executor.resume import Fingerprints
+from executor.run_folder import RunFolder
+from executor.state import NOT_STARTED, StepRecord, now
+from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, StepView, check_depth
+from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport, kill_report
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from executor.diagnostics import Log
+
+TAIL_LINES = 20
+
+
+class TransportFactory(Protocol):
+    """Makes the transport of one host of the run: its name, its definition, the redactor that masks the
+    run's secrets in what it reads, and the run's debug log (`executor.transport.transport_for` by default;
+    a test gives another, e.g. a scripted one)."""
+
+    def __call__(self, name: str, host: Host, redactor: Redactor, log: Log, /) -> Transport: ...
+
+
+def _should_retry(exc: BaseException) -> bool:
+    """Whether a failed attempt is tried again (while its retry policy has attempts left): a failed attempt
+    is; anything else (a refused host, a failed write to the run folder, a signal) ends the variant."""
+    return isinstance(exc, AttemptFailed)
+
+
+def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
+    """The last lines of an output, each cut to `width` (a one-line JSON document can be megabytes).
+
+    Lines end at newlines only: a CR, form feed or U+2028 stays in its line, where the display
+    shows it escaped (executor.terminal), instead of passing for a line break the host never sent."""
+    body = text.rstrip("\n")
+    kept = body.split("\n")[-lines:] if body else []
+    return "\n".join(f"    | {line[:width]}{' ...' if len(line) > width else ''}" for line in kept)
+
+
+def peers(runbook: Runbook, spec: StepSpec) -> list[str]:
+    """The hosts the step's commands also run on (`StepSpec.peer_hosts`), of the step and its fallbacks."""
+    return list(
+        dict.fromkeys(host for variant in [spec, *runbook.fallbacks.get(spec.id, [])] for host in variant.peer_hosts())
+    )
+
+
+def _bounded_facts(facts: Any) -> Any:
+    """Facts as JSON data, nested at most FACTS_MAX_DEPTH deep (checked before anything recurses into them)."""
+    if isinstance(facts, BaseModel):
+        facts = facts.model_dump(mode="json")
+    check_depth(facts)
+    return json.loads(json.dumps(facts, default=str))
+
+
+class HostContext(StepContext):
+    """One attempt of one step on one host: audited command execution and file transfer."""
+
+    def __init__(
+        self, attempts: Attempts, spec: StepSpec, host: str, attempt: int, via: str, *, strict: bool = False
+    ) -> None:
+        self.attempts = attempts
+        self.folder = attempts.folder
+        self.spec = spec
+        self.host_name = host
+        self.host_address = attempts.runbook.hosts[host].address
+        self.vars = attempts.env_for(host)
+        self.attempt = attempt
+        self.via = via
+        self.strict = strict  # a peer's view: only the facts of the steps that passed on this host
+        self.base_dir = attempts.runbook.path.parent
+        self.output_dir = self.folder.run_dir / "hosts" / host
+        self.run_dir = self.folder.run_dir
+        self.redactor = attempts.redactor
+        self.audit_context = AuditContext(step=spec.id, host=host, attempt=attempt, via=via)
+        self.events = self.folder.events.bind(step=spec.id, host=host, attempt=attempt)
+        self.debug_log = self.folder.log.bind(step=spec.id, host=host, attempt=attempt, via=via)
+
+    def fact(self, step_id: str, path: str) -> Any:
+        if self.strict:
+            record = self.folder.records.get((step_id, self.host_name))
+            if record is None or record.status != "passed":
+                raise KeyError(step_id)
+            value: Any = record.facts
+        else:
+            value = self.attempts.facts_view(self.host_name)[step_id]["facts"]
+        for part in path.split("."):
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        return value
+
+    def peer(self, host: str) -> HostContext:
+        runbook = self.attempts.runbook
+        if host not in {*runbook.step_hosts[self.spec.id], *peers(runbook, self.spec)}:  # connected before it started
+            raise FactsError(f"step '{self.spec.id}' has no connection to host '{host}' (not one of its peer hosts)")
+        return HostContext(self.attempts, self.spec, host, self.attempt, self.via, strict=True)
+
+    def facts_of_kind(self, kind: str) -> dict[str, Any]:
+        attempts, view = self.attempts, self.attempts.facts_view(self.host_name)
+        earlier = attempts.runbook.steps[: attempts.positions[self.spec.id]]
+        return {
+            spec.id: view[spec.id]["facts"]
+            for spec in earlier
+            if spec.kind == kind and spec.id in view and view[spec.id]["facts"] is not None
+        }
+
+    def steps_before(self, kinds: Iterable[str] | None = None) -> list[StepView]:
+        runbook, wanted = self.attempts.runbook, None if kinds is None else set(kinds)
+        views: list[StepView] = []
+        for spec in runbook.steps[: self.attempts.positions[self.spec.id]]:
+            if wanted is not None and spec.kind not in wanted:
+                continue
+            instance = runbook.instances.get(spec.id)
+            for host in runbook.step_hosts[spec.id]:
+                record = self.folder.records.get((spec.id, host))
+                if record is None:
+                    continue
+                views.append(
+                    StepView(
+                        step=spec.id,
+                        base=instance.base if instance else spec.id,
+                        kind=spec.kind,
+                        host=host,
+                        status=record.status,
+                        message=record.message,
+                        facts=record.facts,
+                        group=instance.group if instance else None,
+                        cell=instance.values if instance else {},
+                    )
+                )
+        return views
+
+    async def run(
+        self, script: str | bytes, *, timeout: float | None = None, on_output: OutputSink | None = None
+    ) -> CommandResult:
+        attempts = self.attempts
+        if self.folder.write_failure is not None:  # the run folder cannot be written: no new command starts
+            raise self.folder.write_failure
+        variables, secrets = self.spec.environment(self.vars, attempts.secrets)
+        command = render_command(
+            script, {**variables, **cells.instance_environment(attempts.runbook, self.spec.id)}, secrets
+        )
+        transport = attempts.transports[self.host_name]
+        limit = timeout or self.spec.timeout or attempts.runbook.header.defaults.timeout
+        try:
+            result = await transport.run(command, limit, on_output)
+            result.timeout_s = limit
+        except CommandInterrupted as exc:
+            self.debug_log.info("command interrupted", kill_confirmed=exc.result.kill_confirmed)
+            self._record(command.display, exc.result)
+            raise
+        except TransportError as exc:
+            self.debug_log.warning("transport error", error=str(exc), kind=type(exc).__name__)
+            collect = Collector(redactor=attempts.redactor)
+            collect.stdout.feed(exc.partial_stdout)
+            collect.stderr.feed(exc.partial_stderr + f"\n[runbook] transport error: {exc}".encode())
+            partial = collect.result(None)
+            self._record(command.display, partial)
+            if isinstance(exc, HostKeyError):
+                raise HostRefused(attempts.redactor.text(str(exc))) from None
+            raise AttemptFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
+        finally:
+            for note in transport.take_notes():
+                self.events.emit(event_models.Note, message=note)
+        self.debug_log.debug(
+            "command finished", exit_code=result.exit_code, timed_out=result.timed_out, duration_s=result.duration_s
+        )
+        self._record(command.display, result)
+        return result
+
+    def _record(self, display: str, result: CommandResult) -> None:
+        # the output was redacted as it arrived (transport.base.Captured)
+        self.folder.audit.command(self.audit_context, display, result)
+        self.events.emit(
+            event_models.CommandFinished,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            duration_s=result.duration_s,
+        )
+
+    def progress(self, message: str, /, **fields: Any) -> None:
+        self.events.emit(event_models.Progress, message=message, fields=fields)
+
+    async def put(self, local: Path, remote: str) -> Transfer:
+        return await self._transfer(self.attempts.transports[self.host_name].put(local, remote))
+
+    async def get(self, remote: str, local: Path) -> Transfer:
+        return await self._transfer(self.attempts.transports[self.host_name].get(remote, local), into=local)
+
+    async def _transfer(self, transfer: Awaitable[Transfer], into: Path | None = None) -> Transfer:
+        """`into`: the file of the run folder that a fetch writes; a full or failing disk there stops the run."""
+        limit = self.spec.timeout or self.attempts.runbook.header.defaults.timeout  # a stalled SFTP must not hang
+        try:
+            try:
+                done = await asyncio.wait_for(transfer, limit)
+            except BaseException:
+                if into is not None:  # no half-fetched file is left behind (on a full disk, it filled it)
+                    with contextlib.suppress(OSError):
+                        into.unlink(missing_ok=True)
+                raise
+        except TimeoutError:
+            raise AttemptFailed(f"file transfer timed out after {limit:g}s") from None
+        except OSError as exc:
+            if into is not None and exc.errno in durable.DISK_ERRNOS:
+                raise durable.failed(exc, into.parent, "a fetched file") from None
+            raise AttemptFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+        except TransportError as exc:
+            raise AttemptFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+        self.folder.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
+        return done
+
+
+class Attempts:
+    """Runs one step on one host (`run_on_host`) for a run: its transports (made by `transport_factory`,
+    one per host, as the steps first need them), its gate workers, and what gates and `when` read."""
+
+    def __init__(
+        self,
+        runbook: Runbook,
+        folder: RunFolder,
+        *,
+        secrets: Mapping[str, str],
+        redactor: Redactor,
+        var_overrides: Mapping[str, Any],
+        fingerprints: Fingerprints,
+        positions: Mapping[str, int],
+        index: cells.Index,
+        gates: GateWorkers,
+        transports: dict[str, Transport],
+        transport_factory: TransportFactory,
+    ) -> None:
+        self.runbook = runbook  # as placed
+        self.folder = folder
+        self.secrets = secrets
+        self.redactor = redactor
+        self.var_overrides = var_overrides
+        self.fingerprints = fingerprints
+        self.positions = positions
+        self.index = index
+        self.gates = gates
+        self.gates.log = folder.log
+        self.transports = transports
+        self.transport_factory = transport_factory
+
+    def connect(self, spec: StepSpec, hosts: Iterable[str]) -> None:
+        """Make the transports of `hosts` and the step's peer hosts the run has none of yet."""
+        for host in [*hosts, *peers(self.runbook, spec)]:
+            if host not in self.transports:
+                self.transports[host] = self.transport_factory(
+                    host, self.runbook.hosts[host], self.redactor, self.folder.log
+                )
+
+    # ---- what a step sees on a host -----------------------------------------------------------
+
+    def gate_names(self, spec: StepSpec, host: str) -> dict[str, Callable[[], Any]]:
+        """What gates and `when` read besides the command's output: `steps` (with each group mate by its
+        base id as the same cell's instance), `vars`, and `matrix` (the instance's axis values)."""
+        instance = self.runbook.instances.get(spec.id)
+
+        def steps() -> dict[str, Any]:
+            view = self.facts_view(host)
+            for base, mate in self.index.aliases(spec.id).items():
+                if mate in view:
+                    view[base] = view[mate]
+            return view
+
+        return {
+            "steps": steps,
+            "vars": lambda: self.redactor.deep(self.variables_for(host)),  # masked: a failed gate shows no secret
+            "matrix": lambda: cells.matrix_context(instance.values if instance else {}),
+        }
+
+    def variables_for(self, host: str) -> dict[str, Any]:
+        """The vars of a step on `host`: the host's own `vars` over the runbook's, `--var` over both."""
+        return host_variables(self.runbook.header.vars, self.runbook.hosts[host], self.var_overrides)
+
+    def env_for(self, host: str) -> dict[str, str]:
+        """`variables_for(host)` as the step's environment gets them."""
+        return host_env(self.runbook, host, self.var_overrides)
+
+    def facts_view(self, host: str) -> dict[str, Any]:
+        """`steps.<id>` as gates see it on `host`: facts, status, and per-host facts."""
+        view: dict[str, Any] = {}
+        for (step_id, step_host), rec in self.folder.records.items():
+            if rec.status in NOT_STARTED:
+                continue
+            entry = view.setdefault(step_id, {"hosts": {}, "facts": None, "status": rec.status})
+            entry["hosts"][step_host] = {"facts": rec.facts, "status": rec.status}
+            if step_host == host or (entry["facts"] is None and len(self.runbook.step_hosts[step_id]) == 1):
+                entry["facts"] = rec.facts
+                entry["status"] = rec.status
+        return view
+
+    # ---- one step on one host -----------------------------------------------------------------
+
+    async def run_on_host(self, spec: StepSpec, host: str) -> StepRecord:
+        """The step on `host`: skipped by its `when`, else each variant (the step, then its fallbacks) until
+        one passes. Its row is saved as it goes and as it ends, but never after a failed write."""
+        record = StepRecord(
+            step=spec.id,
+            host=host,
+            position=self.positions[spec.id],
+            status="running",
+            fingerprint=self.fingerprints.fingerprint(spec, host),
+            parts=self.fingerprints.parts(spec, host),
+            started_at=now(),
+        )
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        failures: list[str] = []
+        unsaved = False
+        try:
+            if spec.when is not None and (skipped := await self._when_false(spec, host)) is not None:
+                record.status, record.message = "skipped", skipped
+                return record
+            await self._variants(spec, host, record, failures)
+        except HostRefused as exc:
+            failures.append(str(exc))
+        except DurableWriteError:
+            # the run stops: the step's row stays as last saved (running), never `failed` for a disk's fault;
+            # what its log holds of the attempt is said by the resumed run's `abandoned` record
+            unsaved = True
+            raise
+        except asyncio.CancelledError as exc:
+            record.status = "interrupted"
+            record.message = "\n".join([self._interrupted(exc), *failures])
+            raise
+        finally:
+            record.duration_s = round(loop.time() - t0, 3)
+            if record.status == "running":
+                record.status = "failed"
+                record.message = failures[-1] if len(failures) == 1 else "\n".join(failures)
+            if not unsaved:
+                self.folder.save(record)
+        return record
+
+    def _interrupted(self, exc: asyncio.CancelledError) -> str:
+        """Why a step stopped: cancelled by a signal, or because another host's write to the run folder failed."""
+        why = "stopped: a write to the run folder failed" if self.folder.write_failure else "interrupted by a signal"
+        if isinstance(exc, CommandInterrupted):
+            return f"{why}; the command still running was stopped: {kill_report(exc.result)}"
+        return f"{why} between the step's commands"
+
+    async def _variants(self, spec: StepSpec, host: str, record: StepRecord, failures: list[str]) -> None:
+        """Each variant (the step, then its fallbacks), retried per its policy, until one passes (`record`
+        says which); why each other failed goes into `failures`."""
+        log = self.folder.log.bind(step=spec.id, host=host)
+        variants = [("primary", spec)] + [
+            (f"fallback {i}", fb) for i, fb in enumerate(self.runbook.fallbacks.get(spec.id, []), start=1)
+        ]
+        for via, variant in variants:
+            if failures:
+                log.info("fallback taken", via=via, after=failures[-1].partition("\n")[0])
+            last: AttemptFailed | None = None
+            try:
+                async for attempt in self._retrying(variant, record, log):
+                    with attempt:
+                        record.attempts += 1
+                        self.folder.save(record)  # `runbook status` shows the attempt under way
+                        try:
+                            facts, exit_code = await self._attempt(variant, host, record.attempts, via)
+                        except AttemptFailed as exc:
+                            last = exc
+                            record.facts, record.gate, record.exit_code = exc.facts, exc.gate, exc.exit_code
+                            raise
+                record.status, record.facts, record.exit_code, record.via = "passed", facts, exit_code, via
+                record.message = record.gate = None
+                return
+            except AttemptFailed as exc:
+                failures.append(f"[{via}] {exc}")
+            except asyncio.CancelledError:
+                if last is not None:  # keep why the attempt before the signal failed (often: a retry delay)
+                    failures.append(f"[{via}] {last}")
+                raise
+
+    def _retrying(self, variant: StepSpec, record: StepRecord, log: Log) -> AsyncRetrying:
+        """The attempts of one variant, per its retry policy (the runbook's defaults under its own)."""
+        policy = variant.retry_policy(self.runbook.header.defaults.retry)
+
+        def retry_scheduled(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else None
+            log.info("retry scheduled", attempt=record.attempts, delay_s=delay, after=str(failure).partition("\n")[0])
+
+        return AsyncRetrying(
+            stop=stop_after_attempt(policy.attempts),
+            wait=wait_exponential_jitter(
+                multiplier=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
+            ),
+            retry=retry_if_exception(_should_retry),
+            before_sleep=retry_scheduled,
+            reraise=True,
+        )
+
+    async def _when_false(self, spec: StepSpec, host: str) -> str | None:
+        """Why the step is skipped on `host` (`when: EXPR is false`, with its message), or None: it runs."""
+        assert spec.when is not None
+        that, read = spec.when.that, roots(spec.when.that)
+        names = {name: value() for name, value in self.gate_names(spec, host).items() if name in read}
+        try:
+            async with self.gates.session(names, [that]) as worker:
+                verdict = await worker.evaluate(that, spec.when.message)
+        except GateWorkerUnavailable as exc:
+            raise HostRefused(str(exc)) from None  # the step fails on the host: nothing says it may be left out
+        if verdict.passed:
+            return None
+        if verdict.undecided:  # an error is no `false`: skipping would hide it (a typo in a fact's path)
+            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}")
+        said = f"{cells.WHEN_FALSE}{that} is false"
+        return f"{said}: {spec.when.message}" if spec.when.message else said
+
+    async def _attempt(self, spec: StepSpec, host: str, attempt: int, via: str) -> tuple[Any, int | None]:
+        ctx = HostContext(self, spec, host, attempt, via)
+        try:
+            outcome = await spec.execute(ctx)
+        except FactsError as exc:
+            self._attempt_failed(spec, host, attempt, str(exc))
+        except (AttemptFailed, HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
+            raise
+        except RecursionError:  # host output nested past what a kind's own parser bounds
+            self._attempt_failed(spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels")
+        except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
+            where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
+            self._attempt_failed(spec, host, attempt, f"step kind '{spec.kind}' failed unexpectedly:\n{where}")
+        result = outcome.result
+        if result.timed_out:
+            self._attempt_failed(
+                spec,
+                host,
+                attempt,
+                f"timed out after {result.timeout_s or 0:g}s; {kill_report(result)}\n"
+                + tail(result.stdout_text + result.stderr_text),
+            )
+        try:
+            facts = self.redactor.deep(_bounded_facts(outcome.facts))
+        except FactsError as exc:
+            self._attempt_failed(spec, host, attempt, str(exc))
+        await self._check_gates(spec, host, attempt, result, facts)
+        return facts, result.exit_code
+
+    async def _check_gates(self, spec: StepSpec, host: str, attempt: int, result: CommandResult, facts: Any) -> None:
+        """The step's gates on the attempt's output and facts, in order; the first that fails fails the attempt."""
+        gates = spec.effective_gates()
+        expressions = [g.that for g in gates]
+        read = set().union(*(roots(e) for e in expressions))
+        seen: dict[str, Callable[[], Any]] = {  # worked out only when a gate reads it (steps: every record)
+            "stdout": lambda: result.stdout_text,
+            "stderr": lambda: result.stderr_text,
+            "exit_code": lambda: result.exit_code,
+            "facts": lambda: facts,
+            **self.gate_names(spec, host),
+        }
+        names = {name: value() for name, value in seen.items() if name in read}
+        try:
+            async with self.gates.session(names, expressions) as worker:  # bounded: executor.gates
+                for gate in gates:
+                    verdict = await worker.evaluate(gate.that, gate.message)
+                    if not verdict.passed:
+                        detail = verdict.describe()
+                        if not result.stdout.strip():
+                            detail += "\n  (stdout was empty)"
+                        out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
+                        message = f"{detail}\n  output tail:\n{out}" if out else detail
+                        self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
+        except GateWorkerUnavailable as exc:
+            self._attempt_failed(spec, host, attempt, str(exc), facts)
+
+    def _attempt_failed(
+        self,
+        spec: StepSpec,
+        host: str,
+        attempt: int,
+        message: str,
+        facts: Any = None,
+        gate: str | None = None,
+        exit_code: int | None = None,
+    ) -> NoReturn:
+        message = self.redactor.text(message)
+        self.folder.events.emit(event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message)
+        raise AttemptFailed(message, facts, gate, exit_code)
