@@ -52,7 +52,7 @@ from executor.errors import (
 from executor.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
 from executor.gates import GateWorkers, roots
 from executor.loader import Runbook, secret_values
-from executor.model import host_variables, var_text
+from executor.model import Host, host_variables, var_text
 from executor.planner import host_env, placed_hosts
 from executor.redact import Redactor
 from executor.render import render_command
@@ -81,6 +81,8 @@ from executor.transport.base import (
 )
 
 TAIL_LINES = 20
+#: Makes a host's transport: its name, its definition, the run's redactor and diagnostics (`transport_for`'s signature).
+TransportFactory = Callable[[str, Host, Redactor, diagnostics.Log], Transport]
 #: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
 EXIT_WRITE_FAILED = DurableWriteError.exit_code
 
@@ -302,7 +304,9 @@ class Engine:
         reporter: Reporter,
         environ: Mapping[str, str] | None = None,
         say: Callable[[str], None] | None = None,
+        transport_factory: TransportFactory = transport_for,
     ) -> None:
+        self.transport_factory = transport_factory  # how a host is reached: SSH or local, a ScriptedTransport in tests
         environ = os.environ if environ is None else environ
         self.start = begin(runbook, options, environ, say)  # the source run found once, the vars carried
         runbook, options = self.start.runbook, self.start.options
@@ -691,7 +695,7 @@ class Engine:
             return True
         for host in [*hosts, *_peers(self.runbook, spec)]:
             if host not in self.transports:
-                self.transports[host] = transport_for(host, self.runbook.hosts[host], self.redactor, self.log)
+                self.transports[host] = self.transport_factory(host, self.runbook.hosts[host], self.redactor, self.log)
         if group is not None:
             self.cells.status.setdefault(spec.id, "running")
         self.events.emit(event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts, group=group, cell=cell)
