@@ -1,4 +1,6 @@
-"""The run loop through the CLI, against the real sshd: gates, retries, fallbacks, hosts."""
+"""The run loop through the CLI, against the real sshd: hosts, host keys, connections, transfers, the CLI's own
+output. Gates, retries, fallbacks, facts per host and max_parallel run on scripted hosts:
+tests/executor/test_engine_offline.py."""
 
 from __future__ import annotations
 
@@ -35,155 +37,6 @@ def status(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
 def audit_records(log_dir: Path) -> list[dict[str, Any]]:
     (run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
     return [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()]
-
-
-def test_failed_gate_explains_itself_and_empty_output_is_loud(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: probe
-            kind: shell
-            script: |
-              echo "noise on stderr" >&2
-              grep -rl trtllm_mla /nonexistent 2>/dev/null
-              true
-            gates:
-              - that: "'trtllm_mla' in stdout"
-                message: no MLA attention backend found
-        """)
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 1
-    assert "probe@box: [primary] no MLA attention backend found" in err
-    assert "gate: 'trtllm_mla' in stdout" in err
-    assert 'stdout = ""  (empty)' in err
-    assert "(stdout was empty)" in err
-    assert "| noise on stderr" in err
-    steps = status(tmp_path / "logs", capsys)["steps"]
-    assert steps[0]["status"] == "failed" and "no MLA attention backend" in steps[0]["message"]
-
-
-def test_retries_are_attempted_and_recorded(write_runbook, tmp_path, capsys) -> None:
-    counter = tmp_path / "count"
-    path = write_runbook(f"""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: flaky
-            kind: shell
-            retry: {{attempts: 4, delay: 10ms}}
-            script: |
-              n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}
-              [ "$n" -ge 3 ]
-        """)
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    assert counter.read_text().strip() == "3"
-    step = status(tmp_path / "logs", capsys)["steps"][0]
-    assert step["attempts"] == 3 and step["status"] == "passed"
-    assert [r["attempt"] for r in audit_records(tmp_path / "logs")] == [1, 2, 3]
-
-
-def test_fallback_runs_after_retries_and_is_recorded(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: download
-            kind: shell
-            retry: {attempts: 2, delay: 10ms}
-            script: |
-              echo "huggingface-cli: command not found" >&2; exit 0
-            gates:
-              - that: "stderr == ''"
-                message: the download method reported an error
-            fallbacks:
-              - script: echo fetched with snapshot_download
-                gates: ["'fetched' in stdout"]
-        """)
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    assert "passed download via fallback 1" in err
-    step = status(tmp_path / "logs", capsys)["steps"][0]
-    assert step["via"] == "fallback 1" and step["attempts"] == 3
-    assert [(r["via"], r["attempt"]) for r in audit_records(tmp_path / "logs")] == [
-        ("primary", 1),
-        ("primary", 2),
-        ("fallback 1", 3),
-    ]
-
-
-def test_facts_flow_to_later_gates_per_host(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
-    hosts = (
-        "hosts:\n"
-        + "".join(
-            f"  {name}:\n" + "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items()) for name in ("a", "b")
-        )
-        + "  c:\n    address: local\n"
-    )
-    path = write_runbook(
-        """\
-        name: t
-        __HOSTS__
-        steps:
-          - id: ident
-            kind: shell
-            hosts: all
-            parse: json
-            script: |
-              printf '{"marker": "%s"}' "$(basename "$(mktemp -u)")"
-          - id: use
-            kind: shell
-            hosts: [a, c]
-            script: "true"
-            gates:
-              - that: steps.ident.facts.marker | length > 0
-              - that: steps.ident.hosts.b.facts.marker != steps.ident.facts.marker
-        """,
-        hosts=hosts,
-    )
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    steps = status(tmp_path / "logs", capsys)["steps"]
-    assert sorted((s["step"], s["host"]) for s in steps) == [
-        ("ident", "a"),
-        ("ident", "b"),
-        ("ident", "c"),
-        ("use", "a"),
-        ("use", "c"),
-    ]
-    assert len({s["facts"]["marker"] for s in steps if s["step"] == "ident"}) == 3
-    assert {r["host"] for r in audit_records(tmp_path / "logs")} == {"a", "b", "c"}
-
-
-def test_max_parallel_bounds_concurrent_hosts(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
-    names = [f"h{i}" for i in range(5)]
-    hosts = "hosts:\n" + "".join(
-        f"  {name}:\n" + "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items()) for name in names
-    )
-    trace = tmp_path / "trace"
-    path = write_runbook(
-        f"""\
-        name: t
-        __HOSTS__
-        defaults: {{max_parallel: 2}}
-        steps:
-          - id: fan
-            kind: shell
-            hosts: all
-            script: |
-              echo "start $(date +%s.%N)" >> {trace}; sleep 0.4; echo "end $(date +%s.%N)" >> {trace}
-        """,
-        hosts=hosts,
-    )
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    events = sorted((float(t), kind) for kind, t in (line.split() for line in trace.read_text().splitlines()))
-    running = peak = 0
-    for _t, kind in events:
-        running += 1 if kind == "start" else -1
-        peak = max(peak, running)
-    assert peak == 2
 
 
 def test_unknown_host_key_refuses_without_retrying(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
@@ -447,24 +300,6 @@ def test_inventory_names_must_exist_in_the_runbook(tmp_path, capsys) -> None:
         "listing it in one of the inventory's pools); did you mean 'gpu'?",
         f"{inventory}:4:3: vars: 'model_dir' is not in the runbook; did you mean 'models_dir'?",
     ]
-
-
-def test_a_failed_step_keeps_the_facts_of_its_last_attempt(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: probe
-            kind: shell
-            parse: json
-            retry: {attempts: 1}
-            script: |
-              echo '{"gpus": 0, "reason": "nvidia-smi not found"}'
-            gates: ["facts.gpus > 0"]
-        """)
-    assert run(path, tmp_path / "logs", capsys)[0] == 1
-    step = status(tmp_path / "logs", capsys)["steps"][0]
-    assert step["status"] == "failed" and step["facts"] == {"gpus": 0, "reason": "nvidia-smi not found"}
 
 
 def test_masking_a_secret_does_not_mark_output_truncated(tmp_path, capsys, monkeypatch) -> None:

@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from executor.testing import Offline, OfflineRun, h200_probe
 from executor.transport.scripted import Answer, HostProgramCall, ScriptedCommand, ScriptedTransport
 from steps.benchmark_results import JSONL_MARKER
+
+if TYPE_CHECKING:  # the plugin is imported as a plugin, below (imported before, pytest could not rewrite it)
+    from executor.testing import Offline, OfflineRun
+
+pytest_plugins = ["executor.testing"]  # runbook's own plugin, installed or not (pyproject's pytest11 entry point)
 
 RUNBOOK = Path("runbooks/k26_dflash.yaml")
 ANSWERS = json.loads((Path(__file__).parent / "offline" / "k26_dflash_host.json").read_text())
@@ -43,6 +47,8 @@ class FlagshipHost:
     def __init__(self, host: ScriptedTransport, accept: float = 4.0) -> None:
         self.serving = "none"
         self.accept = accept
+        from executor.testing import h200_probe
+
         host.program("probe", h200_probe())
         host.program("download", self.download)
         host.on(r"download method 1 of 3: hf_cli", stdout="Downloaded\n")
@@ -175,6 +181,8 @@ def test_a_drafter_below_the_gate_fails_eval_and_a_fixed_one_resumes_from_deploy
     ],
 )
 def test_the_probe_gates_stop_the_run_before_any_download(runbook_offline: Offline, change: Any, message: str) -> None:
+    from executor.testing import h200_probe
+
     host = runbook_offline.host("gpu")
     FlagshipHost(host)
     probe = h200_probe()
