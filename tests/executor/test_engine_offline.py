@@ -585,3 +585,23 @@ def test_only_and_from_reuse_earlier_facts(runbook_offline: Offline, tmp_path: P
     assert "although the step changed since (step; --from a runs it again)" in plan_of(stale)["a"]
     assert [r["step"] for r in audit(stale)] == ["b", "c"]
     assert box.scripts() == ["run a", "run b", "run c", "run b", "run b", "run c", "run b", "run c"]
+
+
+def test_a_secret_the_host_prints_is_written_nowhere(runbook_offline: Offline, tmp_path: Path) -> None:
+    path = book(
+        tmp_path,
+        """\
+        name: t
+        secrets:
+          TOKEN: {env: TOKEN}
+        steps:
+          - {id: s, kind: shell, parse: json, retry: {attempts: 1}, script: whoami}
+        """,
+    )
+    runbook_offline.environ["TOKEN"] = "tok_abcdef123456"
+    runbook_offline.host("box").on("whoami", stdout='{"said": "tok_abcdef123456"}')
+    run = runbook_offline.run(path)
+    assert run.exit_code == 0, run.failures()
+    assert runbook_offline.commands("box")[0].env["TOKEN"] == "tok_abcdef123456"  # the host got it
+    assert run.facts("s") == {"said": "***"}
+    assert not [p for p in run.run_dir.rglob("*") if p.is_file() and b"tok_abcdef123456" in p.read_bytes()]
