@@ -313,7 +313,7 @@ def sweep_host(offline: Offline, fail: str = "none") -> None:
 
 
 def test_on_failure_continue_records_the_cell_runs_the_others_and_exits_5(
-    runbook_offline: Offline, tmp_path: Path
+    runbook_offline: Offline, tmp_path: Path, capsys: Any
 ) -> None:
     sweep_host(runbook_offline, fail="y-1")
     run = runbook_offline.run(sweep(tmp_path))
@@ -327,11 +327,7 @@ def test_on_failure_continue_records_the_cell_runs_the_others_and_exits_5(
     assert progress[-1]["cells"] == {"total": 4, "passed": 3, "failed": 1, "skipped": 0, "running": 0}
     started = next(e for e in run.events if e["event"] == "step_started" and e["step"] == "bench[srv=x,conc=2]")
     assert (started["group"], started["cell"]) == ("grid", {"srv": "x", "conc": "2"})
-
-
-def test_status_lists_the_failed_cells(runbook_offline: Offline, tmp_path: Path, capsys: Any) -> None:
-    sweep_host(runbook_offline, fail="y-1")
-    runbook_offline.run(sweep(tmp_path))
+    # `runbook status` lists the failed cell
     assert main(["status", "--log-dir", str(runbook_offline.log_dir)]) == 0
     shown = capsys.readouterr().out
     assert "failed cells (1):" in shown and "grid[srv=y,conc=1]: bench[srv=y,conc=1]:" in shown
