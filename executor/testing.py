@@ -5,7 +5,7 @@ that installs runbook gets the fixture without a conftest. `runbook_offline.host
 `ScriptedTransport` (executor/transport/scripted.py) that plays the runbook's host `name`: say what it
 answers, then `runbook_offline.run(path)` runs the runbook in-process through the real Engine (order,
 gates, retries, fallbacks, `when`, cells, resume, state and audit log), with no host, no SSH and no
-network, in milliseconds. `OfflineRun` is what the run did: its exit code, its events as `--json` prints
+network, in a fraction of a second. `OfflineRun` is what the run did: its exit code, its events as `--json` prints
 them, each step's record, the commands each host received.
 
 A pytest fixture rather than a `runbook test` command: what a runbook should do is asserted in Python

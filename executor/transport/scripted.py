@@ -3,7 +3,7 @@
 As httpx's `MockTransport` does for HTTP clients, `ScriptedTransport` stands where `SSHTransport` and
 `LocalTransport` stand (the `Transport` interface of executor/transport/base.py; the Engine takes it through
 its `transport_factory`), so that a runbook's order, gates, retries, fallbacks, `when`, cells and resumes run
-offline, in milliseconds, exactly as the engine runs them against a real host.
+offline, in a fraction of a second per run, exactly as the engine runs them against a real host.
 
 It answers each command by the first rule, newest first, whose matcher fits it (`on`): a regex searched in
 the step's script, or a callable given the `ScriptedCommand`. A rule gives an exit code, stdout and stderr,
