@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 
 from executor.cli import main
-from executor.engine import Engine, RunOptions
-from executor.events import Reporter
 from executor.loader import load_runbook
 from sandbox.sshd import SSHServer, free_port
 
@@ -245,20 +243,6 @@ def test_upload_and_fetch_are_audited(write_runbook, tmp_path, capsys) -> None:
     assert transfers[1]["sha256"] == hashlib.sha256(b"helper-ran\n").hexdigest()
 
 
-def test_runs_lists_recent_runs(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: listed
-        __HOSTS__
-        steps:
-          - {id: a, kind: shell, script: "true"}
-        """)
-    for _ in range(2):
-        assert run(path, tmp_path / "logs", capsys)[0] == 0
-    assert main(["runs", "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["runbook"] for r in rows] == ["listed", "listed"] and {r["status"] for r in rows} == {"passed"}
-
-
 def test_cli_entry_point_is_installed(tmp_path: Path) -> None:
     done = subprocess.run(
         ["runbook", "validate", "runbooks/demo_local.yaml"], capture_output=True, text=True, env={**os.environ}
@@ -326,7 +310,6 @@ def test_masking_a_secret_does_not_mark_output_truncated(tmp_path, capsys, monke
 @pytest.mark.timeout(60)
 def test_a_stalled_file_transfer_times_out(tmp_path, capsys, monkeypatch) -> None:
     """Nothing waits forever: a transfer that never finishes fails the attempt at the step's timeout."""
-    import asyncio
 
     from executor.transport.local import LocalTransport
 
@@ -375,7 +358,6 @@ def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -
 
 def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
     """download's host program reads HF_ENDPOINT from the environment: changing it reruns the step."""
-    from executor.loader import load_runbook
     from executor.resume import definition_parts, fingerprint
 
     book = load_runbook(Path("runbooks/k26_dflash.yaml"))
@@ -448,24 +430,6 @@ def test_changed_parts_names_what_differs() -> None:
     new = {"step": "a", "host": "h", "var models_dir": "2", "file conf.txt": "y", "var extra": "z"}
     assert changed_parts(old, new) == "file conf.txt, var extra, var models_dir"
     assert changed_parts(None, new) == "its definition"  # a record from before parts were kept
-
-
-def test_a_runbook_removed_after_loading_still_runs_as_loaded(write_runbook, tmp_path) -> None:
-    """run.json records the digest of the text the run was loaded from: the file is not read again (an API
-    caller's file may be gone or edited by the time the run starts)."""
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - {id: a, kind: shell, script: "true"}
-        """)
-    loaded = path.read_bytes()
-    runbook = load_runbook(path)
-    path.unlink()
-    code = asyncio.run(Engine(runbook, RunOptions(log_dir=tmp_path / "logs"), Reporter()).run())
-    assert code == 0
-    (run_dir,) = (tmp_path / "logs").iterdir()
-    assert json.loads((run_dir / "run.json").read_text())["runbook_sha256"] == hashlib.sha256(loaded).hexdigest()
 
 
 def test_facts_of_kind_gives_the_earlier_steps_of_a_kind_on_the_host(tmp_path, capsys, monkeypatch) -> None:

@@ -1,11 +1,13 @@
 """The engine's semantics on scripted hosts (executor.transport.scripted), in-process: gates, retries, fallbacks,
-facts per host, max_parallel, matrix cells (`on_failure`, `when`), a placed group's lanes, and what a resume,
-`--from` and `--only` run again. These ran through a real sshd or a whole CLI subprocess (tests/executor/
+facts per host, max_parallel, timeouts, secrets, matrix cells (`on_failure`, `when`), a placed group's lanes,
+what a resume, `--from` and `--only` run again. These ran through a real sshd or a whole CLI subprocess (tests/executor/
 test_engine.py, test_campaign_run.py, test_resume.py) although they test no transport; what only a real
 transport proves stays there (signals, kill -9, process groups, host keys, transfers)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import textwrap
 import time
@@ -14,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from executor import audit as audit_log
 from executor.cli import main
+from executor.engine import Engine, RunOptions
+from executor.events import Reporter
+from executor.loader import load_runbook
 from executor.transport.scripted import Answer, ScriptedCommand
 
 if TYPE_CHECKING:  # the plugin is imported as a plugin, below (imported before, pytest could not rewrite it)
@@ -601,3 +606,34 @@ def test_a_secret_the_host_prints_is_written_nowhere(runbook_offline: Offline, t
     assert runbook_offline.commands("box")[0].env["TOKEN"] == "tok_abcdef123456"  # the host got it
     assert run.facts("s") == {"said": "***"}
     assert not [p for p in run.run_dir.rglob("*") if p.is_file() and b"tok_abcdef123456" in p.read_bytes()]
+
+
+# ---- runs as the CLI lists them, a runbook as loaded (tests/executor/test_engine.py) ------------------------
+
+
+def test_runs_lists_recent_runs(runbook_offline: Offline, tmp_path: Path, capsys: Any) -> None:
+    path = book(tmp_path, 'name: listed\nsteps:\n  - {id: a, kind: shell, script: "true"}\n')
+    runbook_offline.host("box").on("true")
+    for _ in range(2):
+        assert runbook_offline.run(path).exit_code == 0
+    assert main(["runs", "--log-dir", str(runbook_offline.log_dir), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["runbook"] for r in rows] == ["listed", "listed"] and {r["status"] for r in rows} == {"passed"}
+
+
+def test_a_runbook_removed_after_loading_still_runs_as_loaded(runbook_offline: Offline, tmp_path: Path) -> None:
+    """run.json records the digest of the text the run was loaded from: the file is not read again (an API
+    caller's file may be gone or edited by the time the run starts). The Engine as an API caller makes it,
+    with the scripted hosts as its transport factory."""
+    path = book(tmp_path, 'name: t\nsteps:\n  - {id: a, kind: shell, script: "true"}\n')
+    runbook_offline.host("box").on("true")
+    loaded = path.read_bytes()
+    runbook = load_runbook(path)
+    path.unlink()
+    engine = Engine(
+        runbook, RunOptions(log_dir=tmp_path / "logs"), Reporter(), transport_factory=runbook_offline.transport
+    )
+    assert asyncio.run(engine.run()) == 0
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["runbook_sha256"] == hashlib.sha256(loaded).hexdigest()
+    assert runbook_offline.host("box").scripts() == ["true"]
