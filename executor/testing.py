@@ -128,7 +128,24 @@ class Offline:
         only_step: str | None = None,
     ) -> OfflineRun:
         """Run `runbook` as `runbook run` would (`var`: --var pairs, or a mapping of them; `resume`: a run id
-        or "latest"), against the scripted hosts; returns when the run has ended."""
+        or "latest"), against the scripted hosts; returns when the run has ended. In an async test: `run_async`."""
+        return asyncio.run(
+            self.run_async(
+                runbook, inventory=inventory, var=var, resume=resume, from_step=from_step, only_step=only_step
+            )
+        )
+
+    async def run_async(
+        self,
+        runbook: Path | str,
+        *,
+        inventory: Path | str | None = None,
+        var: Mapping[str, object] | Sequence[str] = (),
+        resume: str | None = None,
+        from_step: str | None = None,
+        only_step: str | None = None,
+    ) -> OfflineRun:
+        """`run`, on the running event loop."""
         from executor.engine import Engine, RunOptions
         from executor.loader import load_runbook
         from executor.state import open_state
@@ -145,8 +162,7 @@ class Offline:
         )
         reporter = _collector()
         loaded = load_runbook(Path(runbook), site)
-        engine = Engine(loaded, options, reporter, self.environ, transport_factory=self.transport)
-        code = asyncio.run(engine.run())
+        code = await Engine(loaded, options, reporter, self.environ, transport_factory=self.transport).run()
         run_dir = Path(next(e["run_dir"] for e in reporter.events if e["event"] == "run_started"))
         with open_state(run_dir) as state:
             records = state.records()  # in step order

@@ -637,3 +637,13 @@ def test_a_runbook_removed_after_loading_still_runs_as_loaded(runbook_offline: O
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["runbook_sha256"] == hashlib.sha256(loaded).hexdigest()
     assert runbook_offline.host("box").scripts() == ["true"]
+
+
+def test_an_async_test_runs_a_runbook_on_its_own_event_loop(runbook_offline: Offline, tmp_path: Path) -> None:
+    path = book(tmp_path, 'name: t\nsteps:\n  - {id: a, kind: shell, script: "true"}\n')
+    runbook_offline.host("box").on("true")
+
+    async def in_a_running_loop() -> OfflineRun:
+        return await runbook_offline.run_async(path)
+
+    assert asyncio.run(in_a_running_loop()).ran("passed") == ["a"]
