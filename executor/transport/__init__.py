@@ -1,6 +1,6 @@
-"""Transports: how a rendered command reaches a host (SSH, or this machine).
+"""Transports: how a rendered command reaches a host (SSH, or this machine; in tests, a script of answers).
 
-The two transports are imported when first used (PEP 562): a step kind that needs only
+The transports are imported when first used (PEP 562): a step kind that needs only
 `executor.transport.base` (a CommandResult) must not import asyncssh with this package.
 """
 
@@ -16,6 +16,7 @@ from executor.transport.base import CommandResult, Transfer, Transport
 if TYPE_CHECKING:
     from executor.model import Host
     from executor.transport.local import LocalTransport
+    from executor.transport.scripted import ScriptedTransport
     from executor.transport.ssh import SSHTransport
 
 
@@ -36,8 +37,12 @@ def transport_for(name: str, host: Host, redactor: Redactor = NO_SECRETS, log: L
 
 
 def __getattr__(name: str) -> Any:
-    """LocalTransport and SSHTransport, imported on first use (and kept here)."""
-    homes = {"LocalTransport": "executor.transport.local", "SSHTransport": "executor.transport.ssh"}
+    """LocalTransport, SSHTransport and ScriptedTransport, imported on first use (and kept here)."""
+    homes = {
+        "LocalTransport": "executor.transport.local",
+        "SSHTransport": "executor.transport.ssh",
+        "ScriptedTransport": "executor.transport.scripted",
+    }
     if name not in homes:
         raise AttributeError(f"module 'executor.transport' has no attribute {name!r}")
     value = getattr(importlib.import_module(homes[name]), name)
@@ -45,4 +50,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["CommandResult", "LocalTransport", "SSHTransport", "Transfer", "Transport", "transport_for"]
+__all__ = [
+    "CommandResult",
+    "LocalTransport",
+    "SSHTransport",
+    "ScriptedTransport",
+    "Transfer",
+    "Transport",
+    "transport_for",
+]

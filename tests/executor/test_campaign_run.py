@@ -1,7 +1,9 @@
-"""A matrix as the engine runs it, through the real CLI against the test sshd: `on_failure`, `when`, the
-`matrix_*` environment and the gates' `matrix` and mate aliases, the cells_progress events, `runbook status`
-listing failed cells, per-cell resume after kill -9 and after a new axis value, and a placed group's lanes
-running in parallel. Each test fails on main, whose loader knows no `group:`/`matrix:` (exit 2).
+"""A matrix as the engine runs it, through the real CLI against the test sshd, where a process boundary or the
+host is under test: per-cell resume after kill -9, a server instance that adopts the server still running, an
+out-of-memory cell on the SGLang stand-in. The engine's own cell semantics (`on_failure`, `when`, the
+`matrix_*` environment and the gates' `matrix` and mate aliases, cells_progress, failed cells in `runbook
+status`, resume after a new axis value, a placed group's lanes) run on scripted hosts:
+tests/executor/test_engine_offline.py.
 """
 
 from __future__ import annotations
@@ -101,72 +103,6 @@ def commanded(log_dir: Path, run_id: str) -> list[str]:
     return [r["step"] for r in map(json.loads, lines) if r.get("event") == "command"]
 
 
-def test_on_failure_continue_records_the_cell_runs_the_others_and_exits_5(tmp_path: Path, sshd: SSHServer) -> None:
-    path = sweep(tmp_path, sshd, fail="y-1")
-    done = run(path, tmp_path / "logs", "--json")
-    assert done.returncode == 5, done.stderr
-    stream = events(done.stdout)
-    assert stream[-1]["status"] == "cells-failed" and stream[-1]["exit_code"] == 5
-    steps = {r["step"]: r for r in status(tmp_path / "logs")["steps"]}
-    assert steps["bench[srv=y,conc=1]"]["status"] == "failed"
-    assert steps["note[srv=y,conc=1]"]["status"] == "skipped"
-    assert steps["note[srv=y,conc=1]"]["message"].startswith("cell failed: bench[srv=y,conc=1]: ")
-    others = [s for s in steps if s not in ("bench[srv=y,conc=1]", "note[srv=y,conc=1]")]
-    assert all(steps[s]["status"] == "passed" for s in others), others
-    [failed] = status(tmp_path / "logs")["failed_cells"]
-    assert (failed["group"], failed["cell"]) == ("grid", "srv=y,conc=1")
-    shown = runbook_cli("status", "--log-dir", str(tmp_path / "logs")).stdout
-    assert "failed cells (1):" in shown and "grid[srv=y,conc=1]: bench[srv=y,conc=1]:" in shown
-    progress = [e for e in stream if e["event"] == "cells_progress"]
-    assert progress and {e["group"] for e in progress} == {"grid"}
-    assert progress[-1]["cells"] == {"total": 4, "passed": 3, "failed": 1, "skipped": 0, "running": 0}
-    started = next(e for e in stream if e["event"] == "step_started" and e["step"] == "bench[srv=x,conc=2]")
-    assert (started["group"], started["cell"]) == ("grid", {"srv": "x", "conc": "2"})
-
-
-def test_on_failure_stop_fails_the_run_at_the_failed_cell(tmp_path: Path, sshd: SSHServer) -> None:
-    path = sweep(tmp_path, sshd, on_failure="stop", fail="x-2")
-    done = run(path, tmp_path / "logs")
-    assert done.returncode == 1, done.stderr
-    steps = {r["step"]: r["status"] for r in status(tmp_path / "logs")["steps"]}
-    assert steps["bench[srv=x,conc=2]"] == "failed"
-    assert steps["up[srv=y]"] == "pending" and steps["post"] == "pending"
-
-
-def test_a_false_when_skips_the_instance_with_its_message_and_its_cells_dependents(
-    tmp_path: Path, sshd: SSHServer
-) -> None:
-    path = sweep(tmp_path, sshd, when="matrix.srv != 'y'")
-    done = run(path, tmp_path / "logs", "--json")
-    assert done.returncode == 0, done.stderr
-    steps = {r["step"]: r for r in status(tmp_path / "logs")["steps"]}
-    assert steps["up[srv=y]"]["status"] == "skipped"
-    assert steps["up[srv=y]"]["message"] == "when: matrix.srv != 'y' is false"
-    assert steps["bench[srv=y,conc=1]"]["status"] == "skipped"
-    assert "up[srv=y]" in steps["bench[srv=y,conc=1]"]["message"]
-    assert steps["up[srv=x]"]["status"] == "passed" and steps["post"]["status"] == "passed"
-    assert "up[srv=y]" not in commanded(tmp_path / "logs", events(done.stdout)[0]["run_id"])
-    progress = [e for e in events(done.stdout) if e["event"] == "cells_progress"]
-    assert progress[-1]["cells"]["skipped"] == 2 and progress[-1]["cells"]["passed"] == 2
-    again = run(path, tmp_path / "logs", "--resume")  # unchanged, the `when:` would be false again
-    assert again.returncode == 0, again.stderr
-    assert commanded(tmp_path / "logs", status(tmp_path / "logs")["run"]["run_id"]) == []
-    assert status(tmp_path / "logs")["steps"][0]["status"] == "passed"
-
-
-def test_a_when_that_cannot_be_evaluated_fails_the_instance_instead_of_skipping_it(
-    tmp_path: Path, sshd: SSHServer
-) -> None:
-    """A typo in a fact's path is an error, not a `false`: skipping would hide it as a quiet `skipped` cell."""
-    path = sweep(tmp_path, sshd, when="steps.pre.facts.no_such_fact")
-    done = run(path, tmp_path / "logs")
-    assert done.returncode == 5, done.stderr  # on_failure: continue; the run said its cells failed
-    steps = {r["step"]: r for r in status(tmp_path / "logs")["steps"]}
-    assert steps["up[srv=x]"]["status"] == "failed"
-    assert "when: steps.pre.facts.no_such_fact could not be evaluated" in steps["up[srv=x]"]["message"]
-    assert "names something missing" in steps["up[srv=x]"]["message"]
-
-
 def test_kill_9_in_a_cell_then_resume_reruns_only_the_cell_in_flight_and_what_follows_it(
     tmp_path: Path, sshd: SSHServer
 ) -> None:
@@ -201,75 +137,6 @@ def _cells(srv: str, concs: tuple[int, ...] = (1, 2)) -> set[str]:
     return {f"{step}[srv={srv},conc={c}]" for step in ("bench", "note") for c in concs}
 
 
-def test_a_new_axis_value_then_resume_runs_only_the_new_cells(tmp_path: Path, sshd: SSHServer) -> None:
-    logs = tmp_path / "logs"
-    first = run(sweep(tmp_path, sshd), logs)
-    assert first.returncode == 0, first.stderr
-    done = run(sweep(tmp_path, sshd, concs="[1, 2, 3]"), logs, "--resume")
-    assert done.returncode == 0, done.stderr
-    ran = set(commanded(logs, status(logs)["run"]["run_id"]))
-    assert ran == {*_cells("x", (3,)), *_cells("y", (3,)), "post"}  # the new cells, and the step after them
-
-
-LANES = """\
-    name: pool
-    hosts:
-    HOSTS
-    steps:
-      - group: spread_out
-        matrix: {srv: [x, y, z]}
-        hosts: [a, b, c]
-        placement: spread
-        steps:
-          - {id: work, kind: shell, script: 'echo "$matrix_srv"; sleep 2'}
-    """
-
-
-def test_a_placed_group_runs_one_lane_per_host_in_parallel(tmp_path: Path, sshd: SSHServer) -> None:
-    hosts = "".join(sshd.host_yaml(name).removeprefix("hosts:\n") for name in "abc")
-    body = LANES.replace("    HOSTS\n", "".join("    " + line + "\n" for line in hosts.splitlines()))
-    path = tmp_path / "pool.yaml"
-    path.write_text("\n".join(line[4:] for line in body.splitlines()) + "\n")
-    done = run(path, tmp_path / "logs", "--json")
-    assert done.returncode == 0, done.stderr
-    stream = events(done.stdout)
-    finished = [e for e in stream if e["event"] == "step_finished"]
-    assert sorted(host for e in finished for host in e["hosts"]) == ["a", "b", "c"]
-    # three lanes of one `sleep 2` each, at once: some moment lies inside all three [started, finished] intervals
-    # (run one after the other, each would start after the previous one finished), whatever the machine's load
-    spans = intervals(stream)
-    assert len(spans) == 3 and common_moment(spans), spans
-
-
-def intervals(stream: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """Each step's [step_started, step_finished] interval (event times), by step id."""
-    started = {e["step"]: e["time"] for e in stream if e["event"] == "step_started"}
-    return {e["step"]: (started[e["step"]], e["time"]) for e in stream if e["event"] == "step_finished"}
-
-
-def common_moment(spans: dict[str, tuple[float, float]]) -> bool:
-    """Whether one moment lies inside every interval: the latest start comes before the earliest finish."""
-    return max(start for start, _ in spans.values()) < min(end for _, end in spans.values())
-
-
-def test_in_a_placed_group_without_a_server_an_instance_runs_after_and_beside_the_mate_it_needs(
-    tmp_path: Path, sshd: SSHServer
-) -> None:
-    """`check[srv=x,n=1]` reads `steps.work`: placed alone it ran on another host while `work[srv=x]` slept
-    there, and its gate saw `steps.work.status = "running"`."""
-    hosts = "".join(sshd.host_yaml(name).removeprefix("hosts:\n") for name in "ab")
-    body = LANES.replace("    HOSTS\n", "".join("    " + line + "\n" for line in hosts.splitlines()))
-    body = body.replace("{srv: [x, y, z]}", "{srv: [x, y], n: [1, 2]}").replace("[a, b, c]", "[a, b]")
-    check = "{id: check, kind: shell, script: 'echo $matrix_n', gates: [\"steps.work.status == 'passed'\"]}"
-    body = body.replace("sleep 2'}\n", f"sleep 1'}}\n          - {check}\n")
-    path = tmp_path / "pool.yaml"
-    path.write_text("\n".join(line[4:] for line in body.splitlines()) + "\n")
-    done = run(path, tmp_path / "logs")
-    assert done.returncode == 0, done.stdout + done.stderr
-    hosts_of = {r["step"]: r["host"] for r in status(tmp_path / "logs")["steps"]}
-    assert all(hosts_of[f"check[srv={srv},n={n}]"] == hosts_of[f"work[srv={srv}]"] for srv in "xy" for n in (1, 2))
-
-
 def test_a_cell_that_runs_again_runs_its_server_instance_again_which_adopts_the_running_server(
     standin: dict[str, Any], write_runbook: Any, tmp_path: Path
 ) -> None:
@@ -298,29 +165,6 @@ def test_a_cell_that_runs_again_runs_its_server_instance_again_which_adopts_the_
     assert set(commanded(logs, report["run"]["run_id"])) == {"up", "check[n=2]"}
     up = next(r for r in report["steps"] if r["step"] == "up")
     assert up["facts"]["reused"] is True
-
-
-def test_a_failure_in_a_placed_group_that_stops_lets_running_lanes_finish_and_starts_nothing_new(
-    tmp_path: Path, sshd: SSHServer
-) -> None:
-    """Four units on three hosts: x and w on a, y on b, z on c. x fails at once while y and z sleep: they
-    finish, w (next on a's lane) never starts."""
-    hosts = "".join(sshd.host_yaml(name).removeprefix("hosts:\n") for name in "abc")
-    body = LANES.replace("    HOSTS\n", "".join("    " + line + "\n" for line in hosts.splitlines()))
-    body = body.replace("[x, y, z]", "[x, y, z, w]").replace(
-        """'echo "$matrix_srv"; sleep 2'""", """'test "$matrix_srv" != x && sleep 1'"""
-    )
-    path = tmp_path / "pool.yaml"
-    path.write_text("\n".join(line[4:] for line in body.splitlines()) + "\n")
-    done = run(path, tmp_path / "logs")
-    assert done.returncode == 1, done.stderr
-    steps = {(r["step"], r["host"]): r["status"] for r in status(tmp_path / "logs")["steps"]}
-    assert steps == {
-        ("work[srv=x]", "a"): "failed",
-        ("work[srv=y]", "b"): "passed",
-        ("work[srv=z]", "c"): "passed",
-        ("work[srv=w]", "a"): "pending",
-    }
 
 
 def test_an_out_of_memory_cell_is_recorded_and_the_campaign_goes_on_with_one_launch_per_configuration(
@@ -358,21 +202,3 @@ def test_an_out_of_memory_cell_is_recorded_and_the_campaign_goes_on_with_one_lau
     progress = [e for e in events(done.stdout) if e["event"] == "cells_progress"][-1]
     assert progress["launches"] == {"done": 2, "planned": 2}
     assert progress["cells"]["passed"] == 2 and progress["cells"]["failed"] == 2
-
-
-def test_a_resumed_placed_group_keeps_each_instance_on_the_host_it_ran_on(tmp_path: Path, sshd: SSHServer) -> None:
-    """No server step: each instance is its own unit. A new first value would place x on a and y on b afresh
-    (w, x on a; y on b); the resume keeps x on b and y on c where they passed, so neither runs again."""
-    hosts = "".join(sshd.host_yaml(name).removeprefix("hosts:\n") for name in "abc")
-    body = LANES.replace("    HOSTS\n", "".join("    " + line + "\n" for line in hosts.splitlines()))
-    body = body.replace("; sleep 2", "").replace("{srv: [x, y, z]}", "{srv: [v, x, y]}")
-    path = tmp_path / "pool.yaml"
-    path.write_text("\n".join(line[4:] for line in body.splitlines()) + "\n")
-    logs = tmp_path / "logs"
-    assert run(path, logs).returncode == 0
-    path.write_text(path.read_text().replace("[v, x, y]", "[w, v, x, y]"))
-    done = run(path, logs, "--resume", "--json")
-    assert done.returncode == 0, done.stderr
-    assert commanded(logs, status(logs)["run"]["run_id"]) == ["work[srv=w]"]
-    placed = {r["step"]: r["host"] for r in status(logs)["steps"]}
-    assert placed == {"work[srv=v]": "a", "work[srv=x]": "b", "work[srv=y]": "c", "work[srv=w]": "a"}

@@ -1,4 +1,6 @@
-"""The run loop through the CLI, against the real sshd: gates, retries, fallbacks, hosts."""
+"""The run loop through the CLI, against the real sshd: hosts, host keys, connections, transfers, the CLI's own
+output. Gates, retries, fallbacks, facts per host and max_parallel run on scripted hosts:
+tests/executor/test_engine_offline.py."""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ from typing import Any
 import pytest
 
 from executor.cli import main
-from executor.engine import Engine, RunOptions
-from executor.events import Reporter
 from executor.loader import load_runbook
 from sandbox.sshd import SSHServer, free_port
 
@@ -35,155 +35,6 @@ def status(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
 def audit_records(log_dir: Path) -> list[dict[str, Any]]:
     (run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
     return [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()]
-
-
-def test_failed_gate_explains_itself_and_empty_output_is_loud(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: probe
-            kind: shell
-            script: |
-              echo "noise on stderr" >&2
-              grep -rl trtllm_mla /nonexistent 2>/dev/null
-              true
-            gates:
-              - that: "'trtllm_mla' in stdout"
-                message: no MLA attention backend found
-        """)
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 1
-    assert "probe@box: [primary] no MLA attention backend found" in err
-    assert "gate: 'trtllm_mla' in stdout" in err
-    assert 'stdout = ""  (empty)' in err
-    assert "(stdout was empty)" in err
-    assert "| noise on stderr" in err
-    steps = status(tmp_path / "logs", capsys)["steps"]
-    assert steps[0]["status"] == "failed" and "no MLA attention backend" in steps[0]["message"]
-
-
-def test_retries_are_attempted_and_recorded(write_runbook, tmp_path, capsys) -> None:
-    counter = tmp_path / "count"
-    path = write_runbook(f"""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: flaky
-            kind: shell
-            retry: {{attempts: 4, delay: 10ms}}
-            script: |
-              n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}
-              [ "$n" -ge 3 ]
-        """)
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    assert counter.read_text().strip() == "3"
-    step = status(tmp_path / "logs", capsys)["steps"][0]
-    assert step["attempts"] == 3 and step["status"] == "passed"
-    assert [r["attempt"] for r in audit_records(tmp_path / "logs")] == [1, 2, 3]
-
-
-def test_fallback_runs_after_retries_and_is_recorded(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: download
-            kind: shell
-            retry: {attempts: 2, delay: 10ms}
-            script: |
-              echo "huggingface-cli: command not found" >&2; exit 0
-            gates:
-              - that: "stderr == ''"
-                message: the download method reported an error
-            fallbacks:
-              - script: echo fetched with snapshot_download
-                gates: ["'fetched' in stdout"]
-        """)
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    assert "passed download via fallback 1" in err
-    step = status(tmp_path / "logs", capsys)["steps"][0]
-    assert step["via"] == "fallback 1" and step["attempts"] == 3
-    assert [(r["via"], r["attempt"]) for r in audit_records(tmp_path / "logs")] == [
-        ("primary", 1),
-        ("primary", 2),
-        ("fallback 1", 3),
-    ]
-
-
-def test_facts_flow_to_later_gates_per_host(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
-    hosts = (
-        "hosts:\n"
-        + "".join(
-            f"  {name}:\n" + "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items()) for name in ("a", "b")
-        )
-        + "  c:\n    address: local\n"
-    )
-    path = write_runbook(
-        """\
-        name: t
-        __HOSTS__
-        steps:
-          - id: ident
-            kind: shell
-            hosts: all
-            parse: json
-            script: |
-              printf '{"marker": "%s"}' "$(basename "$(mktemp -u)")"
-          - id: use
-            kind: shell
-            hosts: [a, c]
-            script: "true"
-            gates:
-              - that: steps.ident.facts.marker | length > 0
-              - that: steps.ident.hosts.b.facts.marker != steps.ident.facts.marker
-        """,
-        hosts=hosts,
-    )
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    steps = status(tmp_path / "logs", capsys)["steps"]
-    assert sorted((s["step"], s["host"]) for s in steps) == [
-        ("ident", "a"),
-        ("ident", "b"),
-        ("ident", "c"),
-        ("use", "a"),
-        ("use", "c"),
-    ]
-    assert len({s["facts"]["marker"] for s in steps if s["step"] == "ident"}) == 3
-    assert {r["host"] for r in audit_records(tmp_path / "logs")} == {"a", "b", "c"}
-
-
-def test_max_parallel_bounds_concurrent_hosts(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
-    names = [f"h{i}" for i in range(5)]
-    hosts = "hosts:\n" + "".join(
-        f"  {name}:\n" + "".join(f"    {k}: {v}\n" for k, v in sshd.host_dict().items()) for name in names
-    )
-    trace = tmp_path / "trace"
-    path = write_runbook(
-        f"""\
-        name: t
-        __HOSTS__
-        defaults: {{max_parallel: 2}}
-        steps:
-          - id: fan
-            kind: shell
-            hosts: all
-            script: |
-              echo "start $(date +%s.%N)" >> {trace}; sleep 0.4; echo "end $(date +%s.%N)" >> {trace}
-        """,
-        hosts=hosts,
-    )
-    code, _out, err = run(path, tmp_path / "logs", capsys)
-    assert code == 0, err
-    events = sorted((float(t), kind) for kind, t in (line.split() for line in trace.read_text().splitlines()))
-    running = peak = 0
-    for _t, kind in events:
-        running += 1 if kind == "start" else -1
-        peak = max(peak, running)
-    assert peak == 2
 
 
 def test_unknown_host_key_refuses_without_retrying(write_runbook, sshd: SSHServer, tmp_path, capsys) -> None:
@@ -392,20 +243,6 @@ def test_upload_and_fetch_are_audited(write_runbook, tmp_path, capsys) -> None:
     assert transfers[1]["sha256"] == hashlib.sha256(b"helper-ran\n").hexdigest()
 
 
-def test_runs_lists_recent_runs(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: listed
-        __HOSTS__
-        steps:
-          - {id: a, kind: shell, script: "true"}
-        """)
-    for _ in range(2):
-        assert run(path, tmp_path / "logs", capsys)[0] == 0
-    assert main(["runs", "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["runbook"] for r in rows] == ["listed", "listed"] and {r["status"] for r in rows} == {"passed"}
-
-
 def test_cli_entry_point_is_installed(tmp_path: Path) -> None:
     done = subprocess.run(
         ["runbook", "validate", "runbooks/demo_local.yaml"], capture_output=True, text=True, env={**os.environ}
@@ -449,24 +286,6 @@ def test_inventory_names_must_exist_in_the_runbook(tmp_path, capsys) -> None:
     ]
 
 
-def test_a_failed_step_keeps_the_facts_of_its_last_attempt(write_runbook, tmp_path, capsys) -> None:
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - id: probe
-            kind: shell
-            parse: json
-            retry: {attempts: 1}
-            script: |
-              echo '{"gpus": 0, "reason": "nvidia-smi not found"}'
-            gates: ["facts.gpus > 0"]
-        """)
-    assert run(path, tmp_path / "logs", capsys)[0] == 1
-    step = status(tmp_path / "logs", capsys)["steps"][0]
-    assert step["status"] == "failed" and step["facts"] == {"gpus": 0, "reason": "nvidia-smi not found"}
-
-
 def test_masking_a_secret_does_not_mark_output_truncated(tmp_path, capsys, monkeypatch) -> None:
     """Redaction shortens the kept output; the audit record must not call that truncation."""
     monkeypatch.setenv("RB_TEST_TOKEN", "hf_a_long_secret_value_0123456789")
@@ -491,7 +310,6 @@ def test_masking_a_secret_does_not_mark_output_truncated(tmp_path, capsys, monke
 @pytest.mark.timeout(60)
 def test_a_stalled_file_transfer_times_out(tmp_path, capsys, monkeypatch) -> None:
     """Nothing waits forever: a transfer that never finishes fails the attempt at the step's timeout."""
-    import asyncio
 
     from executor.transport.local import LocalTransport
 
@@ -540,7 +358,6 @@ def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -
 
 def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
     """download's host program reads HF_ENDPOINT from the environment: changing it reruns the step."""
-    from executor.loader import load_runbook
     from executor.resume import definition_parts, fingerprint
 
     book = load_runbook(Path("runbooks/k26_dflash.yaml"))
@@ -613,24 +430,6 @@ def test_changed_parts_names_what_differs() -> None:
     new = {"step": "a", "host": "h", "var models_dir": "2", "file conf.txt": "y", "var extra": "z"}
     assert changed_parts(old, new) == "file conf.txt, var extra, var models_dir"
     assert changed_parts(None, new) == "its definition"  # a record from before parts were kept
-
-
-def test_a_runbook_removed_after_loading_still_runs_as_loaded(write_runbook, tmp_path) -> None:
-    """run.json records the digest of the text the run was loaded from: the file is not read again (an API
-    caller's file may be gone or edited by the time the run starts)."""
-    path = write_runbook("""\
-        name: t
-        __HOSTS__
-        steps:
-          - {id: a, kind: shell, script: "true"}
-        """)
-    loaded = path.read_bytes()
-    runbook = load_runbook(path)
-    path.unlink()
-    code = asyncio.run(Engine(runbook, RunOptions(log_dir=tmp_path / "logs"), Reporter()).run())
-    assert code == 0
-    (run_dir,) = (tmp_path / "logs").iterdir()
-    assert json.loads((run_dir / "run.json").read_text())["runbook_sha256"] == hashlib.sha256(loaded).hexdigest()
 
 
 def test_facts_of_kind_gives_the_earlier_steps_of_a_kind_on_the_host(tmp_path, capsys, monkeypatch) -> None:

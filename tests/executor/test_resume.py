@@ -1,7 +1,8 @@
 """Resume, --from/--only, locking, interruption, kill -9 and secret hygiene, end to end.
 
 Every test drives the real `runbook` CLI in a subprocess against the real test sshd (which
-runs on this machine, so side-effect files written by steps are readable here).
+runs on this machine, so side-effect files written by steps are readable here). What a resume, `--from` and
+`--only` run again, which needs neither, runs on scripted hosts: tests/executor/test_engine_offline.py.
 """
 
 from __future__ import annotations
@@ -406,66 +407,6 @@ def test_audit_verify_finds_a_deleted_last_line(tmp_path: Path, write_runbook: A
 # ---- 3. edits between runs ---------------------------------------------------------------------
 
 
-def test_editing_a_step_reruns_it_and_everything_after(tmp_path: Path, write_runbook: Any) -> None:
-    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
-    text = header("edit-step", tmp_path) + steps_yaml(
-        ["e1", "e2", "e3", "e4"],
-        special={"e2": 'echo e2 >> "$side"  # version 1', "e4": 'echo e4 >> "$side"; test -f "$marker"'},
-    ).replace("  - id: e1\n", "  - id: e1\n    description: first take\n")
-    book = write_runbook(text)
-    first = cli("run", str(book), "--log-dir", str(logs))
-    assert first.returncode == 1, first.stderr
-    assert side_lines(side) == ["e1", "e2", "e3", "e4"]
-
-    # edit e2's script (and only the description of e1, which must not count as a change)
-    edited = text.replace("# version 1", "# version 2").replace("first take", "second take")
-    assert edited != text
-    write_runbook(edited)
-    marker.touch()
-    second = cli("run", str(book), "--resume", "--log-dir", str(logs))
-    assert second.returncode == 0, second.stderr
-    assert re.search(r"e2 .* runs again \(changed since [0-9a-f-]+: step\)", second.stderr), second.stderr
-    assert audited_steps(newest(logs)) == ["e2", "e3", "e4"]
-    assert side_lines(side) == ["e1", "e2", "e3", "e4", "e2", "e3", "e4"]
-    assert verify(newest(logs)).returncode == 0
-
-
-def test_a_step_that_failed_on_one_host_runs_again_only_there(tmp_path: Path, write_runbook: Any, sshd: Any) -> None:
-    """`hosts: all` over the test sshd and this machine: the resume does not redo the host that passed."""
-    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
-    where = 'if [ -n "$SSH_CONNECTION" ]; then w=ssh; else w=local; fi'
-    book = write_runbook(
-        header("two-hosts", tmp_path)
-        + "steps:\n"
-        + "  - id: both\n    kind: shell\n    hosts: all\n    script: |\n"
-        + f'      {where}\n      echo "both-$w" >> "$side"\n      [ $w = local ] || test -f "$marker"\n'
-        + "  - id: after\n    kind: shell\n    hosts: all\n    script: |\n"
-        + f'      {where}\n      echo "after-$w" >> "$side"\n',
-        hosts=sshd.host_yaml() + "  here: {address: local}\n",
-    )
-    first = cli("run", str(book), "--log-dir", str(logs))
-    assert first.returncode == 1, first.stderr
-    assert sorted(side_lines(side)) == ["both-local", "both-ssh"]
-    hosts = {(s["step"], s["host"]): s["status"] for s in status_json(logs)["steps"]}
-    assert hosts == {
-        ("both", "box"): "failed",
-        ("both", "here"): "passed",
-        ("after", "box"): "pending",
-        ("after", "here"): "pending",
-    }
-
-    marker.touch()
-    second = cli("run", str(book), "--resume", "--log-dir", str(logs))
-    assert second.returncode == 0, second.stderr
-    assert "runs again on box (did not pass there in" in second.stderr and "reused on here" in second.stderr
-    commands = [(r["step"], r["host"]) for r in audit_records(newest(logs)) if r["event"] == "command"]
-    assert sorted(commands) == [("after", "box"), ("after", "here"), ("both", "box")]
-    assert sorted(side_lines(side)[2:]) == ["after-local", "after-ssh", "both-ssh"]
-    steps = {(s["step"], s["host"]): s for s in status_json(logs)["steps"]}
-    assert steps[("both", "here")]["reused_from"] == runs(logs)[0]["run_id"]
-    assert all(s["status"] == "passed" for s in steps.values())
-
-
 def test_resume_carries_the_vars_and_inventory_the_run_was_started_with(
     tmp_path: Path, write_runbook: Any, sshd: Any
 ) -> None:
@@ -562,38 +503,6 @@ def _facts_book(tmp_path: Path, write_runbook: Any) -> Path:
         '    script: echo c >> "$side"\n'
     )
     return write_runbook(body)
-
-
-def test_only_and_from_reuse_earlier_facts(tmp_path: Path, write_runbook: Any) -> None:
-    side, logs = tmp_path / "side.txt", tmp_path / "logs"
-    book = _facts_book(tmp_path, write_runbook)
-    first = cli("run", str(book), "--log-dir", str(logs))
-    assert first.returncode == 0, first.stderr
-    first_id = newest(logs).name
-
-    only = cli("run", str(book), "--only", "b", "--log-dir", str(logs))
-    assert only.returncode == 0, only.stderr
-    only_dir = newest(logs)
-    assert audited_steps(only_dir) == ["b"]
-    state = {s["step"]: s for s in status_json(logs)["steps"]}
-    assert state["a"]["reused_from"] == first_id and state["a"]["facts"] == {"x": 5}
-    assert state["b"]["status"] == "passed" and not state["b"]["reused_from"]
-    assert state["c"]["status"] == "skipped" and "--only" in state["c"]["message"]
-    assert side_lines(side) == ["a", "b", "c", "b"]
-
-    from_b = cli("run", str(book), "--from", "b", "--log-dir", str(logs))
-    assert from_b.returncode == 0, from_b.stderr
-    assert audited_steps(newest(logs)) == ["b", "c"]
-    assert side_lines(side) == ["a", "b", "c", "b", "b", "c"]
-    assert verify(newest(logs)).returncode == 0
-    assert "although the step changed" not in from_b.stderr
-
-    # a step before --from changed: its earlier facts are still used, and the plan says they may be stale
-    book.write_text(book.read_text().replace("echo a >>", "echo a-edited >>"))
-    stale = cli("run", str(book), "--from", "b", "--log-dir", str(logs))
-    assert stale.returncode == 0, stale.stderr
-    assert "although the step changed since (step; --from a runs it again)" in stale.stderr
-    assert audited_steps(newest(logs)) == ["b", "c"]
 
 
 def test_a_failed_only_run_is_continued_as_one_step(tmp_path: Path, write_runbook: Any) -> None:

@@ -3,6 +3,10 @@ through its persistent runner (the default) and with an exec channel per command
 
 Nothing is mocked. The sshd of conftest runs on this machine as this user, so a test can look
 at the "remote" processes and files directly (/proc, the file system).
+
+The tests of the `contract` fixture hold for the `ScriptedTransport` too (executor/transport/scripted.py):
+what a command's result says (streams, exit code, sizes and hashes, a timeout as a result with the output so
+far), commands side by side, and transfers; the scripted host is told what each script does (`does`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +32,7 @@ from executor.model import Host
 from executor.render import render_command
 from executor.transport import LocalTransport, SSHTransport, Transport
 from executor.transport.base import CommandInterrupted, CommandResult
+from executor.transport.scripted import Answer, ScriptedCommand, ScriptedTransport
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"))
@@ -41,17 +48,53 @@ def runner() -> Iterator[asyncio.Runner]:
         yield loop
 
 
+def made_transport(kind: str, request: pytest.FixtureRequest, runner: asyncio.Runner) -> Transport:
+    if kind == "scripted":
+        return ScriptedTransport("scripted")
+    if kind == "local":
+        return LocalTransport("here")
+    sshd = request.getfixturevalue("sshd")
+    made = SSHTransport("box", Host(**sshd.host_dict(), runner=kind.removeprefix("ssh-")))
+    runner.run(made.connect())
+    assert made.runner_unavailable is None
+    return made
+
+
 @pytest.fixture(scope="module", params=["local", "ssh-persistent", "ssh-exec"])
 def transport(request: pytest.FixtureRequest, runner: asyncio.Runner) -> Iterator[Transport]:
     """Every transport and both ways of the SSH one: its persistent runner and an exec channel per command."""
-    if request.param == "local":
-        made: Transport = LocalTransport("here")
-    else:
-        sshd = request.getfixturevalue("sshd")
-        made = SSHTransport("box", Host(**sshd.host_dict(), runner=request.param.removeprefix("ssh-")))
-        runner.run(made.connect())
-        assert isinstance(made, SSHTransport) and made.runner_unavailable is None
+    made = made_transport(request.param, request, runner)
     yield made
+    runner.run(made.close())
+
+
+@dataclass
+class Contract:
+    """A transport under the contract, the scripted one among them: `does` tells the scripted host what a script
+    does (a real host runs it)."""
+
+    transport: Transport
+    runner: asyncio.Runner
+
+    def does(self, script: str, *answers: Answer | Callable[[ScriptedCommand], Answer], **answer: Any) -> str:
+        if isinstance(self.transport, ScriptedTransport):
+            self.transport.on(lambda command: command.script == script, *answers, **answer)
+        return script
+
+    def run(self, script: str, env: dict[str, str] | None = None, timeout: float = 30) -> CommandResult:
+        return self.runner.run(self.transport.run(render_command(script, env or {}), timeout))
+
+    def remote(self, path: Path) -> bytes:
+        """A file on the host."""
+        if isinstance(self.transport, ScriptedTransport):
+            return self.transport.files[str(path)]
+        return path.read_bytes()
+
+
+@pytest.fixture(scope="module", params=["local", "ssh-persistent", "ssh-exec", "scripted"])
+def contract(request: pytest.FixtureRequest, runner: asyncio.Runner) -> Iterator[Contract]:
+    made = made_transport(request.param, request, runner)
+    yield Contract(made, runner)
     runner.run(made.close())
 
 
@@ -239,9 +282,10 @@ def test_one_mebibyte_script_runs(run: Callable[..., CommandResult]) -> None:
     assert result.stdout == b"ok\n"
 
 
-def test_large_output_is_complete(run: Callable[..., CommandResult]) -> None:
+def test_large_output_is_complete(contract: Contract) -> None:
     size = 5 * 1024 * 1024
-    result = run(f"head -c {size} /dev/zero | tr '\\0' 'a'; echo err >&2")
+    script = contract.does(f"head -c {size} /dev/zero | tr '\\0' 'a'; echo err >&2", stdout=b"a" * size, stderr="err\n")
+    result = contract.run(script)
     assert result.exit_code == 0, result.stderr
     assert result.stdout_total == len(result.stdout) == size
     assert result.stdout_sha256 == hashlib.sha256(b"a" * size).hexdigest()
@@ -268,23 +312,26 @@ def test_read_cannot_swallow_the_rest_of_the_script(run: Callable[..., CommandRe
 # --- 5. timeout ---------------------------------------------------------------------------
 
 
-def test_timeout_kills_the_whole_step(run: Callable[..., CommandResult], sleeper: Callable[[], str]) -> None:
+def test_timeout_kills_the_whole_step(contract: Contract, sleeper: Callable[[], str]) -> None:
     first, second = sleeper(), sleeper()
     started = time.monotonic()
-    result = run(f"echo started\n{first} &\n{second}\n", timeout=1)
+    result = contract.run(
+        contract.does(f"echo started\n{first} &\n{second}\n", stdout="started\n", hang=True), timeout=1
+    )
     elapsed = time.monotonic() - started
     assert result.timed_out
     assert not result.interrupted
     assert result.exit_code != 0
     assert 1 <= elapsed < 15
     assert result.stdout == b"started\n"
+    assert result.kill_confirmed is True
     assert wait_until(lambda: not live_pids(cmdline=first) and not live_pids(cmdline=second), 3), (
         "the step's processes outlived its timeout"
     )
 
 
-def test_command_within_timeout_is_not_timed_out(run: Callable[..., CommandResult]) -> None:
-    result = run("sleep 0.2; echo done", timeout=10)
+def test_command_within_timeout_is_not_timed_out(contract: Contract) -> None:
+    result = contract.run(contract.does("sleep 0.2; echo done", stdout="done\n", delay=0.2), timeout=10)
     assert (result.timed_out, result.interrupted, result.exit_code, result.stdout) == (False, False, 0, b"done\n")
 
 
@@ -357,8 +404,9 @@ def test_children_in_the_group_die_with_the_step(run: Callable[..., CommandResul
 
 
 @pytest.mark.parametrize("code", [0, 1, 7, 124, 255])
-def test_streams_are_separate_and_exit_code_passes(run: Callable[..., CommandResult], code: int) -> None:
-    result = run(f"echo out\necho err >&2\nprintf more\nprintf ERR >&2\nexit {code}\n")
+def test_streams_are_separate_and_exit_code_passes(contract: Contract, code: int) -> None:
+    script = f"echo out\necho err >&2\nprintf more\nprintf ERR >&2\nexit {code}\n"
+    result = contract.run(contract.does(script, exit_code=code, stdout="out\nmore", stderr="err\nERR"))
     assert result.exit_code == code
     assert result.stdout == b"out\nmore"
     assert result.stderr == b"err\nERR"
@@ -373,14 +421,16 @@ def test_exit_code_of_a_killed_script(run: Callable[..., CommandResult]) -> None
     assert result.exit_code == 128 + signal.SIGKILL
 
 
-def test_concurrent_commands_on_one_transport(transport: Transport, runner: asyncio.Runner) -> None:
+def test_concurrent_commands_on_one_transport(contract: Contract) -> None:
+    script = contract.does('sleep 1; printf %s "$N"', lambda command: Answer(stdout=command.env["N"], delay=1))
+
     async def many() -> list[CommandResult]:
         return await asyncio.gather(
-            *(transport.run(render_command('sleep 1; printf %s "$N"', {"N": str(i)}), 30) for i in range(8))
+            *(contract.transport.run(render_command(script, {"N": str(i)}), 30) for i in range(8))
         )
 
     started = time.monotonic()
-    results = runner.run(many())
+    results = contract.runner.run(many())
     assert [r.stdout for r in results] == [str(i).encode() for i in range(8)]
     assert time.monotonic() - started < 5  # side by side; one after another would take 8 s
 
@@ -413,7 +463,8 @@ def test_step_shell_does_not_read_bashrc_when_run_by_sshd(
 # --- 12. file transfers -------------------------------------------------------------------
 
 
-def test_put_and_get_report_size_and_sha256(transport: Transport, runner: asyncio.Runner, tmp_path: Path) -> None:
+def test_put_and_get_report_size_and_sha256(contract: Contract, tmp_path: Path) -> None:
+    transport, runner = contract.transport, contract.runner
     data = os.urandom(300_000) + b"\x00\r\n end"
     local = tmp_path / "payload.bin"
     local.write_bytes(data)
@@ -422,7 +473,7 @@ def test_put_and_get_report_size_and_sha256(transport: Transport, runner: asynci
 
     put = runner.run(transport.put(local, str(remote)))
     assert (put.direction, put.size, put.sha256) == ("put", len(data), digest)
-    assert remote.read_bytes() == data
+    assert contract.remote(remote) == data
 
     back = tmp_path / "back.bin"
     got = runner.run(transport.get(str(remote), back))
@@ -430,12 +481,12 @@ def test_put_and_get_report_size_and_sha256(transport: Transport, runner: asynci
     assert back.read_bytes() == data
 
 
-def test_put_of_an_empty_file(transport: Transport, runner: asyncio.Runner, tmp_path: Path) -> None:
+def test_put_of_an_empty_file(contract: Contract, tmp_path: Path) -> None:
     local = tmp_path / "empty"
     local.write_bytes(b"")
-    put = runner.run(transport.put(local, str(tmp_path / "empty.remote")))
+    put = contract.runner.run(contract.transport.put(local, str(tmp_path / "empty.remote")))
     assert (put.size, put.sha256) == (0, hashlib.sha256(b"").hexdigest())
-    assert (tmp_path / "empty.remote").read_bytes() == b""
+    assert contract.remote(tmp_path / "empty.remote") == b""
 
 
 def test_a_background_process_holding_the_output_does_not_make_a_timeout(run: Callable[..., CommandResult]) -> None:
