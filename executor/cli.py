@@ -22,7 +22,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -38,6 +38,7 @@ from executor.errors import (
     ResumeError,
     RunbookError,
 )
+from executor.inputs import LOG_DIR, load_checked
 from executor.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.terminal import shown, shown_text
 
@@ -50,11 +51,9 @@ if TYPE_CHECKING:
 
     from executor.consoles import PipedConsole, UnattendedConsole
     from executor.engine import Engine
-    from executor.loader import Runbook
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
-LOG_DIR = Path("logs")
 #: `runbook status` shows a message's first line up to this many characters; the whole one follows the table.
 MESSAGE_CELL = 120
 #: ... and a failing gate's first line up to this many (the whole gate follows the table too).
@@ -193,22 +192,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     actions.add_parser("key", help=f"create the key that seals every later run's log ({seal.default_key_path()})")
     return parser
-
-
-def load_checked(
-    file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
-) -> tuple[Runbook, dict[str, Any]]:
-    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
-    `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
-    read from it and masked in every problem's message."""
-    from executor.loader import load_runbook
-    from executor.planner import secrets_redactor
-    from executor.redact import NO_SECRETS
-    from executor.resume import checked_vars
-
-    runbook = load_runbook(file, inventory)
-    redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    return runbook, checked_vars(runbook, var_pairs, {}, redactor)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -39,10 +39,10 @@ from pydantic import Field, ValidationError
 
 from executor import strict_json, views
 from executor.audit import AUDIT_FILE, read_records
-from executor.cli import LOG_DIR, load_checked
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.events import EVENTS_FILE
 from executor.files import json_data, lines_within, open_run_file, refusal
+from executor.inputs import LOG_DIR, load_checked
 from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
 from executor.state import STATE_FILE, LockRecord, RunLock, process_start

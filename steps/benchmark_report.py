@@ -590,39 +590,6 @@ def markdown(report: Document) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(
-    run_dir: Path,
-    baseline: Side,
-    candidate: Side,
-    provenance: Provenance,
-    acceptance: Acceptance | None = None,
-    *,
-    redactor: Redactor = NO_SECRETS,
-) -> tuple[Report, ReportFiles]:
-    """Write report.json, report.md and the figures it lists into `run_dir`, the run's secrets masked
-    (`redactor`: the step's `ctx.redactor`)."""
-    report = build_report(baseline, candidate, provenance, acceptance)
-    paths = [figure.path for figure in report.figures]
-    files = ReportFiles(
-        json_file=str(run_dir / REPORT_JSON),
-        markdown_file=str(run_dir / REPORT_MD),
-        figure_file=str(run_dir / FIGURE_PNG),
-        pareto_file=str(run_dir / PARETO_PNG),
-        acceptance_file=str(run_dir / ACCEPTANCE_PNG) if ACCEPTANCE_PNG in paths else None,
-    )
-    from steps import benchmark_figures as draw  # here: it reads this module's models, and needs matplotlib
-
-    gpus = {d.side: d.gpus for d in provenance.deployments}
-    drawings: dict[str, Callable[[BinaryIO], None]] = {
-        FIGURE_PNG: lambda out: draw.speedup(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
-        PARETO_PNG: lambda out: draw.pareto(baseline, candidate, gpus, out),
-    }
-    if acceptance is not None:
-        drawings[ACCEPTANCE_PNG] = lambda out: draw.acceptance_histograms(acceptance, out)
-    write_document(run_dir, report, drawings, redactor)
-    return report, files
-
-
 #: The redactor of the report `write_document` is drawing the figures of: `save_figure` masks their texts.
 _FIGURE_REDACTOR: ContextVar[Redactor] = ContextVar("figure_redactor", default=NO_SECRETS)
 
