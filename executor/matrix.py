@@ -694,36 +694,50 @@ def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
             if key in _FIXED_FIELDS:
                 continue
             if key in _JINJA_FIELDS:
-                for text, where in _texts(value, loc):
-                    if "${{" in text:
-                        pos.problem(
-                            where, f"{key}: the matrix is the variable `matrix` here: write matrix.AXIS, not ${{{{ }}}}"
-                        )
-                    for axis in _JINJA_AXIS.findall(text):
-                        _axis_used(axis, None, axes, member, where, pos)
-                    member.mates.update(r for r in step_refs(text) if r in bases)
+                _condition_uses(key, value, loc, axes, member, bases, pos)
             elif key in scripts:
-                for text, where in _texts(value, loc):
-                    if "${{" in text:
-                        pos.problem(
-                            where,
-                            f"{key}: a script reads the matrix from its environment: use $matrix_AXIS, not ${{{{ }}}}",
-                        )
-                    for name in set(_SCRIPT_VAR.findall(text)):
-                        member.axes.update(a for a in axes if name == f"matrix_{a}" or name.startswith(f"matrix_{a}_"))
+                _script_uses(key, value, loc, axes, member, pos)
             else:
-                for text, where in _texts(value, loc):
-                    for expr in _EXPR.findall(text):
-                        match = _MATRIX_EXPR.match(expr)
-                        if match is None:
-                            pos.problem(where, f"{key}: ${{{{{expr}}}}} is not matrix.AXIS or matrix.AXIS.FIELD")
-                        else:
-                            _axis_used(match.group(1), match.group(2), axes, member, where, pos)
+                _parameter_uses(key, value, loc, axes, member, pos)
                 if key in refs and isinstance(value, str) and value in bases:
                     member.mates.add(value)
         for mate in member.mates:
             member.axes |= bases[mate].axes
         bases[member.base] = member
+
+
+def _condition_uses(
+    key: str, value: Any, loc: Loc, axes: Axes, member: _Member, bases: Mapping[str, _Member], pos: Reporter
+) -> None:
+    """A gate or `when` (Jinja): the axes it reads as `matrix.AXIS`, the earlier mates it names."""
+    for text, where in _texts(value, loc):
+        if "${{" in text:
+            pos.problem(where, f"{key}: the matrix is the variable `matrix` here: write matrix.AXIS, not ${{{{ }}}}")
+        for axis in _JINJA_AXIS.findall(text):
+            _axis_used(axis, None, axes, member, where, pos)
+        member.mates.update(r for r in step_refs(text) if r in bases)
+
+
+def _script_uses(key: str, value: Any, loc: Loc, axes: Axes, member: _Member, pos: Reporter) -> None:
+    """A script: the axes it reads from its environment (`$matrix_AXIS`, `$matrix_AXIS_FIELD`)."""
+    for text, where in _texts(value, loc):
+        if "${{" in text:
+            pos.problem(
+                where, f"{key}: a script reads the matrix from its environment: use $matrix_AXIS, not ${{{{ }}}}"
+            )
+        for name in set(_SCRIPT_VAR.findall(text)):
+            member.axes.update(a for a in axes if name == f"matrix_{a}" or name.startswith(f"matrix_{a}_"))
+
+
+def _parameter_uses(key: str, value: Any, loc: Loc, axes: Axes, member: _Member, pos: Reporter) -> None:
+    """Any other parameter: the axes it substitutes (`${{ matrix.AXIS[.FIELD] }}`), nothing else in `${{ }}`."""
+    for text, where in _texts(value, loc):
+        for expr in _EXPR.findall(text):
+            match = _MATRIX_EXPR.match(expr)
+            if match is None:
+                pos.problem(where, f"{key}: ${{{{{expr}}}}} is not matrix.AXIS or matrix.AXIS.FIELD")
+            else:
+                _axis_used(match.group(1), match.group(2), axes, member, where, pos)
 
 
 def _refuse_long_id(name: Any, loc: Loc, pos: Reporter) -> None:

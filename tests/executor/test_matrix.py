@@ -498,7 +498,8 @@ def test_each_bad_option_of_a_group_is_reported_at_its_place_none_hiding_another
 
 
 def test_a_matrix_step_s_own_bad_on_failure_is_reported_at_it() -> None:
-    steps = "  - id: s\n    kind: shell\n    host: box\n    matrix: {a: [1]}\n    on_failure: 3\n    script: echo $matrix_a\n"
+    steps = "  - id: s\n    kind: shell\n    host: box\n    matrix: {a: [1]}\n    on_failure: 3\n"
+    steps += "    script: echo $matrix_a\n"
     assert problems(ONE_BOX + steps) == ["sweep.yaml:10:17: on_failure: 'stop' or 'continue', not 3"]
 
 
