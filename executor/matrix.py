@@ -225,18 +225,20 @@ def _group_options(options: Mapping[str, Any], loc: Loc, pos: Reporter, *, own_h
     that one bad option does not hide the problems of the others. A matrix step's own `hosts` (`own_hosts`) are
     checked by its kind's validation: not reported here."""
     given = dict(options)
-    while True:
+    for _ in range(len(GroupOptions.model_fields) + 1):  # each round drops one refused option at least
         try:
             return GroupOptions.model_validate(given)
         except ValidationError as exc:
             refused: dict[str, str] = {}  # option -> what its problem is keyed by, each once, in field order
             for error in exc.errors():
+                # the model's own check (a placement without hosts) names no field: the placement's
                 option = str(error["loc"][0]) if error["loc"] else "placement"
                 refused.setdefault(option, error["type"] if error["type"] in _OPTION_PROBLEMS else option)
             for option, problem in refused.items():
                 if not (option == "hosts" and own_hosts):
                     pos.problem((*loc, option), _OPTION_PROBLEMS[problem](given.get(option)))
                 given.pop(option, None)
+    return GroupOptions()
 
 
 def _expand_group(
