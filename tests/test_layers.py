@@ -4,8 +4,8 @@ closes a circle is still one), under `if TYPE_CHECKING:`, and `importlib.import_
 
 LAYERS is the table, lowest first; each module of executor/ and steps/ is in exactly one layer, named by its
 dotted name (a trailing `.*`: every module below a package). A new module goes into the table, where its
-imports say it belongs. The names are the modules' dotted names, so that /work/wt/move_rooms.py's rewrite of
-`executor.X` into its room (`executor.runbook.X`, ...) keeps the table true.
+imports say it belongs. The names are the modules' dotted names, so that moving a module into a room (issue
+28, item 10: `executor.X` rewritten as `executor.runbook.X` everywhere) keeps the table true.
 """
 
 from __future__ import annotations
