@@ -22,7 +22,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -38,6 +38,7 @@ from executor.errors import (
     ResumeError,
     RunbookError,
 )
+from executor.inputs import LOG_DIR, load_checked
 from executor.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.terminal import shown, shown_text
 
@@ -50,11 +51,9 @@ if TYPE_CHECKING:
 
     from executor.consoles import PipedConsole, UnattendedConsole
     from executor.engine import Engine
-    from executor.loader import Runbook
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
-LOG_DIR = Path("logs")
 #: `runbook status` shows a message's first line up to this many characters; the whole one follows the table.
 MESSAGE_CELL = 120
 #: ... and a failing gate's first line up to this many (the whole gate follows the table too).
@@ -92,7 +91,48 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a runbook; print FILE:LINE:COL: message per problem")
     p.add_argument("file", type=Path)
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
+    _add_run(sub)
 
+    p = sub.add_parser("plan", help="what each step will do, in summary (--full: every command as sent); run nothing")
+    p.add_argument("file", type=Path)
+    p.add_argument("--var", action="append", default=[], metavar="K=V")
+    p.add_argument("--inventory", type=Path, metavar="FILE")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--full", action="store_true", help="every command exactly as it would run (long)")
+    shape.add_argument("--json", action="store_true", help="the plan as one JSON document")
+
+    for name, text in (("status", "steps of a run (default: the latest)"), ("runs", "recent runs")):
+        p = sub.add_parser(name, help=text)
+        if name == "status":
+            p.add_argument("run_id", nargs="?")
+        p.add_argument("--log-dir", type=Path, default=LOG_DIR)
+        p.add_argument("--json", action="store_true")
+    _add_demo(sub)
+
+    p = sub.add_parser(
+        "mcp", help="serve the Model Context Protocol over stdio (tools: validate, plan, run, status, events, ...)"
+    )
+    p.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="a folder the tools may use besides the working folder (repeatable); every path outside is refused",
+    )
+
+    p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--json", action="store_true", help="print report.json as it is")
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
+    p.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
+    _add_audit(sub)
+    return parser
+
+
+def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`runbook run`: the runbook, its overrides, where its run goes, and where it starts."""
     p = sub.add_parser("run", help="run a runbook")
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
@@ -113,21 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
 
-    p = sub.add_parser("plan", help="what each step will do, in summary (--full: every command as sent); run nothing")
-    p.add_argument("file", type=Path)
-    p.add_argument("--var", action="append", default=[], metavar="K=V")
-    p.add_argument("--inventory", type=Path, metavar="FILE")
-    shape = p.add_mutually_exclusive_group()
-    shape.add_argument("--full", action="store_true", help="every command exactly as it would run (long)")
-    shape.add_argument("--json", action="store_true", help="the plan as one JSON document")
 
-    for name, text in (("status", "steps of a run (default: the latest)"), ("runs", "recent runs")):
-        p = sub.add_parser(name, help=text)
-        if name == "status":
-            p.add_argument("run_id", nargs="?")
-        p.add_argument("--log-dir", type=Path, default=LOG_DIR)
-        p.add_argument("--json", action="store_true")
-
+def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`runbook demo`: the flagship or its sweep against the bundled test hosts."""
     p = sub.add_parser(
         "demo",
         help="run runbooks/k26_dflash.yaml (or, with --sweep, the campaign k26_dflash_sweep.yaml) end to end "
@@ -159,25 +187,9 @@ def _parser() -> argparse.ArgumentParser:
         help="what serves the test host over SSH (auto: OpenSSH's sshd when installed and root, else embedded)",
     )
 
-    p = sub.add_parser(
-        "mcp", help="serve the Model Context Protocol over stdio (tools: validate, plan, run, status, events, ...)"
-    )
-    p.add_argument(
-        "--root",
-        action="append",
-        default=[],
-        type=Path,
-        metavar="DIR",
-        help="a folder the tools may use besides the working folder (repeatable); every path outside is refused",
-    )
 
-    p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--json", action="store_true", help="print report.json as it is")
-
-    p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
-    p.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
-
+def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`runbook audit show|verify|key`."""
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("show", help="one line per record").add_argument("run_dir", type=Path)
@@ -192,23 +204,6 @@ def _parser() -> argparse.ArgumentParser:
         help=f"check the seal with this key (default: {seal.default_key_path()})",
     )
     actions.add_parser("key", help=f"create the key that seals every later run's log ({seal.default_key_path()})")
-    return parser
-
-
-def load_checked(
-    file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
-) -> tuple[Runbook, dict[str, Any]]:
-    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
-    `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
-    read from it and masked in every problem's message."""
-    from executor.loader import load_runbook
-    from executor.planner import secrets_redactor
-    from executor.redact import NO_SECRETS
-    from executor.resume import checked_vars
-
-    runbook = load_runbook(file, inventory)
-    redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    return runbook, checked_vars(runbook, var_pairs, {}, redactor)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

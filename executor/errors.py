@@ -53,7 +53,7 @@ from executor.terminal import shown
 if TYPE_CHECKING:
     import asyncio
 
-    from executor.transport.base import CommandResult
+    from executor.command_result import CommandResult
 
 #: The exit statuses of the CLI that no RunbookError carries (README, "Commands").
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130

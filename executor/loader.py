@@ -748,6 +748,8 @@ def _mate_before(mates: Mapping[str, int], ref: str, base: str) -> bool:
 
 
 def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set[str], expansion: Expansion) -> None:
+    """What each step says of the others, in run order: ids unique, hosts known and within the step-host pairs'
+    limit, conditions and facts naming only steps that run before it."""
     hosts = runbook.hosts
     known = {*runbook.header.vars, *runbook.header.secrets}
     seen: dict[str, Loc] = {}
@@ -775,40 +777,71 @@ def _cross_check(runbook: Runbook, locs: list[Loc], pos: _Positions, broken: set
             text = f"the steps run on more than {MAX_STEP_HOSTS} step-host pairs ({counted}; the limit)"
             pos.refuse(pos.at(step_loc), text)
         _check_peers(spec, runbook.fallbacks.get(spec.id, []), hosts, step_loc, pos)
-        checked: set[str] = set()  # a fallback's gates are mostly the step's own: each text is checked once
-        for variant_index, variant in enumerate([spec, *runbook.fallbacks.get(spec.id, [])]):
-            conditions = [
-                (f"gate '{g.that}'", g.that, (*step_loc, "gates", g_index, "that"))
-                for g_index, g in enumerate(variant.effective_gates())
-            ]
-            if variant.when is not None:
-                conditions.append((f"when '{variant.when.that}'", variant.when.that, (*step_loc, "when")))
-            for what, that, where in conditions:
-                if that in checked:
-                    continue
-                checked.add(that)
-                where = where if variant_index == 0 else (*step_loc, "fallbacks")
-                problem = syntax_error(that)
-                if problem:
-                    pos.problem(where, f"{what} does not parse: {problem}")
-                for ref in step_refs(that):
-                    if (why := _into_group(ref, expansion, instance)) is not None:
-                        pos.problem(where, why)
-                    elif not _mate_before(mates, ref, base) and (ref not in seen or ref in (spec.id, base)):
-                        text = f"{what.split(' ')[0]} refers to step '{ref}', which does not run before '{base}'"
-                        pos.problem(where, text)
-        for n, name in enumerate(spec.pass_env or []):
-            if not any(c in name for c in "*?[") and name not in known:
-                text = f"step '{spec.id}': pass_env names '{name}', which is neither a var nor a secret"
-                pos.problem((*step_loc, "pass_env", n), text, near=(name, known))
-        conditions_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
-        conditions_refs |= set(step_refs(spec.when.that)) if spec.when is not None else set()
-        for ref in sorted(spec.needs() - conditions_refs - broken):  # a parameter naming a step (server:, ...)
-            if (why := _into_group(ref, expansion, instance)) is not None:
-                pos.problem(step_loc, why)
-            elif ref not in seen or ref == spec.id:
-                text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
-                pos.problem(step_loc, text, near=(ref, list(seen) if len(seen) <= MAX_HINT_CHOICES else ()))
+        _check_conditions(spec, runbook.fallbacks.get(spec.id, []), step_loc, pos, expansion, mates, seen)
+        _check_uses(spec, step_loc, pos, expansion, known, seen, broken)
+
+
+def _check_conditions(
+    spec: StepSpec,
+    fallbacks: list[StepSpec],
+    step_loc: Loc,
+    pos: _Positions,
+    expansion: Expansion,
+    mates: dict[str, int],
+    seen: Mapping[str, Loc],
+) -> None:
+    """Each gate and `when` of the step and its fallbacks parses, and names only steps that run before it
+    (earlier steps, earlier group mates), none inside another group."""
+    instance = expansion.instances.get(spec.id)
+    base = instance.base if instance is not None else spec.id
+    checked: set[str] = set()  # a fallback's gates are mostly the step's own: each text is checked once
+    for variant_index, variant in enumerate([spec, *fallbacks]):
+        conditions = [
+            (f"gate '{g.that}'", g.that, (*step_loc, "gates", g_index, "that"))
+            for g_index, g in enumerate(variant.effective_gates())
+        ]
+        if variant.when is not None:
+            conditions.append((f"when '{variant.when.that}'", variant.when.that, (*step_loc, "when")))
+        for what, that, where in conditions:
+            if that in checked:
+                continue
+            checked.add(that)
+            where = where if variant_index == 0 else (*step_loc, "fallbacks")
+            problem = syntax_error(that)
+            if problem:
+                pos.problem(where, f"{what} does not parse: {problem}")
+            for ref in step_refs(that):
+                if (why := _into_group(ref, expansion, instance)) is not None:
+                    pos.problem(where, why)
+                elif not _mate_before(mates, ref, base) and (ref not in seen or ref in (spec.id, base)):
+                    text = f"{what.split(' ')[0]} refers to step '{ref}', which does not run before '{base}'"
+                    pos.problem(where, text)
+
+
+def _check_uses(
+    spec: StepSpec,
+    step_loc: Loc,
+    pos: _Positions,
+    expansion: Expansion,
+    known: set[str],
+    seen: Mapping[str, Loc],
+    broken: set[str],
+) -> None:
+    """The vars and secrets a step's `pass_env` names exist, and the steps its parameters use the facts of
+    (`needs`, those its conditions name aside) run before it."""
+    instance = expansion.instances.get(spec.id)
+    for n, name in enumerate(spec.pass_env or []):
+        if not any(c in name for c in "*?[") and name not in known:
+            text = f"step '{spec.id}': pass_env names '{name}', which is neither a var nor a secret"
+            pos.problem((*step_loc, "pass_env", n), text, near=(name, known))
+    conditions_refs = {ref for gate in spec.effective_gates() for ref in step_refs(gate.that)}
+    conditions_refs |= set(step_refs(spec.when.that)) if spec.when is not None else set()
+    for ref in sorted(spec.needs() - conditions_refs - broken):  # a parameter naming a step (server:, ...)
+        if (why := _into_group(ref, expansion, instance)) is not None:
+            pos.problem(step_loc, why)
+        elif ref not in seen or ref == spec.id:
+            text = f"step '{spec.id}' uses the facts of step '{ref}', which does not run before it"
+            pos.problem(step_loc, text, near=(ref, list(seen) if len(seen) <= MAX_HINT_CHOICES else ()))
 
 
 def _check_with_runbook(runbook: Runbook, locs: list[Loc], pos: _Positions) -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import Annotated, Any, NoReturn, Protocol
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from executor.campaign import (
     AxisValue,
@@ -22,6 +25,7 @@ from executor.campaign import (
     Instance,
     MatrixGroup,
     OnFailure,
+    Placement,
     instance_id,
     matrix_environment,
     value_text,
@@ -183,6 +187,60 @@ def _group(
     _expand_group(name, raw, loc, members, kinds, names, pos, out, budget, own_hosts=False)
 
 
+class GroupOptions(BaseModel):
+    """A matrix group's options (a group's keys, or a matrix step's own), each checked by its type here;
+    `_group_options` turns each refusal into its problem at the option's position (`_OPTION_PROBLEMS`)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    #: none written (or an empty value) is `stop`
+    on_failure: Annotated[OnFailure, BeforeValidator(lambda value: value or "stop")] = "stop"
+    placement: Placement | None = None
+    hosts: Annotated[list[str], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _spread_over_hosts(self) -> GroupOptions:
+        if self.placement is not None and self.hosts is None:
+            raise PydanticCustomError("placement_needs_hosts", "placement needs the hosts to spread over")
+        return self
+
+    def listed_twice(self) -> str | None:
+        """The first host listed twice: two lanes on one host would run two servers there at once (pools
+        refuse this too)."""
+        listed = self.hosts or []
+        return next((h for i, h in enumerate(listed) if h in listed[:i]), None)
+
+
+#: What each refusal of `GroupOptions` says, by the option (or the error's type), given the value as written.
+_OPTION_PROBLEMS: dict[str, Callable[[Any], str]] = {
+    "on_failure": lambda value: f"on_failure: 'stop' or 'continue', not {value!r}",
+    "placement": lambda value: f"placement: 'spread' (each server configuration on one host), not {value!r}",
+    "hosts": lambda _: "hosts: a list of host names, `all` or a pool's name (the group's hosts)",
+    "placement_needs_hosts": lambda _: "placement needs the hosts to spread over: give `hosts: [gpu1, gpu2]`",
+}
+
+
+def _group_options(options: Mapping[str, Any], loc: Loc, pos: Reporter, *, own_hosts: bool) -> GroupOptions:
+    """The group's options, each refused one reported at its position and read as not given (its default), so
+    that one bad option does not hide the problems of the others. A matrix step's own `hosts` (`own_hosts`) are
+    checked by its kind's validation: not reported here."""
+    given = dict(options)
+    for _ in range(len(GroupOptions.model_fields) + 1):  # each round drops one refused option at least
+        try:
+            return GroupOptions.model_validate(given)
+        except ValidationError as exc:
+            refused: dict[str, str] = {}  # option -> what its problem is keyed by, each once, in field order
+            for error in exc.errors():
+                # the model's own check (a placement without hosts) names no field: the placement's
+                option = str(error["loc"][0]) if error["loc"] else "placement"
+                refused.setdefault(option, error["type"] if error["type"] in _OPTION_PROBLEMS else option)
+            for option, problem in refused.items():
+                if not (option == "hosts" and own_hosts):
+                    pos.problem((*loc, option), _OPTION_PROBLEMS[problem](given.get(option)))
+                given.pop(option, None)
+    return GroupOptions()
+
+
 def _expand_group(
     name: str,
     options: Mapping[str, Any],
@@ -199,32 +257,54 @@ def _expand_group(
     """Expand one matrix over its steps (`written`), appending its entries, instances and group to `out`."""
     matrix_loc = (*loc, "matrix")
     parsed = _axes(options["matrix"], matrix_loc, names, pos)
-    written_on_failure = options.get("on_failure") or "stop"
-    if written_on_failure not in ("stop", "continue"):
-        pos.problem((*loc, "on_failure"), f"on_failure: 'stop' or 'continue', not {written_on_failure!r}")
-    on_failure: OnFailure = "continue" if written_on_failure == "continue" else "stop"
-    placement = options.get("placement")
-    hosts = options.get("hosts")
-    pool: tuple[str, ...] = ()
-    if placement is not None and placement != "spread":
-        pos.problem(
-            (*loc, "placement"), f"placement: 'spread' (each server configuration on one host), not {placement!r}"
+    checked = _group_options(options, loc, pos, own_hosts=own_hosts)
+    twice = checked.listed_twice()
+    if twice is not None:
+        pos.problem((*loc, "hosts"), f"hosts: host '{twice}' is listed twice")
+    hosts = None if own_hosts else checked.hosts
+    members, passthrough = _members(name, written, kinds, hosts, checked.placement is not None, pos)
+    out.entries.extend(passthrough)
+    out.member_of.update((member.base, name) for member in members)
+    if parsed is None:
+        return
+    axes = parsed.axes
+    _uses(members, axes, pos)
+    if members and not passthrough:
+        _refuse_unused(name, axes, members, matrix_loc, pos)
+    server = _server(name, members, pos)
+    server_axes = tuple(a for a in axes if server is not None and a in server.axes)
+    cells = _ordered(parsed.cells, axes, server_axes)
+    _count(members, cells, axes, matrix_loc, pos, budget)
+    made = _instances(name, members, cells, axes, server, pos, out, budget)
+    out.groups.append(
+        MatrixGroup(
+            name=name,
+            axes={a: tuple(v for v, _ in axis) for a, axis in axes.items()},
+            cells=tuple(cells),
+            bases=tuple(m.base for m in members),
+            instances=tuple(made),
+            on_failure=checked.on_failure,
+            placement=checked.placement,
+            pool=tuple(checked.hosts or ()) if checked.placement is not None else (),
+            position=pos.at(matrix_loc),
+            server_axes=server_axes,
+            servers=tuple(i for i, member in made.items() if server is not None and member is server),
+            excluded=parsed.excluded,
+            included=parsed.included,
         )
-        placement = None
-    if hosts is not None and not (isinstance(hosts, list) and all(isinstance(h, str) for h in hosts) and hosts):
-        if not own_hosts:
-            pos.problem((*loc, "hosts"), "hosts: a list of host names, `all` or a pool's name (the group's hosts)")
-        hosts = None
-    listed: list[str] = hosts or []
-    twice = [h for i, h in enumerate(listed) if h in listed[:i]]
-    if twice:  # two lanes on one host would run two servers there at once (pools refuse this too)
-        pos.problem((*loc, "hosts"), f"hosts: host '{twice[0]}' is listed twice")
-    if placement is not None:
-        if hosts is None:
-            pos.problem((*loc, "placement"), "placement needs the hosts to spread over: give `hosts: [gpu1, gpu2]`")
-            placement = None
-        else:
-            pool = tuple(hosts)
+    )
+
+
+def _members(
+    name: str,
+    written: list[tuple[Any, Loc]],
+    kinds: Mapping[str, type[StepSpec]],
+    hosts: list[str] | None,
+    placed: bool,
+    pos: Reporter,
+) -> tuple[list[_Member], list[Entry]]:
+    """The group's steps as members (each given the group's `hosts` unless it names its own, which a placed
+    group refuses), and the steps that are no step at all, passed through for the loader's validation."""
     members: list[_Member] = []
     passthrough: list[Entry] = []
     number: dict[str, int] = {}  # base id -> its place among the members
@@ -240,8 +320,8 @@ def _expand_group(
             continue
         model = kinds.get(str(raw.get("kind")))
         raw = dict(raw)
-        if not own_hosts and hosts is not None:
-            if placement is not None and ("host" in raw or "hosts" in raw):
+        if hosts is not None:
+            if placed and ("host" in raw or "hosts" in raw):
                 key = "host" if "host" in raw else "hosts"
                 text = f"step '{raw['id']}': a step of a placed group runs where the placement puts it: remove '{key}'"
                 pos.problem((*step_loc, key), text, key=True)
@@ -249,35 +329,47 @@ def _expand_group(
                 raw["hosts"] = list(hosts)
         number[raw["id"]] = len(members)
         members.append(_Member(raw, step_loc, raw["id"], model))
-    out.entries.extend(passthrough)
-    out.member_of.update((member.base, name) for member in members)
-    if parsed is None:
-        return
-    axes, cells = parsed.axes, parsed.cells
-    _uses(members, axes, pos)
-    if members and not passthrough:
-        _refuse_unused(name, axes, members, matrix_loc, pos)
-    if len(cells) * len(members) > MAX_CELL_STEPS:
-        text = f"{len(cells)} cells x {len(members)} steps is more than {MAX_CELL_STEPS} cell steps (the limit)"
-        pos.refuse(pos.at(matrix_loc), text)
+    return members, passthrough
+
+
+def _server(name: str, members: list[_Member], pos: Reporter) -> _Member | None:
+    """The group's server-starting step, if any: one per group (a second is reported)."""
     servers = [m for m in members if m.model is not None and m.model.starts_server]
     for extra in servers[1:]:
         text = (
             f"group '{name}': a second server-starting step ('{extra.base}' after '{servers[0].base}'); one per group"
         )
         pos.problem(extra.loc, text)
-    server = servers[0] if servers else None
-    server_axes = tuple(a for a in axes if server is not None and a in server.axes)
-    cells = _ordered(cells, axes, server_axes)
+    return servers[0] if servers else None
+
+
+def _count(members: list[_Member], cells: list[Cell], axes: Axes, loc: Loc, pos: Reporter, budget: _Budget) -> None:
+    """Refuse the matrix, before any instance is made, past the limits of cell steps, instances and values."""
+    if len(cells) * len(members) > MAX_CELL_STEPS:
+        text = f"{len(cells)} cells x {len(members)} steps is more than {MAX_CELL_STEPS} cell steps (the limit)"
+        pos.refuse(pos.at(loc), text)
     counts = [min(len(cells), math.prod(len(axes[a]) for a in m.axes)) for m in members]
     budget.instances += sum(counts)
     if budget.instances > MAX_INSTANCES:
-        pos.refuse(pos.at(matrix_loc), f"the matrices expand to more than {MAX_INSTANCES} step instances (the limit)")
+        pos.refuse(pos.at(loc), f"the matrices expand to more than {MAX_INSTANCES} step instances (the limit)")
     budget.values += sum(count * _weight(m.raw) for count, m in zip(counts, members, strict=True))
     if budget.values > MAX_INSTANCE_VALUES:
         text = f"the matrices' step instances hold more than {MAX_INSTANCE_VALUES} values (the limit)"
-        pos.refuse(pos.at(matrix_loc), text)
-    order: list[str] = []
+        pos.refuse(pos.at(loc), text)
+
+
+def _instances(
+    name: str,
+    members: list[_Member],
+    cells: list[Cell],
+    axes: Axes,
+    server: _Member | None,
+    pos: Reporter,
+    out: Expansion,
+    budget: _Budget,
+) -> dict[str, _Member]:
+    """Each member's instances, in run order (cell by cell, a member's instance once for all the cells that
+    share its axes' values), added to `out`; returns each instance id's member."""
     made: dict[str, tuple[_Member, Cell]] = {}
     cell_lists: dict[str, list[str]] = {}
     server_of: dict[str, str | None] = {}
@@ -288,35 +380,17 @@ def _expand_group(
             iid = _own_id(member, cell)
             if iid not in made:
                 made[iid] = (member, cell)
-                order.append(iid)
                 cell_lists[iid] = []
                 server_of[iid] = cell_server if member.base in after_server else None
             cell_lists[iid].append(cell.id)
     by_base = {m.base: m for m in members}
-    for iid in order:
-        member, cell = made[iid]
+    for iid, (member, cell) in made.items():
         values = {a: cell.values[a] for a in axes if a in member.axes}
         instance = Instance(iid, member.base, name, values, tuple(cell_lists[iid]), server_of[iid])
         out.instances[iid] = instance
         raw = _instance_raw(member, cell, by_base, budget, pos)
         out.entries.append(Entry(raw, member.loc, instance))
-    out.groups.append(
-        MatrixGroup(
-            name=name,
-            axes={a: tuple(v for v, _ in axis) for a, axis in axes.items()},
-            cells=tuple(cells),
-            bases=tuple(m.base for m in members),
-            instances=tuple(order),
-            on_failure=on_failure,
-            placement=placement,
-            pool=pool,
-            position=pos.at(matrix_loc),
-            server_axes=server_axes,
-            servers=tuple(i for i in order if server is not None and made[i][0] is server),
-            excluded=parsed.excluded,
-            included=parsed.included,
-        )
-    )
+    return {iid: member for iid, (member, _) in made.items()}
 
 
 # ---- axes and cells ----------------------------------------------------------------------------------
@@ -622,36 +696,50 @@ def _uses(members: list[_Member], axes: Axes, pos: Reporter) -> None:
             if key in _FIXED_FIELDS:
                 continue
             if key in _JINJA_FIELDS:
-                for text, where in _texts(value, loc):
-                    if "${{" in text:
-                        pos.problem(
-                            where, f"{key}: the matrix is the variable `matrix` here: write matrix.AXIS, not ${{{{ }}}}"
-                        )
-                    for axis in _JINJA_AXIS.findall(text):
-                        _axis_used(axis, None, axes, member, where, pos)
-                    member.mates.update(r for r in step_refs(text) if r in bases)
+                _condition_uses(key, value, loc, axes, member, bases, pos)
             elif key in scripts:
-                for text, where in _texts(value, loc):
-                    if "${{" in text:
-                        pos.problem(
-                            where,
-                            f"{key}: a script reads the matrix from its environment: use $matrix_AXIS, not ${{{{ }}}}",
-                        )
-                    for name in set(_SCRIPT_VAR.findall(text)):
-                        member.axes.update(a for a in axes if name == f"matrix_{a}" or name.startswith(f"matrix_{a}_"))
+                _script_uses(key, value, loc, axes, member, pos)
             else:
-                for text, where in _texts(value, loc):
-                    for expr in _EXPR.findall(text):
-                        match = _MATRIX_EXPR.match(expr)
-                        if match is None:
-                            pos.problem(where, f"{key}: ${{{{{expr}}}}} is not matrix.AXIS or matrix.AXIS.FIELD")
-                        else:
-                            _axis_used(match.group(1), match.group(2), axes, member, where, pos)
+                _parameter_uses(key, value, loc, axes, member, pos)
                 if key in refs and isinstance(value, str) and value in bases:
                     member.mates.add(value)
         for mate in member.mates:
             member.axes |= bases[mate].axes
         bases[member.base] = member
+
+
+def _condition_uses(
+    key: str, value: Any, loc: Loc, axes: Axes, member: _Member, bases: Mapping[str, _Member], pos: Reporter
+) -> None:
+    """A gate or `when` (Jinja): the axes it reads as `matrix.AXIS`, the earlier mates it names."""
+    for text, where in _texts(value, loc):
+        if "${{" in text:
+            pos.problem(where, f"{key}: the matrix is the variable `matrix` here: write matrix.AXIS, not ${{{{ }}}}")
+        for axis in _JINJA_AXIS.findall(text):
+            _axis_used(axis, None, axes, member, where, pos)
+        member.mates.update(r for r in step_refs(text) if r in bases)
+
+
+def _script_uses(key: str, value: Any, loc: Loc, axes: Axes, member: _Member, pos: Reporter) -> None:
+    """A script: the axes it reads from its environment (`$matrix_AXIS`, `$matrix_AXIS_FIELD`)."""
+    for text, where in _texts(value, loc):
+        if "${{" in text:
+            pos.problem(
+                where, f"{key}: a script reads the matrix from its environment: use $matrix_AXIS, not ${{{{ }}}}"
+            )
+        for name in set(_SCRIPT_VAR.findall(text)):
+            member.axes.update(a for a in axes if name == f"matrix_{a}" or name.startswith(f"matrix_{a}_"))
+
+
+def _parameter_uses(key: str, value: Any, loc: Loc, axes: Axes, member: _Member, pos: Reporter) -> None:
+    """Any other parameter: the axes it substitutes (`${{ matrix.AXIS[.FIELD] }}`), nothing else in `${{ }}`."""
+    for text, where in _texts(value, loc):
+        for expr in _EXPR.findall(text):
+            match = _MATRIX_EXPR.match(expr)
+            if match is None:
+                pos.problem(where, f"{key}: ${{{{{expr}}}}} is not matrix.AXIS or matrix.AXIS.FIELD")
+            else:
+                _axis_used(match.group(1), match.group(2), axes, member, where, pos)
 
 
 def _refuse_long_id(name: Any, loc: Loc, pos: Reporter) -> None:

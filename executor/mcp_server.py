@@ -39,10 +39,10 @@ from pydantic import Field, ValidationError
 
 from executor import strict_json, views
 from executor.audit import AUDIT_FILE, read_records
-from executor.cli import LOG_DIR, load_checked
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.events import EVENTS_FILE
 from executor.files import json_data, lines_within, open_run_file, refusal
+from executor.inputs import LOG_DIR, load_checked
 from executor.loader import not_a_runbook
 from executor.planner import plan_document, secrets_redactor
 from executor.state import STATE_FILE, LockRecord, RunLock, process_start
@@ -535,6 +535,14 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
     may use (the working folder when None), with the client's roots of each call (`client_roots`)."""
     roots = roots or Roots([Path.cwd()])
     server = RunbookServer()
+    _checking_tools(server, roots)
+    _launching_tools(server, launches, roots)
+    _reading_tools(server, launches, roots)
+    return server
+
+
+def _checking_tools(server: RunbookServer, roots: Roots) -> None:
+    """validate and plan: a runbook read, nothing run."""
 
     @server.tool()
     def validate(
@@ -553,6 +561,10 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         files = runbook_files(roots.with_client(client_roots), file, inventory)
         runbook, overrides = load_checked(*files, _pairs(vars), os.environ)
         return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
+
+
+def _launching_tools(server: RunbookServer, launches: Launches, roots: Roots) -> None:
+    """run and resume: a `runbook run` started in the background (`launches`)."""
 
     @server.tool()
     async def run(
@@ -586,6 +598,10 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         here.inside(log_dir, "log_dir")
         resume = f"--resume={run_id}" if run_id else "--resume"
         return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
+
+
+def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> None:
+    """status, runs, events, tail, stop and report: what a run folder says (stop: and its process)."""
 
     @server.tool()
     def status(
@@ -647,8 +663,6 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
         here = roots.with_client(client_roots)
         folder = here.inside(run_dir, "run_dir") if run_dir else _run_dir(here, log_dir, run_id)
         return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
-
-    return server
 
 
 def _run_argv(

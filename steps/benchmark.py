@@ -48,7 +48,8 @@ from executor.model import DataModel, Gate
 from executor.render import host_word, pasted_word
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
 from steps import provenance
-from steps.benchmark_report import Acceptance, ReportFiles, Side, Speedup, speedup, write_report
+from steps.benchmark_figures import write_report
+from steps.benchmark_report import Acceptance, ReportFiles, Side, Speedup, speedup
 from steps.benchmark_results import JSONL_MARKER, BenchPoint, BenchRun, RunInfo, jsonl_lines, parse_run, points
 
 if TYPE_CHECKING:

@@ -3,14 +3,37 @@
 matplotlib's object API (no pyplot state, so a run draws nothing anywhere else), imported inside each
 function: only writing a report needs it, and `runbook report` never does. Each figure is written as a
 PNG with no software metadata, so the same facts give the same bytes.
+
+`write_report` writes a report with its figures: here, above both the tables and the drawings, so that
+steps/benchmark_report.py (the tables) never imports this module, which reads its models.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from steps.benchmark_report import Acceptance, ParetoPoint, Side, Speedup, or_na, pareto_points, save_figure
+from executor.redact import NO_SECRETS, Redactor
+from steps.benchmark_report import (
+    ACCEPTANCE_PNG,
+    FIGURE_PNG,
+    PARETO_PNG,
+    REPORT_JSON,
+    REPORT_MD,
+    Acceptance,
+    ParetoPoint,
+    Report,
+    ReportFiles,
+    Side,
+    Speedup,
+    build_report,
+    or_na,
+    pareto_points,
+    save_figure,
+    write_document,
+)
+from steps.provenance import Provenance
 
 
 def _throughputs(side: Side) -> tuple[list[int], list[float], list[list[float]]]:
@@ -123,3 +146,34 @@ def acceptance_histograms(acceptance: Acceptance, path: Path | BinaryIO) -> None
         axes.grid(True, axis="y", alpha=0.3)
     grid[0].set_ylabel("requests")
     save_figure(figure, path)
+
+
+def write_report(
+    run_dir: Path,
+    baseline: Side,
+    candidate: Side,
+    provenance: Provenance,
+    acceptance: Acceptance | None = None,
+    *,
+    redactor: Redactor = NO_SECRETS,
+) -> tuple[Report, ReportFiles]:
+    """Write report.json, report.md and the figures it lists into `run_dir`, the run's secrets masked
+    (`redactor`: the step's `ctx.redactor`)."""
+    report = build_report(baseline, candidate, provenance, acceptance)
+    paths = [figure.path for figure in report.figures]
+    files = ReportFiles(
+        json_file=str(run_dir / REPORT_JSON),
+        markdown_file=str(run_dir / REPORT_MD),
+        figure_file=str(run_dir / FIGURE_PNG),
+        pareto_file=str(run_dir / PARETO_PNG),
+        acceptance_file=str(run_dir / ACCEPTANCE_PNG) if ACCEPTANCE_PNG in paths else None,
+    )
+    gpus = {d.side: d.gpus for d in provenance.deployments}
+    drawings: dict[str, Callable[[BinaryIO], None]] = {
+        FIGURE_PNG: lambda out: speedup(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
+        PARETO_PNG: lambda out: pareto(baseline, candidate, gpus, out),
+    }
+    if acceptance is not None:
+        drawings[ACCEPTANCE_PNG] = lambda out: acceptance_histograms(acceptance, out)
+    write_document(run_dir, report, drawings, redactor)
+    return report, files

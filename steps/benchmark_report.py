@@ -300,8 +300,36 @@ def _on_off(value: bool | None) -> str:
 
 def provenance_tables(p: Provenance) -> list[Table]:
     """What the numbers are of, as tables; the commands (long) in a table of their own, the unknowns last."""
+    tables = [_repos_table(p), _deployments_table(p)]
+    groups = _node_groups_table(p)
+    if groups.rows:  # only where a server ran across several nodes: a one-host report is as before
+        tables.append(groups)
+    tables += [_gpus_table(p), _runs_table(p), _commands_table(p)]
+    if p.acceptance is not None:
+        a = p.acceptance
+        tables.append(
+            Table(
+                title="Provenance: acceptance eval",
+                columns=["step", "api", "template", "thinking"],
+                rows=[[a.step, or_na(a.api), or_na(a.template), _on_off(a.thinking)]],
+            )
+        )
+    if p.unknown:
+        tables.append(
+            Table(title="Provenance: not known", columns=["what", "why"], rows=[[k, v] for k, v in p.unknown.items()])
+        )
+    return tables
+
+
+def _repos_table(p: Provenance) -> Table:
     yes_no = {True: "yes", False: "no"}
     repos = [[r.repo, or_na(r.revision), or_na(r.commit), yes_no[r.verified], r.local_dir, r.step] for r in p.repos]
+    return Table(
+        title="Provenance: repos", columns=["repo", "revision", "commit", "verified", "local dir", "step"], rows=repos
+    )
+
+
+def _deployments_table(p: Provenance) -> Table:
     deployments = [
         [
             d.side,
@@ -315,6 +343,15 @@ def provenance_tables(p: Provenance) -> list[Table]:
         ]
         for d in p.deployments
     ]
+    return Table(
+        title="Provenance: deployments",
+        columns=["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"],
+        rows=deployments,
+    )
+
+
+def _node_groups_table(p: Provenance) -> Table:
+    """Each node of each deployment served by a node group (none: no rows)."""
     groups = [
         [
             d.side,
@@ -330,6 +367,11 @@ def provenance_tables(p: Provenance) -> list[Table]:
         if d.group is not None
         for n in d.group.nodes
     ]
+    columns = ["side", "step", "rank", "node", "GPU model", "GPUs", "tp size", "dist-init address"]
+    return Table(title="Provenance: node groups", columns=columns, rows=groups)
+
+
+def _gpus_table(p: Provenance) -> Table:
     gpus = (
         []
         if p.gpus is None
@@ -343,55 +385,30 @@ def provenance_tables(p: Provenance) -> list[Table]:
             ]
         ]
     )
+    return Table(title="Provenance: GPUs", columns=["model", "count", "driver", "CUDA", "step"], rows=gpus)
+
+
+def _runs_table(p: Provenance) -> Table:
     runs = [
         [b.side, str(r.concurrency), or_na(r.repeat), or_na(r.seed), or_na(r.started_at), or_na(r.finished_at)]
         for b in p.benchmarks
         for r in b.runs
     ]
+    return Table(
+        title="Provenance: benchmark runs",
+        columns=["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"],
+        rows=runs,
+    )
+
+
+def _commands_table(p: Provenance) -> Table:
     commands = [[d.side, "launch_server", NA if d.argv is None else shlex.join(d.argv)] for d in p.deployments]
     # one bench_serving command a side: its runs differ only in concurrency, prompt count and seed (the runs
     # table); report.json's provenance keeps every run's command
     commands += [
         [b.side, f"bench_serving (the first of {len(b.runs)} runs)", b.runs[0].command] for b in p.benchmarks if b.runs
     ]
-    tables = [
-        Table(
-            title="Provenance: repos",
-            columns=["repo", "revision", "commit", "verified", "local dir", "step"],
-            rows=repos,
-        ),
-        Table(
-            title="Provenance: deployments",
-            columns=["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"],
-            rows=deployments,
-        ),
-    ]
-    if groups:  # only where a server ran across several nodes: a one-host report is as before
-        columns = ["side", "step", "rank", "node", "GPU model", "GPUs", "tp size", "dist-init address"]
-        tables.append(Table(title="Provenance: node groups", columns=columns, rows=groups))
-    tables += [
-        Table(title="Provenance: GPUs", columns=["model", "count", "driver", "CUDA", "step"], rows=gpus),
-        Table(
-            title="Provenance: benchmark runs",
-            columns=["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"],
-            rows=runs,
-        ),
-        Table(title="Provenance: commands", columns=["side", "what", "command"], rows=commands),
-    ]
-    if p.acceptance is not None:
-        a = p.acceptance
-        tables.append(
-            Table(
-                title="Provenance: acceptance eval",
-                columns=["step", "api", "template", "thinking"],
-                rows=[[a.step, or_na(a.api), or_na(a.template), _on_off(a.thinking)]],
-            )
-        )
-    if p.unknown:
-        tables.append(
-            Table(title="Provenance: not known", columns=["what", "why"], rows=[[k, v] for k, v in p.unknown.items()])
-        )
-    return tables
+    return Table(title="Provenance: commands", columns=["side", "what", "command"], rows=commands)
 
 
 def throughput_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
@@ -588,39 +605,6 @@ def markdown(report: Document) -> str:
     for figure in report.figures:
         lines += ["", f"![{md_text(figure.title)}]({figure.path})"]
     return "\n".join(lines) + "\n"
-
-
-def write_report(
-    run_dir: Path,
-    baseline: Side,
-    candidate: Side,
-    provenance: Provenance,
-    acceptance: Acceptance | None = None,
-    *,
-    redactor: Redactor = NO_SECRETS,
-) -> tuple[Report, ReportFiles]:
-    """Write report.json, report.md and the figures it lists into `run_dir`, the run's secrets masked
-    (`redactor`: the step's `ctx.redactor`)."""
-    report = build_report(baseline, candidate, provenance, acceptance)
-    paths = [figure.path for figure in report.figures]
-    files = ReportFiles(
-        json_file=str(run_dir / REPORT_JSON),
-        markdown_file=str(run_dir / REPORT_MD),
-        figure_file=str(run_dir / FIGURE_PNG),
-        pareto_file=str(run_dir / PARETO_PNG),
-        acceptance_file=str(run_dir / ACCEPTANCE_PNG) if ACCEPTANCE_PNG in paths else None,
-    )
-    from steps import benchmark_figures as draw  # here: it reads this module's models, and needs matplotlib
-
-    gpus = {d.side: d.gpus for d in provenance.deployments}
-    drawings: dict[str, Callable[[BinaryIO], None]] = {
-        FIGURE_PNG: lambda out: draw.speedup(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
-        PARETO_PNG: lambda out: draw.pareto(baseline, candidate, gpus, out),
-    }
-    if acceptance is not None:
-        drawings[ACCEPTANCE_PNG] = lambda out: draw.acceptance_histograms(acceptance, out)
-    write_document(run_dir, report, drawings, redactor)
-    return report, files
 
 
 #: The redactor of the report `write_document` is drawing the figures of: `save_figure` masks their texts.

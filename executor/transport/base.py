@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from executor.command_result import CommandResult as CommandResult  # the interface's result (executor.command_result)
 from executor.diagnostics import NO_LOG, Log
 from executor.errors import CommandInterrupted as CommandInterrupted  # supervise raises it (executor.errors)
 from executor.errors import TransportError
@@ -163,37 +164,6 @@ class Captured:
     def sha256(self) -> str:
         self._settle()
         return self._seen.sha256
-
-
-@dataclass
-class CommandResult:
-    """What one command attempt produced."""
-
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_total: int
-    stderr_total: int
-    stdout_sha256: str
-    stderr_sha256: str
-    started_at: str
-    duration_s: float
-    timed_out: bool = False
-    interrupted: bool = False
-    timeout_s: float | None = None  # the limit the command ran under (set by the step context)
-    #: True: the command was stopped (timeout, interrupt) and the host confirmed that every process of
-    #: its session was killed. False: the host could not confirm that (no answer, a process that would
-    #: not die, no /proc), after a stop or for what the script left running. None: not stopped, and
-    #: nothing it left survived.
-    kill_confirmed: bool | None = None
-
-    @property
-    def stdout_text(self) -> str:
-        return self.stdout.decode("utf-8", "replace")
-
-    @property
-    def stderr_text(self) -> str:
-        return self.stderr.decode("utf-8", "replace")
 
 
 def kill_report(result: CommandResult) -> str:

@@ -144,6 +144,40 @@ def _hybrid(config: dict[str, Any]) -> bool:
     return "linear_attention" in layers
 
 
+def _draft_tokens(args: argparse.Namespace, draft: dict[str, Any], warnings: list[str]) -> int:
+    """The draft tokens per step as SGLang settles them: the block size, the draft model's, or its default
+    (with a warning in `warnings`); ValueError for a block size that is not positive or differs."""
+    block, tokens = args.speculative_dflash_block_size, args.speculative_num_draft_tokens
+    if block is not None:
+        if block <= 0:
+            raise ValueError(f"DFLASH requires --speculative-dflash-block-size to be positive, got {block}.")
+        if tokens is not None and tokens != block:
+            raise ValueError(
+                "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set "
+                "but they differ. For DFLASH they must match. "
+                f"speculative_num_draft_tokens={tokens}, speculative_dflash_block_size={block}."
+            )
+        tokens = block
+    if tokens is None:
+        tokens = _draft_block_size(draft)
+    if tokens is None:
+        tokens = DEFAULT_DFLASH_BLOCK
+        warnings.append(f"speculative_num_draft_tokens is not set; defaulting to {tokens} for DFLASH.")
+    return int(tokens)
+
+
+def _ddtree_budget(args: argparse.Namespace, algorithm: str) -> int | None:
+    """DDTREE's tree budget: required by DDTREE, refused by the others; ValueError with SGLang's message."""
+    budget = getattr(args, "speculative_ddtree_budget", None)
+    if algorithm == "DDTREE" and budget is None:
+        raise ValueError("DDTREE speculative decoding requires setting --speculative-ddtree-budget.")
+    if algorithm != "DDTREE" and budget is not None:
+        raise ValueError("--speculative-ddtree-budget is only valid with --speculative-algorithm DDTREE.")
+    if budget is not None and budget <= 0:
+        raise ValueError(f"DDTREE requires --speculative-ddtree-budget to be positive, got {budget}.")
+    return budget
+
+
 def resolve(args: argparse.Namespace, argv: list[str]) -> Launch:
     """Check the arguments like prepare_server_args; ValueError (AssertionError where check_server_args
     asserts; RuntimeError for a custom tokenizer without --trust-remote-code) with SGLang's message if refused."""
@@ -169,30 +203,9 @@ def resolve(args: argparse.Namespace, argv: list[str]) -> Launch:
         raise ValueError(f"{algorithm} speculative decoding requires setting --speculative-draft-model-path.")
     draft = _read_config(Path(args.speculative_draft_model_path))
     weights = memory.Weights(weights.target, memory.weight_bytes(Path(args.speculative_draft_model_path)))
-    block, tokens = args.speculative_dflash_block_size, args.speculative_num_draft_tokens
-    warnings = []
-    if block is not None:
-        if block <= 0:
-            raise ValueError(f"DFLASH requires --speculative-dflash-block-size to be positive, got {block}.")
-        if tokens is not None and tokens != block:
-            raise ValueError(
-                "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set "
-                "but they differ. For DFLASH they must match. "
-                f"speculative_num_draft_tokens={tokens}, speculative_dflash_block_size={block}."
-            )
-        tokens = block
-    if tokens is None:
-        tokens = _draft_block_size(draft)
-    if tokens is None:
-        tokens = DEFAULT_DFLASH_BLOCK
-        warnings.append(f"speculative_num_draft_tokens is not set; defaulting to {tokens} for DFLASH.")
-    budget = getattr(args, "speculative_ddtree_budget", None)
-    if algorithm == "DDTREE" and budget is None:
-        raise ValueError("DDTREE speculative decoding requires setting --speculative-ddtree-budget.")
-    if algorithm != "DDTREE" and budget is not None:
-        raise ValueError("--speculative-ddtree-budget is only valid with --speculative-algorithm DDTREE.")
-    if budget is not None and budget <= 0:
-        raise ValueError(f"DDTREE requires --speculative-ddtree-budget to be positive, got {budget}.")
+    warnings: list[str] = []
+    tokens = _draft_tokens(args, draft, warnings)
+    budget = _ddtree_budget(args, algorithm)
     drafter = draft.get("_name_or_path")
     speculation = Speculation(
         algorithm, int(tokens), budget, drafter if isinstance(drafter, str) else None, _hybrid(target)

@@ -28,7 +28,7 @@ from executor.audit import AuditContext, AuditLog
 from executor.errors import DurableWriteError
 from executor.redact import Redactor
 from executor.transport.base import Collector
-from steps.benchmark_report import write_report
+from steps.benchmark_figures import write_report
 from tests.conftest import runbook_cli
 from tests.steps.test_benchmark_report import BASELINE, DFLASH, PROVENANCE
 

@@ -477,6 +477,32 @@ def test_a_placed_group_listing_a_host_twice_is_refused() -> None:
     assert problems(ONE_BOX + steps) == ["sweep.yaml:8:12: hosts: host 'box' is listed twice"]
 
 
+def test_each_bad_option_of_a_group_is_reported_at_its_place_none_hiding_another() -> None:
+    """A group's options are checked one by one (executor.matrix.GroupOptions): each refused option is named
+    at its line and column with what it may be, and read as not given, so the next one is still checked."""
+    steps = (
+        "  - group: g\n    matrix: {a: [1, 2]}\n    on_failure: maybe\n    placement: pack\n    hosts: [box, 7]\n"
+        "    steps:\n      - {id: s, kind: shell, host: box, script: echo $matrix_a}\n"
+    )
+    assert problems(ONE_BOX + steps) == [
+        "sweep.yaml:8:17: on_failure: 'stop' or 'continue', not 'maybe'",
+        "sweep.yaml:9:16: placement: 'spread' (each server configuration on one host), not 'pack'",
+        "sweep.yaml:10:12: hosts: a list of host names, `all` or a pool's name (the group's hosts)",
+    ]
+    # a bad `hosts:` under `placement: spread` leaves the placement nothing to spread over: said too
+    placed = steps.replace("on_failure: maybe\n    placement: pack", "placement: spread")
+    assert problems(ONE_BOX + placed) == [
+        "sweep.yaml:8:16: placement needs the hosts to spread over: give `hosts: [gpu1, gpu2]`",
+        "sweep.yaml:9:12: hosts: a list of host names, `all` or a pool's name (the group's hosts)",
+    ]
+
+
+def test_a_matrix_step_s_own_bad_on_failure_is_reported_at_it() -> None:
+    steps = "  - id: s\n    kind: shell\n    host: box\n    matrix: {a: [1]}\n    on_failure: 3\n"
+    steps += "    script: echo $matrix_a\n"
+    assert problems(ONE_BOX + steps) == ["sweep.yaml:10:17: on_failure: 'stop' or 'continue', not 3"]
+
+
 # ---- limits that bound a matrix's work, checked before it is done ---------------------------------------
 
 

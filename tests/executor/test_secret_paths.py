@@ -486,7 +486,7 @@ def test_a_benchmark_label_holding_a_secret_is_masked_in_report_json_md_and_figu
 ) -> None:
     """Before: a `label:` pasted from a secret was written as it is into report.json, report.md and the
     legends and titles of speedup.png and pareto.png (a report is the step's own file, not the engine's)."""
-    from steps.benchmark_report import write_report
+    from steps.benchmark_figures import write_report
     from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
 
     candidate = DFLASH.model_copy(update={"label": f"dflash {REPORT_SECRET}"})

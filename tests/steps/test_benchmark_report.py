@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from steps.benchmark_figures import write_report
 from steps.benchmark_report import (
     ACCEPTANCE_PNG,
     FIGURE_PNG,
@@ -27,7 +28,6 @@ from steps.benchmark_report import (
     markdown,
     pareto_points,
     speedup,
-    write_report,
 )
 from steps.benchmark_results import LATENCY_FIELDS, MEASURED_MAX, BenchRun, points
 from steps.provenance import Measured, Provenance, Sources, build

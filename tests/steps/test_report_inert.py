@@ -14,7 +14,8 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from executor.terminal import shown
-from steps.benchmark_report import Document, build_report, markdown, write_report
+from steps.benchmark_figures import write_report
+from steps.benchmark_report import Document, build_report, markdown
 from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
 from tests.steps.test_campaign_report import host_views, write_campaign
 

@@ -1,0 +1,35 @@
+"""What both faces, the CLI and the MCP server, take in before they validate, plan or start a run: where runs
+go by default (`LOG_DIR`) and the runbook loaded with its var overrides checked (`load_checked`).
+
+A module of its own so that the MCP server and the CLI check a runbook alike without either importing the
+other (the CLI starts the MCP server: `runbook mcp`). Its imports are made by `load_checked`, for the same
+reason as the CLI's: `runbook status` must not pay for the loader at start-up (bench/startup.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executor.loader import Runbook
+
+#: The folder runs go into unless `--log-dir` (or a tool's `log_dir`) says another.
+LOG_DIR = Path("logs")
+
+
+def load_checked(
+    file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[Runbook, dict[str, Any]]:
+    """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
+    `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
+    read from it and masked in every problem's message."""
+    from executor.loader import load_runbook
+    from executor.planner import secrets_redactor
+    from executor.redact import NO_SECRETS
+    from executor.resume import checked_vars
+
+    runbook = load_runbook(file, inventory)
+    redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
+    return runbook, checked_vars(runbook, var_pairs, {}, redactor)
