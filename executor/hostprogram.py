@@ -190,3 +190,8 @@ def host_program(name: str, config: Mapping[str, Any], python: str = "python3") 
         + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
         + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'
     )
+
+
+#: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline
+#: (hostprograms/kit.py prints it; the kit is bundled into each program, so both sides read one definition).
+PROGRESS_PREFIX: bytes = kit_constant("PROGRESS_PREFIX").encode()

@@ -393,74 +393,92 @@ def plan_steps(
     start_id = only_step or from_step
     if start_id is not None and start_id not in positions:
         raise ResumeError(_no_step(runbook, start_id))
-    steps: list[StepPlan] = []
-    rerun_cause: str | None = None  # once a step runs again, every later step does too
-    group_cause: tuple[str, str] | None = None  # (group, its first instance that runs): the steps after it run
-    dirty: dict[tuple[str, str], str] = {}  # (group, cell) -> the first instance of it that runs
-    rerun: set[str] = set()  # the instances that run
-    index = Index(runbook)
-    only = runbook.instances.get(only_step or "")  # `--only` of a matrix instance keeps its group's other cells
+    walk = _Walk(runbook, fingerprints, source, source_id, Index(runbook))
     for spec in runbook.steps:
-        hosts = tuple(runbook.step_hosts[spec.id])
-        records = [source.get((spec.id, h)) for h in hosts]
-        passed = all(r is not None and r.status == "passed" for r in records)
-        same = all(fingerprints.same(spec, r) for r in records)
         if start_id is not None:
-            passed = all(passed_before(r) for r in records)  # a step an --only run left out kept its facts
-            position, start = positions[spec.id], positions[start_id]
-            instance = runbook.instances.get(spec.id)
-            if position < start:
-                why = f"facts reused from {source_id}" if passed else "skipped (never passed)"
-                if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
-                    why += (
-                        f" although the step changed since ({fingerprints.what_changed(spec, records)}; "
-                        f"--from {spec.id} runs it again)"
-                    )
-                steps.append(
-                    StepPlan(spec.id, "reuse", why, reused_on=hosts)
-                    if passed
-                    else _kept(spec, hosts, source, source_id)
-                )
-            elif only_step and position > start:
-                independent = (  # a later cell of the group that does not need the instance run
-                    only is not None
-                    and instance is not None
-                    and instance.group == only.group
-                    and _cell_cause(index, spec, instance, dirty, rerun) is None
-                )
-                if independent and passed and same:
-                    steps.append(StepPlan(spec.id, "reuse", f"reused (passed in {source_id})", reused_on=hosts))
-                else:
-                    steps.append(StepPlan(spec.id, "skip", ONLY_SKIPPED))
-            else:
-                steps.append(StepPlan(spec.id, "run", "runs (--only)" if only_step else "runs (--from)", hosts))
-                if only is not None and instance is not None:
-                    rerun.add(spec.id)
-                    for cell in instance.cells:
-                        dirty.setdefault((instance.group, cell), spec.id)
+            walk.steps.append(walk.started(spec, positions[spec.id] - positions[start_id], only_step))
         elif source_id is None:
-            steps.append(StepPlan(spec.id, "run", "runs", hosts))
+            walk.steps.append(StepPlan(spec.id, "run", "runs", tuple(runbook.step_hosts[spec.id])))
         else:
-            instance = runbook.instances.get(spec.id)
-            if group_cause is not None and (instance is None or instance.group != group_cause[0]):
-                rerun_cause, group_cause = rerun_cause or group_cause[1], None
-            cause = rerun_cause
-            if cause is None and instance is not None:
-                cause = _cell_cause(index, spec, instance, dirty, rerun)
-            step = _resumed(spec, hosts, source, source_id, fingerprints, cause)
-            steps.append(step)
-            if step.action == "run" and instance is None:
-                rerun_cause = rerun_cause or spec.id
-            elif step.action == "run" and instance is not None:
-                rerun.add(spec.id)
-                for cell in instance.cells:
-                    dirty.setdefault((instance.group, cell), spec.id)
-                group_cause = group_cause or (instance.group, spec.id)
+            walk.steps.append(walk.resumed(spec))
+    steps = walk.steps
     if source_id is not None and start_id is None:
         steps = _servers_again(runbook, steps, source_id)
     result = Plan(source_id, tuple(steps))
-    _check_needs(index, result)
+    _check_needs(index=walk.index, plan=result)
     return result
+
+
+@dataclass
+class _Walk:
+    """`plan_steps`' walk through the runbook's steps in order, and what it has learnt so far."""
+
+    runbook: Runbook
+    fingerprints: Fingerprints
+    source: Records
+    source_id: str | None
+    index: Index
+    steps: list[StepPlan] = field(default_factory=list)
+    rerun_cause: str | None = None  # once a step runs again, every later step does too
+    group_cause: tuple[str, str] | None = None  # (group, its first instance that runs): the steps after it run
+    dirty: dict[tuple[str, str], str] = field(default_factory=dict)  # (group, cell) -> its first instance run
+    rerun: set[str] = field(default_factory=set)  # the instances that run
+
+    def _runs(self, spec_id: str, instance: Instance) -> None:
+        """Instance `spec_id` runs: its cells' later instances, and those that need it, run too."""
+        self.rerun.add(spec_id)
+        for cell in instance.cells:
+            self.dirty.setdefault((instance.group, cell), spec_id)
+
+    def started(self, spec: StepSpec, offset: int, only_step: str | None) -> StepPlan:
+        """A step of a `--from`/`--only` run, `offset` steps after the one named (negative: before it)."""
+        hosts = tuple(self.runbook.step_hosts[spec.id])
+        records = [self.source.get((spec.id, h)) for h in hosts]
+        passed = all(passed_before(r) for r in records)  # a step an --only run left out kept its facts
+        same = all(self.fingerprints.same(spec, r) for r in records)
+        only = self.runbook.instances.get(only_step or "")  # `--only` of an instance keeps its group's other cells
+        instance = self.runbook.instances.get(spec.id)
+        if offset < 0:
+            why = f"facts reused from {self.source_id}" if passed else "skipped (never passed)"
+            if passed and not same:  # --from/--only trust the earlier facts; say that they may be stale
+                why += (
+                    f" although the step changed since ({self.fingerprints.what_changed(spec, records)}; "
+                    f"--from {spec.id} runs it again)"
+                )
+            if passed:
+                return StepPlan(spec.id, "reuse", why, reused_on=hosts)
+            return _kept(spec, hosts, self.source, self.source_id)
+        if only_step and offset > 0:
+            independent = (  # a later cell of the group that does not need the instance run
+                only is not None
+                and instance is not None
+                and instance.group == only.group
+                and _cell_cause(self.index, spec, instance, self.dirty, self.rerun) is None
+            )
+            if independent and passed and same:
+                return StepPlan(spec.id, "reuse", f"reused (passed in {self.source_id})", reused_on=hosts)
+            return StepPlan(spec.id, "skip", ONLY_SKIPPED)
+        if only is not None and instance is not None:
+            self._runs(spec.id, instance)
+        return StepPlan(spec.id, "run", "runs (--only)" if only_step else "runs (--from)", hosts)
+
+    def resumed(self, spec: StepSpec) -> StepPlan:
+        """A step of a resumed run: reused, or run again with the cause."""
+        assert self.source_id is not None
+        hosts = tuple(self.runbook.step_hosts[spec.id])
+        instance = self.runbook.instances.get(spec.id)
+        if self.group_cause is not None and (instance is None or instance.group != self.group_cause[0]):
+            self.rerun_cause, self.group_cause = self.rerun_cause or self.group_cause[1], None
+        cause = self.rerun_cause
+        if cause is None and instance is not None:
+            cause = _cell_cause(self.index, spec, instance, self.dirty, self.rerun)
+        step = _resumed(spec, hosts, self.source, self.source_id, self.fingerprints, cause)
+        if step.action == "run" and instance is None:
+            self.rerun_cause = self.rerun_cause or spec.id
+        elif step.action == "run" and instance is not None:
+            self._runs(spec.id, instance)
+            self.group_cause = self.group_cause or (instance.group, spec.id)
+        return step
 
 
 def _resumed(

@@ -33,7 +33,7 @@ from executor.campaign import AxisValue
 from executor.durations import Duration
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
 from executor.gates import step_refs, var_refs
-from executor.hostprogram import PROGRAM_LINE, kit_constant
+from executor.hostprogram import PROGRAM_LINE, PROGRESS_PREFIX
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
 
@@ -109,10 +109,6 @@ def shape_errors(exc: ValidationError) -> str:
     more = f"; and {count - len(shown)} more" if count > len(shown) else ""
     return f"{count} error{'s' if count != 1 else ''}; " + "; ".join(shown) + more
 
-
-#: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline
-#: (hostprograms/kit.py prints it; the kit is bundled into each program, so both sides read one definition).
-PROGRESS_PREFIX = kit_constant("PROGRESS_PREFIX").encode()
 
 #: Bytes of an unfinished line kept while waiting for its end. A progress line is short: a longer line is
 #: not progress, and keeping all of it would let a chatty program grow the controller's memory.

@@ -38,12 +38,11 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from executor.durations import Duration, format_duration
-from executor.hostprogram import host_program
+from executor.hostprogram import PROGRESS_PREFIX, host_program
 from executor.model import DataModel, Gate
 from executor.render import heredoc, host_word, pasted_word, with_vars
 from executor.stepkind import (
     HUB_ENV,
-    PROGRESS_PREFIX,
     AsWritten,
     FactsError,
     Outcome,

@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from executor.errors import TransportError
-from executor.hostprogram import PROGRAM_LINE
+from executor.hostprogram import PROGRAM_LINE, PROGRESS_PREFIX
 from executor.render import KILLED_NOTE, RenderedCommand
 from executor.transport.base import (
     Collector,
@@ -104,8 +104,6 @@ class Answer:
 def program_output(document: Any, progress: Sequence[Mapping[str, Any]] = ()) -> tuple[bytes, bytes]:
     """(stdout, stderr) of a host program that printed `document` (a dict, a list or a pydantic model) as its
     result and `progress` as its progress lines: the wire format of hostprograms/kit.py."""
-    from executor.stepkind import PROGRESS_PREFIX  # here: a transport module imports no step machinery at import
-
     if isinstance(document, BaseModel):
         document = document.model_dump(mode="json")
     stdout = (json.dumps(document, allow_nan=False) + "\n").encode()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from executor.cli import main
-from executor.stepkind import PROGRESS_PREFIX
+from executor.hostprogram import PROGRESS_PREFIX
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID, TARGET_ID
 from steps.verify import VerifyStep, progress_sink
