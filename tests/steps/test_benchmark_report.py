@@ -233,7 +233,10 @@ def test_pareto_points_are_throughput_per_gpu_against_tokens_per_user() -> None:
         bench_run(16, 900.0, median_tpot_ms=None),
     ])  # fmt: skip
     points = pareto_points(baseline, gpus=2)
-    assert [tuple(p) for p in points] == [(1, 50.0, 100.0), (4, 155.0, 40.0)]  # medians over repeats; 16: no TPOT
+    assert [(p.concurrency, p.tokens_per_s_per_gpu, p.tokens_per_s_per_user) for p in points] == [
+        (1, 50.0, 100.0),
+        (4, 155.0, 40.0),
+    ]  # medians over repeats; 16: no TPOT
     assert pareto_points(baseline, gpus=None) == []
     report = build_report(baseline, baseline.model_copy(update={"label": "dflash"}), provenance_of(baseline, baseline))
     assert "pareto.png leaves out baseline at concurrency 16: no output throughput or TPOT there." in report.notes
