@@ -553,23 +553,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     from executor import views
 
     report = views.report(args.run_dir)  # refused unless shaped as a report with a complete provenance
-    path = args.run_dir / views.REPORT_FILE
-    tables, notes, figures = views.report_parts(report, path)
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return EXIT_OK
-    out().print(shown_text(str(report.get("title", path)), style="bold"))
-    for note in notes:
+    shown = views.shown_report(report, args.run_dir / views.REPORT_FILE)
+    out().print(shown_text(shown.title, style="bold"))
+    for note in shown.notes:
         out().print(shown_text(f"- {note}"))
-    for title, columns, rows in tables:
-        table = Table(title=shown_text(title))
-        for column in columns:
+    for each in shown.tables:
+        table = Table(title=shown_text(each.title))
+        for column in each.columns:
             table.add_column(shown_text(column), overflow="fold")
-        for row in rows:
+        for row in each.rows:
             table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
         _print_whole(table)
-    for title, figure in figures:
-        out().print(shown_text(f"{title}: {args.run_dir / figure}"))
+    for figure in shown.figures:
+        out().print(shown_text(f"{figure.title}: {args.run_dir / figure.path}"))
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from executor.documents import NewerDocument, Shown, read_shown
 from executor.errors import ResumeError, StateError
 from executor.files import json_data, open_run_file, refusal
 from executor.state import (
@@ -117,13 +118,9 @@ def runs(log_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-#: A report's tables as shown: (title, columns, rows), every cell as text.
-Tables = list[tuple[str, list[str], list[list[str]]]]
-
-
 def report(run_dir: Path) -> dict[str, Any]:
     """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
-    it is not shaped as a report (`report_parts`), or its provenance is incomplete (`provenance_lacks`)."""
+    it is not shaped as a report (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
@@ -139,7 +136,7 @@ def report(run_dir: Path) -> dict[str, Any]:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
     except ValueError as exc:
         raise _not_a_report(path, exc) from None
-    report_parts(document, path)
+    shown_report(document, path)
     lacks = provenance_lacks(document)
     if lacks:
         raise ResumeError(
@@ -149,34 +146,22 @@ def report(run_dir: Path) -> dict[str, Any]:
     return dict(document)
 
 
-def report_parts(document: Any, path: Path) -> tuple[Tables, list[str], list[tuple[str, str]]]:
-    """A report's tables, notes and figures (title, path) as text; ResumeError naming `path` when it is
-    not shaped as a report. What they mean is the writer's business."""
+def shown_report(document: Any, path: Path) -> Shown:
+    """What a report shows (executor/documents.py's `Shown`: title, notes, tables, figures), typed; ResumeError
+    naming `path` when it is not shaped as a report, or a newer runbook wrote it. What it means is the writer's
+    business."""
     try:
-        tables = [
-            (str(t["title"]), [str(c) for c in t["columns"]], [list(map(str, r)) for r in t["rows"]])
-            for t in document.get("tables", [])
-        ]
-        notes = [str(note) for note in _listed(document.get("notes", []))]
-        figures = [
-            (str(f.get("title", "figure")), str(f.get("path", ""))) for f in _listed(document.get("figures", []))
-        ]
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        return read_shown(document)
+    except NewerDocument as exc:
+        raise ResumeError(f"{path}: refused: {exc}") from None
+    except (TypeError, KeyError, RecursionError) as exc:
         raise _not_a_report(path, exc) from None
-    return tables, notes, figures
 
 
 def _not_a_report(path: Path, exc: BaseException) -> ResumeError:
     return ResumeError(
         f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): {exc!r}"
     )
-
-
-def _listed(value: Any) -> list[Any]:
-    """A report's list (notes, figures); anything else (a string, a number) is no report."""
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list, got {type(value).__name__}")
-    return value
 
 
 def provenance_lacks(report: dict[str, Any]) -> str | None:

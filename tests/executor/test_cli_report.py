@@ -128,3 +128,17 @@ def test_a_broken_report_is_exit_2(document: str, tmp_path: Path, capsys: pytest
     (tmp_path / "report.json").write_text(document)
     assert main(["report", str(tmp_path)]) == 2
     assert "not a report" in capsys.readouterr().err
+
+
+def test_a_report_of_a_newer_schema_version_is_refused_and_one_without_a_version_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report a newer runbook wrote (schema_version 2) is refused with the reason, not half-read; one written
+    before reports carried a version reads as version 1, whose keys it has."""
+    table = {"title": "t", "columns": ["a"], "rows": [["1"]]}
+    write(tmp_path / "new", {"schema_version": 2, "title": "t", "notes": [], "tables": [table], "figures": []})
+    assert main(["report", str(tmp_path / "new")]) == 2
+    assert "refused: schema_version 2, written by a newer runbook (this one reads up to 1)" in capsys.readouterr().err
+    write(tmp_path / "old", {"title": "old", "notes": [], "tables": [table], "figures": []})
+    assert main(["report", str(tmp_path / "old")]) == 0
+    assert "old" in capsys.readouterr().out
