@@ -234,7 +234,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from executor.planner import plan_blocks, plan_document, secrets_redactor
+    from executor.planner import plan_blocks, plan_model, secrets_redactor
 
     runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
     redactor = secrets_redactor(runbook, os.environ)
@@ -242,9 +242,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
             print(shown(block))  # not through rich, which measures each character's width (1 MB/s)
         return EXIT_OK
-    document = plan_document(runbook, overrides, redactor)
+    document = plan_model(runbook, overrides, redactor)
     if args.json:
-        print(strict_json.dumps(document))  # ensure_ascii: no control character reaches the terminal
+        print(strict_json.dumps(document.model_dump(mode="json")))  # ensure_ascii: no control character reaches the terminal
         return EXIT_OK
     from executor.plan_summary import summary_text  # the readable plan: built from the same document
 
