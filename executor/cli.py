@@ -176,7 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print report.json as it is")
 
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
-    p.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
+    which.add_argument("--report", action="store_true", help="report.json's schema instead (a benchmark's, a campaign's)")
+    which.add_argument("--plan", action="store_true", help="the plan document's schema instead (plan --json)")
 
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -226,9 +229,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from executor.schema import inventory_schema, runbook_schema
+    from executor import schema
 
-    document = inventory_schema() if args.inventory else runbook_schema()
+    made = {"inventory": schema.inventory_schema, "report": schema.report_schema, "plan": schema.plan_schema}
+    document = next((make for name, make in made.items() if getattr(args, name)), schema.runbook_schema)()
     print(strict_json.dumps(document, indent=2, ensure_ascii=True))
     return EXIT_OK
 
