@@ -178,7 +178,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
-    which.add_argument("--report", action="store_true", help="report.json's schema instead (a benchmark's, a campaign's)")
+    which.add_argument(
+        "--report", action="store_true", help="report.json's schema instead (a benchmark's, a campaign's)"
+    )
     which.add_argument("--plan", action="store_true", help="the plan document's schema instead (plan --json)")
 
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
@@ -248,7 +250,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     document = plan_model(runbook, overrides, redactor)
     if args.json:
-        print(strict_json.dumps(document.model_dump(mode="json")))  # ensure_ascii: no control character reaches the terminal
+        print(
+            strict_json.dumps(document.model_dump(mode="json"))
+        )  # ensure_ascii: no control character reaches the terminal
         return EXIT_OK
     from executor.plan_summary import summary_text  # the readable plan: built from the same document
 

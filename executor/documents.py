@@ -75,7 +75,7 @@ def read_shown(document: Any) -> Shown:
 
 def _read(kind: Any, value: Any, where: str) -> Any:
     """`value` checked against `kind` (a dataclass of this module, str, or list of one), built as it."""
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
         hints = typing.get_type_hints(kind)
@@ -100,4 +100,3 @@ def _required(f: dataclasses.Field[Any], where: str) -> bool:
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         raise KeyError(f"{where}.{f.name}")
     return False
-

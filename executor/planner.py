@@ -10,8 +10,8 @@ from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from executor import cells
 from executor.campaign import MatrixGroup
-from executor.durations import format_duration
 from executor.documents import SCHEMA_VERSION
+from executor.durations import format_duration
 from executor.errors import Problem
 from executor.hostprogram import Shipped, shipped_programs
 from executor.loader import Runbook, secret_values

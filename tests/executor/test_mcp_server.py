@@ -26,7 +26,6 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
 from executor.cli import main
-from executor.schema import plan_schema
 from executor.events import EVENTS_FILE
 from executor.mcp_server import (
     EVENTS_LIMIT,
@@ -39,6 +38,7 @@ from executor.mcp_server import (
     read_events,
     step_tail,
 )
+from executor.schema import plan_schema
 from tests.executor.test_resume import wait_for
 from tests.steps.test_benchmark import standin as standin  # the stand-in test fixture, shared
 from tests.steps.test_benchmark import yaml_steps
