@@ -11,6 +11,7 @@ no pydantic, which `runbook report` does not import (it starts fast: tests/execu
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -47,6 +48,24 @@ class Shown:
     figures: list[Figure] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """What a report's `provenance` must hold for `runbook report` to show its numbers: which commits, servers,
+    GPUs and commands they are of (steps/provenance.py's `Provenance` writes these and more; a test keeps them
+    its fields). Each of the types JSON gives it: `"repos": null` or an empty text says nothing either."""
+
+    generated_at: str
+    repos: list[Any]
+    deployments: list[Any]
+    gpus: dict[str, Any] | None
+    benchmarks: list[Any]
+    unknown: dict[str, Any]
+
+
+#: A report's `provenance`: one (a benchmark's), or one per host, keyed by host (a campaign's).
+Provenanced = Provenance | dict[str, Provenance]
+
+
 class NewerDocument(ValueError):
     """A document of a schema_version this runbook does not know: a newer runbook wrote it."""
 
@@ -71,6 +90,44 @@ def read_shown(document: Any) -> Shown:
         raise TypeError(f"expected an object, got {type(document).__name__}")
     version_of(document)
     return typing.cast(Shown, _read(Shown, document, "report"))
+
+
+def provenance_lacks(provenance: Any) -> str | None:
+    """What a report's `provenance` lacks of `Provenanced`, in words; None when it says what its numbers are of.
+    Read as one first, else (an object of objects) as one per host, whatever their names (a host may be
+    named `gpus`)."""
+    if provenance is None or provenance == {}:
+        return "no provenance" if provenance is None else "an empty provenance"
+    one = _lacks(Provenance, provenance)
+    if one is None or not isinstance(provenance, dict) or not all(isinstance(v, dict) for v in provenance.values()):
+        return one
+    said = [f"host {host}: {lacks}" for host, each in provenance.items() if (lacks := _lacks(Provenance, each))]
+    return "; ".join(said) or None
+
+
+def _lacks(kind: type[Any], value: Any) -> str | None:
+    """What `value` lacks of the dataclass `kind`: its missing fields, else those of another type (or empty)."""
+    if not isinstance(value, dict):
+        return f"a provenance that is {type(value).__name__}"
+    hints = typing.get_type_hints(kind)
+    fields = [f.name for f in dataclasses.fields(kind)]
+    if missing := [name for name in fields if name not in value]:
+        return f"a provenance without {', '.join(missing)}"
+    wrong = [
+        f"{name} is {'empty' if value[name] == '' else type(value[name]).__name__}"
+        for name in fields
+        if value[name] == "" or not _is(hints[name], value[name])
+    ]
+    return f"a provenance whose {', '.join(wrong)}" if wrong else None
+
+
+def _is(kind: Any, value: Any) -> bool:
+    """Whether JSON data `value` is of the type `kind` (its outer JSON type: what `Provenance` checks)."""
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):
+        return any(_is(one, value) for one in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
+    return isinstance(value, typing.get_origin(kind) or kind)
 
 
 def _read(kind: Any, value: Any, where: str) -> Any:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from executor.documents import NewerDocument, Shown, read_shown
+from executor.documents import NewerDocument, Provenance, Shown, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
 from executor.files import json_data, open_run_file, refusal
 from executor.state import (
@@ -37,12 +37,6 @@ REPORT_MAX_BYTES = 16 << 20
 #: provenance holds step facts a few levels down. One deeper was not written by a step, and printing it
 #: (`report --json`, the MCP `report`) would exhaust the stack.
 REPORT_MAX_DEPTH = 2 * JSON_COLUMN_MAX_DEPTH
-#: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
-#: they are of (which commit, which server, which GPUs, which commands) are not shown.
-PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
-#: The JSON types of those keys (steps/provenance.py's Provenance): `"repos": null` says nothing either.
-PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {"generated_at": (str,), "gpus": (dict, type(None)), "unknown": (dict,)}
-PROVENANCE_TYPES |= dict.fromkeys(("repos", "deployments", "benchmarks"), (list,))
 
 
 def latest(log_dir: Path, run_id: str | None) -> RunMeta:
@@ -137,10 +131,11 @@ def report(run_dir: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise _not_a_report(path, exc) from None
     shown_report(document, path)
-    lacks = provenance_lacks(document)
+    lacks = provenance_lacks(document.get("provenance"))
     if lacks:
+        needs = ", ".join(f.name for f in dataclasses.fields(Provenance))
         raise ResumeError(
-            f"{path}: refused: {lacks} (needs {', '.join(PROVENANCE_KEYS)}): nothing says which commits, "
+            f"{path}: refused: {lacks} (needs {needs}): nothing says which commits, "
             "servers, GPUs and commands its numbers are of; run the step that wrote it again for a report that does"
         )
     return dict(document)
@@ -162,30 +157,3 @@ def _not_a_report(path: Path, exc: BaseException) -> ResumeError:
     return ResumeError(
         f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): {exc!r}"
     )
-
-
-def provenance_lacks(report: dict[str, Any]) -> str | None:
-    """What the report's provenance lacks, in words; None when it is complete.
-
-    A campaign report (steps/campaign_report.py) has one provenance per host, each complete."""
-    provenance = report.get("provenance")
-    if "campaign" not in report:
-        return _one_provenance_lacks(provenance)
-    if not isinstance(provenance, dict) or not provenance:
-        return "no provenance of any host" if not provenance else f"a provenance that is {type(provenance).__name__}"
-    said = [f"host {host}: {lacks}" for host, one in provenance.items() if (lacks := _one_provenance_lacks(one))]
-    return "; ".join(said) or None
-
-
-def _one_provenance_lacks(provenance: Any) -> str | None:
-    if not isinstance(provenance, dict):
-        return "no provenance" if provenance is None else f"a provenance that is {type(provenance).__name__}"
-    missing = [key for key in PROVENANCE_KEYS if key not in provenance]
-    if missing:
-        return f"a provenance without {', '.join(missing)}"
-    wrong = [
-        f"{key} is {'empty' if value == '' else type(value).__name__}"
-        for key, value in ((key, provenance[key]) for key in PROVENANCE_KEYS)
-        if not isinstance(value, PROVENANCE_TYPES[key]) or value == ""
-    ]
-    return f"a provenance whose {', '.join(wrong)}" if wrong else None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,34 @@ def test_a_report_of_a_newer_schema_version_is_refused_and_one_without_a_version
     write(tmp_path / "old", {"title": "old", "notes": [], "tables": [table], "figures": []})
     assert main(["report", str(tmp_path / "old")]) == 0
     assert "old" in capsys.readouterr().out
+
+
+def test_a_provenance_per_host_is_read_whatever_the_hosts_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A campaign's provenance is one per host, told from a benchmark's one by its shape, not by the report's kind
+    nor by the hosts' names: hosts named `gpus` and `repos` are hosts; one of them lacking a key is named."""
+    report = {"title": "campaign", "notes": [], "tables": [], "figures": []}
+    write(tmp_path / "run", report, {"gpus": PROVENANCE, "repos": PROVENANCE})
+    assert main(["report", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    write(tmp_path / "run", report, {"gpus": PROVENANCE, "repos": {k: v for k, v in PROVENANCE.items() if k != "gpus"}})
+    assert main(["report", str(tmp_path / "run")]) == 2
+    assert "refused: host repos: a provenance without gpus (needs " in capsys.readouterr().err
+
+
+def test_the_provenance_runbook_report_requires_is_what_the_steps_write() -> None:
+    """executor/documents.py's Provenance (read without pydantic) names fields of steps/provenance.py's, each of
+    the JSON type that model writes: the two cannot drift apart."""
+    import dataclasses
+
+    from executor import documents
+    from steps.provenance import Provenance
+
+    written = Provenance.model_json_schema()["properties"]
+    json_types = {str: "string", list: "array", dict: "object", type(None): "null"}
+    for field in dataclasses.fields(documents.Provenance):
+        wanted = {alt.get("type", "object") for alt in written[field.name].get("anyOf", [written[field.name]])}
+        hint = typing.get_type_hints(documents.Provenance)[field.name]
+        alternatives = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        said = {json_types[typing.get_origin(one) or one] for one in alternatives}
+        assert said == wanted, field.name
