@@ -131,7 +131,9 @@ def _is(kind: Any, value: Any) -> bool:
 
 
 def _read(kind: Any, value: Any, where: str) -> Any:
-    """`value` checked against `kind` (a dataclass of this module, str, or list of one), built as it."""
+    """`value` checked against `kind` (a dataclass of this module, str, or list of one), built as it: a JSON
+    number, boolean or null where text is expected is shown as its text (a stored table's NaN cell, read back
+    as a float, shows `nan`, as it did before reports were typed)."""
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
@@ -147,8 +149,8 @@ def _read(kind: Any, value: Any, where: str) -> Any:
             raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
         (item,) = typing.get_args(kind)
         return [_read(item, one, f"{where}[{n}]") for n, one in enumerate(value)]
-    if kind is str and isinstance(value, str):
-        return value
+    if kind is str and isinstance(value, str | int | float | bool | None):
+        return value if isinstance(value, str) else str(value)  # a number where text is expected shows as one
     raise TypeError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
 
 
