@@ -250,9 +250,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     document = plan_model(runbook, overrides, redactor)
     if args.json:
-        print(
-            strict_json.dumps(document.model_dump(mode="json"))
-        )  # ensure_ascii: no control character reaches the terminal
+        # ensure_ascii: no control character reaches the terminal
+        print(strict_json.dumps(document.model_dump(mode="json")))
         return EXIT_OK
     from executor.plan_summary import summary_text  # the readable plan: built from the same document
 
