@@ -43,7 +43,7 @@ def write(run_dir: Path, report: dict[str, object], provenance: object = PROVENA
     (run_dir / "report.json").write_text(json.dumps(document))
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tables=tables)
 def test_every_cell_of_every_table_is_printed_as_data(
     tables: list[dict[str, object]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
