@@ -126,7 +126,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print report.json as it is")
 
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
-    p.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
+    which.add_argument(
+        "--report", action="store_true", help="report.json's schema instead (a benchmark's, a campaign's)"
+    )
+    which.add_argument("--plan", action="store_true", help="the plan document's schema instead (plan --json)")
     _add_audit(sub)
     return parser
 
@@ -221,15 +226,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from executor.schema import inventory_schema, runbook_schema
+    from executor import schema
 
-    document = inventory_schema() if args.inventory else runbook_schema()
+    made = {"inventory": schema.inventory_schema, "report": schema.report_schema, "plan": schema.plan_schema}
+    document = next((make for name, make in made.items() if getattr(args, name)), schema.runbook_schema)()
     print(strict_json.dumps(document, indent=2, ensure_ascii=True))
     return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from executor.planner import plan_blocks, plan_document, secrets_redactor
+    from executor.planner import plan_blocks, plan_model, secrets_redactor
 
     runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
     redactor = secrets_redactor(runbook, os.environ)
@@ -237,9 +243,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
             print(shown(block))  # not through rich, which measures each character's width (1 MB/s)
         return EXIT_OK
-    document = plan_document(runbook, overrides, redactor)
+    document = plan_model(runbook, overrides, redactor)
     if args.json:
-        print(strict_json.dumps(document))  # ensure_ascii: no control character reaches the terminal
+        # ensure_ascii: no control character reaches the terminal
+        print(strict_json.dumps(document.model_dump(mode="json")))
         return EXIT_OK
     from executor.plan_summary import summary_text  # the readable plan: built from the same document
 
@@ -548,23 +555,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     from executor import views
 
     report = views.report(args.run_dir)  # refused unless shaped as a report with a complete provenance
-    path = args.run_dir / views.REPORT_FILE
-    tables, notes, figures = views.report_parts(report, path)
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return EXIT_OK
-    out().print(shown_text(str(report.get("title", path)), style="bold"))
-    for note in notes:
+    shown = views.shown_report(report, args.run_dir / views.REPORT_FILE)
+    out().print(shown_text(shown.title, style="bold"))
+    for note in shown.notes:
         out().print(shown_text(f"- {note}"))
-    for title, columns, rows in tables:
-        table = Table(title=shown_text(title))
-        for column in columns:
+    for each in shown.tables:
+        table = Table(title=shown_text(each.title))
+        for column in each.columns:
             table.add_column(shown_text(column), overflow="fold")
-        for row in rows:
+        for row in each.rows:
             table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
         _print_whole(table)
-    for title, figure in figures:
-        out().print(shown_text(f"{title}: {args.run_dir / figure}"))
+    for figure in shown.figures:
+        out().print(shown_text(f"{figure.title}: {args.run_dir / figure.path}"))
     return EXIT_OK
 
 

@@ -2,15 +2,18 @@
 person cares about, its gates, what it learns only at run time and from which step, and the host programs
 it ships as name, size and digest (never their bodies: `runbook plan --full` prints every script as sent).
 
-It renders `executor.planner.plan_document`, already masked, so the text and `plan --json` say the same.
+It renders `executor.planner.plan_model`'s typed document, already masked, so the text and `plan --json` say the same.
 """
 
 from __future__ import annotations
 
 import shlex
 import textwrap
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from executor.planner import PlanDocument, PlanVariant
 
 WIDTH = 160  # of every line but an unbreakable word: the flagship's plan fits on a couple of screens
 INDENT = "    "
@@ -18,49 +21,45 @@ MORE = "        "  # a wrapped line's continuation
 COMMAND = INDENT + "$ "
 
 
-def summary_text(document: Mapping[str, Any]) -> str:
+def summary_text(document: PlanDocument) -> str:
     """The plan document as text, in runbook order, each matrix group's header before its first instance."""
-    steps = document["steps"]
-    hosts = sorted({host for step in steps for host in step["hosts"]})
-    count = len(steps) + sum(group.get("instances_left_out", 0) for group in document["groups"])
+    hosts = sorted({host for step in document.steps for host in step.hosts})
+    count = len(document.steps) + sum(group.instances_left_out for group in document.groups)
     lines = [
-        f"# runbook {document['runbook']}: {count} steps on {', '.join(hosts) or 'no host'}; nothing is run "
+        f"# runbook {document.runbook}: {count} steps on {', '.join(hosts) or 'no host'}; nothing is run "
         "(`runbook plan --full` prints every command as sent)"
     ]
-    if document["secrets"]:
+    if document.secrets:
         lines.append("# secrets are shown as '***'; their values come at run time")
-    first = {group["instances"][0]: group for group in document["groups"] if group["instances"]}
-    for step in steps:
-        if step["id"] in first:
-            lines += ["", *first[step["id"]]["header"]]
-        for on in step["on"]:
-            for variant in on["variants"]:
+    first = {group.instances[0]: group for group in document.groups if group.instances}
+    for step in document.steps:
+        if step.id in first:
+            lines += ["", *first[step.id].header]
+        for on in step.on:
+            for variant in on.variants:
                 lines.append(
-                    f"\n## step {step['number']} '{step['id']}' ({step['kind']}) on {on['host']} [{on['address']}], "
-                    f"{variant['via']}"
+                    f"\n## step {step.number} '{step.id}' ({step.kind}) on {on.host} [{on.address}], {variant.via}"
                 )
-                if step["description"] and variant["via"] == "primary":
-                    lines += _wrapped(step["description"], INDENT)
+                if step.description and variant.via == "primary":
+                    lines += _wrapped(step.description, INDENT)
                 lines += list(_variant_lines(variant))
     return "\n".join(lines)
 
 
-def _variant_lines(variant: Mapping[str, Any]) -> Iterator[str]:
-    for line in variant["summary"]:
+def _variant_lines(variant: PlanVariant) -> Iterator[str]:
+    for line in variant.summary:
         yield from _wrapped(line, INDENT)
-    for command in variant["commands"]:
+    for command in variant.commands:
         yield from _command(command)
-    if variant["gates"]:
-        yield from _wrapped("gates: " + "; ".join(gate["that"] for gate in variant["gates"]), INDENT)
+    if variant.gates:
+        yield from _wrapped("gates: " + "; ".join(gate.that for gate in variant.gates), INDENT)
     by_step: dict[str, list[str]] = {}
-    for value in variant["run_time"]:
-        prefix = f"steps.{value['step']}.facts."
-        source = value["value"]
-        by_step.setdefault(value["step"], []).append(source.removeprefix(prefix))
+    for value in variant.run_time:
+        by_step.setdefault(value.step, []).append(value.value.removeprefix(f"steps.{value.step}.facts."))
     for step, paths in by_step.items():
         yield from _wrapped(f"known at run time, from step '{step}': {', '.join(paths)}", INDENT)
-    for program in variant["programs"]:
-        yield f"{INDENT}host program {program['name']}: {program['size']} bytes, sha256:{program['sha256']}"
+    for program in variant.programs:
+        yield f"{INDENT}host program {program.name}: {program.size} bytes, sha256:{program.sha256}"
 
 
 def _wrapped(text: str, indent: str, width: int = WIDTH) -> list[str]:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from executor import cells
 from executor.campaign import MatrixGroup
+from executor.documents import SCHEMA_VERSION
 from executor.durations import format_duration
 from executor.errors import Problem
-from executor.hostprogram import shipped_programs
+from executor.hostprogram import Shipped, shipped_programs
 from executor.loader import Runbook, secret_values
-from executor.model import host_variables, var_text
+from executor.model import DataModel, host_variables, var_text
 from executor.placement import place
 from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
@@ -249,47 +251,129 @@ class _Recording(PlanContext):
         return value
 
 
-def _variant(variant: StepSpec, ctx: _Recording, via: str) -> dict[str, Any]:
+class PlanGate(DataModel):
+    that: str
+    message: str | None
+
+
+class RunTimeValue(DataModel):
+    value: str  # the fact's source, `steps.ID.facts.PATH`
+    step: str  # the step it comes from
+
+
+class PlanVariant(DataModel):
+    """What one variant (the step or a fallback) does on one host, in summary: never a program's body."""
+
+    via: str  # primary | fallback N
+    peers: list[str]  # hosts besides its own its commands also run on
+    summary: list[str]
+    commands: list[str]
+    gates: list[PlanGate]
+    run_time: list[RunTimeValue]  # what it learns only at run time, and from which step
+    programs: list[Shipped]  # the host programs it ships: name, size, sha256
+
+
+class PlanHost(DataModel):
+    host: str
+    address: str
+    variants: list[PlanVariant]
+
+
+class PlanStep(DataModel):
+    id: str
+    kind: str
+    number: int  # in runbook order, from 1
+    description: str | None
+    hosts: list[str]
+    group: str | None  # the matrix group of an instance
+    cell: dict[str, Any] | None  # its cell's values
+    on: list[PlanHost]
+
+
+class PlanCell(DataModel):
+    id: str
+    values: dict[str, Any]
+
+
+class PlanGroup(DataModel):
+    """A matrix group: its cells, launches and placement, and its header as `plan` prints it; each of its long
+    parts cut to its first PLAN_SHOWN items, `KEY_left_out` saying how many it left out (written only when
+    some are: the MCP `plan` cuts further and adds to them)."""
+
+    name: str
+    cells: list[PlanCell]
+    excluded: int
+    included: int
+    instances: list[str]
+    launches: int
+    placement: str | None
+    pool: list[str]
+    servers: dict[str, list[str]]  # a server configuration -> its hosts
+    header: list[str]
+    cells_left_out: int = 0
+    instances_left_out: int = 0
+    servers_left_out: int = 0
+    header_left_out: int = 0
+
+    @model_serializer(mode="wrap")
+    def _left_out_only_when_cut(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written: dict[str, Any] = handler(self)
+        return {key: value for key, value in written.items() if not (key.endswith("_left_out") and value == 0)}
+
+
+class PlanDocument(DataModel):
+    """The plan as data: `runbook plan --json`, the MCP `plan` and the readable plan (executor/plan_summary.py)
+    read it; `runbook schema --plan` prints its JSON Schema."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    runbook: str
+    secrets: list[str]  # their names; a value never appears in the plan
+    steps: list[PlanStep]  # a group's instances past its first PLAN_SHOWN left out (its instances_left_out)
+    groups: list[PlanGroup]
+
+
+def _variant(variant: StepSpec, ctx: _Recording, via: str) -> PlanVariant:
     """What one variant (the step or a fallback) does on one host, in summary: never a program's body."""
     ctx = copy.copy(ctx)
     ctx.asked = {}
     scripts = "".join(script for _, script in variant.plan(ctx))
-    return {
-        "via": via,
-        "peers": variant.peer_hosts(),
-        "summary": variant.summary(ctx),
-        "commands": variant.commands(ctx),
-        "gates": [{"that": gate.that, "message": gate.message} for gate in variant.effective_gates()],
-        "run_time": [{"value": source, "step": step} for source, step in ctx.asked.items()],
-        "programs": [dataclasses.asdict(program) for program in shipped_programs(scripts)],
-    }
+    return PlanVariant(
+        via=via,
+        peers=variant.peer_hosts(),
+        summary=variant.summary(ctx),
+        commands=variant.commands(ctx),
+        gates=[PlanGate(that=gate.that, message=gate.message) for gate in variant.effective_gates()],
+        run_time=[RunTimeValue(value=source, step=step) for source, step in ctx.asked.items()],
+        programs=shipped_programs(scripts),
+    )
 
 
 def _group(
     runbook: Runbook, group: MatrixGroup, overrides: Mapping[str, Any], hosts: Mapping[str, list[str]]
-) -> dict[str, Any]:
-    """A matrix group as data: its cells, launches and placement, and its header as `plan` prints it; each
-    of its long parts cut to its first PLAN_SHOWN items, saying how many it left out (`cells_left_out`, ...)."""
+) -> PlanGroup:
+    """A matrix group as data, its long parts cut to their first PLAN_SHOWN items (PlanGroup)."""
     header = _group_header(runbook, group, overrides, hosts, PLAN_SHOWN)
-    document: dict[str, Any] = {
-        "name": group.name,
-        "cells": [{"id": cell.id, "values": dict(cell.values)} for cell in group.cells[:PLAN_SHOWN]],
-        "excluded": group.excluded,
-        "included": group.included,
-        "instances": list(group.instances[:PLAN_SHOWN]),
-        "launches": len(group.servers),
-        "placement": group.placement,
-        "pool": list(group.pool),
-        "servers": {unit: hosts.get(unit, []) for unit in group.servers[:PLAN_SHOWN]},
-        "header": [line.strip("\n") for line in header],
+    left_out = {
+        f"{key}_left_out": len(items) - PLAN_SHOWN
+        for key, items in (("cells", group.cells), ("instances", group.instances), ("servers", group.servers))
+        if len(items) > PLAN_SHOWN
     }
-    for key, items in (("cells", group.cells), ("instances", group.instances), ("servers", group.servers)):
-        if len(items) > PLAN_SHOWN:
-            document[f"{key}_left_out"] = len(items) - PLAN_SHOWN
-    return document
+    return PlanGroup(
+        name=group.name,
+        cells=[PlanCell(id=cell.id, values=dict(cell.values)) for cell in group.cells[:PLAN_SHOWN]],
+        excluded=group.excluded,
+        included=group.included,
+        instances=list(group.instances[:PLAN_SHOWN]),
+        launches=len(group.servers),
+        placement=group.placement,
+        pool=list(group.pool),
+        servers={unit: hosts.get(unit, []) for unit in group.servers[:PLAN_SHOWN]},
+        header=[line.strip("\n") for line in header],
+        **left_out,
+    )
 
 
-def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> dict[str, Any]:
+def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> PlanDocument:
     """The plan as data, for `plan --json`, the readable plan (`executor.plan_summary`) and agents: per step
     and host (and fallback) what it does in summary, the commands a person cares about, its gates, what it
     learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
@@ -310,21 +394,25 @@ def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Reda
             ctx = plan_context(_Recording, runbook, host, overrides, redactor.deep)
             runs = [_variant(variant, ctx, via) for via, variant in variants(runbook, spec)]
             for run in runs:
-                run["summary"] += spec.plan_notes(by_id)
-            on.append({"host": host, "address": runbook.hosts[host].address, "variants": runs})
+                run.summary += spec.plan_notes(by_id)
+            on.append(PlanHost(host=host, address=runbook.hosts[host].address, variants=runs))
         steps.append(
-            {
-                "id": spec.id,
-                "kind": spec.kind,
-                "number": number,
-                "description": spec.description,
-                "hosts": hosts[spec.id],
-                "group": instance.group if instance else None,
-                "cell": dict(instance.values) if instance else None,
-                "on": on,
-            }
+            PlanStep(
+                id=spec.id,
+                kind=spec.kind,
+                number=number,
+                description=spec.description,
+                hosts=hosts[spec.id],
+                group=instance.group if instance else None,
+                cell=dict(instance.values) if instance else None,
+                on=on,
+            )
         )
     groups = [_group(runbook, group, overrides, hosts) for group in runbook.groups]
-    document = {"runbook": runbook.name, "secrets": list(runbook.header.secrets), "steps": steps, "groups": groups}
-    masked: dict[str, Any] = redactor.deep(document)
-    return masked
+    document = PlanDocument(runbook=runbook.name, secrets=list(runbook.header.secrets), steps=steps, groups=groups)
+    return PlanDocument.model_validate(redactor.deep(document.model_dump()))
+
+
+def plan_document(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> dict[str, Any]:
+    """`plan_model` as JSON data (`plan --json`, the MCP `plan`)."""
+    return plan_model(runbook, overrides, redactor).model_dump(mode="json")

@@ -1,4 +1,5 @@
-"""The JSON Schema (draft 2020-12) of the runbook format and of an inventory: `runbook schema [--inventory]`.
+"""The JSON Schemas (draft 2020-12) of the runbook format and of an inventory (`runbook schema [--inventory]`),
+and of the documents runbook writes for agents: report.json (`--report`) and the plan (`--plan`).
 
 Editors (yaml-language-server, in VS Code and neovim) complete and check a runbook with it. It is made from
 the pydantic models the loader validates with (`RunbookHeader`, `Inventory`, every `StepSpec` kind), so a
@@ -32,7 +33,7 @@ import tokenize
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
@@ -174,6 +175,26 @@ def inventory_schema() -> dict[str, Any]:
     defs = document.pop("$defs", {})
     _name_patterns(document["properties"], defs)
     return {"$schema": DRAFT, "title": "runbook inventory", **document, "$defs": defs}
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of report.json: a benchmark step's comparison (steps/benchmark_report.py `Report`) or a
+    campaign's (steps/campaign_report_document.py `CampaignReport`), each with its `schema_version`. Made from
+    the models the steps write it with, as the document is written (strict types: no lax text)."""
+    from steps.benchmark_report import Report  # here: the steps' models, which `runbook schema` alone needs
+    from steps.campaign_report_document import CampaignReport
+
+    document = TypeAdapter(Report | CampaignReport).json_schema(ref_template=_REF)
+    return {"$schema": DRAFT, **document, "title": "runbook report (report.json)"}
+
+
+def plan_schema() -> dict[str, Any]:
+    """The JSON Schema of the plan document (`runbook plan --json`, the MCP `plan`): executor/planner.py's
+    `PlanDocument`."""
+    from executor.planner import PlanDocument
+
+    document = PlanDocument.model_json_schema(ref_template=_REF)
+    return {"$schema": DRAFT, **document, "title": "runbook plan"}
 
 
 def _def_name(ref: dict[str, Any]) -> str:

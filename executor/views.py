@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from executor.documents import NewerDocument, Provenance, Shown, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
 from executor.files import json_data, open_run_file, refusal
 from executor.state import (
@@ -36,12 +37,6 @@ REPORT_MAX_BYTES = 16 << 20
 #: provenance holds step facts a few levels down. One deeper was not written by a step, and printing it
 #: (`report --json`, the MCP `report`) would exhaust the stack.
 REPORT_MAX_DEPTH = 2 * JSON_COLUMN_MAX_DEPTH
-#: What report.json's `provenance` must hold (steps/provenance.py writes it): numbers that do not say what
-#: they are of (which commit, which server, which GPUs, which commands) are not shown.
-PROVENANCE_KEYS = ("generated_at", "repos", "deployments", "gpus", "benchmarks", "unknown")
-#: The JSON types of those keys (steps/provenance.py's Provenance): `"repos": null` says nothing either.
-PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {"generated_at": (str,), "gpus": (dict, type(None)), "unknown": (dict,)}
-PROVENANCE_TYPES |= dict.fromkeys(("repos", "deployments", "benchmarks"), (list,))
 
 
 def latest(log_dir: Path, run_id: str | None) -> RunMeta:
@@ -117,13 +112,9 @@ def runs(log_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-#: A report's tables as shown: (title, columns, rows), every cell as text.
-Tables = list[tuple[str, list[str], list[list[str]]]]
-
-
 def report(run_dir: Path) -> dict[str, Any]:
     """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
-    it is not shaped as a report (`report_parts`), or its provenance is incomplete (`provenance_lacks`)."""
+    it is not shaped as a report (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
@@ -139,68 +130,30 @@ def report(run_dir: Path) -> dict[str, Any]:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
     except ValueError as exc:
         raise _not_a_report(path, exc) from None
-    report_parts(document, path)
-    lacks = provenance_lacks(document)
+    shown_report(document, path)
+    lacks = provenance_lacks(document.get("provenance"))
     if lacks:
+        needs = ", ".join(f.name for f in dataclasses.fields(Provenance))
         raise ResumeError(
-            f"{path}: refused: {lacks} (needs {', '.join(PROVENANCE_KEYS)}): nothing says which commits, "
+            f"{path}: refused: {lacks} (needs {needs}): nothing says which commits, "
             "servers, GPUs and commands its numbers are of; run the step that wrote it again for a report that does"
         )
     return dict(document)
 
 
-def report_parts(document: Any, path: Path) -> tuple[Tables, list[str], list[tuple[str, str]]]:
-    """A report's tables, notes and figures (title, path) as text; ResumeError naming `path` when it is
-    not shaped as a report. What they mean is the writer's business."""
+def shown_report(document: Any, path: Path) -> Shown:
+    """What a report shows (executor/documents.py's `Shown`: title, notes, tables, figures), typed; ResumeError
+    naming `path` when it is not shaped as a report, or a newer runbook wrote it. What it means is the writer's
+    business."""
     try:
-        tables = [
-            (str(t["title"]), [str(c) for c in t["columns"]], [list(map(str, r)) for r in t["rows"]])
-            for t in document.get("tables", [])
-        ]
-        notes = [str(note) for note in _listed(document.get("notes", []))]
-        figures = [
-            (str(f.get("title", "figure")), str(f.get("path", ""))) for f in _listed(document.get("figures", []))
-        ]
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        return read_shown(document)
+    except NewerDocument as exc:
+        raise ResumeError(f"{path}: refused: {exc}") from None
+    except (TypeError, KeyError, RecursionError) as exc:
         raise _not_a_report(path, exc) from None
-    return tables, notes, figures
 
 
 def _not_a_report(path: Path, exc: BaseException) -> ResumeError:
     return ResumeError(
         f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): {exc!r}"
     )
-
-
-def _listed(value: Any) -> list[Any]:
-    """A report's list (notes, figures); anything else (a string, a number) is no report."""
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list, got {type(value).__name__}")
-    return value
-
-
-def provenance_lacks(report: dict[str, Any]) -> str | None:
-    """What the report's provenance lacks, in words; None when it is complete.
-
-    A campaign report (steps/campaign_report.py) has one provenance per host, each complete."""
-    provenance = report.get("provenance")
-    if "campaign" not in report:
-        return _one_provenance_lacks(provenance)
-    if not isinstance(provenance, dict) or not provenance:
-        return "no provenance of any host" if not provenance else f"a provenance that is {type(provenance).__name__}"
-    said = [f"host {host}: {lacks}" for host, one in provenance.items() if (lacks := _one_provenance_lacks(one))]
-    return "; ".join(said) or None
-
-
-def _one_provenance_lacks(provenance: Any) -> str | None:
-    if not isinstance(provenance, dict):
-        return "no provenance" if provenance is None else f"a provenance that is {type(provenance).__name__}"
-    missing = [key for key in PROVENANCE_KEYS if key not in provenance]
-    if missing:
-        return f"a provenance without {', '.join(missing)}"
-    wrong = [
-        f"{key} is {'empty' if value == '' else type(value).__name__}"
-        for key, value in ((key, provenance[key]) for key in PROVENANCE_KEYS)
-        if not isinstance(value, PROVENANCE_TYPES[key]) or value == ""
-    ]
-    return f"a provenance whose {', '.join(wrong)}" if wrong else None

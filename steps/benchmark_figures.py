@@ -170,7 +170,7 @@ def write_report(
     )
     gpus = {d.side: d.gpus for d in provenance.deployments}
     drawings: dict[str, Callable[[BinaryIO], None]] = {
-        FIGURE_PNG: lambda out: speedup(baseline, candidate, Speedup.model_validate(report.data["speedup"]), out),
+        FIGURE_PNG: lambda out: speedup(baseline, candidate, report.data.speedup, out),
         PARETO_PNG: lambda out: pareto(baseline, candidate, gpus, out),
     }
     if acceptance is not None:

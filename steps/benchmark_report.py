@@ -3,10 +3,10 @@
 Everything here is a pure function of the facts of the steps, so a report can be rebuilt and
 tested offline, and the same facts always give the same files:
 
-- `report.json`: a generic document, `{"title", "notes", "tables": [{"title", "columns", "rows"}],
-  "figures": [{"title", "path"}], "data": {...}}`. Cells are display strings, formatted here once,
-  so `runbook report RUN_DIR` prints exactly the tables of report.md without knowing what they mean;
-  `data` keeps the numbers;
+- `report.json`: `Report`, `{"schema_version", "title", "notes", "tables": [{"title", "columns", "rows"}],
+  "figures": [{"title", "path"}], "data": {...}, "provenance": {...}}` (its JSON Schema: `runbook schema
+  --report`). Cells are display strings, formatted here once, so `runbook report RUN_DIR` prints exactly the
+  tables of report.md without knowing what they mean (executor/documents.py's `Shown`); `data` keeps the numbers;
 - `report.md`: the same tables in Markdown;
 - the figures (steps/benchmark_figures.py): `speedup.png` (output throughput and speedup against
   concurrency), `pareto.png` (output tokens/s per GPU against tokens/s per user, one point per
@@ -33,11 +33,12 @@ import shlex
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field
 
 from executor import durable, strict_json
+from executor.documents import SCHEMA_VERSION, Figure, Shown, Table
 from executor.model import DataModel
 from executor.redact import NO_SECRETS, Redactor
 from executor.terminal import shown
@@ -125,30 +126,40 @@ class Speedup(DataModel):
     unknown: dict[str, str]  # a concurrency (or min/max/mean) -> why it is null
 
 
-class Table(DataModel):
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-
-
-class Figure(DataModel):
-    title: str
-    path: str  # relative to the run folder
-
-
 class Document(DataModel):
-    """What `runbook report` prints and report.md shows, whatever the report is of."""
+    """What every report holds: its version, and what `runbook report` prints and report.md show, whatever the
+    report is of (executor/documents.py's `Shown`, whose tables and figures these are)."""
 
+    schema_version: Literal[1] = SCHEMA_VERSION
     title: str
     notes: list[str]
     tables: list[Table]
     figures: list[Figure]
 
+    def shown(self) -> Shown:
+        return Shown(title=self.title, notes=self.notes, tables=self.tables, figures=self.figures)
+
+
+class ParetoPoint(DataModel):
+    concurrency: int
+    tokens_per_s_per_gpu: float  # median output throughput / the deployment's GPUs
+    tokens_per_s_per_user: float  # 1000 / median TPOT (ms): the decode speed one user sees
+
+
+class BenchmarkData(DataModel):
+    """`data` of report.json: the numbers its tables show, unformatted."""
+
+    baseline: Side
+    candidate: Side
+    acceptance: Acceptance | None
+    speedup: Speedup
+    pareto: dict[str, list[ParetoPoint]]  # a side's label -> its points of pareto.png
+
 
 class Report(Document):
-    """The generic document of report.json."""
+    """report.json of a `benchmark` step with a baseline: the comparison."""
 
-    data: dict[str, Any]
+    data: BenchmarkData
     provenance: Provenance
 
 
@@ -510,16 +521,13 @@ def build_report(
         figures.append(Figure(title="Acceptance length histogram per prompt set", path=ACCEPTANCE_PNG))
     elif acceptance:
         notes.append(f"no acceptance histogram: the facts of {acceptance.step} have none.")
-    data = {
-        "baseline": baseline.model_dump(mode="json"),
-        "candidate": candidate.model_dump(mode="json"),
-        "acceptance": None if acceptance is None else acceptance.model_dump(mode="json"),
-        "speedup": gain.model_dump(mode="json"),
-        "pareto": {
-            side.label: [p._asdict() for p in pareto_points(side, gpus.get(side.label))]
-            for side in (baseline, candidate)
-        },
-    }
+    data = BenchmarkData(
+        baseline=baseline,
+        candidate=candidate,
+        acceptance=acceptance,
+        speedup=gain,
+        pareto={side.label: pareto_points(side, gpus.get(side.label)) for side in (baseline, candidate)},
+    )
     return Report(
         title=f"Benchmark: {candidate.label} vs {baseline.label}",
         notes=notes,
@@ -536,19 +544,17 @@ def medians(side: Side, metric: str) -> dict[int, float]:
     return {p.max_concurrency: spread.median for p in side.points if (spread := getattr(p, metric)) is not None}
 
 
-class ParetoPoint(NamedTuple):
-    concurrency: int
-    tokens_per_s_per_gpu: float  # median output throughput / the deployment's GPUs
-    tokens_per_s_per_user: float  # 1000 / median TPOT (ms): the decode speed one user sees
-
-
 def pareto_points(side: Side, gpus: int | None) -> list[ParetoPoint]:
     """One point per concurrency with both a throughput and a TPOT; none without a GPU count."""
     throughput, tpot = medians(side, "output_throughput"), medians(side, "median_tpot_ms")
     if not gpus:
         return []
     per_user = {c: speed for c, ms in tpot.items() if (speed := ratio(1000.0, ms)) is not None}  # 5e-324 ms: inf
-    return [ParetoPoint(c, throughput[c] / gpus, per_user[c]) for c in sorted(throughput) if c in per_user]
+    return [
+        ParetoPoint(concurrency=c, tokens_per_s_per_gpu=throughput[c] / gpus, tokens_per_s_per_user=per_user[c])
+        for c in sorted(throughput)
+        if c in per_user
+    ]
 
 
 def pareto_notes(baseline: Side, candidate: Side, gpus: dict[str, int | None]) -> list[str]:
@@ -596,7 +602,8 @@ def md_text(text: str) -> str:
     return _MD_BLOCK.sub(lambda m: m.group()[:-1] + "\\" + m.group()[-1], inline)
 
 
-def markdown(report: Document) -> str:
+def markdown(report: Document | Shown) -> str:
+    """report.md: a report's title, notes, tables and figures (what `runbook report` prints), inert Markdown."""
     lines = [f"# {md_text(report.title)}", "", *(f"- {md_text(note)}" for note in report.notes)]
     for table in report.tables:
         lines += ["", f"## {md_text(table.title)}", "", "| " + " | ".join(map(md_text, table.columns)) + " |"]

@@ -1,6 +1,7 @@
-"""The campaign report's document: report.json's generic part (title, notes, tables, figures, which
-`runbook report` prints and report.md shows) plus `campaign` (the cells and the choices, as numbers) and
-`provenance` (steps/provenance.py's, one per host).
+"""The campaign report's document, `CampaignReport`: report.json's generic part (schema_version, then title,
+notes, tables, figures, which `runbook report` prints and report.md shows) plus `campaign` (the cells and the
+choices, as numbers) and `provenance` (steps/provenance.py's, one per host). Its JSON Schema, with the
+benchmark's `Report`: `runbook schema --report`.
 
 The tables come in the order a reader asks: the best configuration per concurrency, the crossover, the
 launch command to paste per concurrency range, the failed cells, then what each cell measured, then the
@@ -9,10 +10,12 @@ provenance of each host.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+from executor.documents import Figure, Table
 from executor.model import DataModel
-from steps.benchmark_report import NA, Document, Figure, Table, or_na, plain, provenance_tables, times, tok_s
+from steps.benchmark_report import NA, Document, or_na, plain, provenance_tables, times, tok_s
 from steps.campaign_report_cells import CellReport, Comparison
 from steps.provenance import Provenance
 
@@ -49,6 +52,8 @@ class Campaign(DataModel):
 
 
 class CampaignReport(Document):
+    """report.json of a `campaign_report` step."""
+
     campaign: Campaign
     provenance: dict[str, Provenance]  # host -> what its numbers are of
 
@@ -234,7 +239,7 @@ def figures(cells: Sequence[CellReport]) -> list[Figure]:
 def build(campaign: Campaign, provenance: dict[str, Provenance], title: str) -> CampaignReport:
     tables = choice_tables(campaign.comparisons, campaign.failed) + cell_tables(campaign.cells)
     for host, origin in provenance.items():
-        tables += [t.model_copy(update={"title": f"{t.title} (host {host})"}) for t in provenance_tables(origin)]
+        tables += [dataclasses.replace(t, title=f"{t.title} (host {host})") for t in provenance_tables(origin)]
     return CampaignReport(
         title=title,
         notes=notes(campaign),

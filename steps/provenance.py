@@ -101,8 +101,8 @@ class AcceptanceProvenance(DataModel):
 
 
 class Provenance(DataModel):
-    """`provenance` of report.json. `runbook report` refuses a report without these keys
-    (executor/cli.py PROVENANCE_KEYS)."""
+    """`provenance` of report.json. `runbook report` refuses a report without those of executor/documents.py's
+    `Provenance` (tests/executor/test_cli_report.py keeps them fields of this one)."""
 
     generated_at: str  # ISO-8601 UTC
     repos: list[RepoProvenance]

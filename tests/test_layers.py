@@ -22,7 +22,8 @@ PACKAGES = ("executor", "steps")
 #: Lowest first. A module may import its own layer and those below it, never one above.
 LAYERS: list[tuple[str, list[str]]] = [
     # what everything stands on: errors, text and consoles made safe to show, secrets' masking, the quoting-safe
-    # wrapper, JSON, files, durable writes, the debug log, a command's result, the host programs' contract
+    # wrapper, JSON, files, durable writes, the debug log, a command's result, the host programs'
+    # contract, the documents agents read (report.json's shape)
     (
         "ground",
         [
@@ -37,6 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "executor.diagnostics",
             "executor.command_result",
             "executor.hostprogram",
+            "executor.documents",
         ],
     ),
     # the runbook's words: its typed model, durations, gate expressions, what a matrix expands to

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,7 @@ def write(run_dir: Path, report: dict[str, object], provenance: object = PROVENA
     (run_dir / "report.json").write_text(json.dumps(document))
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tables=tables)
 def test_every_cell_of_every_table_is_printed_as_data(
     tables: list[dict[str, object]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -128,3 +130,48 @@ def test_a_broken_report_is_exit_2(document: str, tmp_path: Path, capsys: pytest
     (tmp_path / "report.json").write_text(document)
     assert main(["report", str(tmp_path)]) == 2
     assert "not a report" in capsys.readouterr().err
+
+
+def test_a_report_of_a_newer_schema_version_is_refused_and_one_without_a_version_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report a newer runbook wrote (schema_version 2) is refused with the reason, not half-read; one written
+    before reports carried a version reads as version 1, whose keys it has."""
+    table = {"title": "t", "columns": ["a"], "rows": [["1"]]}
+    write(tmp_path / "new", {"schema_version": 2, "title": "t", "notes": [], "tables": [table], "figures": []})
+    assert main(["report", str(tmp_path / "new")]) == 2
+    assert "refused: schema_version 2, written by a newer runbook (this one reads up to 1)" in capsys.readouterr().err
+    write(tmp_path / "old", {"title": "old", "notes": [], "tables": [table], "figures": []})
+    assert main(["report", str(tmp_path / "old")]) == 0
+    assert "old" in capsys.readouterr().out
+
+
+def test_a_provenance_per_host_is_read_whatever_the_hosts_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A campaign's provenance is one per host, told from a benchmark's one by its shape, not by the report's kind
+    nor by the hosts' names: hosts named `gpus` and `repos` are hosts; one of them lacking a key is named."""
+    report = {"title": "campaign", "notes": [], "tables": [], "figures": []}
+    write(tmp_path / "run", report, {"gpus": PROVENANCE, "repos": PROVENANCE})
+    assert main(["report", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    write(tmp_path / "run", report, {"gpus": PROVENANCE, "repos": {k: v for k, v in PROVENANCE.items() if k != "gpus"}})
+    assert main(["report", str(tmp_path / "run")]) == 2
+    assert "refused: host repos: a provenance without gpus (needs " in capsys.readouterr().err
+
+
+def test_the_provenance_runbook_report_requires_is_what_the_steps_write() -> None:
+    """executor/documents.py's Provenance (read without pydantic) names fields of steps/provenance.py's, each of
+    the JSON type that model writes: the two cannot drift apart."""
+    import dataclasses
+
+    from executor import documents
+    from steps.provenance import Provenance
+
+    written = Provenance.model_json_schema()["properties"]
+    json_types = {str: "string", list: "array", dict: "object", type(None): "null"}
+    for field in dataclasses.fields(documents.Provenance):
+        wanted = {alt.get("type", "object") for alt in written[field.name].get("anyOf", [written[field.name]])}
+        hint = typing.get_type_hints(documents.Provenance)[field.name]
+        alternatives = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        said = {json_types[typing.get_origin(one) or one] for one in alternatives}
+        assert said == wanted, field.name

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
@@ -37,6 +38,7 @@ from executor.mcp_server import (
     read_events,
     step_tail,
 )
+from executor.schema import plan_schema
 from tests.executor.test_resume import wait_for
 from tests.steps.test_benchmark import standin as standin  # the stand-in test fixture, shared
 from tests.steps.test_benchmark import yaml_steps
@@ -343,6 +345,7 @@ def test_the_plan_of_a_ten_thousand_cell_matrix_fits_the_cap_with_its_first_cell
     assert result["runbook"] == "grid" and result["steps"][0]["id"].startswith("a")
     (group,) = result["groups"]
     assert group["cells"][0]["id"] == "x=0,y=0" and group["cells_left_out"] == 10_000 - len(group["cells"]) > 0
+    assert list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(result)) == []  # cut, still a plan
 
 
 def test_an_event_over_the_cap_comes_cut_so_that_a_follower_gets_past_it(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import jsonschema
 import pytest
@@ -15,10 +15,13 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from executor import strict_json
 from executor.cli import main
 from executor.errors import InvalidRunbook
-from executor.loader import parse_runbook
-from executor.schema import inventory_schema, runbook_schema
+from executor.loader import load_runbook, parse_runbook
+from executor.planner import plan_document
+from executor.redact import NO_SECRETS
+from executor.schema import inventory_schema, plan_schema, report_schema, runbook_schema
 from executor.stepkind import StepSpec, step_kinds
 from sandbox.sshd import SSHServer
 from sandbox.testhost import PoolHost, pool_inventory
@@ -288,3 +291,58 @@ def test_what_the_loader_accepts_the_schema_accepts(data: dict[str, Any]) -> Non
     except InvalidRunbook:
         assume(False)
     assert problems(RUNBOOK_VALIDATOR, yaml.safe_load(text)) == []
+
+
+# ---- the documents agents read: report.json and the plan ------------------------------------------------
+
+REPORT_VALIDATOR = jsonschema.Draft202012Validator(report_schema())
+PLAN_VALIDATOR = jsonschema.Draft202012Validator(plan_schema())
+
+
+def test_the_report_and_plan_schemas_are_valid_and_printed_by_their_options(capsys: pytest.CaptureFixture[str]) -> None:
+    for option, made in (("--report", report_schema), ("--plan", plan_schema)):
+        code, out = schema_cli(capsys, option)
+        assert code == 0 and json.loads(out) == made()
+        jsonschema.Draft202012Validator.check_schema(json.loads(out))
+
+
+def test_the_reports_the_demo_and_its_sweep_write_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.json as the flagship's benchmark step writes it (`write_report`'s document through the one writer,
+    `write_document`, from the canned facts of tests/steps/test_benchmark_report.py) and as `demo --sweep`'s
+    campaign_report step writes it (the step itself on tests/steps/test_campaign_report.py's canned records of
+    two hosts), their figures left undrawn (seconds of matplotlib): both validate, each carries schema_version
+    1, and neither validates as the other kind or as a newer version."""
+    from steps import campaign_report
+    from steps import campaign_report_document as campaign
+    from steps.benchmark_report import build_report, write_document
+    from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
+    from tests.steps.test_campaign_report import host_views, write_campaign
+
+    def undrawn(paths: Iterable[str]) -> dict[str, Callable[[BinaryIO], None]]:
+        return dict.fromkeys(paths, lambda out: None)
+
+    report = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
+    write_document(tmp_path / "demo", report, undrawn(f.path for f in report.figures), NO_SECRETS)
+    figures = (campaign.THROUGHPUT_PNG, campaign.PARETO_PNG, campaign.ACCEPTANCE_PNG)
+    monkeypatch.setattr(campaign_report, "drawings", lambda cells, comparisons: undrawn(figures))
+    write_campaign(tmp_path / "sweep", host_views("gpu1") + host_views("gpu2", "NVIDIA B200", scale=2.0))
+    for run in ("demo", "sweep"):
+        document = json.loads((tmp_path / run / "report.json").read_text())
+        assert document["schema_version"] == 1
+        assert problems(REPORT_VALIDATOR, document) == [], run
+        assert not REPORT_VALIDATOR.is_valid(document | {"schema_version": 2})
+    flagship = json.loads((tmp_path / "demo" / "report.json").read_text())
+    sweep = json.loads((tmp_path / "sweep" / "report.json").read_text())
+    assert not REPORT_VALIDATOR.is_valid({**flagship, "data": sweep["campaign"]})
+    assert not REPORT_VALIDATOR.is_valid({**sweep, "provenance": flagship["provenance"]})
+
+
+@pytest.mark.parametrize("runbook", ["k26_dflash.yaml", "k26_dflash_sweep.yaml"])
+def test_the_plans_of_the_demo_and_its_sweep_validate(runbook: str) -> None:
+    """The plan documents of the runbooks `demo` and `demo --sweep` run, as `plan --json` writes them (the MCP
+    `plan`'s, cut to its cap: tests/executor/test_mcp_server.py)."""
+    loaded = load_runbook(REPO / "runbooks" / runbook)
+    document = json.loads(strict_json.dumps(plan_document(loaded, {})))
+    assert document["schema_version"] == 1
+    assert problems(PLAN_VALIDATOR, document) == []
+    assert not PLAN_VALIDATOR.is_valid(document | {"steps": [{"id": "s"}]})

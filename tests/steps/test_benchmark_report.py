@@ -233,7 +233,10 @@ def test_pareto_points_are_throughput_per_gpu_against_tokens_per_user() -> None:
         bench_run(16, 900.0, median_tpot_ms=None),
     ])  # fmt: skip
     points = pareto_points(baseline, gpus=2)
-    assert [tuple(p) for p in points] == [(1, 50.0, 100.0), (4, 155.0, 40.0)]  # medians over repeats; 16: no TPOT
+    assert [(p.concurrency, p.tokens_per_s_per_gpu, p.tokens_per_s_per_user) for p in points] == [
+        (1, 50.0, 100.0),
+        (4, 155.0, 40.0),
+    ]  # medians over repeats; 16: no TPOT
     assert pareto_points(baseline, gpus=None) == []
     report = build_report(baseline, baseline.model_copy(update={"label": "dflash"}), provenance_of(baseline, baseline))
     assert "pareto.png leaves out baseline at concurrency 16: no output throughput or TPOT there." in report.notes
@@ -348,3 +351,16 @@ def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
     assert any(note.startswith(expected) for note in build_report(base, other, provenance_of(base, other)).notes)
     latency = next(t for t in report.tables if t.title == "Latency per concurrency (ms)")
     assert latency.columns[2:4] == ["TTFT median", "TTFT p99"] and latency.rows[0][2] == "1.0"
+
+
+def test_what_a_report_shows_is_one_shape_for_its_writers_and_runbook_report() -> None:
+    """report.md renders the writers' Document, `runbook report` the Shown it reads back without pydantic: the
+    same fields in the same order, and a written report reads back as the Shown its model gives."""
+    import dataclasses
+
+    from executor.documents import Shown, read_shown
+    from steps.benchmark_report import Document
+
+    assert [f.name for f in dataclasses.fields(Shown)] == [n for n in Document.model_fields if n != "schema_version"]
+    report = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE)
+    assert read_shown(report.model_dump(mode="json")) == report.shown()

@@ -80,10 +80,8 @@ def as_shown(text: str) -> str:
 @example(text="--")  # a note's own `- ` made it a rule: `- --`
 def test_host_text_in_any_cell_note_or_title_renders_as_itself(text: str) -> None:
     report = build_report(BASELINE, DFLASH, PROVENANCE)
-    tables = [t.model_copy(update={"title": text, "rows": [[text] * len(t.columns)] * 2}) for t in report.tables]
-    hostile = Document.model_validate(
-        report.model_dump() | {"title": text, "notes": [text, text], "tables": [t.model_dump() for t in tables]}
-    )
+    tables = [replace(t, title=text, rows=[[text] * len(t.columns)] * 2) for t in report.tables]
+    hostile = Document.model_validate(report.model_dump() | {"title": text, "notes": [text, text], "tables": tables})
     texts = rendered_texts(markdown(hostile), len(report.figures))
     columns = [c for t in report.tables for c in t.columns]  # the writer's own
     pieces = 1 + 2 + len(tables) + 2 * len(columns)  # the title, the notes, per table its title and two rows
