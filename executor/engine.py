@@ -25,7 +25,6 @@ from pydantic import BaseModel
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
     stop_after_attempt,
     wait_exponential_jitter,
 )
@@ -41,18 +40,22 @@ from executor.errors import (
     EXIT_OK,
     AttemptFailed,
     CommandInterrupted,
+    CommandTimedOut,
     DurableWriteError,
     FactsError,
+    FactsUnreadable,
     GateWorkerUnavailable,
     HostKeyError,
     HostRefused,
     StateError,
+    StepKindCrashed,
     TransportError,
+    TransportFailed,
 )
 from executor.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
 from executor.gates import GateWorkers, roots
 from executor.loader import Runbook, secret_values
-from executor.model import host_variables, var_text
+from executor.model import RetryPolicy, host_variables, var_text
 from executor.planner import host_env, placed_hosts
 from executor.redact import Redactor
 from executor.render import render_command
@@ -232,7 +235,7 @@ class HostContext(StepContext):
             self._record(command.display, partial)
             if isinstance(exc, HostKeyError):
                 raise HostRefused(engine.redactor.text(str(exc))) from None
-            raise AttemptFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
+            raise TransportFailed(f"transport error: {engine.redactor.text(str(exc))}") from None
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
@@ -273,15 +276,29 @@ class HostContext(StepContext):
                         into.unlink(missing_ok=True)
                 raise
         except TimeoutError:
-            raise AttemptFailed(f"file transfer timed out after {limit:g}s") from None
+            raise CommandTimedOut(f"file transfer timed out after {limit:g}s") from None
         except OSError as exc:
             if into is not None and exc.errno in durable.DISK_ERRNOS:
                 raise durable.failed(exc, into.parent, "a fetched file") from None
-            raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
+            raise TransportFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         except TransportError as exc:
-            raise AttemptFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
+            raise TransportFailed(f"file transfer failed: {self.engine.redactor.text(str(exc))}") from None
         self.engine.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
+
+
+def _worth_retrying(policy: RetryPolicy, log: Any, state: RetryCallState) -> bool:
+    """tenacity's retry condition: a failed attempt is retried unless its failure class is one of the policy's
+    `non_retryable` (README, "Retries"); a failure that ends attempts still left says so in its message."""
+    failure = state.outcome.exception() if state.outcome is not None else None
+    if not isinstance(failure, AttemptFailed):
+        return False
+    if policy.retries(failure):
+        return True
+    if state.attempt_number < policy.attempts:
+        failure.not_retried()
+        log.info("not retried", attempt=state.attempt_number, failure=type(failure).__name__)
+    return False
 
 
 class Engine:
@@ -781,7 +798,7 @@ class Engine:
                     wait=wait_exponential_jitter(
                         multiplier=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
                     ),
-                    retry=retry_if_exception_type(AttemptFailed),
+                    retry=functools.partial(_worth_retrying, policy, log),
                     before_sleep=retry_scheduled,
                     reraise=True,
                 )
@@ -859,17 +876,21 @@ class Engine:
         try:
             outcome = await spec.execute(ctx)
         except FactsError as exc:
-            self._attempt_failed(spec, host, attempt, str(exc))
+            self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc))
         except (AttemptFailed, HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
             raise
         except RecursionError:  # host output nested past what a kind's own parser bounds
-            self._attempt_failed(spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels")
+            self._attempt_failed(
+                FactsUnreadable, spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels"
+            )
         except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
             where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
-            self._attempt_failed(spec, host, attempt, f"step kind '{spec.kind}' failed unexpectedly:\n{where}")
+            message = f"step kind '{spec.kind}' failed unexpectedly:\n{where}"
+            self._attempt_failed(StepKindCrashed, spec, host, attempt, message)
         result = outcome.result
         if result.timed_out:
             self._attempt_failed(
+                CommandTimedOut,
                 spec,
                 host,
                 attempt,
@@ -879,7 +900,7 @@ class Engine:
         try:
             facts = self.redactor.deep(_bounded_facts(outcome.facts))
         except FactsError as exc:
-            self._attempt_failed(spec, host, attempt, str(exc))
+            self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc))
         gates = spec.effective_gates()
         expressions = [g.that for g in gates]
         read = set().union(*(roots(e) for e in expressions))
@@ -901,13 +922,15 @@ class Engine:
                             detail += "\n  (stdout was empty)"
                         out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
                         message = f"{detail}\n  output tail:\n{out}" if out else detail
-                        self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
+                        failure = spec.gate_failure(outcome.facts, gate.that, verdict.undecided)
+                        self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code)
         except GateWorkerUnavailable as exc:
-            self._attempt_failed(spec, host, attempt, str(exc), facts)
+            self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
         return facts, result.exit_code
 
     def _attempt_failed(
         self,
+        failure: type[AttemptFailed],
         spec: StepSpec,
         host: str,
         attempt: int,
@@ -918,4 +941,4 @@ class Engine:
     ) -> NoReturn:
         message = self.redactor.text(message)
         self.events.emit(event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message)
-        raise AttemptFailed(message, facts, gate, exit_code)
+        raise failure(message, facts, gate, exit_code)

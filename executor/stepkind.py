@@ -31,8 +31,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from executor import strict_json
 from executor.campaign import AxisValue
 from executor.durations import Duration
+from executor.errors import FAILURE_CLASSES, AttemptFailed, CommandFailed, GateFalse, GateUndecided, StepFailed
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
-from executor.gates import step_refs, var_refs
+from executor.gates import roots, step_refs, var_refs
 from executor.hostprogram import PROGRAM_LINE, kit_constant
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
@@ -56,6 +57,16 @@ def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:
     """Raise FactsError when JSON-like data nests deeper than `limit` (walked without recursion)."""
     if strict_json.nested_deeper(value, limit):
         raise FactsError(f"facts nested deeper than {limit} levels")
+
+
+#: What a gate reads of the command itself: a gate on these that is false is a CommandFailed, which another
+#: run of the command may pass; a gate reading only facts, vars and earlier steps that is false is a GateFalse.
+RAW_OUTPUT = frozenset({"exit_code", "stdout", "stderr"})
+
+
+def fact_field(facts: Any, name: str) -> Any:
+    """A top-level field of a kind's facts (a pydantic model or JSON data), None when it has none."""
+    return facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
 
 
 DocumentT = TypeVar("DocumentT", bound=BaseModel)
@@ -422,6 +433,28 @@ class StepSpec(Model):
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="exit_code == 0", message="the command exited with a non-zero status")]
+
+    def failure_class(self, facts: Any) -> type[AttemptFailed] | None:
+        """Why an attempt whose gates did not hold failed, when the kind's facts say it better than the gate
+        (README, "Retries"): the class a host program recognised (its `failure_class`: AccessDenied, PortInUse,
+        ...), else StepFailed when they report an error (`failure`), which another attempt may not meet. None:
+        the failed gate decides (`gate_failure`). A kind whose facts name errors otherwise overrides this."""
+        named = fact_field(facts, "failure_class")
+        if isinstance(named, str):
+            return FAILURE_CLASSES.get(named, StepFailed)
+        return StepFailed if fact_field(facts, "failure") is not None else None
+
+    def gate_failure(self, facts: Any, gate: str, undecided: bool) -> type[AttemptFailed]:
+        """The failure class of an attempt whose gate `gate` did not hold (`undecided`: it could not be
+        evaluated): the kind's own (`failure_class`) first, then GateUndecided, then CommandFailed for a gate on
+        the command's exit code or output, else GateFalse: a definite value read from facts, vars or earlier
+        steps, which asking again reads the same."""
+        known = self.failure_class(facts) if facts is not None else None
+        if known is not None:
+            return known
+        if undecided:
+            return GateUndecided
+        return CommandFailed if roots(gate) & RAW_OUTPUT else GateFalse
 
     def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
         """The runbook's default policy with this step's overrides."""
