@@ -14,6 +14,8 @@ to transport errors (`transport_error`).
     │                            that is no runbook (said in one line quoting none of it)
     ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report   4
     │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota)
+    ├── StepKindPluginError      an installed step kind cannot be used: its entry point fails to import,  2
+    │                            names no such kind, or takes another distribution's kind name
     └── TransportError           the host could not be reached or the channel broke                     1
           └── HostKeyError       unknown or changed host key: never retried                             1
 
@@ -166,6 +168,13 @@ def _size(count: int) -> str:
             return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+class StepKindPluginError(RunbookError):
+    """A step kind of the entry-point group `runbook.step_kinds` cannot be used (executor/stepkind.py): the
+    message names the kind, its distribution and its entry point. Nothing has run: the CLI exits 2."""
+
+    exit_code = 2
 
 
 class TransportError(RunbookError):

@@ -7,15 +7,17 @@ A step kind is one module in `steps/` defining a subclass of `StepSpec`:
 - `parse_facts` turns the command's output into typed facts (a pydantic model or JSON data);
 - `default_gates` says what must hold when the runbook gives no gates.
 
-Kinds register themselves by subclassing with a `kind: Literal["name"]` field; `step_kinds()`
-imports every module of the `steps` package, so adding a kind never touches the engine.
+A kind is found through the entry-point group `runbook.step_kinds` (ENTRY_POINT_GROUP): `name = "module:Class"`
+in a distribution's metadata, ours in pyproject.toml like any other package's, so a package outside this
+repository adds a kind without touching it (README, "Add a kind"). `step_kinds()` reads the group's names
+when first asked and imports a kind's module only when that kind is looked up: a command that runs no step
+imports no kind, and a runbook imports the kinds it uses. A class that subclasses StepSpec with a
+`kind: Literal["name"]` field in this process (a test's) is a kind too.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 import re
 import typing
 from abc import ABC, abstractmethod
@@ -31,7 +33,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from executor import strict_json
 from executor.campaign import AxisValue
 from executor.durations import Duration
-from executor.errors import FAILURE_CLASSES, AttemptFailed, CommandFailed, GateFalse, GateUndecided, StepFailed
+from executor.errors import (
+    FAILURE_CLASSES,
+    AttemptFailed,
+    CommandFailed,
+    GateFalse,
+    GateUndecided,
+    StepFailed,
+    StepKindPluginError,
+)
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
 from executor.gates import roots, step_refs, var_refs
 from executor.hostprogram import PROGRAM_LINE, kit_constant
@@ -39,6 +49,8 @@ from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, 
 from executor.render import var_names
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from executor.redact import Redactor
     from executor.transport.base import CommandResult, OutputSink, Transfer
 
@@ -575,10 +587,79 @@ class StepSpec(Model):
         return Outcome(result, self.parse_facts(result))
 
 
-def step_kinds() -> dict[str, type[StepSpec]]:
-    """Every step kind, after importing each module of the `steps` package."""
-    import steps
+#: The entry-point group of step kinds: each entry `NAME = "module:Class"`, NAME the kind's name.
+ENTRY_POINT_GROUP = "runbook.step_kinds"
+#: The distribution whose kinds are built in: another that registers one of their names is refused.
+BUILT_IN = "runbook"
 
-    for module in pkgutil.iter_modules(steps.__path__):
-        importlib.import_module(f"steps.{module.name}")
-    return dict(StepSpec.registry)
+
+class StepKinds(Mapping[str, type[StepSpec]]):
+    """Every step kind by name: the kinds of the entry-point group, then those defined in this process.
+
+    Its names cost no import; looking a kind up imports its module, once (`_load`), and raises
+    StepKindPluginError naming the distribution when that fails or gives no such kind.
+    """
+
+    def __init__(self, points: Mapping[str, EntryPoint]) -> None:
+        self.points = points
+
+    def __getitem__(self, name: str) -> type[StepSpec]:
+        point = self.points.get(name)
+        return StepSpec.registry[name] if point is None else _load(point)
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(dict.fromkeys([*self.points, *StepSpec.registry]))
+
+    def __len__(self) -> int:
+        return len(self.points.keys() | StepSpec.registry.keys())
+
+
+def step_kinds() -> StepKinds:
+    """Every step kind (see StepKinds); the entry points are read once per process."""
+    return StepKinds(_entry_points())
+
+
+@functools.cache
+def _entry_points() -> dict[str, EntryPoint]:
+    """The group's entry points by kind name; StepKindPluginError when two distributions name one kind (a
+    built-in one's name taken by another package, or two packages giving one name)."""
+    from importlib.metadata import entry_points  # here: a command that runs no step reads no metadata
+
+    found: dict[str, EntryPoint] = {}
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: _distribution(p) != BUILT_IN):
+        held = found.setdefault(point.name, point)
+        if _distribution(held) != _distribution(point):
+            what = "the built-in kind" if _distribution(held) == BUILT_IN else "the kind"
+            raise StepKindPluginError(
+                f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value}) clashes with "
+                f"{what} {point.name!r} of distribution {_distribution(held)!r} ({held.value}): rename it in "
+                f"its [project.entry-points.{ENTRY_POINT_GROUP!r}] or uninstall one of them"
+            )
+    return found
+
+
+def _distribution(point: EntryPoint) -> str:
+    return point.dist.name if point.dist is not None else "(unknown distribution)"
+
+
+_LOADED: dict[tuple[str, str], type[StepSpec]] = {}
+
+
+def _load(point: EntryPoint) -> type[StepSpec]:
+    """The kind an entry point names, its module imported on first use; StepKindPluginError when the import
+    fails or the object is no StepSpec whose `kind` is the entry point's name."""
+    key = (point.name, point.value)
+    if key in _LOADED:
+        return _LOADED[key]
+    where = f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"
+    try:
+        loaded = point.load()
+    except Exception as exc:  # any error of a plugin's import: named, never a traceback
+        raise StepKindPluginError(f"{where} cannot be imported: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(loaded, type) and issubclass(loaded, StepSpec)):
+        raise StepKindPluginError(f"{where} is no subclass of executor.stepkind.StepSpec")
+    if loaded.model_fields["kind"].default != point.name:
+        said = loaded.model_fields["kind"].default
+        raise StepKindPluginError(f"{where} declares kind: Literal[{said!r}], not {point.name!r}")
+    _LOADED[key] = loaded
+    return loaded
