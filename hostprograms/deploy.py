@@ -104,10 +104,11 @@ def error_line(lines: list[str]) -> str | None:
 
 def startup_failure_class(lines: list[str], exit_code: int | None) -> str | None:
     """The failure class of a server that exited during start-up, when its log shows one that retrying cannot
-    fix ("ConfigRefused", "OutOfMemory"); None when its log does not say (it may pass on another start)."""
+    fix ("ConfigRefused", "OutOfMemory": by its error line, not a warning that mentions memory); None when its
+    log does not say (it may pass on another start)."""
     if exit_code == 2 and any(_ARGPARSE_ERROR.match(line) for line in lines):
         return "ConfigRefused"
-    if any(_OUT_OF_MEMORY.search(line) for line in lines):
+    if _OUT_OF_MEMORY.search(error_line(lines) or ""):
         return "OutOfMemory"
     return None
 

@@ -54,6 +54,17 @@ def free_port() -> int:
             "OutOfMemory",
         ),
         (["--say", "RuntimeError: NCCL connection reset by peer", "--exit", "1"], None),  # may pass next time
+        (
+            [
+                "--say",
+                "warning: lower --mem-fraction-static if out of memory",
+                "--say",
+                "ValueError: bad",
+                "--exit",
+                "1",
+            ],
+            None,
+        ),
         (["--say", "prog: error: this is no argparse exit", "--exit", "1"], None),  # argparse exits 2
     ],
 )
