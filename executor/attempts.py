@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -19,7 +20,6 @@ from pydantic import BaseModel
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception,
     stop_after_attempt,
     wait_exponential_jitter,
 )
@@ -29,16 +29,20 @@ from executor.audit import AuditContext
 from executor.errors import (
     AttemptFailed,
     CommandInterrupted,
+    CommandTimedOut,
     DurableWriteError,
     FactsError,
+    FactsUnreadable,
     GateWorkerUnavailable,
     HostKeyError,
     HostRefused,
+    StepKindCrashed,
     TransportError,
+    TransportFailed,
 )
 from executor.gates import GateWorkers, roots
 from executor.loader import Runbook
-from executor.model import Host, host_variables
+from executor.model import Host, RetryPolicy, host_variables
 from executor.planner import host_env
 from executor.redact import Redactor
 from executor.render import render_command
@@ -64,10 +68,20 @@ class TransportFactory(Protocol):
     def __call__(self, name: str, host: Host, redactor: Redactor, log: Log, /) -> Transport: ...
 
 
-def _should_retry(exc: BaseException) -> bool:
-    """Whether a failed attempt is tried again (while its retry policy has attempts left): a failed attempt
-    is; anything else (a refused host, a failed write to the run folder, a signal) ends the variant."""
-    return isinstance(exc, AttemptFailed)
+def _should_retry(policy: RetryPolicy, log: Log, state: RetryCallState) -> bool:
+    """tenacity's retry condition: whether a failed attempt is tried again (while the policy has attempts
+    left). A failed attempt is, unless its failure class is one of the policy's `non_retryable` (README,
+    "Retries"), which then says so in its message; anything else (a refused host, a failed write to the
+    run folder, a signal) ends the variant."""
+    failure = state.outcome.exception() if state.outcome is not None else None
+    if not isinstance(failure, AttemptFailed):
+        return False
+    if policy.retries(failure):
+        return True
+    if state.attempt_number < policy.attempts:
+        failure.not_retried()
+        log.info("not retried", attempt=state.attempt_number, failure=type(failure).__name__)
+    return False
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
@@ -199,7 +213,7 @@ class HostContext(StepContext):
             self._record(command.display, partial)
             if isinstance(exc, HostKeyError):
                 raise HostRefused(attempts.redactor.text(str(exc))) from None
-            raise AttemptFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
+            raise TransportFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
@@ -240,13 +254,13 @@ class HostContext(StepContext):
                         into.unlink(missing_ok=True)
                 raise
         except TimeoutError:
-            raise AttemptFailed(f"file transfer timed out after {limit:g}s") from None
+            raise CommandTimedOut(f"file transfer timed out after {limit:g}s") from None
         except OSError as exc:
             if into is not None and exc.errno in durable.DISK_ERRNOS:
                 raise durable.failed(exc, into.parent, "a fetched file") from None
-            raise AttemptFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
         except TransportError as exc:
-            raise AttemptFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
         self.folder.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
 
@@ -428,7 +442,7 @@ class Attempts:
             wait=wait_exponential_jitter(
                 multiplier=policy.delay, exp_base=policy.backoff, max=policy.max_delay, jitter=policy.delay
             ),
-            retry=retry_if_exception(_should_retry),
+            retry=functools.partial(_should_retry, policy, log),
             before_sleep=retry_scheduled,
             reraise=True,
         )
@@ -455,17 +469,21 @@ class Attempts:
         try:
             outcome = await spec.execute(ctx)
         except FactsError as exc:
-            self._attempt_failed(spec, host, attempt, str(exc))
+            self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc))
         except (AttemptFailed, HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
             raise
         except RecursionError:  # host output nested past what a kind's own parser bounds
-            self._attempt_failed(spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels")
+            self._attempt_failed(
+                FactsUnreadable, spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels"
+            )
         except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
             where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
-            self._attempt_failed(spec, host, attempt, f"step kind '{spec.kind}' failed unexpectedly:\n{where}")
+            message = f"step kind '{spec.kind}' failed unexpectedly:\n{where}"
+            self._attempt_failed(StepKindCrashed, spec, host, attempt, message)
         result = outcome.result
         if result.timed_out:
             self._attempt_failed(
+                CommandTimedOut,
                 spec,
                 host,
                 attempt,
@@ -475,12 +493,15 @@ class Attempts:
         try:
             facts = self.redactor.deep(_bounded_facts(outcome.facts))
         except FactsError as exc:
-            self._attempt_failed(spec, host, attempt, str(exc))
-        await self._check_gates(spec, host, attempt, result, facts)
+            self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc))
+        await self._check_gates(spec, host, attempt, result, facts, outcome.facts)
         return facts, result.exit_code
 
-    async def _check_gates(self, spec: StepSpec, host: str, attempt: int, result: CommandResult, facts: Any) -> None:
-        """The step's gates on the attempt's output and facts, in order; the first that fails fails the attempt."""
+    async def _check_gates(
+        self, spec: StepSpec, host: str, attempt: int, result: CommandResult, facts: Any, raw_facts: Any
+    ) -> None:
+        """The step's gates on the attempt's output and facts, in order; the first that fails fails the attempt,
+        with the failure class the kind gives it from its facts as read (`raw_facts`, before masking)."""
         gates = spec.effective_gates()
         expressions = [g.that for g in gates]
         read = set().union(*(roots(e) for e in expressions))
@@ -502,12 +523,14 @@ class Attempts:
                             detail += "\n  (stdout was empty)"
                         out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
                         message = f"{detail}\n  output tail:\n{out}" if out else detail
-                        self._attempt_failed(spec, host, attempt, message, facts, gate.that, result.exit_code)
+                        failure = spec.gate_failure(raw_facts, gate.that, verdict.undecided)
+                        self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code)
         except GateWorkerUnavailable as exc:
-            self._attempt_failed(spec, host, attempt, str(exc), facts)
+            self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
 
     def _attempt_failed(
         self,
+        failure: type[AttemptFailed],
         spec: StepSpec,
         host: str,
         attempt: int,
@@ -518,4 +541,4 @@ class Attempts:
     ) -> NoReturn:
         message = self.redactor.text(message)
         self.folder.events.emit(event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message)
-        raise AttemptFailed(message, facts, gate, exit_code)
+        raise failure(message, facts, gate, exit_code)

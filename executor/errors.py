@@ -14,6 +14,8 @@ to transport errors (`transport_error`).
     │                            that is no runbook (said in one line quoting none of it)
     ├── DurableWriteError        a write to the run folder failed: audit log, state, run.json, report   4
     │     .folder .what .errno .free_bytes   (disk full, I/O error, read-only, quota)
+    ├── StepKindPluginError      an installed step kind cannot be used: its entry point fails to import,  2
+    │                            names no such kind, or takes another distribution's kind name
     └── TransportError           the host could not be reached or the channel broke                     1
           └── HostKeyError       unknown or changed host key: never retried                             1
 
@@ -26,7 +28,21 @@ The engine's own signals are no RunbookError and carry no exit code: each ends a
 transport's choice of path, is recorded there, and never leaves `Engine.run` (one that did would be a bug,
 shown as its traceback, not an error of the user's):
 
-    AttemptFailed                one attempt did not pass (gate, timeout, facts, transport): retried
+    AttemptFailed                one attempt did not pass: retried, unless its class is one of the step's
+    │                            `retry.non_retryable` (README, "Retries"); each failure is one class:
+    ├── CommandTimedOut          a command or a file transfer ran past its timeout             retried
+    ├── TransportFailed          the connection broke, a file transfer failed                   retried
+    ├── FactsUnreadable          the output could not become facts; no gate worker started      retried
+    ├── StepKindCrashed          the step kind raised unexpectedly (a bug in it)                retried
+    ├── GateUndecided            a gate could not be evaluated (a missing fact, an error)       retried
+    ├── CommandFailed            a gate on the command's exit code or output was false          retried
+    ├── StepFailed               the kind reported an error not known to last (a network error) retried
+    ├── ConfigRefused            SGLang's argument parser refused the launch command        not retried
+    ├── AccessDenied             the Hub refused the token: 401, 403, a gated repo          not retried
+    ├── OutOfMemory              the server ran out of (GPU) memory while starting          not retried
+    ├── PortInUse                the server's port is held by a process the run did not start   not retried
+    └── GateFalse                a gate on facts, vars or earlier steps read a definite value   not retried
+                                 and it was false (asking again reads the same value)
     HostRefused                  the host cannot be used at all (its host key): the step fails at once
     FactsError                   a step kind's output could not become facts: the attempt fails
     GateWorkerUnavailable        no gate worker process could be started: the attempt fails
@@ -46,7 +62,7 @@ nor asyncssh, so that the commands which need neither start fast (bench/startup.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from executor.terminal import shown
 
@@ -154,6 +170,13 @@ def _size(count: int) -> str:
     raise AssertionError("unreachable")
 
 
+class StepKindPluginError(RunbookError):
+    """A step kind of the entry-point group `runbook.step_kinds` cannot be used (executor/stepkind.py): the
+    message names the kind, its distribution and its entry point. Nothing has run: the CLI exits 2."""
+
+    exit_code = 2
+
+
 class TransportError(RunbookError):
     """The host could not be reached, or the connection broke during a command.
 
@@ -223,11 +246,101 @@ class AttemptFailed(Exception):
     `exit_code` is the exit code of the attempt's command (not a CLI status: this is no RunbookError).
     """
 
+    #: Whether a failure of this class is retried when the runbook's `non_retryable:` does not name it: False for
+    #: a failure that asking again cannot fix (the same config, token, GPU memory, port holder or value).
+    retried_by_default: ClassVar[bool] = True
+
     def __init__(self, message: str, facts: Any = None, gate: str | None = None, exit_code: int | None = None) -> None:
         super().__init__(message)
         self.facts = facts
         self.gate = gate
         self.exit_code = exit_code
+
+    def not_retried(self) -> None:
+        """Mark this failure as the one that ended the step's attempts while some were left: its message (what the
+        step's record, its `step_finished` event and the terminal show) starts `not retried: CLASS`."""
+        self.args = (f"not retried: {type(self).__name__}: {self.args[0]}", *self.args[1:])
+
+
+class CommandTimedOut(AttemptFailed):
+    """A command or a file transfer ran past its timeout."""
+
+
+class TransportFailed(AttemptFailed):
+    """The connection broke during a command, or a file transfer failed."""
+
+
+class FactsUnreadable(AttemptFailed):
+    """The output could not become facts (a FactsError, nesting too deep), or no gate worker could start."""
+
+
+class StepKindCrashed(AttemptFailed):
+    """The step kind raised an unexpected exception (a bug in the kind)."""
+
+
+class GateUndecided(AttemptFailed):
+    """A gate could not be evaluated: it read a fact that is not there, or raised."""
+
+
+class CommandFailed(AttemptFailed):
+    """A gate that reads the command's exit code or output (`exit_code == 0`) was false."""
+
+
+class StepFailed(AttemptFailed):
+    """The kind reported an error of its own whose cause may pass (a network error, a server that died)."""
+
+
+class ConfigRefused(AttemptFailed):
+    """SGLang's argument parser refused the launch command (exit 2, `error: unrecognized arguments`)."""
+
+    retried_by_default = False
+
+
+class AccessDenied(AttemptFailed):
+    """The Hub refused the token: HTTP 401 or 403, or a gated repo whose terms the token's user did not accept."""
+
+    retried_by_default = False
+
+
+class OutOfMemory(AttemptFailed):
+    """The server ran out of (GPU) memory while starting: the same model on the same GPUs does so again."""
+
+    retried_by_default = False
+
+
+class PortInUse(AttemptFailed):
+    """The server's port is held by a process this runbook did not start."""
+
+    retried_by_default = False
+
+
+class GateFalse(AttemptFailed):
+    """A gate that reads facts, vars or earlier steps (not the command's raw output) read a definite value and
+    it was false: asking again reads the same value."""
+
+    retried_by_default = False
+
+
+#: Every failure class by name: what `retry.non_retryable` may name (README, "Retries").
+FAILURE_CLASSES: dict[str, type[AttemptFailed]] = {
+    cls.__name__: cls
+    for cls in (
+        CommandTimedOut,
+        TransportFailed,
+        FactsUnreadable,
+        StepKindCrashed,
+        GateUndecided,
+        CommandFailed,
+        StepFailed,
+        ConfigRefused,
+        AccessDenied,
+        OutOfMemory,
+        PortInUse,
+        GateFalse,
+    )
+}
+#: The failure classes not retried when a runbook's `non_retryable:` is not given.
+NON_RETRYABLE_DEFAULT = tuple(name for name, cls in FAILURE_CLASSES.items() if not cls.retried_by_default)
 
 
 class HostRefused(Exception):

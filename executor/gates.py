@@ -187,8 +187,10 @@ def _chain_text(node: nodes.Node) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def roots(expression: str) -> frozenset[str]:
     """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs.
-    Parsed once per distinct expression: every attempt of every step asks."""
-    return frozenset(node.name for node in parse(expression).find_all(nodes.Name))
+    Parsed once per distinct expression: every attempt of every step asks. A bare name (`stdout`) is the tree
+    itself, which `find_all` does not yield."""
+    tree = parse(expression)
+    return frozenset(node.name for node in [tree, *tree.find_all(nodes.Name)] if isinstance(node, nodes.Name))
 
 
 def names_used(expression: str) -> list[str]:

@@ -699,7 +699,7 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
 
 
 def _step(
-    raw: Any, kinds: dict[str, type[StepSpec]], loc: Loc, pos: _Positions, instance: str | None = None
+    raw: Any, kinds: Mapping[str, type[StepSpec]], loc: Loc, pos: _Positions, instance: str | None = None
 ) -> StepSpec | None:
     if not isinstance(raw, dict):
         pos.problem(loc, f"{_loc_text(loc)}: expected a mapping with id, kind and the kind's parameters")
@@ -874,7 +874,7 @@ def _pools(data: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
-def _pool_hosts(raw: Any, kinds: dict[str, type[StepSpec]], pools: Mapping[str, list[str]]) -> Any:
+def _pool_hosts(raw: Any, kinds: Mapping[str, type[StepSpec]], pools: Mapping[str, list[str]]) -> Any:
     """A step's data with a pool's name in a host-list parameter (`StepSpec.host_list_fields`) replaced by
     the pool's hosts; any other text stays, and is refused as a host the runbook does not have."""
     model = kinds.get(str(raw.get("kind"))) if isinstance(raw, dict) else None

@@ -10,9 +10,19 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from executor.durations import Delay, Duration
+from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT
 from executor.render import BASH_OWNED_NAMES
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -127,6 +137,18 @@ class Host(Model):
         return self.address == "local"
 
 
+def _failure_class(name: str) -> str:
+    if name not in FAILURE_CLASSES:
+        raise ValueError(f"{name!r} is no failure class; the classes are {', '.join(FAILURE_CLASSES)}")
+    return name
+
+
+#: A failure class's name (executor.errors, FAILURE_CLASSES; README, "Retries"), checked at `validate`.
+FailureClass = Annotated[
+    str, AfterValidator(_failure_class), WithJsonSchema({"type": "string", "enum": list(FAILURE_CLASSES)})
+]
+
+
 class RetryPolicy(Model):
     """How often an attempt is repeated before fallbacks are tried."""
 
@@ -134,6 +156,13 @@ class RetryPolicy(Model):
     delay: Delay = 2.0
     backoff: float = Field(default=2.0, ge=1.0, le=100.0)
     max_delay: Delay = 60.0
+    #: The failure classes that end the step's attempts at once (its fallbacks are still tried): asking
+    #: again cannot fix them. The whole list: `[]` retries every failure, adding a class widens it.
+    non_retryable: tuple[FailureClass, ...] = NON_RETRYABLE_DEFAULT
+
+    def retries(self, failure: BaseException) -> bool:
+        """Whether an attempt that failed with `failure` is worth another (attempts left aside)."""
+        return type(failure).__name__ not in self.non_retryable
 
 
 class RetryOverride(Model):
@@ -143,6 +172,8 @@ class RetryOverride(Model):
     delay: Delay | None = None
     backoff: float | None = Field(default=None, ge=1.0, le=100.0)
     max_delay: Delay | None = None
+    #: The failure classes not retried, in place of `defaults.retry.non_retryable` (`[]`: retry every failure).
+    non_retryable: tuple[FailureClass, ...] | None = None
 
     def over(self, base: RetryPolicy) -> RetryPolicy:
         return base.model_copy(update=self.model_dump(exclude_none=True))

@@ -7,15 +7,17 @@ A step kind is one module in `steps/` defining a subclass of `StepSpec`:
 - `parse_facts` turns the command's output into typed facts (a pydantic model or JSON data);
 - `default_gates` says what must hold when the runbook gives no gates.
 
-Kinds register themselves by subclassing with a `kind: Literal["name"]` field; `step_kinds()`
-imports every module of the `steps` package, so adding a kind never touches the engine.
+A kind is found through the entry-point group `runbook.step_kinds` (ENTRY_POINT_GROUP): `name = "module:Class"`
+in a distribution's metadata, ours in pyproject.toml like any other package's, so a package outside this
+repository adds a kind without touching it (README, "Add a kind"). `step_kinds()` reads the group's names
+when first asked and imports a kind's module only when that kind is looked up: a command that runs no step
+imports no kind, and a runbook imports the kinds it uses. A class that subclasses StepSpec with a
+`kind: Literal["name"]` field in this process (a test's) is a kind too.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 import re
 import typing
 from abc import ABC, abstractmethod
@@ -31,13 +33,24 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from executor import strict_json
 from executor.campaign import AxisValue
 from executor.durations import Duration
+from executor.errors import (
+    FAILURE_CLASSES,
+    AttemptFailed,
+    CommandFailed,
+    GateFalse,
+    GateUndecided,
+    StepFailed,
+    StepKindPluginError,
+)
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
-from executor.gates import step_refs, var_refs
+from executor.gates import roots, step_refs, var_refs
 from executor.hostprogram import PROGRAM_LINE, PROGRESS_PREFIX
 from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from executor.redact import Redactor
     from executor.transport.base import CommandResult, OutputSink, Transfer
 
@@ -56,6 +69,16 @@ def check_depth(value: Any, limit: int = FACTS_MAX_DEPTH) -> None:
     """Raise FactsError when JSON-like data nests deeper than `limit` (walked without recursion)."""
     if strict_json.nested_deeper(value, limit):
         raise FactsError(f"facts nested deeper than {limit} levels")
+
+
+#: What a gate reads of the command itself: a gate on these that is false is a CommandFailed, which another
+#: run of the command may pass; a gate reading only facts, vars and earlier steps that is false is a GateFalse.
+RAW_OUTPUT = frozenset({"exit_code", "stdout", "stderr"})
+
+
+def fact_field(facts: Any, name: str) -> Any:
+    """A top-level field of a kind's facts (a pydantic model or JSON data), None when it has none."""
+    return facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
 
 
 DocumentT = TypeVar("DocumentT", bound=BaseModel)
@@ -419,6 +442,28 @@ class StepSpec(Model):
     def default_gates(self) -> list[Gate]:
         return [Gate(that="exit_code == 0", message="the command exited with a non-zero status")]
 
+    def failure_class(self, facts: Any) -> type[AttemptFailed] | None:
+        """Why an attempt whose gates did not hold failed, when the kind's facts say it better than the gate
+        (README, "Retries"): the class a host program recognised (its `failure_class`: AccessDenied, PortInUse,
+        ...), else StepFailed when they report an error (`failure`), which another attempt may not meet. None:
+        the failed gate decides (`gate_failure`). A kind whose facts name errors otherwise overrides this."""
+        named = fact_field(facts, "failure_class")
+        if isinstance(named, str):
+            return FAILURE_CLASSES.get(named, StepFailed)
+        return StepFailed if fact_field(facts, "failure") is not None else None
+
+    def gate_failure(self, facts: Any, gate: str, undecided: bool) -> type[AttemptFailed]:
+        """The failure class of an attempt whose gate `gate` did not hold (`undecided`: it could not be
+        evaluated): the kind's own (`failure_class`) first, then GateUndecided, then CommandFailed for a gate on
+        the command's exit code or output, else GateFalse: a definite value read from facts, vars or earlier
+        steps, which asking again reads the same."""
+        known = self.failure_class(facts) if facts is not None else None
+        if known is not None:
+            return known
+        if undecided:
+            return GateUndecided
+        return CommandFailed if roots(gate) & RAW_OUTPUT else GateFalse
+
     def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
         """The runbook's default policy with this step's overrides."""
         return self.retry.over(defaults) if self.retry else defaults
@@ -538,10 +583,79 @@ class StepSpec(Model):
         return Outcome(result, self.parse_facts(result))
 
 
-def step_kinds() -> dict[str, type[StepSpec]]:
-    """Every step kind, after importing each module of the `steps` package."""
-    import steps
+#: The entry-point group of step kinds: each entry `NAME = "module:Class"`, NAME the kind's name.
+ENTRY_POINT_GROUP = "runbook.step_kinds"
+#: The distribution whose kinds are built in: another that registers one of their names is refused.
+BUILT_IN = "runbook"
 
-    for module in pkgutil.iter_modules(steps.__path__):
-        importlib.import_module(f"steps.{module.name}")
-    return dict(StepSpec.registry)
+
+class StepKinds(Mapping[str, type[StepSpec]]):
+    """Every step kind by name: the kinds of the entry-point group, then those defined in this process.
+
+    Its names cost no import; looking a kind up imports its module, once (`_load`), and raises
+    StepKindPluginError naming the distribution when that fails or gives no such kind.
+    """
+
+    def __init__(self, points: Mapping[str, EntryPoint]) -> None:
+        self.points = points
+
+    def __getitem__(self, name: str) -> type[StepSpec]:
+        point = self.points.get(name)
+        return StepSpec.registry[name] if point is None else _load(point)
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(dict.fromkeys([*self.points, *StepSpec.registry]))
+
+    def __len__(self) -> int:
+        return len(self.points.keys() | StepSpec.registry.keys())
+
+
+def step_kinds() -> StepKinds:
+    """Every step kind (see StepKinds); the entry points are read once per process."""
+    return StepKinds(_entry_points())
+
+
+@functools.cache
+def _entry_points() -> dict[str, EntryPoint]:
+    """The group's entry points by kind name; StepKindPluginError when two distributions name one kind (a
+    built-in one's name taken by another package, or two packages giving one name)."""
+    from importlib.metadata import entry_points  # here: a command that runs no step reads no metadata
+
+    found: dict[str, EntryPoint] = {}
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: _distribution(p) != BUILT_IN):
+        held = found.setdefault(point.name, point)
+        if _distribution(held) != _distribution(point):
+            what = "the built-in kind" if _distribution(held) == BUILT_IN else "the kind"
+            raise StepKindPluginError(
+                f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value}) clashes with "
+                f"{what} {point.name!r} of distribution {_distribution(held)!r} ({held.value}): rename it in "
+                f"its [project.entry-points.{ENTRY_POINT_GROUP!r}] or uninstall one of them"
+            )
+    return found
+
+
+def _distribution(point: EntryPoint) -> str:
+    return point.dist.name if point.dist is not None else "(unknown distribution)"
+
+
+_LOADED: dict[tuple[str, str], type[StepSpec]] = {}
+
+
+def _load(point: EntryPoint) -> type[StepSpec]:
+    """The kind an entry point names, its module imported on first use; StepKindPluginError when the import
+    fails or the object is no StepSpec whose `kind` is the entry point's name."""
+    key = (point.name, point.value)
+    if key in _LOADED:
+        return _LOADED[key]
+    where = f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"
+    try:
+        loaded = point.load()
+    except Exception as exc:  # any error of a plugin's import: named, never a traceback
+        raise StepKindPluginError(f"{where} cannot be imported: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(loaded, type) and issubclass(loaded, StepSpec)):
+        raise StepKindPluginError(f"{where} is no subclass of executor.stepkind.StepSpec")
+    if loaded.model_fields["kind"].default != point.name:
+        said = loaded.model_fields["kind"].default
+        raise StepKindPluginError(f"{where} declares kind: Literal[{said!r}], not {point.name!r}")
+    _LOADED[key] = loaded
+    return loaded

@@ -67,6 +67,11 @@ _ERROR_WORDS = re.compile(r"error|unsupported|failed|killed|out of memory", re.I
 #: collective out. Not any ProcessGroupNCCL line: its warnings (`using GPU 0 to perform barrier ...`) are
 #: part of a healthy start-up.
 _NCCL_ERROR = re.compile(r"NCCL error|DistBackendError|ProcessGroupNCCL.*(?:watchdog|timed out|timeout)", re.IGNORECASE)
+#: A server's start-up failures that a second start meets again, as executor/errors.py names their classes:
+#: argparse refusing the launch command (it prints `PROG: error: ...` and exits 2), and memory running out
+#: (torch's OutOfMemoryError, SGLang's "Not enough memory" for its KV cache).
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
+_OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory", re.IGNORECASE)
 #: How long watch's /health and /generate may take: one look, not a wait.
 WATCH_HTTP_S = 30.0
 
@@ -94,6 +99,17 @@ def error_line(lines: list[str]) -> str | None:
         for line in reversed(lines):
             if pattern.search(line):
                 return line.strip()
+    return None
+
+
+def startup_failure_class(lines: list[str], exit_code: int | None) -> str | None:
+    """The failure class of a server that exited during start-up, when its log shows one that retrying cannot
+    fix ("ConfigRefused", "OutOfMemory": by its error line, not a warning that mentions memory); None when its
+    log does not say (it may pass on another start)."""
+    if exit_code == 2 and any(_ARGPARSE_ERROR.match(line) for line in lines):
+        return "ConfigRefused"
+    if _OUT_OF_MEMORY.search(error_line(lines) or ""):
+        return "OutOfMemory"
     return None
 
 
@@ -492,7 +508,7 @@ def server_report(action: str, config: dict[str, Any], state_dir: str, argv: lis
         "action": action, "port": port, "bind": bind, "base_url": base_url(bind, port), "argv": argv,
         "state_file": state_path(state_dir, port), "pid": None, "log_file": None, "reused": False,
         "previous": None, "ready": False, "ready_s": None, "exit_code": None, "health": None, "generate": None,
-        "error_line": None, "log_tail": [], "failure": None,
+        "error_line": None, "log_tail": [], "failure": None, "failure_class": None,
         "server_version": None, "server_version_unknown": "the server did not become ready",
     }  # fmt: skip
 
@@ -540,7 +556,7 @@ def open_server(
             return None
         if not free:
             holder = port_holder(port)
-            report["port_holder"] = holder
+            report["port_holder"], report["failure_class"] = holder, "PortInUse"
             report["failure"] = (
                 f"port {port} is taken by {holder}, which is not a server this runbook started (no record in "
                 f"{state_path(state_dir, port)}); stop it or deploy on another port"
@@ -584,6 +600,7 @@ def start(config: dict[str, Any], state_dir: str, argv: list[str]) -> dict[str, 
     if waited["exited"]:
         code = exit_text(waited["exit_code"])
         said = report["error_line"] or (tail[-1] if tail else "its log is empty")
+        report["failure_class"] = startup_failure_class(tail, waited["exit_code"])
         report["failure"] = (
             f"the server exited{code} during start-up after {waited['elapsed_s']:.1f}s: {said} (log: {log_file})"
         )

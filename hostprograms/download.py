@@ -50,11 +50,16 @@ TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 class HubError(Exception):
-    """The Hub refused or failed a request; the message says what it answered, `short` in a few words."""
+    """The Hub refused or failed a request; the message says what it answered, `short` in a few words.
 
-    def __init__(self, message: str, short: str | None = None) -> None:
+    `failure_class` is "AccessDenied" when the Hub refused the token (401, 403, a gated repo): asking again
+    with the same token is refused again, so the controller does not retry it (executor/errors.py).
+    """
+
+    def __init__(self, message: str, short: str | None = None, failure_class: str | None = None) -> None:
         super().__init__(message)
         self.short = short or message[:60]
+        self.failure_class = failure_class
 
 
 # ----------------------------------------------------------------------------- token and HTTP
@@ -97,6 +102,7 @@ def http_error(exc: urllib.error.HTTPError, url: str, token_source: str | None) 
         else:
             hint = f"the token from {token_source} was refused"
         text = f"{hint}; the Hub answered {text}"
+        return HubError(text, short, "AccessDenied")
     return HubError(text, short)
 
 
@@ -276,7 +282,7 @@ def check(config: dict[str, Any], known: dict[str, Any] | None) -> dict[str, Any
         try:
             listed = read_manifest(config, token, token_source)
         except HubError as exc:
-            return report | {"hub_error": str(exc), "disk": disk(local_dir)}
+            return report | {"hub_error": str(exc), "failure_class": exc.failure_class, "disk": disk(local_dir)}
         report |= listed
         manifest = listed["manifest"]
         if not manifest:
@@ -287,7 +293,7 @@ def check(config: dict[str, Any], known: dict[str, Any] | None) -> dict[str, Any
         try:
             check_access(config["repo"], report["commit"], first, token, token_source)
         except HubError as exc:
-            report["hub_error"] = str(exc)
+            report["hub_error"], report["failure_class"] = str(exc), exc.failure_class
     report["disk"] = disk(local_dir)
     return report
 

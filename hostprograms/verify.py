@@ -421,7 +421,9 @@ def run(config: dict[str, Any], progress: Progress) -> dict[str, Any]:
     try:
         commit, manifest = read_manifest(config["repo"], config["revision"])
     except Exception as exc:  # gated, not found, no network, no huggingface_hub: a fact, not a crash
-        return {**out, "commit": None, "manifest_error": f"{type(exc).__name__}: {exc}"}
+        refused = getattr(getattr(exc, "response", None), "status_code", None) in (401, 403)  # the token, gated
+        said = {"manifest_error": f"{type(exc).__name__}: {exc}", "failure_class": "AccessDenied" if refused else None}
+        return {**out, "commit": None, **said}
     selected = select(manifest, config.get("include") or [], config.get("exclude") or [])
     report = verify(root, manifest, selected, workers, progress)
     if config.get("repair") and (bad_paths(report) or report["incomplete"]):

@@ -153,6 +153,7 @@ class DownloadFacts(DataModel):
     incomplete: list[str]  # files not complete at the end, with their state
     removed_leftovers: list[str]  # stale `*.incomplete` files removed once the download was complete
     failure: str | None  # why the download is not complete, one line
+    failure_class: str | None = None  # AccessDenied: the Hub refused the token (executor/errors.py)
 
 
 #: How the readable plan names each method (its commands follow, but http's: a host program).
@@ -327,6 +328,7 @@ class DownloadStep(StepSpec):
             incomplete=describe_incomplete(pre),
             removed_leftovers=pre.get("removed", []),
             failure=pre.get("hub_error") or disk.shortfall,
+            failure_class=pre.get("failure_class"),
         )
         if facts.failure is not None:
             return Outcome(result, self._finish(facts, started, 0.0))

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from executor.durations import Delay, Duration
+from executor.errors import AttemptFailed, StepFailed
 from executor.files import open_regular
 from executor.hostprogram import host_program
 from executor.model import DataModel, Gate, Model
@@ -89,6 +90,7 @@ from executor.stepkind import (
     StepContext,
     StepRef,
     StepSpec,
+    fact_field,
     host_document,
 )
 from steps.benchmark_results import MEASURED_MAX, Measured, unusable
@@ -731,6 +733,11 @@ class EvalAcceptanceStep(StepSpec):
             return facts_from(document, self, setup or self.setup({}), reference)
         except ValidationError as exc:  # a meta_info field of an unexpected type
             raise FactsError(f"the server's meta_info has fields of unexpected types: {exc}") from None
+
+    def failure_class(self, facts: Any) -> type[AttemptFailed] | None:
+        """StepFailed when the evaluation stopped early (`error`: a flush refused, the server gone), which
+        another attempt may not meet; otherwise a false gate on its numbers is a definite GateFalse."""
+        return StepFailed if fact_field(facts, "error") is not None else None
 
     def default_gates(self) -> list[Gate]:
         gates = [

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
+from executor.errors import AccessDenied, AttemptFailed, StepFailed
 from executor.hostprogram import host_program
 from executor.model import DataModel, Gate
 from executor.render import with_vars
@@ -70,6 +71,7 @@ class VerifyFacts(Facts):
     local_dir: str
     commit: str | None  # the manifest's commit sha; None with manifest_error
     manifest_error: str | None  # why the manifest could not be read (gated, not found, ...)
+    failure_class: str | None = None  # AccessDenied: the Hub refused the token (executor/errors.py)
     files_expected: int = 0
     bytes_expected: int = 0
     files_checked: int = 0  # present on disk
@@ -117,6 +119,15 @@ class VerifyStep(StepSpec):
 
     def parse_facts(self, result: CommandResult) -> VerifyFacts:
         return host_document(result, VerifyFacts, "verify's host program")
+
+    def failure_class(self, facts: Any) -> type[AttemptFailed] | None:
+        """AccessDenied when the Hub refused the token for the manifest; StepFailed when the manifest could not
+        be read otherwise (the network) or a repair failed; else a false gate is a definite GateFalse."""
+        if not isinstance(facts, VerifyFacts):
+            return None
+        if facts.manifest_error is not None:
+            return AccessDenied if facts.failure_class == "AccessDenied" else StepFailed
+        return StepFailed if facts.repair_errors else None
 
     def default_gates(self) -> list[Gate]:
         return [

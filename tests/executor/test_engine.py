@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import json
 import os
 import stat
@@ -371,13 +372,14 @@ def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
 
 
 def extra_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> None:
-    """A step kind of a test's own, found as the kinds in steps/ are (adding one touches no engine code)."""
+    """A step kind of a test's own, a module of the `steps` package imported (adding one touches no engine code)."""
     import steps
 
     extra = tmp_path / "extra_steps"
     extra.mkdir(exist_ok=True)
     (extra / f"{name}.py").write_text(textwrap.dedent(source))
     monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
+    importlib.import_module(f"steps.{name}")
 
 
 def test_a_bug_in_a_step_kind_fails_the_step_without_crashing_the_run(tmp_path, capsys, monkeypatch) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from executor.gates import evaluate, names_used, syntax_error
+from executor.gates import evaluate, names_used, roots, syntax_error
 
 NAMES = {
     "stdout": "",
@@ -65,3 +65,10 @@ def test_a_gate_that_raises_still_shows_its_values() -> None:
     assert not verdict.passed
     assert "raised TypeError" in verdict.detail
     assert "facts.backends = null" in verdict.detail
+
+
+def test_roots_are_the_names_a_gate_reads_a_bare_name_too() -> None:
+    """The worker gets only these: a gate `stdout` (the whole expression one name) read `stdout` as undefined."""
+    assert roots("stdout") == {"stdout"}
+    assert roots("facts.n > 0 and exit_code == 0") == {"facts", "exit_code"}
+    assert roots("1 + 1") == set()

@@ -24,7 +24,7 @@ FLAGSHIP = REPO / "runbooks" / "k26_dflash.yaml"
 NEVER = ("asyncssh", "matplotlib", "hostprograms", "huggingface_hub", "tenacity", "structlog", "executor.engine")
 NEVER += ("executor.transport.ssh", "executor.events", "rich.traceback", "rich.live", "pygments")
 #: ... nor, for those that only read a run folder, the runbook's parts: YAML, pydantic, Jinja2, asyncio.
-NO_RUNBOOK = ("yaml", "pydantic", "jinja2", "asyncio", "executor.loader", "steps")
+NO_RUNBOOK = ("yaml", "pydantic", "jinja2", "asyncio", "executor.loader", "steps", "importlib.metadata")
 
 PROBE = """
 import json, sys
@@ -102,6 +102,13 @@ def test_validate_and_plan_import_no_ssh_no_host_program_and_no_run(command: str
     assert code == 0
     assert among(modules, NEVER) == []
     assert {"yaml", "pydantic", "jinja2", "steps.deploy"} <= modules  # what they do need: the check sees imports
+
+
+def test_validate_imports_the_kinds_the_runbook_uses_and_no_other(tmp_path: Path) -> None:
+    """Kinds come through entry points, each imported when a runbook uses it (README, "Add a kind")."""
+    code, modules = imported(tmp_path, "validate", str(REPO / "runbooks" / "demo_local.yaml"))  # shell steps
+    assert code == 0
+    assert among(modules, ("steps",)) == ["steps", "steps.shell"]
 
 
 def test_validate_prints_plain_text_without_rich_and_opens_no_audit_log(tmp_path: Path) -> None:

@@ -372,8 +372,9 @@ def test_a_5xx_fails_the_attempt_and_the_retry_succeeds(tmp_path: Path, download
 def test_a_gated_repo_needs_the_token_which_never_shows(tmp_path: Path, download: Any, hub: HubServer) -> None:
     hub.faults.gate(DRAFTER_ID)
     params = {"repo": DRAFTER_ID, "local_dir": str(tmp_path / "d")}
-    refused = download(**params)
+    refused = download(retry={"attempts": 3, "delay": "10ms"}, **params)
     assert refused.code == 1
+    assert refused.step["attempts"] == 1 and "not retried: AccessDenied" in refused.failure  # the same token again
     assert "the Hub did not let the host read the repo's files" in refused.failure
     assert (
         'facts.hub_error = "a token is needed and none reached the host (no HF_TOKEN in its environment, no token '

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -62,7 +63,8 @@ def test_empty_json_output_fails_the_step_with_the_reason(tmp_path: Path, capsys
 def test_a_new_kind_is_one_module_in_steps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Drop a module into a folder on the `steps` package path: the engine finds and runs it."""
+    """A module of the `steps` package's path defining a kind: once imported, the engine finds and runs it (an
+    installed package's kind comes through an entry point: tests/docs/test_kind_plugin.py)."""
     extra = tmp_path / "extra_steps"
     extra.mkdir()
     (extra / "count_words.py").write_text(
@@ -91,6 +93,8 @@ def test_a_new_kind_is_one_module_in_steps(
         """)
     )
     monkeypatch.setattr(steps, "__path__", [*steps.__path__, str(extra)])
+    assert "count_words" not in step_kinds()
+    importlib.import_module("steps.count_words")
     assert "count_words" in step_kinds()
     path = tmp_path / "rb.yaml"
     path.write_text(
