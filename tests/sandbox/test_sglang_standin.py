@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from sandbox.prepare import VENV
 from sandbox.repos import target_repo
 from sandbox.sglang_standin import bench_client, faults, hook, launch, launch_args, simulation
-from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE
+from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE, Pacer, sse_lines
 from sandbox.sshd import free_port
 from tests.conftest import SandboxHost
 from tests.sandbox.test_testhost import ssh
@@ -246,6 +246,42 @@ def test_streaming_is_sglangs_sse(
     assert "spec_verify_ct" in chunks[-1]["meta_info"] and "spec_verify_ct" not in chunks[0]["meta_info"]
 
 
+@given(st.lists(st.lists(st.integers(0, 2**20), max_size=6), max_size=8), st.text(max_size=40))
+def test_a_streamed_line_is_json_dumps_of_its_cumulative_output_byte_for_byte(
+    steps: list[list[int]], words: str
+) -> None:
+    """The stream encodes each output id once (sse_lines), and still sends what json.dumps of each output is."""
+    outputs, ids, text = [], [], ""
+    for n, fresh in enumerate(steps):
+        ids, text = ids + fresh, text + words[: n + 1]
+        meta = {"id": "r", "finish_reason": None, "completion_tokens": len(ids), "note": words}
+        outputs.append({"text": text, "output_ids": list(ids), "meta_info": meta})
+    assert list(sse_lines(iter(outputs))) == [b"data: " + json.dumps(out).encode() + b"\n\n" for out in outputs]
+
+
+def test_a_late_wake_up_is_made_up_by_the_next_step_not_added_to_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sleep wakes 0.4 ms late (a loaded machine); 100 steps of 1 ms still take 100 ms, plus the last
+    wake-up's lateness, where a sleep per step took 140 ms."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds + 0.0004))
+    pacer = Pacer()
+    for _ in range(100):
+        pacer.wait(0.001)
+    assert clock[0] == pytest.approx(0.1004)
+
+
+@given(st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=60))
+def test_the_benchmark_clients_statistics_are_numpys(values: list[float]) -> None:
+    """calculate_metrics' mean, median, std and percentiles as the real client's numpy computes them."""
+    import numpy as np
+
+    got = bench_client._series(values, "x", extra=("max",))
+    wanted = [np.mean(values), np.median(values), np.std(values), *np.percentile(values, [90, 95, 99]), max(values)]
+    assert list(got.values()) == pytest.approx([1000 * float(w) for w in wanted], rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.xdist_group("timing")  # compares measured speeds: not beside a benchmark
 def test_dflash_is_faster_than_baseline_and_only_it_reports_acceptance(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
@@ -337,6 +373,7 @@ def test_flush_cache_answers_with_sglangs_bodies(
     assert "Cache flushed successfully!" in log and "Cache not flushed because there are pending requests." in log
 
 
+@pytest.mark.xdist_group("timing")  # compares measured speeds: not beside a benchmark
 def test_the_prefix_cache_serves_a_repeated_prefix_until_a_flush(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
@@ -510,6 +547,7 @@ def bench(host: SandboxHost, server: Server, output: Path, concurrency: int, *ex
     return foreground(host, f"python -m sglang.bench_serving {shlex.join(flags)}")
 
 
+@pytest.mark.xdist_group("timing")  # compares measured speeds: not beside a benchmark
 def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server], tmp_path: Path
 ) -> None:
