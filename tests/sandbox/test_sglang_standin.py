@@ -383,11 +383,17 @@ def test_the_prefix_cache_serves_a_repeated_prefix_until_a_flush(
     with host.standin(**FAST):
         servers.append(server := start(host, launch_flags(models, free_port())))
         wait_healthy(server)
-    prompt = " ".join(f"w{i}" for i in range(2000))  # 2000 tokens: 50 ms of prefill
-    first, again = generate(server, prompt, 1)["meta_info"], generate(server, prompt, 1)["meta_info"]
+    prompt = " ".join(f"w{i}" for i in range(2000))  # 2000 tokens: 55 ms of prefill, 5 ms for the last one
+    first = generate(server, prompt, 1)["meta_info"]
+    again = [generate(server, prompt, 1)["meta_info"] for _ in range(3)]
     shared = generate(server, " ".join(prompt.split()[:1200] + ["other"] * 800), 1)["meta_info"]
-    assert (first["cached_tokens"], again["cached_tokens"], shared["cached_tokens"]) == (0, 1999, 1200)
-    assert again["e2e_latency"] + 0.04 < first["e2e_latency"]  # only the last token was prefilled again
+    assert [meta["cached_tokens"] for meta in (first, *again, shared)] == [0, 1999, 1999, 1999, 1200]
+    # Only the last token was prefilled again. A request never answers before its paced schedule (the Pacer
+    # sleeps until it is due), only later, by how late a loaded machine wakes it: so a repeat that answered
+    # sooner than a full prefill's schedule cannot have prefilled it all; the fastest of three leaves 50 ms
+    # for a late wake-up.
+    full_prefill = simulation.prefill_seconds(2000)
+    assert min(a["e2e_latency"] for a in again) < full_prefill <= first["e2e_latency"]
     log = server.log.read_text()
     for new, cached in ((2000, 0), (1, 1999), (800, 1200)):  # metrics_reporter.report_prefill_stats' line
         line = f"Prefill batch, #new-seq: 1, #new-token: {new}, #cached-token: {cached}, token usage: 0.00, "
@@ -554,7 +560,8 @@ def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
     host = testhost("h200")
     baseline, dflash = start_pair(host, models, servers)
     out = tmp_path / "bench.jsonl"
-    for server, concurrency in ((baseline, 1), (baseline, 4), (dflash, 1), (dflash, 4)):
+    # baseline and DFLASH in turns: each pair runs in the same conditions (the load of the other xdist worker)
+    for server, concurrency in ((baseline, 1), (dflash, 1), (baseline, 4), (dflash, 4)):
         status, output = bench(host, server, out, concurrency)
         assert status == 0, output
         assert "============ Serving Benchmark Result ============" in output
@@ -562,21 +569,21 @@ def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 4  # appended, one line per run
     assert all(list(line) == real_result_fields() for line in lines)
-    base1, base4, spec1, spec4 = lines
+    base1, spec1, base4, spec4 = lines
     assert all(line["completed"] == 8 and line["total_output_tokens"] == 8 * 48 for line in lines)
     assert all(line["total_input_tokens"] == 8 * 32 and line["dataset_name"] == "random-ids" for line in lines)
     assert base1["accept_length"] is None and spec1["accept_length"] > 1
     assert spec1["server_info"]["speculative_algorithm"] == "DFLASH" and base1["server_info"]["version"] == "0.5.23"
-    # The model's speedup here is 2.22 / 1.3 = 1.7 (raw-text acceptance over a verify step's cost);
-    # each request's fixed HTTP and scheduling overhead, larger on a loaded 2-core machine, pulls the
-    # measured ratio towards 1 (CI saw 1.46), so this asserts "clearly faster", not the model's figure.
-    assert spec1["output_throughput"] > 1.25 * base1["output_throughput"]
-    assert spec1["mean_tpot_ms"] < base1["mean_tpot_ms"]
+    # The model's speedup here is 2.22 / 1.3 = 1.7 (raw-text acceptance over a verify step's cost). It is
+    # asserted on the median time per output token: the decode steps, paced on a schedule (a late wake-up
+    # is made up by the next step), so a loaded machine barely moves it. Throughput adds each request's
+    # HTTP and scheduling overhead, which on a loaded 2-core machine pulls the ratio towards 1 (below 1.25
+    # under a load of 20): it only has to show DFLASH faster.
+    speedup1 = base1["median_tpot_ms"] / spec1["median_tpot_ms"]
+    assert speedup1 > 1.25 and spec1["mean_tpot_ms"] < base1["mean_tpot_ms"]
+    assert spec1["output_throughput"] > base1["output_throughput"]
     assert base4["output_throughput"] > 2 * base1["output_throughput"]  # batching pays off
-    assert (
-        spec4["output_throughput"] / base4["output_throughput"]
-        < spec1["output_throughput"] / base1["output_throughput"]
-    )
+    assert base4["median_tpot_ms"] / spec4["median_tpot_ms"] < speedup1  # speculation pays less in a batch
     assert base1["p99_ttft_ms"] >= base1["median_ttft_ms"] > 0 and base1["max_concurrency"] == 1
 
 
