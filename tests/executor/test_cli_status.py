@@ -1,6 +1,7 @@
 """`runbook status` and `runbook runs` as a user reads them, and a console nobody reads any more.
 
-Runs go through the real CLI in a subprocess against the real test sshd.
+Runs go through the real CLI (in this process: tests.clirun) against the real test sshd; a console reader going
+away, a `kill -9` and a run in progress are another process, as they are for a user.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 FIVE_STEPS = """\
 name: five
