@@ -9,6 +9,9 @@ decodes a pipe; stdin is empty (`DEVNULL`); the environment is this process's wi
 a command changes of the process (environment, working directory, umask, signal handlers, the CLI's cached
 consoles, which read the width and colour settings once) is put back after it, so calls never see each other.
 
+Called from a thread other than the main one (a test's pool of resumes), it runs the subprocess: a run's signal
+handlers can only be set there, and the streams and environment it swaps are the whole process's.
+
 A test whose subject is the process itself keeps the subprocess: a signal, `kill -9`, an rlimit
 (`memory_bytes`), a pipe that closes, the installed `runbook` script, start-up time.
 """
@@ -21,10 +24,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from executor import cli
+from tests import conftest
 
 # the handlers a command may install (cmd_run's interrupts, the MCP server's SIGTERM); each is put back after it
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
@@ -34,6 +39,8 @@ def runbook_cli(
     *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`runbook ARGS...` in this process; its exit status, stdout and stderr as `subprocess.run` gives them."""
+    if threading.current_thread() is not threading.main_thread():
+        return conftest.runbook_cli(*args, env=env, cwd=cwd)
     given = dict(env or {})
     encoding = given.get("PYTHONIOENCODING") or os.environ.get("PYTHONIOENCODING") or "utf-8"
     stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding, write_through=True)
