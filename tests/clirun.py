@@ -5,9 +5,10 @@ to a second of CI per call, and the suite makes hundreds. This runs `executor.cl
 the process would: stdout and stderr are fresh byte streams in the encoding the process would get
 (`PYTHONIOENCODING`, else UTF-8; stderr's `backslashreplace`), read back as `subprocess.run(text=True)`
 decodes a pipe; stdin is empty (`DEVNULL`); the environment is this process's with `env` laid over it (and
-`COLUMNS=80` unless given, the width a command with no terminal gets); `cwd` is the working directory. Whatever
-a command changes of the process (environment, working directory, umask, signal handlers, the CLI's cached
-consoles, which read the width and colour settings once) is put back after it, so calls never see each other.
+`COLUMNS=80` unless given, the width a command with no terminal gets); `cwd` is the working directory. What a
+command changes of the process (environment, working directory, umask, the CLI's cached consoles, which read
+the width and colour settings once) is put back after it, so calls never see each other; `run`'s signal
+handlers go with its event loop (asyncio.run closes it), and tests/test_clirun.py checks that none is left.
 
 Called from a thread other than the main one (a test's pool of resumes), it runs the subprocess: a run's signal
 handlers can only be set there, and the streams and environment it swaps are the whole process's.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -31,12 +31,9 @@ from pathlib import Path
 from executor import cli
 from tests import conftest
 
-# the handlers a command may install (cmd_run's interrupts, the MCP server's SIGTERM); each is put back after it
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
-
 
 def runbook_cli(
-    *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`runbook ARGS...` in this process; its exit status, stdout and stderr as `subprocess.run` gives them."""
     if threading.current_thread() is not threading.main_thread():
@@ -76,7 +73,6 @@ def _process_state(env: Mapping[str, str], cwd: Path | None) -> Iterator[None]:
     saved_cwd = os.getcwd()
     saved_umask = os.umask(0o022)
     os.umask(saved_umask)
-    saved_handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     os.environ.update(env)
     cli.err.cache_clear()
     cli.out.cache_clear()
@@ -87,9 +83,6 @@ def _process_state(env: Mapping[str, str], cwd: Path | None) -> Iterator[None]:
     finally:
         os.chdir(saved_cwd)
         os.umask(saved_umask)
-        for sig, handler in saved_handlers.items():
-            if handler is not None:  # None: a handler not set from Python, which a command cannot have changed
-                signal.signal(sig, handler)
         os.environ.clear()
         os.environ.update(saved_env)
         cli.err.cache_clear()
