@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.clirun import runbook_cli
+from tests.runfolders import run_folders
 
 FIVE_STEPS = """\
 name: five
@@ -94,7 +95,7 @@ def test_runs_shows_whole_run_ids_on_a_narrow_terminal(write_runbook: Any, tmp_p
     assert cli("run", str(book), "--log-dir", str(logs)).returncode == 1
     (tmp_path / "marker").touch()
     assert cli("run", str(book), "--resume", "--log-dir", str(logs)).returncode == 0
-    ids = [json.loads(p.read_text())["run_id"] for p in sorted(logs.glob("*/run.json"))]
+    ids = [folder.name for folder in run_folders(logs)]
 
     table = cli("runs", "--log-dir", str(logs), columns=40).stdout
     for run_id in ids:  # a user copies these into `status` and `--resume`
