@@ -52,7 +52,8 @@ def runbook_cli(
     memory_bytes: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `runbook` CLI in a subprocess, as a user would; `memory_bytes` bounds its address
-    space (an allocation past it fails there, as MemoryError)."""
+    space (an allocation past it fails there, as MemoryError). For tests whose subject is the process (an
+    rlimit, a hang bounded by `timeout`); the others call tests.clirun.runbook_cli, in this process."""
 
     def bound() -> None:
         if memory_bytes is not None:

@@ -17,7 +17,7 @@ from executor.campaign import EXIT_CELLS_FAILED
 from executor.cli import EXIT_BROKEN_PIPE
 from executor.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, InvalidRunbook, RunLocked
 from executor.event_models import EVENT_TYPES, SCHEMA_VERSION
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from sandbox.repos import oversized_copy
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.steps.test_benchmark import standin as standin  # the stand-in test fixture, shared
 from tests.steps.test_benchmark import yaml_steps
 

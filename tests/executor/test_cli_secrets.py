@@ -18,7 +18,7 @@ from executor.errors import InvalidRunbook
 from executor.loader import Runbook, load_runbook
 from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.resume import parse_var_args
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 BOOK = """\
 name: pasted

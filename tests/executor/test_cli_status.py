@@ -1,6 +1,7 @@
 """`runbook status` and `runbook runs` as a user reads them, and a console nobody reads any more.
 
-Runs go through the real CLI in a subprocess against the real test sshd.
+Runs go through the real CLI (in this process: tests.clirun) against the real test sshd; a console reader going
+away, a `kill -9` and a run in progress are another process, as they are for a user.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
+from tests.runfolders import run_folders
 
 FIVE_STEPS = """\
 name: five
@@ -93,7 +95,7 @@ def test_runs_shows_whole_run_ids_on_a_narrow_terminal(write_runbook: Any, tmp_p
     assert cli("run", str(book), "--log-dir", str(logs)).returncode == 1
     (tmp_path / "marker").touch()
     assert cli("run", str(book), "--resume", "--log-dir", str(logs)).returncode == 0
-    ids = [json.loads(p.read_text())["run_id"] for p in sorted(logs.glob("*/run.json"))]
+    ids = [folder.name for folder in run_folders(logs)]
 
     table = cli("runs", "--log-dir", str(logs), columns=40).stdout
     for run_id in ids:  # a user copies these into `status` and `--resume`

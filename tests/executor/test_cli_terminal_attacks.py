@@ -13,7 +13,7 @@ import pytest
 
 from executor.cli import main
 from sandbox import demo
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 TINY = """\
 name: tiny

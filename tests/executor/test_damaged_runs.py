@@ -3,7 +3,8 @@
 A run.json or state.db whose fields have the wrong type, or whose `resumed_from` names the run itself
 or goes round in a cycle, is named with the reason (exit 2) by `runs`, `status`, `audit verify` and
 `--resume`, never a traceback. Output into a pipe whose reader went away ends quietly (exit 141). The
-CLI runs in a subprocess against the test sshd; the open-ended damage is drawn by hypothesis and run
+CLI runs in this process (tests.clirun) against the test sshd, in a subprocess where a closed pipe or a
+kill -9 is the subject; the open-ended damage is drawn by hypothesis and run
 through the CLI's `main` in this process (an `address: local` host), so that many kinds can be tried.
 """
 
@@ -30,14 +31,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from executor import cli as cli_mod
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.runfolders import run_folders
 
 CLI = [sys.executable, "-m", "executor.cli"]
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    done = runbook_cli(*args, timeout=timeout)
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    done = runbook_cli(*args)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 

@@ -24,7 +24,7 @@ from executor.loader import load_runbook
 from executor.redact import Redactor
 from executor.state import open_state
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 SECRET = "s3cr3t-diagnostic-value"
 #: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback

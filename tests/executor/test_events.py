@@ -43,7 +43,7 @@ from executor.redact import Redactor
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SECRET = "hf_events_secret_value"

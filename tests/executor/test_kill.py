@@ -31,7 +31,7 @@ from executor.transport import runner as runner_module
 from executor.transport import ssh as ssh_module
 from executor.transport.base import CommandInterrupted, CommandResult
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.executor.test_engine import audit_records, status
 from tests.executor.test_engine import run as run_cli
 from tests.executor.test_render import run_rendered

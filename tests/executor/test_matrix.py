@@ -29,7 +29,7 @@ from executor.matrix import (
     MAX_VALUE_CHARS,
 )
 from executor.planner import PLAN_SHOWN, placed_hosts, plan_document
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 SWEEP = """\
 name: sweep

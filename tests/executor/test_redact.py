@@ -26,7 +26,7 @@ from executor.cli import main
 from executor.redact import MIN_SECRET_CHARS, Redactor, forms
 from executor.transport import base as transport_base
 from executor.transport.base import Captured
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 # ---- the redactor and the stream ------------------------------------------------------------------
 

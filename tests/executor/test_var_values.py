@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor.cli import main
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 LOCAL = """\
 name: typed

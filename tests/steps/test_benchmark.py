@@ -36,7 +36,7 @@ from steps.benchmark_results import (
     parse_run,
     points,
 )
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 
 def real_line(**changes: Any) -> dict[str, Any]:

@@ -45,7 +45,8 @@ from steps.eval_acceptance import (
     speculated,
     summarize,
 )
-from tests.conftest import SandboxHost, runbook_cli
+from tests.clirun import runbook_cli
+from tests.conftest import SandboxHost
 
 # ------------------------------------------------------------------------------------------ prompt sets
 
