@@ -1,7 +1,7 @@
 """`runbook_cli`, in this process: the `runbook` command as a test calls it when no process boundary is under test.
 
 A subprocess (tests.conftest.runbook_cli) pays an interpreter's start and the CLI's imports, about half a second
-to a second of CI per call, and the suite makes hundreds. This runs `executor.cli.main(argv)` here instead, as
+to a second of CI per call, and the suite makes hundreds. This runs `executor.faces.cli.main(argv)` here instead, as
 the process would: stdout and stderr are fresh byte streams in the encoding the process would get
 (`PYTHONIOENCODING`, else UTF-8; stderr's `backslashreplace`), read back as `subprocess.run(text=True)`
 decodes a pipe; stdin is empty (`DEVNULL`); the environment is this process's with `env` laid over it (and
@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from executor import cli
+from executor.faces import cli
 from tests import conftest
 
 

@@ -60,7 +60,7 @@ def runbook_cli(
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
     return subprocess.run(
-        [sys.executable, "-m", "executor.cli", *args],
+        [sys.executable, "-m", "executor.faces.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

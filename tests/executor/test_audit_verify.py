@@ -29,11 +29,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor import audit as audit_mod
-from executor import cli as cli_mod
-from executor.audit import GENESIS, record_hash
 from executor.errors import AuditKeyError
-from executor.seal import AuditKey, load_key
+from executor.faces import cli as cli_mod
+from executor.run import audit as audit_mod
+from executor.run.audit import GENESIS, record_hash
+from executor.run.seal import AuditKey, load_key
 from sandbox.sshd import SSHServer
 from tests.clirun import runbook_cli
 from tests.executor.killpoints import run_book

@@ -1,6 +1,6 @@
 """Bounds on what hostile host output can make the controller do: gates, facts, and the runbook's limits.
 
-Gates run in worker processes (executor.gates) bounded in time and memory; facts are bounded in depth;
+Gates run in worker processes (executor.runbook.gates) bounded in time and memory; facts are bounded in depth;
 durations must be bounds. Through the CLI against the real sshd, and at the worker directly.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import gates
-from executor.cli import main
-from executor.gates import GATE_MEMORY_BYTES, GateWorkers
+from executor.faces.cli import main
+from executor.runbook import gates
+from executor.runbook.gates import GATE_MEMORY_BYTES, GateWorkers
 from executor.stepkind import FACTS_MAX_DEPTH
 from tests.clirun import runbook_cli
 from tests.executor.test_resume import start

@@ -109,7 +109,7 @@ def test_kill_9_in_a_cell_then_resume_reruns_only_the_cell_in_flight_and_what_fo
     path = sweep(tmp_path, sshd, sleep="x-2")
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(path), "--log-dir", str(logs)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=os.environ.copy(),

@@ -129,7 +129,7 @@ def test_a_run_whose_console_reader_went_away_still_finishes(write_runbook: Any,
     (tmp_path / "marker").touch()
     book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(book), "--log-dir", str(logs)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -279,7 +279,7 @@ def test_a_killed_run_is_stopped_in_json_and_its_step_running_without_a_process(
         """)
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(book), "--log-dir", str(logs)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -367,7 +367,7 @@ def test_status_of_a_live_run_shows_the_attempt_under_way(write_runbook: Any, tm
         "    retry: {attempts: 3, delay: 100ms}\n    script: " + json.dumps(script) + "\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(book), "--log-dir", str(logs)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

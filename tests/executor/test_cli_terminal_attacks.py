@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 from sandbox import demo
 from tests.clirun import runbook_cli
 

@@ -30,11 +30,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from executor import cli as cli_mod
+from executor.faces import cli as cli_mod
 from tests.clirun import runbook_cli
 from tests.runfolders import run_folders
 
-CLI = [sys.executable, "-m", "executor.cli"]
+CLI = [sys.executable, "-m", "executor.faces.cli"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -132,7 +132,7 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=6,
 )
-#: what each run.json field must hold, written here independently of executor/state.py
+#: what each run.json field must hold, written here independently of executor/run/state.py
 META_TYPES: dict[str, Any] = {
     "run_id": str,
     "runbook": str,

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from executor import audit
-from executor.audit import AuditContext, AuditLog
 from executor.errors import DurableWriteError
 from executor.redact import Redactor
+from executor.run import audit
+from executor.run.audit import AuditContext, AuditLog
 from executor.transport.base import Collector
 from steps.benchmark_figures import write_report
 from tests.clirun import runbook_cli

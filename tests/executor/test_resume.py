@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from executor.engine import Engine, RunOptions
 from executor.errors import StateError
-from executor.events import Reporter
-from executor.loader import load_runbook
-from executor.state import RunLock
+from executor.run.engine import Engine, RunOptions
+from executor.run.events import Reporter
+from executor.run.state import RunLock
+from executor.runbook.loader import load_runbook
 from tests.clirun import runbook_cli
 from tests.executor.killpoints import run_book
 
-CLI = [sys.executable, "-m", "executor.cli"]
+CLI = [sys.executable, "-m", "executor.faces.cli"]
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -750,8 +750,8 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, writ
 
 
 def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path: Path) -> None:
-    from executor.loader import load_runbook
-    from executor.resume import definition_parts, fingerprint
+    from executor.run.resume import definition_parts, fingerprint
+    from executor.runbook.loader import load_runbook
 
     def fingerprint_with(**host: object) -> str:
         settings = {"address": "gpu-box.example", **host}

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
 from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT
-from executor.events import EVENTS_FILE
+from executor.faces.cli import main
+from executor.run.events import EVENTS_FILE
 
 RETRY = "{attempts: 3, delay: 10ms}"
 

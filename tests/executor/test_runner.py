@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from executor.diagnostics import DEBUG_FILE, DebugLog
 from executor.errors import TransportError
-from executor.model import Host
 from executor.redact import NO_SECRETS
 from executor.render import render_command
+from executor.runbook.model import Host
 from executor.transport import SSHTransport
 from executor.transport import runner_host as host_program
 from executor.transport.base import CommandResult

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from bench.transfer_memory import measure
 from executor.errors import TransportError
-from executor.model import Host
+from executor.runbook.model import Host
 from executor.transport import SSHTransport, Transport
 from executor.transport import base as transport_base
 from sandbox.sshd import SSHServer

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
+from executor.faces.cli import main
 from tests.clirun import runbook_cli
 
 LOCAL = """\

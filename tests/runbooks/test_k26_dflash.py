@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from executor import audit
-from executor.cli import main
+from executor.faces.cli import main
+from executor.run import audit
 from sandbox.hub import HubServer
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import free_port

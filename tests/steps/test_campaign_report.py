@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.campaign import AxisValue
-from executor.gates import evaluate
 from executor.redact import NO_SECRETS
+from executor.runbook.campaign import AxisValue
+from executor.runbook.gates import evaluate
 from executor.stepkind import StepContext, StepView
 from executor.transport.base import CommandResult, Transfer
 from steps.benchmark import BenchmarkFacts

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from executor import audit
 from executor.errors import AttemptFailed
+from executor.run import audit
 from sandbox.hub import HubServer
 from sandbox.model_configs import target_config
 from sandbox.prepare import VENV_PYTHON
