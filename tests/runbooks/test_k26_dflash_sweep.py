@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import runbook_cli
+from tests.documents import schema_problems
 
 SWEEP = Path(__file__).resolve().parents[2] / "runbooks" / "k26_dflash_sweep.yaml"
 
@@ -50,6 +51,7 @@ def test_the_campaign_on_a_release_sglang_runs_the_dflash_cells_skips_ddtree_and
 
     run_dir = logs / run_id
     report: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
+    assert schema_problems("report", report) == []  # the campaign's document, as `runbook schema` says
     assert {p.name for p in run_dir.glob("campaign_*.png")} >= {"campaign_throughput.png", "campaign_pareto.png"}
     campaign = report["campaign"]
     facts = steps["report"]["facts"]

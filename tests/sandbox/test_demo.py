@@ -21,6 +21,7 @@ from hostprograms import deploy as deploy_host
 from sandbox.demo import demo_site, stop_servers
 from sandbox.repos import DRAFTER_ID, TARGET_ID, drafter_repo, target_repo
 from tests.conftest import runbook_cli
+from tests.documents import schema_problems
 from tests.executor.test_transport import live_pids
 
 
@@ -36,6 +37,7 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert f"SSH served by {ssh_server}" in done.stderr
     (run,) = [p for p in logs.iterdir() if (p / "run.json").exists()]
     report = json.loads((run / "report.json").read_text())
+    assert schema_problems("report", report) == []  # the document agents read, as `runbook schema` says
     assert report["tables"][0]["title"] == "Acceptance length per prompt set"
     assert "Output throughput per concurrency" in done.stdout  # the report's tables, printed at the end
     for section in ("Lossless check: greedy outputs of dflash against baseline", "Speculative decoding was on"):
