@@ -17,8 +17,10 @@ imports no kind, and a runbook imports the kinds it uses. A class that subclasse
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import sys
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
@@ -649,8 +651,12 @@ def _load(point: EntryPoint) -> type[StepSpec]:
         return _LOADED[key]
     where = f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"
     try:
-        loaded = point.load()
-    except Exception as exc:  # any error of a plugin's import: named, never a traceback
+        # stdout is data (`run --json`'s events, `plan --json`, the MCP server's messages): what a plugin prints
+        # while imported goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            loaded = point.load()
+    except (Exception, SystemExit) as exc:  # any error of a plugin's import, its sys.exit too: named, never a
+        # traceback, nor `validate` ending with the plugin's exit status (0: as if the runbook were valid)
         raise StepKindPluginError(f"{where} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not (isinstance(loaded, type) and issubclass(loaded, StepSpec)):
         raise StepKindPluginError(f"{where} is no subclass of executor.stepkind.StepSpec")
