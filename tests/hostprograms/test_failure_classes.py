@@ -12,6 +12,7 @@ import email.message
 import io
 import socket
 import sys
+import time
 import urllib.error
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,21 @@ def test_a_server_that_exits_during_start_up_is_classed_by_its_log(
     report = start(run_program, tmp_path, free_port(), *fake_args)
     assert not report["ready"] and report["failure"].startswith("the server exited")
     assert report["failure_class"] == expected
+
+
+def test_a_server_is_classed_by_its_own_log_not_an_earlier_server_s(run_program: ProgramRun, tmp_path: Path) -> None:
+    """A start in the second of an earlier start on the port (a retry, a fallback) had appended to the earlier
+    server's log, whose out-of-memory line then named this server's failure OutOfMemory (and ended its retries)."""
+    port, state = free_port(), tmp_path / "state"
+    state.mkdir()
+    earlier = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB\n"
+    now = time.time()
+    for second in range(-1, 30):  # the names this start may take while the test runs
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now + second))
+        (state / f"{port}-{stamp}.log").write_text(earlier)
+    report = start(run_program, tmp_path, port, "--say", "shutting down", "--exit", "1")
+    assert report["failure"].startswith("the server exited") and report["failure_class"] is None
+    assert "OutOfMemory" not in report["failure"] and report["log_tail"] == ["shutting down"]
 
 
 def test_a_port_held_by_a_foreign_process_is_port_in_use(run_program: ProgramRun, tmp_path: Path) -> None:
