@@ -124,28 +124,46 @@ def test_every_kind_maps_the_class_its_facts_name_then_the_gate_decides() -> Non
     assert shell.gate_failure(None, "stdout", False) is CommandFailed
 
 
-@pytest.mark.parametrize(("status", "expected"), [(401, "AccessDenied"), (403, "AccessDenied"), (500, None)])
-def test_download_names_a_refused_token_access_denied(status: int, expected: str | None) -> None:
+#: The Hub's own answer to a refused token (its error headers), and a proxy's or a CDN's (none: a WAF's block).
+HUB_SAID = {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to model org/m is restricted"}
+HUB_SAID_VARIANTS = [HUB_SAID, {"X-Error-Message": "Invalid credentials in Authorization header"}]
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "expected"),
+    [
+        *((status, said, "AccessDenied") for status in (401, 403) for said in HUB_SAID_VARIANTS),
+        (500, HUB_SAID, None),
+        (403, {}, None),  # not the Hub's word: a proxy, a CDN or a rate limit in front of it may pass
+        (401, {"X-Error-Code": ""}, None),
+    ],
+)
+def test_download_names_a_refused_token_access_denied(status: int, said: dict[str, str], expected: str | None) -> None:
     headers = email.message.Message()
-    headers["X-Error-Code"] = "GatedRepo"
+    for name, value in said.items():
+        headers[name] = value
     error = urllib.error.HTTPError("https://hub/x", status, "no", headers, io.BytesIO(b""))
     assert download_host.http_error(error, "https://hub/x", None).failure_class == expected
 
 
 class _Refused(Exception):
-    """What huggingface_hub raises for a 401/403 (GatedRepoError, an HfHubHTTPError): its `response`'s status."""
+    """What huggingface_hub raises for a 401/403 (GatedRepoError, an HfHubHTTPError): its `response`, with the
+    status and the headers the Hub answered."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
         super().__init__(f"{status} Client Error")
-        self.response = type("Response", (), {"status_code": status})()
+        self.response = type("Response", (), {"status_code": status, "headers": headers})()
 
 
-@pytest.mark.parametrize(("status", "expected"), [(403, "AccessDenied"), (401, "AccessDenied"), (502, None)])
+@pytest.mark.parametrize(
+    ("status", "said", "expected"),
+    [(403, HUB_SAID, "AccessDenied"), (401, HUB_SAID, "AccessDenied"), (502, HUB_SAID, None), (403, {}, None)],
+)
 def test_verify_names_a_refused_manifest_access_denied(
-    status: int, expected: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    status: int, said: dict[str, str], expected: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     def refuse(repo: str, revision: str) -> Any:
-        raise _Refused(status)
+        raise _Refused(status, said)
 
     monkeypatch.setattr(verify_host, "read_manifest", refuse)
     report = verify_host.run({"repo": "org/m", "revision": "main", "local_dir": str(tmp_path)}, lambda *a, **k: None)
