@@ -22,6 +22,7 @@ import pytest
 from executor.errors import AccessDenied, CommandFailed, GateFalse, GateUndecided, OutOfMemory, PortInUse, StepFailed
 from hostprograms import download as download_host
 from hostprograms import verify as verify_host
+from steps.eval_acceptance import EvalAcceptanceStep
 from steps.shell import ShellStep
 from steps.verify import VerifyFacts, VerifyStep
 from tests.hostprograms.conftest import ProgramRun
@@ -108,6 +109,18 @@ def test_stepkind_maps_a_reported_class_and_an_error_without_one() -> None:
     assert step.failure_class(refused) is AccessDenied
     assert step.failure_class(unreachable) is StepFailed
     assert step.failure_class(VerifyFacts(**base | {"commit": "abc"}, manifest_error=None)) is None
+
+
+def test_eval_acceptance_retries_failed_requests_not_a_definite_number() -> None:
+    """A request the server failed (HTTP 503 while busy) is no definite value of the model: retried (StepFailed);
+    an acceptance length under the bound is (GateFalse)."""
+    step = EvalAcceptanceStep.model_construct()
+    answered = {"error": None, "failed_requests": 0, "overall": {"mean": 2.1}}
+    assert step.gate_failure(answered | {"failed_requests": 2}, "facts.failed_requests == 0", False) is StepFailed
+    assert step.gate_failure(answered, "facts.overall.mean >= 3.0", False) is GateFalse
+    assert step.gate_failure(answered | {"error": "the server stopped answering"}, "facts.error is none", False) is (
+        StepFailed
+    )
 
 
 def test_every_kind_maps_the_class_its_facts_name_then_the_gate_decides() -> None:
