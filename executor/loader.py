@@ -31,7 +31,7 @@ from executor.gates import step_refs, syntax_error
 from executor.matrix import Expansion, expand
 from executor.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
 from executor.redact import MIN_SECRET_CHARS, Redactor
-from executor.stepkind import StepSpec, step_kinds
+from executor.stepkind import StepSpec, known_kinds, step_kinds
 
 Loc = tuple[str | int, ...]
 LOCAL = "local"
@@ -706,12 +706,12 @@ def _step(
         return None
     kind = raw.get("kind")
     if kind is None:
-        pos.problem(loc, f"{_loc_text(loc)}: missing required key 'kind' (one of: {', '.join(sorted(kinds))})")
+        pos.problem(loc, f"{_loc_text(loc)}: missing required key 'kind' (one of: {known_kinds(kinds)})")
         return None
     model = kinds.get(str(kind))
     if model is None:
         hint = _did_you_mean(str(kind), kinds)
-        pos.problem((*loc, "kind"), f"unknown step kind '{kind}'{hint} (known: {', '.join(sorted(kinds))})")
+        pos.problem((*loc, "kind"), f"unknown step kind '{kind}'{hint} (known: {known_kinds(kinds)})")
         return None
     try:
         return model.model_validate(raw)

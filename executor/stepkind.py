@@ -612,6 +612,19 @@ class StepKinds(Mapping[str, type[StepSpec]]):
         return len(self.points.keys() | StepSpec.registry.keys())
 
 
+#: What a message lists as the known kinds when there are none: runbook's own are installed metadata, missing
+#: where runbook is not installed or was installed (editable) before its kinds became entry points.
+NO_KIND_REGISTERED = (
+    f"none: no step kind is registered under the entry-point group {ENTRY_POINT_GROUP!r}, not even runbook's own; "
+    "run `pip install -e .` again where runbook is checked out (or install runbook)"
+)
+
+
+def known_kinds(kinds: Iterable[str]) -> str:
+    """The kinds' names for a message about an unknown or missing kind, or NO_KIND_REGISTERED."""
+    return ", ".join(sorted(kinds)) or NO_KIND_REGISTERED
+
+
 def step_kinds() -> StepKinds:
     """Every step kind (see StepKinds); the entry points are read once per process."""
     return StepKinds(_entry_points())

@@ -187,3 +187,14 @@ def test_a_plugin_that_exits_while_imported_is_named_not_obeyed(plugins: Path, t
         "step kind 'exiting' of distribution 'exiting-kinds' (exiting_kind:Exiting) cannot be imported: SystemExit: 0"
         in err
     )
+
+
+def test_where_no_kind_is_registered_the_message_says_to_install_again(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runbook installed (editable) before its kinds became entry points, or not installed: not `(known: )`."""
+    monkeypatch.setattr("executor.stepkind._entry_points", dict)
+    monkeypatch.setattr(StepSpec, "registry", {})
+    code, err = validate(tmp_path, capsys, "shell", ", script: 'true'")
+    assert code == 2 and "unknown step kind 'shell' (known: none: no step kind is registered under" in err
+    assert "run `pip install -e .` again where runbook is checked out" in err
