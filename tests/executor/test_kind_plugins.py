@@ -157,7 +157,7 @@ def test_a_plugin_whose_object_is_not_its_kind_is_named(plugins: Path, tmp_path:
 
 
 def test_what_a_plugin_prints_while_imported_goes_to_stderr_not_into_json(
-    plugins: Path, tmp_path: Path, capsys
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """stdout is data (`plan --json`, `run --json`'s events, the MCP server's stream): a plugin's print must not
     make it unreadable."""
@@ -178,7 +178,9 @@ def test_what_a_plugin_prints_while_imported_goes_to_stderr_not_into_json(
     assert json.loads(out)["steps"][0]["kind"] == "noisy" and "noisy_kind imported" in err
 
 
-def test_a_plugin_that_exits_while_imported_is_named_not_obeyed(plugins: Path, tmp_path: Path, capsys) -> None:
+def test_a_plugin_that_exits_while_imported_is_named_not_obeyed(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`sys.exit(0)` in a plugin's module must not end `validate` with 0, as if the runbook were valid."""
     install(plugins, "exiting-kinds", {"exiting": "exiting_kind:Exiting"}, "import sys\nsys.exit(0)\n")
     code, err = validate(tmp_path, capsys, "exiting")
@@ -190,7 +192,7 @@ def test_a_plugin_that_exits_while_imported_is_named_not_obeyed(plugins: Path, t
 
 
 def test_where_no_kind_is_registered_the_message_says_to_install_again(
-    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """runbook installed (editable) before its kinds became entry points, or not installed: not `(known: )`."""
     monkeypatch.setattr("executor.stepkind._entry_points", dict)
