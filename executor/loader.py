@@ -492,6 +492,8 @@ def _report(
                 loc = (*loc, *cause.loc)
                 full = (*prefix, *loc)
             message = str(error["msg"]).removeprefix("Value error, ")
+            if kind == "tuple_type":  # an immutable list of the model's (`non_retryable`): a YAML list
+                message = "Input should be a list"
             where = ": ".join(filter(None, (instance, _loc_text(loc)))) if instance else _loc_text(full)
             pos.problem(full, f"{where}: {message}")
 

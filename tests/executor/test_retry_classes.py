@@ -185,6 +185,17 @@ def test_an_unknown_class_name_is_refused_at_its_line(tmp_path: Path, capsys: An
     assert all(name in err for name in FAILURE_CLASSES)
 
 
+def test_a_class_name_in_place_of_a_list_is_refused_as_no_list(tmp_path: Path, capsys: Any) -> None:
+    """`non_retryable: GateFalse` (no brackets): a list is expected, said so; YAML has no tuples."""
+    book = tmp_path / "book.yaml"
+    book.write_text(
+        "name: t\nhosts:\n  box: {address: local}\ndefaults:\n  retry: {non_retryable: GateFalse}\nsteps: []\n"
+    )
+    assert main(["validate", str(book)]) == 2
+    err = capsys.readouterr().err
+    assert f"{book}:5:" in err and "defaults.retry.non_retryable: Input should be a list" in err and "tuple" not in err
+
+
 def _refused_lookup() -> Any:
     raise KeyError("failure_class")
 
