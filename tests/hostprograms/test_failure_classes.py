@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from executor.errors import AccessDenied, CommandFailed, GateFalse, GateUndecided, OutOfMemory, PortInUse, StepFailed
 from hostprograms import download as download_host
 from hostprograms import verify as verify_host
+from steps.download import HostReport as DownloadHostReport
 from steps.eval_acceptance import EvalAcceptanceStep
+from steps.server.documents import StartReport
 from steps.shell import ShellStep
 from steps.verify import VerifyFacts, VerifyStep
 from tests.hostprograms.conftest import ProgramRun
@@ -99,6 +102,22 @@ def test_a_port_held_by_a_foreign_process_is_port_in_use(run_program: ProgramRun
         holder.listen()
         report = start(run_program, tmp_path, holder.getsockname()[1], "--say", "up")
     assert report["pid"] is None and report["failure_class"] == "PortInUse"
+    assert StartReport.model_validate(report).failure_class == "PortInUse"
+    for named in ("GateFalse", "AccessDenied", 5):  # a host naming a class deploy never does: no unretried class
+        with pytest.raises(ValidationError):
+            StartReport.model_validate(report | {"failure_class": named})
+
+
+def test_download_s_document_names_no_class_but_access_denied() -> None:
+    """A host printing another class (GateFalse) or a non-string there prints a document of an unexpected shape
+    (FactsUnreadable, retried), not a class that ends the step's attempts or a crash of the kind."""
+    said = {"local_dir": "/m", "disk": {"path": "/", "free_bytes": 1}, "hub_error": "HTTP 403"}
+    assert DownloadHostReport.model_validate(said | {"failure_class": "AccessDenied"}).failure_class == "AccessDenied"
+    for named, error in (("GateFalse", "failure_class"), (5, "failure_class")):
+        with pytest.raises(ValidationError, match=error):
+            DownloadHostReport.model_validate(said | {"failure_class": named})
+    with pytest.raises(ValidationError, match="hub_error"):
+        DownloadHostReport.model_validate(said | {"hub_error": 5})
 
 
 def test_stepkind_maps_a_reported_class_and_an_error_without_one() -> None:
