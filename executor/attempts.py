@@ -27,6 +27,7 @@ from tenacity import (
 from executor import cells, durable, event_models
 from executor.audit import AuditContext
 from executor.errors import (
+    FAILURE_CLASSES,
     AttemptFailed,
     CommandInterrupted,
     CommandTimedOut,
@@ -87,8 +88,9 @@ def _should_retry(policy: RetryPolicy, log: Log, state: RetryCallState) -> bool:
 def gate_failure(spec: StepSpec, facts: Any, gate: str, undecided: bool) -> tuple[type[AttemptFailed], str]:
     """The failure class of an attempt whose gate did not hold, as its kind decides it (`StepSpec.gate_failure`,
     which a kind overrides through `failure_class`), and a line to add to the attempt's message. A kind whose
-    decision raises, or gives no failure class (a name, an instance), has a bug: the attempt is StepKindCrashed
-    saying so, as for a bug in `execute`; the run goes on."""
+    decision raises, or gives no class of FAILURE_CLASSES (a name, a subclass of its own, which `non_retryable`
+    cannot name), has a bug: the attempt is StepKindCrashed saying so, as for a bug in `execute`; the run goes
+    on."""
     try:
         failure = spec.gate_failure(facts, gate, undecided)
     except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
@@ -96,7 +98,7 @@ def gate_failure(spec: StepSpec, facts: Any, gate: str, undecided: bool) -> tupl
             StepKindCrashed,
             f"\n  step kind '{spec.kind}' could not class this failure: {type(exc).__name__}: {str(exc)[:300]}",
         )
-    if isinstance(failure, type) and issubclass(failure, AttemptFailed):
+    if failure in FAILURE_CLASSES.values():
         return failure, ""
     given = repr(failure)[:200]
     return StepKindCrashed, f"\n  step kind '{spec.kind}' classed this failure as {given}, no class of executor.errors"

@@ -19,7 +19,7 @@ import pytest
 
 from executor.cli import main
 from executor.command_result import CommandResult
-from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT
+from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT, OutOfMemory
 from executor.events import EVENTS_FILE
 from executor.stepkind import RenderContext, StepSpec
 
@@ -196,6 +196,10 @@ def test_a_class_name_in_place_of_a_list_is_refused_as_no_list(tmp_path: Path, c
     assert f"{book}:5:" in err and "defaults.retry.non_retryable: Input should be a list" in err and "tuple" not in err
 
 
+class _OwnOutOfMemory(OutOfMemory):
+    """A kind's own class: no name `non_retryable` lists, so it would be retried though it says otherwise."""
+
+
 def _refused_lookup() -> Any:
     raise KeyError("failure_class")
 
@@ -206,8 +210,9 @@ def _refused_lookup() -> Any:
         (lambda: "AccessDenied", "classed this failure as 'AccessDenied', no class of executor.errors"),
         (_refused_lookup, "could not class this failure: KeyError: 'failure_class'"),
         (lambda: RuntimeError, "classed this failure as <class 'RuntimeError'>, no class of executor.errors"),
+        (lambda: _OwnOutOfMemory, "classed this failure as <class '"),  # `non_retryable` cannot name it
     ],
-    ids=["a-name", "raises", "no-failure-class"],
+    ids=["a-name", "raises", "no-failure-class", "a-class-of-its-own"],
 )
 def test_a_kind_whose_failure_class_is_broken_fails_its_attempt_not_the_run(
     decides: Callable[[], Any], said: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
