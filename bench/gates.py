@@ -1,6 +1,6 @@
 """Benchmark 6: what bounding a gate costs, against evaluating it on the event loop as before.
 
-A gate now runs in a worker process (executor.gates.GateWorkers) limited in memory and killed at
+A gate now runs in a worker process (executor.runbook.gates.GateWorkers) limited in memory and killed at
 its time bound; before, `evaluate` ran it in the controller with no bound. Both are measured in one
 run, interleaved: the flagship probe's six gates against facts and output of the probe's size, per
 attempt (the attempt's names go to the worker once, then one pipe round trip per gate), and the one-off
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.harness import Section, Table, Target, fmt_ratio, fmt_seconds, interleave, ratio
-from executor.gates import GateWorker, GateWorkers, evaluate
+from executor.runbook.gates import GateWorker, GateWorkers, evaluate
 
 #: The flagship probe's gates (runbooks/k26_dflash.yaml), as written there.
 GATES = [
@@ -122,7 +122,7 @@ def section(reps: int, log: Callable[[str], None], attempts: int = ATTEMPTS) -> 
         method=(
             f"{attempts} attempts of the flagship probe's {len(GATES)} gates (and a 7th that reads stdout), "
             "evaluated in the controller as "
-            "before (`executor.gates.evaluate`, no bound) and in a bounded worker "
+            "before (`executor.runbook.gates.evaluate`, no bound) and in a bounded worker "
             "(`GateWorkers`, as the engine does: the names the attempt's gates read sent once, then a pipe round trip "
             "per gate), "
             f"interleaved, medians of {reps} repetitions; with 1 KiB and 1 MiB of stdout. A worker's start "

@@ -126,7 +126,15 @@ def section(reps: int, log: Callable[[str], None]) -> Section:
             def case(label: str) -> Callable[[], float]:
                 def run() -> float:
                     logs = root / "logs" / ("matrix" if label.startswith("runbook") else "naive")
-                    argv = [sys.executable, "-m", "executor.cli", "run", str(files[label]), "--log-dir", str(logs)]
+                    argv = [
+                        sys.executable,
+                        "-m",
+                        "executor.faces.cli",
+                        "run",
+                        str(files[label]),
+                        "--log-dir",
+                        str(logs),
+                    ]
                     seconds = timed_subprocess(argv, cwd=REPO)
                     counted.setdefault(label, []).append(launches(logs))
                     return seconds

@@ -10,7 +10,7 @@ is what "per-step overhead" means in the targets; the whole-run figure is shown 
 
 Benchmark 5 prices the audit log: the same run by the Engine in-process with the audit log on,
 and with it off. runbook has no switch to turn it off, so the "build with it off" is the Engine
-with `executor.run_folder.AuditLog` replaced, for that run only, by `bench.tools.NoAudit`, which
+with `executor.run.run_folder.AuditLog` replaced, for that run only, by `bench.tools.NoAudit`, which
 records nothing. Both cases run in the same interleaved repetitions as benchmark 1 when both are
 asked for.
 
@@ -312,7 +312,7 @@ def audit_section(
         method=(
             f"The run of benchmark 1 ({n} steps `{SCRIPT}` on {host_words(shell)}) by runbook's Engine "
             "in-process, with the audit log on (as always) and off. runbook cannot turn its audit log "
-            "off; the run with it off replaces `executor.run_folder.AuditLog` for that run with "
+            "off; the run with it off replaces `executor.run.run_folder.AuditLog` for that run with "
             "`bench.tools.NoAudit`, which records nothing (the state store is still written). "
             f"Medians of {reps} interleaved repetitions."
         ),

@@ -3,7 +3,7 @@
 An agent runs `runbook status` or `runbook runs` after every step it starts; each of those is a fresh
 process whose time is nearly all interpreter start and imports. The baseline is the same interpreter
 importing the two libraries every command needs (`python -c 'import yaml, pydantic'`), so the ratio says
-what runbook itself adds. Every case is a fresh process: `python -m executor.cli ...` from the checkout
+what runbook itself adds. Every case is a fresh process: `python -m executor.faces.cli ...` from the checkout
 measured (the console script `runbook` runs the same `main` after the same imports), its wall time from
 start to exit. The cases run interleaved, one process each per repetition, and the table gives medians.
 Every case reads its modules' bytecode from a cache, as an installed runbook does (pip writes it), after one
@@ -44,7 +44,7 @@ TARGETS = {"status": 1.5, "runs": 1.5, "validate": 2.0}
 
 
 def commands(log_dir: Path) -> dict[str, list[str]]:
-    """Each measured command's arguments (after `python -m executor.cli`), by its name in the report."""
+    """Each measured command's arguments (after `python -m executor.faces.cli`), by its name in the report."""
     return {
         "status": ["status", "--log-dir", str(log_dir)],
         "runs": ["runs", "--log-dir", str(log_dir)],
@@ -62,7 +62,7 @@ def _case(argv: Sequence[str], tree: Path, cache: Path) -> Callable[[], float]:
 def _one_run(log_dir: Path) -> None:
     """A run folder for `status` and `runs` to read: the local demo runbook, run once, untimed."""
     subprocess.run(
-        [sys.executable, "-m", "executor.cli", "run", "runbooks/demo_local.yaml", "--log-dir", str(log_dir)],
+        [sys.executable, "-m", "executor.faces.cli", "run", "runbooks/demo_local.yaml", "--log-dir", str(log_dir)],
         cwd=REPO,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -82,7 +82,9 @@ def section(reps: int, log: Callable[[str], None], before: Path | None = None) -
         cases[FLOOR] = _case([sys.executable, "-c", FLOOR_CODE], REPO, cache)
         for label, tree in trees.items():
             for name, args in commands(log_dir).items():
-                cases[f"runbook {name}{label}"] = _case([sys.executable, "-m", "executor.cli", *args], tree, cache)
+                cases[f"runbook {name}{label}"] = _case(
+                    [sys.executable, "-m", "executor.faces.cli", *args], tree, cache
+                )
         interleave(1, cases)  # untimed: fills the bytecode cache
         results = interleave(reps, cases, log)
     baseline = results[BASELINE].median
@@ -108,7 +110,7 @@ def section(reps: int, log: Callable[[str], None], before: Path | None = None) -
     return Section(
         title="9. Start-up",
         method=(
-            f"Each command a fresh process, `python -m executor.cli COMMAND` with this checkout first on "
+            f"Each command a fresh process, `python -m executor.faces.cli COMMAND` with this checkout first on "
             f"PYTHONPATH, against `{BASELINE}` with the same interpreter, every module's bytecode cached "
             f"(PYTHONPYCACHEPREFIX, filled by one untimed run of each case): medians of {reps} interleaved "
             f"repetitions, one process of each case per repetition. `status` and `runs` read the run folder of one "

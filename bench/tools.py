@@ -14,7 +14,7 @@ finish cleanly (an exit status other than 0, a script whose own check failed) ra
 `missing()` says why a runner cannot be used on this machine (ansible-core or pyinfra not installed).
 
 Every tool is given its fastest honest configuration: runbook as a user runs it (`python -m
-executor.cli run`), or its Engine in-process, each with the host's `runner` as chosen (the
+executor.faces.cli run`), or its Engine in-process, each with the host's `runner` as chosen (the
 persistent runner by default, or `exec`: one exec channel per command); runbook's SSH transport
 alone, without the engine; one long-lived bash on one channel, the floor for a runner (issue 7);
 a raw asyncssh loop (the floor: one connection per
@@ -44,13 +44,13 @@ import asyncssh
 import yaml
 
 from bench.harness import REPO, Stopwatch, ToolFailed
-from executor import run_folder
-from executor.engine import Engine, RunOptions
 from executor.errors import TransportError
-from executor.events import Reporter
-from executor.loader import load_runbook
-from executor.model import Host
 from executor.render import render_command
+from executor.run import run_folder
+from executor.run.engine import Engine, RunOptions
+from executor.run.events import Reporter
+from executor.runbook.loader import load_runbook
+from executor.runbook.model import Host
 from executor.transport import SSHTransport
 from sandbox.sshd import SSHServer
 
@@ -225,7 +225,7 @@ def write_runbook(
 
 
 class RunbookCLI(Runner):
-    """runbook as a user runs it: `python -m executor.cli run FILE --log-dir DIR`, a new process
+    """runbook as a user runs it: `python -m executor.faces.cli run FILE --log-dir DIR`, a new process
     each time (interpreter start and imports included), audit log and state store on.
 
     `tree`: another checkout of runbook to run instead of this one (its folder first on PYTHONPATH),
@@ -239,14 +239,14 @@ class RunbookCLI(Runner):
     def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-runbook-") as tmp:
             path = write_runbook(Path(tmp), hosts, scripts, self.runner)
-            argv = [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(Path(tmp) / "logs")]
+            argv = [sys.executable, "-m", "executor.faces.cli", "run", str(path), "--log-dir", str(Path(tmp) / "logs")]
             if self.tree is None:
                 return timed_subprocess(argv, cwd=REPO)
             return timed_subprocess(argv, cwd=self.tree, env={"PYTHONPATH": str(self.tree)})
 
 
 class NoAudit:
-    """Stands in for executor.audit.AuditLog in a run with the audit log off: records nothing,
+    """Stands in for executor.run.audit.AuditLog in a run with the audit log off: records nothing,
     writes no file. Only `RunbookEngine(audit=False)` uses it, to price the audit log; runbook
     itself has no such switch."""
 
@@ -272,7 +272,7 @@ class NoAudit:
 class RunbookEngine(Runner):
     """runbook's Engine in this process (no interpreter start, no reporter output): load the
     runbook, then `Engine.run()`. With `audit=False` the engine's AuditLog is swapped for `NoAudit`
-    for the run (a patch of `executor.run_folder.AuditLog`), the "build with the audit log off"."""
+    for the run (a patch of `executor.run.run_folder.AuditLog`), the "build with the audit log off"."""
 
     in_process = True
 

@@ -42,8 +42,8 @@ def peak_rss_mib() -> float:
 
 
 async def child(host: dict[str, Any], runner: str, local: Path, remote: str, back: Path) -> dict[str, Any]:
-    from executor.model import Host
     from executor.render import render_command
+    from executor.runbook.model import Host
     from executor.transport import LocalTransport, SSHTransport, Transport
 
     transport: Transport = (

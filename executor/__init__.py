@@ -1,6 +1,6 @@
 """runbook's engine: load a runbook, run it, and what a step kind builds on.
 
-The CLI (executor.cli) is one user of this API; tests and bench/ are others.
+The CLI (executor.faces.cli) is one user of this API; tests and bench/ are others.
 
 The names are imported when first used (PEP 562), not with the package: every `executor.*` import runs
 this file first, and `runbook status` must not pay for the engine, asyncssh and the step kinds it never
@@ -13,7 +13,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from executor.engine import Engine
     from executor.errors import (
         FactsError,
         HostKeyError,
@@ -24,11 +23,12 @@ if TYPE_CHECKING:
         RunLocked,
         TransportError,
     )
-    from executor.loader import Runbook, load_runbook
-    from executor.model import Gate, Host
-    from executor.planner import plan_text, render_problems
     from executor.render import heredoc, host_word, render_command
-    from executor.run_options import RunOptions
+    from executor.run.engine import Engine
+    from executor.run.run_options import RunOptions
+    from executor.runbook.loader import Runbook, load_runbook
+    from executor.runbook.model import Gate, Host
+    from executor.runbook.planner import plan_text, render_problems
     from executor.stepkind import (
         Outcome,
         ProgressLines,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _HOMES = {
-    "executor.engine": ("Engine",),
+    "executor.run.engine": ("Engine",),
     "executor.errors": (
         "FactsError",
         "HostKeyError",
@@ -56,11 +56,11 @@ _HOMES = {
         "RunLocked",
         "TransportError",
     ),
-    "executor.loader": ("Runbook", "load_runbook"),
-    "executor.model": ("Gate", "Host"),
-    "executor.planner": ("plan_text", "render_problems"),
+    "executor.runbook.loader": ("Runbook", "load_runbook"),
+    "executor.runbook.model": ("Gate", "Host"),
+    "executor.runbook.planner": ("plan_text", "render_problems"),
     "executor.render": ("heredoc", "host_word", "render_command"),
-    "executor.run_options": ("RunOptions",),
+    "executor.run.run_options": ("RunOptions",),
     "executor.stepkind": (
         "Outcome",
         "ProgressLines",

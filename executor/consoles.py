@@ -1,7 +1,7 @@
 """The rich consoles that stderr's messages and stdout's tables go through, apart from the reporters.
 
 A module of its own so that the CLI can make its console at start-up without importing the reporters
-(executor.events: pydantic's event models, rich's live display), which only `runbook run` needs.
+(executor.run.events: pydantic's event models, rich's live display), which only `runbook run` needs.
 """
 
 from __future__ import annotations

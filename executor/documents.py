@@ -1,7 +1,7 @@
 """What every report shows, typed once for its writers and its readers, and the version its documents carry.
 
 report.json (steps/benchmark_report.py's `Report`, steps/campaign_report_document.py's `CampaignReport`) and
-the plan document (executor/planner.py's `PlanDocument`) carry `schema_version`; `runbook schema --report`
+the plan document (executor/runbook/planner.py's `PlanDocument`) carry `schema_version`; `runbook schema --report`
 and `--plan` print their JSON Schemas. A report's part that `runbook report` prints and report.md shows,
 whatever the report is of, is `Shown`: the writers' pydantic models hold these dataclasses as their fields
 (pydantic validates them and writes their schema), and `read_shown` reads them back from report.json with

@@ -20,7 +20,7 @@ to transport errors (`transport_error`).
           └── HostKeyError       unknown or changed host key: never retried                             1
 
 `exit_code` is a class attribute: the status `runbook` exits with when the error reaches the CLI, which maps
-every RunbookError by it in one place (executor/cli.py, `failed`); README, "Commands", lists them. Besides
+every RunbookError by it in one place (executor/faces/cli.py, `failed`); README, "Commands", lists them. Besides
 those, the CLI exits 0 (success), 1 (a step failed: a failed step is not an exception, the engine records it),
 130 (interrupted) and 141 (stdout's reader went away).
 
@@ -131,14 +131,14 @@ class StateError(ResumeError):
 
 
 class AuditKeyError(RunbookError):
-    """The audit key (executor/seal.py) cannot be used: missing, no regular file, open to other users,
+    """The audit key (executor/run/seal.py) cannot be used: missing, no regular file, open to other users,
     malformed, or (for `runbook audit key`) already there."""
 
     exit_code = 2
 
 
 class ArgumentRefused(RunbookError):
-    """An MCP tool's argument the server will not act on (executor/mcp_server.py): a path that resolves outside
+    """An MCP tool's argument the server will not act on (executor/faces/mcp_server.py): a path that resolves outside
     its roots, or a file given as a runbook or an inventory that is none at all."""
 
     exit_code = 2

@@ -8,7 +8,7 @@ cut of a capped output and no chunk boundary can leave a secret's prefix or suff
 
 A text shorter than MIN_SECRET_CHARS is never masked on its own: masking a 1-character secret would
 mask that character everywhere (`st***p`) and so spell the secret out. A secret must be at least that
-long (the loader refuses a shorter one, `executor.loader.secret_values`); a line of a multi-line
+long (the loader refuses a shorter one, `executor.runbook.loader.secret_values`); a line of a multi-line
 secret that is shorter (a `{`, a PEM armour's last `==`) is masked only as part of the whole value.
 """
 

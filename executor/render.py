@@ -181,7 +181,7 @@ exit "$rc"
 UNATTENDED_ENV = {"DEBIAN_FRONTEND": "noninteractive", "SUDO_ASKPASS": "/bin/false"}
 #: Names bash sets itself: readonly in bash (exporting one stops the wrapper's `. env`), or changed by
 #: every bash start (SHLVL, `_`), so no two ways of starting a step could give them alike. No var or
-#: secret may have one (executor/model.py says so when a runbook is loaded).
+#: secret may have one (executor/runbook/model.py says so when a runbook is loaded).
 BASH_OWNED_NAMES = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "SHLVL", "UID", "_"})
 MASK = "***"
 PAYLOAD_END = b"\n"  # read by the wrapper after the script: proof that the payload arrived whole

@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from executor import strict_json
-from executor.campaign import AxisValue
-from executor.durations import Duration
 from executor.errors import (
     FAILURE_CLASSES,
     AttemptFailed,
@@ -45,10 +43,12 @@ from executor.errors import (
     StepKindPluginError,
 )
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
-from executor.gates import roots, step_refs, var_refs
 from executor.hostprogram import PROGRAM_LINE, PROGRESS_PREFIX
-from executor.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 from executor.render import var_names
+from executor.runbook.campaign import AxisValue
+from executor.runbook.durations import Duration
+from executor.runbook.gates import roots, step_refs, var_refs
+from executor.runbook.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint

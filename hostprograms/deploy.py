@@ -27,7 +27,9 @@ line (an NCCL error counts even while the process lives), last line and seconds 
 written (its tail only once it exited or printed an error line), and with `probe_http` (rank 0)
 /health, then a one-token /generate.
 
-stop: stops the recorded server on the port, if any, and says so either way.
+stop: stops the recorded server on the port, if any, and says so either way; a server that ended by itself
+with status 0 (a node group's rank > 0 once rank 0 stopped) is stopped too, and any process left of its group
+is stopped all the same (`gpu_freed` after the same bounded wait).
 
 Progress goes to stderr as `runbook-progress {json}` lines, for the controller's live display.
 """
@@ -74,6 +76,9 @@ _ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory", re.IGNORECASE)
 #: How long watch's /health and /generate may take: one look, not a wait.
 WATCH_HTTP_S = 30.0
+#: How long a stop waits for the keeper's record of a kept server that it found exited (written right after
+#: the exit; only a keeper that died itself never writes it).
+EXIT_RECORD_WAIT_S = 5.0
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -240,9 +245,12 @@ def spawn_kept(argv: list[str], env: dict[str, str], log_file: str, exit_file: s
 def stop_group(pgid: int, timeout: float, child: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
     """TERM the group, wait up to `timeout` for every member to exit, then KILL what is left.
 
-    `gpu_freed`: no process of the group is left, so none holds GPU memory any more.
+    `gpu_freed`: no process of the group is left, so none holds GPU memory any more. An empty group is not
+    signalled: its number, free again, may since lead another group.
     """
     members = group_members(pgid)
+    if not members:
+        return {"pids": [], "killed": False, "left": [], "gpu_freed": True}
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     killed = False
@@ -588,7 +596,7 @@ def open_server(
         starttime = None if stat is None else stat["starttime"]
     write_state(state_dir, port, {
         "pid": pid, "pgid": pid, "starttime": starttime, "argv": argv, "env": env, "log_file": log_file,
-        "port": port, "bind": bind, "started_at": time.time(),
+        "port": port, "bind": bind, "started_at": time.time(), "kept": kept,
     })  # fmt: skip
     progress(f"started the server: pid {pid}, log {log_file}", phase="started", pid=pid, log_file=log_file)
     report["pid"], report["log_file"] = pid, log_file
@@ -671,6 +679,10 @@ def watch(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
 
 
 def stop(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
+    """Stop the server recorded on the port: its process group TERMed, waited for, KILLed. One that ended
+    before this program looked (a node group's rank > 0 ends by itself once rank 0 stops, and every rank is
+    stopped at once) has its group stopped all the same: its workers, which hold the GPU memory, may still
+    be exiting or be left behind, so `gpu_freed` comes from the same bounded wait, never from one look."""
     port = config["port"]
     report: dict[str, Any] = {"action": "stop", "port": port, "state_file": state_path(state_dir, port),
                               "stopped": False, "pid": None, "argv": None, "log_file": None, "pids": [],
@@ -680,18 +692,34 @@ def stop(config: dict[str, Any], state_dir: str) -> dict[str, Any]:
         report["note"] = f"no server recorded on port {port}: nothing to stop"
         return report
     report.update(pid=recorded["pid"], argv=recorded.get("argv"), log_file=recorded.get("log_file"))
-    if not alive(recorded["pid"], recorded.get("starttime")):
-        report["note"] = f"the server recorded on port {port} (pid {recorded['pid']}) was no longer running"
-        report["gpu_freed"] = not group_members(recorded["pgid"])
-    else:
+    if alive(recorded["pid"], recorded.get("starttime")):
         progress(f"stopping the server on port {port} (pid {recorded['pid']})", phase="stop")
-        stopped = stop_group(recorded["pgid"], config["stop_timeout"])
-        report.update(stopped=True, pids=stopped["pids"], killed=stopped["killed"], gpu_freed=stopped["gpu_freed"])
-        if stopped["left"]:
-            report["failure"] = f"processes {stopped['left']} of the server survived SIGKILL"
-            return report
+        report["stopped"] = True
+    else:
+        report["stopped"], report["note"] = how_it_ended(state_dir, port, recorded, config["stop_timeout"])
+    stopped = stop_group(recorded["pgid"], config["stop_timeout"])
+    report.update(pids=stopped["pids"], killed=stopped["killed"], gpu_freed=stopped["gpu_freed"])
+    if stopped["left"]:
+        report["failure"] = f"processes {stopped['left']} of the server survived SIGKILL"
+        return report
     forget(state_dir, port)
     return report
+
+
+def how_it_ended(state_dir: str, port: int, recorded: dict[str, Any], timeout: float) -> tuple[bool, str]:
+    """(`stopped`, the note) for a server that a stop found no longer running. It was stopped when its keeper
+    recorded status 0, a clean shutdown: how a node group's rank > 0 ends when rank 0's stop tells it to, so
+    it is stopped whether its own node's stop came before that or after. The keeper writes the status just
+    after the exit: for a kept server (launch) it is waited for, up to EXIT_RECORD_WAIT_S."""
+    code = recorded_exit_code(state_dir, port, recorded)
+    deadline = time.monotonic() + min(timeout, EXIT_RECORD_WAIT_S)
+    while code is None and recorded.get("kept") is True and time.monotonic() < deadline:
+        time.sleep(0.05)
+        code = recorded_exit_code(state_dir, port, recorded)
+    server = f"the server recorded on port {port} (pid {recorded['pid']})"
+    if code == 0:
+        return True, f"{server} had shut down cleanly (status 0), as a node group's rank > 0 does when rank 0 stops"
+    return False, f"{server} was no longer running" + ("" if code is None else f": it had exited{exit_text(code)}")
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from sandbox.sshd import SSHD
 RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash.yaml"
 SWEEP_RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash_sweep.yaml"
 SshServerKind = Literal["auto", "openssh", "embedded"]
-DEMO_STANDIN = {"decode_tokens_per_s": 1500.0, "startup_s": 1.0}
+DEMO_STANDIN = {"decode_tokens_per_s": 5000.0, "startup_s": 0.5}
 #: the sweep's 12 configurations x 4 concurrencies x 3 repeats take a few minutes at this speed
 SWEEP_STANDIN = {"decode_tokens_per_s": 20000.0, "startup_s": 1.0}
 

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from executor.hostprogram import marked_folder
-from executor.model import DataModel, Gate
 from executor.render import host_word, pasted_word
+from executor.runbook.model import DataModel, Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
 from steps import provenance
 from steps.benchmark_figures import write_report

@@ -39,8 +39,8 @@ from pydantic import AliasChoices, ConfigDict, Field
 
 from executor import durable, strict_json
 from executor.documents import SCHEMA_VERSION, Figure, Shown, Table
-from executor.model import DataModel
 from executor.redact import NO_SECRETS, Redactor
+from executor.runbook.model import DataModel
 from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Measured, MeasuredCount, Spread
 from steps.provenance import Provenance

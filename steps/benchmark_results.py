@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from executor.model import DataModel
+from executor.runbook.model import DataModel
 
 #: Printed by the step's script before the JSONL file's content; what follows it is the file.
 JSONL_MARKER = "==> runbook: the JSONL of sglang.bench_serving follows <=="

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
 from pydantic import Field, field_validator
 
 from executor.documents import Figure
-from executor.model import DataModel, Gate
+from executor.runbook.model import DataModel, Gate
 from executor.stepkind import Outcome, RenderContext, StepContext, StepRef, StepSpec, StepView
 from steps import campaign_parity, provenance, sglang_flags
 from steps import campaign_report_document as document

@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from executor.campaign import AxisValue, cell_text
-from executor.model import DataModel
+from executor.runbook.campaign import AxisValue, cell_text
+from executor.runbook.model import DataModel
 from executor.stepkind import StepView, shape_errors
 from steps.benchmark import BenchmarkFacts
 from steps.benchmark_report import Acceptance, Side, Speedup, speedup

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from executor.documents import Figure, Table
-from executor.model import DataModel
+from executor.runbook.model import DataModel
 from steps.benchmark_report import NA, Document, or_na, plain, provenance_tables, times, tok_s
 from steps.campaign_report_cells import CellReport, Comparison
 from steps.provenance import Provenance

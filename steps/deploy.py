@@ -30,9 +30,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from executor.durations import Duration, parse_duration
-from executor.model import Gate
 from executor.render import with_vars
+from executor.runbook.durations import Duration, parse_duration
+from executor.runbook.model import Gate
 from executor.stepkind import (
     VAR_REF,
     AsWritten,

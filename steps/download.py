@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from executor.durations import Duration, format_duration
 from executor.hostprogram import PROGRESS_PREFIX, host_program
-from executor.model import DataModel, Gate
 from executor.render import heredoc, host_word, pasted_word, with_vars
+from executor.runbook.durations import Duration, format_duration
+from executor.runbook.model import DataModel, Gate
 from executor.stepkind import (
     HUB_ENV,
     AsWritten,

@@ -77,11 +77,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from executor.durations import Delay, Duration
 from executor.errors import AttemptFailed, StepFailed
 from executor.files import open_regular
 from executor.hostprogram import host_program
-from executor.model import DataModel, Gate, Model
+from executor.runbook.durations import Delay, Duration
+from executor.runbook.model import DataModel, Gate, Model
 from executor.stepkind import (
     FactsError,
     Outcome,

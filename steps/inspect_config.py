@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from executor.hostprogram import host_program
-from executor.model import Gate, Model
 from executor.render import with_vars
+from executor.runbook.model import Gate, Model
 from executor.stepkind import RenderContext, StepSpec, host_document
 
 if TYPE_CHECKING:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import ConfigDict, computed_field
 
-from executor.durations import Duration
 from executor.hostprogram import host_program
-from executor.model import DataModel, Gate
 from executor.render import with_vars
+from executor.runbook.durations import Duration
+from executor.runbook.model import DataModel, Gate
 from executor.stepkind import HUB_ENV, RenderContext, StepSpec, host_document
 
 if TYPE_CHECKING:

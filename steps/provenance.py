@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from pydantic import ConfigDict, ValidationError
 
-from executor.model import DataModel
+from executor.runbook.model import DataModel
 from executor.stepkind import StepContext
 from steps.benchmark_results import BenchRun
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import field_validator
 
-from executor.model import Model
+from executor.runbook.model import Model
 from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from executor.model import Gate
+from executor.runbook.model import Gate
 from executor.stepkind import Outcome, RenderContext, StepContext
 from steps.server.base import ServerStep
 from steps.server.documents import StopFacts

@@ -21,8 +21,8 @@ from pydantic import ConfigDict, Field
 
 from executor.errors import AccessDenied, AttemptFailed, StepFailed
 from executor.hostprogram import host_program
-from executor.model import DataModel, Gate
 from executor.render import with_vars
+from executor.runbook.model import DataModel, Gate
 from executor.stepkind import (
     HUB_ENV,
     AsWritten,

@@ -52,14 +52,15 @@ def runbook_cli(
     memory_bytes: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `runbook` CLI in a subprocess, as a user would; `memory_bytes` bounds its address
-    space (an allocation past it fails there, as MemoryError)."""
+    space (an allocation past it fails there, as MemoryError). For tests whose subject is the process (an
+    rlimit, a hang bounded by `timeout`); the others call tests.clirun.runbook_cli, in this process."""
 
     def bound() -> None:
         if memory_bytes is not None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
     return subprocess.run(
-        [sys.executable, "-m", "executor.cli", *args],
+        [sys.executable, "-m", "executor.faces.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -42,7 +42,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     # the runbook's words: its typed model, durations, gate expressions, what a matrix expands to
-    ("language", ["executor.model", "executor.durations", "executor.gates", "executor.campaign"]),
+    (
+        "language",
+        ["executor.runbook.model", "executor.runbook.durations", "executor.runbook.gates", "executor.runbook.campaign"],
+    ),
     # the transports: one interface, ssh (with its runner), local, and the scripted one
     ("transport", ["executor.transport", "executor.transport.*"]),
     # what a step kind builds on, and the kinds
@@ -51,38 +54,45 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "runbook",
         [
-            "executor.loader",
-            "executor.matrix",
-            "executor.schema",
-            "executor.cells",
-            "executor.placement",
-            "executor.planner",
-            "executor.plan_summary",
+            "executor.runbook.loader",
+            "executor.runbook.matrix",
+            "executor.runbook.schema",
+            "executor.runbook.cells",
+            "executor.runbook.placement",
+            "executor.runbook.planner",
+            "executor.runbook.plan_summary",
         ],
     ),
     # a run: the engine and its pieces, resume, the run folder's state, audit log, seal and events
     (
         "run",
         [
-            "executor.engine",
-            "executor.run_options",
-            "executor.run_folder",
-            "executor.scheduler",
-            "executor.attempts",
-            "executor.resume",
-            "executor.state",
-            "executor.audit",
-            "executor.seal",
-            "executor.events",
-            "executor.event_models",
-            "executor.emitter",
+            "executor.run.engine",
+            "executor.run.run_options",
+            "executor.run.run_folder",
+            "executor.run.scheduler",
+            "executor.run.attempts",
+            "executor.run.resume",
+            "executor.run.state",
+            "executor.run.audit",
+            "executor.run.seal",
+            "executor.run.events",
+            "executor.run.event_models",
+            "executor.run.emitter",
         ],
     ),
     # what people and agents use: the CLI, the MCP server, the views they answer with; the package's API; the
     # pytest fixture that runs a runbook offline
     (
         "faces",
-        ["executor.cli", "executor.mcp_server", "executor.views", "executor.inputs", "executor.testing", "executor"],
+        [
+            "executor.faces.cli",
+            "executor.faces.mcp_server",
+            "executor.faces.views",
+            "executor.faces.inputs",
+            "executor.faces.testing",
+            "executor",
+        ],
     ),
 ]
 

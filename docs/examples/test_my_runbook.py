@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from executor.testing import h200_probe
+from executor.faces.testing import h200_probe
 from executor.transport.scripted import Answer
 
 RUNBOOK = Path(__file__).with_name("my_runbook.yaml")

@@ -14,7 +14,7 @@ from executor.redact import NO_SECRETS, Redactor
 from executor.transport.base import CommandResult, Transfer, Transport
 
 if TYPE_CHECKING:
-    from executor.model import Host
+    from executor.runbook.model import Host
     from executor.transport.local import LocalTransport
     from executor.transport.scripted import ScriptedTransport
     from executor.transport.ssh import SSHTransport

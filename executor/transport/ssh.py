@@ -26,8 +26,8 @@ import asyncssh
 
 from executor.diagnostics import Log
 from executor.errors import HostKeyError, RunnerUnavailable, TransportError, transport_error
-from executor.model import Host
 from executor.render import RenderedCommand
+from executor.runbook.model import Host
 from executor.transport.base import (
     KILL_GRACE_S,
     Collector,

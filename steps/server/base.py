@@ -17,9 +17,9 @@ from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import Field, field_validator
 
-from executor.durations import Duration
 from executor.hostprogram import host_program
 from executor.render import pasted_word
+from executor.runbook.durations import Duration
 from executor.stepkind import FactsError, RenderContext, RunTime, StepSpec, VarRef, resolve_var
 from steps.server.documents import Choice, DeployFacts
 

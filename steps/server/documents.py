@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from executor.model import DataModel, Model
+from executor.runbook.model import DataModel, Model
 
 ChoiceValue = str | int | float | bool | list[str] | None
 

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from executor.durations import format_duration
 from executor.errors import AttemptFailed
 from executor.hostprogram import host_program
-from executor.model import DataModel
+from executor.runbook.durations import format_duration
+from executor.runbook.model import DataModel
 from executor.stepkind import (
     VAR_REF,
     FactsError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from executor.durations import format_duration
+from executor.runbook.durations import format_duration
 from executor.stepkind import FactsError, Outcome, RenderContext, RunTime, StepContext, host_document, progress_messages
 from steps.server.base import Deployment, Launch, Server, command_line, deploy_facts
 from steps.server.documents import Choice, DeployFacts, StartReport, StopFacts

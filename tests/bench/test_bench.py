@@ -183,7 +183,7 @@ def test_the_redaction_benchmark_measures_each_secret_set_against_none() -> None
 
 def test_the_launch_benchmark_sets_the_same_cells_in_runbooks_order_against_a_naive_loop(tmp_path: Path) -> None:
     from bench import launches
-    from executor.loader import parse_runbook
+    from executor.runbook.loader import parse_runbook
 
     host = {"address": "127.0.0.1", "port": 22}
     books = launches.runbooks(host, tmp_path, 30000)

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from executor import errors
-from executor.campaign import EXIT_CELLS_FAILED
-from executor.cli import EXIT_BROKEN_PIPE
 from executor.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, InvalidRunbook, RunLocked
-from executor.event_models import EVENT_TYPES, SCHEMA_VERSION
-from tests.conftest import runbook_cli
+from executor.faces.cli import EXIT_BROKEN_PIPE
+from executor.run.event_models import EVENT_TYPES, SCHEMA_VERSION
+from executor.runbook.campaign import EXIT_CELLS_FAILED
+from tests.clirun import runbook_cli
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
@@ -59,7 +59,7 @@ def test_the_exit_code_table_lists_every_code_runbook_exits_with_and_what_each_m
 
 def test_the_tool_table_is_every_tool_the_server_registers_with_its_parameters() -> None:
     pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
-    from executor.mcp_server import Launches, build_server
+    from executor.faces.mcp_server import Launches, build_server
 
     tools = asyncio.run(build_server(Launches()).list_tools())
     registered = {

@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from executor import cli, durable
+from executor import durable
+from executor.faces import cli
 
 _count = 0
 _SQLITE = {  # errno -> (message, primary result code, name), as sqlite3 reports them

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from executor import audit, cli, state
+from executor.faces import cli
+from executor.run import audit, state
 
 _count = 0
 

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import audit, files
-from executor.audit import AuditContext, AuditLog, verify
-from executor.cli import main
+from executor import files
+from executor.faces.cli import main
 from executor.redact import Redactor
-from executor.state import RunMeta, RunState, StepRecord, now
+from executor.run import audit
+from executor.run.audit import AuditContext, AuditLog, verify
+from executor.run.state import RunMeta, RunState, StepRecord, now
 from executor.transport.base import Collector, CommandResult
 
 SECRET = "hf_SeCrEt_ToKeN_123"

@@ -5,8 +5,8 @@ that finished and through state.db, which records at each step save how long the
 that was killed may have a head that lags its log, and is said to have crashed. An audit key
 (`runbook audit key`, outside the run folder) seals every head: a log rewritten by someone who
 can write the run folder (chain recomputed, head and state.db edited) passes the unkeyed checks and
-is found only with `--key`. The runs are real, over the test sshd; the checks go through the CLI (in a
-subprocess, or through its `main` in this process where hypothesis draws many cases).
+is found only with `--key`. The runs are real, over the test sshd; the checks go through the CLI in this
+process (tests.clirun, or its `main` directly where hypothesis draws many cases).
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor import audit as audit_mod
-from executor import cli as cli_mod
-from executor.audit import GENESIS, record_hash
 from executor.errors import AuditKeyError
-from executor.seal import AuditKey, load_key
+from executor.faces import cli as cli_mod
+from executor.run import audit as audit_mod
+from executor.run.audit import GENESIS, record_hash
+from executor.run.seal import AuditKey, load_key
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.executor.killpoints import run_book
 from tests.runfolders import run_folders
 
 
 def cli(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
     """The CLI with `config` as the user's config folder (where the audit key lives, or not)."""
-    done = runbook_cli(*args, env={"XDG_CONFIG_HOME": str(config)}, timeout=60)
+    done = runbook_cli(*args, env={"XDG_CONFIG_HOME": str(config)})
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -421,7 +421,7 @@ def test_a_log_or_head_that_is_no_regular_file_is_answered_at_once(
     else:
         (run_dir / name).symlink_to(what)
     for action in ("verify", "show"):
-        done = runbook_cli("audit", action, str(run_dir), env={"XDG_CONFIG_HOME": str(plain.empty)}, timeout=20)
+        done = runbook_cli("audit", action, str(run_dir), env={"XDG_CONFIG_HOME": str(plain.empty)})
         assert "Traceback" not in done.stderr, done.stderr
         if name == "audit.jsonl":
             assert done.returncode == 2, done.stdout + done.stderr

@@ -1,6 +1,6 @@
 """Bounds on what hostile host output can make the controller do: gates, facts, and the runbook's limits.
 
-Gates run in worker processes (executor.gates) bounded in time and memory; facts are bounded in depth;
+Gates run in worker processes (executor.runbook.gates) bounded in time and memory; facts are bounded in depth;
 durations must be bounds. Through the CLI against the real sshd, and at the worker directly.
 """
 
@@ -10,7 +10,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import gates
-from executor.cli import main
-from executor.gates import GATE_MEMORY_BYTES, GateWorkers
+from executor.faces.cli import main
+from executor.runbook import gates
+from executor.runbook.gates import GATE_MEMORY_BYTES, GateWorkers
 from executor.stepkind import FACTS_MAX_DEPTH
+from tests.clirun import runbook_cli
 from tests.executor.test_resume import start
 
 NAMES: dict[str, Any] = {"stdout": "a" * 48 + "!", "stderr": "", "exit_code": 0, "facts": {}, "steps": {}, "vars": {}}
@@ -157,12 +157,8 @@ def test_sigterm_during_a_spinning_gate_ends_the_run_with_130(write_runbook: Any
         proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    done = subprocess.run(
-        [sys.executable, "-m", "executor.cli", "status", "--log-dir", str(tmp_path / "logs"), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    done = runbook_cli("status", "--log-dir", str(tmp_path / "logs"), "--json")
+    assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["steps"][0]["status"] == "interrupted"
 
 

@@ -1,7 +1,7 @@
 """A campaign's report after partial reruns (`--only`, `--resume`) of the same run folder: every cell that passed in
 the run's history is reported from its recorded facts, `skipped` only for a cell that never passed.
 
-In-process (`executor.cli.main`) on the controller (`address: local`), no sshd: the benchmark's `python` is a
+In-process (`executor.faces.cli.main`) on the controller (`address: local`), no sshd: the benchmark's `python` is a
 script that writes bench_serving's JSONL line (its output throughput from a file per cell), the servers are shell
 steps printing a base_url, so one run of the whole campaign takes about a second.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from executor.cli import main
+from executor.faces.cli import main
 
 FAKE_BENCH = """#!/bin/sh
 for word; do out=$word; done

@@ -1,5 +1,5 @@
 """Per-cell resume and the cell rules without a host: `plan_steps` over a matrix group whose instances are
-built by hand (`Runbook.instances`, `Runbook.groups`), and `executor.cells.CellBook`.
+built by hand (`Runbook.instances`, `Runbook.groups`), and `executor.runbook.cells.CellBook`.
 
 The group: server axis `srv` (x, y), client axis `conc` (1, 2); `dep_S` stands for the server instance of
 each server configuration (one launch each), `b_SC` for a benchmark of one cell, `pre` and `post` are plain
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from executor.campaign import Cell, Instance, MatrixGroup, matrix_environment
-from executor.cells import CellBook, Index, matrix_context
-from executor.loader import Runbook, load_runbook
-from executor.resume import plan_steps
+from executor.run.resume import plan_steps
+from executor.runbook.campaign import Cell, Instance, MatrixGroup, matrix_environment
+from executor.runbook.cells import CellBook, Index, matrix_context
+from executor.runbook.loader import Runbook, load_runbook
 from tests.executor.test_resume_plan import SOURCE, Source, fingerprints
 
 AXES = {"srv": ("x", "y"), "conc": (1, 2)}

@@ -19,7 +19,7 @@ from typing import Any
 
 from sandbox.repos import oversized_copy
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.steps.test_benchmark import standin as standin  # the stand-in test fixture, shared
 from tests.steps.test_benchmark import yaml_steps
 
@@ -109,7 +109,7 @@ def test_kill_9_in_a_cell_then_resume_reruns_only_the_cell_in_flight_and_what_fo
     path = sweep(tmp_path, sshd, sleep="x-2")
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(path), "--log-dir", str(logs)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=os.environ.copy(),

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor import terminal
-from executor.cli import main
-from tests.conftest import runbook_cli
+from executor.faces.cli import main
+from tests.clirun import runbook_cli
 
 cell = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc", "Zl", "Zp"]), min_size=1, max_size=10)
 tables = st.lists(

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.errors import InvalidRunbook
-from executor.loader import Runbook, load_runbook
 from executor.redact import MIN_SECRET_CHARS, Redactor
-from executor.resume import parse_var_args
-from tests.conftest import runbook_cli
+from executor.run.resume import parse_var_args
+from executor.runbook.loader import Runbook, load_runbook
+from tests.clirun import runbook_cli
 
 BOOK = """\
 name: pasted

@@ -1,6 +1,7 @@
 """`runbook status` and `runbook runs` as a user reads them, and a console nobody reads any more.
 
-Runs go through the real CLI in a subprocess against the real test sshd.
+Runs go through the real CLI (in this process: tests.clirun) against the real test sshd; a console reader going
+away, a `kill -9` and a run in progress are another process, as they are for a user.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
+from tests.runfolders import run_folders
 
 FIVE_STEPS = """\
 name: five
@@ -93,7 +95,7 @@ def test_runs_shows_whole_run_ids_on_a_narrow_terminal(write_runbook: Any, tmp_p
     assert cli("run", str(book), "--log-dir", str(logs)).returncode == 1
     (tmp_path / "marker").touch()
     assert cli("run", str(book), "--resume", "--log-dir", str(logs)).returncode == 0
-    ids = [json.loads(p.read_text())["run_id"] for p in sorted(logs.glob("*/run.json"))]
+    ids = [folder.name for folder in run_folders(logs)]
 
     table = cli("runs", "--log-dir", str(logs), columns=40).stdout
     for run_id in ids:  # a user copies these into `status` and `--resume`
@@ -127,7 +129,7 @@ def test_a_run_whose_console_reader_went_away_still_finishes(write_runbook: Any,
     (tmp_path / "marker").touch()
     book, logs = _five(write_runbook, tmp_path), tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(book), "--log-dir", str(logs)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -277,7 +279,7 @@ def test_a_killed_run_is_stopped_in_json_and_its_step_running_without_a_process(
         """)
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(book), "--log-dir", str(logs)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -365,7 +367,7 @@ def test_status_of_a_live_run_shows_the_attempt_under_way(write_runbook: Any, tm
         "    retry: {attempts: 3, delay: 100ms}\n    script: " + json.dumps(script) + "\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(book), "--log-dir", str(logs)],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(book), "--log-dir", str(logs)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.executor.test_cli_report import PROVENANCE
 
 # what the host prints: OSC 52 (clipboard), OSC 0 (title), clear screen, cursor moves, a one-byte C1 CSI,

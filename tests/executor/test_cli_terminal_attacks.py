@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 from sandbox import demo
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 TINY = """\
 name: tiny

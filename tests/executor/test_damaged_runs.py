@@ -3,7 +3,8 @@
 A run.json or state.db whose fields have the wrong type, or whose `resumed_from` names the run itself
 or goes round in a cycle, is named with the reason (exit 2) by `runs`, `status`, `audit verify` and
 `--resume`, never a traceback. Output into a pipe whose reader went away ends quietly (exit 141). The
-CLI runs in a subprocess against the test sshd; the open-ended damage is drawn by hypothesis and run
+CLI runs in this process (tests.clirun) against the test sshd, in a subprocess where a closed pipe or a
+kill -9 is the subject; the open-ended damage is drawn by hypothesis and run
 through the CLI's `main` in this process (an `address: local` host), so that many kinds can be tried.
 """
 
@@ -29,15 +30,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from executor import cli as cli_mod
-from tests.conftest import runbook_cli
+from executor.faces import cli as cli_mod
+from tests.clirun import runbook_cli
 from tests.runfolders import run_folders
 
-CLI = [sys.executable, "-m", "executor.cli"]
+CLI = [sys.executable, "-m", "executor.faces.cli"]
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    done = runbook_cli(*args, timeout=timeout)
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    done = runbook_cli(*args)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -131,7 +132,7 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=6,
 )
-#: what each run.json field must hold, written here independently of executor/state.py
+#: what each run.json field must hold, written here independently of executor/run/state.py
 META_TYPES: dict[str, Any] = {
     "run_id": str,
     "runbook": str,

@@ -15,16 +15,16 @@ import pytest
 import structlog
 
 from executor import diagnostics
-from executor.audit import AuditLog
 from executor.diagnostics import DEBUG_FILE, DebugLog, route_asyncssh
-from executor.engine import WRITE_FAILED, Engine, RunOptions
 from executor.errors import DurableWriteError
-from executor.events import Reporter
-from executor.loader import load_runbook
 from executor.redact import Redactor
-from executor.state import open_state
+from executor.run.audit import AuditLog
+from executor.run.engine import WRITE_FAILED, Engine, RunOptions
+from executor.run.events import Reporter
+from executor.run.state import open_state
+from executor.runbook.loader import load_runbook
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 SECRET = "s3cr3t-diagnostic-value"
 #: a step that fails its first attempt (a retry is scheduled) and passes the second; `b` runs a fallback

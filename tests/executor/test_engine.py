@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
-from executor.loader import load_runbook
+from executor.faces.cli import main
+from executor.runbook.loader import load_runbook
 from sandbox.sshd import SSHServer, free_port
 
 
@@ -359,7 +359,7 @@ def test_a_refused_resume_releases_the_run_it_would_continue(tmp_path, capsys) -
 
 def test_a_var_read_only_by_a_kinds_host_program_counts_as_used() -> None:
     """download's host program reads HF_ENDPOINT from the environment: changing it reruns the step."""
-    from executor.resume import definition_parts, fingerprint
+    from executor.run.resume import definition_parts, fingerprint
 
     book = load_runbook(Path("runbooks/k26_dflash.yaml"))
     (step,) = [s for s in book.steps if s.id == "download_drafter"]
@@ -426,7 +426,7 @@ def test_status_shows_run_data_as_written_not_as_markup(tmp_path, capsys) -> Non
 
 
 def test_changed_parts_names_what_differs() -> None:
-    from executor.resume import changed_parts
+    from executor.run.resume import changed_parts
 
     old = {"step": "a", "host": "h", "var models_dir": "1", "file conf.txt": "x"}
     new = {"step": "a", "host": "h", "var models_dir": "2", "file conf.txt": "y", "var extra": "z"}

@@ -14,17 +14,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from executor import audit as audit_log
-from executor.cli import main
-from executor.engine import Engine, RunOptions
-from executor.events import Reporter
-from executor.loader import load_runbook
+from executor.faces.cli import main
+from executor.run import audit as audit_log
+from executor.run.engine import Engine, RunOptions
+from executor.run.events import Reporter
+from executor.runbook.loader import load_runbook
 from executor.transport.scripted import Answer, ScriptedCommand
 
 if TYPE_CHECKING:  # the plugin is imported as a plugin, below (imported before, pytest could not rewrite it)
-    from executor.testing import Offline, OfflineRun
+    from executor.faces.testing import Offline, OfflineRun
 
-pytest_plugins = ["executor.testing"]  # runbook's own plugin, installed or not (pyproject's pytest11 entry point)
+pytest_plugins = ["executor.faces.testing"]  # runbook's own plugin, installed or not (pyproject's pytest11 entry point)
 
 
 def book(tmp_path: Path, body: str, hosts: str = "box", name: str = "runbook.yaml") -> Path:

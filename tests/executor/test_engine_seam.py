@@ -10,11 +10,11 @@ from pathlib import Path
 
 from executor import Engine, RunOptions
 from executor.diagnostics import Log
-from executor.events import Reporter
-from executor.loader import load_runbook
-from executor.model import Host
 from executor.redact import Redactor
 from executor.render import RenderedCommand
+from executor.run.events import Reporter
+from executor.runbook.loader import load_runbook
+from executor.runbook.model import Host
 from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport
 
 RUNBOOK = """\

@@ -10,7 +10,7 @@ import asyncssh
 import pytest
 
 import executor
-from executor import cli, engine, errors, gates, stepkind
+from executor import errors, stepkind
 from executor.errors import (
     ArgumentRefused,
     AuditKeyError,
@@ -25,6 +25,9 @@ from executor.errors import (
     TransportError,
     transport_error,
 )
+from executor.faces import cli
+from executor.run import engine
+from executor.runbook import gates
 from executor.transport import base, runner
 
 #: README, "Commands": what the CLI exits with when each error reaches it.

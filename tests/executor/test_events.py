@@ -17,9 +17,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from executor.emitter import Emitter, EventStream
-from executor.engine import Engine, RunOptions
-from executor.event_models import (
+from executor.redact import Redactor
+from executor.run.emitter import Emitter, EventStream
+from executor.run.engine import Engine, RunOptions
+from executor.run.event_models import (
     EVENT_TYPES,
     EVENTS,
     AttemptFailed,
@@ -37,13 +38,12 @@ from executor.event_models import (
     StepFinished,
     StepStarted,
 )
-from executor.events import ConsoleReporter, JsonReporter, RedactingReporter, Reporter
-from executor.loader import load_runbook
-from executor.redact import Redactor
+from executor.run.events import ConsoleReporter, JsonReporter, RedactingReporter, Reporter
+from executor.runbook.loader import load_runbook
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SECRET = "hf_events_secret_value"
@@ -332,7 +332,16 @@ def test_a_json_stdout_that_cannot_be_written_leaves_the_run_passing(write_runbo
         steps:
           - {id: a, kind: shell, script: "echo one"}
         """)
-    command = [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(tmp_path / "logs"), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "executor.faces.cli",
+        "run",
+        str(path),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--json",
+    ]
     with open("/dev/full", "w") as full:
         done = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

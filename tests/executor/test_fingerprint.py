@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
-from executor.loader import load_runbook
+from executor.faces.cli import main
+from executor.runbook.loader import load_runbook
 from tests.executor.test_resume import audited_steps, cli, header, newest, side_lines
 
 
@@ -82,7 +82,7 @@ def test_only_what_reaches_a_command_is_exported_and_plan_shows_it(
 
 
 def test_the_fingerprint_counts_exactly_the_exported_vars_and_the_gate_vars(tmp_path: Path) -> None:
-    from executor.resume import definition_parts
+    from executor.run.resume import definition_parts
 
     path = tmp_path / "book.yaml"
     path.write_text(

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from executor import audit
-from executor.audit import AuditContext, AuditLog
 from executor.errors import DurableWriteError
 from executor.redact import Redactor
+from executor.run import audit
+from executor.run.audit import AuditContext, AuditLog
 from executor.transport.base import Collector
 from steps.benchmark_figures import write_report
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.steps.test_benchmark_report import BASELINE, DFLASH, PROVENANCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +54,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    done = runbook_cli(*args, timeout=timeout)
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    done = runbook_cli(*args)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -183,7 +183,7 @@ def test_a_full_disk_stops_every_host_of_the_step_at_once(
     book = tmp_path / "book.yaml"
     book.write_text(text)
 
-    done = cli("run", str(book), "--log-dir", str(logs), timeout=60)
+    done = cli("run", str(book), "--log-dir", str(logs))
     check_stopped(done, logs)
     assert sorted(side(said)) == ["fast", "slow"]  # one command each, none retried
     assert subprocess.run(["pgrep", "-f", "^sleep 3461$"], capture_output=True).returncode == 1

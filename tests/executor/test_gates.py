@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from executor.gates import evaluate, names_used, roots, syntax_error
+from executor.runbook.gates import evaluate, names_used, roots, syntax_error
 
 NAMES = {
     "stdout": "",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.sshd import SSHServer, start_sshd
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 TURN_OFF = "set `verify_host_key: false` on the host (runbook or --inventory) to turn verification off on purpose"
 

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from sandbox.testhost import PoolHost, pool_inventory
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.runfolders import run_folders
 
 RUNBOOK = """\

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
-from executor.loader import (
+from executor.faces.cli import main
+from executor.runbook.loader import (
     MAX_ALIASES,
     MAX_FILE_BYTES,
     MAX_NUMBER_CHARS,
@@ -31,9 +31,9 @@ from executor.loader import (
     MAX_VALUES,
     load_runbook,
 )
-from executor.matrix import MAX_CELL_CHARS, MAX_RULES, MAX_VALUE_TEXT
-from executor.model import var_text
-from executor.planner import PLAN_SHOWN
+from executor.runbook.matrix import MAX_CELL_CHARS, MAX_RULES, MAX_VALUE_TEXT
+from executor.runbook.model import var_text
+from executor.runbook.planner import PLAN_SHOWN
 from executor.stepkind import MAX_FALLBACKS
 from steps.server.base import MAX_NODES
 from tests.conftest import runbook_cli

@@ -23,15 +23,15 @@ from pathlib import Path
 import pytest
 
 from executor import render
-from executor.model import Host
 from executor.render import KILLED_NOTE, UNCONFIRMED_NOTE, render_command
+from executor.runbook.model import Host
 from executor.transport import SSHTransport, Transport, runner_host
 from executor.transport import base as transport_base
 from executor.transport import runner as runner_module
 from executor.transport import ssh as ssh_module
 from executor.transport.base import CommandInterrupted, CommandResult
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.executor.test_engine import audit_records, status
 from tests.executor.test_engine import run as run_cli
 from tests.executor.test_render import run_rendered
@@ -422,7 +422,7 @@ def test_an_interrupted_run_kills_what_left_the_group(write_runbook, tmp_path: P
         "name: t\n__HOSTS__\nsteps:\n  - id: long\n    kind: shell\n    timeout: 10m\n    script: |\n" + body
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "run", str(path), "--log-dir", str(tmp_path / "logs")],
+        [sys.executable, "-m", "executor.faces.cli", "run", str(path), "--log-dir", str(tmp_path / "logs")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.stepkind import ENTRY_POINT_GROUP, StepSpec, _entry_points, step_kinds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runbook_cli(site: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """`runbook ARGV` in a fresh interpreter that sees the installed example (a new process: a new `sys.path`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(site)])}
-    command = [sys.executable, "-m", "executor.cli", *argv]
+    command = [sys.executable, "-m", "executor.faces.cli", *argv]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.stepkind import step_kinds
 
 GOOD = """\

@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
 from executor.errors import InvalidRunbook
-from executor.loader import Runbook, load_runbook, parse_runbook
-from executor.matrix import (
+from executor.faces.cli import main
+from executor.runbook.loader import Runbook, load_runbook, parse_runbook
+from executor.runbook.matrix import (
     MAX_AXES,
     MAX_CELL_CHARS,
     MAX_CELL_STEPS,
@@ -28,8 +28,8 @@ from executor.matrix import (
     MAX_RULES,
     MAX_VALUE_CHARS,
 )
-from executor.planner import PLAN_SHOWN, placed_hosts, plan_document
-from tests.conftest import runbook_cli
+from executor.runbook.planner import PLAN_SHOWN, placed_hosts, plan_document
+from tests.clirun import runbook_cli
 
 SWEEP = """\
 name: sweep
@@ -478,7 +478,7 @@ def test_a_placed_group_listing_a_host_twice_is_refused() -> None:
 
 
 def test_each_bad_option_of_a_group_is_reported_at_its_place_none_hiding_another() -> None:
-    """A group's options are checked one by one (executor.matrix.GroupOptions): each refused option is named
+    """A group's options are checked one by one (executor.runbook.matrix.GroupOptions): each refused option is named
     at its line and column with what it may be, and read as not given, so the next one is still checked."""
     steps = (
         "  - group: g\n    matrix: {a: [1, 2]}\n    on_failure: maybe\n    placement: pack\n    hosts: [box, 7]\n"
@@ -639,7 +639,7 @@ def test_a_gate_repeated_by_every_instance_and_fallback_is_parsed_once(monkeypat
     """Each instance (and each fallback) repeats its step's gates and `when:`: a 200 kB gate parsed per
     instance took 0.3 s each, so `validate` of 100 cells took 33 s (10 000 cells: an hour). Each distinct
     text is parsed, and searched for step references, once."""
-    from executor import gates
+    from executor.runbook import gates
 
     parsed: list[str] = []
     searched: list[str] = []

@@ -32,10 +32,10 @@ import mcp_types as types
 from mcp.client.client import Client
 from mcp_types import CallToolResult
 
-from executor import views
-from executor.cli import main
-from executor.mcp_server import RESULT_CAP, Launches, Roots, build_server
-from executor.state import LOCK_FILE, LockRecord, process_start
+from executor.faces import views
+from executor.faces.cli import main
+from executor.faces.mcp_server import RESULT_CAP, Launches, Roots, build_server
+from executor.run.state import LOCK_FILE, LockRecord, process_start
 
 BOOK = "name: one\nhosts:\n  box: {address: local}\nsteps:\n  - {id: a, kind: shell, script: echo a}\n"
 #: what a file that is no runbook holds: none of it may come back
@@ -133,7 +133,7 @@ def test_stop_interrupts_the_runbook_process_that_took_the_lock(finished: Path, 
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from executor.state import RunLock; "
+            "import sys, time; from pathlib import Path; from executor.run.state import RunLock; "
             f"RunLock(Path({str(run_dir)!r})).acquire(); print('held', flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,

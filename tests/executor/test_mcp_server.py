@@ -25,9 +25,8 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
-from executor.cli import main
-from executor.events import EVENTS_FILE
-from executor.mcp_server import (
+from executor.faces.cli import main
+from executor.faces.mcp_server import (
     EVENTS_LIMIT,
     RESULT_CAP,
     TAIL_LINES,
@@ -38,7 +37,8 @@ from executor.mcp_server import (
     read_events,
     step_tail,
 )
-from executor.schema import plan_schema
+from executor.run.events import EVENTS_FILE
+from executor.runbook.schema import plan_schema
 from tests.executor.test_resume import wait_for
 from tests.steps.test_benchmark import standin as standin  # the stand-in test fixture, shared
 from tests.steps.test_benchmark import yaml_steps
@@ -51,10 +51,10 @@ Call = Callable[..., Awaitable[dict[str, Any]]]
 
 @asynccontextmanager
 async def server(cwd: Path) -> AsyncIterator[tuple[ClientSession, Call, list[str]]]:
-    """A `python -m executor.cli mcp` over stdio, HF_TOKEN in its environment; `call(tool, **arguments)` gives
+    """A `python -m executor.faces.cli mcp` over stdio, HF_TOKEN in its environment; `call(tool, **arguments)` gives
     a tool's structured result, and every result's JSON is kept in the list (to look for the secret)."""
     env = {**os.environ, "HF_TOKEN": SECRET, "PYTHONPATH": os.pathsep.join(sys.path)}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "executor.cli", "mcp"], env=env, cwd=cwd)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "executor.faces.cli", "mcp"], env=env, cwd=cwd)
     seen: list[str] = []
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
@@ -242,7 +242,7 @@ def test_a_long_list_is_cut_to_the_cap_saying_how_much_was_left_out() -> None:
 def test_without_the_sdk_runbook_mcp_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delitem(sys.modules, "executor.mcp_server", raising=False)
+    monkeypatch.delitem(sys.modules, "executor.faces.mcp_server", raising=False)
     for name in ("mcp", "mcp.server", "mcp.server.mcpserver"):  # importing fails as where it is not installed
         monkeypatch.setitem(sys.modules, name, None)
     assert main(["mcp"]) == 2

@@ -18,7 +18,7 @@ from executor.render import render_command
 from executor.transport import Transport
 from executor.transport import base as transport_base
 from executor.transport.base import DROPPED_NOTE, Captured, CommandResult
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.executor.test_transport import run, runner, transport
 
 __all__ = ["run", "runner", "transport"]  # fixtures of the transport suite, used here too

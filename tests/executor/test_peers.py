@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 from tests.executor.test_engine import audit_records, extra_kind, run, status
 
 GROUP_KIND = """\

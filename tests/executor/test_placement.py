@@ -9,9 +9,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor import cells
-from executor.loader import Runbook, parse_runbook
-from executor.placement import place
+from executor.runbook import cells
+from executor.runbook.loader import Runbook, parse_runbook
+from executor.runbook.placement import place
 
 
 def sweep(drafters: int, tokens: int, pool: int = 3) -> Runbook:

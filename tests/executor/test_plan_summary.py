@@ -1,6 +1,6 @@
 """`runbook plan`: readable by default (what each step does, the commands that matter, run-time values and
 their source, host programs as name, size and digest), `--full` as every command is sent, `--json` the
-structured plan (executor.planner.plan_document). Before: one output only, 8,800 lines for the flagship,
+structured plan (executor.runbook.planner.plan_document). Before: one output only, 8,800 lines for the flagship,
 every host program inline, and a `plan_document` that missed a secret holding `"` or `\\`."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
-from executor.loader import load_runbook
-from executor.planner import host_env, plan_text, secrets_redactor
+from executor.faces.cli import main
+from executor.runbook.loader import load_runbook
+from executor.runbook.planner import host_env, plan_text, secrets_redactor
 from executor.stepkind import RenderContext
 
 FLAGSHIP = Path(__file__).resolve().parents[2] / "runbooks" / "k26_dflash.yaml"

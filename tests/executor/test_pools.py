@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 SWEEP = Path(__file__).resolve().parents[2] / "runbooks" / "k26_dflash_sweep.yaml"
 

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.redact import MIN_SECRET_CHARS, Redactor, forms
 from executor.transport import base as transport_base
 from executor.transport.base import Captured
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 # ---- the redactor and the stream ------------------------------------------------------------------
 

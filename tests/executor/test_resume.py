@@ -1,8 +1,9 @@
 """Resume, --from/--only, locking, interruption, kill -9 and secret hygiene, end to end.
 
-Every test drives the real `runbook` CLI in a subprocess against the real test sshd (which
-runs on this machine, so side-effect files written by steps are readable here). What a resume, `--from` and
-`--only` run again, which needs neither, runs on scripted hosts: tests/executor/test_engine_offline.py.
+Every test drives the real `runbook` CLI against the real test sshd (which runs on this machine, so
+side-effect files written by steps are readable here): in this process (tests.clirun), and in a subprocess
+where the process is the subject (kill -9, SIGINT/SIGTERM/SIGHUP, a run holding the lock). What a resume,
+`--from` and `--only` run again, which needs neither, runs on scripted hosts: tests/executor/test_engine_offline.py.
 """
 
 from __future__ import annotations
@@ -25,22 +26,22 @@ from typing import Any
 
 import pytest
 
-from executor.engine import Engine, RunOptions
 from executor.errors import StateError
-from executor.events import Reporter
-from executor.loader import load_runbook
-from executor.state import RunLock
-from tests.conftest import runbook_cli
+from executor.run.engine import Engine, RunOptions
+from executor.run.events import Reporter
+from executor.run.state import RunLock
+from executor.runbook.loader import load_runbook
+from tests.clirun import runbook_cli
 from tests.executor.killpoints import run_book
 
-CLI = [sys.executable, "-m", "executor.cli"]
+CLI = [sys.executable, "-m", "executor.faces.cli"]
 
 
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    done = runbook_cli(*args, env=env, timeout=timeout)
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    done = runbook_cli(*args, env=env)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -749,8 +750,8 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path: Path, writ
 
 
 def test_how_commands_reach_the_host_is_not_part_of_a_step_s_definition(tmp_path: Path) -> None:
-    from executor.loader import load_runbook
-    from executor.resume import definition_parts, fingerprint
+    from executor.run.resume import definition_parts, fingerprint
+    from executor.runbook.loader import load_runbook
 
     def fingerprint_with(**host: object) -> str:
         settings = {"address": "gpu-box.example", **host}

@@ -1,4 +1,4 @@
-"""executor.resume without a host: the plan of each step (what, why, where), the carry-over of --var and
+"""executor.run.resume without a host: the plan of each step (what, why, where), the carry-over of --var and
 --inventory, and that the CLI and the Engine API resume alike, reading the runbook and the run once.
 
 The plans are of runbooks loaded from small YAML files and of constructed source records; the last tests
@@ -19,14 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
-from executor.engine import Engine, RunOptions
 from executor.errors import ResumeError
-from executor.events import Reporter
-from executor.loader import Runbook, load_runbook
-from executor.model import var_text
-from executor.resume import Fingerprints, Plan, carry_over, plan_steps
-from executor.state import RunMeta, StepRecord
+from executor.faces.cli import main
+from executor.run.engine import Engine, RunOptions
+from executor.run.events import Reporter
+from executor.run.resume import Fingerprints, Plan, carry_over, plan_steps
+from executor.run.state import RunMeta, StepRecord
+from executor.runbook.loader import Runbook, load_runbook
+from executor.runbook.model import var_text
 
 SOURCE = "20260101-000000-abcdef"
 
@@ -423,7 +423,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch, function: Callable[..., Any]) -> 
 def test_a_resume_reads_the_runbook_and_finds_the_run_once(
     failed_local_run: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from executor import loader, state
+    from executor.run import state
+    from executor.runbook import loader
 
     book, logs, _marker = failed_local_run
     loads, finds = _counting(monkeypatch, loader.load_runbook), _counting(monkeypatch, state.find_run)

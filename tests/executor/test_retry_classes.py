@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import pytest
 
-from executor.cli import main
 from executor.command_result import CommandResult
 from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT, OutOfMemory
-from executor.events import EVENTS_FILE
+from executor.faces.cli import main
+from executor.run.events import EVENTS_FILE
 from executor.stepkind import RenderContext, StepSpec
 
 RETRY = "{attempts: 3, delay: 10ms}"

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 
 pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
 
-from executor import mcp_server
+from executor.faces import mcp_server
 from tests.executor.test_mcp_guards import call
 from tests.runfolders import run_folders
 

@@ -27,15 +27,16 @@ from hypothesis import strategies as st
 
 from executor.diagnostics import DEBUG_FILE, DebugLog
 from executor.errors import TransportError
-from executor.model import Host
 from executor.redact import NO_SECRETS
 from executor.render import render_command
+from executor.runbook.model import Host
 from executor.transport import SSHTransport
 from executor.transport import runner_host as host_program
 from executor.transport.base import CommandResult
 from sandbox import testhost as sandbox_host
 from sandbox.sshd import SSHServer, start_sshd
-from tests.conftest import SandboxHost, runbook_cli
+from tests.clirun import runbook_cli
+from tests.conftest import SandboxHost
 from tests.executor.test_engine import audit_records, run, status
 from tests.executor.test_transport import live_pids, sleeper, wait_until
 

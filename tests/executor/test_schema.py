@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from executor import strict_json
-from executor.cli import main
 from executor.errors import InvalidRunbook
-from executor.loader import load_runbook, parse_runbook
-from executor.planner import plan_document
+from executor.faces.cli import main
 from executor.redact import NO_SECRETS
-from executor.schema import inventory_schema, plan_schema, report_schema, runbook_schema
+from executor.runbook.loader import load_runbook, parse_runbook
+from executor.runbook.planner import plan_document
+from executor.runbook.schema import inventory_schema, plan_schema, report_schema, runbook_schema
 from executor.stepkind import StepSpec, step_kinds
 from sandbox.sshd import SSHServer
 from sandbox.testhost import PoolHost, pool_inventory

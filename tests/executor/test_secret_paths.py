@@ -2,7 +2,7 @@
 JSON answer is strict.
 
 - A secret pasted into a matrix value (a scalar, a mapping's field or field name, a list's item) is refused
-  by `validate`, `plan` and `run` alike (`executor.loader.secret_values`, the one place all of them read the
+  by `validate`, `plan` and `run` alike (`executor.runbook.loader.secret_values`, the one place all of them read the
   secrets), naming where and never the value: a matrix value is written unmasked into cell ids, events,
   the campaign report and its figures, so no run may hold one.
 - A local step gets a declared environment (PATH, HOME, LANG, then its vars and secrets), never the
@@ -28,17 +28,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor import strict_json
-from executor.cli import main
 from executor.diagnostics import DEBUG_FILE
 from executor.errors import InvalidRunbook
-from executor.event_models import Progress
-from executor.events import json_line
-from executor.loader import load_runbook, secret_values
+from executor.faces.cli import main
+from executor.faces.views import REPORT_MAX_DEPTH
 from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.render import render_command
-from executor.state import JSON_COLUMN_MAX_DEPTH
+from executor.run.event_models import Progress
+from executor.run.events import json_line
+from executor.run.state import JSON_COLUMN_MAX_DEPTH
+from executor.runbook.loader import load_runbook, secret_values
 from executor.transport.local import LOCAL_ENV_NAMES, LocalTransport
-from executor.views import REPORT_MAX_DEPTH
 from tests.executor.test_cli_report import PROVENANCE, write
 
 # -- a secret as a matrix value ----------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_the_controllers_token_reaches_no_file_status_or_tail_of_a_local_run(
     assert main(["status", "--log-dir", str(logs), "--json"]) == 0
     shown = capsys.readouterr()
     (run_dir,) = logs.iterdir()
-    from executor.mcp_server import step_tail  # the MCP `tail` answer, as its tool gives it
+    from executor.faces.mcp_server import step_tail  # the MCP `tail` answer, as its tool gives it
 
     answer = step_tail(run_dir, "leak", None, 200)
     assert answer["stdout"].endswith("\ntoken="), answer  # the step ran and printed the variable: empty
@@ -389,8 +389,8 @@ def test_a_secret_of_any_shape_is_in_no_run_file_and_no_json_or_mcp_answer(
     """The step prints the secret to both streams and fails a gate that quotes its stdout: the console,
     `--json` lines, every file of the run (state.db, audit, events, debug log, run.json), `status`/`runs
     --json` and the MCP `events`, `tail` and `status` answers hold no form of it."""
-    from executor import views
-    from executor.mcp_server import read_events, step_tail
+    from executor.faces import views
+    from executor.faces.mcp_server import read_events, step_tail
 
     monkeypatch.setenv("RB_WRITERS_TOKEN", secret)
     root = tmp_path_factory.mktemp("writers")

@@ -1,6 +1,6 @@
 """The commands that need no SSH import nothing they do not use (issue 17: a CLI that starts fast).
 
-Each command runs in a fresh interpreter, through `executor.cli.main` as the console script calls it, and
+Each command runs in a fresh interpreter, through `executor.faces.cli.main` as the console script calls it, and
 the modules it left in `sys.modules` are read back: a behaviour test, not a timed one (bench/startup.py
 measures the time). `run` against an SSH host is the control: it does import asyncssh, so the check sees
 what a command imports.
@@ -21,14 +21,14 @@ FLAGSHIP = REPO / "runbooks" / "k26_dflash.yaml"
 
 #: What no command that needs no SSH may import: the SSH library, plotting, the programs shipped to hosts,
 #: the Hub's client, the run's retrying and diagnostics, the engine and the SSH transport.
-NEVER = ("asyncssh", "matplotlib", "hostprograms", "huggingface_hub", "tenacity", "structlog", "executor.engine")
-NEVER += ("executor.transport.ssh", "executor.events", "rich.traceback", "rich.live", "pygments")
+NEVER = ("asyncssh", "matplotlib", "hostprograms", "huggingface_hub", "tenacity", "structlog", "executor.run.engine")
+NEVER += ("executor.transport.ssh", "executor.run.events", "rich.traceback", "rich.live", "pygments")
 #: ... nor, for those that only read a run folder, the runbook's parts: YAML, pydantic, Jinja2, asyncio.
-NO_RUNBOOK = ("yaml", "pydantic", "jinja2", "asyncio", "executor.loader", "steps", "importlib.metadata")
+NO_RUNBOOK = ("yaml", "pydantic", "jinja2", "asyncio", "executor.runbook.loader", "steps", "importlib.metadata")
 
 PROBE = """
 import json, sys
-from executor.cli import main
+from executor.faces.cli import main
 try:
     code = main(sys.argv[2:])
 except SystemExit as exc:  # --help
@@ -116,7 +116,7 @@ def test_validate_prints_plain_text_without_rich_and_opens_no_audit_log(tmp_path
     unloaded; `plan` prints through rich, so it is the control."""
     code, modules = imported(tmp_path, "validate", str(FLAGSHIP))
     assert code == 0
-    assert among(modules, ("rich", "executor.audit")) == []
+    assert among(modules, ("rich", "executor.run.audit")) == []
     _, planned = imported(tmp_path, "plan", str(FLAGSHIP))
     assert {"rich.console", "rich.text"} <= planned
 
@@ -124,8 +124,8 @@ def test_validate_prints_plain_text_without_rich_and_opens_no_audit_log(tmp_path
 BUILT = """
 import json, sys
 from pydantic import BaseModel
-from executor.cli import main
-from executor.model import Model
+from executor.faces.cli import main
+from executor.runbook.model import Model
 code = main(sys.argv[2:])
 def subclasses(cls):
     for sub in cls.__subclasses__():
@@ -164,17 +164,18 @@ def test_a_run_on_an_ssh_host_does_import_asyncssh(tmp_path: Path) -> None:
     )
     code, modules = imported(tmp_path, "run", str(book), "--log-dir", str(tmp_path / "logs"))
     assert code == 1
-    assert {"asyncssh", "tenacity", "structlog", "executor.engine", "executor.transport.ssh"} <= modules
+    assert {"asyncssh", "tenacity", "structlog", "executor.run.engine", "executor.transport.ssh"} <= modules
 
 
 def test_the_package_names_its_api_and_imports_each_part_on_first_use() -> None:
     code = (
-        "import sys, executor; before = 'executor.engine' in sys.modules; "
+        "import sys, executor; before = 'executor.run.engine' in sys.modules; "
         "assert all(getattr(executor, name) for name in executor.__all__); "
-        "print(before, 'executor.engine' in sys.modules, executor.Engine.__module__, executor.CommandResult.__name__)"
+        "print(before, 'executor.run.engine' in sys.modules, executor.Engine.__module__, "
+        "executor.CommandResult.__name__)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["False", "True", "executor.engine", "CommandResult"]
+    assert done.stdout.split() == ["False", "True", "executor.run.engine", "CommandResult"]
     with pytest.raises(AttributeError, match="no attribute 'Engin'"):
         import executor
 
@@ -185,13 +186,13 @@ EXIT = """
 import atexit, gc, runpy, sys
 atexit.register(lambda: sys.stderr.write(f"\\nfrozen at exit: {gc.get_freeze_count()}\\n"))
 sys.argv = ["runbook", *sys.argv[1:]]
-runpy.run_module("executor.cli", run_name="__main__")
+runpy.run_module("executor.faces.cli", run_name="__main__")
 """
 
 
 @pytest.mark.parametrize(("book", "code"), [(FLAGSHIP, 0), (REPO / "pyproject.toml", 2)], ids=["ok", "invalid"])
 def test_the_process_exits_with_mains_status_leaving_its_heap_to_the_os(book: Path, code: int) -> None:
-    """`python -m executor.cli` (and the `runbook` script, `entry`) ends without the interpreter collecting every
+    """`python -m executor.faces.cli` (and the `runbook` script, `entry`) ends without the interpreter collecting every
     object the command loaded, one by one (bench/RESULTS.md, 9c): before, nothing was frozen at exit."""
     done = subprocess.run(
         [sys.executable, "-c", EXIT, "validate", str(book)],

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from executor.errors import ResumeError, RunLocked, StateError
-from executor.state import (
+from executor.run.state import (
     META_FILE,
     STATE_FILE,
     RunLock,

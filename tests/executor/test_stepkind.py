@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from executor.attempts import HostContext
-from executor.emitter import Emitter, EventStream
-from executor.event_models import Progress
-from executor.events import JsonReporter, RedactingReporter, Reporter
 from executor.hostprogram import PACKAGE
 from executor.redact import Redactor
+from executor.run.attempts import HostContext
+from executor.run.emitter import Emitter, EventStream
+from executor.run.event_models import Progress
+from executor.run.events import JsonReporter, RedactingReporter, Reporter
 from executor.stepkind import (
     FACTS_MAX_DEPTH,
     PROGRESS_LINE_MAX,

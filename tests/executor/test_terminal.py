@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from executor import cli
 from executor.errors import Problem
-from executor.event_models import AttemptFailed, Note, StepFinished
-from executor.events import ConsoleReporter
+from executor.faces import cli
+from executor.run.event_models import AttemptFailed, Note, StepFinished
+from executor.run.events import ConsoleReporter
 from executor.terminal import ESCAPED_CATEGORIES, escaped, shown, shown_text
 
 # what a hostile host prints, and what makes the escaping's backslash rule matter, drawn often

@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from bench.transfer_memory import measure
 from executor.errors import TransportError
-from executor.model import Host
+from executor.runbook.model import Host
 from executor.transport import SSHTransport, Transport
 from executor.transport import base as transport_base
 from sandbox.sshd import SSHServer
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.executor.test_transport import runner, transport
 
 __all__ = ["runner", "transport"]  # fixtures of the transport suite, used here too
@@ -215,6 +215,6 @@ def test_an_upload_of_no_regular_file_fails_at_once(write_runbook, tmp_path: Pat
             upload: [{{src: {src}, dest: {tmp_path / "dest"}}}]
             script: "true"
         """)
-    done = runbook_cli("run", str(book), "--log-dir", str(tmp_path / "logs"), timeout=60)
+    done = runbook_cli("run", str(book), "--log-dir", str(tmp_path / "logs"))
     assert done.returncode == 1, done.stderr
     assert "not a regular file" in done.stderr

@@ -28,8 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.model import Host
 from executor.render import render_command
+from executor.runbook.model import Host
 from executor.transport import LocalTransport, SSHTransport, Transport
 from executor.transport.base import CommandInterrupted, CommandResult
 from executor.transport.scripted import Answer, ScriptedCommand, ScriptedTransport

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
-from tests.conftest import runbook_cli
+from executor.faces.cli import main
+from tests.clirun import runbook_cli
 
 LOCAL = """\
 name: typed

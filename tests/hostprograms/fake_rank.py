@@ -2,10 +2,11 @@
 serves /health (503 until a file exists, then 200) and /generate (SGLang's `text` field) when given a
 port, and exits with a status when told. Files let the test decide when each thing happens, not time.
 
-    fake_rank.py [--port P --ready FILE] [--say LINE]... [--when FILE [--then LINE]...] [--exit CODE]
+    fake_rank.py [--port P --ready FILE] [--worker] [--say LINE]... [--when FILE [--then LINE]...] [--exit CODE]
 
-Prints the --say lines, then (with --when) waits for FILE and prints the --then lines, then exits with
-CODE if given, else serves (or sleeps) until stopped.
+With --worker, first starts a worker (a process of its group, as a server's schedulers are, which outlives
+it until TERM) and prints `worker PID`. Prints the --say lines, then (with --when) waits for FILE and prints
+the --then lines, then exits with CODE if given, else serves (or sleeps) until stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import http.server
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -49,7 +51,11 @@ def main() -> int:
     parser.add_argument("--when")
     parser.add_argument("--then", action="append", default=[])
     parser.add_argument("--exit", type=int)
+    parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
+    if args.worker:
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        print(f"worker {worker.pid}", flush=True)
     for line in args.say:  # before the port answers: a look that finds it answering finds these lines too
         print(line, flush=True)
     if args.port is not None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -177,6 +178,57 @@ def test_a_rank_that_serves_no_http_skips_the_port_check_and_stops_with_its_grou
     assert gone == {"action": "watch", "port": port, "pid": None, "alive": False, "exit_code": None,
                     "log_file": None, "error_line": None, "last_line": None, "idle_s": None, "log_tail": [],
                     "health": None, "generate": None, "failure": f"no server recorded on port {port}"}  # fmt: skip
+
+
+def test_a_rank_that_shut_down_before_its_node_s_stop_looked_is_stopped_and_its_workers_too(
+    ranks: Ranks, tmp_path: Path
+) -> None:
+    """A node group's rank > 0 ends by itself (status 0) once rank 0 stops, and every rank is stopped at once:
+    its own node's stop may come after. It stopped, and the workers it left (which hold the GPU memory) are
+    stopped by the same bounded wait, not judged by one look. The losing order of that race, set by a file."""
+    port, shutdown = free_port(), tmp_path / "shutdown"
+    launched = ranks.launch(port, "--worker", "--when", str(shutdown), "--exit", "0", serves_http=False)
+    worker = int(wait_for(lambda: ranks.watch(port), lambda w: w["last_line"] is not None)["last_line"].split()[1])
+    shutdown.touch()
+    wait_for(lambda: ranks.watch(port), lambda w: w["exit_code"] == 0)
+    assert deploy_host.alive(worker, None)  # left behind in the rank's group
+    stopped = ranks.stop(port)
+    assert stopped["stopped"] and stopped["gpu_freed"] and stopped["failure"] is None and not stopped["killed"]
+    assert stopped["pids"] == [worker] and not deploy_host.alive(worker, None)
+    assert stopped["note"] == (
+        f"the server recorded on port {port} (pid {launched['pid']}) had shut down cleanly (status 0), "
+        "as a node group's rank > 0 does when rank 0 stops"
+    )
+    assert not Path(launched["state_file"]).exists()
+
+
+def test_a_stop_waits_for_the_keeper_s_record_of_a_rank_that_has_just_exited(tmp_path: Path) -> None:
+    """The rank exited and its keeper has not yet written its status (a loaded host): the stop waits for the
+    record (bounded), and only status 0, a clean shutdown, is a stop; a rank that crashed was not stopped."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no longer running, whose group is empty
+    state = {"pid": gone.pid, "pgid": gone.pid, "starttime": 1, "log_file": str(tmp_path / "log"), "kept": True}
+    deploy_host.write_state(str(tmp_path), 7, state)
+    exit_file = deploy_host.exit_path(str(tmp_path), 7)
+    writer = threading.Timer(
+        0.3, deploy_host.write_json, (exit_file, {"pid": gone.pid, "starttime": 1, "exit_code": 0})
+    )
+    writer.start()
+    try:
+        clean = deploy_host.stop({"port": 7, "stop_timeout": 30}, str(tmp_path))
+    finally:
+        writer.join()
+    assert clean["stopped"] and clean["gpu_freed"] and clean["pids"] == [] and clean["failure"] is None
+    assert "had shut down cleanly (status 0)" in clean["note"]
+
+    deploy_host.write_state(str(tmp_path), 7, state)
+    deploy_host.write_json(exit_file, {"pid": gone.pid, "starttime": 1, "exit_code": 3})
+    crashed = deploy_host.stop({"port": 7, "stop_timeout": 30}, str(tmp_path))
+    assert not crashed["stopped"] and crashed["gpu_freed"] and crashed["failure"] is None
+    assert (
+        crashed["note"]
+        == f"the server recorded on port 7 (pid {gone.pid}) was no longer running: it had exited with status 3"
+    )
 
 
 def test_launch_over_ssh_ends_the_session_while_the_rank_runs_on(ranks: Ranks, sshd: SSHServer) -> None:

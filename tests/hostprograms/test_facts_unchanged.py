@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from executor.cli import main
+from executor.faces.cli import main
 from sandbox.hub import HubServer
 from sandbox.model_configs import drafter_config, target_config
 from sandbox.repos import DRAFTER_ID, TARGET_ID

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from executor.hostprogram import host_program
-from executor.model import Host
 from executor.render import render_command
+from executor.runbook.model import Host
 from executor.transport import SSHTransport
 from executor.transport.base import CommandResult
 from sandbox.sshd import SSHServer
@@ -74,7 +74,7 @@ def test_a_killed_step_s_program_folder_goes_at_the_next_program_and_a_live_one_
 
 CONTROLLER = """
 import asyncio, sys
-from executor.model import Host
+from executor.runbook.model import Host
 from executor.render import render_command
 from executor.transport import SSHTransport
 async def main():

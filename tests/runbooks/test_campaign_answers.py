@@ -53,7 +53,7 @@ DDTREE = "deploy_dflash[drafter=zlab,spec=ddtree-32]"
 MARGIN = 1.15  # the model's winner beats the runner-up by at least this factor, and so on
 
 #: the first test sets the module's campaign up (about a minute and a half on a loaded 2-core machine)
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.e2e, pytest.mark.xdist_group("timing")]
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ DDTREE = "deploy_dflash[drafter=zlab,spec=ddtree-32]"
 SERVER_STEPS = ("deploy_dflash[", "eval[", "benchmark[")
 
 #: the first test sets the module's campaign up (about a minute on a loaded 2-core machine)
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.e2e, pytest.mark.xdist_group("timing")]
 
 
 @pytest.fixture(scope="module")

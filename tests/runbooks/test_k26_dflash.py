@@ -1,29 +1,37 @@
 """The flagship runbook, unedited, against the test host, the Hub test double and the SGLang stand-in
-(--inventory lays the site over it), end to end and through each failure mode of part 2."""
+(--inventory lays the site over it), through each failure mode of part 2. Its run end to end, report and
+provenance included, is `runbook demo`'s (tests/sandbox/test_demo.py): one run of the whole flagship in CI.
+The failure modes after the downloads resume copies of one run that got that far (`prefix`)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 import json
 import os
+import shutil
 import signal
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from executor import audit
-from executor.cli import main
-from sandbox.repos import DRAFTER_ID, TARGET_ID
+from executor.faces.cli import main
+from executor.run import audit
+from sandbox.hub import HubServer
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import free_port
 
+#: the runbook tier, on the worker of the tests that load the CPU or read a clock (pyproject's markers)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("timing")]
 RUNBOOK = Path("runbooks/k26_dflash.yaml")
 #: The stand-in decodes fast and starts at once, so the runbook's full benchmark takes seconds.
-FAST = {"decode_tokens_per_s": 1500.0, "startup_s": 0.5}
+FAST = {"decode_tokens_per_s": 5000.0, "startup_s": 0.5}
 
 
 def site(tmp_path: Path, host: Any, hub: Any) -> Path:
@@ -75,7 +83,7 @@ class Flagship:
 
     def __init__(self, tmp_path: Path, host: Any, hub: Any) -> None:
         self.host, self.hub = host, hub
-        self.inventory, self.logs = site(tmp_path, host, hub), tmp_path / "logs"
+        self.inventory, self.logs, self.models = site(tmp_path, host, hub), tmp_path / "logs", tmp_path / "models"
         self.port = yaml.safe_load(self.inventory.read_text())["vars"]["sglang_port"]
         self.state_file = host.home / ".runbook" / "sglang" / f"{self.port}.json"
 
@@ -104,98 +112,80 @@ def flagship(tmp_path: Path, testhost: Any, hub: Any, monkeypatch: pytest.Monkey
     standin_switches.path(made.host.home).unlink(missing_ok=True)
 
 
-def test_the_runbook_runs_end_to_end_unedited(flagship: Flagship, capsys: pytest.CaptureFixture[str]) -> None:
-    code, events = run(capsys, *flagship.args())
-    assert code == 0, [e for e in events if e["event"] in ("attempt_failed", "step_finished")]
-    steps = facts(flagship.logs, capsys)
-    probe = steps["probe"]["facts"]
-    assert probe["gpu_arch"] == "sm90" and probe["gpu_count"] == 1
-    assert probe["sglang"]["dflash"] is True and probe["hf_token"]["source"] == "env HF_TOKEN"
-    assert steps["download_drafter"]["facts"]["method"] == "hf_cli"
-    assert steps["verify_target"]["facts"]["files_expected"] == len(flagship.hub.repos[TARGET_ID].files)
-    assert steps["inspect"]["facts"]["drafter"]["block_size"]["value"] == 8
+@dataclass(frozen=True)
+class Prefix:
+    """The flagship run to its first failure (module fixture `prefix`): its site, exit code and events."""
 
-    baseline, dflash = steps["deploy_baseline"]["facts"], steps["deploy_dflash"]["facts"]
-    assert baseline["speculative_algorithm"] is None and "--speculative-algorithm" not in baseline["argv"]
-    argv = dflash["argv"]
-    assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
-    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the drafter's block size
-    assert argv[argv.index("--tp-size") + 1] == "1"  # the GPU count
-    assert argv[argv.index("--attention-backend") + 1] == "fa3"  # Hopper, sm90
-    assert dflash["previous"]["action"] == "stopped"  # the baseline made room for it on the port
-    assert steps["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
-    evaluated = steps["eval"]["facts"]  # as served: chat template, thinking on; outputs as the baseline's
-    assert (evaluated["api"], evaluated["thinking"], evaluated["speculation_on"]) == ("chat", True, True)
-    assert {name: s["identical"] for name, s in evaluated["lossless"].items()} == {"math": 16, "code": 16, "chat": 16}
-    bench = steps["benchmark_dflash"]["facts"]
-    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
-    assert [r["max_concurrency"] for r in bench["runs"]] == [c for c in (1, 4, 16, 32) for _ in range(3)]  # repeats
-    assert bench["speedup"]["by_concurrency"]["1"] > 1.0
-    assert steps["stop"]["facts"]["stopped"] is True
-    with socket.socket() as sock:
-        assert sock.connect_ex(("127.0.0.1", flagship.port)) != 0  # the GPUs are free again
+    site: Flagship
+    code: int
+    events: list[dict[str, Any]]
 
-    folder = run_dir(events)
-    report = json.loads((folder / "report.json").read_text())
-    titles = [t["title"] for t in report["tables"]]
-    assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
-    assert (folder / "report.md").read_text().startswith("# Benchmark")
-    assert (folder / "speedup.png").read_bytes().startswith(b"\x89PNG")
-    assert [f["path"] for f in report["figures"]][:2] == ["speedup.png", "pareto.png"]
-    assert all((folder / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
-    # provenance: what the numbers are of, complete on the test host
-    provenance = report["provenance"]
-    assert [(r["repo"], r["commit"], r["verified"]) for r in provenance["repos"]] == [
-        (repo, flagship.hub.repos[repo].sha, True) for repo in (DRAFTER_ID, TARGET_ID)
-    ]
-    assert [r["step"] for r in provenance["repos"]] == ["verify_drafter", "verify_target"]
-    assert [(d["side"], d["step"], d["server_version"]) for d in provenance["deployments"]] == [
-        ("baseline", "deploy_baseline", "0.5.23"), ("dflash", "deploy_dflash", "0.5.23")
-    ]  # fmt: skip
-    assert provenance["deployments"][1]["argv"] == argv and provenance["deployments"][1]["gpus"] == 1
-    assert provenance["gpus"]["model"] == probe["gpu"]["gpus"][0]["name"] and provenance["gpus"]["count"] == 1
-    assert provenance["gpus"]["driver_version"] == probe["gpu"]["driver_version"] is not None
-    assert provenance["gpus"]["cuda_version"] == probe["gpu"]["cuda_version"] is not None
-    assert [{r["concurrency"] for r in b["runs"]} for b in provenance["benchmarks"]] == [{1, 4, 16, 32}] * 2
-    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [12, 12]  # a seed per run
-    acceptance = provenance["acceptance"]
-    assert (acceptance["step"], acceptance["api"], acceptance["thinking"]) == ("eval", "chat", True)
-    assert provenance["unknown"] == {}  # on the test host every fact of the numbers is known
-    assert main(["report", str(folder)]) == 0
-    assert "Acceptance length per prompt set" in capsys.readouterr().out
-    assert main(["audit", "verify", str(folder)]) == 0
-    assert capsys.readouterr().out.startswith("intact")
-    token_bytes = flagship.hub.token.encode()
-    assert not [p for p in flagship.logs.rglob("*") if p.is_file() and token_bytes in p.read_bytes()]
 
-    # a shard goes bad on disk: verify (repair: true) finds it, fetches it again and passes
-    shard = next(p for p in (flagship.logs.parent / "models" / "Kimi-K2.6").glob("*.safetensors"))
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    code, events = run(capsys, *flagship.args("--only", "verify_target"))
-    assert code == 0
-    assert facts(flagship.logs, capsys)["verify_target"]["facts"]["repaired"] == [shard.name]
+@pytest.fixture(scope="module")
+def prefix(testhost: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefix]:
+    """The flagship once, to the crash of deploy_baseline's server at start-up: probe, both downloads and
+    verifications and inspect passed. The tests below resume a copy of it (`resumed`) instead of downloading
+    again; they share its site (inventory, models folder, Hub, port), since a resume reuses a step only with the
+    vars it had."""
+    with HubServer() as hub, pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_TOKEN", hub.token)
+        site = Flagship(tmp_path_factory.mktemp("prefix"), testhost("h200"), hub)
+        site.switch(fault="crash_at_startup")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["run", str(RUNBOOK), "--json", *site.args()])
+        standin_switches.path(site.host.home).unlink(missing_ok=True)
+        yield Prefix(site, code, [json.loads(line) for line in out.getvalue().splitlines()])
+
+
+@pytest.fixture
+def resumed(prefix: Prefix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Flagship]:
+    """The prefix's site with a copy of its run folder of its own, the token in the environment again."""
+    monkeypatch.setenv("HF_TOKEN", prefix.site.hub.token)
+    made = copy.copy(prefix.site)
+    made.logs = tmp_path / "logs"
+    shutil.copytree(prefix.site.logs, made.logs, ignore=shutil.ignore_patterns("lock"))
+    made.switch()
+    yield made
+    made.kill_server()
+    standin_switches.path(made.host.home).unlink(missing_ok=True)
 
 
 def test_a_crash_at_start_up_fails_deploy_with_the_log_line_and_resume_skips_the_downloads(
-    flagship: Flagship, capsys: pytest.CaptureFixture[str]
+    prefix: Prefix, resumed: Flagship, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flagship.switch(fault="crash_at_startup")
-    code, events = run(capsys, *flagship.args())
-    assert code == 1
-    failed = failed_step(events)
+    assert prefix.code == 1
+    failed = failed_step(prefix.events)
     assert failed["step"] == "deploy_baseline"
     message = failed["failures"][0]
     assert "during start-up" in message and "torch.OutOfMemoryError: CUDA out of memory" in message
 
-    flagship.switch()  # the cause is fixed
-    code, events = run(capsys, *flagship.args("--resume"))
+    # the cause is fixed (`resumed` switched the fault off)
+    code, events = run(capsys, *resumed.args("--resume"))
     assert code == 0, [e for e in events if e["event"] in ("attempt_failed", "step_finished")]
     ran = commands_of(events)
     assert not ran & {"probe", "download_drafter", "verify_drafter", "download_target", "verify_target", "inspect"}
     assert {"deploy_baseline", "benchmark_baseline", "eval", "benchmark_dflash", "stop"} <= ran
     assert (run_dir(events) / "report.json").exists()
+    token_bytes = resumed.hub.token.encode()
+    assert not [p for p in resumed.logs.rglob("*") if p.is_file() and token_bytes in p.read_bytes()]
+
+
+def test_a_shard_gone_bad_on_disk_is_found_fetched_again_and_passes_verify(
+    resumed: Flagship, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify (repair: true) of the runbook as it is, on weights it verified before: one byte of a shard
+    flipped is found, that file alone fetched again, and the step passes."""
+    shard = next(p for p in (resumed.models / "Kimi-K2.6").glob("*.safetensors"))
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    try:
+        code, _ = run(capsys, *resumed.args("--only", "verify_target"))
+        assert code == 0
+        assert facts(resumed.logs, capsys)["verify_target"]["facts"]["repaired"] == [shard.name]
+        assert shard.read_bytes() == good
+    finally:
+        shard.write_bytes(good)  # the prefix's other tests share its models folder
 
 
 def test_a_server_never_healthy_fails_deploy_after_its_ready_timeout(
@@ -224,21 +214,21 @@ def test_a_port_taken_by_another_program_fails_deploy_naming_it(
 
 
 def test_acceptance_below_the_gate_fails_eval_and_a_fixed_drafter_continues_from_deploy(
-    flagship: Flagship, capsys: pytest.CaptureFixture[str]
+    resumed: Flagship, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flagship.switch(accept_length=2.0)
-    code, events = run(capsys, *flagship.args())
+    resumed.switch(accept_length=2.0)
+    code, events = run(capsys, *resumed.args("--resume"))
     assert code == 1
     failed = failed_step(events)
     assert failed["step"] == "eval"
     assert "DFlash accepts fewer than 3 tokens per verify step on the math set" in failed["failures"][0]
 
-    flagship.switch()  # the operator swaps the drafter for a better one, so the server must start again
-    flagship.kill_server()
-    code, events = run(capsys, *flagship.args("--from", "deploy_dflash"))
+    resumed.switch()  # the operator swaps the drafter for a better one, so the server must start again
+    resumed.kill_server()
+    code, events = run(capsys, *resumed.args("--from", "deploy_dflash"))
     assert code == 0, [e for e in events if e["event"] in ("attempt_failed", "step_finished")]
     assert commands_of(events) == {"deploy_dflash", "eval", "benchmark_dflash", "stop"}
-    assert facts(flagship.logs, capsys)["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
+    assert facts(resumed.logs, capsys)["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
 
 
 def test_no_token_is_a_clear_gate_failure(tmp_path, testhost, hub, capsys, monkeypatch) -> None:

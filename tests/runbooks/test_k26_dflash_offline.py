@@ -18,9 +18,9 @@ from executor.transport.scripted import Answer, HostProgramCall, ScriptedCommand
 from steps.benchmark_results import JSONL_MARKER
 
 if TYPE_CHECKING:  # the plugin is imported as a plugin, below (imported before, pytest could not rewrite it)
-    from executor.testing import Offline, OfflineRun
+    from executor.faces.testing import Offline, OfflineRun
 
-pytest_plugins = ["executor.testing"]  # runbook's own plugin, installed or not (pyproject's pytest11 entry point)
+pytest_plugins = ["executor.faces.testing"]  # runbook's own plugin, installed or not (pyproject's pytest11 entry point)
 
 RUNBOOK = Path("runbooks/k26_dflash.yaml")
 ANSWERS = json.loads((Path(__file__).parent / "offline" / "k26_dflash_host.json").read_text())
@@ -47,7 +47,7 @@ class FlagshipHost:
     def __init__(self, host: ScriptedTransport, accept: float = 4.0) -> None:
         self.serving = "none"
         self.accept = accept
-        from executor.testing import h200_probe
+        from executor.faces.testing import h200_probe
 
         host.program("probe", h200_probe())
         host.program("download", self.download)
@@ -181,7 +181,7 @@ def test_a_drafter_below_the_gate_fails_eval_and_a_fixed_one_resumes_from_deploy
     ],
 )
 def test_the_probe_gates_stop_the_run_before_any_download(runbook_offline: Offline, change: Any, message: str) -> None:
-    from executor.testing import h200_probe
+    from executor.faces.testing import h200_probe
 
     host = runbook_offline.host("gpu")
     FlagshipHost(host)

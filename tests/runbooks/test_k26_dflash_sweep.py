@@ -20,6 +20,8 @@ SWEEP = Path(__file__).resolve().parents[2] / "runbooks" / "k26_dflash_sweep.yam
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.e2e
+@pytest.mark.xdist_group("timing")
 def test_the_campaign_on_a_release_sglang_runs_the_dflash_cells_skips_ddtree_and_recommends_a_launch(
     tmp_path: Path,
 ) -> None:

@@ -5,22 +5,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from hostprograms import deploy as deploy_host
 from sandbox.demo import demo_site, stop_servers
+from sandbox.repos import DRAFTER_ID, TARGET_ID, drafter_repo, target_repo
 from tests.conftest import runbook_cli
 from tests.executor.test_transport import live_pids
 
 
+@pytest.mark.e2e
+@pytest.mark.xdist_group("timing")
 @pytest.mark.parametrize("ssh_server", ["embedded"])
 def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_server: str) -> None:
+    """The suite's one run of the whole flagship (runbooks/k26_dflash.yaml, unedited), as a new user starts it;
+    its failure modes are tests/runbooks/test_k26_dflash.py's, on copies of one run to the first deploy."""
     logs = tmp_path / "logs"
     done = runbook_cli("demo", "--log-dir", str(logs), "--ssh-server", ssh_server, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -39,8 +48,70 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert [s["status"] for s in status["steps"]] == ["passed"] * 13  # eval_baseline included
     assert runbook_cli("audit", "verify", str(run)).returncode == 0
     assert not live_pids(cmdline=str(logs))  # the SGLang stand-in was stopped by the runbook, the servers by the demo
+    steps = {s["step"]: s for s in status["steps"]}
+    port = yaml.safe_load((logs / "demo-host" / "inventory.yaml").read_text())["hosts"]["gpu"]["vars"]["sglang_port"]
+    assert_the_flagship_ran_end_to_end(steps, run, report, port)
 
 
+def assert_the_flagship_ran_end_to_end(steps: dict[str, Any], run: Path, report: dict[str, Any], port: int) -> None:
+    """What a whole flagship run on the h200 test host found, chose, measured and reported."""
+    probe = steps["probe"]["facts"]
+    assert probe["gpu_arch"] == "sm90" and probe["gpu_count"] == 1
+    assert probe["sglang"]["dflash"] is True and probe["hf_token"]["source"] == "env HF_TOKEN"
+    assert steps["download_drafter"]["facts"]["method"] == "hf_cli"
+    assert steps["verify_target"]["facts"]["files_expected"] == len(target_repo().files)
+    assert steps["inspect"]["facts"]["drafter"]["block_size"]["value"] == 8
+
+    baseline, dflash = steps["deploy_baseline"]["facts"], steps["deploy_dflash"]["facts"]
+    assert baseline["speculative_algorithm"] is None and "--speculative-algorithm" not in baseline["argv"]
+    argv = dflash["argv"]
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the drafter's block size
+    assert argv[argv.index("--tp-size") + 1] == "1"  # the GPU count
+    assert argv[argv.index("--attention-backend") + 1] == "fa3"  # Hopper, sm90
+    assert dflash["previous"]["action"] == "stopped"  # the baseline made room for it on the port
+    assert steps["eval"]["facts"]["sets"]["math"]["mean"] >= 3.0
+    evaluated = steps["eval"]["facts"]  # as served: chat template, thinking on; outputs as the baseline's
+    assert (evaluated["api"], evaluated["thinking"], evaluated["speculation_on"]) == ("chat", True, True)
+    assert {name: s["identical"] for name, s in evaluated["lossless"].items()} == {"math": 16, "code": 16, "chat": 16}
+    bench = steps["benchmark_dflash"]["facts"]
+    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
+    assert [r["max_concurrency"] for r in bench["runs"]] == [c for c in (1, 4, 16, 32) for _ in range(3)]  # repeats
+    assert bench["speedup"]["by_concurrency"]["1"] > 1.0
+    assert steps["stop"]["facts"]["stopped"] is True
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0  # the GPUs are free again
+
+    titles = [t["title"] for t in report["tables"]]
+    assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
+    assert (run / "report.md").read_text().startswith("# Benchmark")
+    assert [f["path"] for f in report["figures"]][:2] == ["speedup.png", "pareto.png"]
+    assert all((run / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
+    # provenance: what the numbers are of, complete on the test host
+    provenance = report["provenance"]
+    assert [(r["repo"], r["commit"], r["verified"]) for r in provenance["repos"]] == [
+        (DRAFTER_ID, drafter_repo().sha, True), (TARGET_ID, target_repo().sha, True)
+    ]  # fmt: skip
+    assert [r["step"] for r in provenance["repos"]] == ["verify_drafter", "verify_target"]
+    assert [(d["side"], d["step"], d["server_version"]) for d in provenance["deployments"]] == [
+        ("baseline", "deploy_baseline", "0.5.23"), ("dflash", "deploy_dflash", "0.5.23")
+    ]  # fmt: skip
+    assert provenance["deployments"][1]["argv"] == argv and provenance["deployments"][1]["gpus"] == 1
+    assert provenance["gpus"]["model"] == probe["gpu"]["gpus"][0]["name"] and provenance["gpus"]["count"] == 1
+    assert provenance["gpus"]["driver_version"] == probe["gpu"]["driver_version"] is not None
+    assert provenance["gpus"]["cuda_version"] == probe["gpu"]["cuda_version"] is not None
+    assert [{r["concurrency"] for r in b["runs"]} for b in provenance["benchmarks"]] == [{1, 4, 16, 32}] * 2
+    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [12, 12]  # a seed per run
+    acceptance = provenance["acceptance"]
+    assert (acceptance["step"], acceptance["api"], acceptance["thinking"]) == ("eval", "chat", True)
+    assert provenance["unknown"] == {}  # on the test host every fact of the numbers is known
+    printed = runbook_cli("report", str(run))
+    assert printed.returncode == 0 and "Acceptance length per prompt set" in printed.stdout
+    assert not re.search(rb"hf_[A-Za-z]{34}", b"".join(p.read_bytes() for p in run.rglob("*") if p.is_file()))
+
+
+@pytest.mark.e2e
+@pytest.mark.xdist_group("timing")
 def test_the_demo_serves_the_flagship_across_two_nodes(tmp_path: Path) -> None:
     """`runbook demo --nodes 2`: the flagship unchanged, its pool `nodes` two 8x H100 test nodes on their own
     loopback addresses: both probed and given verified weights, one SGLang server of tp 16 across them (rank 1

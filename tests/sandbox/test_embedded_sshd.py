@@ -18,8 +18,8 @@ import asyncssh
 import pytest
 
 from executor.errors import TransportError
-from executor.model import Host
 from executor.render import render_command
+from executor.runbook.model import Host
 from executor.transport import SSHTransport
 from sandbox.embedded_sshd import start_embedded_sshd
 from sandbox.sshd import SSHServer

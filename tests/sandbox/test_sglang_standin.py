@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from sandbox.prepare import VENV
 from sandbox.repos import target_repo
 from sandbox.sglang_standin import bench_client, faults, hook, launch, launch_args, simulation
-from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE
+from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE, Pacer, sse_lines
 from sandbox.sshd import free_port
 from tests.conftest import SandboxHost
 from tests.sandbox.test_testhost import ssh
@@ -246,6 +246,42 @@ def test_streaming_is_sglangs_sse(
     assert "spec_verify_ct" in chunks[-1]["meta_info"] and "spec_verify_ct" not in chunks[0]["meta_info"]
 
 
+@given(st.lists(st.lists(st.integers(0, 2**20), max_size=6), max_size=8), st.text(max_size=40))
+def test_a_streamed_line_is_json_dumps_of_its_cumulative_output_byte_for_byte(
+    steps: list[list[int]], words: str
+) -> None:
+    """The stream encodes each output id once (sse_lines), and still sends what json.dumps of each output is."""
+    outputs, ids, text = [], [], ""
+    for n, fresh in enumerate(steps):
+        ids, text = ids + fresh, text + words[: n + 1]
+        meta = {"id": "r", "finish_reason": None, "completion_tokens": len(ids), "note": words}
+        outputs.append({"text": text, "output_ids": list(ids), "meta_info": meta})
+    assert list(sse_lines(iter(outputs))) == [b"data: " + json.dumps(out).encode() + b"\n\n" for out in outputs]
+
+
+def test_a_late_wake_up_is_made_up_by_the_next_step_not_added_to_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sleep wakes 0.4 ms late (a loaded machine); 100 steps of 1 ms still take 100 ms, plus the last
+    wake-up's lateness, where a sleep per step took 140 ms."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds + 0.0004))
+    pacer = Pacer()
+    for _ in range(100):
+        pacer.wait(0.001)
+    assert clock[0] == pytest.approx(0.1004)
+
+
+@given(st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=60))
+def test_the_benchmark_clients_statistics_are_numpys(values: list[float]) -> None:
+    """calculate_metrics' mean, median, std and percentiles as the real client's numpy computes them."""
+    import numpy as np
+
+    got = bench_client._series(values, "x", extra=("max",))
+    wanted = [np.mean(values), np.median(values), np.std(values), *np.percentile(values, [90, 95, 99]), max(values)]
+    assert list(got.values()) == pytest.approx([1000 * float(w) for w in wanted], rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.xdist_group("timing")  # compares measured speeds: not beside a benchmark
 def test_dflash_is_faster_than_baseline_and_only_it_reports_acceptance(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
@@ -337,6 +373,7 @@ def test_flush_cache_answers_with_sglangs_bodies(
     assert "Cache flushed successfully!" in log and "Cache not flushed because there are pending requests." in log
 
 
+@pytest.mark.xdist_group("timing")  # compares measured speeds: not beside a benchmark
 def test_the_prefix_cache_serves_a_repeated_prefix_until_a_flush(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server]
 ) -> None:
@@ -346,11 +383,17 @@ def test_the_prefix_cache_serves_a_repeated_prefix_until_a_flush(
     with host.standin(**FAST):
         servers.append(server := start(host, launch_flags(models, free_port())))
         wait_healthy(server)
-    prompt = " ".join(f"w{i}" for i in range(2000))  # 2000 tokens: 50 ms of prefill
-    first, again = generate(server, prompt, 1)["meta_info"], generate(server, prompt, 1)["meta_info"]
+    prompt = " ".join(f"w{i}" for i in range(2000))  # 2000 tokens: 55 ms of prefill, 5 ms for the last one
+    first = generate(server, prompt, 1)["meta_info"]
+    again = [generate(server, prompt, 1)["meta_info"] for _ in range(3)]
     shared = generate(server, " ".join(prompt.split()[:1200] + ["other"] * 800), 1)["meta_info"]
-    assert (first["cached_tokens"], again["cached_tokens"], shared["cached_tokens"]) == (0, 1999, 1200)
-    assert again["e2e_latency"] + 0.04 < first["e2e_latency"]  # only the last token was prefilled again
+    assert [meta["cached_tokens"] for meta in (first, *again, shared)] == [0, 1999, 1999, 1999, 1200]
+    # Only the last token was prefilled again. A request never answers before its paced schedule (the Pacer
+    # sleeps until it is due), only later, by how late a loaded machine wakes it: so a repeat that answered
+    # sooner than a full prefill's schedule cannot have prefilled it all; the fastest of three leaves 50 ms
+    # for a late wake-up.
+    full_prefill = simulation.prefill_seconds(2000)
+    assert min(a["e2e_latency"] for a in again) < full_prefill <= first["e2e_latency"]
     log = server.log.read_text()
     for new, cached in ((2000, 0), (1, 1999), (800, 1200)):  # metrics_reporter.report_prefill_stats' line
         line = f"Prefill batch, #new-seq: 1, #new-token: {new}, #cached-token: {cached}, token usage: 0.00, "
@@ -510,13 +553,15 @@ def bench(host: SandboxHost, server: Server, output: Path, concurrency: int, *ex
     return foreground(host, f"python -m sglang.bench_serving {shlex.join(flags)}")
 
 
+@pytest.mark.xdist_group("timing")  # compares measured speeds: not beside a benchmark
 def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
     testhost: Callable[[str], SandboxHost], models: Models, servers: list[Server], tmp_path: Path
 ) -> None:
     host = testhost("h200")
     baseline, dflash = start_pair(host, models, servers)
     out = tmp_path / "bench.jsonl"
-    for server, concurrency in ((baseline, 1), (baseline, 4), (dflash, 1), (dflash, 4)):
+    # baseline and DFLASH in turns: each pair runs in the same conditions (the load of the other xdist worker)
+    for server, concurrency in ((baseline, 1), (dflash, 1), (baseline, 4), (dflash, 4)):
         status, output = bench(host, server, out, concurrency)
         assert status == 0, output
         assert "============ Serving Benchmark Result ============" in output
@@ -524,21 +569,21 @@ def test_bench_serving_appends_the_real_jsonl_fields_and_shows_the_speedup(
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 4  # appended, one line per run
     assert all(list(line) == real_result_fields() for line in lines)
-    base1, base4, spec1, spec4 = lines
+    base1, spec1, base4, spec4 = lines
     assert all(line["completed"] == 8 and line["total_output_tokens"] == 8 * 48 for line in lines)
     assert all(line["total_input_tokens"] == 8 * 32 and line["dataset_name"] == "random-ids" for line in lines)
     assert base1["accept_length"] is None and spec1["accept_length"] > 1
     assert spec1["server_info"]["speculative_algorithm"] == "DFLASH" and base1["server_info"]["version"] == "0.5.23"
-    # The model's speedup here is 2.22 / 1.3 = 1.7 (raw-text acceptance over a verify step's cost);
-    # each request's fixed HTTP and scheduling overhead, larger on a loaded 2-core machine, pulls the
-    # measured ratio towards 1 (CI saw 1.46), so this asserts "clearly faster", not the model's figure.
-    assert spec1["output_throughput"] > 1.25 * base1["output_throughput"]
-    assert spec1["mean_tpot_ms"] < base1["mean_tpot_ms"]
+    # The model's speedup here is 2.22 / 1.3 = 1.7 (raw-text acceptance over a verify step's cost). It is
+    # asserted on the median time per output token: the decode steps, paced on a schedule (a late wake-up
+    # is made up by the next step), so a loaded machine barely moves it. Throughput adds each request's
+    # HTTP and scheduling overhead, which on a loaded 2-core machine pulls the ratio towards 1 (below 1.25
+    # under a load of 20): it only has to show DFLASH faster.
+    speedup1 = base1["median_tpot_ms"] / spec1["median_tpot_ms"]
+    assert speedup1 > 1.25 and spec1["mean_tpot_ms"] < base1["mean_tpot_ms"]
+    assert spec1["output_throughput"] > base1["output_throughput"]
     assert base4["output_throughput"] > 2 * base1["output_throughput"]  # batching pays off
-    assert (
-        spec4["output_throughput"] / base4["output_throughput"]
-        < spec1["output_throughput"] / base1["output_throughput"]
-    )
+    assert base4["median_tpot_ms"] / spec4["median_tpot_ms"] < speedup1  # speculation pays less in a batch
     assert base1["p99_ttft_ms"] >= base1["median_ttft_ms"] > 0 and base1["max_concurrency"] == 1
 
 

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from executor.cli import main
-from executor.planner import PlanContext
+from executor.faces.cli import main
+from executor.runbook.planner import PlanContext
 from executor.transport.base import Collector, CommandResult
 from sandbox.model_configs import drafter_config, target_config
 from sandbox.sglang_standin import simulation
@@ -36,7 +36,7 @@ from steps.benchmark_results import (
     parse_run,
     points,
 )
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 
 def real_line(**changes: Any) -> dict[str, Any]:

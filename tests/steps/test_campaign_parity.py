@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from executor.cli import main
+from executor.faces.cli import main
 
 SWEEP = Path(__file__).resolve().parents[2] / "runbooks" / "k26_dflash_sweep.yaml"
 

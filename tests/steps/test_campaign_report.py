@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.campaign import AxisValue
-from executor.gates import evaluate
 from executor.redact import NO_SECRETS
+from executor.runbook.campaign import AxisValue
+from executor.runbook.gates import evaluate
 from executor.stepkind import StepContext, StepView
 from executor.transport.base import CommandResult, Transfer
 from steps.benchmark import BenchmarkFacts
@@ -25,7 +25,7 @@ from steps.campaign_report import CampaignReportStep
 from steps.campaign_report_cells import CellPoint, CellReport, Launch, choose, collect, compare
 from steps.probe import Gpu, GpuFacts
 from steps.server.documents import Choice, DeployFacts
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 from tests.steps.test_benchmark_report import bench_run
 
 BASE_ARGV = ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.6"]

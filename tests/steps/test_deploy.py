@@ -26,9 +26,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.hostprogram import bundle
-from executor.planner import PlanContext
+from executor.runbook.planner import PlanContext
 from executor.stepkind import FactsError, RenderContext, RunTime
 from hostprograms import deploy as deploy_host
 from hostprograms.probe import _read_launch_options, _sglang_blank, literal_lists

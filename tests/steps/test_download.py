@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from executor.cli import main
 from executor.errors import FactsError
+from executor.faces.cli import main
 from executor.stepkind import host_document
 from executor.transport.base import Collector, CommandResult
 from sandbox.hub import HubServer

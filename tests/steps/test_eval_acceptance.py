@@ -24,7 +24,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from hostprograms import eval_acceptance as host
@@ -45,7 +45,8 @@ from steps.eval_acceptance import (
     speculated,
     summarize,
 )
-from tests.conftest import SandboxHost, runbook_cli
+from tests.clirun import runbook_cli
+from tests.conftest import SandboxHost
 
 # ------------------------------------------------------------------------------------------ prompt sets
 

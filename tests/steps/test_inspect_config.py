@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.render import host_word
-from executor.state import open_state, scan_runs
+from executor.run.state import open_state, scan_runs
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from hostprograms import inspect_config as host

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from executor import audit
 from executor.errors import AttemptFailed
+from executor.run import audit
 from sandbox.hub import HubServer
 from sandbox.model_configs import target_config
 from sandbox.prepare import VENV_PYTHON
@@ -27,7 +27,7 @@ from sandbox.repos import DRAFTER_ID
 from sandbox.sshd import free_port
 from sandbox.testhost import PoolHost
 from steps.server import node_group
-from tests.conftest import runbook_cli
+from tests.clirun import runbook_cli
 
 MODEL = "Kimi-K2.6"
 
@@ -101,7 +101,7 @@ class Group:
         """Run a runbook of these steps: (exit code, facts by (step, host), the CLI's output)."""
         path = self.write(*steps, host_vars=host_vars, runbook_vars=runbook_vars)
         logs = self.tmp_path / "logs"
-        done = runbook_cli("run", str(path), "--log-dir", str(logs), *extra, timeout=240)
+        done = runbook_cli("run", str(path), "--log-dir", str(logs), *extra)
         status = runbook_cli("status", "--log-dir", str(logs), "--json")
         shown = json.loads(status.stdout) if status.returncode == 0 else {"steps": [], "run": None}
         self.run_dir = logs / shown["run"]["run_id"] if shown["run"] else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from hostprograms import probe as probe_host

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.stepkind import FactsError
 from hostprograms.probe import _read_launch_options, _sglang_blank
 from sandbox.prepare import DDTREE_BUILD, VENV

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import steps
-from executor.cli import main
+from executor.faces.cli import main
 from executor.stepkind import FactsError, step_kinds
 from executor.transport.base import Collector
 from steps.shell import ShellStep
@@ -71,7 +71,7 @@ def test_a_new_kind_is_one_module_in_steps(
         textwrap.dedent("""\
         from typing import Literal
         from pydantic import BaseModel
-        from executor.model import Gate
+        from executor.runbook.model import Gate
         from executor.stepkind import RenderContext, StepSpec
         from executor.transport.base import CommandResult
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from executor.cli import main
+from executor.faces.cli import main
 from executor.hostprogram import PROGRESS_PREFIX
 from sandbox.hub import HubServer
 from sandbox.repos import DRAFTER_ID, TARGET_ID

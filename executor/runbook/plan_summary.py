@@ -2,7 +2,8 @@
 person cares about, its gates, what it learns only at run time and from which step, and the host programs
 it ships as name, size and digest (never their bodies: `runbook plan --full` prints every script as sent).
 
-It renders `executor.planner.plan_model`'s typed document, already masked, so the text and `plan --json` say the same.
+It renders `executor.runbook.planner.plan_model`'s typed document, already masked, so the text and
+`plan --json` say the same.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from executor.planner import PlanDocument, PlanVariant
+    from executor.runbook.planner import PlanDocument, PlanVariant
 
 WIDTH = 160  # of every line but an unbreakable word: the flagship's plan fits on a couple of screens
 INDENT = "    "

@@ -6,7 +6,7 @@ command starts. Lines form a hash chain: `hash` is the sha256 of
 the line's canonical JSON without `hash`, and `prev_hash` is the hash of the line before
 (for the first line of a resumed run, the last line of the run it resumes). After every
 line the head (count and last hash) is recorded beside the log, so that deleting lines
-from the end is found too; with an audit key (executor/seal.py) every head also carries an HMAC.
+from the end is found too; with an audit key (executor/run/seal.py) every head also carries an HMAC.
 
 `verify` checks the chain, then the head and the state store against it: a run that finished has
 a head that matches the log's end exactly, and the log holds at least the records state.db says
@@ -30,8 +30,8 @@ from executor import durable
 from executor.errors import DurableWriteError, StateError
 from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.redact import Redactor
-from executor.seal import AuditKey, HeadSeal, is_key_id
-from executor.state import (
+from executor.run.seal import AuditKey, HeadSeal, is_key_id
+from executor.run.state import (
     META_FILE,
     STOPPED,
     WRITE_FAILED,

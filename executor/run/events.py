@@ -1,7 +1,7 @@
 """How a run's events are shown: the reporter interface and its two displays.
 
-The engine hands each typed event (executor.event_models) to a `Reporter` through its Emitter
-(executor.emitter). `JsonReporter` prints one JSON event per line on stdout for agents (json.dumps
+The engine hands each typed event (executor.run.event_models) to a `Reporter` through its Emitter
+(executor.run.emitter). `JsonReporter` prints one JSON event per line on stdout for agents (json.dumps
 writes every control character as a JSON escape); `ConsoleReporter` shows humans the step list, the
 running step and the elapsed time on stderr with rich, every text of an event first made safe for a
 terminal (executor.terminal), one handler per event type. Both print only redacted text.
@@ -22,8 +22,8 @@ from rich.text import Text
 
 from executor import strict_json
 from executor.consoles import UnattendedConsole
-from executor.durations import format_duration
-from executor.event_models import (
+from executor.redact import Redactor
+from executor.run.event_models import (
     AttemptFailed,
     CellsProgress,
     CommandFinished,
@@ -35,7 +35,7 @@ from executor.event_models import (
     StepFinished,
     StepStarted,
 )
-from executor.redact import Redactor
+from executor.runbook.durations import format_duration
 from executor.terminal import shown
 
 
@@ -71,13 +71,13 @@ class Reporter:
 
     @property
     def name(self) -> str:
-        """What a failure of this reporter calls it on stderr (executor.emitter)."""
+        """What a failure of this reporter calls it on stderr (executor.run.emitter)."""
         return "the reporter"
 
     def emit(self, event: Event) -> None:
-        """One event (executor.event_models): run_started, step_started, command_finished, attempt_failed,
+        """One event (executor.run.event_models): run_started, step_started, command_finished, attempt_failed,
         step_finished, progress, note (something about a host worth saying once, e.g. a fallback taken),
-        run_finished. An exception here stops this reporter, never the run (executor.emitter)."""
+        run_finished. An exception here stops this reporter, never the run (executor.run.emitter)."""
 
     def close(self) -> None:
         """Stop any live display."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from executor.loader import Runbook
+    from executor.runbook.loader import Runbook
 
 #: The folder runs go into unless `--log-dir` (or a tool's `log_dir`) says another.
 LOG_DIR = Path("logs")
@@ -25,10 +25,10 @@ def load_checked(
     """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
     `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
     read from it and masked in every problem's message."""
-    from executor.loader import load_runbook
-    from executor.planner import secrets_redactor
     from executor.redact import NO_SECRETS
-    from executor.resume import checked_vars
+    from executor.run.resume import checked_vars
+    from executor.runbook.loader import load_runbook
+    from executor.runbook.planner import secrets_redactor
 
     runbook = load_runbook(file, inventory)
     redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)

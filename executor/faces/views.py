@@ -1,6 +1,6 @@
 """What `runbook status --json`, `runs --json` and `report --json` say about stored runs, as JSON-able data.
 
-One module answers for the CLI (executor/cli.py prints these) and the MCP server (executor/mcp_server.py
+One module answers for the CLI (executor/faces/cli.py prints these) and the MCP server (executor/faces/mcp_server.py
 returns them), so an agent and a person reading the same run folder get the same answer. Nothing here
 prints, and nothing here imports the engine or a display: these are read by commands that need no SSH.
 Everything read was stored redacted by the run (see README "Secrets").
@@ -16,7 +16,7 @@ from typing import Any
 from executor.documents import NewerDocument, Provenance, Shown, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
 from executor.files import json_data, open_run_file, refusal
-from executor.state import (
+from executor.run.state import (
     JSON_COLUMN_MAX_DEPTH,
     STAMP_LEN,
     STOPPED,

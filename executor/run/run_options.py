@@ -1,6 +1,6 @@
 """How a run is started (`RunOptions`): what the CLI's flags say, and what an API caller gives the Engine alike.
 
-A module of its own: `executor.resume` starts a run as these options say, and must not import the engine
+A module of its own: `executor.run.resume` starts a run as these options say, and must not import the engine
 that runs it (the engine imports resume).
 """
 

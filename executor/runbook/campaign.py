@@ -1,7 +1,7 @@
 """What a runbook's matrices expand to: cells, step instances and their groups.
 
 A step (or a group of consecutive steps) may carry a `matrix:` of named axes. The loader
-(`executor.matrix`) expands it into one *instance* of each step per distinct combination of the axes
+(`executor.runbook.matrix`) expands it into one *instance* of each step per distinct combination of the axes
 that step uses, so a step that does not use an axis is not repeated over it: `deploy_dflash` over
 `drafter` and `tokens` is one instance per (drafter, tokens), whatever concurrency the benchmark after
 it sweeps. Instances are ordinary steps of `Runbook.steps` (in the order they run), with ids such as

@@ -24,8 +24,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from executor import cells, durable, event_models
-from executor.audit import AuditContext
+from executor import durable
 from executor.errors import (
     FAILURE_CLASSES,
     AttemptFailed,
@@ -41,15 +40,18 @@ from executor.errors import (
     TransportError,
     TransportFailed,
 )
-from executor.gates import GateWorkers, roots
-from executor.loader import Runbook
-from executor.model import Host, RetryPolicy, host_variables
-from executor.planner import host_env
 from executor.redact import Redactor
 from executor.render import render_command
-from executor.resume import Fingerprints
-from executor.run_folder import RunFolder
-from executor.state import NOT_STARTED, StepRecord, now
+from executor.run import event_models
+from executor.run.audit import AuditContext
+from executor.run.resume import Fingerprints
+from executor.run.run_folder import RunFolder
+from executor.run.state import NOT_STARTED, StepRecord, now
+from executor.runbook import cells
+from executor.runbook.gates import GateWorkers, roots
+from executor.runbook.loader import Runbook
+from executor.runbook.model import Host, RetryPolicy, host_variables
+from executor.runbook.planner import host_env
 from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, StepView, check_depth
 from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport, kill_report
 
@@ -534,7 +536,7 @@ class Attempts:
         }
         names = {name: value() for name, value in seen.items() if name in read}
         try:
-            async with self.gates.session(names, expressions) as worker:  # bounded: executor.gates
+            async with self.gates.session(names, expressions) as worker:  # bounded: executor.runbook.gates
                 for gate in gates:
                     verdict = await worker.evaluate(gate.that, gate.message)
                     if not verdict.passed:

@@ -37,9 +37,9 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
-from executor.loader import _FALLBACK_FORBIDDEN
-from executor.matrix import _FIXED_FIELDS, _GROUP_KEYS, _GROUP_NAME, _JINJA_FIELDS, _MATRIX_STEP_KEYS, _NAME
-from executor.model import HOST_NAME, IDENTIFIER, Inventory, RunbookHeader
+from executor.runbook.loader import _FALLBACK_FORBIDDEN
+from executor.runbook.matrix import _FIXED_FIELDS, _GROUP_KEYS, _GROUP_NAME, _JINJA_FIELDS, _MATRIX_STEP_KEYS, _NAME
+from executor.runbook.model import HOST_NAME, IDENTIFIER, Inventory, RunbookHeader
 from executor.stepkind import StepSpec, step_kinds
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -189,9 +189,9 @@ def report_schema() -> dict[str, Any]:
 
 
 def plan_schema() -> dict[str, Any]:
-    """The JSON Schema of the plan document (`runbook plan --json`, the MCP `plan`): executor/planner.py's
+    """The JSON Schema of the plan document (`runbook plan --json`, the MCP `plan`): executor/runbook/planner.py's
     `PlanDocument`."""
-    from executor.planner import PlanDocument
+    from executor.runbook.planner import PlanDocument
 
     document = PlanDocument.model_json_schema(ref_template=_REF)
     return {"$schema": DRAFT, **document, "title": "runbook plan"}

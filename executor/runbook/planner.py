@@ -8,17 +8,17 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
-from executor import cells
-from executor.campaign import MatrixGroup
 from executor.documents import SCHEMA_VERSION
-from executor.durations import format_duration
 from executor.errors import Problem
 from executor.hostprogram import Shipped, shipped_programs
-from executor.loader import Runbook, secret_values
-from executor.model import DataModel, host_variables, var_text
-from executor.placement import place
 from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
+from executor.runbook import cells
+from executor.runbook.campaign import MatrixGroup
+from executor.runbook.durations import format_duration
+from executor.runbook.loader import Runbook, secret_values
+from executor.runbook.model import DataModel, host_variables, var_text
+from executor.runbook.placement import place
 from executor.stepkind import FactsError, RenderContext, RunTime, StepSpec
 
 #: Of each matrix group, the readable plan and `plan --json` detail the first this many instances, cells and
@@ -322,7 +322,7 @@ class PlanGroup(DataModel):
 
 
 class PlanDocument(DataModel):
-    """The plan as data: `runbook plan --json`, the MCP `plan` and the readable plan (executor/plan_summary.py)
+    """The plan as data: `runbook plan --json`, the MCP `plan` and the readable plan (executor/runbook/plan_summary.py)
     read it; `runbook schema --plan` prints its JSON Schema."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -374,7 +374,7 @@ def _group(
 
 
 def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redactor = NO_SECRETS) -> PlanDocument:
-    """The plan as data, for `plan --json`, the readable plan (`executor.plan_summary`) and agents: per step
+    """The plan as data, for `plan --json`, the readable plan (`executor.runbook.plan_summary`) and agents: per step
     and host (and fallback) what it does in summary, the commands a person cares about, its gates, what it
     learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
     matrix groups with their cells, launches and placement. A group's instances past its first PLAN_SHOWN are

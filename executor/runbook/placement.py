@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from executor.campaign import Instance, MatrixGroup
+from executor.runbook.campaign import Instance, MatrixGroup
 
 
 def place(

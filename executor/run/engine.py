@@ -1,10 +1,10 @@
 """The Engine: one run of a runbook, composed of its pieces.
 
-The run folder (`executor.run_folder`: lock, state, audit log and seal, events, debug log) is opened and
-closed around the run; the scheduler (`executor.scheduler`) runs the steps in order, a placed group's
-lanes and the matrix cells; attempts (`executor.attempts`) run one step on one host, with retries,
+The run folder (`executor.run.run_folder`: lock, state, audit log and seal, events, debug log) is opened and
+closed around the run; the scheduler (`executor.run.scheduler`) runs the steps in order, a placed group's
+lanes and the matrix cells; attempts (`executor.run.attempts`) run one step on one host, with retries,
 fallbacks, gates and `when`, through the transports the transport factory makes. How a run is started
-(`RunOptions`) is `executor.run_options`'; what it reuses of an earlier run is `executor.resume`'s.
+(`RunOptions`) is `executor.run.run_options`'; what it reuses of an earlier run is `executor.run.resume`'s.
 """
 
 from __future__ import annotations
@@ -15,27 +15,27 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from executor import event_models, seal
-from executor.attempts import Attempts, TransportFactory
-from executor.events import RedactingReporter, Reporter
-from executor.gates import GateWorkers
-from executor.loader import Runbook, secret_values
-from executor.model import var_text
-from executor.planner import host_env
 from executor.redact import Redactor
-from executor.resume import Fingerprints, Plan, begin
-from executor.run_folder import Records, RunFolder
-from executor.run_options import RunOptions as RunOptions  # its home: executor.run_options
-from executor.scheduler import Scheduler
-from executor.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
-from executor.state import RunMeta, new_run_id, now
+from executor.run import event_models, seal
+from executor.run.attempts import Attempts, TransportFactory
+from executor.run.events import RedactingReporter, Reporter
+from executor.run.resume import Fingerprints, Plan, begin
+from executor.run.run_folder import Records, RunFolder
+from executor.run.run_options import RunOptions as RunOptions  # its home: executor.run.run_options
+from executor.run.scheduler import Scheduler
+from executor.run.state import WRITE_FAILED as WRITE_FAILED  # the run's status then; the CLI reads it here
+from executor.run.state import RunMeta, new_run_id, now
+from executor.runbook.gates import GateWorkers
+from executor.runbook.loader import Runbook, secret_values
+from executor.runbook.model import var_text
+from executor.runbook.planner import host_env
 from executor.transport import Transport, transport_for
 
 
 class Engine:
     """Runs one runbook once: `await Engine(...).run()` returns the exit code.
 
-    The Engine starts the run as `executor.resume.begin` says, for the CLI and an API caller alike: a
+    The Engine starts the run as `executor.run.resume.begin` says, for the CLI and an API caller alike: a
     `RunOptions(resume=...)` continues its source run as that run was started (its --var pairs and
     --inventory carried over, under those given now), and every step must render with the vars it
     runs with (InvalidRunbook). `say` gets the notes the CLI prints (the carried flags, a source run of

@@ -1,7 +1,7 @@
 """What a run knows of its matrices while it runs: each instance's `matrix_*` environment and gate context,
 which instances it needs, and how its cells stand (passed, failed and why, skipped, running).
 
-`executor.campaign` says what the loader expanded; this module is the engine's and the resume planner's
+`executor.runbook.campaign` says what the loader expanded; this module is the engine's and the resume planner's
 reading of it, kept apart from the run loop so that the rules (which cells a failure fails, which
 instances it takes down with it) are tested without a host.
 """
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.campaign import AxisValue, MatrixGroup, matrix_environment
-from executor.loader import Runbook
+from executor.runbook.campaign import AxisValue, MatrixGroup, matrix_environment
+from executor.runbook.loader import Runbook
 from executor.stepkind import StepSpec
 
 #: How the message of a step skipped by its `when:` begins, and that of one left out with a failed cell.

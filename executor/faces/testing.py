@@ -28,10 +28,10 @@ import pytest
 # installed runbook, most of which run no runbook.
 if TYPE_CHECKING:
     from executor.diagnostics import Log
-    from executor.event_models import Event
-    from executor.model import Host
     from executor.redact import Redactor
-    from executor.state import StepRecord
+    from executor.run.event_models import Event
+    from executor.run.state import StepRecord
+    from executor.runbook.model import Host
     from executor.transport.scripted import ScriptedCommand, ScriptedTransport
 
 
@@ -146,9 +146,9 @@ class Offline:
         only_step: str | None = None,
     ) -> OfflineRun:
         """`run`, on the running event loop."""
-        from executor.engine import Engine, RunOptions
-        from executor.loader import load_runbook
-        from executor.state import open_state
+        from executor.run.engine import Engine, RunOptions
+        from executor.run.state import open_state
+        from executor.runbook.loader import load_runbook
 
         site = None if inventory is None else Path(inventory)
         pairs = [f"{k}={v}" for k, v in var.items()] if isinstance(var, Mapping) else list(var)
@@ -171,7 +171,7 @@ class Offline:
 
 def _collector() -> Any:
     """A reporter keeping every event as `--json` prints it (in `.events`)."""
-    from executor.events import Reporter, json_line
+    from executor.run.events import Reporter, json_line
 
     class Collected(Reporter):
         def __init__(self) -> None:
@@ -185,7 +185,7 @@ def _collector() -> Any:
 
 @pytest.fixture
 def runbook_offline(tmp_path: Path) -> Iterator[Offline]:
-    """Scripted hosts and in-process runs of a runbook against them (executor.testing); runs go to a
+    """Scripted hosts and in-process runs of a runbook against them (executor.faces.testing); runs go to a
     temporary log folder, and no variable of the test's environment reaches them (give secrets in
     `runbook_offline.environ`)."""
     yield Offline(tmp_path / "runs")

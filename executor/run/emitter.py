@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from executor.event_models import Event
-from executor.events import Reporter
 from executor.redact import Redactor
+from executor.run.event_models import Event
+from executor.run.events import Reporter
 from executor.terminal import shown
 
 

@@ -3,7 +3,7 @@
 Steps run in runbook order, each on its hosts in parallel (`max_parallel` at once); the instances of a
 placed matrix group run in lanes, one per host of its pool. A failure stops the run, except in a group with
 `on_failure: continue`, where it fails the instance's cells and the instances that need them are left out.
-One step on one host is `executor.attempts`' job; the run folder (`executor.run_folder`) stores every row.
+One step on one host is `executor.run.attempts`' job; the run folder (`executor.run.run_folder`) stores every row.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ import itertools
 import json
 from collections.abc import Mapping
 
-from executor import cells, event_models
-from executor.attempts import Attempts, peers
-from executor.campaign import EXIT_CELLS_FAILED, MatrixGroup, value_text
 from executor.errors import EXIT_FAILED, EXIT_OK, DurableWriteError
-from executor.loader import Runbook
-from executor.planner import placed_hosts
-from executor.resume import Fingerprints, Plan, plan_steps
-from executor.run_folder import RunFolder
-from executor.state import ONLY_SKIPPED, StepRecord, now, passed_before
+from executor.run import event_models
+from executor.run.attempts import Attempts, peers
+from executor.run.resume import Fingerprints, Plan, plan_steps
+from executor.run.run_folder import RunFolder
+from executor.run.state import ONLY_SKIPPED, StepRecord, now, passed_before
+from executor.runbook import cells
+from executor.runbook.campaign import EXIT_CELLS_FAILED, MatrixGroup, value_text
+from executor.runbook.loader import Runbook
+from executor.runbook.planner import placed_hosts
 from executor.stepkind import StepSpec
 
 
@@ -54,7 +55,7 @@ class Scheduler:
     # ---- before the run -----------------------------------------------------------------------
 
     def place(self) -> Runbook:
-        """Each instance of a placed group on its pool's hosts (`executor.placement.place`), a resumed run's
+        """Each instance of a placed group on its pool's hosts (`executor.runbook.placement.place`), a resumed run's
         servers kept on the hosts they ran on: the run's `step_hosts` say so from here on."""
         if any(group.placement is not None for group in self.runbook.groups):
             previous = {step: host for (step, host) in self.folder.source_records}  # a unit's id is its server's
@@ -63,7 +64,7 @@ class Scheduler:
         return self.runbook
 
     def plan(self, source_id: str | None, from_step: str | None, only_step: str | None) -> Plan:
-        """What each step does (`executor.resume.plan_steps`) against the source run's rows."""
+        """What each step does (`executor.run.resume.plan_steps`) against the source run's rows."""
         plan = plan_steps(self.runbook, self.fingerprints, self.folder.source_records, source_id, from_step, only_step)
         self.hosts_to_run = plan.hosts_to_run
         return plan

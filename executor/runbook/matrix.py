@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn, Protocol
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from executor.campaign import (
+from executor.runbook.campaign import (
     AxisValue,
     Cell,
     Instance,
@@ -30,8 +30,8 @@ from executor.campaign import (
     matrix_environment,
     value_text,
 )
-from executor.gates import step_refs
-from executor.model import env_text_problem
+from executor.runbook.gates import step_refs
+from executor.runbook.model import env_text_problem
 from executor.stepkind import StepSpec, step_ref_fields
 
 Loc = tuple[str | int, ...]

@@ -21,9 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-from executor.durations import Delay, Duration
 from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT
 from executor.render import BASH_OWNED_NAMES
+from executor.runbook.durations import Delay, Duration
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -24,13 +24,13 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from executor.campaign import Instance, MatrixGroup, value_text
 from executor.errors import InvalidRunbook, Problem
 from executor.files import open_regular
-from executor.gates import step_refs, syntax_error
-from executor.matrix import Expansion, expand
-from executor.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
 from executor.redact import MIN_SECRET_CHARS, Redactor
+from executor.runbook.campaign import Instance, MatrixGroup, value_text
+from executor.runbook.gates import step_refs, syntax_error
+from executor.runbook.matrix import Expansion, expand
+from executor.runbook.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
 from executor.stepkind import StepSpec, known_kinds, step_kinds
 
 Loc = tuple[str | int, ...]
@@ -66,7 +66,7 @@ class Runbook:
     #: the runbook's name and the names of its hosts, pools, vars and secrets, each with where it is and what
     #: it is: stored and shown as written (run.json, state.db, `status`, `runs`), never masked
     names: list[tuple[str, tuple[int, int], str]] = field(default_factory=list)
-    #: the matrices, expanded (executor.campaign): a matrix's step instances are in `steps`, in run order
+    #: the matrices, expanded (executor.runbook.campaign): a matrix's step instances are in `steps`, in run order
     groups: list[MatrixGroup] = field(default_factory=list)
     instances: dict[str, Instance] = field(default_factory=dict)  # instance id -> what it is of which matrix
     #: the text it was read from (an inventory given later, on a resume, is laid over this, not the file)

@@ -275,7 +275,7 @@ class GateWorker:
     async def start(cls) -> GateWorker:
         import asyncio  # in each coroutine here: checking a gate's syntax (`runbook validate`) needs none
 
-        # this file as a program (not `-m executor.gates`: the package's __init__ would import the engine);
+        # this file as a program (not `-m executor.runbook.gates`: the package's __init__ would import the engine);
         # -P keeps the folder of this file off sys.path, so none of its modules can shadow the stdlib
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

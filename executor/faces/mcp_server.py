@@ -2,9 +2,9 @@
 
 Built on the official `mcp` SDK (the optional extra `runbook[mcp]`), its tools give the CLI's answers as
 structured JSON: `validate` and `plan` read a runbook as `runbook validate` and `plan` do; `run` and
-`resume` start `python -m executor.cli run ... --json` in its own session and return once its first event
+`resume` start `python -m executor.faces.cli run ... --json` in its own session and return once its first event
 (`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
-events.jsonl by `seq`; `status`, `runs` and `report` return what executor.views gives `--json`; `tail` a
+events.jsonl by `seq`; `status`, `runs` and `report` return what executor.faces.views gives `--json`; `tail` a
 step's output from the audit log; `stop` interrupts a run as Ctrl-C would (SIGINT to the process holding its
 lock, once its lock's record proves that process is the one that took it). Every result is capped (`RESULT_CAP`
 bytes, its text block too: a long list is cut, saying so, how much was left out and which file holds it whole)
@@ -37,15 +37,16 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, TextContent
 from pydantic import Field, ValidationError
 
-from executor import strict_json, views
-from executor.audit import AUDIT_FILE, read_records
+from executor import strict_json
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
-from executor.events import EVENTS_FILE
+from executor.faces import views
+from executor.faces.inputs import LOG_DIR, load_checked
 from executor.files import json_data, lines_within, open_run_file, refusal
-from executor.inputs import LOG_DIR, load_checked
-from executor.loader import not_a_runbook
-from executor.planner import plan_document, secrets_redactor
-from executor.state import STATE_FILE, LockRecord, RunLock, process_start
+from executor.run.audit import AUDIT_FILE, read_records
+from executor.run.events import EVENTS_FILE
+from executor.run.state import STATE_FILE, LockRecord, RunLock, process_start
+from executor.runbook.loader import not_a_runbook
+from executor.runbook.planner import plan_document, secrets_redactor
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -153,7 +154,7 @@ def _pairs(variables: Mapping[str, str] | None) -> list[str]:
 
 
 class Launches:
-    """The runs this server started: each a `python -m executor.cli run --json` in its own session (so an
+    """The runs this server started: each a `python -m executor.faces.cli run --json` in its own session (so an
     agent's interrupt never reaches it, and it outlives the server), stdin at EOF, stdout and stderr in
     files of a folder of the server's own (`/tmp/runbook-mcp-*`, made at the first run). Children that ended
     are reaped at every call, and their files removed unless the run said something on stderr, which stays
@@ -194,7 +195,7 @@ class Launches:
         with out_path.open("wb") as out, err_path.open("wb") as err:
             try:
                 child = subprocess.Popen(
-                    [sys.executable, "-m", "executor.cli", "run", "--json", *argv],
+                    [sys.executable, "-m", "executor.faces.cli", "run", "--json", *argv],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,

@@ -19,14 +19,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from executor import audit as audit_mod
-from executor import diagnostics, durable, event_models, seal
-from executor.audit import AuditContext, AuditLog
-from executor.emitter import Emitter, EventStream
+from executor import diagnostics, durable
 from executor.errors import EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, StateError
-from executor.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
 from executor.redact import Redactor
-from executor.state import WRITE_FAILED, RunLock, RunMeta, RunState, StepRecord, now, open_state
+from executor.run import audit as audit_mod
+from executor.run import event_models, seal
+from executor.run.audit import AuditContext, AuditLog
+from executor.run.emitter import Emitter, EventStream
+from executor.run.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
+from executor.run.state import WRITE_FAILED, RunLock, RunMeta, RunState, StepRecord, now, open_state
 
 if TYPE_CHECKING:
     from contextvars import Token

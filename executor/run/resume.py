@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from executor.campaign import Instance, matrix_environment
-from executor.cells import CELL_FAILED, Index
 from executor.errors import InvalidRunbook, Problem, ResumeError
-from executor.loader import Runbook, apply_inventory
-from executor.model import VarValue, override_value, var_text
-from executor.planner import render_problems, secrets_redactor
 from executor.redact import NO_SECRETS, Redactor
-from executor.run_options import RunOptions
-from executor.state import NOT_STARTED, ONLY_SKIPPED, RunMeta, StepRecord, find_run, passed_before
+from executor.run.run_options import RunOptions
+from executor.run.state import NOT_STARTED, ONLY_SKIPPED, RunMeta, StepRecord, find_run, passed_before
+from executor.runbook.campaign import Instance, matrix_environment
+from executor.runbook.cells import CELL_FAILED, Index
+from executor.runbook.loader import Runbook, apply_inventory
+from executor.runbook.model import VarValue, override_value, var_text
+from executor.runbook.planner import render_problems, secrets_redactor
 from executor.stepkind import StepSpec
 
 #: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)

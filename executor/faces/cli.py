@@ -26,9 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from executor import seal, strict_json
-from executor.campaign import EXIT_CELLS_FAILED
-from executor.durations import format_duration
+from executor import strict_json
 from executor.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -38,8 +36,11 @@ from executor.errors import (
     ResumeError,
     RunbookError,
 )
-from executor.inputs import LOG_DIR, load_checked
-from executor.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
+from executor.faces.inputs import LOG_DIR, load_checked
+from executor.run import seal
+from executor.run.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
+from executor.runbook.campaign import EXIT_CELLS_FAILED
+from executor.runbook.durations import format_duration
 from executor.terminal import shown, shown_text
 
 # The engine, the reporters, the loader and the audit log are imported by the commands that use them: `runbook status`
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from executor.consoles import PipedConsole, UnattendedConsole
-    from executor.engine import Engine
+    from executor.run.engine import Engine
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
@@ -212,7 +213,7 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from executor.planner import matrix_summary
+    from executor.runbook.planner import matrix_summary
 
     # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
     runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
@@ -226,7 +227,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from executor import schema
+    from executor.runbook import schema
 
     made = {"inventory": schema.inventory_schema, "report": schema.report_schema, "plan": schema.plan_schema}
     document = next((make for name, make in made.items() if getattr(args, name)), schema.runbook_schema)()
@@ -235,7 +236,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from executor.planner import plan_blocks, plan_model, secrets_redactor
+    from executor.runbook.planner import plan_blocks, plan_model, secrets_redactor
 
     runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
     redactor = secrets_redactor(runbook, os.environ)
@@ -248,7 +249,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # ensure_ascii: no control character reaches the terminal
         print(strict_json.dumps(document.model_dump(mode="json")))
         return EXIT_OK
-    from executor.plan_summary import summary_text  # the readable plan: built from the same document
+    from executor.runbook.plan_summary import summary_text  # the readable plan: built from the same document
 
     out().print(shown_text(summary_text(document)))
     return EXIT_OK
@@ -261,7 +262,9 @@ def _pool_size(text: str) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from executor import audit, diagnostics, views
+    from executor import diagnostics
+    from executor.faces import views
+    from executor.run import audit
     from sandbox.demo import demo_site  # the test host's parts: only the demo (and the tests) use them
 
     diagnostics.route_asyncssh()  # before the demo's own SSH server logs anything, as for a run
@@ -329,13 +332,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # read once: the Engine finds the run a --resume continues, and continues it as it was started (its
-    # --var and --inventory carry over, a --var given now overriding its own; executor.resume.begin)
+    # --var and --inventory carry over, a --var given now overriding its own; executor.run.resume.begin)
     import asyncio
 
     from executor import diagnostics
-    from executor.engine import Engine, RunOptions
-    from executor.events import ConsoleReporter, JsonReporter, Reporter
-    from executor.loader import load_runbook
+    from executor.run.engine import Engine, RunOptions
+    from executor.run.events import ConsoleReporter, JsonReporter, Reporter
+    from executor.runbook.loader import load_runbook
 
     # what asyncssh logs reaches the run's debug.log, never the console (executor.diagnostics)
     diagnostics.route_asyncssh()
@@ -414,7 +417,7 @@ def _cell(text: str, width: int) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from executor import views
+    from executor.faces import views
 
     view = views.status(args.log_dir, args.run_id)
     if args.json:
@@ -471,7 +474,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     """Recent runs, newest first; a run folder that cannot be read is a row saying why, never a traceback."""
     from rich.table import Table
 
-    from executor import views
+    from executor.faces import views
 
     rows = views.runs(args.log_dir)
     if args.json:
@@ -510,7 +513,7 @@ def _when(timestamp: str | None) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from executor import audit  # here: the log's reader and verifier (sqlite3, hashlib), for this command only
+    from executor.run import audit  # here: the log's reader and verifier (sqlite3, hashlib), for this command only
 
     if args.action == "key":
         return _make_key()
@@ -552,7 +555,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
     from rich.table import Table
 
-    from executor import views
+    from executor.faces import views
 
     report = views.report(args.run_dir)  # refused unless shaped as a report with a complete provenance
     if args.json:
@@ -608,9 +611,9 @@ def _describe_record(record: dict[str, Any]) -> str:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    """`runbook mcp`: the MCP server (executor.mcp_server) over stdio, with the optional extra installed."""
+    """`runbook mcp`: the MCP server (executor.faces.mcp_server) over stdio, with the optional extra installed."""
     try:
-        from executor.mcp_server import serve
+        from executor.faces.mcp_server import serve
     except ModuleNotFoundError as exc:  # no SDK, or one without the server API (mcp < 2)
         if not (exc.name or "").startswith("mcp"):
             raise
@@ -678,7 +681,7 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The process's entry (the `runbook` script, `python -m executor.cli`): `main`, then an exit that leaves
+    """The process's entry (the `runbook` script, `python -m executor.faces.cli`): `main`, then an exit that leaves
     the heap's reference cycles to the operating system. The interpreter's exit would otherwise walk every
     object the command loaded (the step kinds' pydantic models and validators, their modules) to collect
     them: about 70 ms of CPU of `runbook validate`'s 500 (bench/RESULTS.md, 9c), for nothing, as the process

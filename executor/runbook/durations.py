@@ -86,7 +86,7 @@ else:
         (`runbook schema`) says they take: seconds, or text the parser reads (never a boolean, which a lax
         float would take). Made once, then kept."""
         parse = {"Duration": parse_duration, "Delay": parse_delay}.get(name)
-        if parse is None:  # asked for `__path__` by every `from executor.durations import ...`
+        if parse is None:  # asked for `__path__` by every `from executor.runbook.durations import ...`
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         from pydantic import BeforeValidator, StringConstraints, WithJsonSchema
 
