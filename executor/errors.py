@@ -297,7 +297,8 @@ class ConfigRefused(AttemptFailed):
 
 
 class AccessDenied(AttemptFailed):
-    """The Hub refused the token: HTTP 401 or 403, or a gated repo whose terms the token's user did not accept."""
+    """The Hub refused the token: HTTP 401 or 403, or a gated repo whose terms the token's user did not accept, in
+    the Hub's own answer (hostprograms/kit.py, `hub_refused`: a bare 403 of a proxy or CDN may pass)."""
 
     retried_by_default = False
 

@@ -17,8 +17,10 @@ imports no kind, and a runbook imports the kinds it uses. A class that subclasse
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import sys
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
@@ -610,6 +612,19 @@ class StepKinds(Mapping[str, type[StepSpec]]):
         return len(self.points.keys() | StepSpec.registry.keys())
 
 
+#: What a message lists as the known kinds when there are none: runbook's own are installed metadata, missing
+#: where runbook is not installed or was installed (editable) before its kinds became entry points.
+NO_KIND_REGISTERED = (
+    f"none: no step kind is registered under the entry-point group {ENTRY_POINT_GROUP!r}, not even runbook's own; "
+    "run `pip install -e .` again where runbook is checked out (or install runbook)"
+)
+
+
+def known_kinds(kinds: Iterable[str]) -> str:
+    """The kinds' names for a message about an unknown or missing kind, or NO_KIND_REGISTERED."""
+    return ", ".join(sorted(kinds)) or NO_KIND_REGISTERED
+
+
 def step_kinds() -> StepKinds:
     """Every step kind (see StepKinds); the entry points are read once per process."""
     return StepKinds(_entry_points())
@@ -649,8 +664,12 @@ def _load(point: EntryPoint) -> type[StepSpec]:
         return _LOADED[key]
     where = f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"
     try:
-        loaded = point.load()
-    except Exception as exc:  # any error of a plugin's import: named, never a traceback
+        # stdout is data (`run --json`'s events, `plan --json`, the MCP server's messages): what a plugin prints
+        # while imported goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            loaded = point.load()
+    except (Exception, SystemExit) as exc:  # any error of a plugin's import, its sys.exit too: named, never a
+        # traceback, nor `validate` ending with the plugin's exit status (0: as if the runbook were valid)
         raise StepKindPluginError(f"{where} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not (isinstance(loaded, type) and issubclass(loaded, StepSpec)):
         raise StepKindPluginError(f"{where} is no subclass of executor.stepkind.StepSpec")

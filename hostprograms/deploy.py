@@ -171,6 +171,21 @@ def group_members(pgid: int) -> list[int]:
     return sorted(members)
 
 
+def new_log(state_dir: str, port: int) -> str:
+    """A log file of this start's own, created empty (`PORT-STAMP.log`, `PORT-STAMP-N.log` after another start on
+    the port in the same second: a retry, a fallback). A shared one would hold the earlier server's lines, and its
+    out-of-memory or argparse error would be read as this server's failure class."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    taken = 0
+    while True:  # ends: each turn tries a name no earlier turn tried, and the folder holds finitely many
+        log_file = os.path.join(state_dir, f"{port}-{stamp}{f'-{taken}' if taken else ''}.log")
+        try:
+            os.close(os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return log_file
+        except FileExistsError:
+            taken += 1
+
+
 def spawn(argv: list[str], env: dict[str, str], log_file: str) -> subprocess.Popen[bytes]:
     """Start the server in its own session and process group (it outlives the step and the SSH connection),
     stdout and stderr appended to `log_file`."""
@@ -570,8 +585,7 @@ def open_server(
                 f"{state_path(state_dir, port)}); stop it or deploy on another port"
             )
             return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    log_file = os.path.join(state_dir, f"{port}-{stamp}.log")
+    log_file = new_log(state_dir, port)
     child = None
     if kept:
         pid, starttime = spawn_kept(argv, env, log_file, exit_path(state_dir, port))

@@ -52,8 +52,9 @@ TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 class HubError(Exception):
     """The Hub refused or failed a request; the message says what it answered, `short` in a few words.
 
-    `failure_class` is "AccessDenied" when the Hub refused the token (401, 403, a gated repo): asking again
-    with the same token is refused again, so the controller does not retry it (executor/errors.py).
+    `failure_class` is "AccessDenied" when the Hub refused the token (401, 403, a gated repo, in the Hub's own
+    words: `kit.hub_refused`): asking again with the same token is refused again, so the controller does not
+    retry it (executor/errors.py).
     """
 
     def __init__(self, message: str, short: str | None = None, failure_class: str | None = None) -> None:
@@ -94,7 +95,7 @@ def http_error(exc: urllib.error.HTTPError, url: str, token_source: str | None) 
             message = ""
     short = f"HTTP {exc.code}{' ' + code if code else ''}"
     text = f"{short}: {message or exc.reason} ({url})"
-    if exc.code in (401, 403):
+    if kit.hub_refused(exc.code, exc.headers):
         if token_source is None:
             hint = "a token is needed and none reached the host (no HF_TOKEN in its environment, no token file)"
         elif exc.code == 403 or code == "GatedRepo":

@@ -152,6 +152,16 @@ class HubToken:
             self.source = f"file {path}"
 
 
+def hub_refused(status: Any, headers: Any) -> bool:
+    """Whether an HTTP answer is the Hub refusing the token (the controller's AccessDenied, never retried): a 401
+    or 403 that carries the Hub's own `X-Error-Code` or `X-Error-Message` header, as every refusal of the Hub
+    does (huggingface_hub reads them). One without is not the Hub's word: a proxy, a CDN or a rate limit in
+    front of it (a WAF's block is a 403) may answer so for a while, and another attempt may pass."""
+    if status not in (401, 403) or headers is None:
+        return False
+    return any(headers.get(name) for name in ("X-Error-Code", "X-Error-Message"))
+
+
 def _clean(token: str | None) -> str | None:
     """huggingface_hub's `_clean_token`: no CR or LF, no surrounding whitespace; empty is none."""
     if token is None:

@@ -421,7 +421,8 @@ def run(config: dict[str, Any], progress: Progress) -> dict[str, Any]:
     try:
         commit, manifest = read_manifest(config["repo"], config["revision"])
     except Exception as exc:  # gated, not found, no network, no huggingface_hub: a fact, not a crash
-        refused = getattr(getattr(exc, "response", None), "status_code", None) in (401, 403)  # the token, gated
+        response = getattr(exc, "response", None)  # huggingface_hub's HfHubHTTPError has the Hub's answer
+        refused = kit.hub_refused(getattr(response, "status_code", None), getattr(response, "headers", None))
         said = {"manifest_error": f"{type(exc).__name__}: {exc}", "failure_class": "AccessDenied" if refused else None}
         return {**out, "commit": None, **said}
     selected = select(manifest, config.get("include") or [], config.get("exclude") or [])

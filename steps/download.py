@@ -495,6 +495,9 @@ class HostReport(_Open):
     partial_bytes: ByteCount | None = None
     incomplete: list[_File] | None = None
     disk: _Disk
+    hub_error: str | None = None
+    #: The one class the program recognises (executor/errors.py): another name is a document of an unexpected shape
+    failure_class: Literal["AccessDenied"] | None = None
 
     @model_validator(mode="after")
     def _listing_whole(self) -> HostReport:

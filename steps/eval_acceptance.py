@@ -735,9 +735,13 @@ class EvalAcceptanceStep(StepSpec):
             raise FactsError(f"the server's meta_info has fields of unexpected types: {exc}") from None
 
     def failure_class(self, facts: Any) -> type[AttemptFailed] | None:
-        """StepFailed when the evaluation stopped early (`error`: a flush refused, the server gone), which
-        another attempt may not meet; otherwise a false gate on its numbers is a definite GateFalse."""
-        return StepFailed if fact_field(facts, "error") is not None else None
+        """StepFailed when the evaluation stopped early (`error`: a flush refused, the server gone) or requests
+        failed (`failed_requests`: an HTTP 503 of a busy server, an answer cut short), which another attempt may
+        not meet; otherwise a false gate on its numbers (acceptance, speculation, lossless) is a definite
+        GateFalse."""
+        failed = fact_field(facts, "failed_requests")
+        stopped = fact_field(facts, "error") is not None
+        return StepFailed if stopped or (isinstance(failed, int) and failed > 0) else None
 
     def default_gates(self) -> list[Gate]:
         gates = [

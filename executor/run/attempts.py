@@ -26,6 +26,7 @@ from tenacity import (
 
 from executor import durable
 from executor.errors import (
+    FAILURE_CLASSES,
     AttemptFailed,
     CommandInterrupted,
     CommandTimedOut,
@@ -84,6 +85,25 @@ def _should_retry(policy: RetryPolicy, log: Log, state: RetryCallState) -> bool:
         failure.not_retried()
         log.info("not retried", attempt=state.attempt_number, failure=type(failure).__name__)
     return False
+
+
+def gate_failure(spec: StepSpec, facts: Any, gate: str, undecided: bool) -> tuple[type[AttemptFailed], str]:
+    """The failure class of an attempt whose gate did not hold, as its kind decides it (`StepSpec.gate_failure`,
+    which a kind overrides through `failure_class`), and a line to add to the attempt's message. A kind whose
+    decision raises, or gives no class of FAILURE_CLASSES (a name, a subclass of its own, which `non_retryable`
+    cannot name), has a bug: the attempt is StepKindCrashed saying so, as for a bug in `execute`; the run goes
+    on."""
+    try:
+        failure = spec.gate_failure(facts, gate, undecided)
+    except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
+        return (
+            StepKindCrashed,
+            f"\n  step kind '{spec.kind}' could not class this failure: {type(exc).__name__}: {str(exc)[:300]}",
+        )
+    if failure in FAILURE_CLASSES.values():
+        return failure, ""
+    given = repr(failure)[:200]
+    return StepKindCrashed, f"\n  step kind '{spec.kind}' classed this failure as {given}, no class of executor.errors"
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
@@ -525,7 +545,8 @@ class Attempts:
                             detail += "\n  (stdout was empty)"
                         out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
                         message = f"{detail}\n  output tail:\n{out}" if out else detail
-                        failure = spec.gate_failure(raw_facts, gate.that, verdict.undecided)
+                        failure, why = gate_failure(spec, raw_facts, gate.that, verdict.undecided)
+                        message += why
                         self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code)
         except GateWorkerUnavailable as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)

@@ -31,7 +31,7 @@ from executor.runbook.campaign import Instance, MatrixGroup, value_text
 from executor.runbook.gates import step_refs, syntax_error
 from executor.runbook.matrix import Expansion, expand
 from executor.runbook.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
-from executor.stepkind import StepSpec, step_kinds
+from executor.stepkind import StepSpec, known_kinds, step_kinds
 
 Loc = tuple[str | int, ...]
 LOCAL = "local"
@@ -492,6 +492,8 @@ def _report(
                 loc = (*loc, *cause.loc)
                 full = (*prefix, *loc)
             message = str(error["msg"]).removeprefix("Value error, ")
+            if kind == "tuple_type":  # an immutable list of the model's (`non_retryable`): a YAML list
+                message = "Input should be a list"
             where = ": ".join(filter(None, (instance, _loc_text(loc)))) if instance else _loc_text(full)
             pos.problem(full, f"{where}: {message}")
 
@@ -706,12 +708,12 @@ def _step(
         return None
     kind = raw.get("kind")
     if kind is None:
-        pos.problem(loc, f"{_loc_text(loc)}: missing required key 'kind' (one of: {', '.join(sorted(kinds))})")
+        pos.problem(loc, f"{_loc_text(loc)}: missing required key 'kind' (one of: {known_kinds(kinds)})")
         return None
     model = kinds.get(str(kind))
     if model is None:
         hint = _did_you_mean(str(kind), kinds)
-        pos.problem((*loc, "kind"), f"unknown step kind '{kind}'{hint} (known: {', '.join(sorted(kinds))})")
+        pos.problem((*loc, "kind"), f"unknown step kind '{kind}'{hint} (known: {known_kinds(kinds)})")
         return None
     try:
         return model.model_validate(raw)

@@ -64,8 +64,9 @@ class StartReport(DataModel):
     error_line: str | None  # the line of its log that says what went wrong
     log_tail: list[str]
     failure: str | None
-    #: The failure's class when retrying cannot fix it (PortInUse, ConfigRefused, OutOfMemory: executor/errors.py)
-    failure_class: str | None = None
+    #: The failure's class when retrying cannot fix it (executor/errors.py): only those deploy recognises, so that
+    #: a host naming another (GateFalse, a typo) prints a document of an unexpected shape, not an unretried class
+    failure_class: Literal["ConfigRefused", "OutOfMemory", "PortInUse"] | None = None
     port_holder: str | None = None  # who holds the port, when it is not our server
     server_version: str | None = None  # what /server_info says once the server is ready (provenance)
     server_version_unknown: str | None = None  # why server_version is None

@@ -154,3 +154,49 @@ def test_a_plugin_whose_object_is_not_its_kind_is_named(plugins: Path, tmp_path:
     code, err = validate(tmp_path, capsys, "not_a_kind")
     assert code == 2
     assert "distribution 'mixed-kinds' (mixed_kinds:NOT_A_KIND) is no subclass of executor.stepkind.StepSpec" in err
+
+
+def test_what_a_plugin_prints_while_imported_goes_to_stderr_not_into_json(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """stdout is data (`plan --json`, `run --json`'s events, the MCP server's stream): a plugin's print must not
+    make it unreadable."""
+    source = """\
+        from typing import Literal
+        from executor import StepSpec
+        print("noisy_kind imported")
+        class Noisy(StepSpec):
+            kind: Literal["noisy"] = "noisy"
+            def render(self, ctx):
+                return "true"
+        """
+    install(plugins, "noisy-kinds", {"noisy": "noisy_kind:Noisy"}, source)
+    book = tmp_path / "book.yaml"
+    book.write_text("name: t\nhosts:\n  box: {address: local}\nsteps:\n  - {id: s, kind: noisy}\n")
+    assert main(["plan", str(book), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["steps"][0]["kind"] == "noisy" and "noisy_kind imported" in err
+
+
+def test_a_plugin_that_exits_while_imported_is_named_not_obeyed(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sys.exit(0)` in a plugin's module must not end `validate` with 0, as if the runbook were valid."""
+    install(plugins, "exiting-kinds", {"exiting": "exiting_kind:Exiting"}, "import sys\nsys.exit(0)\n")
+    code, err = validate(tmp_path, capsys, "exiting")
+    assert code == 2 and "Traceback" not in err
+    assert (
+        "step kind 'exiting' of distribution 'exiting-kinds' (exiting_kind:Exiting) cannot be imported: SystemExit: 0"
+        in err
+    )
+
+
+def test_where_no_kind_is_registered_the_message_says_to_install_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runbook installed (editable) before its kinds became entry points, or not installed: not `(known: )`."""
+    monkeypatch.setattr("executor.stepkind._entry_points", dict)
+    monkeypatch.setattr(StepSpec, "registry", {})
+    code, err = validate(tmp_path, capsys, "shell", ", script: 'true'")
+    assert code == 2 and "unknown step kind 'shell' (known: none: no step kind is registered under" in err
+    assert "run `pip install -e .` again where runbook is checked out" in err

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
-from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT
+from executor.command_result import CommandResult
+from executor.errors import FAILURE_CLASSES, NON_RETRYABLE_DEFAULT, OutOfMemory
 from executor.faces.cli import main
 from executor.run.events import EVENTS_FILE
+from executor.stepkind import RenderContext, StepSpec
 
 RETRY = "{attempts: 3, delay: 10ms}"
 
@@ -180,3 +183,56 @@ def test_an_unknown_class_name_is_refused_at_its_line(tmp_path: Path, capsys: An
     err = capsys.readouterr().err
     assert f"{book}:9:" in err and "'Flaky' is no failure class" in err and "Traceback" not in err
     assert all(name in err for name in FAILURE_CLASSES)
+
+
+def test_a_class_name_in_place_of_a_list_is_refused_as_no_list(tmp_path: Path, capsys: Any) -> None:
+    """`non_retryable: GateFalse` (no brackets): a list is expected, said so; YAML has no tuples."""
+    book = tmp_path / "book.yaml"
+    book.write_text(
+        "name: t\nhosts:\n  box: {address: local}\ndefaults:\n  retry: {non_retryable: GateFalse}\nsteps: []\n"
+    )
+    assert main(["validate", str(book)]) == 2
+    err = capsys.readouterr().err
+    assert f"{book}:5:" in err and "defaults.retry.non_retryable: Input should be a list" in err and "tuple" not in err
+
+
+class _OwnOutOfMemory(OutOfMemory):
+    """A kind's own class: no name `non_retryable` lists, so it would be retried though it says otherwise."""
+
+
+def _refused_lookup() -> Any:
+    raise KeyError("failure_class")
+
+
+@pytest.mark.parametrize(
+    ("decides", "said"),
+    [
+        (lambda: "AccessDenied", "classed this failure as 'AccessDenied', no class of executor.errors"),
+        (_refused_lookup, "could not class this failure: KeyError: 'failure_class'"),
+        (lambda: RuntimeError, "classed this failure as <class 'RuntimeError'>, no class of executor.errors"),
+        (lambda: _OwnOutOfMemory, "classed this failure as <class '"),  # `non_retryable` cannot name it
+    ],
+    ids=["a-name", "raises", "no-failure-class", "a-class-of-its-own"],
+)
+def test_a_kind_whose_failure_class_is_broken_fails_its_attempt_not_the_run(
+    decides: Callable[[], Any], said: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`failure_class` is a kind's code (README, "Retries"): its bug is a StepKindCrashed, retried, as a bug in
+    `execute` is; it crashed the whole run with a traceback."""
+    monkeypatch.setattr(StepSpec, "registry", dict(StepSpec.registry))  # the kind below: this test's alone
+
+    class Misclassing(StepSpec):
+        kind: Literal["misclassing"] = "misclassing"
+
+        def render(self, ctx: RenderContext) -> str:
+            return "true"
+
+        def parse_facts(self, result: CommandResult) -> Any:
+            return {"served": False}
+
+        def failure_class(self, facts: Any) -> Any:
+            return decides()
+
+    failed = run(tmp_path, capsys, f"- {{id: s, kind: misclassing, retry: {RETRY}, gates: ['facts.served']}}\n")
+    assert failed.code == 1 and failed.step["attempts"] == 3 and "Traceback" not in failed.err
+    assert f"step kind 'misclassing' {said}" in failed.step["message"]

@@ -12,15 +12,20 @@ import email.message
 import io
 import socket
 import sys
+import time
 import urllib.error
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from executor.errors import AccessDenied, CommandFailed, GateFalse, GateUndecided, OutOfMemory, PortInUse, StepFailed
 from hostprograms import download as download_host
 from hostprograms import verify as verify_host
+from steps.download import HostReport as DownloadHostReport
+from steps.eval_acceptance import EvalAcceptanceStep
+from steps.server.documents import StartReport
 from steps.shell import ShellStep
 from steps.verify import VerifyFacts, VerifyStep
 from tests.hostprograms.conftest import ProgramRun
@@ -76,12 +81,43 @@ def test_a_server_that_exits_during_start_up_is_classed_by_its_log(
     assert report["failure_class"] == expected
 
 
+def test_a_server_is_classed_by_its_own_log_not_an_earlier_server_s(run_program: ProgramRun, tmp_path: Path) -> None:
+    """A start in the second of an earlier start on the port (a retry, a fallback) had appended to the earlier
+    server's log, whose out-of-memory line then named this server's failure OutOfMemory (and ended its retries)."""
+    port, state = free_port(), tmp_path / "state"
+    state.mkdir()
+    earlier = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB\n"
+    now = time.time()
+    for second in range(-1, 30):  # the names this start may take while the test runs
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now + second))
+        (state / f"{port}-{stamp}.log").write_text(earlier)
+    report = start(run_program, tmp_path, port, "--say", "shutting down", "--exit", "1")
+    assert report["failure"].startswith("the server exited") and report["failure_class"] is None
+    assert "OutOfMemory" not in report["failure"] and report["log_tail"] == ["shutting down"]
+
+
 def test_a_port_held_by_a_foreign_process_is_port_in_use(run_program: ProgramRun, tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         report = start(run_program, tmp_path, holder.getsockname()[1], "--say", "up")
     assert report["pid"] is None and report["failure_class"] == "PortInUse"
+    assert StartReport.model_validate(report).failure_class == "PortInUse"
+    for named in ("GateFalse", "AccessDenied", 5):  # a host naming a class deploy never does: no unretried class
+        with pytest.raises(ValidationError):
+            StartReport.model_validate(report | {"failure_class": named})
+
+
+def test_download_s_document_names_no_class_but_access_denied() -> None:
+    """A host printing another class (GateFalse) or a non-string there prints a document of an unexpected shape
+    (FactsUnreadable, retried), not a class that ends the step's attempts or a crash of the kind."""
+    said = {"local_dir": "/m", "disk": {"path": "/", "free_bytes": 1}, "hub_error": "HTTP 403"}
+    assert DownloadHostReport.model_validate(said | {"failure_class": "AccessDenied"}).failure_class == "AccessDenied"
+    for named, error in (("GateFalse", "failure_class"), (5, "failure_class")):
+        with pytest.raises(ValidationError, match=error):
+            DownloadHostReport.model_validate(said | {"failure_class": named})
+    with pytest.raises(ValidationError, match="hub_error"):
+        DownloadHostReport.model_validate(said | {"hub_error": 5})
 
 
 def test_stepkind_maps_a_reported_class_and_an_error_without_one() -> None:
@@ -92,6 +128,18 @@ def test_stepkind_maps_a_reported_class_and_an_error_without_one() -> None:
     assert step.failure_class(refused) is AccessDenied
     assert step.failure_class(unreachable) is StepFailed
     assert step.failure_class(VerifyFacts(**base | {"commit": "abc"}, manifest_error=None)) is None
+
+
+def test_eval_acceptance_retries_failed_requests_not_a_definite_number() -> None:
+    """A request the server failed (HTTP 503 while busy) is no definite value of the model: retried (StepFailed);
+    an acceptance length under the bound is (GateFalse)."""
+    step = EvalAcceptanceStep.model_construct()
+    answered = {"error": None, "failed_requests": 0, "overall": {"mean": 2.1}}
+    assert step.gate_failure(answered | {"failed_requests": 2}, "facts.failed_requests == 0", False) is StepFailed
+    assert step.gate_failure(answered, "facts.overall.mean >= 3.0", False) is GateFalse
+    assert step.gate_failure(answered | {"error": "the server stopped answering"}, "facts.error is none", False) is (
+        StepFailed
+    )
 
 
 def test_every_kind_maps_the_class_its_facts_name_then_the_gate_decides() -> None:
@@ -108,28 +156,46 @@ def test_every_kind_maps_the_class_its_facts_name_then_the_gate_decides() -> Non
     assert shell.gate_failure(None, "stdout", False) is CommandFailed
 
 
-@pytest.mark.parametrize(("status", "expected"), [(401, "AccessDenied"), (403, "AccessDenied"), (500, None)])
-def test_download_names_a_refused_token_access_denied(status: int, expected: str | None) -> None:
+#: The Hub's own answer to a refused token (its error headers), and a proxy's or a CDN's (none: a WAF's block).
+HUB_SAID = {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to model org/m is restricted"}
+HUB_SAID_VARIANTS = [HUB_SAID, {"X-Error-Message": "Invalid credentials in Authorization header"}]
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "expected"),
+    [
+        *((status, said, "AccessDenied") for status in (401, 403) for said in HUB_SAID_VARIANTS),
+        (500, HUB_SAID, None),
+        (403, {}, None),  # not the Hub's word: a proxy, a CDN or a rate limit in front of it may pass
+        (401, {"X-Error-Code": ""}, None),
+    ],
+)
+def test_download_names_a_refused_token_access_denied(status: int, said: dict[str, str], expected: str | None) -> None:
     headers = email.message.Message()
-    headers["X-Error-Code"] = "GatedRepo"
+    for name, value in said.items():
+        headers[name] = value
     error = urllib.error.HTTPError("https://hub/x", status, "no", headers, io.BytesIO(b""))
     assert download_host.http_error(error, "https://hub/x", None).failure_class == expected
 
 
 class _Refused(Exception):
-    """What huggingface_hub raises for a 401/403 (GatedRepoError, an HfHubHTTPError): its `response`'s status."""
+    """What huggingface_hub raises for a 401/403 (GatedRepoError, an HfHubHTTPError): its `response`, with the
+    status and the headers the Hub answered."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
         super().__init__(f"{status} Client Error")
-        self.response = type("Response", (), {"status_code": status})()
+        self.response = type("Response", (), {"status_code": status, "headers": headers})()
 
 
-@pytest.mark.parametrize(("status", "expected"), [(403, "AccessDenied"), (401, "AccessDenied"), (502, None)])
+@pytest.mark.parametrize(
+    ("status", "said", "expected"),
+    [(403, HUB_SAID, "AccessDenied"), (401, HUB_SAID, "AccessDenied"), (502, HUB_SAID, None), (403, {}, None)],
+)
 def test_verify_names_a_refused_manifest_access_denied(
-    status: int, expected: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    status: int, said: dict[str, str], expected: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     def refuse(repo: str, revision: str) -> Any:
-        raise _Refused(status)
+        raise _Refused(status, said)
 
     monkeypatch.setattr(verify_host, "read_manifest", refuse)
     report = verify_host.run({"repo": "org/m", "revision": "main", "local_dir": str(tmp_path)}, lambda *a, **k: None)
