@@ -423,6 +423,10 @@ class StepSpec(Model):
     #: Keys the kind no longer has, each with what replaces it: `validate` says so instead of a bare
     #: "unknown key" (deploy's `action: stop` became the kind `stop_server`).
     retired_keys: ClassVar[Mapping[str, str]] = {}
+    #: The kind's facts are its command's own output as it printed it (a shell step's `parse: json`), not
+    #: what a host program read of the host: a false gate on them is a CommandFailed, which running the
+    #: command again may pass (a script that polls for a server), never a GateFalse.
+    facts_are_output: ClassVar[bool] = False
     #: Parameters holding a script run by a shell: `${{ matrix.X }}` is refused there (the shell would
     #: read `${` itself); a script reads the axis values as environment variables `$matrix_X` instead.
     script_fields: ClassVar[frozenset[str]] = frozenset()
@@ -457,14 +461,15 @@ class StepSpec(Model):
     def gate_failure(self, facts: Any, gate: str, undecided: bool) -> type[AttemptFailed]:
         """The failure class of an attempt whose gate `gate` did not hold (`undecided`: it could not be
         evaluated): the kind's own (`failure_class`) first, then GateUndecided, then CommandFailed for a gate on
-        the command's exit code or output, else GateFalse: a definite value read from facts, vars or earlier
-        steps, which asking again reads the same."""
+        the command's exit code or output (or facts that are its output: `facts_are_output`), else GateFalse: a
+        definite value read from facts, vars or earlier steps, which asking again reads the same."""
         known = self.failure_class(facts) if facts is not None else None
         if known is not None:
             return known
         if undecided:
             return GateUndecided
-        return CommandFailed if roots(gate) & RAW_OUTPUT else GateFalse
+        output = RAW_OUTPUT | {"facts"} if self.facts_are_output else RAW_OUTPUT
+        return CommandFailed if roots(gate) & output else GateFalse
 
     def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
         """The runbook's default policy with this step's overrides."""

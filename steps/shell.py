@@ -32,6 +32,7 @@ class ShellStep(StepSpec):
     #: a script may read any var, through any program it starts: every var and secret reaches it
     default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
     script_fields: ClassVar[frozenset[str]] = frozenset({"script"})
+    facts_are_output = True  # `parse: json` facts are what the script printed: it may print otherwise next time
     script: str
     parse: Literal["json", "text"] = "text"
     upload: list[FileCopy] = []

@@ -34,12 +34,13 @@ class Run:
     events: list[dict[str, Any]]
 
 
-def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], steps: str, defaults: str = "") -> Run:
+def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], steps: str, defaults: str = "", variables: str = "") -> Run:
     """One run of a runbook of `steps` (YAML, indented as a list under `steps:`) on this machine."""
     tmp_path.mkdir(exist_ok=True)
     book = tmp_path / "book.yaml"
     book.write_text(
         "name: t\nhosts:\n  box: {address: local}\n"
+        + (f"vars:\n  {variables}\n" if variables else "")
         + (f"defaults:\n  {defaults}\n" if defaults else "")
         + "steps:\n"
         + textwrap.indent(textwrap.dedent(steps), "  ")
@@ -87,23 +88,43 @@ def test_a_class_a_kind_recognises_is_not_retried_unless_narrowed(name: str, tmp
     assert "not retried" not in retried.step["message"] + retried.err
 
 
-def test_a_gate_on_facts_that_reads_a_false_value_is_not_retried(tmp_path: Path, capsys: Any) -> None:
+def test_a_gate_that_reads_a_false_value_is_not_retried(tmp_path: Path, capsys: Any) -> None:
+    """A gate on a value that asking again reads the same (a var here; a probe's facts) is a GateFalse."""
     steps = """\
         - id: s
           kind: shell
-          parse: json
-          script: "echo '{\\"gpu_count\\": 0}'"
+          script: "true"
           retry: __RETRY__
-          gates: [{that: "facts.gpu_count > 0", message: no GPU}]
+          gates: [{that: "vars.gpu_count > 0", message: no GPU}]
         """
-    refused = run(tmp_path / "default", capsys, steps.replace("__RETRY__", RETRY))
+    refused = run(tmp_path / "default", capsys, steps.replace("__RETRY__", RETRY), variables="gpu_count: 0")
     assert refused.step["attempts"] == 1 and refused.step["message"].startswith(
         "[primary] not retried: GateFalse: no GPU"
     )
     retried = run(
-        tmp_path / "narrowed", capsys, steps.replace("__RETRY__", "{attempts: 3, delay: 10ms, non_retryable: []}")
+        tmp_path / "narrowed",
+        capsys,
+        steps.replace("__RETRY__", "{attempts: 3, delay: 10ms, non_retryable: []}"),
+        variables="gpu_count: 0",
     )
     assert retried.step["attempts"] == 3 and "not retried" not in retried.step["message"]
+
+
+def test_a_shell_step_polling_its_own_json_facts_is_retried_until_they_hold(tmp_path: Path, capsys: Any) -> None:
+    """A shell step's facts are what its script printed: a false gate on them may pass when it runs again."""
+    counter = tmp_path / "count"
+    steps = f"""\
+        - id: s
+          kind: shell
+          parse: json
+          script: |
+            n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}
+            echo "{{\\"ready\\": $([ "$n" -ge 3 ] && echo true || echo false)}}"
+          retry: {{attempts: 5, delay: 10ms}}
+          gates: [facts.ready]
+        """
+    polled = run(tmp_path, capsys, steps)
+    assert polled.code == 0 and polled.step["attempts"] == 3, polled.step["message"]
 
 
 @pytest.mark.parametrize(
