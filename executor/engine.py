@@ -185,6 +185,10 @@ class Engine:
             )
 
     async def _release(self) -> None:
-        """Close what the run holds on hosts: its transports, then its gate workers (even while cancelled)."""
-        await asyncio.shield(asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True))
+        """Close what the run holds on hosts: its transports, then its gate workers (even while cancelled). A
+        transport that fails to close changes nothing the run recorded: the debug log says so."""
+        closing = asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True)
+        for host, closed in zip(list(self.transports), await asyncio.shield(closing), strict=True):
+            if isinstance(closed, BaseException):
+                self.folder.log.warning("transport close failed", host=host, error=f"{type(closed).__name__}: {closed}")
         await asyncio.shield(self.gates.close())

@@ -23,7 +23,7 @@ from executor import audit as audit_mod
 from executor import diagnostics, durable, event_models, seal
 from executor.audit import AuditContext, AuditLog
 from executor.emitter import Emitter, EventStream
-from executor.errors import EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, StateError
+from executor.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, StateError
 from executor.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
 from executor.redact import Redactor
 from executor.state import WRITE_FAILED, RunLock, RunMeta, RunState, StepRecord, now, open_state
@@ -182,8 +182,8 @@ class RunFolder:
             self.failed_write(exc)
         elif cancelled:
             self.status, self.code = "interrupted", EXIT_INTERRUPTED
-        elif crashed:
-            self.status = "crashed"
+        elif crashed:  # the exception goes on to the caller (a traceback: a bug), and the process exits 1
+            self.status, self.code = "crashed", EXIT_FAILED
         await self._close()
         if crashed:
             return False

@@ -57,7 +57,10 @@ _SHOWN_SCRIPT = 300  # characters of a script an unscripted command's message qu
 
 
 class UnscriptedCommand(TransportError):
-    """A command that no rule of the ScriptedTransport answers: the test must say what the host does."""
+    """A command that no rule of the ScriptedTransport answers: the test must say what the host does. Its step
+    fails on the host at once: neither waiting for a retry nor a fallback's answer may hide the omission."""
+
+    refuses_host = True
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,9 @@ class ScriptedTransport(Transport):
             return call is not None and (when is None or when(call))
 
         def responder(document: Any) -> Responder:
+            if not callable(document):
+                _printable(name, document, progress)  # refused here, at the test's line, not as the step's crash
+
             def answer(command: ScriptedCommand) -> Answer:
                 call = next(c for c in command.programs if c.name == name)
                 stdout, stderr = program_output(document(call) if callable(document) else document, progress)
@@ -213,7 +219,8 @@ class ScriptedTransport(Transport):
 
     async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
         script = command.script.decode("utf-8", "replace")
-        received = ScriptedCommand(self.name, script, command.display, command.env, shipped_calls(script), timeout)
+        display = self.redactor.text(command.display)  # as the audit log records it
+        received = ScriptedCommand(self.name, script, display, command.env, shipped_calls(script), timeout)
         self.commands.append(received)
         rule = next((rule for rule in self._rules if rule.matches(received)), None)
         if rule is None:
@@ -268,6 +275,15 @@ def _digest(data: bytes) -> tuple[int, str]:
     digest = Digest()
     digest.update(data)
     return digest.size, digest.sha256
+
+
+def _printable(name: str, document: Any, progress: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a document that host program `name` could not print (hostprograms/kit.py: NaN, an infinity, a
+    value JSON has no form for)."""
+    try:
+        program_output(document, progress)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"host program {name!r} could not print this document: {exc}") from None
 
 
 def _shown(script: str) -> str:
