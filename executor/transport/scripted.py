@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,11 +193,11 @@ class ScriptedTransport(Transport):
 
         def responder(document: Any) -> Responder:
             if not callable(document):
-                _printable(name, document, progress)  # refused here, at the test's line, not as the step's crash
+                _printed(name, document, progress)  # refused here, at the test's line, not as the step's crash
 
             def answer(command: ScriptedCommand) -> Answer:
                 call = next(c for c in command.programs if c.name == name)
-                stdout, stderr = program_output(document(call) if callable(document) else document, progress)
+                stdout, stderr = _printed(name, document(call) if callable(document) else document, progress)
                 return Answer(exit_code=exit_code, stdout=stdout, stderr=stderr)
 
             return answer
@@ -222,10 +224,7 @@ class ScriptedTransport(Transport):
         display = self.redactor.text(command.display)  # as the audit log records it
         received = ScriptedCommand(self.name, script, display, command.env, shipped_calls(script), timeout)
         self.commands.append(received)
-        rule = next((rule for rule in self._rules if rule.matches(received)), None)
-        if rule is None:
-            raise UnscriptedCommand(f"no scripted answer on {self.name} for the command: {_shown(script)}")
-        answer = rule.next(received)
+        answer = self._answer(received)
         collect = Collector(on_output, self.redactor)
         for data, into in ((_bytes(answer.stdout), collect.stdout), (_bytes(answer.stderr), collect.stderr)):
             for start in range(0, len(data), _PIECE):
@@ -245,6 +244,21 @@ class ScriptedTransport(Transport):
             return STOPPED_EXIT
 
         return await supervise(collect, finish(), timeout, stop)
+
+    def _answer(self, received: ScriptedCommand) -> Answer:
+        """The answer of the first rule that fits; a matcher or responder of the test's that raises is named, with
+        where it raised, as an unscripted command is (not as a crash of the step kind, retried)."""
+        try:
+            rule = next((rule for rule in self._rules if rule.matches(received)), None)
+            if rule is not None:
+                return rule.next(received)
+        except Exception as exc:
+            where = _where(exc)
+            raise UnscriptedCommand(
+                f"a scripted rule of {self.name} raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"
+                f" for the command: {_shown(received.script)}"
+            ) from None
+        raise UnscriptedCommand(f"no scripted answer on {self.name} for the command: {_shown(received.script)}")
 
     async def put(self, local: Path, remote: str) -> Transfer:
         with open_regular(local) as source:
@@ -277,13 +291,22 @@ def _digest(data: bytes) -> tuple[int, str]:
     return digest.size, digest.sha256
 
 
-def _printable(name: str, document: Any, progress: Sequence[Mapping[str, Any]]) -> None:
-    """Refuse a document that host program `name` could not print (hostprograms/kit.py: NaN, an infinity, a
-    value JSON has no form for)."""
+def _printed(name: str, document: Any, progress: Sequence[Mapping[str, Any]]) -> tuple[bytes, bytes]:
+    """`program_output`, refusing a document that host program `name` could not print (hostprograms/kit.py:
+    NaN, an infinity, a value JSON has no form for)."""
     try:
-        program_output(document, progress)
+        return program_output(document, progress)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"host program {name!r} could not print this document: {exc}") from None
+
+
+def _where(exc: Exception) -> traceback.FrameSummary:
+    """Where a test's matcher or responder raised: the innermost frame of the test's own code (neither this
+    module nor the standard library), else the innermost."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    own = [f for f in frames if f.filename != __file__ and not f.filename.startswith(stdlib)]
+    return (own or frames)[-1]
 
 
 def _shown(script: str) -> str:

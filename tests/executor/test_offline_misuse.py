@@ -21,6 +21,7 @@ from executor import audit
 from executor.diagnostics import Log
 from executor.engine import Engine, RunOptions
 from executor.events import Reporter
+from executor.hostprogram import host_program
 from executor.loader import load_runbook
 from executor.model import Host
 from executor.redact import Redactor
@@ -28,7 +29,7 @@ from executor.render import render_command
 from executor.scheduler import Scheduler
 from executor.state import open_state
 from executor.transport.base import Transport
-from executor.transport.scripted import ScriptedTransport
+from executor.transport.scripted import ScriptedTransport, UnscriptedCommand
 
 if TYPE_CHECKING:
     from executor.testing import Offline
@@ -152,3 +153,22 @@ def test_a_received_command_shows_no_secret_written_into_the_script() -> None:
     host.redactor = Redactor([TOKEN])
     asyncio.run(host.run(render_command(f"login --token {TOKEN}", {}, {"HF_TOKEN": TOKEN}), 5))
     assert TOKEN not in host.commands[0].display and host.commands[0].display.endswith("login --token ***")
+
+
+def test_a_rule_of_the_test_that_raises_fails_its_step_at_once_naming_where(
+    runbook_offline: Offline, tmp_path: Path
+) -> None:
+    far = runbook_offline.host("far")
+    far.on(lambda command: command.program.name == "probe")  # type: ignore[union-attr]  # None: no program
+    run = runbook_offline.run(book(tmp_path))
+    message = run.step("a").message or ""
+    assert (run.step("a").status, run.step("a").attempts, len(far.commands)) == ("failed", 1, 1)
+    assert message.startswith("a scripted rule of far raised AttributeError: 'NoneType' object has no attribute")
+    assert f"({__file__}:" in message  # where the test's lambda raised, not the transport
+    assert message.endswith("for the command: 'curl https://example.com/x'")
+
+
+def test_a_document_made_by_a_callable_that_no_program_could_print_is_named_in_the_steps_failure() -> None:
+    host = ScriptedTransport("gpu").program("probe", lambda call: {"free": float("inf")})
+    with pytest.raises(UnscriptedCommand, match="host program 'probe' could not print this document: Out of range"):
+        asyncio.run(host.run(render_command(host_program("probe", {}), {}), 5))
