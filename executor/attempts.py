@@ -213,7 +213,7 @@ class HostContext(StepContext):
             self._record(command.display, partial)
             if exc.refuses_host:
                 raise HostRefused(attempts.redactor.text(str(exc))) from None
-            raise TransportFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
+            self.failed(TransportFailed, f"transport error: {exc}")
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
@@ -222,6 +222,10 @@ class HostContext(StepContext):
         )
         self._record(command.display, result)
         return result
+
+    def failed(self, failure: type[AttemptFailed], message: str) -> NoReturn:
+        """Fail the attempt (masked, and said as every failed attempt is: an `attempt_failed` event)."""
+        self.attempts._attempt_failed(failure, self.spec, self.host_name, self.attempt, message)
 
     def _record(self, display: str, result: CommandResult) -> None:
         # the output was redacted as it arrived (transport.base.Captured)
@@ -254,13 +258,13 @@ class HostContext(StepContext):
                         into.unlink(missing_ok=True)
                 raise
         except TimeoutError:
-            raise CommandTimedOut(f"file transfer timed out after {limit:g}s") from None
+            self.failed(CommandTimedOut, f"file transfer timed out after {limit:g}s")
         except OSError as exc:
             if into is not None and exc.errno in durable.DISK_ERRNOS:
                 raise durable.failed(exc, into.parent, "a fetched file") from None
-            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+            self.failed(TransportFailed, f"file transfer failed: {exc}")
         except TransportError as exc:
-            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+            self.failed(TransportFailed, f"file transfer failed: {exc}")
         self.folder.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
 

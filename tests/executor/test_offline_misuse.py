@@ -29,7 +29,7 @@ from executor.render import render_command
 from executor.scheduler import Scheduler
 from executor.state import open_state
 from executor.transport.base import Transport
-from executor.transport.scripted import ScriptedTransport, UnscriptedCommand
+from executor.transport.scripted import Answer, ScriptedTransport, UnscriptedCommand
 
 if TYPE_CHECKING:
     from executor.testing import Offline
@@ -172,3 +172,37 @@ def test_a_document_made_by_a_callable_that_no_program_could_print_is_named_in_t
     host = ScriptedTransport("gpu").program("probe", lambda call: {"free": float("inf")})
     with pytest.raises(UnscriptedCommand, match="host program 'probe' could not print this document: Out of range"):
         asyncio.run(host.run(render_command(host_program("probe", {}), {}), 5))
+
+
+def test_a_broken_connection_and_a_failed_fetch_are_said_as_every_failed_attempt_is(
+    runbook_offline: Offline, tmp_path: Path
+) -> None:
+    path = tmp_path / "fetch.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+        name: fetch
+        hosts:
+          far: {address: far.example}
+        secrets:
+          HF_TOKEN: {env: HF_TOKEN}
+        steps:
+          - id: a
+            kind: shell
+            retry: {attempts: 2, delay: 1ms}
+            script: serve
+          - id: b
+            kind: shell
+            retry: {attempts: 1}
+            script: "true"
+            fetch: [{src: /srv/none.log, dest: none.log}]
+        """)
+    )
+    runbook_offline.environ["HF_TOKEN"] = TOKEN
+    far = runbook_offline.host("far").on("^true")
+    far.on("^serve", Answer(error=f"connection lost ({TOKEN})"), Answer())
+    run = runbook_offline.run(path)
+    assert run.failures() == [
+        "a@far: transport error: connection lost (***)",
+        "b@far: file transfer failed: download of far:/srv/none.log failed: no such file",
+    ]
+    assert (run.step("a").status, run.step("b").status) == ("passed", "failed")
