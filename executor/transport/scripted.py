@@ -10,8 +10,8 @@ the step's script, or a callable given the `ScriptedCommand`. A rule gives an ex
 optionally after a delay or never (`hang`: the command's timeout then ends it, `timed_out`), or fails as a
 lost connection would (`TransportError` with the partial output). A rule with several answers gives them in
 turn, the last one again after that (a step that fails twice, then passes). A command no rule fits fails
-with `UnscriptedCommand`, a `TransportError` naming the host and the command: the step fails, saying so,
-and nothing waits.
+with `UnscriptedCommand`, a `TransportError` naming the host and the command: the step fails at once (no
+retry, no fallback), saying so, and nothing waits; a matcher or responder that raises does the same.
 
 Host programs (hostprograms/*.py, shipped by executor.hostprogram) are answered by name with the document
 they print (`program("probe", document)`): the transport writes it as the program's last line of stdout,
