@@ -29,7 +29,7 @@ import pytest
 if TYPE_CHECKING:
     from executor.diagnostics import Log
     from executor.event_models import Event
-    from executor.model import Host
+    from executor.model import Host, VarValue
     from executor.redact import Redactor
     from executor.state import StepRecord
     from executor.transport.scripted import ScriptedCommand, ScriptedTransport
@@ -122,13 +122,14 @@ class Offline:
         runbook: Path | str,
         *,
         inventory: Path | str | None = None,
-        var: Mapping[str, object] | Sequence[str] = (),
+        var: Mapping[str, VarValue] | Sequence[str] = (),
         resume: str | None = None,
         from_step: str | None = None,
         only_step: str | None = None,
     ) -> OfflineRun:
-        """Run `runbook` as `runbook run` would (`var`: --var pairs, or a mapping of them; `resume`: a run id
-        or "latest"), against the scripted hosts; returns when the run has ended. In an async test: `run_async`."""
+        """Run `runbook` as `runbook run` would (`var`: --var pairs, or a mapping of them, a bool given as `true`
+        or `false`; `resume`: a run id or "latest"), against the scripted hosts; returns when the run has ended.
+        In an async test: `run_async`."""
         return asyncio.run(
             self.run_async(
                 runbook, inventory=inventory, var=var, resume=resume, from_step=from_step, only_step=only_step
@@ -140,7 +141,7 @@ class Offline:
         runbook: Path | str,
         *,
         inventory: Path | str | None = None,
-        var: Mapping[str, object] | Sequence[str] = (),
+        var: Mapping[str, VarValue] | Sequence[str] = (),
         resume: str | None = None,
         from_step: str | None = None,
         only_step: str | None = None,
@@ -148,10 +149,11 @@ class Offline:
         """`run`, on the running event loop."""
         from executor.engine import Engine, RunOptions
         from executor.loader import load_runbook
+        from executor.model import var_text
         from executor.state import open_state
 
         site = None if inventory is None else Path(inventory)
-        pairs = [f"{k}={v}" for k, v in var.items()] if isinstance(var, Mapping) else list(var)
+        pairs = [f"{k}={var_text(v)}" for k, v in var.items()] if isinstance(var, Mapping) else list(var)
         options = RunOptions(
             log_dir=self.log_dir,
             var_args=pairs,

@@ -206,3 +206,14 @@ def test_a_broken_connection_and_a_failed_fetch_are_said_as_every_failed_attempt
         "b@far: file transfer failed: download of far:/srv/none.log failed: no such file",
     ]
     assert (run.step("a").status, run.step("b").status) == ("passed", "failed")
+
+
+def test_a_mapping_of_vars_gives_a_bool_as_the_command_line_would(runbook_offline: Offline, tmp_path: Path) -> None:
+    path = tmp_path / "flag.yaml"
+    path.write_text(
+        "name: flag\nhosts:\n  far: {address: far.example}\nvars: {dflash: true}\n"
+        "steps:\n  - id: a\n    kind: shell\n    script: serve $dflash\n"
+    )
+    far = runbook_offline.host("far").on("^serve")
+    assert runbook_offline.run(path, var={"dflash": False}).exit_code == 0  # not refused as `dflash=False`
+    assert far.commands[0].env["dflash"] == "false"
