@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import sysconfig
 import traceback
@@ -104,6 +105,12 @@ class Answer:
     hang: bool = False
     error: str | None = None
     error_type: type[TransportError] = TransportError
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.delay < math.inf:  # NaN too: a host that waits "NaN seconds" hangs unasked
+            raise ValueError(
+                f"Answer(delay={self.delay}): give a finite number of seconds >= 0 (never ends: hang=True)"
+            )
 
 
 def program_output(document: Any, progress: Sequence[Mapping[str, Any]] = ()) -> tuple[bytes, bytes]:

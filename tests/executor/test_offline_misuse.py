@@ -217,3 +217,9 @@ def test_a_mapping_of_vars_gives_a_bool_as_the_command_line_would(runbook_offlin
     far = runbook_offline.host("far").on("^serve")
     assert runbook_offline.run(path, var={"dflash": False}).exit_code == 0  # not refused as `dflash=False`
     assert far.commands[0].env["dflash"] == "false"
+
+
+@pytest.mark.parametrize("delay", [float("nan"), float("inf"), -1.0])
+def test_an_answer_whose_delay_is_no_number_of_seconds_is_refused_where_the_test_gives_it(delay: float) -> None:
+    with pytest.raises(ValueError, match=r"give a finite number of seconds >= 0 \(never ends: hang=True\)"):
+        Answer(delay=delay)
