@@ -213,7 +213,7 @@ class HostContext(StepContext):
             self._record(command.display, partial)
             if exc.refuses_host:
                 raise HostRefused(attempts.redactor.text(str(exc))) from None
-            self.failed(TransportFailed, f"transport error: {exc}")
+            raise TransportFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
@@ -222,10 +222,6 @@ class HostContext(StepContext):
         )
         self._record(command.display, result)
         return result
-
-    def failed(self, failure: type[AttemptFailed], message: str) -> NoReturn:
-        """Fail the attempt (masked, and said as every failed attempt is: an `attempt_failed` event)."""
-        self.attempts._attempt_failed(failure, self.spec, self.host_name, self.attempt, message)
 
     def _record(self, display: str, result: CommandResult) -> None:
         # the output was redacted as it arrived (transport.base.Captured)
@@ -258,13 +254,13 @@ class HostContext(StepContext):
                         into.unlink(missing_ok=True)
                 raise
         except TimeoutError:
-            self.failed(CommandTimedOut, f"file transfer timed out after {limit:g}s")
+            raise CommandTimedOut(f"file transfer timed out after {limit:g}s") from None
         except OSError as exc:
             if into is not None and exc.errno in durable.DISK_ERRNOS:
                 raise durable.failed(exc, into.parent, "a fetched file") from None
-            self.failed(TransportFailed, f"file transfer failed: {exc}")
+            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
         except TransportError as exc:
-            self.failed(TransportFailed, f"file transfer failed: {exc}")
+            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
         self.folder.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
 
@@ -495,7 +491,13 @@ class Attempts:
             outcome = await spec.execute(ctx)
         except FactsError as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc))
-        except (AttemptFailed, HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
+        except AttemptFailed as exc:  # a command's transport error or a file transfer's failure that the kind let
+            # through (a kind that catches one, as a node group's cleanup does, has no failed attempt): said here
+            self.folder.events.emit(
+                event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=str(exc)
+            )
+            raise
+        except (HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
             raise
         except RecursionError:  # host output nested past what a kind's own parser bounds
             self._attempt_failed(
