@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from executor import audit
+from executor import engine as engine_module
 from executor.diagnostics import Log
 from executor.engine import Engine, RunOptions
 from executor.events import Reporter
@@ -223,3 +224,23 @@ def test_a_mapping_of_vars_gives_a_bool_as_the_command_line_would(runbook_offlin
 def test_an_answer_whose_delay_is_no_number_of_seconds_is_refused_where_the_test_gives_it(delay: float) -> None:
     with pytest.raises(ValueError, match=r"give a finite number of seconds >= 0 \(never ends: hang=True\)"):
         Answer(delay=delay)
+
+
+def test_a_transport_whose_close_never_ends_holds_the_run_no_longer_than_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stuck(ScriptedTransport):
+        async def close(self) -> None:
+            await asyncio.Event().wait()
+
+    def factory(name: str, host: Host, redactor: Redactor, log: Log, /) -> Transport:
+        return Stuck(name).on("")
+
+    monkeypatch.setattr(engine_module, "CLOSE_GRACE_S", 0.2)
+    path = book(tmp_path)
+    path.write_text(path.read_text().replace("far.example}", "far.example, connect_timeout: 100ms}"))
+    engine = Engine(load_runbook(path), RunOptions(log_dir=tmp_path / "logs"), Reporter(), transport_factory=factory)
+    started = time.monotonic()
+    assert asyncio.run(engine.run()) == 0
+    assert time.monotonic() - started < 5
+    assert "TimeoutError: not closed within 0.3s" in (engine.run_dir / "debug.log").read_text()
