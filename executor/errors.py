@@ -43,7 +43,8 @@ shown as its traceback, not an error of the user's):
     ├── PortInUse                the server's port is held by a process the run did not start   not retried
     └── GateFalse                a gate on facts, vars or earlier steps read a definite value   not retried
                                  and it was false (asking again reads the same value)
-    HostRefused                  the host cannot be used at all (its host key): the step fails at once
+    HostRefused                  the host cannot be used at all (its host key, a TransportError whose
+                                 `refuses_host` is set): the step fails at once
     FactsError                   a step kind's output could not become facts: the attempt fails
     GateWorkerUnavailable        no gate worker process could be started: the attempt fails
     RunnerUnavailable            the persistent runner cannot start on a host: the exec path serves it
@@ -183,6 +184,10 @@ class TransportError(RunbookError):
     ``partial`` keeps whatever output arrived before the failure (as asyncssh does).
     """
 
+    #: True for an error that neither a retry nor a fallback can mend (an untrusted host key, a command a test's
+    #: scripted host has no answer for): the step fails on the host at once, as HostRefused.
+    refuses_host: ClassVar[bool] = False
+
     def __init__(self, message: str, partial_stdout: bytes = b"", partial_stderr: bytes = b"") -> None:
         super().__init__(message)
         self.partial_stdout = partial_stdout
@@ -191,6 +196,8 @@ class TransportError(RunbookError):
 
 class HostKeyError(TransportError):
     """The host key is unknown or changed; retrying cannot help, so it never is."""
+
+    refuses_host = True
 
 
 # ---- the one mapping of asyncssh and OS errors ---------------------------------------------------

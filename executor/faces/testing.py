@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from executor.redact import Redactor
     from executor.run.event_models import Event
     from executor.run.state import StepRecord
-    from executor.runbook.model import Host
+    from executor.runbook.model import Host, VarValue
     from executor.transport.scripted import ScriptedCommand, ScriptedTransport
 
 
@@ -122,13 +122,14 @@ class Offline:
         runbook: Path | str,
         *,
         inventory: Path | str | None = None,
-        var: Mapping[str, object] | Sequence[str] = (),
+        var: Mapping[str, VarValue] | Sequence[str] = (),
         resume: str | None = None,
         from_step: str | None = None,
         only_step: str | None = None,
     ) -> OfflineRun:
-        """Run `runbook` as `runbook run` would (`var`: --var pairs, or a mapping of them; `resume`: a run id
-        or "latest"), against the scripted hosts; returns when the run has ended. In an async test: `run_async`."""
+        """Run `runbook` as `runbook run` would (`var`: --var pairs, or a mapping of them, a bool given as `true`
+        or `false`; `resume`: a run id or "latest"), against the scripted hosts; returns when the run has ended.
+        In an async test: `run_async`."""
         return asyncio.run(
             self.run_async(
                 runbook, inventory=inventory, var=var, resume=resume, from_step=from_step, only_step=only_step
@@ -140,7 +141,7 @@ class Offline:
         runbook: Path | str,
         *,
         inventory: Path | str | None = None,
-        var: Mapping[str, object] | Sequence[str] = (),
+        var: Mapping[str, VarValue] | Sequence[str] = (),
         resume: str | None = None,
         from_step: str | None = None,
         only_step: str | None = None,
@@ -149,9 +150,10 @@ class Offline:
         from executor.run.engine import Engine, RunOptions
         from executor.run.state import open_state
         from executor.runbook.loader import load_runbook
+        from executor.runbook.model import var_text
 
         site = None if inventory is None else Path(inventory)
-        pairs = [f"{k}={v}" for k, v in var.items()] if isinstance(var, Mapping) else list(var)
+        pairs = [f"{k}={var_text(v)}" for k, v in var.items()] if isinstance(var, Mapping) else list(var)
         options = RunOptions(
             log_dir=self.log_dir,
             var_args=pairs,

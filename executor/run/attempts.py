@@ -34,11 +34,11 @@ from executor.errors import (
     FactsError,
     FactsUnreadable,
     GateWorkerUnavailable,
-    HostKeyError,
     HostRefused,
     StepKindCrashed,
     TransportError,
     TransportFailed,
+    failure_text,
 )
 from executor.redact import Redactor
 from executor.render import render_command
@@ -217,7 +217,7 @@ class HostContext(StepContext):
         command = render_command(
             script, {**variables, **cells.instance_environment(attempts.runbook, self.spec.id)}, secrets
         )
-        transport = attempts.transports[self.host_name]
+        transport = attempts.transport(self.host_name)
         limit = timeout or self.spec.timeout or attempts.runbook.header.defaults.timeout
         try:
             result = await transport.run(command, limit, on_output)
@@ -233,7 +233,7 @@ class HostContext(StepContext):
             collect.stderr.feed(exc.partial_stderr + f"\n[runbook] transport error: {exc}".encode())
             partial = collect.result(None)
             self._record(command.display, partial)
-            if isinstance(exc, HostKeyError):
+            if exc.refuses_host:
                 raise HostRefused(attempts.redactor.text(str(exc))) from None
             raise TransportFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
         finally:
@@ -259,10 +259,10 @@ class HostContext(StepContext):
         self.events.emit(event_models.Progress, message=message, fields=fields)
 
     async def put(self, local: Path, remote: str) -> Transfer:
-        return await self._transfer(self.attempts.transports[self.host_name].put(local, remote))
+        return await self._transfer(self.attempts.transport(self.host_name).put(local, remote))
 
     async def get(self, remote: str, local: Path) -> Transfer:
-        return await self._transfer(self.attempts.transports[self.host_name].get(remote, local), into=local)
+        return await self._transfer(self.attempts.transport(self.host_name).get(remote, local), into=local)
 
     async def _transfer(self, transfer: Awaitable[Transfer], into: Path | None = None) -> Transfer:
         """`into`: the file of the run folder that a fetch writes; a full or failing disk there stops the run."""
@@ -318,14 +318,35 @@ class Attempts:
         self.gates.log = folder.log
         self.transports = transports
         self.transport_factory = transport_factory
+        self.refused: dict[str, str] = {}  # why a host has no transport (`_make_transport`)
 
     def connect(self, spec: StepSpec, hosts: Iterable[str]) -> None:
         """Make the transports of `hosts` and the step's peer hosts the run has none of yet."""
         for host in [*hosts, *peers(self.runbook, spec)]:
-            if host not in self.transports:
-                self.transports[host] = self.transport_factory(
-                    host, self.runbook.hosts[host], self.redactor, self.folder.log
-                )
+            if host not in self.transports and host not in self.refused:
+                self._make_transport(host)
+
+    def _make_transport(self, host: str) -> None:
+        """Host `host`'s transport, from the factory; where it raises or makes no Transport, the host is
+        refused for the run: each step fails there at once saying why (`transport`), and the run ends as
+        any failed run does (its state and audit log closed), not with the factory's traceback."""
+        try:
+            made = self.transport_factory(host, self.runbook.hosts[host], self.redactor, self.folder.log)
+        except Exception as exc:
+            why = f"the transport factory raised {type(exc).__name__}: {failure_text(exc)}"
+        else:
+            if isinstance(made, Transport):
+                self.transports[host] = made
+                return
+            why = f"the transport factory returned {type(made).__name__}, not a Transport"
+        self.refused[host] = self.redactor.text(f"no transport for host '{host}': {why}")
+        self.folder.log.warning("transport not made", host=host, error=self.refused[host])
+
+    def transport(self, host: str) -> Transport:
+        """Host `host`'s transport (HostRefused where none could be made)."""
+        if host in self.refused:
+            raise HostRefused(self.refused[host])
+        return self.transports[host]
 
     # ---- what a step sees on a host -----------------------------------------------------------
 
@@ -492,7 +513,13 @@ class Attempts:
             outcome = await spec.execute(ctx)
         except FactsError as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc))
-        except (AttemptFailed, HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
+        except AttemptFailed as exc:  # a command's transport error or a file transfer's failure that the kind let
+            # through (a kind that catches one, as a node group's cleanup does, has no failed attempt): said here
+            self.folder.events.emit(
+                event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=str(exc)
+            )
+            raise
+        except (HostRefused, DurableWriteError):  # a failed write to the run folder stops the run
             raise
         except RecursionError:  # host output nested past what a kind's own parser bounds
             self._attempt_failed(

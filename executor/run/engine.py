@@ -31,6 +31,9 @@ from executor.runbook.model import var_text
 from executor.runbook.planner import host_env
 from executor.transport import Transport, transport_for
 
+#: How much longer than its host's connect timeout a transport may take to close before the run stops waiting.
+CLOSE_GRACE_S = 5.0
+
 
 class Engine:
     """Runs one runbook once: `await Engine(...).run()` returns the exit code.
@@ -185,6 +188,19 @@ class Engine:
             )
 
     async def _release(self) -> None:
-        """Close what the run holds on hosts: its transports, then its gate workers (even while cancelled)."""
-        await asyncio.shield(asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True))
+        """Close what the run holds on hosts: its transports, then its gate workers (even while cancelled). A
+        transport that fails to close, or does not within its host's connect timeout and CLOSE_GRACE_S (the
+        bound of a dead network's close), changes nothing the run recorded: the debug log says so."""
+        hosts = list(self.transports)
+        closing = asyncio.gather(*(self._close(host) for host in hosts), return_exceptions=True)
+        for host, closed in zip(hosts, await asyncio.shield(closing), strict=True):
+            if isinstance(closed, BaseException):
+                self.folder.log.warning("transport close failed", host=host, error=f"{type(closed).__name__}: {closed}")
         await asyncio.shield(self.gates.close())
+
+    async def _close(self, host: str) -> None:
+        limit = self.runbook.hosts[host].connect_timeout + CLOSE_GRACE_S
+        try:
+            await asyncio.wait_for(self.transports[host].close(), limit)
+        except TimeoutError:
+            raise TimeoutError(f"not closed within {limit:g}s") from None

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from executor import diagnostics, durable
-from executor.errors import EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, StateError
+from executor.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, DurableWriteError, StateError
 from executor.redact import Redactor
 from executor.run import audit as audit_mod
 from executor.run import event_models, seal
@@ -183,8 +183,8 @@ class RunFolder:
             self.failed_write(exc)
         elif cancelled:
             self.status, self.code = "interrupted", EXIT_INTERRUPTED
-        elif crashed:
-            self.status = "crashed"
+        elif crashed:  # the exception goes on to the caller (a traceback: a bug), and the process exits 1
+            self.status, self.code = "crashed", EXIT_FAILED
         await self._close()
         if crashed:
             return False

@@ -10,8 +10,8 @@ the step's script, or a callable given the `ScriptedCommand`. A rule gives an ex
 optionally after a delay or never (`hang`: the command's timeout then ends it, `timed_out`), or fails as a
 lost connection would (`TransportError` with the partial output). A rule with several answers gives them in
 turn, the last one again after that (a step that fails twice, then passes). A command no rule fits fails
-with `UnscriptedCommand`, a `TransportError` naming the host and the command: the step fails, saying so,
-and nothing waits.
+with `UnscriptedCommand`, a `TransportError` naming the host and the command: the step fails at once (no
+retry, no fallback), saying so, and nothing waits; a matcher or responder that raises does the same.
 
 Host programs (hostprograms/*.py, shipped by executor.hostprogram) are answered by name with the document
 they print (`program("probe", document)`): the transport writes it as the program's last line of stdout,
@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +60,10 @@ _SHOWN_SCRIPT = 300  # characters of a script an unscripted command's message qu
 
 
 class UnscriptedCommand(TransportError):
-    """A command that no rule of the ScriptedTransport answers: the test must say what the host does."""
+    """A command that no rule of the ScriptedTransport answers: the test must say what the host does. Its step
+    fails on the host at once: neither waiting for a retry nor a fallback's answer may hide the omission."""
+
+    refuses_host = True
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,12 @@ class Answer:
     hang: bool = False
     error: str | None = None
     error_type: type[TransportError] = TransportError
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.delay < math.inf:  # NaN too: a host that waits "NaN seconds" hangs unasked
+            raise ValueError(
+                f"Answer(delay={self.delay}): give a finite number of seconds >= 0 (never ends: hang=True)"
+            )
 
 
 def program_output(document: Any, progress: Sequence[Mapping[str, Any]] = ()) -> tuple[bytes, bytes]:
@@ -187,9 +199,12 @@ class ScriptedTransport(Transport):
             return call is not None and (when is None or when(call))
 
         def responder(document: Any) -> Responder:
+            if not callable(document):
+                _printed(name, document, progress)  # refused here, at the test's line, not as the step's crash
+
             def answer(command: ScriptedCommand) -> Answer:
                 call = next(c for c in command.programs if c.name == name)
-                stdout, stderr = program_output(document(call) if callable(document) else document, progress)
+                stdout, stderr = _printed(name, document(call) if callable(document) else document, progress)
                 return Answer(exit_code=exit_code, stdout=stdout, stderr=stderr)
 
             return answer
@@ -213,12 +228,10 @@ class ScriptedTransport(Transport):
 
     async def run(self, command: RenderedCommand, timeout: float, on_output: OutputSink | None = None) -> CommandResult:
         script = command.script.decode("utf-8", "replace")
-        received = ScriptedCommand(self.name, script, command.display, command.env, shipped_calls(script), timeout)
+        display = self.redactor.text(command.display)  # as the audit log records it
+        received = ScriptedCommand(self.name, script, display, command.env, shipped_calls(script), timeout)
         self.commands.append(received)
-        rule = next((rule for rule in self._rules if rule.matches(received)), None)
-        if rule is None:
-            raise UnscriptedCommand(f"no scripted answer on {self.name} for the command: {_shown(script)}")
-        answer = rule.next(received)
+        answer = self._answer(received)
         collect = Collector(on_output, self.redactor)
         for data, into in ((_bytes(answer.stdout), collect.stdout), (_bytes(answer.stderr), collect.stderr)):
             for start in range(0, len(data), _PIECE):
@@ -238,6 +251,21 @@ class ScriptedTransport(Transport):
             return STOPPED_EXIT
 
         return await supervise(collect, finish(), timeout, stop)
+
+    def _answer(self, received: ScriptedCommand) -> Answer:
+        """The answer of the first rule that fits; a matcher or responder of the test's that raises is named, with
+        where it raised, as an unscripted command is (not as a crash of the step kind, retried)."""
+        try:
+            rule = next((rule for rule in self._rules if rule.matches(received)), None)
+            if rule is not None:
+                return rule.next(received)
+        except Exception as exc:
+            where = _where(exc)
+            raise UnscriptedCommand(
+                f"a scripted rule of {self.name} raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"
+                f" for the command: {_shown(received.script)}"
+            ) from None
+        raise UnscriptedCommand(f"no scripted answer on {self.name} for the command: {_shown(received.script)}")
 
     async def put(self, local: Path, remote: str) -> Transfer:
         with open_regular(local) as source:
@@ -268,6 +296,24 @@ def _digest(data: bytes) -> tuple[int, str]:
     digest = Digest()
     digest.update(data)
     return digest.size, digest.sha256
+
+
+def _printed(name: str, document: Any, progress: Sequence[Mapping[str, Any]]) -> tuple[bytes, bytes]:
+    """`program_output`, refusing a document that host program `name` could not print (hostprograms/kit.py:
+    NaN, an infinity, a value JSON has no form for)."""
+    try:
+        return program_output(document, progress)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"host program {name!r} could not print this document: {exc}") from None
+
+
+def _where(exc: Exception) -> traceback.FrameSummary:
+    """Where a test's matcher or responder raised: the innermost frame of the test's own code (neither this
+    module nor the standard library), else the innermost."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    own = [f for f in frames if f.filename != __file__ and not f.filename.startswith(stdlib)]
+    return (own or frames)[-1]
 
 
 def _shown(script: str) -> str:
