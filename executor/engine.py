@@ -186,5 +186,7 @@ class Engine:
 
     async def _release(self) -> None:
         """Close what the run holds on hosts: its transports, then its gate workers (even while cancelled)."""
-        await asyncio.shield(asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True))
-        await asyncio.shield(self.gates.close())
+        try:
+            await asyncio.shield(asyncio.gather(*(t.close() for t in self.transports.values()), return_exceptions=True))
+        finally:  # a second cancellation stops the wait above, never the gate workers' close
+            await asyncio.shield(self.gates.close())
