@@ -11,7 +11,6 @@ no pydantic, which `runbook report` does not import (it starts fast: tests/execu
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -136,11 +135,15 @@ def _lacks(kind: type[Any], value: Any) -> str | None:
     return f"a provenance whose {', '.join(wrong)}" if wrong else None
 
 
-@functools.cache
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
 def _hints(kind: type[Any]) -> dict[str, Any]:
     """The types of a dataclass's fields, made once: typing evaluates them from their text (this module's
     annotations are strings) each time it is asked, which for each table of a report took most of its read."""
-    return typing.get_type_hints(kind)
+    if kind not in _HINTS:
+        _HINTS[kind] = typing.get_type_hints(kind)
+    return _HINTS[kind]
 
 
 def _is(kind: Any, value: Any) -> bool:
