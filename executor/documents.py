@@ -11,16 +11,19 @@ no pydantic, which `runbook report` does not import (it starts fast: tests/execu
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any, Final
 
 #: The version of the documents' shape this runbook writes and reads: a reader refuses a larger one (a newer
 #: runbook's), and reads a document without one (written before documents carried it) as this one.
 SCHEMA_VERSION: Final = 1
 VERSION_KEY = "schema_version"
+#: A figure's path: a file of the run folder, relative to it: not absolute, no `..` part, not the folder itself
+#: (`.`), no NUL. Also the `pattern` of `runbook schema --report` (an ECMA-262 regular expression as well).
+FIGURE_PATH = re.compile(r"^(?!/)(?!(\./)*\.?$)(?!([^/]*/)*\.\.(/|$))[^\x00]+$")
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,7 @@ class Figure:
     def __post_init__(self) -> None:
         """A figure is a file of the run folder: a path that is absolute or climbs out of it (`../../etc/passwd`,
         a tampered report.json's) would name another file as this run's."""
-        parts = PurePosixPath(self.path).parts
-        if not parts or PurePosixPath(self.path).is_absolute() or ".." in parts or "\0" in self.path:
+        if not FIGURE_PATH.match(self.path):
             raise ValueError(f"path {self.path!r} is no file of the run folder (a relative path without ..)")
 
 

@@ -177,7 +177,9 @@ def test_the_provenance_runbook_report_requires_is_what_the_steps_write() -> Non
         assert said == wanted, field.name
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "plots/../../x.png", "", "a\x00b"])
+@pytest.mark.parametrize(
+    "path", ["../../etc/passwd", "/etc/passwd", "plots/../../x.png", "a\n/../../x", "", ".", "a\x00b"]
+)
 @pytest.mark.parametrize("as_json", [False, True])
 def test_a_figure_that_is_no_file_of_the_run_folder_is_refused(
     path: str, as_json: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
