@@ -1,12 +1,15 @@
 """The run folder is closed whole however the run ends, in-process through the Engine's transport seam: a
-transport factory that raises, a second cancellation while the hosts' transports close. Its lock is never left
-held, its status and finished_at are written, and every transport made is closed."""
+transport factory that raises, a second cancellation while the hosts' transports close, a step kind that calls
+sys.exit. Its lock is never left held, its status and finished_at are written, and every transport made is
+closed."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -18,6 +21,7 @@ from executor.model import Host
 from executor.redact import Redactor
 from executor.render import RenderedCommand
 from executor.state import RunLock, open_state
+from executor.stepkind import Outcome, StepContext, StepSpec
 from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport
 
 RUNBOOK = """\
@@ -144,3 +148,24 @@ def test_a_second_cancellation_while_the_transports_close_leaves_nothing_open(tm
     assert workers and not run.gates._all  # closed: its workers killed and let go
     assert run.records[("two", "second")].status == "interrupted"
     assert open_files() == before  # the audit log, state.db, debug log, events file, the gate worker's pipes
+
+
+class Exiting(StepSpec):
+    """A step kind (a plugin's, say) that calls sys.exit: a bug of the kind, as any exception of it."""
+
+    kind: Literal["test_exiting"] = "test_exiting"
+
+    async def execute(self, ctx: StepContext) -> Outcome:
+        sys.exit(3)
+
+
+def test_a_step_kind_that_calls_sys_exit_fails_its_step_not_the_run_nor_the_process(tmp_path: Path) -> None:
+    """Not a run `interrupted` that nobody interrupted, its step failed without a reason, and the process
+    ending with the kind's exit code (3: "the run is locked" to a caller) without a word."""
+    path = tmp_path / "exiting.yaml"
+    path.write_text("name: exiting\nhosts: {here: {address: local}}\nsteps:\n  - {id: x, kind: test_exiting}\n")
+    run = Engine(load_runbook(path), RunOptions(log_dir=tmp_path / "logs"), Reporter())
+    assert asyncio.run(run.run()) == 1
+    assert_closed(run.run_dir, "failed")
+    message = run.records[("x", "here")].message or ""
+    assert "step kind 'test_exiting' failed unexpectedly" in message and "SystemExit: 3" in message
