@@ -262,3 +262,20 @@ def test_the_readme_names_each_layers_modules_in_order() -> None:
         where = [paragraph.index(f"`{word}`") for word in words]
         spans += [(min(where), max(where))] if where else []  # the transports' layer: in words only
     assert all(before[1] < after[0] for before, after in itertools.pairwise(spans)), spans
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    """README's "Layout" names each module of executor/ and steps/ (a step kind's module: as one of "one module per
+    step kind"), so that a module split off or added is said where a reader looks for it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") : readme.index("The imports go one way, in layers")]
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).glob("*.py"))
+        if path.name != "__init__.py"
+        and f"`{path.name}`" not in layout
+        and f"`{path.relative_to(ROOT)}`" not in layout
+        and 'kind: Literal["' not in path.read_text(encoding="utf-8")
+    ]
+    assert unnamed == []
