@@ -11,6 +11,7 @@ no pydantic, which `runbook report` does not import (it starts fast: tests/execu
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from typing import Any, Final
 #: runbook's), and reads a document without one (written before documents carried it) as this one.
 SCHEMA_VERSION: Final = 1
 VERSION_KEY = "schema_version"
+#: A figure's path: a file of the run folder, relative to it: not absolute, no `..` part, not the folder itself
+#: (`.`), no NUL. Also the `pattern` of `runbook schema --report` (an ECMA-262 regular expression as well).
+FIGURE_PATH = re.compile(r"^(?!/)(?!(\./)*\.?$)(?!([^/]*/)*\.\.(/|$))[^\x00]+$")
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,23 @@ class Table:
     columns: list[str]
     rows: list[list[str]]
 
+    def __post_init__(self) -> None:
+        """A row of another width than the columns would be drawn under the wrong heads (or as new columns)."""
+        odd = next((n for n, row in enumerate(self.rows) if len(row) != len(self.columns)), None)
+        if odd is not None:
+            raise ValueError(f"rows[{odd}] has {len(self.rows[odd])} cells for {len(self.columns)} columns")
+
 
 @dataclass(frozen=True)
 class Figure:
     title: str
     path: str  # relative to the run folder
+
+    def __post_init__(self) -> None:
+        """A figure is a file of the run folder: a path that is absolute or climbs out of it (`../../etc/passwd`,
+        a tampered report.json's) would name another file as this run's."""
+        if not FIGURE_PATH.match(self.path):
+            raise ValueError(f"path {self.path!r} is no file of the run folder (a relative path without ..)")
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,7 @@ def _lacks(kind: type[Any], value: Any) -> str | None:
     """What `value` lacks of the dataclass `kind`: its missing fields, else those of another type (or empty)."""
     if not isinstance(value, dict):
         return f"a provenance that is {type(value).__name__}"
-    hints = typing.get_type_hints(kind)
+    hints = _hints(kind)
     fields = [f.name for f in dataclasses.fields(kind)]
     if missing := [name for name in fields if name not in value]:
         return f"a provenance without {', '.join(missing)}"
@@ -119,6 +135,17 @@ def _lacks(kind: type[Any], value: Any) -> str | None:
         if value[name] == "" or not _is(hints[name], value[name])
     ]
     return f"a provenance whose {', '.join(wrong)}" if wrong else None
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(kind: type[Any]) -> dict[str, Any]:
+    """The types of a dataclass's fields, made once: typing evaluates them from their text (this module's
+    annotations are strings) each time it is asked, which for each table of a report took most of its read."""
+    if kind not in _HINTS:
+        _HINTS[kind] = typing.get_type_hints(kind)
+    return _HINTS[kind]
 
 
 def _is(kind: Any, value: Any) -> bool:
@@ -137,18 +164,25 @@ def _read(kind: Any, value: Any, where: str) -> Any:
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
-        hints = typing.get_type_hints(kind)
+        hints = _hints(kind)
         read = {
             f.name: _read(hints[f.name], value[f.name], f"{where}.{f.name}")
             for f in dataclasses.fields(kind)
             if f.name in value or _required(f, where)
         }
-        return kind(**read)
+        try:
+            return kind(**read)
+        except ValueError as exc:  # its own check (__post_init__)
+            raise TypeError(f"{where}: {exc}") from None
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
             raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
         (item,) = typing.get_args(kind)
-        return [_read(item, one, f"{where}[{n}]") for n, one in enumerate(value)]
+        # text as it is, the common case by far (a table's cells), without the walk's cost per item
+        return [
+            one if item is str and type(one) is str else _read(item, one, f"{where}[{n}]")
+            for n, one in enumerate(value)
+        ]
     if kind is str and isinstance(value, str | int | float | bool | None):
         return value if isinstance(value, str) else str(value)  # a number where text is expected shows as one
     raise TypeError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import fnmatch
 import functools
+import itertools
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -254,3 +256,36 @@ def test_a_lazy_or_type_checking_import_is_counted(tmp_path: Path) -> None:
         "executor.low (low) -> executor.high (high)",
         "executor.sub (low) -> executor.high (high)",
     ]
+
+
+def test_the_readme_names_each_layers_modules_in_order() -> None:
+    """README's "Layout" says the layers in words: each module of this table is named there (`steps/` for the
+    kinds; the transports and the package's API in words), every one of a layer before any of the next."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("The imports go one way, in layers")
+    paragraph = readme[start : readme.index("A module imports its own layer", start)]
+    spans: list[tuple[int, int]] = []
+    for _layer, names in LAYERS:
+        shown = {"steps": "steps/"} | {name: name.rpartition(".")[2] for name in names if name.startswith("executor.")}
+        words = [shown[name] for name in names if name in shown and not name.startswith("executor.transport")]
+        missing = [word for word in words if f"`{word}`" not in paragraph]
+        assert not missing, f"README's layers paragraph does not name {missing}"
+        where = [paragraph.index(f"`{word}`") for word in words]
+        spans += [(min(where), max(where))] if where else []  # the transports' layer: in words only
+    assert all(before[1] < after[0] for before, after in itertools.pairwise(spans)), spans
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    """README's "Layout" names each module of executor/ and steps/ (a step kind's module: as one of "one module per
+    step kind"), so that a module split off or added is said where a reader looks for it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") : readme.index("The imports go one way, in layers")]
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))  # the rooms' modules too: drawn, not in backticks
+        if path.name != "__init__.py"
+        and not re.search(rf"(?<![\w.]){re.escape(path.name)}(?!\w)", layout)
+        and 'kind: Literal["' not in path.read_text(encoding="utf-8")
+    ]
+    assert unnamed == []

@@ -557,11 +557,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from executor.faces import views
 
-    report = views.report(args.run_dir)  # refused unless shaped as a report with a complete provenance
+    report, whole = views.read_report(args.run_dir)  # refused unless shaped as a report with a complete provenance
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return EXIT_OK
-    shown = views.shown_report(report, args.run_dir / views.REPORT_FILE)
+    shown, left_out = views.shown_within(whole)
     out().print(shown_text(shown.title, style="bold"))
     for note in shown.notes:
         out().print(shown_text(f"- {note}"))
@@ -574,6 +574,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print_whole(table)
     for figure in shown.figures:
         out().print(shown_text(f"{figure.title}: {args.run_dir / figure.path}"))
+    if left_out:
+        out().print(shown_text(f"({left_out:,} more notes, cells or figures left out: --json prints them all)"))
     return EXIT_OK
 
 

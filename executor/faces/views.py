@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from executor.documents import NewerDocument, Provenance, Shown, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
@@ -37,6 +38,14 @@ REPORT_MAX_BYTES = 16 << 20
 #: provenance holds step facts a few levels down. One deeper was not written by a step, and printing it
 #: (`report --json`, the MCP `report`) would exhaust the stack.
 REPORT_MAX_DEPTH = 2 * JSON_COLUMN_MAX_DEPTH
+#: The most parts (a note, a line of a table's frame, a column's name, a cell, a figure) `runbook report` prints: a
+#: report.json within REPORT_MAX_BYTES may hold millions, which a console draws a few thousand a second (an hour
+#: for 16 MiB of empty cells); a campaign's tables hold a few thousand. `report --json` prints all of them.
+SHOWN_MAX = 20_000
+#: The lines of a table's frame: its title, the rules above and below its heads, the rule below its rows.
+TABLE_FRAME = 4
+
+_Part = TypeVar("_Part")
 
 
 def latest(log_dir: Path, run_id: str | None) -> RunMeta:
@@ -115,6 +124,11 @@ def runs(log_dir: Path) -> list[dict[str, Any]]:
 def report(run_dir: Path) -> dict[str, Any]:
     """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
     it is not shaped as a report (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
+    return read_report(run_dir)[0]
+
+
+def read_report(run_dir: Path) -> tuple[dict[str, Any], Shown]:
+    """`report`, and what it shows (read once: a report's tables may hold many thousand cells)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
@@ -130,7 +144,7 @@ def report(run_dir: Path) -> dict[str, Any]:
         raise StateError(f"{path} is unreadable ({refusal(exc)})", reason=f"{REPORT_FILE}: {refusal(exc)}") from None
     except ValueError as exc:
         raise _not_a_report(path, exc) from None
-    shown_report(document, path)
+    shown = shown_report(document, path)
     lacks = provenance_lacks(document.get("provenance"))
     if lacks:
         needs = ", ".join(f.name for f in dataclasses.fields(Provenance))
@@ -138,7 +152,7 @@ def report(run_dir: Path) -> dict[str, Any]:
             f"{path}: refused: {lacks} (needs {needs}): nothing says which commits, "
             "servers, GPUs and commands its numbers are of; run the step that wrote it again for a report that does"
         )
-    return dict(document)
+    return dict(document), shown
 
 
 def shown_report(document: Any, path: Path) -> Shown:
@@ -151,6 +165,44 @@ def shown_report(document: Any, path: Path) -> Shown:
         raise ResumeError(f"{path}: refused: {exc}") from None
     except (TypeError, KeyError, RecursionError) as exc:
         raise _not_a_report(path, exc) from None
+
+
+def shown_within(shown: Shown, most: int = SHOWN_MAX) -> tuple[Shown, int]:
+    """`shown` cut to its first `most` parts in the order they are printed (notes, each table's frame and
+    columns then its rows, figures), and how many parts it left out (a table whose frame and columns do not
+    fit is left out with its rows)."""
+    budget = _Budget(most)
+    notes = budget.take(shown.notes, lambda note: 1)
+    tables = []
+    for table in shown.tables:
+        if budget.take([table], lambda head: TABLE_FRAME + len(head.columns)):
+            tables.append(dataclasses.replace(table, rows=budget.take(table.rows, _cells)))
+        else:
+            budget.left_out += sum(map(_cells, table.rows))
+    figures = budget.take(shown.figures, lambda figure: 1)
+    return dataclasses.replace(shown, notes=notes, tables=tables, figures=figures), budget.left_out
+
+
+@dataclasses.dataclass
+class _Budget:
+    """The parts `shown_within` may still print, and those it has left out."""
+
+    left: int
+    left_out: int = 0
+
+    def take(self, parts: list[_Part], size: Callable[[_Part], int]) -> list[_Part]:
+        """The first of `parts` that fit, in order; from the first that does not, none (all counted left out)."""
+        for kept, part in enumerate(parts):
+            if size(part) > self.left:
+                self.left = 0
+                self.left_out += sum(map(size, parts[kept:]))
+                return parts[:kept]
+            self.left -= size(part)
+        return parts
+
+
+def _cells(row: list[str]) -> int:
+    return max(1, len(row))  # a row of no columns is still a line
 
 
 def _not_a_report(path: Path, exc: BaseException) -> ResumeError:

@@ -525,7 +525,7 @@ class Attempts:
             self._attempt_failed(
                 FactsUnreadable, spec, host, attempt, f"facts nested deeper than {FACTS_MAX_DEPTH} levels"
             )
-        except Exception as exc:  # a bug in a step kind fails the attempt; it does not crash the run
+        except (Exception, SystemExit) as exc:  # a bug in a step kind (a sys.exit too) fails the attempt, not the run
             where = "".join(traceback.format_exception(exc)[-3:]).rstrip()
             message = f"step kind '{spec.kind}' failed unexpectedly:\n{where}"
             self._attempt_failed(StepKindCrashed, spec, host, attempt, message)

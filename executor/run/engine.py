@@ -193,10 +193,13 @@ class Engine:
         bound of a dead network's close), changes nothing the run recorded: the debug log says so."""
         hosts = list(self.transports)
         closing = asyncio.gather(*(self._close(host) for host in hosts), return_exceptions=True)
-        for host, closed in zip(hosts, await asyncio.shield(closing), strict=True):
-            if isinstance(closed, BaseException):
-                self.folder.log.warning("transport close failed", host=host, error=f"{type(closed).__name__}: {closed}")
-        await asyncio.shield(self.gates.close())
+        try:
+            for host, closed in zip(hosts, await asyncio.shield(closing), strict=True):
+                if isinstance(closed, BaseException):
+                    error = f"{type(closed).__name__}: {closed}"
+                    self.folder.log.warning("transport close failed", host=host, error=error)
+        finally:  # a second cancellation stops the wait above, never the gate workers' close
+            await asyncio.shield(self.gates.close())
 
     async def _close(self, host: str) -> None:
         limit = self.runbook.hosts[host].connect_timeout + CLOSE_GRACE_S

@@ -13,6 +13,7 @@ goes through `save`, which stores the audit log's position with it: the state ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -210,22 +211,26 @@ class RunFolder:
             self.status, self.code = WRITE_FAILED, EXIT_WRITE_FAILED
 
     async def _close(self) -> None:
-        self._finish()
-        self.events.emit(
-            event_models.RunFinished,
-            status=self.status,
-            exit_code=self.code,
-            audit=str(self.run_dir / audit_mod.AUDIT_FILE),
-            error=str(self.write_failure) if self.write_failure else None,
-        )
-        await self._release()
-        self.audit.close()
-        self.state.close()
-        self.log.info("run finished", status=self.status, exit_code=self.code)
-        self.debug.close()
-        self._events_file.close()
-        diagnostics.CURRENT.reset(self._current_run)
-        self._release_source()
+        """The last writes, the RunFinished event, then each thing closed in the module's order, every one of
+        them even when one before it raised: a second cancellation while the hosts' transports close (an API
+        caller's timeout after a Ctrl-C) must not leave the run's lock, state or files open."""
+        async with contextlib.AsyncExitStack() as closing:  # its callbacks run last pushed, first
+            closing.callback(self._release_source)
+            closing.callback(diagnostics.CURRENT.reset, self._current_run)
+            closing.callback(self._events_file.close)
+            closing.callback(self.debug.close)
+            closing.callback(lambda: self.log.info("run finished", status=self.status, exit_code=self.code))
+            closing.callback(self.state.close)
+            closing.callback(self.audit.close)
+            closing.push_async_callback(self._release)
+            self._finish()
+            self.events.emit(
+                event_models.RunFinished,
+                status=self.status,
+                exit_code=self.code,
+                audit=str(self.run_dir / audit_mod.AUDIT_FILE),
+                error=str(self.write_failure) if self.write_failure else None,
+            )
 
     def _release_source(self) -> None:
         if self._source_lock is not None:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
+from executor.documents import FIGURE_PATH
 from executor.runbook.loader import _FALLBACK_FORBIDDEN
 from executor.runbook.matrix import _FIXED_FIELDS, _GROUP_KEYS, _GROUP_NAME, _JINJA_FIELDS, _MATRIX_STEP_KEYS, _NAME
 from executor.runbook.model import HOST_NAME, IDENTIFIER, Inventory, RunbookHeader
@@ -185,6 +186,7 @@ def report_schema() -> dict[str, Any]:
     from steps.campaign_report_document import CampaignReport
 
     document = TypeAdapter(Report | CampaignReport).json_schema(ref_template=_REF)
+    document["$defs"]["Figure"]["properties"]["path"]["pattern"] = FIGURE_PATH.pattern  # checked by hand
     return {"$schema": DRAFT, **document, "title": "runbook report (report.json)"}
 
 

@@ -175,3 +175,104 @@ def test_the_provenance_runbook_report_requires_is_what_the_steps_write() -> Non
         alternatives = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         said = {json_types[typing.get_origin(one) or one] for one in alternatives}
         assert said == wanted, field.name
+
+
+@pytest.mark.parametrize(
+    "path", ["../../etc/passwd", "/etc/passwd", "plots/../../x.png", "a\n/../../x", "", ".", "a\x00b"]
+)
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_figure_that_is_no_file_of_the_run_folder_is_refused(
+    path: str, as_json: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tampered report.json naming another file as its figure (absolute, or climbing out of the run folder) is
+    not shown, as tables or as JSON (the MCP `report` reads it the same way): exit 2, one line naming it."""
+    write(
+        tmp_path / "run",
+        {"title": "t", "tables": [], "figures": [{"title": "p", "path": "ok.png"}, {"title": "x", "path": path}]},
+    )
+    assert main(["report", str(tmp_path / "run"), *(["--json"] if as_json else [])]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    (line,) = captured.err.splitlines()
+    assert "not a report" in line and "report.figures[1]: path " in line and "is no file of the run folder" in line
+
+
+def test_a_row_of_another_width_than_its_columns_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its cells would be drawn under the wrong heads, or as columns of no head."""
+    table = {"title": "t", "columns": ["a", "b"], "rows": [["1", "2"], ["1", "2", "3"]]}
+    write(tmp_path / "run", {"title": "t", "tables": [table], "figures": []})
+    assert main(["report", str(tmp_path / "run")]) == 2
+    assert "report.tables[0]: rows[1] has 3 cells for 2 columns" in capsys.readouterr().err
+
+
+def test_a_report_past_what_a_console_shows_is_cut_saying_how_much_was_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report.json within its size limit may hold millions of rows, notes or tables (minutes to draw): the
+    printout stops at views.SHOWN_MAX parts (here 12), in order, and says how many it left out; --json has all."""
+    from executor.faces import views
+
+    shown_within = views.shown_within
+    monkeypatch.setattr(views, "shown_within", lambda shown: shown_within(shown, 12))
+    rows = [[f"r{n}", f"v{n}"] for n in range(10)]
+    tables = [
+        {"title": "first", "columns": ["a", "b"], "rows": rows},
+        {"title": "second", "columns": ["c"], "rows": [["x"]]},
+    ]
+    write(
+        tmp_path / "run",
+        {"title": "t", "notes": ["n1"], "tables": tables, "figures": [{"title": "f", "path": "f.png"}]},
+    )
+    assert main(["report", str(tmp_path / "run")]) == 0
+    shown = capsys.readouterr().out
+    # a note (1), the first table's frame and heads (4 + 2), its first two rows (2 cells each); nothing after
+    assert "n1" in shown and "r1" in shown and "r2" not in shown and "second" not in shown and "f.png" not in shown
+    assert "(23 more notes, cells or figures left out: --json prints them all)" in shown
+    assert main(["report", str(tmp_path / "run"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tables"] == tables
+
+
+def test_shown_within_keeps_the_first_parts_in_order_and_counts_the_rest() -> None:
+    from executor.documents import Figure, Shown, Table
+    from executor.faces.views import TABLE_FRAME, shown_within
+
+    wide = Table("wide", ["a"] * 10, [["1"] * 10])
+    small = Table("small", ["a"], [["1"], ["2"]])
+    shown = Shown("t", ["n"] * 3, [small, wide, small], [Figure("f", "f.png")])
+    assert shown_within(shown, 10**6) == (shown, 0)
+    head = TABLE_FRAME + 1
+    cut, left_out = shown_within(shown, 3 + head + 1)
+    assert (
+        cut == Shown("t", ["n"] * 3, [Table("small", ["a"], [["1"]])], [])
+        and left_out == 1 + (TABLE_FRAME + 20) + (head + 2) + 1
+    )
+    assert shown_within(shown, 2) == (
+        Shown("t", ["n"] * 2, [], []),
+        1 + (head + 2) + (TABLE_FRAME + 20) + (head + 2) + 1,
+    )
+
+
+def test_a_report_is_read_once_and_its_types_made_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a table costs its cells, not a type evaluation (typing reads this module's annotations from
+    their text each time it is asked: 100 000 tables took 20 s), and `runbook report` reads report.json once."""
+    from executor.faces import views
+
+    calls = {"hints": 0, "read": 0}
+    hints, read_shown = typing.get_type_hints, views.read_shown
+
+    def counted(name: str, call: typing.Callable[..., typing.Any]) -> typing.Callable[..., typing.Any]:
+        def count(*args: typing.Any) -> typing.Any:
+            calls[name] += 1
+            return call(*args)
+
+        return count
+
+    monkeypatch.setattr(typing, "get_type_hints", counted("hints", hints))
+    monkeypatch.setattr(views, "read_shown", counted("read", read_shown))
+    tables = [{"title": f"t{n}", "columns": ["a"], "rows": [["1"]]} for n in range(200)]
+    write(tmp_path / "run", {"title": "t", "notes": [], "tables": tables, "figures": []})
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert "t199" in capsys.readouterr().out
+    assert calls["read"] == 1 and calls["hints"] <= 4  # once per kind of its parts, at most

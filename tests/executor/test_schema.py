@@ -346,3 +346,19 @@ def test_the_plans_of_the_demo_and_its_sweep_validate(runbook: str) -> None:
     assert document["schema_version"] == 1
     assert problems(PLAN_VALIDATOR, document) == []
     assert not PLAN_VALIDATOR.is_valid(document | {"steps": [{"id": "s"}]})
+
+
+@pytest.mark.parametrize(
+    "path", ["speedup.png", "plots/a..b.png", "../../etc/passwd", "/etc/passwd", "a\n/../x", ".", ""]
+)
+def test_the_report_schema_refuses_the_figures_runbook_report_refuses(path: str) -> None:
+    """A figure's path that is no file of the run folder: the schema an agent validates with says so too."""
+    from executor.documents import Figure
+
+    try:
+        read = Figure(title="f", path=path) is not None
+    except ValueError:
+        read = False
+    figure = {"$defs": REPORT_VALIDATOR.schema["$defs"], "$ref": "#/$defs/Figure"}
+    assert jsonschema.Draft202012Validator(figure).is_valid({"title": "f", "path": path}) == read
+    assert read == (path in ("speedup.png", "plots/a..b.png"))
