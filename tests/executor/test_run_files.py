@@ -16,6 +16,7 @@ import shutil
 import socket
 import sqlite3
 import stat
+import tempfile
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -99,7 +100,9 @@ def made_odd(path: Path, kind: str, outside: Path) -> Iterator[None]:
         os.mkfifo(path)
     elif kind == "socket":
         held = socket.socket(socket.AF_UNIX)
-        held.bind(str(path))
+        with tempfile.TemporaryDirectory(dir="/tmp") as short:  # a socket's path is at most 107 bytes
+            held.bind(f"{short}/s")  # (a pytest-xdist worker's tmp_path may be longer): bound there, moved
+            os.rename(f"{short}/s", path)
         held.listen()
     elif kind == "device":
         try:

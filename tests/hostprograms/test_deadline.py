@@ -196,4 +196,5 @@ def test_deploy_s_generate_gets_only_what_health_left_of_the_limit() -> None:
     (health, generate, served), took = timed(lambda: deploy.probe(url, DEADLINE_S))
     assert took < DEADLINE_S + SLACK_S
     assert health["status"] == 200 and generate is not None and generate["status"] is None and not served
-    assert generate["body"].startswith(f"{url[7:]} did not answer {url}/generate whole within")
+    # what was left ran out while /generate dripped, or already while it was asked (a loaded machine)
+    assert generate["body"].startswith((f"{url[7:]} did not answer {url}/generate whole within", f"{url}/generate: "))
