@@ -224,6 +224,12 @@ def write_runbook(
     return path
 
 
+def cli_module(tree: Path) -> str:
+    """The module that is a checkout's CLI: `executor.faces.cli`, or `executor.cli` in a checkout from before
+    executor/ had its rooms (issue 28), so that `--before` measures against such a tree too."""
+    return "executor.faces.cli" if (tree / "executor" / "faces" / "cli.py").exists() else "executor.cli"
+
+
 class RunbookCLI(Runner):
     """runbook as a user runs it: `python -m executor.faces.cli run FILE --log-dir DIR`, a new process
     each time (interpreter start and imports included), audit log and state store on.
@@ -239,7 +245,15 @@ class RunbookCLI(Runner):
     def run(self, hosts: Sequence[SSHServer], scripts: Sequence[str]) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-runbook-") as tmp:
             path = write_runbook(Path(tmp), hosts, scripts, self.runner)
-            argv = [sys.executable, "-m", "executor.faces.cli", "run", str(path), "--log-dir", str(Path(tmp) / "logs")]
+            argv = [
+                sys.executable,
+                "-m",
+                cli_module(self.tree or REPO),
+                "run",
+                str(path),
+                "--log-dir",
+                str(Path(tmp) / "logs"),
+            ]
             if self.tree is None:
                 return timed_subprocess(argv, cwd=REPO)
             return timed_subprocess(argv, cwd=self.tree, env={"PYTHONPATH": str(self.tree)})

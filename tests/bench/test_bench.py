@@ -110,7 +110,8 @@ def test_overhead_and_audit_compute_ratios_for_every_tool() -> None:
 
 
 def test_the_cli_of_another_checkout_runs_from_that_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--before TREE`: the row's CLI is TREE's (its folder first on PYTHONPATH, run from it), not this one's."""
+    """`--before TREE`: the row's CLI is TREE's (its folder first on PYTHONPATH, run from it), not this one's;
+    TREE here is a checkout from before executor/ had its rooms (executor/cli.py, not executor/faces/cli.py)."""
     tree = tmp_path / "before"
     (tree / "executor").mkdir(parents=True)
     (tree / "executor" / "__init__.py").write_text("")
