@@ -63,6 +63,8 @@ STOP_POLL_S = 0.1
 #: imports nothing of the controller's; tests/executor/test_kill.py checks that they are equal).
 KILL_ROUNDS = 40
 EMPTY_SCANS, END_SCANS = 3, 2
+#: Seconds between two scans that found the session empty (a forking chain seen in /proc in between).
+EMPTY_SCAN_GAP_S = 0.005
 KILLED_NOTE = b"[runbook] stopped: every process of the step's session was killed"
 UNCONFIRMED_NOTE = b"[runbook] could not confirm that the step's processes were killed"
 #: The end-of-step sweep reads only the pids handed out since the step started while there are at most
@@ -217,6 +219,7 @@ def kill_session(sid: int, scans: int = EMPTY_SCANS, since: int | None = None) -
             empty += 1
             if empty >= scans:  # `scans` in a row: one can miss a process that forks and exits meanwhile
                 return members
+            time.sleep(EMPTY_SCAN_GAP_S)  # spread apart: back to back, a loaded host can miss it every time
             continue
         empty, scans = 0, EMPTY_SCANS
         if turn >= 5:

@@ -102,7 +102,8 @@ def test_a_run_that_resumes_itself_or_a_cycle_is_named_everywhere(
     ):
         done = cli(*args)
         assert done.returncode == 2, (args, done.returncode, done.stdout, done.stderr)
-        assert why in done.stderr and str(logs / second) in done.stderr, (args, done.stderr)
+        # a run of the cycle: which one, when both started within one second, their ids' random tails decide
+        assert why in done.stderr and any(str(logs / run) in done.stderr for run in broken), (args, done.stderr)
     assert run_ids(logs) == [first, second]  # nothing was resumed
 
 

@@ -152,7 +152,8 @@ def test_every_kind_maps_the_class_its_facts_name_then_the_gate_decides() -> Non
     assert shell.gate_failure({"failure": "reset"}, "facts.failure is none", False) is StepFailed
     assert shell.gate_failure({"n": 0}, "facts.n > 0", True) is GateUndecided
     assert shell.gate_failure({"n": 0}, "facts.n > 0 and exit_code == 0", False) is CommandFailed
-    assert shell.gate_failure({"n": 0}, "facts.n > 0 and vars.x", False) is GateFalse
+    assert shell.gate_failure({"n": 0}, "vars.n > 0 and steps.a.facts.ok", False) is GateFalse
+    assert shell.gate_failure({"n": 0}, "facts.n > 0", False) is CommandFailed  # a shell step's facts: its output
     assert shell.gate_failure(None, "stdout", False) is CommandFailed
 
 
