@@ -245,9 +245,13 @@ def test_a_step_that_ignores_term_is_killed_and_the_runner_serves_on(sshd: SSHSe
     runner, and the command running beside it, carry on (no deadline left must not stop its loop)."""
     transport = transport_to(sshd)
 
+    started = asyncio.Event()
+
     async def scenario() -> tuple[CommandResult, CommandResult]:
-        beside = asyncio.ensure_future(transport.run(render_command("echo $PPID; sleep 5; echo done", {}), 30))
-        await asyncio.sleep(0.2)
+        beside = asyncio.ensure_future(
+            transport.run(render_command("echo $PPID; sleep 5; echo done", {}), 30, lambda _n, _c: started.set())
+        )
+        await asyncio.wait_for(started.wait(), 30)  # the runner is up: the 0.5 s below is the step's, not connecting's
         stubborn = await transport.run(render_command("trap '' TERM; sleep 30", {}), 0.5)
         return stubborn, await beside
 
