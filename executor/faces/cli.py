@@ -41,15 +41,15 @@ from executor.run import seal
 from executor.run.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.runbook.campaign import EXIT_CELLS_FAILED
 from executor.runbook.durations import format_duration
-from executor.terminal import shown, shown_text
+from executor.terminal import fitted, line_width, shown, shown_text
 
 # The engine, the reporters, the loader and the audit log are imported by the commands that use them: `runbook status`
 # must not pay for a run's modules (asyncssh, the step kinds) at every start (bench/startup.py); rich's
 # console and tables likewise (`validate` prints plain text).
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
-    from rich.table import Table
 
+    from executor import documents
     from executor.consoles import PipedConsole, UnattendedConsole
     from executor.run.engine import Engine
 
@@ -59,6 +59,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whos
 MESSAGE_CELL = 120
 #: ... and a failing gate's first line up to this many (the whole gate follows the table too).
 GATE_CELL = 60
+#: A report table's column of this name holds commands: on a terminal they follow the table (`_print_report_table`).
+COMMAND_COLUMN = "command"
 
 
 @functools.cache
@@ -66,7 +68,7 @@ def err() -> UnattendedConsole:
     """stderr's console, made on first use (rich's console is a good part of a plain command's start-up)."""
     from executor.consoles import UnattendedConsole
 
-    return UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
+    return UnattendedConsole(stderr=True)
 
 
 @functools.cache
@@ -74,7 +76,7 @@ def out() -> PipedConsole:
     """stdout's console, made on first use."""
     from executor.consoles import PipedConsole
 
-    return PipedConsole(highlight=False, soft_wrap=True)
+    return PipedConsole()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -218,11 +220,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
     runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
-    print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
+    say(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)")
     for group in runbook.groups:
-        print(shown(matrix_summary(group)), file=sys.stderr)
+        say(matrix_summary(group))
         for cell in group.cells:
-            print(shown(f"  cell {cell.id}"), file=sys.stderr)
+            say(f"  cell {cell.id}")
     return EXIT_OK
 
 
@@ -249,9 +251,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # ensure_ascii: no control character reaches the terminal
         print(strict_json.dumps(document.model_dump(mode="json")))
         return EXIT_OK
-    from executor.runbook.plan_summary import summary_text  # the readable plan: built from the same document
+    from executor.runbook.plan_summary import WIDTH, summary_text  # the readable plan, from the same document
 
-    out().print(shown_text(summary_text(document)))
+    out().print(shown_text(summary_text(document, out().fit_width or WIDTH)))
     return EXIT_OK
 
 
@@ -394,7 +396,7 @@ async def _run_interruptible(engine: Engine) -> int:
         # the first signal starts a bounded clean-up (remote sessions killed, audit written);
         # a second one must not cut that short, or the interrupted command would go unrecorded
         if not task.cancelling():
-            print("runbook: stopping: killing every process of the running commands' sessions", file=sys.stderr)
+            say("runbook: stopping: killing every process of the running commands' sessions")
             task.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -415,8 +417,7 @@ def _cell(text: str, width: int) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
+    from executor.consoles import print_table
     from executor.faces import views
 
     view = views.status(args.log_dir, args.run_id)
@@ -426,10 +427,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     run, failed_cells = view["run"], view["failed_cells"]
     status = run["status"]
     records = [StepRecord(**step) for step in view["steps"]]
-    table = Table(title=shown_text(f"run {run['run_id']} ({run['runbook']}): {_run_status(status, run['note'])}"))
-    for column in ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message"):
-        table.add_column(column)
-    details = []
+    title = shown_text(f"run {run['run_id']} ({run['runbook']}): {_run_status(status, run['note'])}")
+    rows, details = [], []
     for r in records:
         if r.reused_from and passed_before(r) and r.status == "skipped":  # left out by --only, its pass kept
             status_text = f"skipped (last passed in {r.reused_from})"
@@ -454,13 +453,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             gate_cell,
             cell,
         )
-        table.add_row(*map(shown_text, cells))  # run data is never rich markup
+        rows.append(list(map(shown_text, cells)))  # run data is never rich markup
         detail = message if message.strip() != cell.strip() and r.status in ("failed", "interrupted") else ""
         if gate_cell != gate and gate not in detail:  # the whole gate, when its cell had to be cut
             detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
         if detail:
             details.append(f"{r.step}@{r.host}: {detail}")
-    _print_whole(table)
+    columns = ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message")
+    print_table(out(), title, columns, rows)
     for detail in details:
         out().print(shown_text(detail))
     if failed_cells:
@@ -472,8 +472,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """Recent runs, newest first; a run folder that cannot be read is a row saying why, never a traceback."""
-    from rich.table import Table
-
+    from executor.consoles import print_table
     from executor.faces import views
 
     rows = views.runs(args.log_dir)
@@ -483,9 +482,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         out().print(shown_text(f"no runs in {args.log_dir}"))
         return EXIT_OK
-    table = Table(title=shown_text(f"runs in {args.log_dir}"))
-    for column in ("run", "runbook", "status", "started", "finished", "resumed from"):
-        table.add_column(column)
+    table = []
     for row in rows:
         cells = (
             row["run_id"],
@@ -495,8 +492,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
             _when(row["finished_at"]),
             row["resumed_from"] or "",
         )
-        table.add_row(*map(shown_text, cells))
-    _print_whole(table)
+        table.append(list(map(shown_text, cells)))
+    columns = ("run", "runbook", "status", "started", "finished", "resumed from")
+    print_table(out(), shown_text(f"runs in {args.log_dir}"), columns, table)
     return EXIT_OK
 
 
@@ -519,42 +517,39 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return _make_key()
     if not (args.run_dir / audit.AUDIT_FILE).exists():
         if (args.run_dir / "run.json").exists() and args.action == "verify":
-            print(shown(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone"), file=sys.stderr)
+            say(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone")
             return EXIT_FAILED
         raise ResumeError(f"{args.run_dir}: not a run folder (no {audit.AUDIT_FILE} here)")
     if args.action == "verify":
         key = seal.load_key(args.key) if args.key else None
         report = audit.verify(args.run_dir, key=key)
         for note in report.notes:
-            print(shown(f"note: {note}"), file=sys.stderr)
+            say(f"note: {note}")
         for problem in report.problems:
-            print(shown(f"TAMPERED: {problem}"), file=sys.stderr)
+            say(f"TAMPERED: {problem}")
         verdict = "intact" if report.ok else "tampered"
         sealed = f"; sealed with key id {key.key_id}: seal checked" if key and report.ok else ""
         runs = ", ".join(report.runs)
-        print(shown(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {runs}{sealed}"))
+        say(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {runs}{sealed}", stdout=True)
         return EXIT_OK if report.ok else EXIT_FAILED
     for number, record, raw in audit.read_records(args.run_dir):
-        print(shown(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}"))
+        say(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}", stdout=True)
     return EXIT_OK
 
 
 def _make_key() -> int:
     """`runbook audit key`: create the audit key (never over an existing one); its id is shown, never its bytes."""
     key = seal.create_key(seal.default_key_path())
-    print(
+    say(
         f"runbook: created the audit key {key.path} (key id {key.key_id}); every run started from now on seals "
         "its audit head with it. Keep a copy away from this machine's run folders: `runbook audit verify RUN_DIR "
-        "--key PATH` proves with it that a log was not rewritten.",
-        file=sys.stderr,
+        "--key PATH` proves with it that a log was not rewritten."
     )
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
-    from rich.table import Table
-
     from executor.faces import views
 
     report, whole = views.read_report(args.run_dir)  # refused unless shaped as a report with a complete provenance
@@ -566,12 +561,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for note in shown.notes:
         out().print(shown_text(f"- {note}"))
     for each in shown.tables:
-        table = Table(title=shown_text(each.title))
-        for column in each.columns:
-            table.add_column(shown_text(column), overflow="fold")
-        for row in each.rows:
-            table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
-        _print_whole(table)
+        _print_report_table(each)
     for figure in shown.figures:
         out().print(shown_text(f"{figure.title}: {args.run_dir / figure.path}"))
     if left_out:
@@ -579,13 +569,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_whole(table: Table) -> None:
-    """A table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut."""
-    from executor.consoles import PipedConsole
+def _print_report_table(table: documents.Table) -> None:
+    """A report's table, its cells data (never rich markup); on a terminal, the cells of a `command` column follow
+    the table, numbered, each broken between its words as a command that pastes whole (executor/runbook/
+    plan_summary.py), rather than wrapped inside a narrow cell."""
+    from executor.consoles import print_table
 
-    console = out()
-    wanted = console.measure(table, options=console.options.update_width(10_000)).maximum
-    PipedConsole(file=console.file, width=max(console.width, wanted), highlight=False).print(table)
+    width = out().fit_width
+    at = [n for n, column in enumerate(table.columns) if column.strip().lower() == COMMAND_COLUMN] if width else []
+    commands: list[str] = []
+    rows = []
+    for row in table.rows:
+        cells = list(row)
+        for n in at:
+            if cells[n].strip():
+                commands.append(cells[n])
+                cells[n] = f"({len(commands)})"
+        rows.append(list(map(shown_text, cells)))
+    print_table(out(), shown_text(table.title), list(map(shown_text, table.columns)), rows)
+    if commands and width:
+        from executor.runbook.plan_summary import command_lines
+
+        for number, command in enumerate(commands, start=1):
+            first, *rest = command_lines(shown(command), width)
+            label = f"({number})"
+            out().print(shown_text("\n".join([label + first[len(label) :], *rest])))
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -619,7 +627,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:  # no SDK, or one without the server API (mcp < 2)
         if not (exc.name or "").startswith("mcp"):
             raise
-        print(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'", file=sys.stderr)
+        say(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'")
         return InvalidRunbook.exit_code
     missing = [root for root in args.root if not root.is_dir()]
     if missing:
@@ -672,14 +680,20 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
     """The one place an error becomes what the CLI prints and its exit status: the error's own `exit_code`
     (executor.errors documents the tree). `again`: the command that continues a run a failed write stopped."""
     if isinstance(exc, InvalidRunbook):
-        lines = [str(problem) for problem in exc.problems]  # a Problem is written safe to show (executor.errors)
+        for problem in exc.problems:  # a Problem is written safe to show (executor.errors), one line for an editor
+            print(problem, file=sys.stderr)
     elif isinstance(exc, DurableWriteError):
-        lines = [shown(write_failed_message(exc, again))]
+        say(write_failed_message(exc, again))
     else:
-        lines = [shown(f"runbook: {exc}")]
-    for line in lines:
-        print(line, file=sys.stderr)
+        say(f"runbook: {exc}")
     return exc.exit_code
+
+
+def say(text: str, *, stdout: bool = False) -> None:
+    """`text` on stderr (or stdout) without rich (`validate` and a failure print plain text), as everything is
+    shown: safe for a terminal, each line fitted to its width (executor/terminal.py)."""
+    stream = sys.stdout if stdout else sys.stderr
+    print(fitted(shown(text), line_width(stream)), file=stream)
 
 
 def entry() -> NoReturn:
