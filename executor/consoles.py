@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from rich.cells import cell_len
-from rich.console import Console, ConsoleRenderable, RenderHook
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -56,6 +56,16 @@ class PipedConsole(FittingConsole):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError
+
+
+class Whole:
+    """Lines a console prints as they are: a command already broken where it pastes whole, never again."""
+
+    def __init__(self, text: Text) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text
 
 
 class _FitLines(RenderHook):

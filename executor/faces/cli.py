@@ -354,7 +354,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inventory=args.inventory,
         verbose=args.verbose,
     )
-    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err())
+    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err(), runbook.groups, args.verbose)
     os.umask(0o077)
     log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
     # a run of one step continues as one step: --resume would also run the steps --only left out
@@ -367,11 +367,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         return failed(exc, again)
     finally:
         reporter.close()
-    if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
-        err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
+    if code == EXIT_INTERRUPTED and not args.json:  # nothing failed: the operator stopped it
+        _say_command("interrupted; to continue where it stopped", again)
+    elif code == EXIT_FAILED and not args.json:
+        _say_command("after fixing the cause, continue where it stopped", again)
     elif code == EXIT_CELLS_FAILED and not args.json:
-        err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
+        _say_command("some cells failed (runbook status lists them); to run only those again", again)
     return code
+
+
+def _say_command(hint: str, command: str) -> None:
+    """`hint: command` on stderr, on one line where it fits; else the command on lines of its own after the hint,
+    broken between its words with ` \\` as a command that pastes whole (executor/runbook/plan_summary.py)."""
+    from rich.text import Text
+
+    from executor.consoles import Whole
+    from executor.runbook.plan_summary import command_lines
+
+    console = err()
+    line = shown(f"{hint}: {command}")
+    if console.fit_width is None or len(line) <= console.fit_width:
+        console.print(Text(line))
+    else:
+        console.print(Text(shown(f"{hint}:")))
+        console.print(Whole(Text("\n".join(command_lines(shown(command), console.fit_width)))))
 
 
 def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
@@ -588,12 +607,13 @@ def _print_report_table(table: documents.Table) -> None:
         rows.append(list(map(shown_text, cells)))
     print_table(out(), shown_text(table.title), list(map(shown_text, table.columns)), rows)
     if commands and width:
+        from executor.consoles import Whole
         from executor.runbook.plan_summary import command_lines
 
         for number, command in enumerate(commands, start=1):
             first, *rest = command_lines(shown(command), width)
             label = f"({number})"
-            out().print(shown_text("\n".join([label + first[len(label) :], *rest])))
+            out().print(Whole(shown_text("\n".join([label + first[len(label) :], *rest]))))
 
 
 def _describe(record: dict[str, Any]) -> str:

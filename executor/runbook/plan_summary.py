@@ -105,11 +105,13 @@ def command_lines(command: str, width: int = WIDTH) -> list[str]:
 
 def _options(words: list[str], most: int) -> list[str]:
     """The words with each `--option` joined to its value, so that no line ends between the two, where the two
-    fit in `most` characters (else each is a word of its own: a line may end between them with ` \\`)."""
+    fit in `most` characters or the value is a run-time mark (which has lines of its own, broken inside it);
+    else a line may end between them with ` \\` (a long path)."""
     joined: list[str] = []
     for word in words:
         last = joined[-1] if joined else ""
-        if last.startswith("--") and " " not in last and not word.startswith("-") and len(f"{last} {word}") <= most:
+        fits = len(f"{last} {word}") <= most or " " in word
+        if last.startswith("--") and " " not in last and not word.startswith("-") and fits:
             joined[-1] += " " + word
         else:
             joined.append(word)
