@@ -700,8 +700,8 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
     """The one place an error becomes what the CLI prints and its exit status: the error's own `exit_code`
     (executor.errors documents the tree). `again`: the command that continues a run a failed write stopped."""
     if isinstance(exc, InvalidRunbook):
-        for problem in exc.problems:  # a Problem is written safe to show (executor.errors), one line for an editor
-            print(problem, file=sys.stderr)
+        for problem in exc.problems:  # a Problem is written safe to show (executor.errors): one line, but fitted
+            print(fitted(str(problem), line_width(sys.stderr)), file=sys.stderr)
     elif isinstance(exc, DurableWriteError):
         say(write_failed_message(exc, again))
     else:

@@ -166,7 +166,7 @@ _STATUS_STYLE = {
 
 
 #: The widest a step id is padded to in the console's lines (a longer one is written whole, the line after it moved).
-ID_WIDTH = 48
+ID_WIDTH = 60
 
 
 class ConsoleReporter(Reporter):

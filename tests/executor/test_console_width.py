@@ -171,6 +171,19 @@ def test_a_campaign_s_header_sums_up_each_group_and_its_step_ids_align(scripted:
     assert fits(cli("validate", str(book))).returncode == 0
 
 
+def test_a_problem_fits_the_terminal_and_is_one_line_in_a_pipe(tmp_path: Path) -> None:
+    book = tmp_path / "unused.yaml"
+    book.write_text(textwrap.dedent(CAMPAIGN).replace("$matrix_server $matrix_concurrency", "$matrix_server"))
+    problem = f"{book}:9:7: matrix axis 'concurrency': no step of 'grid' uses it"
+    shown = fits(cli("validate", str(book)))
+    assert (
+        shown.returncode == 2 and shown.stderr.startswith(f"{book}:9:7: ") and problem in " ".join(shown.stderr.split())
+    )
+    assert [line for line in shown.stderr.splitlines() if line.startswith("  ")]  # its continuation lines
+    piped = runbook_cli("validate", str(book))  # an editor reads it: one line
+    assert piped.returncode == 2 and len(piped.stderr.splitlines()) == 1 and problem in piped.stderr
+
+
 def test_after_ctrl_c_the_console_says_how_to_continue_and_names_no_cause(scripted: Offline, tmp_path: Path) -> None:
     book, logs = tmp_path / "two.yaml", str(tmp_path / "logs")
     book.write_text(
