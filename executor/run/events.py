@@ -309,7 +309,8 @@ class ConsoleReporter(Reporter):
 def _group_line(group: MatrixGroup, steps: Sequence[PlannedStep]) -> str:
     """A matrix group in a run's step list: its cells, launches, step instances and hosts, how many of them run
     and how many are reused."""
-    mine = [step for step in steps if step.id in set(group.instances)]
+    instances = set(group.instances)
+    mine = [step for step in steps if step.id in instances]
     hosts = sorted({host for step in mine for host in step.hosts})
     runs, reused = sum(step.runs for step in mine), sum(step.reused for step in mine)
     return (
