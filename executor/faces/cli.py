@@ -148,7 +148,10 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
-        "-v", "--verbose", action="store_true", help="the run's diagnostics (its debug.log) on stderr as well"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="the run's diagnostics (its debug.log) on stderr as well, and each instance of a matrix in the step list",
     )
     p.add_argument(
         "--resume",
