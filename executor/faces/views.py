@@ -1,8 +1,10 @@
-"""What `runbook status --json`, `runs --json` and `report --json` say about stored runs, as JSON-able data.
+"""What `runbook status --json`, `runs --json` and `report --json` say about stored runs, as JSON-able data, and
+a report in short (its summary and its sections: the MCP `report`'s answers).
 
 One module answers for the CLI (executor/faces/cli.py prints these) and the MCP server (executor/faces/mcp_server.py
 returns them), so an agent and a person reading the same run folder get the same answer. Nothing here
-prints, and nothing here imports the engine or a display: these are read by commands that need no SSH.
+prints, and nothing here imports the engine or a display: these are read by commands that need no SSH (a
+report's summary reads its benchmark or campaign part through the step's model, imported when asked for).
 Everything read was stored redacted by the run (see README "Secrets").
 """
 
@@ -125,14 +127,10 @@ def runs(log_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def report(run_dir: Path) -> dict[str, Any]:
-    """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
-    it is not shaped as a report (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
-    return read_report(run_dir)[0]
-
-
 def read_report(run_dir: Path) -> tuple[dict[str, Any], Shown]:
-    """`report`, and what it shows (read once: a report's tables may hold many thousand cells)."""
+    """`runbook report --json`: the run's report.json as it is, and what it shows (read once: a report's tables
+    may hold many thousand cells); refused (ResumeError) when there is none, it is not shaped as a report
+    (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
@@ -218,6 +216,10 @@ def _not_a_report(path: Path, exc: BaseException) -> ResumeError:
 #: The notes and failed cells a report's summary (the MCP `report` without a section) lists: the rest are in the
 #: report (its notes in report.md, every failed cell in the section "Failed and skipped cells").
 SUMMARY_ITEMS = 20
+
+
+#: The comparisons (GPU kind and workload) whose crossover a campaign's headline says: one line, not a table.
+HEADLINE_COMPARISONS = 3
 
 
 def report_summary(run_dir: Path) -> dict[str, Any]:
@@ -329,8 +331,10 @@ def _campaign_findings(report: CampaignReport) -> dict[str, Any]:
             if each.crossover.concurrency is not None
             else f"no crossover ({each.crossover.why})"
         )
-        for each in campaign.comparisons
+        for each in campaign.comparisons[:HEADLINE_COMPARISONS]
     ]
+    more = len(campaign.comparisons) - HEADLINE_COMPARISONS
+    crossovers += [f"{more} more comparisons (best)"] if more > 0 else []
     tally = f"{counts.cells} cells: {counts.passed} passed, {counts.failed} failed, {counts.skipped} skipped"
     return {
         "kind": "campaign",
