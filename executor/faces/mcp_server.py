@@ -4,9 +4,10 @@ Built on the official `mcp` SDK (the optional extra `runbook[mcp]`), its tools g
 structured JSON: `validate` and `plan` read a runbook as `runbook validate` and `plan` do; `run` and
 `resume` start `python -m executor.faces.cli run ... --json` in its own session and return once its first event
 (`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
-events.jsonl by `seq`; `status`, `runs` and `report` return what executor.faces.views gives `--json`; `tail` a
-step's output from the audit log; `stop` interrupts a run as Ctrl-C would (SIGINT to the process holding its
-lock, once its lock's record proves that process is the one that took it). Every result is capped (`RESULT_CAP`
+events.jsonl by `seq`; `status` and `runs` return what executor.faces.views gives `--json`, `report` its summary
+of a report (or one of its sections, page by page); `tail` a step's output from the audit log; `stop` interrupts
+a run as Ctrl-C would (SIGINT to the process holding its lock, once its lock's record proves that process is the
+one that took it). Every result is capped (`RESULT_CAP`
 bytes, its text block too: a long list is cut, saying so, how much was left out and which file holds it whole)
 and holds only what the run stored, redacted as the console shows it; secrets come from the server's own
 environment, as the CLI reads them, never from a tool's arguments. Every path a tool is given (a runbook, an
