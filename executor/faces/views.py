@@ -293,7 +293,7 @@ def _benchmark_findings(report: Report) -> dict[str, Any]:
         mean = "" if speedup.mean is None else f" (mean {speedup.mean:.2f}x)"
         at = ", ".join(speedup.by_concurrency)
         headline = f"{versus}: {speedup.min:.2f}x to {speedup.max:.2f}x the output throughput{mean} at concurrency {at}"
-    lossless = acceptance.lossless or {} if acceptance else {}
+    lossless = (acceptance.lossless or {}) if acceptance else {}
     return {
         "kind": "benchmark",
         "headline": headline,
