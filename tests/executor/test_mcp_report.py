@@ -106,22 +106,22 @@ def test_a_section_comes_page_by_page_within_the_cap_and_a_huge_campaign_s_summa
     best configurations cut, saying how many), and a table of thousands of rows comes whole over its pages."""
     whole = document(site / "campaign")
     campaign_table = next(t for t in whole["tables"] if t["title"].startswith("Output throughput and latency"))
-    campaign_table["rows"] *= 200
-    whole["campaign"]["comparisons"] *= 200
+    campaign_table["rows"] *= 50
+    whole["campaign"]["comparisons"] *= 100
     run_dir = tmp_path / "huge"
     run_dir.mkdir()
     (run_dir / "report.json").write_text(json.dumps(whole))
-    assert len(json.dumps(whole)) > 10 * RESULT_CAP
+    assert len(json.dumps(whole)) > 5 * RESULT_CAP
     summary = report(tmp_path, run_dir=str(run_dir))
     assert summary["ok"] and summary["truncated"] and summary["best_left_out"] > 0
-    assert len(summary["best"]) + summary["best_left_out"] == 400 and summary["sections_left_out"] == 0
+    assert len(summary["best"]) + summary["best_left_out"] == 200 and summary["sections_left_out"] == 0
     rows: list[list[str]] = []
     page: dict[str, Any] = {"next_offset": 0}
     while page["next_offset"] is not None:
         page = report(tmp_path, run_dir=str(run_dir), section="output throughput and", offset=page["next_offset"])
         assert page["section"] == campaign_table["title"] and page["rows_total"] == len(campaign_table["rows"])
         rows += page["rows"]
-    assert rows == campaign_table["rows"] and len(rows) > 4000
+    assert rows == campaign_table["rows"] and len(rows) == 1200
 
 
 def test_a_run_id_under_log_dir_or_the_latest_run_names_the_run_as_for_the_other_tools(
