@@ -123,7 +123,13 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="a run id (or a unique prefix) under --log-dir, or a run folder; default: the latest run",
+    )
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="print report.json as it is")
 
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
@@ -158,6 +164,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
+    p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
 
 
 def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -298,6 +305,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             code = cmd_run(
                 argparse.Namespace(
+                    results=False,  # said below, after the report's tables
                     file=site.runbook,
                     inventory=site.inventory,
                     var=[],
@@ -316,12 +324,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 os.environ["HF_TOKEN"] = saved
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
-        cmd_report(argparse.Namespace(run_dir=run_dir, json=False))
+        cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, json=False))
     for line in (
         f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})",
-        f"report: {run_dir / 'report.md'} (again: runbook report {run_dir})"
-        if (run_dir / views.REPORT_FILE).exists()
-        else f"no report: see runbook status --log-dir {args.log_dir}",
+        *(results_lines(run_dir, args.log_dir) or [f"no report: see runbook status --log-dir {args.log_dir}"]),
         "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
         "runbook working, not how fast Kimi-K2.6 is",
         f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml",
@@ -365,11 +371,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         return failed(exc, again)
     finally:
         reporter.close()
+    if args.results and not args.json:
+        for line in results_lines(getattr(engine.folder, "run_dir", None), args.log_dir):  # set once it is made
+            err().print(shown_text(line))
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
         err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
     elif code == EXIT_CELLS_FAILED and not args.json:
         err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
     return code
+
+
+def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
+    """Where a run's results are: its report.md, each figure, and the `runbook report` command that shows them
+    again; none when it wrote no report (or never made its run folder). `runbook run` ends with these, a failed
+    run that wrote a report too, and so does the demo."""
+    from executor.faces import views
+
+    if run_dir is None or not (run_dir / views.REPORT_FILE).exists():
+        return []
+    again = shlex.join(
+        ["runbook", "report", run_dir.name, *([] if log_dir == LOG_DIR else ["--log-dir", str(log_dir)])]
+    )
+    lines = [f"report: {run_dir / 'report.md'}"]
+    try:
+        figures = views.read_report(run_dir)[1].figures
+    except RunbookError as exc:  # written, but not one `runbook report` shows: say why rather than the command
+        return [*lines, f"runbook report refuses its {views.REPORT_FILE}: {exc}"]
+    lines += [f"figure: {run_dir / figure.path}" for figure in figures]
+    return [*lines, f"see it again: {again}"]
 
 
 def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
@@ -557,7 +586,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from executor.faces import views
 
-    report, whole = views.read_report(args.run_dir)  # refused unless shaped as a report with a complete provenance
+    run_dir = report_folder(args.run, args.log_dir)
+    report, whole = views.read_report(run_dir)  # refused unless shaped as a report with a complete provenance
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return EXIT_OK
@@ -573,10 +603,20 @@ def cmd_report(args: argparse.Namespace) -> int:
             table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
         _print_whole(table)
     for figure in shown.figures:
-        out().print(shown_text(f"{figure.title}: {args.run_dir / figure.path}"))
+        out().print(shown_text(f"{figure.title}: {run_dir / figure.path}"))
     if left_out:
         out().print(shown_text(f"({left_out:,} more notes, cells or figures left out: --json prints them all)"))
     return EXIT_OK
+
+
+def report_folder(run: str | None, log_dir: Path) -> Path:
+    """The run folder `runbook report RUN` reads: RUN as a folder when it is one (or names one by a path: `logs/ID`),
+    else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
+    from executor.faces import views
+
+    if run is not None and (os.sep in run or Path(run).is_dir()):
+        return Path(run)
+    return log_dir / views.latest(log_dir, run).run_id
 
 
 def _print_whole(table: Table) -> None:

@@ -4,9 +4,10 @@ Built on the official `mcp` SDK (the optional extra `runbook[mcp]`), its tools g
 structured JSON: `validate` and `plan` read a runbook as `runbook validate` and `plan` do; `run` and
 `resume` start `python -m executor.faces.cli run ... --json` in its own session and return once its first event
 (`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
-events.jsonl by `seq`; `status`, `runs` and `report` return what executor.faces.views gives `--json`; `tail` a
-step's output from the audit log; `stop` interrupts a run as Ctrl-C would (SIGINT to the process holding its
-lock, once its lock's record proves that process is the one that took it). Every result is capped (`RESULT_CAP`
+events.jsonl by `seq`; `status` and `runs` return what executor.faces.views gives `--json`, `report` its summary
+of a report (or one of its sections, page by page); `tail` a step's output from the audit log; `stop` interrupts
+a run as Ctrl-C would (SIGINT to the process holding its lock, once its lock's record proves that process is the
+one that took it). Every result is capped (`RESULT_CAP`
 bytes, its text block too: a long list is cut, saying so, how much was left out and which file holds it whole)
 and holds only what the run stored, redacted as the console shows it; secrets come from the server's own
 environment, as the CLI reads them, never from a tool's arguments. Every path a tool is given (a runbook, an
@@ -38,6 +39,7 @@ from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, Text
 from pydantic import Field, ValidationError
 
 from executor import strict_json
+from executor.documents import Table
 from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
 from executor.faces import views
 from executor.faces.inputs import LOG_DIR, load_checked
@@ -119,6 +121,49 @@ def capped_plan(document: dict[str, Any], cap: int = RESULT_CAP) -> dict[str, An
 
     longest = max((len(group[key]) for group in groups for key in GROUP_PARTS), default=0)
     return capped(first(_most(longest, lambda n: _size(first(n)["groups"]) <= cap // 2)), "steps", cap)
+
+
+def capped_summary(summary: dict[str, Any], whole: Path, cap: int = RESULT_CAP) -> dict[str, Any]:
+    """A report's summary (views.report_summary) that fits in `cap` bytes, saying the cap (`cap`): a campaign's
+    best configurations cut to half of it first (`best_left_out`: its section "Best configuration per
+    concurrency" has them all), then the sections listed (`sections_left_out`; report.json, `whole`, has them)."""
+    result = summary | {"cap": cap}
+    if _size(result) <= cap:
+        return result
+    if "best" in result:
+        result = _cut(result, "best", lambda cut: _size(cut["best"]) <= cap // 2)
+    result = _cut(result | {"truncated": True, "whole": str(whole)}, "sections", lambda cut: _size(cut) <= cap)
+    return result if _size(result) <= cap else _over_cap(f"the report's summary is over the cap of {cap} bytes", whole)
+
+
+def capped_section(table: Table, offset: int, whole: Path, cap: int = RESULT_CAP) -> dict[str, Any]:
+    """The rows of a report's table from `offset`, as many as fit in `cap` bytes: `next_offset` is where the next
+    page starts (null after the last row), `rows_total` how many it has. A row over the cap alone comes with
+    each cell cut to its share (`cells_cut`), so that paging always moves on."""
+    head = {"ok": True, "section": table.title, "columns": table.columns, "rows_total": len(table.rows)}
+    head |= {"offset": offset, "cap": cap, "whole": str(whole)}
+    rows = table.rows[offset:]
+
+    def page(count: int, cut: list[list[str]] | None = None) -> dict[str, Any]:
+        following = offset + count if offset + count < len(table.rows) else None
+        return head | {"rows": cut or rows[:count], "next_offset": following, "truncated": following is not None}
+
+    kept = _most(len(rows), lambda count: _size(page(count)) <= cap)
+    if kept or not rows:
+        return page(kept)
+    share = (cap - _size(page(0))) // (2 * max(1, len(rows[0])))
+    return page(1, [[_within(cell, share) for cell in rows[0]]]) | {"cells_cut": True}
+
+
+def _cut(result: dict[str, Any], key: str, fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """`result` with its list at `key` cut from its end until `fits` holds, saying how many items it left out
+    (`KEY_left_out`)."""
+    items = result[key]
+
+    def first(count: int) -> dict[str, Any]:
+        return result | {key: items[:count], f"{key}_left_out": len(items) - count}
+
+    return first(_most(len(items), lambda count: fits(first(count))))
 
 
 #: The parts of a plan's matrix group that grow with its cells.
@@ -657,13 +702,21 @@ def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> N
         run_id: str | None = None,
         log_dir: str = str(LOG_DIR),
         run_dir: str | None = None,
+        section: str | None = None,
+        offset: Annotated[int, Field(ge=0)] = 0,
         client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
-        """A run's report.json (tables, figures, provenance), refused without a complete provenance. The run
-        is `run_id` under `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
+        """A run's report in short: headline, speedup (a benchmark's) or best configuration per concurrency (a
+        campaign's), verdicts, its sections (tables) by name, figures and the paths of the whole report. With
+        `section` (a section's name, or its start): that table's rows from `offset`, as many as the cap holds
+        (`next_offset` asks for the rest). Refused without a complete provenance. The run is `run_id` under
+        `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
         here = roots.with_client(client_roots)
         folder = here.inside(run_dir, "run_dir") if run_dir else _run_dir(here, log_dir, run_id)
-        return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
+        whole = folder / views.REPORT_FILE
+        if section is None:
+            return capped_summary(views.report_summary(folder), whole)
+        return capped_section(views.report_table(folder, section), offset, whole)
 
 
 def _run_argv(

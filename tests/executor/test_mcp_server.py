@@ -160,8 +160,10 @@ def test_an_agent_validates_runs_follows_stops_and_resumes_through_the_sdk_clien
             assert tail["stdout"].splitlines() == ["line 298", "line 299", "line 300"]
             assert tail["stderr"] == "said ***" and tail["exit_code"] == 0
 
-            report = await call("report", run_dir=started["run_dir"])
-            assert report["tables"] and report["provenance"]["deployments"]
+            report = await call("report", run_dir=started["run_dir"])  # in short: tests/executor/test_mcp_report.py
+            assert report["kind"] == "benchmark" and set(report["speedup"]["by_concurrency"]) == {"1"}
+            deployments = await call("report", run_dir=started["run_dir"], section="Provenance: deployments")
+            assert [row[0] for row in deployments["rows"]] == ["baseline", "dflash"]
             assert await call("report", run_id=started["run_id"], log_dir=str(log_dir)) == report  # as other tools
             assert (await call("report", run_dir=str(tmp_path)))["exit_code"] == 2  # no report there
 

@@ -442,6 +442,9 @@ def test_through_the_engine_a_campaign_in_which_no_cell_passed_writes_its_report
     [run_dir] = (tmp_path / "logs").iterdir()
     notes = json.loads((run_dir / "report.json").read_text())["notes"]
     assert any("no cell passed" in note for note in notes)
+    # a failed run that wrote a report says where it is, as a passed one does
+    assert f"report: {run_dir / 'report.md'}\n" in ran.stderr
+    assert f"see it again: runbook report {run_dir.name} --log-dir {tmp_path / 'logs'}\n" in ran.stderr
 
 
 def test_facts_that_do_not_fit_or_hold_a_non_finite_number_are_left_out_not_a_crash(tmp_path: Path) -> None:
