@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import re
 import sys
 import typing
@@ -87,7 +88,6 @@ def fact_field(facts: Any, name: str) -> Any:
 class FactHost:
     """The host a step's facts were read on, as an unknown fact's next step names it."""
 
-    name: str  # the runbook's name for it
     address: str  # where it is: an SSH address, or `local`
 
     def __str__(self) -> str:
@@ -97,9 +97,9 @@ class FactHost:
 @dataclass(frozen=True)
 class UnknownFact:
     """Why a fact that a failed gate read is unknown (null, empty or false, with a reason next to it), as the
-    failure says it (README, "Gates"): the reason its kind's facts give, what was tried as the host expanded
-    it (`python: $sglang_python -> /opt/sglang/bin/python`: facts are masked, so never a secret's value), and
-    the next step: what to check on which host, or which setting to change."""
+    failure says it (README, "The runbook format"): the reason its kind's facts give, what was tried as the
+    host expanded it (`python: $sglang_python -> /opt/sglang/bin/python`: facts are masked, so never a
+    secret's value), and the next step: what to check on which host, or which setting to change."""
 
     reason: str
     tried: str | None = None
@@ -116,6 +116,8 @@ class UnknownFact:
 REASON_KEYS = ("unknown_reason", "reason")
 #: The longest reason a failure quotes: a reason the host wrote may carry a whole output.
 REASON_MAX = 600
+#: The most sections whose reasons one lookup gives (`hub.values()`: one per repo; a host's output may hold more).
+SECTIONS_MAX = 16
 
 
 def _section_reason(node: Mapping[str, Any], key: Any) -> str | None:
@@ -128,7 +130,7 @@ def _section_reason(node: Mapping[str, Any], key: Any) -> str | None:
 
 def fact_reasons(facts: Any, path: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...]]]:
     """Why the value at `path` of a kind's facts (JSON data) is unknown, by the convention of facts (README,
-    "Facts"), each with the path of the section that says it: the `unknown` map of the section holding it,
+    "The runbook format"), each with the path of the section that says it: the `unknown` map of the section holding it,
     else the `unknown_reason` or `reason` of the deepest section on the way. A path that ends at (or goes
     past, as `hub.values()` does) a section gives that section's reason, else those of the sections it holds
     that give one (the probe's `hub`, a section per repo). Nothing when the value is known: present and
@@ -138,7 +140,7 @@ def fact_reasons(facts: Any, path: tuple[Any, ...]) -> list[tuple[str, tuple[Any
         return []
     if isinstance(node, Mapping):
         inside = _reasons_inside(node, path[:walked])
-        if inside or (walked == len(path) and node):
+        if inside or (walked == len(path) and node):  # a section read whole that says no reason is known
             return inside
     return [found] if found else []
 
@@ -166,8 +168,8 @@ def _reasons_inside(node: Mapping[str, Any], at: tuple[Any, ...]) -> list[tuple[
     own = _section_reason(node, None)
     if own:
         return [(own, at)]
-    inner = [(_section_reason(v, None), (*at, k)) for k, v in node.items() if isinstance(v, Mapping)]
-    return [(reason, where) for reason, where in inner if reason]
+    inner = ((_section_reason(v, None), (*at, k)) for k, v in node.items() if isinstance(v, Mapping))
+    return list(itertools.islice(((reason, where) for reason, where in inner if reason), SECTIONS_MAX))
 
 
 DocumentT = TypeVar("DocumentT", bound=BaseModel)

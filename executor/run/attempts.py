@@ -588,7 +588,7 @@ class Attempts:
             read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)
             if read is not None:
                 owner, data, path, on = read
-                for unknown in owner.unknown_facts(data, path, FactHost(on, self.runbook.hosts[on].address)):
+                for unknown in owner.unknown_facts(data, path, FactHost(self.runbook.hosts[on].address)):
                     said.setdefault(unknown, []).append(name)
         text = "\n".join(line for unknown, names in said.items() for line in unknown.lines(names))
         return "\n" + text[:DETAIL_MAX] if text else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,53 +69,62 @@ def said_about_the_python(python: Path) -> list[str]:
     ]
 
 
-def test_a_wrong_sglang_python_says_the_expanded_path_the_reason_and_the_next_step(tmp_path: Path) -> None:
-    python = tmp_path / "venv" / "bin" / "python"
-    book, logs = wrong_python_runbook(tmp_path), tmp_path / "logs"
-    ran = runbook_cli("run", str(book), "--var", f"sglang_python={python}", "--log-dir", str(logs))
-    assert ran.returncode == 1, ran.stderr
-    expected = said_about_the_python(python)
-    assert all(line in words(ran.stderr) for line in expected), ran.stderr
-    assert words(ran.stderr).index(GATE) < words(ran.stderr).index(expected[0])
+@dataclass(frozen=True)
+class WrongPython:
+    """One `runbook run` of `wrong_python_runbook` with `--var sglang_python=PYTHON` (no such file)."""
 
-    status = runbook_cli("status", "--log-dir", str(logs), "--json")
+    root: Path
+    python: Path
+    logs: Path
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def wrong_python(tmp_path_factory: pytest.TempPathFactory) -> WrongPython:
+    root = tmp_path_factory.mktemp("wrong-python")
+    python, logs = root / "venv" / "bin" / "python", root / "logs"
+    ran = runbook_cli("run", str(wrong_python_runbook(root)), f"--var=sglang_python={python}", f"--log-dir={logs}")
+    assert ran.returncode == 1, ran.stderr
+    return WrongPython(root, python, logs, ran.stderr)
+
+
+def test_a_wrong_sglang_python_says_the_expanded_path_the_reason_and_the_next_step(wrong_python: WrongPython) -> None:
+    expected, console = said_about_the_python(wrong_python.python), words(wrong_python.stderr)
+    assert all(line in console for line in expected), wrong_python.stderr
+    assert console.index(GATE) < console.index(expected[0])
+
+    status = runbook_cli("status", "--log-dir", str(wrong_python.logs), "--json")
     (record,) = json.loads(status.stdout)["steps"]
     assert all(line in words(record["message"]) for line in expected), record["message"]
-    assert record["facts"]["python"]["resolved"] == str(python)
-
-    as_json = runbook_cli("run", str(book), "--var", f"sglang_python={python}", "--log-dir", str(logs), "--json")
-    events = [json.loads(line) for line in as_json.stdout.splitlines()]
-    for kind in ("attempt_failed", "step_finished"):
-        (event,) = [e for e in events if e["event"] == kind]
-        message = event["message"] if kind == "attempt_failed" else "\n".join(event["failures"])
-        assert all(line in words(message) for line in expected), message
+    assert record["facts"]["python"]["resolved"] == str(wrong_python.python)
 
 
-def test_the_mcp_server_answers_the_same_reason_and_next_step(tmp_path: Path) -> None:
+def test_the_mcp_servers_status_and_events_say_the_same(wrong_python: WrongPython) -> None:
+    """`events` answers the lines `run --json` prints; `status` the step records `status --json` shows."""
     pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
-    from executor.faces.mcp_server import Launches, Roots, build_server
+    from mcp_types import CallToolResult
 
-    python = tmp_path / "nowhere" / "python"
-    logs = tmp_path / "logs"
-    ran = runbook_cli("run", str(wrong_python_runbook(tmp_path)), f"--var=sglang_python={python}", f"--log-dir={logs}")
-    assert ran.returncode == 1, ran.stderr
-    run_id = json.loads(runbook_cli("status", "--log-dir", str(logs), "--json").stdout)["run"]["run_id"]
+    from executor.faces.mcp_server import Launches, Roots, build_server
 
     def call(tool: str, **arguments: Any) -> dict[str, Any]:
         launches = Launches()
         try:
-            result = asyncio.run(build_server(launches, Roots([tmp_path])).call_tool(tool, arguments))
+            result = asyncio.run(build_server(launches, Roots([wrong_python.root])).call_tool(tool, arguments))
         finally:
             launches.close()
-        assert not result.is_error and isinstance(result.structured_content, dict), result
+        assert isinstance(result, CallToolResult) and not result.is_error, result
+        assert isinstance(result.structured_content, dict)
         return result.structured_content
 
-    expected = said_about_the_python(python)
-    (step,) = call("status", run_id=run_id, log_dir=str(logs))["steps"]
+    expected, logs = said_about_the_python(wrong_python.python), str(wrong_python.logs)
+    status = call("status", log_dir=logs)
+    (step,) = status["steps"]
     assert all(line in words(step["message"]) for line in expected), step["message"]
-    events = call("events", run_id=run_id, log_dir=str(logs))["events"]
-    (failed,) = [e for e in events if e["event"] == "attempt_failed"]
-    assert all(line in words(failed["message"]) for line in expected), failed["message"]
+    events = call("events", run_id=status["run"]["run_id"], log_dir=logs)["events"]
+    for kind in ("attempt_failed", "step_finished"):
+        (event,) = [e for e in events if e["event"] == kind]
+        message = event["message"] if kind == "attempt_failed" else "\n".join(event["failures"])
+        assert all(line in words(message) for line in expected), message
 
 
 # ---- every section of the probe that can be unknown, and gates of other steps and kinds (scripted hosts) -----
@@ -245,8 +255,10 @@ def test_any_kinds_facts_give_their_reason_by_the_convention(runbook_offline: Of
     """A kind that knows no next step (a shell step's JSON) still shows the reason its facts keep next to the
     value: an `unknown_reason` of the section, or the section's `unknown` map naming the fact."""
     host = runbook_offline.host("box")
-    said = {"disk": {"free": None, "unknown_reason": "df: /data: No such file"}, "gpu": {"n": None, "unknown": {}}}
-    said["gpu"]["unknown"] = {"n": "lspci is not installed"}
+    said = {
+        "disk": {"free": None, "unknown_reason": "df: /data: No such file"},
+        "gpu": {"n": None, "unknown": {"n": "lspci is not installed"}},
+    }
     host.on(r"measure", stdout=json.dumps(said) + "\n")
     book = tmp_path / "shell.yaml"
     book.write_text(
