@@ -14,6 +14,7 @@ usable on the detected GPU architecture (`mla_backends_usable_on_gpu`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, computed_field
@@ -333,9 +334,19 @@ class UnknownHints:
 
     def of(self, at: tuple[Any, ...]) -> Hint:
         """The hint of the section at `at` (its first key), nothing for a section without one."""
-        method = getattr(self, f"_{at[0]}", None) if at and isinstance(at[0], str) else None
-        hint: Hint = method(at) if method is not None else (None, None)
-        return hint
+        sections: dict[Any, Callable[[tuple[Any, ...]], Hint]] = {
+            "python": self._python,
+            "sglang": self._sglang,
+            "hub": self._hub,
+            "gpu": self._gpu,
+            "hf_token": self._hf_token,
+            "models": self._models,
+            "disks": self._disks,
+            "memory": self._memory,
+            "os": self._os,
+        }
+        method = sections.get(at[0]) if at else None
+        return method(at) if method is not None else (None, None)
 
     def _section(self, *keys: Any) -> dict[str, Any]:
         node: Any = self.facts

@@ -106,6 +106,15 @@ def gate_failure(spec: StepSpec, facts: Any, gate: str, undecided: bool) -> tupl
     return StepKindCrashed, f"\n  step kind '{spec.kind}' classed this failure as {given}, no class of executor.errors"
 
 
+def _unknown_facts(owner: StepSpec, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+    """`owner.unknown_facts`; a kind whose explanation raises has a bug, which the failure names instead of the
+    reason (as `gate_failure` does for its failure class): the gate's failure stands either way."""
+    try:
+        return owner.unknown_facts(facts, path, host)
+    except Exception as exc:  # a bug in a step kind must not hide why its gate failed
+        return [UnknownFact(f"step kind '{owner.kind}' could not say: {type(exc).__name__}: {str(exc)[:300]}")]
+
+
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
     """The last lines of an output, each cut to `width` (a one-line JSON document can be megabytes).
 
@@ -587,8 +596,7 @@ class Attempts:
         for name, keys in lookups_used(expression).items():
             read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)
             if read is not None:
-                owner, data, path, on = read
-                for unknown in owner.unknown_facts(data, path, FactHost(self.runbook.hosts[on].address)):
+                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address)):
                     said.setdefault(unknown, []).append(name)
         text = "\n".join(line for unknown, names in said.items() for line in unknown.lines(names))
         return "\n" + text[:DETAIL_MAX] if text else ""

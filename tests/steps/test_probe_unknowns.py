@@ -279,3 +279,33 @@ def test_any_kinds_facts_give_their_reason_by_the_convention(runbook_offline: Of
     assert "  why (facts.disk.free): df: /data: No such file\n" in message, message
     assert "  why (facts.gpu.n): lspci is not installed" in message, message
     assert "next step" not in message
+
+
+def test_a_kind_whose_explanation_raises_still_fails_its_gate_saying_so(
+    runbook_offline: Offline, tmp_path: Path
+) -> None:
+    """A bug in a kind's `unknown_facts` is named where the reason would be; the gate's failure stands."""
+    from typing import Literal
+
+    from executor.stepkind import FactHost, StepSpec, UnknownFact
+    from steps.shell import ShellStep
+
+    class Explaining(ShellStep):
+        kind: Literal["explaining_test"] = "explaining_test"  # type: ignore[assignment]
+
+        def unknown_facts(self, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+            raise RuntimeError("no hints today")
+
+    try:
+        runbook_offline.host("box").on(r"measure", stdout='{"free": null, "unknown_reason": "df failed"}\n')
+        book = tmp_path / "explaining.yaml"
+        book.write_text(
+            "name: explaining\nhosts:\n  box: {address: box.example}\nsteps:\n"
+            "  - {id: m, kind: explaining_test, parse: json, script: measure, gates: ['facts.free > 0']}\n"
+        )
+        run = runbook_offline.run(book)
+    finally:
+        StepSpec.registry.pop("explaining_test")  # a test kind: out of the registry the other tests read
+    assert run.ran("failed") == ["m"]
+    message = run.step("m").message or ""
+    assert "why (facts.free): step kind 'explaining_test' could not say: RuntimeError: no hints today" in message
