@@ -512,7 +512,8 @@ class Attempts:
         if verdict.passed:
             return None
         if verdict.undecided:  # an error is no `false`: skipping would hide it (a typo in a fact's path)
-            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}")
+            unknown = self._unknowns_read(spec, host, that, None)
+            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}{unknown}")
         said = f"{cells.WHEN_FALSE}{that} is false"
         return f"{said}: {spec.when.message}" if spec.when.message else said
 
@@ -588,10 +589,11 @@ class Attempts:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
 
     def _unknowns_read(self, spec: StepSpec, host: str, expression: str, facts: Any) -> str:
-        """Why each fact the failed gate `expression` read is unknown, what was tried and the next step
-        (`StepSpec.unknown_facts`, of the attempt's facts and of the earlier steps' it read), as lines after the
-        gate's values: one place, so the console, the events, the step's record and every answer made of them
-        say the same. Facts with one reason are named together."""
+        """Why each fact the failed gate (or `when:` that could not be evaluated) `expression` read is unknown,
+        what was tried and the next step (`StepSpec.unknown_facts`, of the attempt's facts, None for a `when:`,
+        and of the earlier steps' it read), as lines after the gate's values: one place, so the console, the
+        events, the step's record and every answer made of them say the same. Facts with one reason are named
+        together."""
         said: dict[UnknownFact, list[str]] = {}
         for name, keys in lookups_used(expression).items():
             read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)

@@ -219,13 +219,28 @@ def test_each_probe_section_says_why_it_is_unknown_and_what_to_check(
     assert all(line in message for line in said), message
 
 
-def test_a_later_steps_gate_on_the_probes_facts_says_why_too(runbook_offline: Offline, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("condition", "read"),
+    [
+        ("gates: [{that: steps.probe.facts.sglang.ddtree, message: no DDTREE}]", "steps.probe.facts.sglang.ddtree"),
+        (
+            "when: \"'DDTREE' in steps.probe.hosts.gpu.facts.sglang.speculative_algorithms\"",
+            "steps.probe.hosts.gpu.facts.sglang.speculative_algorithms",
+        ),
+    ],
+    ids=["gate", "when"],
+)
+def test_a_later_steps_gate_or_when_on_the_probes_facts_says_why_too(
+    runbook_offline: Offline, tmp_path: Path, condition: str, read: str
+) -> None:
+    """A gate that reads `steps.probe.facts...`, and a `when:` that cannot be evaluated on a null one (the step
+    fails rather than being skipped on an error), explain it by the probe's reasons and hints."""
     from executor.faces.testing import h200_probe
 
     probe = h200_probe()
     probe["python"].update(executable=None, resolved="/opt/sglang/bin/python", unknown_reason="no such python")
-    probe["sglang"].update(installed=None, ddtree=None)
-    probe["sglang"]["unknown"]["ddtree"] = "no such python"
+    probe["sglang"].update(installed=None, ddtree=None, speculative_algorithms=None)
+    probe["sglang"]["unknown"].update(ddtree="no such python", speculative_algorithms="no such python")
     host = runbook_offline.host("gpu")
     host.program("probe", probe)
     host.on(r"echo deploy", stdout="deployed\n")
@@ -241,13 +256,13 @@ def test_a_later_steps_gate_on_the_probes_facts_says_why_too(runbook_offline: Of
               - id: deploy
                 kind: shell
                 script: echo deploy
-                gates: [{that: steps.probe.facts.sglang.ddtree, message: this SGLang has no DDTREE}]
             """)
+        + f"    {condition}\n"
     )
     run = runbook_offline.run(book)
     assert run.ran("failed") == ["deploy"]
     message = words(run.step("deploy").message or "")
-    assert "why (steps.probe.facts.sglang.ddtree): no such python" in message, message
+    assert f"why ({read}): no such python" in message, message
     assert "next step: check that /opt/sglang/bin/python exists on gpu-box.example and is executable" in message
 
 
