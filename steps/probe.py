@@ -5,7 +5,8 @@ with a quoting bug on top. Here the host program (hostprograms/probe.py, stdlib 
 data through `executor.hostprogram.host_program`, so no quoting applies; it reads SGLang's
 capabilities from its files with the interpreter the deployment will use; and a fact it cannot
 determine is null with its reason in an `unknown` map, so a gate on it fails instead of passing on
-an empty list.
+an empty list; that failure then says what the probe tried, as the host expanded it, and what to check
+(`UnknownHints`).
 
 Beyond what the host reports, the facts carry what later gates need: `gpu_arch` (sm90, sm100,
 sm120, ...), `gpu_memory_min_mib`, the MLA backends of the installed SGLang and those of them
