@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import re
 import sys
 import typing
@@ -81,6 +82,94 @@ RAW_OUTPUT = frozenset({"exit_code", "stdout", "stderr"})
 def fact_field(facts: Any, name: str) -> Any:
     """A top-level field of a kind's facts (a pydantic model or JSON data), None when it has none."""
     return facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
+
+
+@dataclass(frozen=True)
+class FactHost:
+    """The host a step's facts were read on, as an unknown fact's next step names it."""
+
+    address: str  # where it is: an SSH address, or `local`
+
+    def __str__(self) -> str:
+        return "this machine" if self.address == "local" else self.address
+
+
+@dataclass(frozen=True)
+class UnknownFact:
+    """Why a fact that a failed gate read is unknown (null, empty or false, with a reason next to it), as the
+    failure says it (README, "The runbook format"): the reason its kind's facts give, what was tried as the
+    host expanded it (`python: $sglang_python -> /opt/sglang/bin/python`: facts are masked, so never a
+    secret's value), and the next step: what to check on which host, or which setting to change."""
+
+    reason: str
+    tried: str | None = None
+    next_step: str | None = None
+
+    def lines(self, names: Iterable[str]) -> list[str]:
+        """`  why (NAMES): REASON`, then `tried:` and `next step:` lines where known."""
+        said = [f"  why ({', '.join(names)}): {self.reason}"]
+        said += [f"    tried: {self.tried}"] if self.tried else []
+        return said + ([f"    next step: {self.next_step}"] if self.next_step else [])
+
+
+#: The keys under which facts keep why a section (or the fact it is) is unknown, besides an `unknown` map.
+REASON_KEYS = ("unknown_reason", "reason")
+#: The longest reason a failure quotes: a reason the host wrote may carry a whole output.
+REASON_MAX = 600
+#: The most sections whose reasons one lookup gives (`hub.values()`: one per repo; a host's output may hold more).
+SECTIONS_MAX = 16
+
+
+def _section_reason(node: Mapping[str, Any], key: Any) -> str | None:
+    """The reason a section gives for its `key` (its `unknown` map), else for itself (`unknown_reason`, `reason`)."""
+    unknown = node.get("unknown")
+    named = unknown.get(key) if isinstance(unknown, Mapping) and isinstance(key, str) else None
+    reasons = [named, *(node.get(k) for k in REASON_KEYS)]
+    return next((r[:REASON_MAX] for r in reasons if isinstance(r, str) and r), None)
+
+
+def fact_reasons(facts: Any, path: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...]]]:
+    """Why the value at `path` of a kind's facts (JSON data) is unknown, by the convention of facts (README,
+    "The runbook format"), each with the path of the section that says it: the `unknown` map of the section holding it,
+    else the `unknown_reason` or `reason` of the deepest section on the way. A path that ends at (or goes
+    past, as `hub.values()` does) a section gives that section's reason, else those of the sections it holds
+    that give one (the probe's `hub`, a section per repo). Nothing when the value is known: present and
+    neither null, empty nor false, or no reason said."""
+    node, found, walked = _walk(facts, path)
+    if walked == len(path) and node and not isinstance(node, Mapping):
+        return []
+    if isinstance(node, Mapping):
+        inside = _reasons_inside(node, path[:walked])
+        if inside or (walked == len(path) and node):  # a section read whole that says no reason is known
+            return inside
+    return [found] if found else []
+
+
+def _walk(facts: Any, path: tuple[Any, ...]) -> tuple[Any, tuple[str, tuple[Any, ...]] | None, int]:
+    """How far `path` leads into `facts`: the value reached, the reason of the deepest section on the way that
+    gives one for the key it was left by, and how many keys were walked."""
+    node, found = facts, None
+    for depth, key in enumerate(path):
+        if isinstance(node, Mapping):
+            reason = _section_reason(node, key)
+            found = (reason, path[:depth]) if reason else found
+            if key not in node:
+                return node, found, depth
+            node = node[key]
+        elif isinstance(node, list) and type(key) is int and -len(node) <= key < len(node):
+            node = node[key]
+        else:
+            return node, found, depth
+    return node, found, len(path)
+
+
+def _reasons_inside(node: Mapping[str, Any], at: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The reason a section gives for itself, else those of the sections it holds that give one."""
+    own = _section_reason(node, None)
+    if own:
+        return [(own, at)]
+    inner = ((_section_reason(v, None), (*at, k)) for k, v in node.items() if isinstance(v, Mapping))
+    return list(itertools.islice(((reason, where) for reason, where in inner if reason), SECTIONS_MAX))
 
 
 DocumentT = TypeVar("DocumentT", bound=BaseModel)
@@ -470,6 +559,22 @@ class StepSpec(Model):
             return GateUndecided
         output = RAW_OUTPUT | {"facts"} if self.facts_are_output else RAW_OUTPUT
         return CommandFailed if roots(gate) & output else GateFalse
+
+    def unknown_facts(self, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+        """Why the fact at `path` of this kind's facts (JSON data, masked), read on `host`, is unknown, for a
+        failed gate that read it: the reasons the facts give (`fact_reasons`). A kind that knows what its
+        host program tried and what to check then overrides this to say so (steps/probe.py)."""
+        return [UnknownFact(reason) for reason, _ in fact_reasons(facts, path)]
+
+    def setting(self, name: str) -> str:
+        """How a person changes this step's parameter `name`, for a next step: the vars its value names
+        (`$sglang_python`: set by --var or an inventory, the runbook unedited), else the parameter itself."""
+        value = getattr(self, name, None)
+        named = list(dict.fromkeys(var_names(value))) if isinstance(value, str) else []
+        if not named:
+            return f"`{name}:` of step '{self.id}'"
+        given = " and ".join(f"--var {n}=..." for n in named)
+        return f"{' and '.join(f'`{n}`' for n in named)} ({given}, or in your inventory)"
 
     def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
         """The runbook's default policy with this step's overrides."""

@@ -48,11 +48,11 @@ from executor.run.resume import Fingerprints
 from executor.run.run_folder import RunFolder
 from executor.run.state import NOT_STARTED, StepRecord, now
 from executor.runbook import cells
-from executor.runbook.gates import GateWorkers, roots
+from executor.runbook.gates import DETAIL_MAX, GateWorkers, lookups_used, roots
 from executor.runbook.loader import Runbook
 from executor.runbook.model import Host, RetryPolicy, host_variables
 from executor.runbook.planner import host_env
-from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, StepView, check_depth
+from executor.stepkind import FACTS_MAX_DEPTH, FactHost, StepContext, StepSpec, StepView, UnknownFact, check_depth
 from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport, kill_report
 
 if TYPE_CHECKING:
@@ -104,6 +104,15 @@ def gate_failure(spec: StepSpec, facts: Any, gate: str, undecided: bool) -> tupl
         return failure, ""
     given = repr(failure)[:200]
     return StepKindCrashed, f"\n  step kind '{spec.kind}' classed this failure as {given}, no class of executor.errors"
+
+
+def _unknown_facts(owner: StepSpec, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+    """`owner.unknown_facts`; a kind whose explanation raises has a bug, which the failure names instead of the
+    reason (as `gate_failure` does for its failure class): the gate's failure stands either way."""
+    try:
+        return owner.unknown_facts(facts, path, host)
+    except Exception as exc:  # a bug in a step kind must not hide why its gate failed
+        return [UnknownFact(f"step kind '{owner.kind}' could not say: {type(exc).__name__}: {str(exc)[:300]}")]
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
@@ -503,7 +512,8 @@ class Attempts:
         if verdict.passed:
             return None
         if verdict.undecided:  # an error is no `false`: skipping would hide it (a typo in a fact's path)
-            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}")
+            unknown = self._unknowns_read(spec, host, that, None)
+            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}{unknown}")
         said = f"{cells.WHEN_FALSE}{that} is false"
         return f"{said}: {spec.when.message}" if spec.when.message else said
 
@@ -567,7 +577,7 @@ class Attempts:
                 for gate in gates:
                     verdict = await worker.evaluate(gate.that, gate.message)
                     if not verdict.passed:
-                        detail = verdict.describe()
+                        detail = verdict.describe() + self._unknowns_read(spec, host, gate.that, facts)
                         if not result.stdout.strip():
                             detail += "\n  (stdout was empty)"
                         out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
@@ -577,6 +587,43 @@ class Attempts:
                         self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code)
         except GateWorkerUnavailable as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
+
+    def _unknowns_read(self, spec: StepSpec, host: str, expression: str, facts: Any) -> str:
+        """Why each fact the failed gate (or `when:` that could not be evaluated) `expression` read is unknown,
+        what was tried and the next step (`StepSpec.unknown_facts`, of the attempt's facts, None for a `when:`,
+        and of the earlier steps' it read), as lines after the gate's values: one place, so the console, the
+        events, the step's record and every answer made of them say the same. Facts with one reason are named
+        together."""
+        said: dict[UnknownFact, list[str]] = {}
+        for name, keys in lookups_used(expression).items():
+            read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)
+            if read is not None:
+                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address)):
+                    said.setdefault(unknown, []).append(name)
+        text = "\n".join(line for unknown, names in said.items() for line in unknown.lines(names))
+        return "\n" + text[:DETAIL_MAX] if text else ""
+
+    def _earlier_facts(
+        self, spec: StepSpec, host: str, keys: tuple[Any, ...]
+    ) -> tuple[StepSpec, Any, tuple[Any, ...], str] | None:
+        """What a gate's lookup `steps.ID.facts...` (or `steps.ID.hosts.HOST.facts...`) reads: the step, its
+        recorded facts, the path inside them and the host they were read on (as `facts_view` picks it)."""
+        if len(keys) < 3 or keys[0] != "steps" or not isinstance(keys[1], str):
+            return None
+        step_id = self.index.aliases(spec.id).get(keys[1], keys[1])
+        if step_id not in self.positions:
+            return None
+        ran_on = self.runbook.step_hosts[step_id]
+        if keys[2] == "facts":
+            on, path = (host if host in ran_on else ran_on[0]), keys[3:]
+        elif keys[2] == "hosts" and len(keys) > 4 and keys[4] == "facts" and keys[3] in ran_on:
+            on, path = keys[3], keys[5:]
+        else:
+            return None
+        record = self.folder.records.get((step_id, on))
+        if record is None or record.facts is None:
+            return None
+        return self.runbook.steps[self.positions[step_id]], record.facts, path, on
 
     def _attempt_failed(
         self,
