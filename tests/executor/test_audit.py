@@ -21,6 +21,7 @@ from executor.run import audit
 from executor.run.audit import AuditContext, AuditLog, verify
 from executor.run.state import RunMeta, RunState, StepRecord, now
 from executor.transport.base import Collector, CommandResult
+from tests.clirun import runbook_cli
 
 SECRET = "hf_SeCrEt_ToKeN_123"
 
@@ -165,6 +166,53 @@ def test_tampering_is_found_with_its_line(
     captured = capsys.readouterr()
     assert expected in captured.err
     assert captured.out.startswith("tampered")
+
+
+def _tampered(lines: list[str], how: str) -> list[str]:
+    """A finished run's log of three records (one per step), tampered with at its second line as `how` says."""
+    second = json.loads(lines[1])
+    second["exit_code"] = 7  # what an edit changes: the step's outcome
+    if how == "edited":
+        lines[1] = audit.canonical(second)
+    elif how == "edited, its hash computed again":
+        second["hash"] = audit.record_hash(second)
+        lines[1] = audit.canonical(second)
+    elif how == "removed":
+        del lines[1]
+    else:  # added: a record made up after the first, its hash not of the chain
+        second["step"] = "made-up"
+        lines.insert(1, audit.canonical(second))
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("how", "said", "not_said"),
+    [
+        ("edited", "audit.jsonl:2: content does not match its hash: line 2 (record 2) was edited", "removed"),
+        ("edited, its hash computed again", "audit.jsonl:2: edited, its hash computed again: line 3", "removed"),
+        ("removed", "audit.jsonl:2: chain broken: record 2 was removed before this line", "edited"),
+        ("added", "audit.jsonl:2: a line was added here", "edited"),
+    ],
+)
+def test_verify_says_whether_a_line_was_edited_removed_or_added(
+    tmp_path: Path, how: str, said: str, not_said: str
+) -> None:
+    """`audit verify` through the CLI on a real run's folder (three steps on `address: local`): each tampering is
+    named as what it is, at its line, once; an edit is no longer also reported as lines removed or cut (the
+    walk goes on past it), a removal or an added line no longer as an edit."""
+    book = tmp_path / "b.yaml"
+    steps = "".join(f"  - {{id: a{n}, kind: shell, script: echo a{n}}}\n" for n in (1, 2, 3))
+    book.write_text(f"name: t\nhosts: {{h: {{address: local}}}}\nsteps:\n{steps}")
+    logs = tmp_path / "logs"
+    assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 0
+    (run_dir,) = logs.iterdir()
+    (run_dir / audit.AUDIT_FILE).write_text("\n".join(_tampered(lines(run_dir), how)) + "\n")
+    checked = runbook_cli("audit", "verify", str(run_dir))
+    assert checked.returncode == 1, checked.stderr
+    problems = [line for line in checked.stderr.splitlines() if line.startswith("TAMPERED: ")]
+    assert len(problems) == 1 and said in problems[0], problems
+    assert not_said not in checked.stderr
+    assert checked.stdout.startswith(f"tampered: {3 - (how == 'removed') + (how == 'added')} records")
 
 
 def test_torn_last_line_is_reported_and_tolerated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
