@@ -22,7 +22,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -139,8 +139,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     """`runbook run`: the runbook, its overrides, where its run goes, and where it starts."""
-    p = sub.add_parser("run", help="run a runbook")
-    p.add_argument("file", type=Path)
+    p = sub.add_parser(
+        "run",
+        help="run a runbook",
+        usage="%(prog)s FILE [--var K=V] [--inventory FILE] [--log-dir DIR] [--json] [-v] "
+        "[--resume [RUN_ID]] [--from STEP | --only STEP]",
+    )
+    # optional to argparse only: `--resume FILE` gives FILE to --resume, and `_runbook_of_run` puts it back
+    p.add_argument("file", type=Path, nargs="?", metavar="FILE")
+    p.set_defaults(settle=functools.partial(_runbook_of_run, error=p.error))
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
@@ -158,6 +165,27 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
+
+
+def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`runbook run`'s FILE wherever it was typed. `--resume` takes an optional RUN_ID, so argparse hands it
+    the word after it: `runbook run --resume FILE` made FILE the run id and then asked for a file, and
+    `--resume FILE RUN_ID` took the run id for the runbook. A run id never ends in `.yaml`/`.yml` nor holds
+    a `/`: what does (or names a file) is the runbook, put back in its place. Anything else is a usage error
+    (exit 2) that says what to type."""
+    resume, file = args.resume, args.file
+    if resume not in (None, "latest") and _names_a_runbook(resume):
+        if file is not None and _names_a_runbook(str(file)):
+            error(f"two runbooks, {resume} and {file}: give one FILE, then --resume [RUN_ID]")
+        args.file, args.resume = Path(resume), "latest" if file is None else str(file)
+    if args.file is None:
+        then = "" if args.resume is None else " --resume" if args.resume == "latest" else f" --resume {args.resume}"
+        error(f"which runbook? give its FILE: runbook run FILE{then}")
+
+
+def _names_a_runbook(text: str) -> bool:
+    """Whether an argument is a runbook's path rather than a run id (`20261203-134350-be4f3f`, or a prefix)."""
+    return text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text or Path(text).is_file()
 
 
 def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -648,6 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
+    if (settle := getattr(args, "settle", None)) is not None:
+        settle(args)
     try:
         return _dispatch(args)
     except BrokenPipeError:

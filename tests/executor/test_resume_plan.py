@@ -27,6 +27,7 @@ from executor.run.resume import Fingerprints, Plan, carry_over, plan_steps
 from executor.run.state import RunMeta, StepRecord
 from executor.runbook.loader import Runbook, load_runbook
 from executor.runbook.model import var_text
+from tests.clirun import runbook_cli
 
 SOURCE = "20260101-000000-abcdef"
 
@@ -499,3 +500,47 @@ def test_only_a_matrix_instance_keeps_the_group_s_cells_that_do_not_depend_on_it
         "bench[srv=y,conc=1]",
         "bench[srv=y,conc=2]",
     ]
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "FILE --resume",
+        "--resume FILE",
+        "--resume=FILE",
+        "--var color=green --resume FILE",
+        "FILE --resume RUN",
+        "--resume RUN FILE",
+        "--resume FILE RUN",
+    ],
+)
+def test_resume_and_its_file_in_any_order(failed_local_run: tuple[Path, Path, Path], order: str) -> None:
+    """`--resume` takes an optional RUN_ID: argparse gave it the FILE after it (`runbook run --resume FILE` asked
+    for a file; `--resume FILE RUN` took the run id for the runbook). Every order resumes the run it names (the
+    latest without RUN), FILE the runbook."""
+    book, logs, marker = failed_local_run
+    marker.unlink()  # c2 fails again: each resume ends as its source did, 1
+    first, latest = _newest(logs)["run_id"], _newest(logs)["run_id"]
+    if "RUN" in order:  # a newer run than the one named, so that the latest is not what RUN resumes
+        assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+        latest = _newest(logs)["run_id"]
+    words = order.replace("RUN", first).replace("FILE", str(book)).split()
+    done = runbook_cli("run", *words, "--log-dir", str(logs))
+    assert done.returncode == 1, done.stderr
+    assert _newest(logs)["resumed_from"] == (first if "RUN" in order else latest)
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--resume"], "which runbook? give its FILE: runbook run FILE --resume"),
+        (["--resume", "2026"], "which runbook? give its FILE: runbook run FILE --resume 2026"),
+        ([], "which runbook? give its FILE: runbook run FILE"),
+        (["--resume", "a.yaml", "b.yaml"], "two runbooks, a.yaml and b.yaml: give one FILE, then --resume [RUN_ID]"),
+    ],
+)
+def test_a_run_without_one_runbook_says_what_to_type(tmp_path: Path, words: list[str], said: str) -> None:
+    done = runbook_cli("run", *words, "--log-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"runbook run: error: {said}"
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
