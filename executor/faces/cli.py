@@ -142,13 +142,21 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "run",
         help="run a runbook",
-        usage="%(prog)s FILE [--var K=V] [--inventory FILE] [--log-dir DIR] [--json] [-v] "
+        usage="%(prog)s FILE [--var K=V] [--unset-var NAME] [--inventory FILE] [--log-dir DIR] [--json] [-v] "
         "[--resume [RUN_ID]] [--from STEP | --only STEP]",
     )
     # optional to argparse only: `--resume FILE` gives FILE to --resume, and `_runbook_of_run` puts it back
     p.add_argument("file", type=Path, nargs="?", metavar="FILE")
     p.set_defaults(settle=functools.partial(_runbook_of_run, error=p.error))
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
+    p.add_argument(
+        "--unset-var",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --resume: do not carry the resumed run's --var NAME over (the runbook's or inventory's value "
+        "applies again; --var NAME= is the empty string); repeatable",
+    )
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -329,6 +337,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     file=site.runbook,
                     inventory=site.inventory,
                     var=[],
+                    unset_var=[],
                     log_dir=args.log_dir,
                     json=args.json,
                     verbose=False,
@@ -377,6 +386,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from_step=args.from_step,
         only_step=args.only_step,
         var_args=list(args.var),
+        unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,
     )

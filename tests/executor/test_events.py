@@ -24,6 +24,7 @@ from executor.run.event_models import (
     EVENT_TYPES,
     EVENTS,
     AttemptFailed,
+    Carried,
     CellCounts,
     CellsProgress,
     CommandFinished,
@@ -253,7 +254,7 @@ def test_readme_documents_every_event_and_every_field() -> None:
     for event_type in EVENT_TYPES:
         cell = rows[event_type.model_fields["event"].default]
         assert _names(cell) == set(event_type.model_fields) - common, event_type.__name__
-    assert _nested(rows["run_started"]) == [set(PlannedStep.model_fields)]
+    assert _nested(rows["run_started"]) == [set(PlannedStep.model_fields), set(Carried.model_fields)]
     assert _nested(rows["step_finished"]) == [set(HostOutcome.model_fields)]
 
 

@@ -544,3 +544,55 @@ def test_a_run_without_one_runbook_says_what_to_type(tmp_path: Path, words: list
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == f"runbook run: error: {said}"
     assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
+
+
+def _run_started(done: Any) -> dict[str, Any]:
+    started: dict[str, Any] = json.loads(done.stdout.partition("\n")[0])
+    assert started["event"] == "run_started", done.stdout
+    return started
+
+
+def test_a_resume_shows_what_it_carries_and_unset_var_drops_a_carried_value(
+    failed_local_run: tuple[Path, Path, Path],
+) -> None:
+    """The failed run was started with --var color=blue and an inventory setting size: a resume carries both and
+    says so (console, `run_started.carried`); `--unset-var color` drops the carried value, so the runbook's
+    default (red) applies again and c1, which reads it, runs again; `--var color=` is still the empty string."""
+    book, logs, _marker = failed_local_run
+    first = _newest(logs)
+    site = first["inventory"]
+    kept = runbook_cli("run", str(book), "--resume", "--json", "--log-dir", str(logs))
+    assert kept.returncode == 0, kept.stderr
+    assert _run_started(kept)["carried"] == {"inventory": site, "vars": {"color": "blue"}, "unset": []}
+    assert f"as it was started: --inventory {site} --var color=blue" in kept.stderr
+
+    dropped = runbook_cli("run", str(book), "--resume", "--unset-var", "color", "--json", "--log-dir", str(logs))
+    assert dropped.returncode == 0, dropped.stderr
+    started = _run_started(dropped)
+    assert started["carried"] == {"inventory": site, "vars": {}, "unset": ["color"]}
+    assert "not carried (--unset-var color): --var color=blue" in dropped.stderr
+    assert started["steps"][0]["plan"].endswith("var color)")  # c1 reads it: it runs again
+    assert (_newest(logs)["vars"]["color"], _newest(logs)["vars"]["size"]) == ("red", "large")
+
+    empty = runbook_cli("run", str(book), "--resume", "--var", "color=", "--log-dir", str(logs))
+    assert empty.returncode == 0, empty.stderr
+    assert _newest(logs)["vars"]["color"] == ""
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--resume", "--unset-var", "colr"], "carries no --var colr (did you mean 'color'?); it was started with"),
+        (["--resume", "--unset-var", "size"], "a value from the runbook or the inventory is no --var to drop"),
+        (["--resume", "--unset-var", "color", "--var", "color=x"], "--unset-var color and --var color=... together"),
+        (["--unset-var", "color"], "--unset-var drops a --var that --resume would carry over: it needs --resume"),
+    ],
+)
+def test_unset_var_of_a_value_not_carried_is_refused(
+    failed_local_run: tuple[Path, Path, Path], words: list[str], said: str
+) -> None:
+    book, logs, _marker = failed_local_run
+    before = sorted(logs.iterdir())
+    done = runbook_cli("run", str(book), *words, "--log-dir", str(logs))
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and sorted(logs.iterdir()) == before
