@@ -403,11 +403,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         return failed(exc, again)
     finally:
         reporter.close()
-    if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
+    if code == EXIT_FAILED and not args.json and _said_causes(engine, args.log_dir):
+        pass  # the var whose value caused it, and the command that resumes with another value, are said
+    elif code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
         err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
     elif code == EXIT_CELLS_FAILED and not args.json:
         err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
     return code
+
+
+def _said_causes(engine: Engine, log_dir: Path) -> bool:
+    """Say each failure a var's value caused (`StepRecord.cause`) and the command that resumes the run with
+    another value of it; whether there was one."""
+    from executor.faces import views
+
+    causes = {
+        (r.cause["var"], r.cause["value"]): r for r in engine.records.values() if r.cause and r.status == "failed"
+    }
+    for record in causes.values():
+        assert record.cause is not None
+        path, run_id = str(engine.runbook.path), engine.run_dir.name
+        err().print(
+            shown_text(
+                f"{record.step}@{record.host} failed because of {views.caused_by(record.cause)}; "
+                "resume with another value:"
+            )
+        )
+        err().print(shown_text(views.resume_with(path, run_id, log_dir, record.cause)), soft_wrap=True)
+    return bool(causes)
 
 
 def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
@@ -498,6 +521,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
         if detail:
             details.append(f"{r.step}@{r.host}: {detail}")
+        if r.cause is not None and r.status == "failed":  # the view added the command that resumes
+            details.append(f"{r.step}@{r.host}: caused by {views.caused_by(r.cause)}; resume with another value:")
+            details.append(r.cause["resume"])
     _print_whole(table)
     for detail in details:
         out().print(shown_text(detail))

@@ -95,11 +95,22 @@ class CommandFinished(Event):
     duration_s: float
 
 
+class VarCause(BaseModel):
+    """The runbook var whose value caused a failure (a port held by another process): `attempt_failed.cause`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    var: str
+    value: str  # as the run stores it (a secret masked)
+    param: str  # the step's parameter that holds it (`port`); "" when the step's facts named the var
+
+
 class AttemptFailed(Event):
     """An attempt did not pass: why, with the gate's values and the output's tail."""
 
     event: Literal["attempt_failed"] = "attempt_failed"
     message: str
+    cause: VarCause | None = None  # the var whose value caused it, where the step kind knows
 
 
 class StepFinished(Event):

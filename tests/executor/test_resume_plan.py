@@ -596,3 +596,55 @@ def test_unset_var_of_a_value_not_carried_is_refused(
     done = runbook_cli("run", str(book), *words, "--log-dir", str(logs))
     assert done.returncode == 2 and said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and sorted(logs.iterdir()) == before
+
+
+HELD = """\
+    name: held
+    hosts: {here: {address: local}}
+    vars: {port: 30000}
+    steps:
+      - {id: first, kind: shell, script: 'echo first', pass_env: []}
+      - id: serve
+        kind: shell
+        parse: json
+        gates: ['facts.failure is none']
+        script: |
+          if [ "$port" = 30000 ]; then
+            echo '{"failure": "port 30000 is held by another process (pid 4242)", "failure_class": "PortInUse",'
+            echo ' "failure_var": "port"}'
+          else
+            echo '{"failure": null}'
+          fi
+    """
+
+
+def test_a_failure_a_var_caused_names_it_and_the_resume_that_changes_it(tmp_path: Path) -> None:
+    """A step's facts name the var whose value caused its failure (`failure_var`, as deploy's PortInUse names its
+    `port`): the failure's headline leads with `port=30000`, the console ends with the command that resumes
+    with another value, `status` (and its --json, which the MCP tool returns) says the same; that command,
+    run, passes, reusing the step before (which the var does not reach)."""
+    book, logs = tmp_path / "held.yaml", tmp_path / "logs"
+    book.write_text(textwrap.dedent(HELD))
+    failed = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert failed.returncode == 1, failed.stderr
+    run_id = _newest(logs)["run_id"]
+    command = f"runbook run {book} --resume {run_id} --log-dir {logs} --var port=NEW_VALUE"
+    assert "serve@here: [primary] port=30000: port 30000 is held by another process (pid 4242)\n" in failed.stderr
+    assert "serve@here failed because of port=30000; resume with another value:" in failed.stderr
+    assert failed.stderr.splitlines()[-1] == command
+    assert "after fixing the cause" not in failed.stderr  # the cause is named: no guessing line
+
+    shown = runbook_cli("status", run_id, "--log-dir", str(logs))
+    assert "serve@here: caused by port=30000; resume with another value:" in shown.stdout
+    assert command in shown.stdout.splitlines()
+    step = json.loads(runbook_cli("status", "--json", "--log-dir", str(logs)).stdout)["steps"][1]
+    assert step["cause"] == {"var": "port", "value": "30000", "param": "", "resume": command}
+
+    again = runbook_cli(*command.replace("NEW_VALUE", "30001").split()[1:])
+    assert again.returncode == 0, again.stderr
+    resumed = runbook_cli("status", "--json", "--log-dir", str(logs))
+    steps = json.loads(resumed.stdout)["steps"]
+    assert [(s["status"], s["reused_from"], s["cause"]) for s in steps] == [
+        ("passed", run_id, None),
+        ("passed", None, None),
+    ]
