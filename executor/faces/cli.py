@@ -235,8 +235,14 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("show", help="one line per record").add_argument("run_dir", type=Path)
-    a = actions.add_parser("verify", help="check the chain, the head, state.db and (--key) the seal")
-    a.add_argument("run_dir", type=Path)
+    a = actions.add_parser(
+        "verify",
+        help="check the chain, the head, state.db and (--key) the seal",
+        usage="%(prog)s RUN_DIR [--key [PATH]]",
+    )
+    # optional to argparse only, as `run`'s FILE: `--key RUN_DIR` gives RUN_DIR to --key (`_run_dir_of_verify`)
+    a.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR")
+    a.set_defaults(settle=functools.partial(_run_dir_of_verify, error=a.error))
     a.add_argument(
         "--key",
         nargs="?",
@@ -246,6 +252,17 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
         help=f"check the seal with this key (default: {seal.default_key_path()})",
     )
     actions.add_parser("key", help=f"create the key that seals every later run's log ({seal.default_key_path()})")
+
+
+def _run_dir_of_verify(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`audit verify`'s RUN_DIR wherever it was typed: `--key` takes an optional PATH, so `audit verify --key
+    RUN_DIR` gave the run folder to --key and asked for one. A key is a file, a run folder a folder: a folder
+    given to --key is the run folder, checked with the default key."""
+    key, run_dir = args.key, args.run_dir
+    if key is not None and key.is_dir() and (run_dir is None or not run_dir.is_dir()):
+        args.run_dir, args.key = key, run_dir or seal.default_key_path()
+    if args.run_dir is None:
+        error("which run? give its folder: runbook audit verify RUN_DIR [--key [PATH]]")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -403,10 +420,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return failed(exc, again)
     finally:
         reporter.close()
-    if code == EXIT_FAILED and not args.json and _said_causes(engine, args.log_dir):
-        pass  # the var whose value caused it, and the command that resumes with another value, are said
-    elif code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
-        err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
+    if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
+        # a failure a var's value caused is said with the command that resumes with another value instead
+        if not (code == EXIT_FAILED and _said_causes(engine, args.log_dir)):
+            err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
     elif code == EXIT_CELLS_FAILED and not args.json:
         err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
     return code

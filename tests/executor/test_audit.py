@@ -332,3 +332,25 @@ def test_a_head_read_while_the_live_run_rewrites_it_is_checked_again(
         state.close()
     assert report.ok, report.problems
     assert tampered.problems == ["run-1: record 2 does not match the recorded head: the log was rewritten"]
+
+
+@pytest.mark.parametrize("order", ["RUN_DIR --key", "--key RUN_DIR", "--key KEY RUN_DIR", "RUN_DIR --key KEY"])
+def test_verify_takes_the_run_folder_before_or_after_key(tmp_path: Path, order: str) -> None:
+    """`--key` takes an optional PATH: argparse gave `audit verify --key RUN_DIR` the run folder as the key and
+    asked for a run folder (exit 2). A folder is the run, checked with the default key; without one, exit 2 says
+    what to type."""
+    config = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    assert runbook_cli("audit", "key", env=config).returncode == 0
+    book = tmp_path / "b.yaml"
+    book.write_text("name: t\nhosts: {h: {address: local}}\nsteps:\n  - {id: a, kind: shell, script: echo}\n")
+    assert runbook_cli("run", str(book), "--log-dir", str(tmp_path / "logs"), env=config).returncode == 0
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    key = tmp_path / "config" / "runbook" / "audit.key"
+    words = order.replace("RUN_DIR", str(run_dir)).replace("KEY", str(key)).split()
+    checked = runbook_cli("audit", "verify", *words, env=config)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith("intact: 1 records") and "seal checked" in checked.stdout
+    alone = runbook_cli("audit", "verify", "--key", env=config)
+    assert alone.returncode == 2 and alone.stderr.splitlines()[-1].endswith(
+        "which run? give its folder: runbook audit verify RUN_DIR [--key [PATH]]"
+    )
