@@ -251,7 +251,12 @@ class AttemptFailed(Exception):
     `facts` keeps what the attempt found, so that a failed step's record shows it too; `gate` is
     the expression of the gate that failed (None when the attempt failed before its gates);
     `exit_code` is the exit code of the attempt's command (not a CLI status: this is no RunbookError).
+    `cause` is the runbook var whose value caused it, where the step kind knows (`StepSpec.failure_var`: a port
+    held by another process is caused by the var the runbook gave as the port): `{var, value, param}`, the
+    value as the run stores it (masked), `param` the step's parameter that holds it ("" when the facts name it).
     """
+
+    cause: dict[str, str] | None = None
 
     #: Whether a failure of this class is retried when the runbook's `non_retryable:` does not name it: False for
     #: a failure that asking again cannot fix (the same config, token, GPU memory, port holder or value).

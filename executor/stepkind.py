@@ -547,6 +547,23 @@ class StepSpec(Model):
             return FAILURE_CLASSES.get(named, StepFailed)
         return StepFailed if fact_field(facts, "failure") is not None else None
 
+    #: The parameter of this kind that a failure class blames (deploy: a port held by another process, PortInUse,
+    #: blames `port`): where the runbook gives that parameter as a var, the failure names the var and its value
+    #: (`failure_var`), and the console, `status` and the MCP tools say how to resume with another value.
+    failure_params: ClassVar[Mapping[str, str]] = {}
+
+    def failure_var(self, failure: type[AttemptFailed], facts: Any) -> tuple[str, str] | None:
+        """The runbook var whose value caused a failure of class `failure`, and the parameter that holds it: the
+        var the facts name (`failure_var`, any kind's host program or script may), else the one the runbook gave
+        as the parameter `failure_params` says the class blames. None: no var is known to be the cause."""
+        named = fact_field(facts, "failure_var")
+        if isinstance(named, str):
+            return named, ""
+        param = self.failure_params.get(failure.__name__)
+        written = getattr(self, param, None) if param else None
+        names = var_names(written) if isinstance(written, str) else []
+        return (names[0], str(param)) if len(set(names)) == 1 else None
+
     def gate_failure(self, facts: Any, gate: str, undecided: bool) -> type[AttemptFailed]:
         """The failure class of an attempt whose gate `gate` did not hold (`undecided`: it could not be
         evaluated): the kind's own (`failure_class`) first, then GateUndecided, then CommandFailed for a gate on

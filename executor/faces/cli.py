@@ -22,7 +22,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -145,9 +145,24 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     """`runbook run`: the runbook, its overrides, where its run goes, and where it starts."""
-    p = sub.add_parser("run", help="run a runbook")
-    p.add_argument("file", type=Path)
+    p = sub.add_parser(
+        "run",
+        help="run a runbook",
+        usage="%(prog)s FILE [--var K=V] [--unset-var NAME] [--inventory FILE] [--log-dir DIR] [--json] [-v] "
+        "[--resume [RUN_ID]] [--from STEP | --only STEP]",
+    )
+    # optional to argparse only: `--resume FILE` gives FILE to --resume, and `_runbook_of_run` puts it back
+    p.add_argument("file", type=Path, nargs="?", metavar="FILE")
+    p.set_defaults(settle=functools.partial(_runbook_of_run, error=p.error))
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
+    p.add_argument(
+        "--unset-var",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --resume: do not carry the resumed run's --var NAME over (the runbook's or inventory's value "
+        "applies again; --var NAME= is the empty string); repeatable",
+    )
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -165,6 +180,27 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
     p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
+
+
+def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`runbook run`'s FILE wherever it was typed. `--resume` takes an optional RUN_ID, so argparse hands it
+    the word after it: `runbook run --resume FILE` made FILE the run id and then asked for a file, and
+    `--resume FILE RUN_ID` took the run id for the runbook. A run id never ends in `.yaml`/`.yml` nor holds
+    a `/`: what does (or names a file) is the runbook, put back in its place. Anything else is a usage error
+    (exit 2) that says what to type."""
+    resume, file = args.resume, args.file
+    if resume not in (None, "latest") and _names_a_runbook(resume):
+        if file is not None and _names_a_runbook(str(file)):
+            error(f"two runbooks, {resume} and {file}: give one FILE, then --resume [RUN_ID]")
+        args.file, args.resume = Path(resume), "latest" if file is None else str(file)
+    if args.file is None:
+        then = "" if args.resume is None else " --resume" if args.resume == "latest" else f" --resume {args.resume}"
+        error(f"which runbook? give its FILE: runbook run FILE{then}")
+
+
+def _names_a_runbook(text: str) -> bool:
+    """Whether an argument is a runbook's path rather than a run id (`20261203-134350-be4f3f`, or a prefix)."""
+    return text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text or Path(text).is_file()
 
 
 def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -206,8 +242,14 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("show", help="one line per record").add_argument("run_dir", type=Path)
-    a = actions.add_parser("verify", help="check the chain, the head, state.db and (--key) the seal")
-    a.add_argument("run_dir", type=Path)
+    a = actions.add_parser(
+        "verify",
+        help="check the chain, the head, state.db and (--key) the seal",
+        usage="%(prog)s RUN_DIR [--key [PATH]]",
+    )
+    # optional to argparse only, as `run`'s FILE: `--key RUN_DIR` gives RUN_DIR to --key (`_run_dir_of_verify`)
+    a.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR")
+    a.set_defaults(settle=functools.partial(_run_dir_of_verify, error=a.error))
     a.add_argument(
         "--key",
         nargs="?",
@@ -217,6 +259,17 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
         help=f"check the seal with this key (default: {seal.default_key_path()})",
     )
     actions.add_parser("key", help=f"create the key that seals every later run's log ({seal.default_key_path()})")
+
+
+def _run_dir_of_verify(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`audit verify`'s RUN_DIR wherever it was typed: `--key` takes an optional PATH, so `audit verify --key
+    RUN_DIR` gave the run folder to --key and asked for one. A key is a file, a run folder a folder: a folder
+    given to --key is the run folder, checked with the default key."""
+    key, run_dir = args.key, args.run_dir
+    if key is not None and key.is_dir() and (run_dir is None or not run_dir.is_dir()):
+        args.run_dir, args.key = key, run_dir or seal.default_key_path()
+    if args.run_dir is None:
+        error("which run? give its folder: runbook audit verify RUN_DIR [--key [PATH]]")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -309,6 +362,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     file=site.runbook,
                     inventory=site.inventory,
                     var=[],
+                    unset_var=[],
                     log_dir=args.log_dir,
                     json=args.json,
                     verbose=False,
@@ -355,6 +409,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from_step=args.from_step,
         only_step=args.only_step,
         var_args=list(args.var),
+        unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,
     )
@@ -375,7 +430,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in results_lines(getattr(engine.folder, "run_dir", None), args.log_dir):  # set once it is made
             err().print(shown_text(line))
     if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
-        err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
+        # a failure a var's value caused is said with the command that resumes with another value instead
+        if not (code == EXIT_FAILED and _said_causes(engine, args.log_dir)):
+            err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
     elif code == EXIT_CELLS_FAILED and not args.json:
         err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
     return code
@@ -399,6 +456,27 @@ def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
         return [*lines, f"runbook report refuses its {views.REPORT_FILE}: {exc}"]
     lines += [f"figure: {run_dir / figure.path}" for figure in figures]
     return [*lines, f"see it again: {again}"]
+
+
+def _said_causes(engine: Engine, log_dir: Path) -> bool:
+    """Say each failure a var's value caused (`StepRecord.cause`) and the command that resumes the run with
+    another value of it; whether there was one."""
+    from executor.faces import views
+
+    causes = {
+        (r.cause["var"], r.cause["value"]): r for r in engine.records.values() if r.cause and r.status == "failed"
+    }
+    for record in causes.values():
+        assert record.cause is not None
+        path, run_id = str(engine.runbook.path), engine.run_dir.name
+        err().print(
+            shown_text(
+                f"{record.step}@{record.host} failed because of {views.caused_by(record.cause)}; "
+                "resume with another value:"
+            )
+        )
+        err().print(shown_text(views.resume_with(path, run_id, log_dir, record.cause)), soft_wrap=True)
+    return bool(causes)
 
 
 def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
@@ -489,6 +567,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
         if detail:
             details.append(f"{r.step}@{r.host}: {detail}")
+        if r.cause is not None and r.status == "failed":  # the view added the command that resumes
+            details.append(f"{r.step}@{r.host}: caused by {views.caused_by(r.cause)}; resume with another value:")
+            details.append(r.cause["resume"])
     _print_whole(table)
     for detail in details:
         out().print(shown_text(detail))
@@ -688,6 +769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
+    if (settle := getattr(args, "settle", None)) is not None:
+        settle(args)
     try:
         return _dispatch(args)
     except BrokenPipeError:

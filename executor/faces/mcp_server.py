@@ -269,6 +269,7 @@ class Launches:
                     "run_dir": event["run_dir"],
                     "pid": child.pid,
                     "stderr": str(err_path),
+                    "carried": event.get("carried"),  # a resume's --var and --inventory of the run it continues
                 }
             if child.poll() is not None:
                 said = err_path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -636,14 +637,18 @@ def _launching_tools(server: RunbookServer, launches: Launches, roots: Roots) ->
         inventory: str | None = None,
         vars: dict[str, str] | None = None,
         log_dir: str = str(LOG_DIR),
+        unset_vars: list[str] | None = None,
         client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
-        """Continue a run (default: the latest of this runbook) in the background: what passed is reused."""
+        """Continue a run (default: the latest of this runbook) in the background: what passed is reused. The
+        run's --var and --inventory carry over (`carried` in the answer); `vars` override them, `unset_vars`
+        drops carried --var values (the runbook's or inventory's apply again)."""
         here = roots.with_client(client_roots)
         runbook_files(here, file, inventory)
         here.inside(log_dir, "log_dir")
         resume = f"--resume={run_id}" if run_id else "--resume"
-        return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
+        unset = [f"--unset-var={name}" for name in unset_vars or []]
+        return await launches.start(_run_argv(file, inventory, vars, log_dir, resume, *unset))
 
 
 def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> None:

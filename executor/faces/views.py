@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from executor.documents import NewerDocument, Provenance, Shown, Table, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
+from executor.faces.inputs import LOG_DIR
 from executor.files import json_data, open_run_file, refusal
 from executor.run.state import (
     JSON_COLUMN_MAX_DEPTH,
@@ -81,11 +83,30 @@ def status(log_dir: Path, run_id: str | None = None) -> dict[str, Any]:
         run_status = state.status()
         finished_at = state.get("finished_at")
         cells = failed_cells(state.get("failed_cells"))
+    steps = [dataclasses.asdict(r) for r in records]
+    for step in steps:  # a failure a var's value caused: with the command that resumes with another value
+        if step["cause"] is not None and step["status"] == "failed":
+            step["cause"] = step["cause"] | {"resume": resume_with(meta.path, meta.run_id, log_dir, step["cause"])}
     return {
         "run": meta.__dict__ | {"status": run_status, "note": note(run_status), "finished_at": finished_at},
-        "steps": [dataclasses.asdict(r) for r in records],
+        "steps": steps,
         "failed_cells": cells,
     }
+
+
+def resume_with(runbook_path: str, run_id: str, log_dir: Path, cause: Mapping[str, str]) -> str:
+    """The command that resumes run `run_id` with another value of the var whose value caused a failure (a
+    step record's `cause`): `runbook run FILE --resume RUN --var NAME=NEW_VALUE`."""
+    where = [] if log_dir == LOG_DIR else ["--log-dir", str(log_dir)]
+    return shlex.join(
+        ["runbook", "run", runbook_path, "--resume", run_id, *where, "--var", f"{cause['var']}=NEW_VALUE"]
+    )
+
+
+def caused_by(cause: Mapping[str, str]) -> str:
+    """A cause as the console says it: `sglang_port=30000 (the step's port)`."""
+    held = f" (the step's {cause['param']})" if cause.get("param") else ""
+    return f"{cause['var']}={cause['value']}{held}"
 
 
 def failed_cells(stored: str | None) -> list[dict[str, str]]:

@@ -50,9 +50,18 @@ from executor.run.state import NOT_STARTED, StepRecord, now
 from executor.runbook import cells
 from executor.runbook.gates import DETAIL_MAX, GateWorkers, lookups_used, roots
 from executor.runbook.loader import Runbook
-from executor.runbook.model import Host, RetryPolicy, host_variables
+from executor.runbook.model import Host, RetryPolicy, host_variables, var_text
 from executor.runbook.planner import host_env
-from executor.stepkind import FACTS_MAX_DEPTH, FactHost, StepContext, StepSpec, StepView, UnknownFact, check_depth
+from executor.stepkind import (
+    FACTS_MAX_DEPTH,
+    FactHost,
+    StepContext,
+    StepSpec,
+    StepView,
+    UnknownFact,
+    check_depth,
+    fact_field,
+)
 from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport, kill_report
 
 if TYPE_CHECKING:
@@ -469,9 +478,10 @@ class Attempts:
                         except AttemptFailed as exc:
                             last = exc
                             record.facts, record.gate, record.exit_code = exc.facts, exc.gate, exc.exit_code
+                            record.cause = exc.cause
                             raise
                 record.status, record.facts, record.exit_code, record.via = "passed", facts, exit_code, via
-                record.message = record.gate = None
+                record.message = record.gate = record.cause = None
                 return
             except AttemptFailed as exc:
                 failures.append(f"[{via}] {exc}")
@@ -584,7 +594,14 @@ class Attempts:
                         message = f"{detail}\n  output tail:\n{out}" if out else detail
                         failure, why = gate_failure(spec, raw_facts, gate.that, verdict.undecided)
                         message += why
-                        self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code)
+                        cause = self._cause(spec, host, failure, raw_facts)
+                        if cause is not None:  # the headline: the var and its value first, then what happened
+                            said = fact_field(raw_facts, "failure") or gate.message or gate.that
+                            headline = str(said).partition("\n")[0]
+                            message = f"{cause['var']}={cause['value']}: {headline}\n{message}"
+                        self._attempt_failed(
+                            failure, spec, host, attempt, message, facts, gate.that, result.exit_code, cause
+                        )
         except GateWorkerUnavailable as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
 
@@ -635,7 +652,26 @@ class Attempts:
         facts: Any = None,
         gate: str | None = None,
         exit_code: int | None = None,
+        cause: dict[str, str] | None = None,
     ) -> NoReturn:
         message = self.redactor.text(message)
-        self.folder.events.emit(event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message)
-        raise failure(message, facts, gate, exit_code)
+        self.folder.events.emit(
+            event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message, cause=cause
+        )
+        failed = failure(message, facts, gate, exit_code)
+        failed.cause = cause
+        raise failed
+
+    def _cause(self, spec: StepSpec, host: str, failure: type[AttemptFailed], facts: Any) -> dict[str, str] | None:
+        """The var whose value caused the failure (`StepSpec.failure_var`) with its value on `host`, masked as the
+        run stores it, and the parameter that holds it; None where the kind names none, or names a var the run
+        does not have. A kind's bug here costs the failure its cause, never the attempt its class."""
+        try:
+            found = spec.failure_var(failure, facts)
+        except Exception:  # a bug in a step kind: the failure stands without a cause
+            return None
+        values = self.variables_for(host)
+        if found is None or found[0] not in values:
+            return None
+        var, param = found
+        return {"var": var, "value": self.redactor.text(var_text(values[var])), "param": param}

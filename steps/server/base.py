@@ -102,6 +102,8 @@ class ServerStep(StepSpec):
 
     python: str = "python3"  # the SGLang virtualenv's interpreter
     port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
+    #: a port held by a process the run did not start is caused by the port's value: named with its var
+    failure_params: ClassVar[Mapping[str, str]] = {"PortInUse": "port"}
     stop_timeout: Duration = 60.0
     state_dir: str = "~/.runbook/sglang"
     #: a node group, rank 0 first: the step runs on nodes[0], its commands on all (at most 32: MAX_NODES)

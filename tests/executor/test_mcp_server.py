@@ -388,3 +388,24 @@ def test_arguments_that_read_as_options_stay_the_runs_file_and_folder(
     assert refused["ok"] is False and refused["exit_code"] == 2, refused
     (problem,) = refused["problems"]  # read as a file (none there), before any process starts
     assert problem["file"] == "--help" and "cannot read the runbook" in problem["message"], refused
+
+
+def test_resume_answers_what_it_carries_and_drops_what_unset_vars_names(tmp_path: Path) -> None:
+    """The resume tool's answer says the --var values it carries over from the run (`carried`, as `run_started`
+    does); `unset_vars` drops one (the runbook's value applies again), and a name the run was not started with
+    is refused as the CLI refuses it (exit 2, did you mean)."""
+    logs, marker = tmp_path / "logs", tmp_path / "marker"
+    book = tmp_path / "carry.yaml"
+    book.write_text(
+        "name: carry\nhosts: {box: {address: local}}\nvars: {color: red}\nsteps:\n"
+        f"  - {{id: a, kind: shell, script: 'echo $color'}}\n  - {{id: b, kind: shell, script: 'test -f {marker}'}}\n"
+    )
+    assert main(["run", str(book), "--var", "color=blue", "--log-dir", str(logs)]) == 1
+    refused = in_process("resume", tmp_path, file=str(book), unset_vars=["colr"], log_dir=str(logs))
+    assert (refused["ok"], refused["exit_code"]) == (False, 2)
+    assert "carries no --var colr (did you mean 'color'?)" in "\n".join(refused["messages"])
+    resumed = in_process("resume", tmp_path, file=str(book), unset_vars=["color"], log_dir=str(logs))
+    assert resumed["ok"], resumed
+    assert resumed["carried"] == {"inventory": None, "vars": {}, "unset": ["color"]}
+    wait_for(lambda: '"run_finished"' in (Path(resumed["run_dir"]) / EVENTS_FILE).read_text(), what="the resume")
+    assert json.loads((Path(resumed["run_dir"]) / "run.json").read_text())["vars"]["color"] == "red"
