@@ -30,8 +30,8 @@ from executor.redact import MIN_SECRET_CHARS, Redactor
 from executor.runbook.campaign import Instance, MatrixGroup, matrix_environment, value_text
 from executor.runbook.gates import step_refs, syntax_error, var_refs
 from executor.runbook.matrix import _JINJA_FIELDS, Expansion, _fields, _texts, expand
-from executor.runbook.references import is_environment, parameter_names, reference_at, unknown_in_script
 from executor.runbook.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
+from executor.runbook.references import is_environment, parameter_names, reference_at, unknown_in_script
 from executor.stepkind import StepSpec, known_kinds, step_kinds
 
 Loc = tuple[str | int, ...]
@@ -895,7 +895,7 @@ def _check_references(runbook: Runbook, raws: list[dict[str, Any]], locs: list[L
                 _check_gate_vars(value, loc, where, header.vars, pos)
             elif key in scripts:
                 warnings.update(dict.fromkeys(_script_warnings(value, loc, where, defined, pos)))
-            elif key not in StepSpec.COMMON_FIELDS:
+            elif key not in StepSpec.COMMON_FIELDS and key not in type(spec).literal_fields:
                 _check_parameter_vars(value, loc, where, defined, pos)
     found = sorted(warnings, key=lambda p: (p.line, p.column))
     if len(found) <= MAX_PROBLEMS:

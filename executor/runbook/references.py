@@ -40,7 +40,9 @@ _ASSIGNED = re.compile(
     rf"|\bprintf\s+-v\s+({_NAME})"
 )
 #: Commands whose words are names they set (or declare): every name-like word up to the command's end.
-_DECLARING = re.compile(r"\b(?:read|local|export|declare|typeset|readonly|mapfile|readarray|getopts|let|unset)\b([^;&|\n)]*)")
+_DECLARING = re.compile(
+    r"\b(?:read|local|export|declare|typeset|readonly|mapfile|readarray|getopts|let|unset)\b([^;&|\n)]*)"
+)
 _WORD = re.compile(rf"(?<![\w$=-]){_NAME}\b")
 _HEREDOC = re.compile(rf"<<(-?)\s*(?:'({_NAME})'|\"({_NAME})\"|\\?({_NAME}))")
 
