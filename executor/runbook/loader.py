@@ -885,16 +885,20 @@ def _check_references(runbook: Runbook, raws: list[dict[str, Any]], locs: list[L
     these is, nor set by the script itself, is a warning (returned, in the order of the file)."""
     header = runbook.header
     warnings: dict[Problem, None] = {}
+    scripts_checked: set[tuple[Loc, frozenset[str]]] = set()  # a matrix's instances share their scripts
     for raw, step_loc, spec in zip(raws, locs, runbook.steps, strict=True):
         instance = runbook.instances.get(spec.id)
         base = instance.base if instance is not None else spec.id
         defined = {*header.vars, *header.secrets, *matrix_environment(instance.values if instance else {})}
         scripts, where = type(spec).script_fields, (step_loc, f"step '{base}'")
+        script_key = (step_loc, frozenset(defined))
+        new_scripts = script_key not in scripts_checked
+        scripts_checked.add(script_key)
         for key, value, loc in _fields(raw, step_loc):
             if key in _JINJA_FIELDS:
                 _check_gate_vars(value, loc, where, header.vars, pos)
             elif key in scripts:
-                warnings.update(dict.fromkeys(_script_warnings(value, loc, where, defined, pos)))
+                warnings.update(dict.fromkeys(_script_warnings(value, loc, where, defined, pos) if new_scripts else ()))
             elif key not in StepSpec.COMMON_FIELDS and key not in type(spec).literal_fields:
                 _check_parameter_vars(value, loc, where, defined, pos)
     found = sorted(warnings, key=lambda p: (p.line, p.column))

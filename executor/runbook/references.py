@@ -11,11 +11,11 @@ backslash-escaped `$`, and the body of a heredoc whose delimiter is quoted.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import re
 from collections.abc import Collection, Generator, Iterator
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 #: What bash sets itself, and what a login's environment (or the step's: executor.render.UNATTENDED_ENV)
 #: has: a `$NAME` of these names no var of the runbook (patterns, as `pass_env` takes them).
@@ -47,9 +47,12 @@ _WORD = re.compile(rf"(?<![\w$=-]){_NAME}\b")
 _HEREDOC = re.compile(rf"<<(-?)\s*(?:'({_NAME})'|\"({_NAME})\"|\\?({_NAME}))")
 
 
+_ENVIRONMENT = re.compile("|".join(fnmatch.translate(pattern) for pattern in ENVIRONMENT))
+
+
 def is_environment(name: str) -> bool:
     """Whether `name` is bash's own or the environment's (ENVIRONMENT)."""
-    return any(fnmatchcase(name, pattern) for pattern in ENVIRONMENT)
+    return _ENVIRONMENT.match(name) is not None
 
 
 def parameter_names(text: str) -> Iterator[tuple[int, str]]:

@@ -112,7 +112,7 @@ def test_a_typo_in_a_gate_or_when_is_refused_and_a_secret_or_axis_is_defined(tmp
     assert lines == [
         "F:12:11: step 'probe': when: vars.sglang_prot is not a var of the runbook; did you mean 'sglang_port'?",
         "F:13:13: step 'probe': gates[0]: vars.modelsdir is not a var of the runbook; did you mean 'models_dir'?",
-        "F:19:35: step 'serve': models_dir: $matrix_tokenz is not a var or secret of the runbook (declare it under "
+        "F:19:47: step 'serve': models_dir: $matrix_tokenz is not a var or secret of the runbook (declare it under "
         "`vars:`); did you mean 'matrix_tokens'?",
     ]
 
