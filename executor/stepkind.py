@@ -480,8 +480,8 @@ class StepSpec(Model):
     model_config = ConfigDict(allow_inf_nan=False)  # a parameter such as request_timeout: .inf is no bound
 
     id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")  # unique; earlier steps' facts are `steps.ID.facts`
-    kind: str
-    description: str | None = None
+    kind: str  # the step kind: what the step does, and which parameters it takes
+    description: str | None = None  # what the step is for (shown by `runbook plan`)
     host: str | None = None  # the one host it runs on (optional where the runbook has one)
     hosts: HostsSelector | None = None  # hosts it runs on: a list, `all` or a pool's name
     timeout: Duration | None = None  # of each command (default: `defaults.timeout`)
@@ -519,6 +519,9 @@ class StepSpec(Model):
     #: Parameters holding a script run by a shell: `${{ matrix.X }}` is refused there (the shell would
     #: read `${` itself); a script reads the axis values as environment variables `$matrix_X` instead.
     script_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Parameters that reach the host (or the controller) as written, never through a shell: a `$` in them is
+    #: text (a server's `env`, a report's title, a local file's path), so `validate` checks no `$name` there.
+    literal_fields: ClassVar[frozenset[str]] = frozenset()
     #: Parameters listing hosts where a pool's name may stand for its hosts (the loader puts them in before
     #: validating): the site's inventory then decides how many hosts they are.
     host_list_fields: ClassVar[frozenset[str]] = frozenset()

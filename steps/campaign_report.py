@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
+from typing import TYPE_CHECKING, Annotated, BinaryIO, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -66,12 +66,13 @@ class CampaignReportStep(StepSpec):
     """Sum the campaign up: per cell and host, the best configuration per concurrency, what to launch."""
 
     kind: Literal["campaign_report"] = "campaign_report"
+    literal_fields: ClassVar[frozenset[str]] = frozenset({"title"})  # the report's text
     baseline: StepRef  # the baseline benchmark step (it runs on every host of the pool)
     tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.02  # a cheaper configuration this close to the fastest wins
     compare_across_gpus: bool = False  # compare cells of hosts whose GPUs differ (model or count)
     #: flags in which the baseline's launch may differ from its cells' besides the speculative ones (campaign_parity)
     baseline_may_differ: list[str] = []
-    title: str | None = None
+    title: str | None = None  # the report's title (default: `Campaign: ` and the groups' names)
 
     @field_validator("baseline_may_differ")
     @classmethod

@@ -263,11 +263,12 @@ class ProbeStep(StepSpec):
     models_dir: str = "~/models"  # `~` and `$VARS` expand on the host (runbook vars are exported)
     paths: list[str] = ["/dev/shm"]  # measured besides the models dir
     python: str = "python3"  # the interpreter of the SGLang environment, e.g. /root/venv_sglang/bin/python
+    #: distributions whose versions are read from `python`
     packages: list[str] = ["sglang", "sgl-kernel", "flashinfer-python", "torch", "transformers", "huggingface_hub"]
     hub_repos: list[str] = []  # `org/name` or `org/name@revision`: files and bytes asked from the Hub
-    gpu_timeout: Duration = 30.0
-    python_timeout: Duration = 60.0
-    hub_timeout: Duration = 120.0
+    gpu_timeout: Duration = 30.0  # for nvidia-smi: past it, the GPU facts are unknown, with the reason
+    python_timeout: Duration = 60.0  # for reading the interpreter's packages and SGLang's features
+    hub_timeout: Duration = 120.0  # for the Hub's answers (token, hub_repos)
 
     def config(self) -> dict[str, object]:
         """What the host program is told, as its config."""

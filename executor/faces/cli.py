@@ -277,6 +277,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
     runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
+    for warning in runbook.warnings:
+        print(warning, file=sys.stderr)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
     for group in runbook.groups:

@@ -40,7 +40,7 @@ from pydantic import Field, ValidationError
 
 from executor import strict_json
 from executor.documents import Table
-from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
+from executor.errors import ArgumentRefused, InvalidRunbook, Problem, RunbookError, StateError
 from executor.faces import views
 from executor.faces.inputs import LOG_DIR, load_checked
 from executor.files import json_data, lines_within, open_run_file, refusal
@@ -189,9 +189,13 @@ def _failure(exc: RunbookError) -> dict[str, Any]:
     """An error as a result: what the CLI prints for it and the exit code it would exit with (its start, where
     it quotes a huge argument back: `no run RUN_ID`)."""
     if isinstance(exc, InvalidRunbook):
-        problems = [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in exc.problems]
-        return {"ok": False, "exit_code": exc.exit_code, "problems": problems}
+        return {"ok": False, "exit_code": exc.exit_code, "problems": _problems(exc.problems)}
     return {"ok": False, "exit_code": exc.exit_code, "error": _within(str(exc), ERROR_CAP)}
+
+
+def _problems(problems: Sequence[Problem]) -> list[dict[str, Any]]:
+    """Problems (or warnings) as an answer holds them: file, line, column, message."""
+    return [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in problems]
 
 
 def _pairs(variables: Mapping[str, str] | None) -> list[str]:
@@ -595,10 +599,11 @@ def _checking_tools(server: RunbookServer, roots: Roots) -> None:
     def validate(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
-        """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message."""
+        """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message;
+        `warnings` (same shape) point out what does not stop it (a script's `$NAME` that nothing defines)."""
         files = runbook_files(roots.with_client(client_roots), file, inventory)
         runbook, _ = load_checked(*files, _pairs(vars), os.environ)
-        return {"ok": True, "steps": len(runbook.steps), "problems": []}
+        return {"ok": True, "steps": len(runbook.steps), "problems": [], "warnings": _problems(runbook.warnings)}
 
     @server.tool()
     def plan(
