@@ -76,11 +76,18 @@ def _shell_path(path: str) -> str:
     return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
 
 
-def reach_check(exc: BaseException, name: str, where: tuple[str, int], user: str | None = None) -> str:
-    """What to check when a connection to `where` (address, port) could not be made, by what stopped it."""
+def reach_check(
+    exc: BaseException, name: str, where: tuple[str, int], user: str | None = None, jump: bool = False
+) -> str:
+    """What to check when a connection to `where` (address, port) could not be made, by what stopped it; `jump`:
+    `where` is one of host `name`'s jump hosts."""
     address, port = where
     at = f"{address}:{port}"
-    fields = f"`address:`/`port:` of host {name}, or its ssh config's HostName/Port"
+    fields = (
+        f"the ProxyJump of host {name}"
+        if jump
+        else f"`address:`/`port:` of host {name}, or its ssh config's HostName/Port"
+    )
     if isinstance(exc, socket.gaierror):
         return f"to check: {address} does not resolve: the address ({fields}) and this machine's DNS"
     if isinstance(exc, ConnectionRefusedError):
@@ -282,9 +289,7 @@ class SSHTransport(Transport):
                     f"host key of {hop.label} not trusted",
                     _trust_hint(self.name, hop.address, options.get("port"), hint_file),
                 ),
-                check=reach_check(
-                    exc, self.name if depth == 0 else hop.label, (probe.host, probe.port), probe.username
-                ),
+                check=reach_check(exc, self.name, (probe.host, probe.port), probe.username, jump=depth > 0),
             ) from None
 
     async def _jumps(
