@@ -641,8 +641,8 @@ def _lay_over(data: dict[str, Any], overlay: InventoryOverlay) -> dict[str, Any]
     hosts = {
         name: _host_over(sections["hosts"].get(name), entry) for name, entry in overlay.data.get("hosts", {}).items()
     }
-    for name, laid in hosts.items():
-        if laid.get("address") is None:
+    for name, merged in hosts.items():
+        if merged.get("address") is None:
             nulled = "address" in overlay.data["hosts"][name]
             why = (
                 "`address: null` leaves the host without one"
@@ -678,9 +678,15 @@ def _host_sources(
     for name, host in hosts.items() if isinstance(hosts, dict) else ():
         fields = into.setdefault(name, {})
         for key, value in host.items() if isinstance(host, dict) else ():
-            places = [(f"vars.{var}", ("hosts", name, key, var)) for var in value] if key == "vars" else []
-            for field_name, loc in places if isinstance(value, dict) else [(key, ("hosts", name, key))]:
-                fields[field_name] = (origin, f"{pos.file}:{pos.at(loc, key=True)[0]}")
+            if key == "vars" and isinstance(value, dict):
+                fields |= {f"vars.{var}": (origin, _line(pos, ("hosts", name, key, var))) for var in value}
+            else:
+                fields[key] = (origin, _line(pos, ("hosts", name, key)))
+
+
+def _line(pos: _Positions, loc: Loc) -> str:
+    """`FILE:LINE` of the key at `loc`."""
+    return f"{pos.file}:{pos.at(loc, key=True)[0]}"
 
 
 def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = None) -> Runbook:
