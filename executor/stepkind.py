@@ -188,7 +188,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     if result.exit_code == kit.TOO_OLD and not lines:
         raise FactsError(f"{program} cannot run on the host's interpreter: {said}")
     if not lines:
-        raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
+        raise FactsError(f"{program} printed no JSON document ({result.ended}); stderr: {said}")
     wrong = f"{program} printed a document of an unexpected shape"
     try:  # read once, strictly: NaN, Infinity and 1e999 (which pydantic's JSON reader takes) are refused
         data = kit.loads(lines[-1])

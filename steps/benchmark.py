@@ -196,7 +196,7 @@ class BenchmarkStep(StepSpec):
         lines = jsonl_lines(result.stdout_text)
         if result.exit_code != 0:
             said = error_line(result.stdout_text.partition(JSONL_MARKER)[0], result.stderr_text)
-            return None, f"{where}: bench_serving exited {result.exit_code}: {said}"
+            return None, f"{where}: bench_serving {_exited(result)}: {said}"
         if not lines:
             return None, f"{where}: bench_serving exited 0 but wrote no JSONL line"
         try:
@@ -356,3 +356,8 @@ def _fact(ctx: StepContext, step: str, path: str, param: str) -> Any:
             f"{param}: step {step!r} has no fact {path!r} on host {ctx.host_name} "
             "(does it run before this step, on the same host?)"
         ) from None
+
+
+def _exited(result: CommandResult) -> str:
+    """`exited 1`, or how a command without an exit code ended (`timed out`, `no exit status`): never `exited None`."""
+    return f"exited {result.exit_code}" if result.exit_code is not None else result.ended

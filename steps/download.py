@@ -301,7 +301,7 @@ class DownloadStep(StepSpec):
         if result.timed_out:
             raise FactsError(f"the {what} timed out after {CHECK_TIMEOUT_S:g}s")
         if result.exit_code != 0:
-            raise FactsError(f"the {what} did not report (exit {result.exit_code}): {last_line(result) or 'no output'}")
+            raise FactsError(f"the {what} did not report ({result.ended}): {last_line(result) or 'no output'}")
         return result, host_document(result, HostReport, f"the {what}").model_dump(exclude_none=True)
 
     async def execute(self, ctx: StepContext) -> Outcome:
@@ -451,7 +451,7 @@ def method_end(run: CommandResult, limit: float | None) -> tuple[str, str]:
     if run.exit_code == 0:
         return "exited 0", "exited 0"
     line = last_line(run)
-    ended = f"exit {run.exit_code}"
+    ended = run.ended
     return (f"{ended} ({gist(line)})", f"{ended} ({line})") if line else (ended, ended)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from executor import strict_json
+from executor.command_result import how_it_ended
 from executor.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -35,6 +36,7 @@ from executor.errors import (
     InvalidRunbook,
     ResumeError,
     RunbookError,
+    TransportError,
 )
 from executor.faces.inputs import LOG_DIR, load_checked
 from executor.run import seal
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 
     from executor.consoles import PipedConsole, UnattendedConsole
     from executor.run.engine import Engine
+    from executor.transport.ssh import OfferedKey
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
@@ -140,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     which.add_argument("--plan", action="store_true", help="the plan document's schema instead (plan --json)")
     _add_audit(sub)
+    _add_trust_host(sub)
     return parser
 
 
@@ -270,6 +274,75 @@ def _run_dir_of_verify(args: argparse.Namespace, error: Callable[[str], NoReturn
         args.run_dir, args.key = key, run_dir or seal.default_key_path()
     if args.run_dir is None:
         error("which run? give its folder: runbook audit verify RUN_DIR [--key [PATH]]")
+
+
+def _add_trust_host(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`runbook trust-host FILE HOST`: read a host's key, show its fingerprint, record it when told to."""
+    p = sub.add_parser(
+        "trust-host",
+        help="show the SSH host key HOST presents now (its fingerprint), and record it in the host's known_hosts "
+        "with --fingerprint (the one you checked) or --yes; exit 0 once it is trusted, 1 if not",
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument("host", help="a host of the runbook (or of the inventory)")
+    p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
+    accept = p.add_mutually_exclusive_group()
+    accept.add_argument(
+        "--fingerprint",
+        metavar="SHA256:...",
+        help="record the key only if it has this fingerprint (checked with its owner)",
+    )
+    accept.add_argument("--yes", action="store_true", help="record the key it presents, whatever its fingerprint")
+
+
+def cmd_trust_host(args: argparse.Namespace) -> int:
+    """Read the key `args.host` presents, without logging in, and say its fingerprint. Record it in the host's
+    known_hosts file only when `--fingerprint` matches it or `--yes` is given: nothing waits for a person. Exit 0
+    when the key is trusted afterwards (recorded now, or already), 1 when it is not (shown only, another key is
+    recorded for the host, a fingerprint that differs, the host unreachable), 2 for a bad argument or runbook."""
+    import asyncio
+
+    from executor.transport.ssh import SSHTransport
+
+    runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
+    host = runbook.hosts.get(args.host)
+    if host is None or host.is_local:
+        why = "is local: no SSH, no host key" if host else f"is no host of it (its hosts: {', '.join(runbook.hosts)})"
+        print(shown(f"runbook trust-host: {args.host!r} {why}"), file=sys.stderr)
+        return InvalidRunbook.exit_code
+    offered = asyncio.run(SSHTransport(args.host, host).offered_key())
+    where = f"{args.host} ({offered.pattern})"
+    print(shown(f"{where} presents the {offered.key.get_algorithm()} key {offered.fingerprint}"))
+    trusted = offered.trusted()
+    if trusted is not None:
+        print(shown(f"already trusted: {offered.file} holds it" if trusted else _changed_key(offered)))
+        return EXIT_OK if trusted else EXIT_FAILED
+    if args.yes or args.fingerprint == offered.fingerprint:
+        offered.record()
+        print(shown(f"recorded in {offered.file}: a run now trusts {where}"))
+        return EXIT_OK
+    if args.fingerprint is not None:
+        print(shown(f"not recorded: it is not the key you gave ({args.fingerprint}); ask the host's owner"))
+        return EXIT_FAILED
+    again = ["runbook", "trust-host", str(args.file), args.host]
+    again += ["--inventory", str(args.inventory)] if args.inventory else []
+    print(
+        shown(
+            "not recorded: compare it with the host's own (on the host: `ssh-keygen -lf /etc/ssh/ssh_host_"
+            f"{offered.key.get_algorithm().removeprefix('ssh-').split('-')[0]}_key.pub`), then: "
+            + shlex.join([*again, "--fingerprint", offered.fingerprint])
+        )
+    )
+    return EXIT_FAILED
+
+
+def _changed_key(offered: OfferedKey) -> str:
+    """What to say where the file already trusts another key for the host: nothing is added beside it."""
+    return (
+        f"not recorded: {offered.file} trusts another key for {offered.pattern}: the host's key changed (reinstalled?),"
+        f" or this is not the host. Once its owner confirms the new key: ssh-keygen -f {shlex.quote(offered.file)} -R"
+        f" {shlex.quote(offered.pattern)}, then run this again"
+    )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -730,7 +803,8 @@ def _describe_record(record: dict[str, Any]) -> str:
         return (
             f"{who}  abandoned: was running when run {record.get('run')} stopped; {said or 'no record of its command'}"
         )
-    status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
+    ended = how_it_ended(record.get("exit_code"), interrupted=bool(record.get("interrupted")))
+    status = "timeout" if record.get("timed_out") else ended
     lines = str(record.get("command", "")).rstrip("\n").split("\n")  # a CR is shown, never a line break
     return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
@@ -762,6 +836,7 @@ COMMANDS = {
     "report": cmd_report,
     "schema": cmd_schema,
     "mcp": cmd_mcp,
+    "trust-host": cmd_trust_host,
 }
 
 
@@ -802,6 +877,8 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
         lines = [shown(write_failed_message(exc, again))]
     else:
         lines = [shown(f"runbook: {exc}")]
+    if isinstance(exc, TransportError) and exc.check:  # a connection not made: what to check, once
+        lines.append(shown(exc.check))
     for line in lines:
         print(line, file=sys.stderr)
     return exc.exit_code

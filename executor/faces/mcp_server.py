@@ -48,7 +48,7 @@ from executor.run.audit import AUDIT_FILE, read_records
 from executor.run.events import EVENTS_FILE
 from executor.run.state import STATE_FILE, LockRecord, RunLock, process_start
 from executor.runbook.loader import not_a_runbook
-from executor.runbook.planner import plan_document, secrets_redactor
+from executor.runbook.planner import host_fields, plan_document, secrets_redactor
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -599,11 +599,15 @@ def _checking_tools(server: RunbookServer, roots: Roots) -> None:
     def validate(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
-        """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message;
-        `warnings` (same shape) point out what does not stop it (a script's `$NAME` that nothing defines)."""
+        """Check a runbook (with an inventory and var overrides): ok, with each host's fields and where each comes
+        from (runbook, inventory or default), or its problems as file/line/column/message; `warnings` (same shape)
+        point out what does not stop it (a script's `$NAME` that nothing defines)."""
         files = runbook_files(roots.with_client(client_roots), file, inventory)
         runbook, _ = load_checked(*files, _pairs(vars), os.environ)
-        return {"ok": True, "steps": len(runbook.steps), "problems": [], "warnings": _problems(runbook.warnings)}
+        hosts = [host.model_dump(mode="json") for host in host_fields(runbook)]
+        masked = secrets_redactor(runbook, os.environ).deep(hosts)
+        answer = {"ok": True, "steps": len(runbook.steps), "problems": [], "warnings": _problems(runbook.warnings)}
+        return capped({**answer, "hosts": masked}, "hosts")
 
     @server.tool()
     def plan(

@@ -253,7 +253,7 @@ class HostContext(StepContext):
             self._record(command.display, partial)
             if exc.refuses_host:
                 raise HostRefused(attempts.redactor.text(str(exc))) from None
-            raise TransportFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
+            raise transport_failed("transport error", exc, attempts.redactor) from None
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
@@ -300,9 +300,17 @@ class HostContext(StepContext):
                 raise durable.failed(exc, into.parent, "a fetched file") from None
             raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
         except TransportError as exc:
-            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+            raise transport_failed("file transfer failed", exc, self.redactor) from None
         self.folder.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
+
+
+def transport_failed(what: str, exc: TransportError, redactor: Redactor) -> TransportFailed:
+    """The attempt's failure for a transport error, `{what}: {error}`, carrying what to check (said once, with the
+    step's failure: `Attempts.run_on_host`)."""
+    failed = TransportFailed(f"{what}: {redactor.text(str(exc))}")
+    failed.check = None if exc.check is None else redactor.text(exc.check)
+    return failed
 
 
 class Attempts:
@@ -424,12 +432,13 @@ class Attempts:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         failures: list[str] = []
+        checks: list[str] = []  # what to check for a connection not made: said once, after the failures
         unsaved = False
         try:
             if spec.when is not None and (skipped := await self._when_false(spec, host)) is not None:
                 record.status, record.message = "skipped", skipped
                 return record
-            await self._variants(spec, host, record, failures)
+            await self._variants(spec, host, record, failures, checks)
         except HostRefused as exc:
             failures.append(str(exc))
         except DurableWriteError:
@@ -445,7 +454,7 @@ class Attempts:
             record.duration_s = round(loop.time() - t0, 3)
             if record.status == "running":
                 record.status = "failed"
-                record.message = failures[-1] if len(failures) == 1 else "\n".join(failures)
+                record.message = "\n".join([*failures, *dict.fromkeys(checks)])
             if not unsaved:
                 self.folder.save(record)
         return record
@@ -457,9 +466,12 @@ class Attempts:
             return f"{why}; the command still running was stopped: {kill_report(exc.result)}"
         return f"{why} between the step's commands"
 
-    async def _variants(self, spec: StepSpec, host: str, record: StepRecord, failures: list[str]) -> None:
+    async def _variants(
+        self, spec: StepSpec, host: str, record: StepRecord, failures: list[str], checks: list[str]
+    ) -> None:
         """Each variant (the step, then its fallbacks), retried per its policy, until one passes (`record`
-        says which); why each other failed goes into `failures`."""
+        says which); why each other failed goes into `failures`, what to check for a connection not made into
+        `checks`."""
         log = self.folder.log.bind(step=spec.id, host=host)
         variants = [("primary", spec)] + [
             (f"fallback {i}", fb) for i, fb in enumerate(self.runbook.fallbacks.get(spec.id, []), start=1)
@@ -485,6 +497,7 @@ class Attempts:
                 return
             except AttemptFailed as exc:
                 failures.append(f"[{via}] {exc}")
+                checks += [exc.check] if isinstance(exc, TransportFailed) and exc.check else []
             except asyncio.CancelledError:
                 if last is not None:  # keep why the attempt before the signal failed (often: a retry delay)
                     failures.append(f"[{via}] {last}")

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -35,6 +35,8 @@ from executor.runbook.references import is_environment, parameter_names, referen
 from executor.stepkind import StepSpec, known_kinds, step_kinds
 
 Loc = tuple[str | int, ...]
+#: Where a host's field is written: ("runbook" or "inventory", "FILE:LINE"). A field with none is a default.
+FieldSource = tuple[Literal["runbook", "inventory"], str]
 LOCAL = "local"
 _FALLBACK_FORBIDDEN = {"id", "kind", "host", "hosts", "fallbacks"}
 
@@ -70,6 +72,8 @@ class Runbook:
     #: the matrices, expanded (executor.runbook.campaign): a matrix's step instances are in `steps`, in run order
     groups: list[MatrixGroup] = field(default_factory=list)
     instances: dict[str, Instance] = field(default_factory=dict)  # instance id -> what it is of which matrix
+    #: host -> field (a host var as `vars.NAME`) -> where it is written, the inventory's over the runbook's
+    host_sources: dict[str, dict[str, FieldSource]] = field(default_factory=dict)
     #: the text it was read from (an inventory given later, on a resume, is laid over this, not the file)
     text: str = ""
     #: the sha256 of the text this runbook was read from (run.json records it): of what was loaded, not of
@@ -655,9 +659,55 @@ def _lay_over(data: dict[str, Any], overlay: InventoryOverlay) -> dict[str, Any]
                 text = f"pools.{pool}: '{host}' is a host of neither the runbook nor this inventory"
                 pos.problem(("pools", pool, n), text, near=(host, [*known_hosts, *inventory.hosts]))
     _check_host_vars(inventory.hosts, sections["vars"], pos)
+    hosts = {
+        name: _host_over(sections["hosts"].get(name), entry) for name, entry in overlay.data.get("hosts", {}).items()
+    }
+    for name, merged in hosts.items():
+        if merged.get("address") is None:
+            nulled = "address" in overlay.data["hosts"][name]
+            why = (
+                "`address: null` leaves the host without one"
+                if nulled
+                else "a host the runbook does not have needs its `address`"
+            )
+            pos.problem(("hosts", name, "address") if nulled else ("hosts", name), f"hosts.{name}: {why}", key=True)
     if pos.problems:
         raise pos.invalid()
-    return {**data, **{key: {**sections[key], **(overlay.data.get(key) or {})} for key in sections}}
+    laid = {key: {**sections[key], **(overlay.data.get(key) or {})} for key in ("vars", "pools")}
+    return {**data, **laid, "hosts": {**sections["hosts"], **hosts}}
+
+
+def _host_over(base: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """An inventory's host laid over the runbook's of that name, field by field, its `vars` name by name: a site
+    file of `{address, user}` keeps the runbook's `identity_file`, `known_hosts` and `connect_timeout`."""
+    base = base if isinstance(base, dict) else {}
+    host = {**base, **entry}
+    if isinstance(base.get("vars"), dict) and isinstance(entry.get("vars"), dict):
+        host["vars"] = {**base["vars"], **entry["vars"]}
+    return host
+
+
+def _host_sources(
+    data: dict[str, Any],
+    pos: _Positions,
+    origin: Literal["runbook", "inventory"],
+    into: dict[str, dict[str, FieldSource]],
+) -> None:
+    """Note in `into` where each field of each host of `data` (a runbook's or an inventory's) is written, as
+    (`origin`, FILE:LINE); a host var as `vars.NAME`. Noted later, an inventory's field takes the runbook's place."""
+    hosts = data.get("hosts")
+    for name, host in hosts.items() if isinstance(hosts, dict) else ():
+        fields = into.setdefault(name, {})
+        for key, value in host.items() if isinstance(host, dict) else ():
+            if key == "vars" and isinstance(value, dict):
+                fields |= {f"vars.{var}": (origin, _line(pos, ("hosts", name, key, var))) for var in value}
+            else:
+                fields[key] = (origin, _line(pos, ("hosts", name, key)))
+
+
+def _line(pos: _Positions, loc: Loc) -> str:
+    """`FILE:LINE` of the key at `loc`."""
+    return f"{pos.file}:{pos.at(loc, key=True)[0]}"
 
 
 def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = None) -> Runbook:
@@ -666,8 +716,11 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     if not isinstance(data, dict):
         raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with name, hosts, steps")])
     _check_var_texts(data, pos)
+    sources: dict[str, dict[str, FieldSource]] = {}
+    _host_sources(data, pos, "runbook", sources)
     if inventory is not None:
         data = _lay_over(data, inventory)
+        _host_sources(inventory.data, inventory.pos, "inventory", sources)
     try:
         header = RunbookHeader.model_validate(data)
     except ValidationError as exc:
@@ -713,6 +766,7 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     if runbook is not None:
         runbook.secret_positions = {name: pos.at(("secrets", name), key=True) for name in runbook.header.secrets}
         runbook.names = _header_names(runbook.header, pos)
+        runbook.host_sources = sources
         runbook.groups, runbook.instances = expansion.groups, expansion.instances
     if runbook is not None:
         _check_host_vars(runbook.hosts, runbook.header.vars, pos)

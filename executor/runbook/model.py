@@ -269,10 +269,19 @@ class RunbookHeader(Model):
         return self
 
 
+class InventoryHost(Host):
+    """A host as an inventory writes it: each field it gives is laid over the runbook's host of that name, field
+    by field (its `vars` name by name), so a site file of `{address, user}` keeps the runbook's `identity_file`,
+    `known_hosts` and `connect_timeout`; `null` drops a runbook's value."""
+
+    #: The host's address; needed only for a host the runbook does not have (one the inventory's pools add).
+    address: str | None = None  # type: ignore[assignment]  # optional here: the runbook's address stays
+
+
 class Inventory(Model):
     """Hosts and vars of one site laid over a runbook (`--inventory`): the runbook stays as written."""
 
-    hosts: dict[str, Host] = Field(default_factory=dict)  # this site's hosts (the runbook's, or new in a pool)
+    hosts: dict[str, InventoryHost] = Field(default_factory=dict)  # this site's hosts (the runbook's, or new in a pool)
     vars: dict[str, VarValue] = Field(default_factory=dict)  # this site's values of vars the runbook declares
     pools: dict[str, list[str]] = Field(default_factory=dict)  # a pool's hosts at this site, in place of the runbook's
 

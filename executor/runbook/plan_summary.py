@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from executor.runbook.planner import PlanDocument, PlanVariant
+    from executor.runbook.planner import PlanDocument, PlanHostFields, PlanVariant
 
 WIDTH = 160  # of every line but an unbreakable word: the flagship's plan fits on a couple of screens
 INDENT = "    "
@@ -32,6 +32,7 @@ def summary_text(document: PlanDocument) -> str:
     ]
     if document.secrets:
         lines.append("# secrets are shown as '***'; their values come at run time")
+    lines += host_lines(document.hosts)
     first = {group.instances[0]: group for group in document.groups if group.instances}
     for step in document.steps:
         if step.id in first:
@@ -45,6 +46,22 @@ def summary_text(document: PlanDocument) -> str:
                     lines += _wrapped(step.description, INDENT)
                 lines += list(_variant_lines(variant))
     return "\n".join(lines)
+
+
+def host_lines(hosts: list[PlanHostFields]) -> list[str]:
+    """Each host's fields, one a line with where it is written (the runbook's or the inventory's FILE:LINE), then
+    its defaults on one line: what a site file changed, and what it kept, at a glance."""
+    lines = []
+    for host in hosts:
+        lines.append(f"\n## host {host.host}")
+        width = max((len(field.name) for field in host.fields if field.at), default=0)
+        written = [field for field in host.fields if field.at]
+        values = max((len(field.shown) for field in written), default=0)
+        lines += [f"{INDENT}{f.name:<{width}}  {f.shown:<{values}}  ({f.source} {f.at})" for f in written]
+        defaults = ", ".join(f"{field.name} {field.shown}" for field in host.fields if not field.at)
+        if defaults:
+            lines += _wrapped(f"defaults: {defaults}", INDENT)
+    return lines
 
 
 def _variant_lines(variant: PlanVariant) -> Iterator[str]:

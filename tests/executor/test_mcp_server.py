@@ -132,7 +132,14 @@ def test_an_agent_validates_runs_follows_stops_and_resumes_through_the_sdk_clien
             problems = (await call("validate", file=str(broken)))["problems"]
             where = (broken.read_text().splitlines().index("    scirpt: echo") + 1, 5)
             assert any((p["line"], p["column"]) == where and "scirpt" in p["message"] for p in problems), problems
-            assert (await call("validate", file=str(bench))) == {"ok": True, "steps": 6, "problems": [], "warnings": []}
+            validated = await call("validate", file=str(bench))
+            assert {key: validated[key] for key in ("ok", "steps", "problems", "warnings")} == {
+                "ok": True,
+                "steps": 6,
+                "problems": [],
+                "warnings": [],
+            }
+            assert [host["host"] for host in validated["hosts"]] == ["box"]  # each with its fields' sources
             planned = await call("plan", file=str(bench))
             assert [s["id"] for s in planned["steps"]][:2] == ["hello", "big"]
 
