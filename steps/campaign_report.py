@@ -156,7 +156,7 @@ def drawings(cells: Sequence[CellReport], comparisons: Sequence[Comparison]) -> 
     from steps import campaign_report_figures as draw  # here: it needs matplotlib, which `runbook report` never does
 
     return {
-        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, out),
+        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, comparisons, out),
         document.PARETO_PNG: lambda out: draw.pareto(cells, comparisons, out),
         document.ACCEPTANCE_PNG: lambda out: draw.acceptance(cells, out),
     }
