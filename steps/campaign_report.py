@@ -45,7 +45,8 @@ class ComparisonFacts(DataModel):
     hosts: list[str]
     input_len: int
     output_len: int
-    best: dict[str, str]  # concurrency -> the best configuration's name
+    best: dict[str, str]  # concurrency -> the best configuration's name, or the cheapest of a tie (see `tied`)
+    tied: dict[str, list[str]] = {}  # concurrency -> the configurations tied at the top (only where there is a tie)
     crossover: int | None
     crossover_why: str
 
@@ -198,6 +199,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
             input_len=c.input_len,
             output_len=c.output_len,
             best={str(b.concurrency): b.best for b in c.best},
+            tied={str(b.concurrency): b.tied for b in c.best if b.tied},
             crossover=c.crossover.concurrency,
             crossover_why=c.crossover.why,
         )

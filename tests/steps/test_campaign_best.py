@@ -52,6 +52,7 @@ def test_a_best_within_the_noise_is_a_tie_through_runbook_report_and_report_json
     though one of their repeats was slower than one of the 4 tokens'."""
     facts = write_campaign(tmp_path, noisy_views())
     assert facts.best == {"1": ZLAB_4, "4": ZLAB_8, "16": "bench_baseline", "32": "bench_baseline"}
+    assert facts.comparisons[0].tied == {"1": [ZLAB_4, ZLAB_8]}
     printed = runbook_cli("report", str(tmp_path), "--json")
     assert printed.returncode == 0, printed.stderr
     [comparison] = json.loads(printed.stdout)["campaign"]["comparisons"]
