@@ -170,12 +170,15 @@ def pareto_figure(cells: Sequence[CellReport], comparisons: Sequence[Comparison]
         line = front(found)
         if line:
             axes.plot([p.per_user for p in line], [p.per_gpu for p in line], color="grey", linewidth=1, label="front")
-        best = [(b.best, b.concurrency) for b in comparison.best]
-        starred = [p for p in found if (p.cell, p.concurrency) in best]
-        axes.plot([p.per_user for p in starred], [p.per_gpu for p in starred], marker="*", markersize=14,
-                  linestyle="", color="gold", markeredgecolor="black", label="best per concurrency")  # fmt: skip
+        tied = {(b.best, b.concurrency): bool(b.tied) for b in comparison.best}
+        starred = [p for p in found if (p.cell, p.concurrency) in tied]
+        for tie, label, face in ((False, BEST_LABEL, "gold"), (True, TIED_LABEL, "white")):
+            mine = [p for p in starred if tied[(p.cell, p.concurrency)] is tie]
+            axes.plot([p.per_user for p in mine], [p.per_gpu for p in mine], marker="*", markersize=14,
+                      linestyle="", color=face, markeredgecolor="black", label=label if mine else "_none")  # fmt: skip
         for p in starred:
-            axes.annotate(f"c={p.concurrency}", (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
+            tie = " tie" if tied[(p.cell, p.concurrency)] else ""
+            axes.annotate(f"c={p.concurrency}{tie}", (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
         axes.set(
             title=f"{comparison.gpus}, {comparison.input_len} in / {comparison.output_len} out",
             xlabel="tokens/s per user (1000 / median TPOT ms)",

@@ -175,3 +175,7 @@ def test_the_throughput_figure_stars_the_best_per_concurrency_and_marks_a_tie_ap
     assert marks[figures.TIED_LABEL] == [(1, 300.0)]
     axes = figures.throughput_figure(cells, comparisons).axes[0]
     assert [t.get_text() for t in axes.texts] == ["tie"]
+    pareto = figures.pareto_figure(cells, comparisons).axes[0]
+    starred = {line.get_label(): len(line.get_xdata()) for line in pareto.get_lines()}
+    assert (starred[figures.BEST_LABEL], starred[figures.TIED_LABEL]) == (3, 1)
+    assert "c=1 tie" in [t.get_text() for t in pareto.texts]
