@@ -177,8 +177,8 @@ def pareto_figure(cells: Sequence[CellReport], comparisons: Sequence[Comparison]
             axes.plot([p.per_user for p in mine], [p.per_gpu for p in mine], marker="*", markersize=14,
                       linestyle="", color=face, markeredgecolor="black", label=label if mine else "_none")  # fmt: skip
         for p in starred:
-            tie = " tie" if tied[(p.cell, p.concurrency)] else ""
-            axes.annotate(f"c={p.concurrency}{tie}", (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
+            said = f"c={p.concurrency}" + (" tie" if tied[(p.cell, p.concurrency)] else "")
+            axes.annotate(said, (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
         axes.set(
             title=f"{comparison.gpus}, {comparison.input_len} in / {comparison.output_len} out",
             xlabel="tokens/s per user (1000 / median TPOT ms)",
