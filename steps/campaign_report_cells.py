@@ -377,7 +377,7 @@ def choose(cells: Sequence[CellReport], concurrency: int, tolerance: float) -> B
         fastest=fastest.name,
         fastest_throughput=top[0],
         tied=tied,
-        why=_tie_why(fastest.name, tied, tolerance) if tied else _beats_why(ranked, tolerance),
+        why=_tie_why(fastest.name, tolerance) if tied else _beats_why(ranked, tolerance),
     )
 
 
@@ -387,17 +387,15 @@ def _beats_why(ranked: Sequence[tuple[CellReport, tuple[float, float, float]]], 
         return "the only configuration measured"
     (_, best), (runner, second) = ranked[0], ranked[1]
     return (
-        f"beats the runner-up {runner.name} beyond the noise of the repeats (its slowest, {tok_s(best[1])} tok/s, "
-        f"is above the runner-up's fastest, {tok_s(second[2])}) and by {best[0] / second[0] - 1:.1%} of the median "
-        f"(more than {tolerance:.0%})"
+        f"beats the runner-up {runner.name} beyond the noise: its slowest repeat {tok_s(best[1])} tok/s > the "
+        f"runner-up's fastest {tok_s(second[2])}; median +{best[0] / second[0] - 1:.1%} (> {tolerance:.0%})"
     )
 
 
-def _tie_why(fastest: str, tied: Sequence[str], tolerance: float) -> str:
+def _tie_why(fastest: str, tolerance: float) -> str:
     return (
-        f"tied: the fastest, {fastest}, does not beat {', '.join(n for n in tied if n != fastest)} beyond the noise "
-        f"of the repeats (their min-max ranges overlap) or by more than {tolerance:.0%}; the cheapest, {tied[0]}, "
-        "is recommended"
+        f"tied: the fastest, {fastest}, is not faster than the others beyond the noise (their min-max ranges over "
+        f"the repeats overlap) or by more than {tolerance:.0%}; the cheapest is recommended"
     )
 
 
