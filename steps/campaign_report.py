@@ -45,7 +45,8 @@ class ComparisonFacts(DataModel):
     hosts: list[str]
     input_len: int
     output_len: int
-    best: dict[str, str]  # concurrency -> the best configuration's name
+    best: dict[str, str]  # concurrency -> the best configuration's name, or the cheapest of a tie (see `tied`)
+    tied: dict[str, list[str]] = {}  # concurrency -> the configurations tied at the top (only where there is a tie)
     crossover: int | None
     crossover_why: str
 
@@ -157,7 +158,7 @@ def drawings(cells: Sequence[CellReport], comparisons: Sequence[Comparison]) -> 
     from steps import campaign_report_figures as draw  # here: it needs matplotlib, which `runbook report` never does
 
     return {
-        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, out),
+        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, comparisons, out),
         document.PARETO_PNG: lambda out: draw.pareto(cells, comparisons, out),
         document.ACCEPTANCE_PNG: lambda out: draw.acceptance(cells, out),
     }
@@ -199,6 +200,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
             input_len=c.input_len,
             output_len=c.output_len,
             best={str(b.concurrency): b.best for b in c.best},
+            tied={str(b.concurrency): b.tied for b in c.best if b.tied},
             crossover=c.crossover.concurrency,
             crossover_why=c.crossover.why,
         )
