@@ -766,9 +766,20 @@ def _entry_points() -> dict[str, EntryPoint]:
     built-in one's name taken by another package, or two packages giving one name)."""
     from importlib.metadata import entry_points  # here: a command that runs no step reads no metadata
 
-    found: dict[str, EntryPoint] = {}
-    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: _distribution(p) != BUILT_IN):
-        held = found.setdefault(point.name, point)
+    by_name: dict[str, list[EntryPoint]] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        by_name.setdefault(point.name, []).append(point)
+    return {name: _one_of(points) for name, points in by_name.items()}
+
+
+def _one_of(points: list[EntryPoint]) -> EntryPoint:
+    """The entry point of a kind that one or more entry points name, the built-in one first; StepKindPluginError
+    when two distributions name it. A distribution's name is read (its METADATA parsed) only for a name that two
+    points share: reading it for every kind was a third of `validate`'s start."""
+    if len(points) == 1:
+        return points[0]
+    held, *others = sorted(points, key=lambda p: _distribution(p) != BUILT_IN)
+    for point in others:
         if _distribution(held) != _distribution(point):
             what = "the built-in kind" if _distribution(held) == BUILT_IN else "the kind"
             raise StepKindPluginError(
@@ -776,7 +787,7 @@ def _entry_points() -> dict[str, EntryPoint]:
                 f"{what} {point.name!r} of distribution {_distribution(held)!r} ({held.value}): rename it in "
                 f"its [project.entry-points.{ENTRY_POINT_GROUP!r}] or uninstall one of them"
             )
-    return found
+    return held
 
 
 def _distribution(point: EntryPoint) -> str:
@@ -792,7 +803,6 @@ def _load(point: EntryPoint) -> type[StepSpec]:
     key = (point.name, point.value)
     if key in _LOADED:
         return _LOADED[key]
-    where = f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"
     try:
         # stdout is data (`run --json`'s events, `plan --json`, the MCP server's messages): what a plugin prints
         # while imported goes to stderr
@@ -800,11 +810,16 @@ def _load(point: EntryPoint) -> type[StepSpec]:
             loaded = point.load()
     except (Exception, SystemExit) as exc:  # any error of a plugin's import, its sys.exit too: named, never a
         # traceback, nor `validate` ending with the plugin's exit status (0: as if the runbook were valid)
-        raise StepKindPluginError(f"{where} cannot be imported: {type(exc).__name__}: {exc}") from None
+        raise StepKindPluginError(f"{_where(point)} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not (isinstance(loaded, type) and issubclass(loaded, StepSpec)):
-        raise StepKindPluginError(f"{where} is no subclass of executor.stepkind.StepSpec")
+        raise StepKindPluginError(f"{_where(point)} is no subclass of executor.stepkind.StepSpec")
     if loaded.model_fields["kind"].default != point.name:
         said = loaded.model_fields["kind"].default
-        raise StepKindPluginError(f"{where} declares kind: Literal[{said!r}], not {point.name!r}")
+        raise StepKindPluginError(f"{_where(point)} declares kind: Literal[{said!r}], not {point.name!r}")
     _LOADED[key] = loaded
     return loaded
+
+
+def _where(point: EntryPoint) -> str:
+    """An entry point named for a message, with its distribution (read only when there is something to say)."""
+    return f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"

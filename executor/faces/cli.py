@@ -386,7 +386,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     from executor.runbook.plan_summary import summary_text  # the readable plan: built from the same document
 
-    out().print(shown_text(summary_text(document)))
+    # plain lines, as rich printed them (soft wrap, tabs to 8 columns): importing rich's console for a text
+    # without styles was a tenth of `plan`'s start (bench/RESULTS.md, 9d)
+    print(shown(summary_text(document)).expandtabs(8))
     return EXIT_OK
 
 
