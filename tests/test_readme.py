@@ -54,3 +54,13 @@ def test_the_flagship_plan_s_line_counts_and_excerpt_are_what_plan_prints() -> N
     for line in excerpt:
         if line.strip() != "...":
             assert PROGRAM.sub("PROGRAM", line) in lines, f"not in `runbook plan {FLAGSHIP}` (in order): {line}"
+
+
+def test_the_runbook_format_s_example_is_a_valid_runbook(tmp_path: Path) -> None:
+    """The first runbook a reader sees, the one that shows every key: `runbook validate` passes it as written
+    (its host's `vars:` once set a var the runbook did not declare)."""
+    section = README[README.index("## The runbook format") :]
+    example = tmp_path / "example.yaml"
+    example.write_text(section.split("```yaml\n", 1)[1].split("```\n", 1)[0])
+    done = runbook_cli("validate", str(example), env={"HF_TOKEN": "hf_readme_example_token"})
+    assert done.returncode == 0, done.stdout + done.stderr
