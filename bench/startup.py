@@ -39,8 +39,8 @@ FLOOR_CODE = (
     "M(x=1)\njinja2.Environment().parse('{{ x }}')"
 )
 FLAGSHIP = "runbooks/k26_dflash.yaml"
-#: The issue's targets: a command's median over the baseline's.
-TARGETS = {"status": 1.5, "runs": 1.5, "validate": 2.0}
+#: The issues' targets: a command's median over the baseline's (issue 17: status, runs, validate; 29: plan).
+TARGETS = {"status": 1.5, "runs": 1.5, "validate": 2.0, "plan": 2.0}
 
 
 def commands(log_dir: Path) -> dict[str, list[str]]:

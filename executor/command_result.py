@@ -33,9 +33,24 @@ class CommandResult:
     kill_confirmed: bool | None = None
 
     @property
+    def ended(self) -> str:
+        """How the command ended, for a message (`how_it_ended`)."""
+        return how_it_ended(self.exit_code, self.timed_out, self.interrupted)
+
+    @property
     def stdout_text(self) -> str:
         return self.stdout.decode("utf-8", "replace")
 
     @property
     def stderr_text(self) -> str:
         return self.stderr.decode("utf-8", "replace")
+
+
+def how_it_ended(exit_code: int | None, timed_out: bool = False, interrupted: bool = False) -> str:
+    """How a command ended, in words: `exit 3`, `timed out`, `interrupted`, or `no exit status` where none came (its
+    connection failed or broke: the transport error says why). Never `exit None`."""
+    if timed_out:
+        return "timed out"
+    if interrupted:
+        return "interrupted"
+    return "no exit status" if exit_code is None else f"exit {exit_code}"

@@ -181,17 +181,22 @@ class StepKindPluginError(RunbookError):
 class TransportError(RunbookError):
     """The host could not be reached, or the connection broke during a command.
 
-    ``partial`` keeps whatever output arrived before the failure (as asyncssh does).
+    ``partial`` keeps whatever output arrived before the failure (as asyncssh does). ``check`` says, for a
+    connection that could not be made, what to check (the address and port it tried, sshd, DNS, a firewall, the
+    key): said once with the step's failure, not with each attempt's.
     """
 
     #: True for an error that neither a retry nor a fallback can mend (an untrusted host key, a command a test's
     #: scripted host has no answer for): the step fails on the host at once, as HostRefused.
     refuses_host: ClassVar[bool] = False
 
-    def __init__(self, message: str, partial_stdout: bytes = b"", partial_stderr: bytes = b"") -> None:
+    def __init__(
+        self, message: str, partial_stdout: bytes = b"", partial_stderr: bytes = b"", *, check: str | None = None
+    ) -> None:
         super().__init__(message)
         self.partial_stdout = partial_stdout
         self.partial_stderr = partial_stderr
+        self.check = check
 
 
 class HostKeyError(TransportError):
@@ -226,20 +231,21 @@ def transport_error(
     timeout: float | None = None,
     partial: tuple[bytes, bytes] = (b"", b""),
     untrusted_key: tuple[str, str] | None = None,
+    check: str | None = None,
 ) -> TransportError:
     """The TransportError that `exc` (an asyncssh.Error, an OSError, a TimeoutError) raised while doing
     `what` becomes: `{what}: {failure_text(exc)}`, or `{what} within {timeout}s` for a timeout that says
     nothing else (asyncio's), with `partial` (stdout, stderr) as the output that had arrived. A host key
     failure is a HostKeyError, never retried: `untrusted_key` (what to call it, the hint that says how to
-    trust the key) words it `{called}: {reason}; {hint}`."""
+    trust the key) words it `{called}: {reason}; {hint}`. `check`: what to check, for a connection not made."""
     if is_host_key_failure(exc):
         if untrusted_key is None:
             return HostKeyError(f"{what}: {failure_text(exc)}", *partial)
         called, hint = untrusted_key
         return HostKeyError(f"{called}: {failure_text(exc)}; {hint}", *partial)
     if isinstance(exc, TimeoutError) and not str(exc) and timeout is not None:
-        return TransportError(f"{what} within {timeout:g}s", *partial)
-    return TransportError(f"{what}: {failure_text(exc)}", *partial)
+        return TransportError(f"{what} within {timeout:g}s", *partial, check=check)
+    return TransportError(f"{what}: {failure_text(exc)}", *partial, check=check)
 
 
 # ---- the engine's own signals (never leave Engine.run; see the tree above) ----------------------
@@ -251,7 +257,12 @@ class AttemptFailed(Exception):
     `facts` keeps what the attempt found, so that a failed step's record shows it too; `gate` is
     the expression of the gate that failed (None when the attempt failed before its gates);
     `exit_code` is the exit code of the attempt's command (not a CLI status: this is no RunbookError).
+    `cause` is the runbook var whose value caused it, where the step kind knows (`StepSpec.failure_var`: a port
+    held by another process is caused by the var the runbook gave as the port): `{var, value, param}`, the
+    value as the run stores it (masked), `param` the step's parameter that holds it ("" when the facts name it).
     """
+
+    cause: dict[str, str] | None = None
 
     #: Whether a failure of this class is retried when the runbook's `non_retryable:` does not name it: False for
     #: a failure that asking again cannot fix (the same config, token, GPU memory, port holder or value).
@@ -275,6 +286,10 @@ class CommandTimedOut(AttemptFailed):
 
 class TransportFailed(AttemptFailed):
     """The connection broke during a command, or a file transfer failed."""
+
+    #: What to check where the connection could not be made (TransportError.check): the step's failure says it
+    #: once, after its attempts, not each attempt.
+    check: str | None = None
 
 
 class FactsUnreadable(AttemptFailed):

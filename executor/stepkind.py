@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import re
 import sys
 import typing
@@ -83,6 +84,94 @@ def fact_field(facts: Any, name: str) -> Any:
     return facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
 
 
+@dataclass(frozen=True)
+class FactHost:
+    """The host a step's facts were read on, as an unknown fact's next step names it."""
+
+    address: str  # where it is: an SSH address, or `local`
+
+    def __str__(self) -> str:
+        return "this machine" if self.address == "local" else self.address
+
+
+@dataclass(frozen=True)
+class UnknownFact:
+    """Why a fact that a failed gate read is unknown (null, empty or false, with a reason next to it), as the
+    failure says it (README, "The runbook format"): the reason its kind's facts give, what was tried as the
+    host expanded it (`python: $sglang_python -> /opt/sglang/bin/python`: facts are masked, so never a
+    secret's value), and the next step: what to check on which host, or which setting to change."""
+
+    reason: str
+    tried: str | None = None
+    next_step: str | None = None
+
+    def lines(self, names: Iterable[str]) -> list[str]:
+        """`  why (NAMES): REASON`, then `tried:` and `next step:` lines where known."""
+        said = [f"  why ({', '.join(names)}): {self.reason}"]
+        said += [f"    tried: {self.tried}"] if self.tried else []
+        return said + ([f"    next step: {self.next_step}"] if self.next_step else [])
+
+
+#: The keys under which facts keep why a section (or the fact it is) is unknown, besides an `unknown` map.
+REASON_KEYS = ("unknown_reason", "reason")
+#: The longest reason a failure quotes: a reason the host wrote may carry a whole output.
+REASON_MAX = 600
+#: The most sections whose reasons one lookup gives (`hub.values()`: one per repo; a host's output may hold more).
+SECTIONS_MAX = 16
+
+
+def _section_reason(node: Mapping[str, Any], key: Any) -> str | None:
+    """The reason a section gives for its `key` (its `unknown` map), else for itself (`unknown_reason`, `reason`)."""
+    unknown = node.get("unknown")
+    named = unknown.get(key) if isinstance(unknown, Mapping) and isinstance(key, str) else None
+    reasons = [named, *(node.get(k) for k in REASON_KEYS)]
+    return next((r[:REASON_MAX] for r in reasons if isinstance(r, str) and r), None)
+
+
+def fact_reasons(facts: Any, path: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...]]]:
+    """Why the value at `path` of a kind's facts (JSON data) is unknown, by the convention of facts (README,
+    "The runbook format"), each with the path of the section that says it: the `unknown` map of the section holding it,
+    else the `unknown_reason` or `reason` of the deepest section on the way. A path that ends at (or goes
+    past, as `hub.values()` does) a section gives that section's reason, else those of the sections it holds
+    that give one (the probe's `hub`, a section per repo). Nothing when the value is known: present and
+    neither null, empty nor false, or no reason said."""
+    node, found, walked = _walk(facts, path)
+    if walked == len(path) and node and not isinstance(node, Mapping):
+        return []
+    if isinstance(node, Mapping):
+        inside = _reasons_inside(node, path[:walked])
+        if inside or (walked == len(path) and node):  # a section read whole that says no reason is known
+            return inside
+    return [found] if found else []
+
+
+def _walk(facts: Any, path: tuple[Any, ...]) -> tuple[Any, tuple[str, tuple[Any, ...]] | None, int]:
+    """How far `path` leads into `facts`: the value reached, the reason of the deepest section on the way that
+    gives one for the key it was left by, and how many keys were walked."""
+    node, found = facts, None
+    for depth, key in enumerate(path):
+        if isinstance(node, Mapping):
+            reason = _section_reason(node, key)
+            found = (reason, path[:depth]) if reason else found
+            if key not in node:
+                return node, found, depth
+            node = node[key]
+        elif isinstance(node, list) and type(key) is int and -len(node) <= key < len(node):
+            node = node[key]
+        else:
+            return node, found, depth
+    return node, found, len(path)
+
+
+def _reasons_inside(node: Mapping[str, Any], at: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The reason a section gives for itself, else those of the sections it holds that give one."""
+    own = _section_reason(node, None)
+    if own:
+        return [(own, at)]
+    inner = ((_section_reason(v, None), (*at, k)) for k, v in node.items() if isinstance(v, Mapping))
+    return list(itertools.islice(((reason, where) for reason, where in inner if reason), SECTIONS_MAX))
+
+
 DocumentT = TypeVar("DocumentT", bound=BaseModel)
 
 
@@ -99,7 +188,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
     if result.exit_code == kit.TOO_OLD and not lines:
         raise FactsError(f"{program} cannot run on the host's interpreter: {said}")
     if not lines:
-        raise FactsError(f"{program} printed no JSON document (exit {result.exit_code}); stderr: {said}")
+        raise FactsError(f"{program} printed no JSON document ({result.ended}); stderr: {said}")
     wrong = f"{program} printed a document of an unexpected shape"
     try:  # read once, strictly: NaN, Infinity and 1e999 (which pydantic's JSON reader takes) are refused
         data = kit.loads(lines[-1])
@@ -391,8 +480,8 @@ class StepSpec(Model):
     model_config = ConfigDict(allow_inf_nan=False)  # a parameter such as request_timeout: .inf is no bound
 
     id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")  # unique; earlier steps' facts are `steps.ID.facts`
-    kind: str
-    description: str | None = None
+    kind: str  # the step kind: what the step does, and which parameters it takes
+    description: str | None = None  # what the step is for (shown by `runbook plan`)
     host: str | None = None  # the one host it runs on (optional where the runbook has one)
     hosts: HostsSelector | None = None  # hosts it runs on: a list, `all` or a pool's name
     timeout: Duration | None = None  # of each command (default: `defaults.timeout`)
@@ -430,6 +519,9 @@ class StepSpec(Model):
     #: Parameters holding a script run by a shell: `${{ matrix.X }}` is refused there (the shell would
     #: read `${` itself); a script reads the axis values as environment variables `$matrix_X` instead.
     script_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Parameters that reach the host (or the controller) as written, never through a shell: a `$` in them is
+    #: text (a server's `env`, a report's title, a local file's path), so `validate` checks no `$name` there.
+    literal_fields: ClassVar[frozenset[str]] = frozenset()
     #: Parameters listing hosts where a pool's name may stand for its hosts (the loader puts them in before
     #: validating): the site's inventory then decides how many hosts they are.
     host_list_fields: ClassVar[frozenset[str]] = frozenset()
@@ -458,6 +550,23 @@ class StepSpec(Model):
             return FAILURE_CLASSES.get(named, StepFailed)
         return StepFailed if fact_field(facts, "failure") is not None else None
 
+    #: The parameter of this kind that a failure class blames (deploy: a port held by another process, PortInUse,
+    #: blames `port`): where the runbook gives that parameter as a var, the failure names the var and its value
+    #: (`failure_var`), and the console, `status` and the MCP tools say how to resume with another value.
+    failure_params: ClassVar[Mapping[str, str]] = {}
+
+    def failure_var(self, failure: type[AttemptFailed], facts: Any) -> tuple[str, str] | None:
+        """The runbook var whose value caused a failure of class `failure`, and the parameter that holds it: the
+        var the facts name (`failure_var`, any kind's host program or script may), else the one the runbook gave
+        as the parameter `failure_params` says the class blames. None: no var is known to be the cause."""
+        named = fact_field(facts, "failure_var")
+        if isinstance(named, str):
+            return named, ""
+        param = self.failure_params.get(failure.__name__)
+        written = getattr(self, param, None) if param else None
+        names = var_names(written) if isinstance(written, str) else []
+        return (names[0], str(param)) if len(set(names)) == 1 else None
+
     def gate_failure(self, facts: Any, gate: str, undecided: bool) -> type[AttemptFailed]:
         """The failure class of an attempt whose gate `gate` did not hold (`undecided`: it could not be
         evaluated): the kind's own (`failure_class`) first, then GateUndecided, then CommandFailed for a gate on
@@ -470,6 +579,22 @@ class StepSpec(Model):
             return GateUndecided
         output = RAW_OUTPUT | {"facts"} if self.facts_are_output else RAW_OUTPUT
         return CommandFailed if roots(gate) & output else GateFalse
+
+    def unknown_facts(self, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+        """Why the fact at `path` of this kind's facts (JSON data, masked), read on `host`, is unknown, for a
+        failed gate that read it: the reasons the facts give (`fact_reasons`). A kind that knows what its
+        host program tried and what to check then overrides this to say so (steps/probe.py)."""
+        return [UnknownFact(reason) for reason, _ in fact_reasons(facts, path)]
+
+    def setting(self, name: str) -> str:
+        """How a person changes this step's parameter `name`, for a next step: the vars its value names
+        (`$sglang_python`: set by --var or an inventory, the runbook unedited), else the parameter itself."""
+        value = getattr(self, name, None)
+        named = list(dict.fromkeys(var_names(value))) if isinstance(value, str) else []
+        if not named:
+            return f"`{name}:` of step '{self.id}'"
+        given = " and ".join(f"--var {n}=..." for n in named)
+        return f"{' and '.join(f'`{n}`' for n in named)} ({given}, or in your inventory)"
 
     def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
         """The runbook's default policy with this step's overrides."""
@@ -641,9 +766,20 @@ def _entry_points() -> dict[str, EntryPoint]:
     built-in one's name taken by another package, or two packages giving one name)."""
     from importlib.metadata import entry_points  # here: a command that runs no step reads no metadata
 
-    found: dict[str, EntryPoint] = {}
-    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: _distribution(p) != BUILT_IN):
-        held = found.setdefault(point.name, point)
+    by_name: dict[str, list[EntryPoint]] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        by_name.setdefault(point.name, []).append(point)
+    return {name: _one_of(points) for name, points in by_name.items()}
+
+
+def _one_of(points: list[EntryPoint]) -> EntryPoint:
+    """The entry point of a kind that one or more entry points name, the built-in one first; StepKindPluginError
+    when two distributions name it. A distribution's name is read (its METADATA parsed) only for a name that two
+    points share: reading it for every kind was a third of `validate`'s start."""
+    if len(points) == 1:
+        return points[0]
+    held, *others = sorted(points, key=lambda p: _distribution(p) != BUILT_IN)
+    for point in others:
         if _distribution(held) != _distribution(point):
             what = "the built-in kind" if _distribution(held) == BUILT_IN else "the kind"
             raise StepKindPluginError(
@@ -651,7 +787,7 @@ def _entry_points() -> dict[str, EntryPoint]:
                 f"{what} {point.name!r} of distribution {_distribution(held)!r} ({held.value}): rename it in "
                 f"its [project.entry-points.{ENTRY_POINT_GROUP!r}] or uninstall one of them"
             )
-    return found
+    return held
 
 
 def _distribution(point: EntryPoint) -> str:
@@ -667,7 +803,6 @@ def _load(point: EntryPoint) -> type[StepSpec]:
     key = (point.name, point.value)
     if key in _LOADED:
         return _LOADED[key]
-    where = f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"
     try:
         # stdout is data (`run --json`'s events, `plan --json`, the MCP server's messages): what a plugin prints
         # while imported goes to stderr
@@ -675,11 +810,16 @@ def _load(point: EntryPoint) -> type[StepSpec]:
             loaded = point.load()
     except (Exception, SystemExit) as exc:  # any error of a plugin's import, its sys.exit too: named, never a
         # traceback, nor `validate` ending with the plugin's exit status (0: as if the runbook were valid)
-        raise StepKindPluginError(f"{where} cannot be imported: {type(exc).__name__}: {exc}") from None
+        raise StepKindPluginError(f"{_where(point)} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not (isinstance(loaded, type) and issubclass(loaded, StepSpec)):
-        raise StepKindPluginError(f"{where} is no subclass of executor.stepkind.StepSpec")
+        raise StepKindPluginError(f"{_where(point)} is no subclass of executor.stepkind.StepSpec")
     if loaded.model_fields["kind"].default != point.name:
         said = loaded.model_fields["kind"].default
-        raise StepKindPluginError(f"{where} declares kind: Literal[{said!r}], not {point.name!r}")
+        raise StepKindPluginError(f"{_where(point)} declares kind: Literal[{said!r}], not {point.name!r}")
     _LOADED[key] = loaded
     return loaded
+
+
+def _where(point: EntryPoint) -> str:
+    """An entry point named for a message, with its distribution (read only when there is something to say)."""
+    return f"step kind {point.name!r} of distribution {_distribution(point)!r} ({point.value})"

@@ -449,16 +449,19 @@ def models_facts(models_dir: str) -> dict[str, Any]:
     return facts
 
 
-def _resolve_python(python: str) -> tuple[str | None, str | None]:
+def _resolve_python(python: str) -> tuple[str | None, str | None, str | None]:
+    """(the interpreter found, what `python` expanded to on this host, why none was found). The reason names the
+    expanded path: `$sglang_python` alone does not say which file is missing."""
     named = os.sep not in python and "$" not in python and not python.startswith("~")
     resolved, problem = (python, None) if named else expand(python)
     if resolved is None:
-        return None, problem
+        return None, None, problem
     found = shutil.which(resolved)
     if found is None:
         where = "not found on PATH" if "/" not in resolved else "does not exist or is not executable"
-        return None, f"python {python!r} {where}"
-    return found, None
+        shown = repr(python) if resolved == python else f"{resolved!r} (from {python!r})"
+        return None, resolved, f"python {shown} {where}"
+    return found, resolved, None
 
 
 def _sub_probe(
@@ -509,12 +512,13 @@ def python_facts(config: dict[str, Any]) -> dict[str, Any]:
     packages = [str(p) for p in config["packages"]]
     facts: dict[str, Any] = {
         "requested": python,
+        "resolved": None,
         "executable": None,
         "version": None,
         "packages": None,
         "unknown_reason": None,
     }
-    found, problem = _resolve_python(python)
+    found, facts["resolved"], problem = _resolve_python(python)
     if found is not None:
         document, problem = _sub_probe(
             found, "interpreter", {"packages": packages}, float(config["python_timeout"]), INTERPRETER_KEYS

@@ -79,16 +79,17 @@ class BenchmarkStep(StepSpec):
     """Run bench_serving at each concurrency; with `compare_to`, report against that baseline."""
 
     kind: Literal["benchmark"] = "benchmark"
+    literal_fields: ClassVar[frozenset[str]] = frozenset({"label"})  # the report's text
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     server: StepRef  # id of the deploy step: its facts.base_url is the server to measure
     python: str = "python3"  # the SGLang environment's interpreter; `~` and `$vars` expand on the host
     label: str | None = None  # the name in the report (default: the step's id)
-    concurrencies: list[Positive] = Field(default=[1, 4, 16], min_length=1)
-    input_len: Positive = 1024
-    output_len: Positive = 512
+    concurrencies: list[Positive] = Field(default=[1, 4, 16], min_length=1)  # bench_serving's --max-concurrency, each
+    input_len: Positive = 1024  # tokens of each random prompt
+    output_len: Positive = 512  # tokens asked of each answer
     num_prompts: Positive | None = None  # per concurrency; default 4 x concurrency, at least 8
-    warmup_requests: Annotated[int, Field(ge=0)] = 1
+    warmup_requests: Annotated[int, Field(ge=0)] = 1  # sent before each measured run, not counted
     repeats: Positive = 3  # clean runs per concurrency
     seed: Annotated[int, Field(ge=0)] = 1  # the first run's --seed; each later run's is one more
     spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # noisy above this rel MAD (or twice it in range)
@@ -195,7 +196,7 @@ class BenchmarkStep(StepSpec):
         lines = jsonl_lines(result.stdout_text)
         if result.exit_code != 0:
             said = error_line(result.stdout_text.partition(JSONL_MARKER)[0], result.stderr_text)
-            return None, f"{where}: bench_serving exited {result.exit_code}: {said}"
+            return None, f"{where}: bench_serving {_exited(result)}: {said}"
         if not lines:
             return None, f"{where}: bench_serving exited 0 but wrote no JSONL line"
         try:
@@ -355,3 +356,8 @@ def _fact(ctx: StepContext, step: str, path: str, param: str) -> Any:
             f"{param}: step {step!r} has no fact {path!r} on host {ctx.host_name} "
             "(does it run before this step, on the same host?)"
         ) from None
+
+
+def _exited(result: CommandResult) -> str:
+    """`exited 1`, or how a command without an exit code ended (`timed out`, `no exit status`): never `exited None`."""
+    return f"exited {result.exit_code}" if result.exit_code is not None else result.ended

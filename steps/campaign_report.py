@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
+from typing import TYPE_CHECKING, Annotated, BinaryIO, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -45,7 +45,8 @@ class ComparisonFacts(DataModel):
     hosts: list[str]
     input_len: int
     output_len: int
-    best: dict[str, str]  # concurrency -> the best configuration's name
+    best: dict[str, str]  # concurrency -> the best configuration's name, or the cheapest of a tie (see `tied`)
+    tied: dict[str, list[str]] = {}  # concurrency -> the configurations tied at the top (only where there is a tie)
     crossover: int | None
     crossover_why: str
 
@@ -66,12 +67,13 @@ class CampaignReportStep(StepSpec):
     """Sum the campaign up: per cell and host, the best configuration per concurrency, what to launch."""
 
     kind: Literal["campaign_report"] = "campaign_report"
+    literal_fields: ClassVar[frozenset[str]] = frozenset({"title"})  # the report's text
     baseline: StepRef  # the baseline benchmark step (it runs on every host of the pool)
     tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.02  # a cheaper configuration this close to the fastest wins
     compare_across_gpus: bool = False  # compare cells of hosts whose GPUs differ (model or count)
     #: flags in which the baseline's launch may differ from its cells' besides the speculative ones (campaign_parity)
     baseline_may_differ: list[str] = []
-    title: str | None = None
+    title: str | None = None  # the report's title (default: `Campaign: ` and the groups' names)
 
     @field_validator("baseline_may_differ")
     @classmethod
@@ -156,7 +158,7 @@ def drawings(cells: Sequence[CellReport], comparisons: Sequence[Comparison]) -> 
     from steps import campaign_report_figures as draw  # here: it needs matplotlib, which `runbook report` never does
 
     return {
-        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, out),
+        document.THROUGHPUT_PNG: lambda out: draw.throughput(cells, comparisons, out),
         document.PARETO_PNG: lambda out: draw.pareto(cells, comparisons, out),
         document.ACCEPTANCE_PNG: lambda out: draw.acceptance(cells, out),
     }
@@ -198,6 +200,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
             input_len=c.input_len,
             output_len=c.output_len,
             best={str(b.concurrency): b.best for b in c.best},
+            tied={str(b.concurrency): b.tied for b in c.best if b.tied},
             crossover=c.crossover.concurrency,
             crossover_why=c.crossover.why,
         )

@@ -11,10 +11,13 @@ report and every choice can be tested offline:
 - `compare`: the cells that may be compared (one GPU kind, one workload) -> the best configuration per
   concurrency, the crossover and the launch command to paste per concurrency range.
 
-The best configuration at a concurrency is the fastest (median output throughput over the repeats)
-unless a cheaper one is within `tolerance` of it: among those within, the one using the fewest GPUs,
-then the fewest draft tokens (DFLASH) or the smallest tree budget (DDTREE), no speculation being the
-cheapest of all (`CellReport.cost`).
+The best configuration at a concurrency is named only when it beats every other beyond the noise of the
+repeats and the `tolerance`: the fastest (median output throughput over the repeats) beats a configuration
+when its slowest repeat is faster than that one's fastest repeat (their min-max ranges do not overlap) and
+its median is more than `tolerance` above. Those it does not beat are tied with it (`Best.tied`), and the
+report recommends the cheapest of the tie: the one using the fewest GPUs, then no speculation, then the
+fewest draft tokens (DFLASH) or the smallest tree budget (DDTREE) (`CellReport.cost`). A point of one
+repeat has no spread: only the tolerance ties it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from executor.runbook.campaign import AxisValue, cell_text
 from executor.runbook.model import DataModel
 from executor.stepkind import StepView, shape_errors
 from steps.benchmark import BenchmarkFacts
-from steps.benchmark_report import Acceptance, Side, Speedup, speedup
+from steps.benchmark_report import Acceptance, Side, Speedup, speedup, tok_s
 from steps.campaign_parity import launch_difference
 from steps.provenance import gpus_of
 from steps.server.documents import DeployFacts
@@ -107,9 +110,14 @@ class CellReport(DataModel):
     def throughput_at(self, concurrency: int) -> float | None:
         """Its median output throughput at `concurrency`; None where unmeasured or not above 0 (a server that
         produced no token is no configuration to choose)."""
+        spread = self.throughput_spread_at(concurrency)
+        return None if spread is None else spread[0]
+
+    def throughput_spread_at(self, concurrency: int) -> tuple[float, float, float] | None:
+        """`throughput_at` with the min and max over the repeats: (median, min, max)."""
         for p in self.points:
             if p.concurrency == concurrency and p.output_throughput is not None and p.output_throughput[0] > 0:
-                return p.output_throughput[0]
+                return p.output_throughput
         return None
 
 
@@ -301,15 +309,18 @@ def _acceptance(view: StepView) -> Acceptance | None:
 
 
 class Best(DataModel):
-    """The choice at one concurrency."""
+    """The choice at one concurrency: the best configuration, or the cheapest of those tied at the top."""
 
     concurrency: int
-    best: str  # the chosen cell's name
+    best: str  # the chosen cell's name: the one that beats every other, or the cheapest of `tied`
     host: str
     output_throughput: float  # its median
     fastest: str
     fastest_throughput: float
-    within_tolerance: list[str]  # every cell within the tolerance of the fastest, cheapest first
+    #: the configurations the fastest does not beat beyond the noise of the repeats and the tolerance (itself
+    #: included), cheapest first; empty when the best beats every other (no tie)
+    tied: list[str]
+    why: str  # the rule's verdict in words: what the best beats and by how much, or what is tied
 
 
 class Crossover(DataModel):
@@ -327,6 +338,7 @@ class Recommendation(DataModel):
     host: str
     command: str | None  # shlex-joined argv of its deploy; None when the deploy's facts have none
     unknown: str | None  # why command is None
+    on_tie: list[int] = []  # the concurrencies at which it is recommended as the cheapest of a tie
 
 
 class Comparison(DataModel):
@@ -343,21 +355,47 @@ class Comparison(DataModel):
 
 
 def choose(cells: Sequence[CellReport], concurrency: int, tolerance: float) -> Best | None:
-    """The best cell at `concurrency` (see the module's docstring), or None when none measured it."""
-    measured = [(c, t) for c in cells if (t := c.throughput_at(concurrency)) is not None]
+    """The best cell at `concurrency`, or the cheapest of those tied at the top (see the module's docstring);
+    None when none measured it."""
+    measured = [(c, t) for c in cells if (t := c.throughput_spread_at(concurrency)) is not None]
     if not measured:
         return None
-    fastest, top = min(measured, key=lambda ct: (-ct[1], ct[0].cost))  # a tie goes to the cheaper
-    within = sorted((c for c, t in measured if t >= (1 - tolerance) * top), key=lambda c: c.cost)
-    chosen = within[0]
+    ranked = sorted(measured, key=lambda ct: (-ct[1][0], ct[0].cost))  # a tie of medians goes to the cheaper
+    fastest, top = ranked[0]
+
+    def beaten(spread: tuple[float, float, float]) -> bool:
+        return spread[0] < (1 - tolerance) * top[0] and spread[2] < top[1]
+
+    top_group = sorted((c for c, t in measured if not beaten(t)), key=lambda c: c.cost)
+    chosen = top_group[0]
+    tied = [c.name for c in top_group] if len(top_group) > 1 else []
     return Best(
         concurrency=concurrency,
         best=chosen.name,
         host=chosen.host,
         output_throughput=chosen.throughput_at(concurrency) or 0.0,
         fastest=fastest.name,
-        fastest_throughput=top,
-        within_tolerance=[c.name for c in within],
+        fastest_throughput=top[0],
+        tied=tied,
+        why=_tie_why(fastest.name, tolerance) if tied else _beats_why(ranked, tolerance),
+    )
+
+
+def _beats_why(ranked: Sequence[tuple[CellReport, tuple[float, float, float]]], tolerance: float) -> str:
+    """Why the fastest is the best: its slowest repeat against the runner-up's fastest, and their medians."""
+    if len(ranked) == 1:
+        return "the only configuration measured"
+    (_, best), (runner, second) = ranked[0], ranked[1]
+    return (
+        f"beats the runner-up {runner.name} beyond the noise: its slowest repeat {tok_s(best[1])} tok/s > the "
+        f"runner-up's fastest {tok_s(second[2])}; median +{best[0] / second[0] - 1:.1%} (> {tolerance:.0%})"
+    )
+
+
+def _tie_why(fastest: str, tolerance: float) -> str:
+    return (
+        f"tied: the fastest, {fastest}, is not faster than the others beyond the noise (their min-max ranges over "
+        f"the repeats overlap) or by more than {tolerance:.0%}; the cheapest is recommended"
     )
 
 
@@ -398,19 +436,18 @@ def crossover(cells: Sequence[CellReport], concurrencies: Sequence[int]) -> Cros
 
 
 def recommend(cells: Sequence[CellReport], best: Sequence[Best]) -> list[Recommendation]:
-    """The runs of consecutive concurrencies (in `best`'s order) sharing a best cell, each with its launch command."""
+    """The runs of consecutive concurrencies (in `best`'s order) sharing a best cell, each with its launch command;
+    on a tie the cheapest of the tied is the one recommended (`choose`)."""
     by_name = {c.name: c for c in cells}
     runs: list[Recommendation] = []
     for b in best:
-        if runs and runs[-1].best == b.best:
-            runs[-1].concurrencies.append(b.concurrency)
-            continue
-        launch = by_name[b.best].launch
-        command = launch.command
-        unknown = None if command else f"the deploy step {launch.deploy or '(none)'} recorded no launch command"
-        runs.append(
-            Recommendation(concurrencies=[b.concurrency], best=b.best, host=b.host, command=command, unknown=unknown)
-        )
+        if not runs or runs[-1].best != b.best:
+            launch = by_name[b.best].launch
+            command = launch.command
+            unknown = None if command else f"the deploy step {launch.deploy or '(none)'} recorded no launch command"
+            runs.append(Recommendation(concurrencies=[], best=b.best, host=b.host, command=command, unknown=unknown))
+        runs[-1].concurrencies.append(b.concurrency)
+        runs[-1].on_tie += [b.concurrency] if b.tied else []
     return runs
 
 

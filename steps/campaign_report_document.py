@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from executor.documents import Figure, Table
 from executor.runbook.model import DataModel
 from steps.benchmark_report import NA, Document, or_na, plain, provenance_tables, times, tok_s
-from steps.campaign_report_cells import CellReport, Comparison
+from steps.campaign_report_cells import CellReport, Comparison, Recommendation
 from steps.provenance import Provenance
 
 THROUGHPUT_PNG, PARETO_PNG, ACCEPTANCE_PNG = "campaign_throughput.png", "campaign_pareto.png", "campaign_acceptance.png"
@@ -91,6 +91,11 @@ def _lossless(cell: CellReport) -> str:
     return "; ".join(checked) or "not checked"
 
 
+def _recommended(r: Recommendation) -> str:
+    tie = f" (the cheapest of a tie at {_concurrencies(r.on_tie)})" if r.on_tie else ""
+    return r.best + tie
+
+
 def choice_tables(comparisons: Sequence[Comparison], failed: Sequence[Failed]) -> list[Table]:
     """Best per concurrency, crossover, recommended commands, failed cells: what `runbook report` shows first."""
     best = [
@@ -98,19 +103,18 @@ def choice_tables(comparisons: Sequence[Comparison], failed: Sequence[Failed]) -
             c.gpus,
             _workload(c),
             str(b.concurrency),
+            ("tied: " + ", ".join(b.tied)) if b.tied else b.best,
             b.best,
             b.host,
             tok_s(b.output_throughput),
-            b.fastest,
-            tok_s(b.fastest_throughput),
-            ", ".join(b.within_tolerance),
+            b.why,
         ]
         for c in comparisons
         for b in c.best
     ]
-    columns = ["GPUs", "workload", "concurrency", "best", "host", "output tok/s", "fastest", "fastest tok/s"]
+    columns = ["GPUs", "workload", "concurrency", "best", "recommended", "host", "output tok/s", "why"]
     return [
-        Table(title="Best configuration per concurrency", columns=[*columns, "within tolerance"], rows=best),
+        Table(title="Best configuration per concurrency", columns=columns, rows=best),
         Table(
             title="Crossover: where speculation stops paying",
             columns=["GPUs", "workload", "crossover concurrency", "why"],
@@ -120,7 +124,14 @@ def choice_tables(comparisons: Sequence[Comparison], failed: Sequence[Failed]) -
             title="Recommended launch command per concurrency range",
             columns=["GPUs", "workload", "concurrencies", "configuration", "host", "command"],
             rows=[
-                [c.gpus, _workload(c), _concurrencies(r.concurrencies), r.best, r.host, r.command or r.unknown or NA]
+                [
+                    c.gpus,
+                    _workload(c),
+                    _concurrencies(r.concurrencies),
+                    _recommended(r),
+                    r.host,
+                    r.command or r.unknown or NA,
+                ]
                 for c in comparisons
                 for r in c.recommended
             ],
@@ -207,8 +218,10 @@ def notes(campaign: Campaign) -> list[str]:
         f"{n.cells} cell(s): {n.passed} passed, {n.failed} failed, {n.skipped} skipped; "
         f"{n.launches} server launch(es); speedups are of medians over the repeats, against the baseline "
         f"{campaign.baseline} of the same host.",
-        f"best = the fastest median output throughput, or, among the configurations within {campaign.tolerance:.0%} "
-        "of it, the cheapest: fewest GPUs, then no speculation, then fewest draft tokens / smallest tree budget.",
+        f"best = the fastest median output throughput, named only when it beats every other beyond the noise of "
+        f"the repeats (its slowest repeat above their fastest) and by more than {campaign.tolerance:.0%}; the "
+        "configurations it does not beat so are tied, and the cheapest of a tie is recommended: fewest GPUs, then "
+        "no speculation, then fewest draft tokens / smallest tree budget.",
     ]
     distinct = sorted(set(kinds.values()))
     if len(distinct) > 1:

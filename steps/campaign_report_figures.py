@@ -1,17 +1,46 @@
 """The figures of a campaign report, drawn from its cells (steps/campaign_report_cells.py).
 
 As steps/benchmark_figures.py: matplotlib's object API imported inside each function, PNGs without
-software metadata (the same cells give the same bytes).
+software metadata (the same cells give the same bytes). Each figure is built by its `*_figure` function (what
+the tests read, artist by artist) and written by the function of its name.
+
+No two configurations of a figure share a colour and a marker (`styles`): each configuration (cell name) of
+the report gets its own pair, by its place among the report's names sorted, so it looks the same in every
+figure of the report whatever order the records came in.
 """
 
 from __future__ import annotations
 
+import colorsys
 import os
 from collections.abc import Sequence
 from typing import Any, BinaryIO, NamedTuple
 
 from steps.benchmark_report import ratio, save_figure
-from steps.campaign_report_cells import CellReport, Comparison
+from steps.campaign_report_cells import Best, CellReport, Comparison
+
+#: matplotlib's tab10, then the markers: 10 x 12 configurations each get a pair of these (the star marks the best)
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "8")
+
+
+class Style(NamedTuple):
+    colour: str
+    marker: str
+
+
+def styles(names: Sequence[str]) -> dict[str, Style]:
+    """A (colour, marker) per name, no two alike: the i-th name sorted gets colour i mod 10 and marker i div 10;
+    past 120 names each gets a hue of its own (HSV, evenly spread), as no palette of named colours is that long."""
+    ordered = sorted(set(names))
+    if len(ordered) <= len(COLOURS) * len(MARKERS):
+        return {name: Style(COLOURS[i % len(COLOURS)], MARKERS[i // len(COLOURS)]) for i, name in enumerate(ordered)}
+    return {name: Style(_hue(i / len(ordered)), MARKERS[i % len(MARKERS)]) for i, name in enumerate(ordered)}
+
+
+def _hue(h: float) -> str:
+    r, g, b = colorsys.hsv_to_rgb(h, 0.85, 0.8)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
 def _figure(width: float, height: float) -> Any:
@@ -31,10 +60,16 @@ def _log2_concurrency(axes: Any, concurrencies: Sequence[int]) -> None:
     axes.minorticks_off()
 
 
-def throughput(cells: Sequence[CellReport], out: BinaryIO) -> None:
-    """Median output throughput (min-max bars) against concurrency, a line per passed configuration."""
+def throughput(cells: Sequence[CellReport], comparisons: Sequence[Comparison], out: BinaryIO) -> None:
+    _save(throughput_figure(cells, comparisons), out)
+
+
+def throughput_figure(cells: Sequence[CellReport], comparisons: Sequence[Comparison]) -> Any:
+    """Median output throughput (min-max bars) against concurrency, a line per passed configuration, the best
+    configuration per concurrency starred (an open star where the top configurations are tied: the cheapest)."""
     figure = _figure(9, 5.5)
     axes = figure.subplots()
+    style = styles([c.name for c in cells])
     drawn: list[int] = []
     for cell in cells:
         known = [p for p in cell.points if p.output_throughput is not None and cell.status == "passed"]
@@ -46,17 +81,42 @@ def throughput(cells: Sequence[CellReport], out: BinaryIO) -> None:
             [t[0] - t[1] for p in known if (t := p.output_throughput)],
             [t[2] - t[0] for p in known if (t := p.output_throughput)],
         ]
-        style = "--" if cell.baseline else "-"
-        axes.errorbar(cs, ys, yerr=bars, marker="o", linestyle=style, capsize=3, label=cell.name)
+        colour, marker = style[cell.name]
+        line = "--" if cell.baseline else "-"
+        axes.errorbar(cs, ys, yerr=bars, color=colour, marker=marker, linestyle=line, capsize=3, label=cell.name)
         drawn += cs
     if drawn:
+        _best_marks(axes, cells, [b for c in comparisons for b in c.best])
         _log2_concurrency(axes, drawn)
         axes.legend(fontsize=7, loc="best")
     else:
         axes.text(0.5, 0.5, "no cell passed", ha="center", transform=axes.transAxes)
     axes.set(title="Output throughput (median, min-max)", xlabel="concurrency", ylabel="tokens/s")
     axes.grid(True, alpha=0.3)
-    _save(figure, out)
+    return figure
+
+
+BEST_LABEL, TIED_LABEL = "best per concurrency", "tied at the top: the cheapest (recommended)"
+
+
+def _best_marks(axes: Any, cells: Sequence[CellReport], best: Sequence[Best]) -> None:
+    """A gold star on the best configuration's median at each concurrency; on a tie an open star on the one
+    recommended, with `tie` written beside it."""
+    by_name = {c.name: c for c in cells}
+    for tied, label, face in ((False, BEST_LABEL, "gold"), (True, TIED_LABEL, "white")):
+        marks = [
+            (b.concurrency, y)
+            for b in best
+            if bool(b.tied) is tied and (y := by_name[b.best].throughput_at(b.concurrency))
+        ]
+        if not marks:
+            continue
+        xs, ys = [m[0] for m in marks], [m[1] for m in marks]
+        axes.plot(
+            xs, ys, marker="*", markersize=16, linestyle="", color=face, markeredgecolor="black", label=label, zorder=5
+        )
+        for x, y in marks if tied else ():
+            axes.annotate("tie", (x, y), textcoords="offset points", xytext=(7, -12), fontsize=7)
 
 
 class Point(NamedTuple):
@@ -89,26 +149,36 @@ def front(found: Sequence[Point]) -> list[Point]:
 
 
 def pareto(cells: Sequence[CellReport], comparisons: Sequence[Comparison], out: BinaryIO) -> None:
+    _save(pareto_figure(cells, comparisons), out)
+
+
+def pareto_figure(cells: Sequence[CellReport], comparisons: Sequence[Comparison]) -> Any:
     """One panel per comparison: every configuration's points, the front as a line, the best points starred."""
     figure = _figure(max(7.5 * len(comparisons), 7.5), 5.5)
     panels = figure.subplots(1, max(len(comparisons), 1), squeeze=False)[0]
     by_name = {c.name: c for c in cells}
+    style = styles([c.name for c in cells])
     for axes, comparison in zip(panels, comparisons, strict=False):
         found: list[Point] = []
         for name in comparison.cells:
             mine = points(by_name[name])
             if mine:
-                axes.plot([p.per_user for p in mine], [p.per_gpu for p in mine], marker="o", linestyle="", label=name)
+                colour, marker = style[name]
+                xs, ys = [p.per_user for p in mine], [p.per_gpu for p in mine]
+                axes.plot(xs, ys, color=colour, marker=marker, linestyle="", label=name)
                 found += mine
         line = front(found)
         if line:
             axes.plot([p.per_user for p in line], [p.per_gpu for p in line], color="grey", linewidth=1, label="front")
-        best = [(b.best, b.concurrency) for b in comparison.best]
-        starred = [p for p in found if (p.cell, p.concurrency) in best]
-        axes.plot([p.per_user for p in starred], [p.per_gpu for p in starred], marker="*", markersize=14,
-                  linestyle="", color="gold", markeredgecolor="black", label="best per concurrency")  # fmt: skip
+        tied = {(b.best, b.concurrency): bool(b.tied) for b in comparison.best}
+        starred = [p for p in found if (p.cell, p.concurrency) in tied]
+        for tie, label, face in ((False, BEST_LABEL, "gold"), (True, TIED_LABEL, "white")):
+            mine = [p for p in starred if tied[(p.cell, p.concurrency)] is tie]
+            axes.plot([p.per_user for p in mine], [p.per_gpu for p in mine], marker="*", markersize=14,
+                      linestyle="", color=face, markeredgecolor="black", label=label if mine else "_none")  # fmt: skip
         for p in starred:
-            axes.annotate(f"c={p.concurrency}", (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
+            said = f"c={p.concurrency}" + (" tie" if tied[(p.cell, p.concurrency)] else "")
+            axes.annotate(said, (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
         axes.set(
             title=f"{comparison.gpus}, {comparison.input_len} in / {comparison.output_len} out",
             xlabel="tokens/s per user (1000 / median TPOT ms)",
@@ -123,10 +193,14 @@ def pareto(cells: Sequence[CellReport], comparisons: Sequence[Comparison], out: 
         axes.grid(True, alpha=0.3)
     if not comparisons:
         panels[0].text(0.5, 0.5, "no cell passed", ha="center", transform=panels[0].transAxes)
-    _save(figure, out)
+    return figure
 
 
 def acceptance(cells: Sequence[CellReport], out: BinaryIO) -> None:
+    _save(acceptance_figure(cells), out)
+
+
+def acceptance_figure(cells: Sequence[CellReport]) -> Any:
     """Per prompt set, token-weighted acceptance length against draft tokens (DFLASH) or tree budget (DDTREE), a
     line per algorithm, drafter and thinking setting."""
     series: dict[str, dict[str, list[tuple[int, float]]]] = {}  # set -> series -> (size, acceptance)
@@ -144,10 +218,12 @@ def acceptance(cells: Sequence[CellReport], out: BinaryIO) -> None:
                     series.setdefault(name, {}).setdefault(label, []).append((size, value))
     figure = _figure(max(5.0 * len(series), 6.0), 4.5)
     panels = figure.subplots(1, max(len(series), 1), squeeze=False)[0]
+    style = styles([label for lines in series.values() for label in lines])
     for axes, (name, lines) in zip(panels, sorted(series.items()), strict=False):
         for label, values in sorted(lines.items()):
             values.sort()
-            axes.plot([v[0] for v in values], [v[1] for v in values], marker="o", label=label)
+            colour, marker = style[label]
+            axes.plot([v[0] for v in values], [v[1] for v in values], color=colour, marker=marker, label=label)
         axes.set(
             title=name,
             xlabel="draft tokens (DFLASH) / tree budget (DDTREE)",
@@ -157,4 +233,4 @@ def acceptance(cells: Sequence[CellReport], out: BinaryIO) -> None:
         axes.grid(True, alpha=0.3)
     if not series:
         panels[0].text(0.5, 0.5, "no eval of a speculative cell", ha="center", transform=panels[0].transAxes)
-    _save(figure, out)
+    return figure

@@ -89,6 +89,7 @@ class DeployStep(ServerStep):
 
     kind: Literal["deploy"] = "deploy"
     starts_server: ClassVar[bool] = True
+    literal_fields: ClassVar[frozenset[str]] = frozenset({"env"})  # the server's, as written
     #: the server inherits its step's environment and reads what it likes (SGLANG_*, NCCL_*, HF_*, CUDA_*)
     default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
     #: what `action: stop` was: the loader's "unknown key 'action'" says so
@@ -100,16 +101,17 @@ class DeployStep(ServerStep):
     speculative_algorithm: AsWritten | None = None  # DFLASH when a drafter is given
     probe: StepRef | None = None  # probe step: GPU count and architecture, SGLang's backends
     inspect: StepRef | None = None  # inspect_config step: draft token count, custom code, MLA
-    tp_size: Literal["auto"] | PositiveInt = "auto"
-    attention_backend: str = "auto"
-    draft_attention_backend: str = "auto"
+    tp_size: Literal["auto"] | PositiveInt = "auto"  # tensor parallel size; auto: the GPUs the probe found
+    attention_backend: str = "auto"  # SGLang's --attention-backend; auto: by the GPU architecture and the model
+    draft_attention_backend: str = "auto"  # the drafter's; auto: the best for the GPU that SGLang accepts there
+    #: tokens the drafter proposes per step; auto: the drafter's block size (inspect_config)
     speculative_num_draft_tokens: Literal["auto"] | PositiveInt = "auto"
     #: DDTREE's tree budget (SGLang pull request #29907, in no release up to 0.5.23: the probe's sglang.ddtree)
     speculative_ddtree_budget: PositiveInt | None = None
-    trust_remote_code: Literal["auto"] | bool = "auto"
-    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
-    bind: AsWritten = "127.0.0.1"
-    extra_args: list[str] = []
+    trust_remote_code: Literal["auto"] | bool = "auto"  # auto: when the model's config ships custom code
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)  # SGLang's --mem-fraction-static
+    bind: AsWritten = "127.0.0.1"  # the address the server listens on
+    extra_args: list[str] = []  # more launch flags; one that a parameter sets is refused (`$vars` expand on the host)
     env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
     # ---- a node group's (with `nodes`; steps/server/node_group.py) ------------------------------------

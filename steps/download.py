@@ -168,16 +168,18 @@ class DownloadStep(StepSpec):
     kind: Literal["download"] = "download"
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
-    repo: RepoId
-    revision: AsWritten = Field(default="main", min_length=1)
-    local_dir: str
-    include: Patterns = []
-    exclude: Patterns = []
+    repo: RepoId  # the Hub repo, `org/name`
+    revision: AsWritten = Field(default="main", min_length=1)  # a branch, tag or commit (pinned at the start)
+    local_dir: str  # on the host; `~` and `$vars` expand there
+    include: Patterns = []  # only the files matching these patterns (huggingface_hub allow_patterns)
+    exclude: Patterns = []  # none of the files matching these (huggingface_hub ignore_patterns)
+    #: tried in order until the files are all there at the Hub's sizes: `hf download`, snapshot_download, plain HTTP
     methods: list[Method] = Field(default=["hf_cli", "snapshot_download", "http"], min_length=1)
-    hf_cli: str = "hf"
-    python: str = "python3"
+    hf_cli: str = "hf"  # the `hf` command on the host (the hf_cli method)
+    python: str = "python3"  # an interpreter on the host with huggingface_hub installed
+    #: free disk to keep besides the bytes to fetch: a ratio of them (0.05, "5%") or bytes (an int, "20GB")
     min_free_margin: Annotated[float | int, BeforeValidator(parse_margin, json_schema_input_type=float | str)] = 0.05
-    method_timeout: Duration | None = None
+    method_timeout: Duration | None = None  # of each method's command (default: the step's timeout)
 
     @field_validator("local_dir")
     @classmethod
@@ -299,7 +301,7 @@ class DownloadStep(StepSpec):
         if result.timed_out:
             raise FactsError(f"the {what} timed out after {CHECK_TIMEOUT_S:g}s")
         if result.exit_code != 0:
-            raise FactsError(f"the {what} did not report (exit {result.exit_code}): {last_line(result) or 'no output'}")
+            raise FactsError(f"the {what} did not report ({result.ended}): {last_line(result) or 'no output'}")
         return result, host_document(result, HostReport, f"the {what}").model_dump(exclude_none=True)
 
     async def execute(self, ctx: StepContext) -> Outcome:
@@ -449,7 +451,7 @@ def method_end(run: CommandResult, limit: float | None) -> tuple[str, str]:
     if run.exit_code == 0:
         return "exited 0", "exited 0"
     line = last_line(run)
-    ended = f"exit {run.exit_code}"
+    ended = run.ended
     return (f"{ended} ({gist(line)})", f"{ended} ({line})") if line else (ended, ended)
 
 

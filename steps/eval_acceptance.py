@@ -73,7 +73,7 @@ import statistics
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -513,11 +513,14 @@ def progress_sink(ctx: StepContext) -> OutputSink:
 
 class EvalAcceptanceStep(StepSpec):
     kind: Literal["eval_acceptance"] = "eval_acceptance"
+    #: a template the host program fills, files the controller reads: text, never through a shell
+    literal_fields: ClassVar[frozenset[str]] = frozenset({"prompt_template", "prompt_sets"})
     server: StepRef | None = None  # id of the deploy step whose `base_url` fact names the server
     base_url: str | None = None  # or the server's address as seen from the host; `$vars` expand there
     python: str = "python3"  # any python3 on the host (the program is stdlib only)
+    #: shipped sets by name (steps/prompt_sets/), or `{name: FILE}`: JSONL files relative to the runbook's folder
     prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
-    max_new_tokens: int = Field(default=256, ge=1)
+    max_new_tokens: int = Field(default=256, ge=1)  # tokens asked of each answer
     limit: int | None = Field(default=None, ge=1)  # first N prompts of each set
     api: Literal["chat", "generate"] = "chat"  # the server applies the chat template, or raw text to /generate
     thinking: bool = True  # the chat template's thinking setting (chat only)
@@ -527,7 +530,7 @@ class EvalAcceptanceStep(StepSpec):
     compare_outputs_to: StepRef | None = None  # id of the `speculative: false` eval_acceptance step
     lossless_tolerance: float = Field(default=0.1, ge=0, le=1)  # share of a set's outputs that may differ
     request_timeout: Duration = 300.0  # per request, its whole answer (a bound: at most 30 days, as any)
-    flush_attempts: int = Field(default=5, ge=1)
+    flush_attempts: int = Field(default=5, ge=1)  # tries to flush the server's cache before the prompts
     flush_retry_delay: Delay = 1.0  # between flush attempts (a pause: 0 too, at most 30 days)
     api_key_var: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # a runbook secret's name
 

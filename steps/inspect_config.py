@@ -123,9 +123,9 @@ class InspectConfigFacts(Model):
 
 class InspectConfigStep(StepSpec):
     kind: Literal["inspect_config"] = "inspect_config"
-    target_dir: str
-    drafter_dir: str | None = None
-    python: str = "python3"
+    target_dir: str  # the target model's folder on the host (`~` and `$vars` expand there)
+    drafter_dir: str | None = None  # the DFlash drafter's folder, checked against the target
+    python: str = "python3"  # any python3 on the host (the program is stdlib only)
 
     def render(self, ctx: RenderContext) -> str:
         config = {"target_dir": self.target_dir, "drafter_dir": self.drafter_dir}

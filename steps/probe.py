@@ -5,7 +5,8 @@ with a quoting bug on top. Here the host program (hostprograms/probe.py, stdlib 
 data through `executor.hostprogram.host_program`, so no quoting applies; it reads SGLang's
 capabilities from its files with the interpreter the deployment will use; and a fact it cannot
 determine is null with its reason in an `unknown` map, so a gate on it fails instead of passing on
-an empty list.
+an empty list; that failure then says what the probe tried, as the host expanded it, and what to check
+(`UnknownHints`).
 
 Beyond what the host reports, the facts carry what later gates need: `gpu_arch` (sm90, sm100,
 sm120, ...), `gpu_memory_min_mib`, the MLA backends of the installed SGLang and those of them
@@ -14,7 +15,8 @@ usable on the detected GPU architecture (`mla_backends_usable_on_gpu`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, computed_field
 
@@ -22,7 +24,7 @@ from executor.hostprogram import host_program
 from executor.render import with_vars
 from executor.runbook.durations import Duration
 from executor.runbook.model import DataModel, Gate
-from executor.stepkind import HUB_ENV, RenderContext, StepSpec, host_document
+from executor.stepkind import HUB_ENV, FactHost, RenderContext, StepSpec, UnknownFact, fact_reasons, host_document
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
@@ -151,6 +153,7 @@ class ModelsFacts(Facts):
 
 class PythonFacts(Facts):
     requested: str
+    resolved: str | None  # `requested` with $VARS and ~ expanded on the host; None where it cannot be
     executable: str | None
     version: str | None
     packages: dict[str, str | None] | None  # None as a version: not installed
@@ -260,11 +263,12 @@ class ProbeStep(StepSpec):
     models_dir: str = "~/models"  # `~` and `$VARS` expand on the host (runbook vars are exported)
     paths: list[str] = ["/dev/shm"]  # measured besides the models dir
     python: str = "python3"  # the interpreter of the SGLang environment, e.g. /root/venv_sglang/bin/python
+    #: distributions whose versions are read from `python`
     packages: list[str] = ["sglang", "sgl-kernel", "flashinfer-python", "torch", "transformers", "huggingface_hub"]
     hub_repos: list[str] = []  # `org/name` or `org/name@revision`: files and bytes asked from the Hub
-    gpu_timeout: Duration = 30.0
-    python_timeout: Duration = 60.0
-    hub_timeout: Duration = 120.0
+    gpu_timeout: Duration = 30.0  # for nvidia-smi: past it, the GPU facts are unknown, with the reason
+    python_timeout: Duration = 60.0  # for reading the interpreter's packages and SGLang's features
+    hub_timeout: Duration = 120.0  # for the Hub's answers (token, hub_repos)
 
     def config(self) -> dict[str, object]:
         """What the host program is told, as its config."""
@@ -296,3 +300,121 @@ class ProbeStep(StepSpec):
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="exit_code == 0", message="the probe program failed on the host")]
+
+    def unknown_facts(self, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+        """The reasons the facts give (`fact_reasons`), each with what the probe tried, as the host expanded it,
+        and what to check next (`UnknownHints`, by the section that gives the reason). A derived fact
+        (`gpu_count`, `gpu_arch`, `mla_backends_usable_on_gpu`, ...) is explained by the section it comes from
+        where it gives no reason of its own (`gpu_count` 0: why nvidia-smi listed no GPU)."""
+        source = _derived_from(facts, path) or path
+        reasons = fact_reasons(facts, path) or (fact_reasons(facts, source) if source != path else [])
+        hints = UnknownHints(self, facts, host)
+        return [UnknownFact(reason, *hints.of(at or source)) for reason, at in reasons]
+
+
+def _derived_from(facts: Any, path: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The section a derived fact of `ProbeFacts.from_report` comes from, where `path` reads one."""
+    if path[:1] in (("gpu_count",), ("gpu_arch",), ("gpu_memory_min_mib",)):
+        return ("gpu", "gpus")
+    if path[:1] == ("mla_backends_usable_on_gpu",):
+        arch_known = isinstance(facts, dict) and facts.get("gpu_arch") is not None
+        return ("sglang", "attention_backends") if arch_known else ("gpu", "gpus")
+    return None
+
+
+Hint = tuple[str | None, str | None]  # (what was tried, the next step)
+
+
+class UnknownHints:
+    """What the probe tried for each section of its facts, and what a person checks next when it could not
+    tell, read from the facts themselves (the host's expansion of `$vars` and `~`: never a secret's value,
+    facts are masked). One method per section that can be unknown; the next step names the host."""
+
+    def __init__(self, step: ProbeStep, facts: Any, host: FactHost) -> None:
+        self.step, self.host = step, host
+        self.facts: dict[str, Any] = facts if isinstance(facts, dict) else {}
+
+    def of(self, at: tuple[Any, ...]) -> Hint:
+        """The hint of the section at `at` (its first key), nothing for a section without one."""
+        sections: dict[Any, Callable[[tuple[Any, ...]], Hint]] = {
+            "python": self._python,
+            "sglang": self._sglang,
+            "hub": self._hub,
+            "gpu": self._gpu,
+            "hf_token": self._hf_token,
+            "models": self._models,
+            "disks": self._disks,
+            "memory": self._memory,
+            "os": self._os,
+        }
+        method = sections.get(at[0]) if at else None
+        return method(at) if method is not None else (None, None)
+
+    def _section(self, *keys: Any) -> dict[str, Any]:
+        node: Any = self.facts
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node if isinstance(node, dict) else {}
+
+    def _python(self, at: tuple[Any, ...]) -> Hint:
+        python = self._section("python")
+        requested, resolved = python.get("requested"), python.get("resolved")
+        tried = f"python: {requested}" + (f" -> {resolved}" if resolved and resolved != requested else "")
+        setting = self.step.setting("python")
+        if resolved is None:
+            return tried, f"check that every var of {requested} is set for the probe on {self.host}, or set {setting}"
+        return tried, f"check that {resolved} exists on {self.host} and is executable, or set {setting}"
+
+    def _sglang(self, at: tuple[Any, ...]) -> Hint:
+        python, sglang = self._section("python"), self._section("sglang")
+        if python.get("executable") is None:
+            return self._python(at)
+        executable, setting = python["executable"], self.step.setting("python")
+        if not sglang.get("installed"):
+            tried = f"the sglang package of {executable}"
+            return tried, f"install SGLang for {executable} on {self.host}, or set {setting} to the Python that has it"
+        where = sglang.get("package_dir")
+        tried = f"SGLang {sglang.get('version')} in {where}"
+        return tried, f"check SGLang's files under {where} on {self.host}: the probe reads its capabilities from them"
+
+    def _hub(self, at: tuple[Any, ...]) -> Hint:
+        if self._section("python").get("executable") is None:
+            return self._python(at)
+        repo = self._section(*at[:2]) if len(at) > 1 else {}
+        named = f"{repo.get('repo')}@{repo.get('revision')}" if repo else "the Hub's repos"
+        tried = f"{named}, asked with the huggingface_hub of {self._section('python').get('executable')}"
+        return tried, f"check that {self.host} reaches the Hub (HF_ENDPOINT) and that the token may read {named}"
+
+    def _gpu(self, at: tuple[Any, ...]) -> Hint:
+        tried = self._section("gpu").get("nvidia_smi") or "nvidia-smi on the PATH of the host's login"
+        return tried, f"check that `nvidia-smi` lists the GPUs on {self.host} (the NVIDIA driver installed and loaded)"
+
+    def _hf_token(self, at: tuple[Any, ...]) -> Hint:
+        checked = self._section("hf_token").get("checked") or []
+        tried = ", ".join(str(c) for c in checked) or None
+        return (
+            tried,
+            f"give the secret HF_TOKEN in the controller's environment, or log in on {self.host} (hf auth login)",
+        )
+
+    def _models(self, at: tuple[Any, ...]) -> Hint:
+        section = self._section(*at[:2]) if at[1:2] == ("disk",) else self._section("models")
+        given = section.get("path") or section.get("dir")
+        return self._folder(given, section.get("resolved"), "models_dir")
+
+    def _disks(self, at: tuple[Any, ...]) -> Hint:
+        section = self._section(*at[:2])
+        return self._folder(section.get("path"), section.get("resolved"), "paths")
+
+    def _folder(self, given: Any, resolved: Any, parameter: str) -> Hint:
+        tried = f"{given}" + (f" -> {resolved}" if resolved and resolved != given else "")
+        setting = self.step.setting(parameter)
+        if resolved is None:
+            return tried, f"check that every var of {given} is set for the probe on {self.host}, or set {setting}"
+        return tried, f"check that {resolved} (or the folder it would be made in) is readable on {self.host}"
+
+    def _memory(self, at: tuple[Any, ...]) -> Hint:
+        return "/proc/meminfo", f"check that /proc/meminfo is readable on {self.host}"
+
+    def _os(self, at: tuple[Any, ...]) -> Hint:
+        return "/etc/os-release, /usr/lib/os-release", f"check that one of them is readable on {self.host}"

@@ -20,8 +20,8 @@ class FileCopy(Model):
     """One file to copy over SFTP. Local paths are relative to the runbook's folder (upload)
     or to the host's folder in the run folder (fetch)."""
 
-    src: str
-    dest: str
+    src: str  # the file copied: on the controller (upload) or the host (fetch)
+    dest: str  # where it goes: a path on the host (upload), or in the host's folder of the run (fetch)
 
 
 SCRIPT_LINES = 3  # of a script the readable plan shows
@@ -32,11 +32,12 @@ class ShellStep(StepSpec):
     #: a script may read any var, through any program it starts: every var and secret reaches it
     default_pass_env: ClassVar[tuple[str, ...]] = ("*",)
     script_fields: ClassVar[frozenset[str]] = frozenset({"script"})
+    literal_fields: ClassVar[frozenset[str]] = frozenset({"upload", "fetch"})  # paths SFTP takes as written
     facts_are_output = True  # `parse: json` facts are what the script printed: it may print otherwise next time
-    script: str
-    parse: Literal["json", "text"] = "text"
-    upload: list[FileCopy] = []
-    fetch: list[FileCopy] = []
+    script: str  # bash, sent byte for byte (never templated); vars and secrets are in its environment
+    parse: Literal["json", "text"] = "text"  # json: stdout is parsed into the step's facts
+    upload: list[FileCopy] = []  # files copied to the host before the script runs
+    fetch: list[FileCopy] = []  # files copied from the host into the run folder after the script exits 0
 
     @field_validator("fetch")
     @classmethod

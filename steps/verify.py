@@ -97,14 +97,14 @@ class VerifyStep(StepSpec):
     kind: Literal["verify"] = "verify"
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
-    repo: RepoId
-    revision: AsWritten = Field(default="main", min_length=1)
+    repo: RepoId  # the Hub repo, `org/name`
+    revision: AsWritten = Field(default="main", min_length=1)  # a branch, tag or commit, checked against
     local_dir: str  # on the host; `~` and `$VARS` expand there
     include: Patterns = []  # huggingface_hub allow_patterns
     exclude: Patterns = []  # huggingface_hub ignore_patterns
     python: str = "python3"  # an interpreter on the host with huggingface_hub installed
     workers: int | None = Field(default=None, ge=1)  # hashing threads; default: the host's cores
-    repair: bool = False
+    repair: bool = False  # true: delete what differs, fetch it again at the same commit and verify once more
 
     def render(self, ctx: RenderContext) -> str:
         config = self.model_dump(include={"repo", "revision", "local_dir", "include", "exclude", "workers", "repair"})

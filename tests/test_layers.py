@@ -58,6 +58,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "executor.runbook.loader",
             "executor.runbook.matrix",
+            "executor.runbook.references",
             "executor.runbook.schema",
             "executor.runbook.cells",
             "executor.runbook.placement",

@@ -22,11 +22,12 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from executor import strict_json
+from executor.command_result import how_it_ended
 from executor.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -35,6 +36,7 @@ from executor.errors import (
     InvalidRunbook,
     ResumeError,
     RunbookError,
+    TransportError,
 )
 from executor.faces.inputs import LOG_DIR, load_checked
 from executor.run import seal
@@ -50,8 +52,9 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from executor import documents
-    from executor.consoles import PipedConsole, UnattendedConsole
+    from executor.consoles import FittingConsole, PipedConsole, UnattendedConsole, Whole
     from executor.run.engine import Engine
+    from executor.transport.ssh import OfferedKey
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
 
@@ -125,7 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("report", help="print the tables of a run's report (report.json in the run folder)")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="a run id (or a unique prefix) under --log-dir, or a run folder; default: the latest run",
+    )
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="print report.json as it is")
 
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
@@ -136,14 +145,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     which.add_argument("--plan", action="store_true", help="the plan document's schema instead (plan --json)")
     _add_audit(sub)
+    _add_trust_host(sub)
     return parser
 
 
 def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     """`runbook run`: the runbook, its overrides, where its run goes, and where it starts."""
-    p = sub.add_parser("run", help="run a runbook")
-    p.add_argument("file", type=Path)
+    p = sub.add_parser(
+        "run",
+        help="run a runbook",
+        usage="%(prog)s FILE [--var K=V] [--unset-var NAME] [--inventory FILE] [--log-dir DIR] [--json] [-v] "
+        "[--resume [RUN_ID]] [--from STEP | --only STEP]",
+    )
+    # optional to argparse only: `--resume FILE` gives FILE to --resume, and `_runbook_of_run` puts it back
+    p.add_argument("file", type=Path, nargs="?", metavar="FILE")
+    p.set_defaults(settle=functools.partial(_runbook_of_run, error=p.error))
     p.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
+    p.add_argument(
+        "--unset-var",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --resume: do not carry the resumed run's --var NAME over (the runbook's or inventory's value "
+        "applies again; --var NAME= is the empty string); repeatable",
+    )
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -163,6 +188,28 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
+    p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
+
+
+def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`runbook run`'s FILE wherever it was typed. `--resume` takes an optional RUN_ID, so argparse hands it
+    the word after it: `runbook run --resume FILE` made FILE the run id and then asked for a file, and
+    `--resume FILE RUN_ID` took the run id for the runbook. A run id never ends in `.yaml`/`.yml` nor holds
+    a `/`: what does (or names a file) is the runbook, put back in its place. Anything else is a usage error
+    (exit 2) that says what to type."""
+    resume, file = args.resume, args.file
+    if resume not in (None, "latest") and _names_a_runbook(resume):
+        if file is not None and _names_a_runbook(str(file)):
+            error(f"two runbooks, {resume} and {file}: give one FILE, then --resume [RUN_ID]")
+        args.file, args.resume = Path(resume), "latest" if file is None else str(file)
+    if args.file is None:
+        then = "" if args.resume is None else " --resume" if args.resume == "latest" else f" --resume {args.resume}"
+        error(f"which runbook? give its FILE: runbook run FILE{then}")
+
+
+def _names_a_runbook(text: str) -> bool:
+    """Whether an argument is a runbook's path rather than a run id (`20261203-134350-be4f3f`, or a prefix)."""
+    return text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text or Path(text).is_file()
 
 
 def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -204,8 +251,14 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser("audit", help="show or verify a run's audit log, or make the key that seals it")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("show", help="one line per record").add_argument("run_dir", type=Path)
-    a = actions.add_parser("verify", help="check the chain, the head, state.db and (--key) the seal")
-    a.add_argument("run_dir", type=Path)
+    a = actions.add_parser(
+        "verify",
+        help="check the chain, the head, state.db and (--key) the seal",
+        usage="%(prog)s RUN_DIR [--key [PATH]]",
+    )
+    # optional to argparse only, as `run`'s FILE: `--key RUN_DIR` gives RUN_DIR to --key (`_run_dir_of_verify`)
+    a.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR")
+    a.set_defaults(settle=functools.partial(_run_dir_of_verify, error=a.error))
     a.add_argument(
         "--key",
         nargs="?",
@@ -217,11 +270,95 @@ def _add_audit(sub: argparse._SubParsersAction[_Parser]) -> None:
     actions.add_parser("key", help=f"create the key that seals every later run's log ({seal.default_key_path()})")
 
 
+def _run_dir_of_verify(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`audit verify`'s RUN_DIR wherever it was typed: `--key` takes an optional PATH, so `audit verify --key
+    RUN_DIR` gave the run folder to --key and asked for one. A key is a file, a run folder a folder: a folder
+    given to --key is the run folder, checked with the default key."""
+    key, run_dir = args.key, args.run_dir
+    if key is not None and key.is_dir() and (run_dir is None or not run_dir.is_dir()):
+        args.run_dir, args.key = key, run_dir or seal.default_key_path()
+    if args.run_dir is None:
+        error("which run? give its folder: runbook audit verify RUN_DIR [--key [PATH]]")
+
+
+def _add_trust_host(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`runbook trust-host FILE HOST`: read a host's key, show its fingerprint, record it when told to."""
+    p = sub.add_parser(
+        "trust-host",
+        help="show the SSH host key HOST presents now (its fingerprint), and record it in the host's known_hosts "
+        "with --fingerprint (the one you checked) or --yes; exit 0 once it is trusted, 1 if not",
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument("host", help="a host of the runbook (or of the inventory)")
+    p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
+    accept = p.add_mutually_exclusive_group()
+    accept.add_argument(
+        "--fingerprint",
+        metavar="SHA256:...",
+        help="record the key only if it has this fingerprint (checked with its owner)",
+    )
+    accept.add_argument("--yes", action="store_true", help="record the key it presents, whatever its fingerprint")
+
+
+def cmd_trust_host(args: argparse.Namespace) -> int:
+    """Read the key `args.host` presents, without logging in, and say its fingerprint. Record it in the host's
+    known_hosts file only when `--fingerprint` matches it or `--yes` is given: nothing waits for a person. Exit 0
+    when the key is trusted afterwards (recorded now, or already), 1 when it is not (shown only, another key is
+    recorded for the host, a fingerprint that differs, the host unreachable), 2 for a bad argument or runbook."""
+    import asyncio
+
+    from executor.transport.ssh import SSHTransport
+
+    runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
+    host = runbook.hosts.get(args.host)
+    if host is None or host.is_local:
+        why = "is local: no SSH, no host key" if host else f"is no host of it (its hosts: {', '.join(runbook.hosts)})"
+        say(f"runbook trust-host: {args.host!r} {why}")
+        return InvalidRunbook.exit_code
+    offered = asyncio.run(SSHTransport(args.host, host).offered_key())
+    where = f"{args.host} ({offered.pattern})"
+    say(f"{where} presents the {offered.key.get_algorithm()} key {offered.fingerprint}", stdout=True)
+    trusted = offered.trusted()
+    if trusted is not None:
+        say(f"already trusted: {offered.file} holds it" if trusted else _changed_key(offered), stdout=True)
+        return EXIT_OK if trusted else EXIT_FAILED
+    if args.yes or args.fingerprint == offered.fingerprint:
+        offered.record()
+        say(f"recorded in {offered.file}: a run now trusts {where}", stdout=True)
+        return EXIT_OK
+    if args.fingerprint is not None:
+        say(f"not recorded: it is not the key you gave ({args.fingerprint}); ask the host's owner", stdout=True)
+        return EXIT_FAILED
+    again = ["runbook", "trust-host", str(args.file), args.host]
+    again += ["--inventory", str(args.inventory)] if args.inventory else []
+    kind = offered.key.get_algorithm().removeprefix("ssh-").split("-")[0]
+    hint = f"not recorded: compare it with the host's own (on the host: `ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub`)"
+    hint += ", then"
+    command = shlex.join([*again, "--fingerprint", offered.fingerprint])
+    if line_width(sys.stdout) is None:
+        say(f"{hint}: {command}", stdout=True)
+    else:  # the command on lines of its own, to paste
+        say(f"{hint}:", stdout=True)
+        print("\n".join(pasteable_lines(command, line_width(sys.stdout))))
+    return EXIT_FAILED
+
+
+def _changed_key(offered: OfferedKey) -> str:
+    """What to say where the file already trusts another key for the host: nothing is added beside it."""
+    return (
+        f"not recorded: {offered.file} trusts another key for {offered.pattern}: the host's key changed (reinstalled?),"
+        f" or this is not the host. Once its owner confirms the new key: ssh-keygen -f {shlex.quote(offered.file)} -R"
+        f" {shlex.quote(offered.pattern)}, then run this again"
+    )
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from executor.runbook.planner import matrix_summary
 
     # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
     runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
+    for warning in runbook.warnings:  # written safe to show, as a problem is
+        print(fitted(str(warning), line_width(sys.stderr)), file=sys.stderr)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
     say(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)")
     for group in runbook.groups:
@@ -256,7 +393,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     from executor.runbook.plan_summary import WIDTH, summary_text  # the readable plan, from the same document
 
-    out().print(shown_text(summary_text(document, out().fit_width or WIDTH)))
+    # plain lines, as rich printed them (soft wrap, tabs to 8 columns): importing rich's console for a text
+    # without styles was a tenth of `plan`'s start (bench/RESULTS.md, 9d); laid out to fit the terminal
+    print(shown(summary_text(document, line_width(sys.stdout) or WIDTH)).expandtabs(8))
     return EXIT_OK
 
 
@@ -303,9 +442,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             code = cmd_run(
                 argparse.Namespace(
+                    results=False,  # said below, after the report's tables
                     file=site.runbook,
                     inventory=site.inventory,
                     var=[],
+                    unset_var=[],
                     log_dir=args.log_dir,
                     json=args.json,
                     verbose=False,
@@ -321,12 +462,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 os.environ["HF_TOKEN"] = saved
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
-        cmd_report(argparse.Namespace(run_dir=run_dir, json=False))
+        cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, json=False))
     for line in (
         f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})",
-        f"report: {run_dir / 'report.md'} (again: runbook report {run_dir})"
-        if (run_dir / views.REPORT_FILE).exists()
-        else f"no report: see runbook status --log-dir {args.log_dir}",
+        *(results_lines(run_dir, args.log_dir) or [f"no report: see runbook status --log-dir {args.log_dir}"]),
         "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
         "runbook working, not how fast Kimi-K2.6 is",
         f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml",
@@ -354,6 +493,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from_step=args.from_step,
         only_step=args.only_step,
         var_args=list(args.var),
+        unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,
     )
@@ -370,30 +510,85 @@ def cmd_run(args: argparse.Namespace) -> int:
         return failed(exc, again)
     finally:
         reporter.close()
+    if args.results and not args.json:
+        for line in results_lines(getattr(engine.folder, "run_dir", None), args.log_dir):  # set once it is made
+            err().print(shown_text(line))
     if code == EXIT_INTERRUPTED and not args.json:  # nothing failed: the operator stopped it
         _say_command("interrupted; to continue where it stopped", again)
     elif code == EXIT_FAILED and not args.json:
-        _say_command("after fixing the cause, continue where it stopped", again)
+        # a failure a var's value caused is said with the command that resumes with another value instead
+        if not _said_causes(engine, args.log_dir):
+            _say_command("after fixing the cause, continue where it stopped", again)
     elif code == EXIT_CELLS_FAILED and not args.json:
         _say_command("some cells failed (runbook status lists them); to run only those again", again)
     return code
 
 
-def _say_command(hint: str, command: str) -> None:
-    """`hint: command` on stderr, on one line where it fits; else the command on lines of its own after the hint,
-    broken between its words with ` \\` as a command that pastes whole (executor/runbook/plan_summary.py)."""
+def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
+    """Where a run's results are: its report.md, each figure, and the `runbook report` command that shows them
+    again; none when it wrote no report (or never made its run folder). `runbook run` ends with these, a failed
+    run that wrote a report too, and so does the demo."""
+    from executor.faces import views
+
+    if run_dir is None or not (run_dir / views.REPORT_FILE).exists():
+        return []
+    again = shlex.join(
+        ["runbook", "report", run_dir.name, *([] if log_dir == LOG_DIR else ["--log-dir", str(log_dir)])]
+    )
+    lines = [f"report: {run_dir / 'report.md'}"]
+    try:
+        figures = views.read_report(run_dir)[1].figures
+    except RunbookError as exc:  # written, but not one `runbook report` shows: say why rather than the command
+        return [*lines, f"runbook report refuses its {views.REPORT_FILE}: {exc}"]
+    lines += [f"figure: {run_dir / figure.path}" for figure in figures]
+    return [*lines, f"see it again: {again}"]
+
+
+def _said_causes(engine: Engine, log_dir: Path) -> bool:
+    """Say each failure a var's value caused (`StepRecord.cause`) and the command that resumes the run with
+    another value of it; whether there was one."""
+    from executor.faces import views
+
+    causes = {
+        (r.cause["var"], r.cause["value"]): r for r in engine.records.values() if r.cause and r.status == "failed"
+    }
+    for record in causes.values():
+        assert record.cause is not None
+        path, run_id = str(engine.runbook.path), engine.run_dir.name
+        hint = f"{record.step}@{record.host} failed because of {views.caused_by(record.cause)}"
+        hint += "; resume with another value"
+        _say_command(hint, views.resume_with(path, run_id, log_dir, record.cause), below=True)
+    return bool(causes)
+
+
+def pasteable_lines(command: str, width: int | None) -> list[str]:
+    """`command`, shown, on a line of its own where it fits `width` (or the width is not known), else broken between
+    its words with ` \\` as a command that pastes whole (executor/runbook/plan_summary.py)."""
+    from executor.runbook.plan_summary import command_lines
+
+    text = shown(command)
+    return [text] if width is None or len(text) <= width else command_lines(text, width)
+
+
+def _pasteable(command: str, console: FittingConsole) -> Whole:
+    """`pasteable_lines` for a rich console: lines it prints as they are."""
     from rich.text import Text
 
     from executor.consoles import Whole
-    from executor.runbook.plan_summary import command_lines
 
+    return Whole(Text("\n".join(pasteable_lines(command, console.fit_width))))
+
+
+def _say_command(hint: str, command: str, below: bool = False) -> None:
+    """`hint: command` on stderr, on one line where it fits and not `below`; else the hint, then the command on a
+    line of its own (`_pasteable`)."""
     console = err()
     line = shown(f"{hint}: {command}")
-    if console.fit_width is None or len(line) <= console.fit_width:
-        console.print(Text(line))
+    if not below and (console.fit_width is None or len(line) <= console.fit_width):
+        console.print(shown_text(line))
     else:
-        console.print(Text(shown(f"{hint}:")))
-        console.print(Whole(Text("\n".join(command_lines(shown(command), console.fit_width)))))
+        console.print(shown_text(f"{hint}:"))
+        console.print(_pasteable(command, console))
 
 
 def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
@@ -481,10 +676,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
         if detail:
             details.append(f"{r.step}@{r.host}: {detail}")
+        if r.cause is not None and r.status == "failed":  # the view added the command that resumes
+            details.append(f"{r.step}@{r.host}: caused by {views.caused_by(r.cause)}; resume with another value:")
+            details.append(_pasteable(r.cause["resume"], out()))
     columns = ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message")
     print_table(out(), title, columns, rows)
     for detail in details:
-        out().print(shown_text(detail))
+        out().print(shown_text(detail) if isinstance(detail, str) else detail)
     if failed_cells:
         out().print(shown_text(f"failed cells ({len(failed_cells)}):"))
         for failed in failed_cells:
@@ -574,7 +772,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
     from executor.faces import views
 
-    report, whole = views.read_report(args.run_dir)  # refused unless shaped as a report with a complete provenance
+    run_dir = report_folder(args.run, args.log_dir)
+    report, whole = views.read_report(run_dir)  # refused unless shaped as a report with a complete provenance
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return EXIT_OK
@@ -585,10 +784,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     for each in shown.tables:
         _print_report_table(each)
     for figure in shown.figures:
-        out().print(shown_text(f"{figure.title}: {args.run_dir / figure.path}"))
+        out().print(shown_text(f"{figure.title}: {run_dir / figure.path}"))
     if left_out:
         out().print(shown_text(f"({left_out:,} more notes, cells or figures left out: --json prints them all)"))
     return EXIT_OK
+
+
+def report_folder(run: str | None, log_dir: Path) -> Path:
+    """The run folder `runbook report RUN` reads: RUN as a folder when it is one (or names one by a path: `logs/ID`),
+    else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
+    from executor.faces import views
+
+    if run is not None and (os.sep in run or Path(run).is_dir()):
+        return Path(run)
+    return log_dir / views.latest(log_dir, run).run_id
 
 
 def _print_report_table(table: documents.Table) -> None:
@@ -638,7 +847,8 @@ def _describe_record(record: dict[str, Any]) -> str:
         return (
             f"{who}  abandoned: was running when run {record.get('run')} stopped; {said or 'no record of its command'}"
         )
-    status = "timeout" if record.get("timed_out") else f"exit {record.get('exit_code')}"
+    ended = how_it_ended(record.get("exit_code"), interrupted=bool(record.get("interrupted")))
+    status = "timeout" if record.get("timed_out") else ended
     lines = str(record.get("command", "")).rstrip("\n").split("\n")  # a CR is shown, never a line break
     return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
@@ -670,6 +880,7 @@ COMMANDS = {
     "report": cmd_report,
     "schema": cmd_schema,
     "mcp": cmd_mcp,
+    "trust-host": cmd_trust_host,
 }
 
 
@@ -679,6 +890,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
+    if (settle := getattr(args, "settle", None)) is not None:
+        settle(args)
     try:
         return _dispatch(args)
     except BrokenPipeError:
@@ -709,6 +922,8 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
         say(write_failed_message(exc, again))
     else:
         say(f"runbook: {exc}")
+    if isinstance(exc, TransportError) and exc.check:  # a connection not made: what to check, once
+        say(exc.check)
     return exc.exit_code
 
 

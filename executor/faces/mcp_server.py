@@ -4,9 +4,10 @@ Built on the official `mcp` SDK (the optional extra `runbook[mcp]`), its tools g
 structured JSON: `validate` and `plan` read a runbook as `runbook validate` and `plan` do; `run` and
 `resume` start `python -m executor.faces.cli run ... --json` in its own session and return once its first event
 (`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
-events.jsonl by `seq`; `status`, `runs` and `report` return what executor.faces.views gives `--json`; `tail` a
-step's output from the audit log; `stop` interrupts a run as Ctrl-C would (SIGINT to the process holding its
-lock, once its lock's record proves that process is the one that took it). Every result is capped (`RESULT_CAP`
+events.jsonl by `seq`; `status` and `runs` return what executor.faces.views gives `--json`, `report` its summary
+of a report (or one of its sections, page by page); `tail` a step's output from the audit log; `stop` interrupts
+a run as Ctrl-C would (SIGINT to the process holding its lock, once its lock's record proves that process is the
+one that took it). Every result is capped (`RESULT_CAP`
 bytes, its text block too: a long list is cut, saying so, how much was left out and which file holds it whole)
 and holds only what the run stored, redacted as the console shows it; secrets come from the server's own
 environment, as the CLI reads them, never from a tool's arguments. Every path a tool is given (a runbook, an
@@ -38,7 +39,8 @@ from mcp_types import CallToolResult, InputRequiredResult, ListRootsResult, Text
 from pydantic import Field, ValidationError
 
 from executor import strict_json
-from executor.errors import ArgumentRefused, InvalidRunbook, RunbookError, StateError
+from executor.documents import Table
+from executor.errors import ArgumentRefused, InvalidRunbook, Problem, RunbookError, StateError
 from executor.faces import views
 from executor.faces.inputs import LOG_DIR, load_checked
 from executor.files import json_data, lines_within, open_run_file, refusal
@@ -46,7 +48,7 @@ from executor.run.audit import AUDIT_FILE, read_records
 from executor.run.events import EVENTS_FILE
 from executor.run.state import STATE_FILE, LockRecord, RunLock, process_start
 from executor.runbook.loader import not_a_runbook
-from executor.runbook.planner import plan_document, secrets_redactor
+from executor.runbook.planner import host_fields, plan_document, secrets_redactor
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -121,6 +123,49 @@ def capped_plan(document: dict[str, Any], cap: int = RESULT_CAP) -> dict[str, An
     return capped(first(_most(longest, lambda n: _size(first(n)["groups"]) <= cap // 2)), "steps", cap)
 
 
+def capped_summary(summary: dict[str, Any], whole: Path, cap: int = RESULT_CAP) -> dict[str, Any]:
+    """A report's summary (views.report_summary) that fits in `cap` bytes, saying the cap (`cap`): a campaign's
+    best configurations cut to half of it first (`best_left_out`: its section "Best configuration per
+    concurrency" has them all), then the sections listed (`sections_left_out`; report.json, `whole`, has them)."""
+    result = summary | {"cap": cap}
+    if _size(result) <= cap:
+        return result
+    if "best" in result:
+        result = _cut(result, "best", lambda cut: _size(cut["best"]) <= cap // 2)
+    result = _cut(result | {"truncated": True, "whole": str(whole)}, "sections", lambda cut: _size(cut) <= cap)
+    return result if _size(result) <= cap else _over_cap(f"the report's summary is over the cap of {cap} bytes", whole)
+
+
+def capped_section(table: Table, offset: int, whole: Path, cap: int = RESULT_CAP) -> dict[str, Any]:
+    """The rows of a report's table from `offset`, as many as fit in `cap` bytes: `next_offset` is where the next
+    page starts (null after the last row), `rows_total` how many it has. A row over the cap alone comes with
+    each cell cut to its share (`cells_cut`), so that paging always moves on."""
+    head = {"ok": True, "section": table.title, "columns": table.columns, "rows_total": len(table.rows)}
+    head |= {"offset": offset, "cap": cap, "whole": str(whole)}
+    rows = table.rows[offset:]
+
+    def page(count: int, cut: list[list[str]] | None = None) -> dict[str, Any]:
+        following = offset + count if offset + count < len(table.rows) else None
+        return head | {"rows": cut or rows[:count], "next_offset": following, "truncated": following is not None}
+
+    kept = _most(len(rows), lambda count: _size(page(count)) <= cap)
+    if kept or not rows:
+        return page(kept)
+    share = (cap - _size(page(0))) // (2 * max(1, len(rows[0])))
+    return page(1, [[_within(cell, share) for cell in rows[0]]]) | {"cells_cut": True}
+
+
+def _cut(result: dict[str, Any], key: str, fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """`result` with its list at `key` cut from its end until `fits` holds, saying how many items it left out
+    (`KEY_left_out`)."""
+    items = result[key]
+
+    def first(count: int) -> dict[str, Any]:
+        return result | {key: items[:count], f"{key}_left_out": len(items) - count}
+
+    return first(_most(len(items), lambda count: fits(first(count))))
+
+
 #: The parts of a plan's matrix group that grow with its cells.
 GROUP_PARTS = ("cells", "instances", "servers", "header")
 
@@ -144,9 +189,13 @@ def _failure(exc: RunbookError) -> dict[str, Any]:
     """An error as a result: what the CLI prints for it and the exit code it would exit with (its start, where
     it quotes a huge argument back: `no run RUN_ID`)."""
     if isinstance(exc, InvalidRunbook):
-        problems = [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in exc.problems]
-        return {"ok": False, "exit_code": exc.exit_code, "problems": problems}
+        return {"ok": False, "exit_code": exc.exit_code, "problems": _problems(exc.problems)}
     return {"ok": False, "exit_code": exc.exit_code, "error": _within(str(exc), ERROR_CAP)}
+
+
+def _problems(problems: Sequence[Problem]) -> list[dict[str, Any]]:
+    """Problems (or warnings) as an answer holds them: file, line, column, message."""
+    return [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in problems]
 
 
 def _pairs(variables: Mapping[str, str] | None) -> list[str]:
@@ -224,6 +273,7 @@ class Launches:
                     "run_dir": event["run_dir"],
                     "pid": child.pid,
                     "stderr": str(err_path),
+                    "carried": event.get("carried"),  # a resume's --var and --inventory of the run it continues
                 }
             if child.poll() is not None:
                 said = err_path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -549,10 +599,15 @@ def _checking_tools(server: RunbookServer, roots: Roots) -> None:
     def validate(
         file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
     ) -> dict[str, Any]:
-        """Check a runbook (with an inventory and var overrides): ok, or its problems as file/line/column/message."""
+        """Check a runbook (with an inventory and var overrides): ok, with each host's fields and where each comes
+        from (runbook, inventory or default), or its problems as file/line/column/message; `warnings` (same shape)
+        point out what does not stop it (a script's `$NAME` that nothing defines)."""
         files = runbook_files(roots.with_client(client_roots), file, inventory)
         runbook, _ = load_checked(*files, _pairs(vars), os.environ)
-        return {"ok": True, "steps": len(runbook.steps), "problems": []}
+        hosts = [host.model_dump(mode="json") for host in host_fields(runbook)]
+        masked = secrets_redactor(runbook, os.environ).deep(hosts)
+        answer = {"ok": True, "steps": len(runbook.steps), "problems": [], "warnings": _problems(runbook.warnings)}
+        return capped({**answer, "hosts": masked}, "hosts")
 
     @server.tool()
     def plan(
@@ -591,14 +646,18 @@ def _launching_tools(server: RunbookServer, launches: Launches, roots: Roots) ->
         inventory: str | None = None,
         vars: dict[str, str] | None = None,
         log_dir: str = str(LOG_DIR),
+        unset_vars: list[str] | None = None,
         client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
-        """Continue a run (default: the latest of this runbook) in the background: what passed is reused."""
+        """Continue a run (default: the latest of this runbook) in the background: what passed is reused. The
+        run's --var and --inventory carry over (`carried` in the answer); `vars` override them, `unset_vars`
+        drops carried --var values (the runbook's or inventory's apply again)."""
         here = roots.with_client(client_roots)
         runbook_files(here, file, inventory)
         here.inside(log_dir, "log_dir")
         resume = f"--resume={run_id}" if run_id else "--resume"
-        return await launches.start(_run_argv(file, inventory, vars, log_dir, resume))
+        unset = [f"--unset-var={name}" for name in unset_vars or []]
+        return await launches.start(_run_argv(file, inventory, vars, log_dir, resume, *unset))
 
 
 def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> None:
@@ -657,13 +716,21 @@ def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> N
         run_id: str | None = None,
         log_dir: str = str(LOG_DIR),
         run_dir: str | None = None,
+        section: str | None = None,
+        offset: Annotated[int, Field(ge=0)] = 0,
         client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
-        """A run's report.json (tables, figures, provenance), refused without a complete provenance. The run
-        is `run_id` under `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
+        """A run's report in short: headline, speedup (a benchmark's) or best configuration per concurrency (a
+        campaign's), verdicts, its sections (tables) by name, figures and the paths of the whole report. With
+        `section` (a section's name, or its start): that table's rows from `offset`, as many as the cap holds
+        (`next_offset` asks for the rest). Refused without a complete provenance. The run is `run_id` under
+        `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
         here = roots.with_client(client_roots)
         folder = here.inside(run_dir, "run_dir") if run_dir else _run_dir(here, log_dir, run_id)
-        return capped(views.report(folder), "tables", whole=folder / views.REPORT_FILE)
+        whole = folder / views.REPORT_FILE
+        if section is None:
+            return capped_summary(views.report_summary(folder), whole)
+        return capped_section(views.report_table(folder, section), offset, whole)
 
 
 def _run_argv(

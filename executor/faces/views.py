@@ -1,8 +1,10 @@
-"""What `runbook status --json`, `runs --json` and `report --json` say about stored runs, as JSON-able data.
+"""What `runbook status --json`, `runs --json` and `report --json` say about stored runs, as JSON-able data, and
+a report in short (its summary and its sections: the MCP `report`'s answers).
 
 One module answers for the CLI (executor/faces/cli.py prints these) and the MCP server (executor/faces/mcp_server.py
 returns them), so an agent and a person reading the same run folder get the same answer. Nothing here
-prints, and nothing here imports the engine or a display: these are read by commands that need no SSH.
+prints, and nothing here imports the engine or a display: these are read by commands that need no SSH (a
+report's summary reads its benchmark or campaign part through the step's model, imported when asked for).
 Everything read was stored redacted by the run (see README "Secrets").
 """
 
@@ -10,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from executor.documents import NewerDocument, Provenance, Shown, provenance_lacks, read_shown
+from executor.documents import NewerDocument, Provenance, Shown, Table, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
+from executor.faces.inputs import LOG_DIR
 from executor.files import json_data, open_run_file, refusal
 from executor.run.state import (
     JSON_COLUMN_MAX_DEPTH,
@@ -28,6 +32,10 @@ from executor.run.state import (
     open_state,
     scan_runs,
 )
+
+if TYPE_CHECKING:
+    from steps.benchmark_report import Report
+    from steps.campaign_report_document import CampaignReport
 
 #: How many runs `runs` lists, newest first.
 RECENT_RUNS = 20
@@ -75,11 +83,30 @@ def status(log_dir: Path, run_id: str | None = None) -> dict[str, Any]:
         run_status = state.status()
         finished_at = state.get("finished_at")
         cells = failed_cells(state.get("failed_cells"))
+    steps = [dataclasses.asdict(r) for r in records]
+    for step in steps:  # a failure a var's value caused: with the command that resumes with another value
+        if step["cause"] is not None and step["status"] == "failed":
+            step["cause"] = step["cause"] | {"resume": resume_with(meta.path, meta.run_id, log_dir, step["cause"])}
     return {
         "run": meta.__dict__ | {"status": run_status, "note": note(run_status), "finished_at": finished_at},
-        "steps": [dataclasses.asdict(r) for r in records],
+        "steps": steps,
         "failed_cells": cells,
     }
+
+
+def resume_with(runbook_path: str, run_id: str, log_dir: Path, cause: Mapping[str, str]) -> str:
+    """The command that resumes run `run_id` with another value of the var whose value caused a failure (a
+    step record's `cause`): `runbook run FILE --resume RUN --var NAME=NEW_VALUE`."""
+    where = [] if log_dir == LOG_DIR else ["--log-dir", str(log_dir)]
+    return shlex.join(
+        ["runbook", "run", runbook_path, "--resume", run_id, *where, "--var", f"{cause['var']}=NEW_VALUE"]
+    )
+
+
+def caused_by(cause: Mapping[str, str]) -> str:
+    """A cause as the console says it: `sglang_port=30000 (the step's port)`."""
+    held = f" (the step's {cause['param']})" if cause.get("param") else ""
+    return f"{cause['var']}={cause['value']}{held}"
 
 
 def failed_cells(stored: str | None) -> list[dict[str, str]]:
@@ -121,14 +148,10 @@ def runs(log_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def report(run_dir: Path) -> dict[str, Any]:
-    """`runbook report --json`: the run's report.json as it is; refused (ResumeError) when there is none,
-    it is not shaped as a report (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
-    return read_report(run_dir)[0]
-
-
 def read_report(run_dir: Path) -> tuple[dict[str, Any], Shown]:
-    """`report`, and what it shows (read once: a report's tables may hold many thousand cells)."""
+    """`runbook report --json`: the run's report.json as it is, and what it shows (read once: a report's tables
+    may hold many thousand cells); refused (ResumeError) when there is none, it is not shaped as a report
+    (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
         what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
@@ -209,3 +232,138 @@ def _not_a_report(path: Path, exc: BaseException) -> ResumeError:
     return ResumeError(
         f"{path}: not a report (expected title, notes, tables of title/columns/rows, figures of title/path): {exc!r}"
     )
+
+
+#: The notes and failed cells a report's summary (the MCP `report` without a section) lists: the rest are in the
+#: report (its notes in report.md, every failed cell in the section "Failed and skipped cells").
+SUMMARY_ITEMS = 20
+
+
+#: The comparisons (GPU kind and workload) whose crossover a campaign's headline says: one line, not a table.
+HEADLINE_COMPARISONS = 3
+
+
+def report_summary(run_dir: Path) -> dict[str, Any]:
+    """What a report found, in short (the MCP `report` without a section): its title, a headline, the speedup (a
+    benchmark's) or the best configuration per concurrency (a campaign's), the verdicts, its first notes, the
+    sections (each table by title, with its rows) to ask for, its figures, and where the whole report is.
+    Refused as `report` refuses one, and where its benchmark or campaign part is not what the step writes."""
+    document, shown = read_report(run_dir)
+    findings = _findings(document, run_dir / REPORT_FILE)
+    return {
+        "ok": True,
+        "run_dir": str(run_dir),
+        "title": shown.title,
+        **findings,
+        "notes": shown.notes[:SUMMARY_ITEMS],
+        "notes_left_out": max(0, len(shown.notes) - SUMMARY_ITEMS),
+        "sections": [{"name": table.title, "rows": len(table.rows)} for table in shown.tables],
+        "figures": [{"title": figure.title, "path": str(run_dir / figure.path)} for figure in shown.figures],
+        "report_json": str(run_dir / REPORT_FILE),
+        "report_md": str(run_dir / "report.md"),
+    }
+
+
+def report_table(run_dir: Path, name: str) -> Table:
+    """The table of the run's report titled `name` (or the one whose title it is the start of, case aside);
+    ResumeError listing the titles when none is, or several are."""
+    tables = read_report(run_dir)[1].tables
+    exact = [table for table in tables if table.title == name]
+    started = [table for table in tables if table.title.casefold().startswith(name.casefold())]
+    if exact or len(started) == 1:
+        return (exact or started)[0]
+    titles = "; ".join(table.title for table in tables)
+    said = f"several sections start with {name!r}" if started else f"no section {name!r}"
+    raise ResumeError(f"{run_dir / REPORT_FILE}: {said}; its sections: {titles}")
+
+
+def _findings(document: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The kind of report and what it found (`_benchmark_findings`, `_campaign_findings`), read through the
+    model its step writes (a tampered part is refused naming the field); a report of another writer: its title."""
+    from pydantic import ValidationError  # here: `runbook report` reads a report without pydantic, to start fast
+
+    from steps.benchmark_report import Report
+    from steps.campaign_report_document import CampaignReport
+
+    kind = "campaign" if "campaign" in document else "benchmark" if "data" in document else None
+    if kind is None:
+        return {"kind": "report", "headline": document.get("title")}
+    try:
+        if kind == "campaign":
+            return _campaign_findings(CampaignReport.model_validate(document))
+        return _benchmark_findings(Report.model_validate(document))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(map(str, error["loc"])) or "the document"
+        raise ResumeError(
+            f"{path}: refused: not a {kind} report as its step writes one: {where}: {error['msg']}"
+        ) from None
+
+
+def _benchmark_findings(report: Report) -> dict[str, Any]:
+    """A benchmark report's headline (its speedup's range), the speedup per concurrency, the acceptance length per
+    prompt set, and the verdicts: was speculation on, how many outputs matched the baseline's per prompt set
+    (and the tolerance its eval allowed), which concurrencies were noisy on either side."""
+    data = report.data
+    speedup, acceptance = data.speedup, data.acceptance
+    versus = f"{data.candidate.label} vs {data.baseline.label}"
+    if speedup.min is None or speedup.max is None:
+        why = speedup.unknown.get("min") or speedup.unknown.get("max") or "nothing to compare"
+        headline = f"{versus}: speedup unknown ({why})"
+    else:
+        mean = "" if speedup.mean is None else f" (mean {speedup.mean:.2f}x)"
+        at = ", ".join(speedup.by_concurrency)
+        headline = f"{versus}: {speedup.min:.2f}x to {speedup.max:.2f}x the output throughput{mean} at concurrency {at}"
+    lossless = (acceptance.lossless or {}) if acceptance else {}
+    return {
+        "kind": "benchmark",
+        "headline": headline,
+        "speedup": speedup.model_dump(mode="json"),
+        "acceptance": {
+            name: {"mean": each.mean, "weighted_mean": each.weighted_mean}
+            for name, each in (acceptance.sets if acceptance else {}).items()
+        },
+        "verdicts": {
+            "speculation_on": acceptance.speculation_on if acceptance else None,
+            "lossless": {
+                name: each.model_dump(
+                    mode="json", include={"compared", "identical", "differing", "max_differing_fraction"}
+                )
+                for name, each in lossless.items()
+            },
+            "noisy": {
+                side: [point.max_concurrency for point in measured.points if point.noisy]
+                for side, measured in (("baseline", data.baseline), ("candidate", data.candidate))
+            },
+        },
+    }
+
+
+def _campaign_findings(report: CampaignReport) -> dict[str, Any]:
+    """A campaign report's headline (its counts, and per comparison where speculation stops paying), the best
+    configuration per concurrency of each comparison (GPU kind and workload) with its crossover and launch
+    commands, and the verdicts: the counts and the first failed or skipped cells with why."""
+    campaign = report.campaign
+    counts = campaign.counts
+    crossovers = [
+        f"{each.gpus}, {each.input_len} in / {each.output_len} out: "
+        + (
+            f"speculation stops paying at concurrency {each.crossover.concurrency}"
+            if each.crossover.concurrency is not None
+            else f"no crossover ({each.crossover.why})"
+        )
+        for each in campaign.comparisons[:HEADLINE_COMPARISONS]
+    ]
+    more = len(campaign.comparisons) - HEADLINE_COMPARISONS
+    crossovers += [f"{more} more comparisons (best)"] if more > 0 else []
+    tally = f"{counts.cells} cells: {counts.passed} passed, {counts.failed} failed, {counts.skipped} skipped"
+    return {
+        "kind": "campaign",
+        "headline": "; ".join([tally, *crossovers]),
+        "best": [each.model_dump(mode="json", exclude={"cells"}) for each in campaign.comparisons],
+        "verdicts": {
+            "counts": counts.model_dump(mode="json"),
+            "failed": [each.model_dump(mode="json") for each in campaign.failed[:SUMMARY_ITEMS]],
+            "failed_left_out": max(0, len(campaign.failed) - SUMMARY_ITEMS),
+        },
+    }

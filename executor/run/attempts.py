@@ -48,11 +48,20 @@ from executor.run.resume import Fingerprints
 from executor.run.run_folder import RunFolder
 from executor.run.state import NOT_STARTED, StepRecord, now
 from executor.runbook import cells
-from executor.runbook.gates import GateWorkers, roots
+from executor.runbook.gates import DETAIL_MAX, GateWorkers, lookups_used, roots
 from executor.runbook.loader import Runbook
-from executor.runbook.model import Host, RetryPolicy, host_variables
+from executor.runbook.model import Host, RetryPolicy, host_variables, var_text
 from executor.runbook.planner import host_env
-from executor.stepkind import FACTS_MAX_DEPTH, StepContext, StepSpec, StepView, check_depth
+from executor.stepkind import (
+    FACTS_MAX_DEPTH,
+    FactHost,
+    StepContext,
+    StepSpec,
+    StepView,
+    UnknownFact,
+    check_depth,
+    fact_field,
+)
 from executor.transport.base import Collector, CommandResult, OutputSink, Transfer, Transport, kill_report
 
 if TYPE_CHECKING:
@@ -104,6 +113,15 @@ def gate_failure(spec: StepSpec, facts: Any, gate: str, undecided: bool) -> tupl
         return failure, ""
     given = repr(failure)[:200]
     return StepKindCrashed, f"\n  step kind '{spec.kind}' classed this failure as {given}, no class of executor.errors"
+
+
+def _unknown_facts(owner: StepSpec, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
+    """`owner.unknown_facts`; a kind whose explanation raises has a bug, which the failure names instead of the
+    reason (as `gate_failure` does for its failure class): the gate's failure stands either way."""
+    try:
+        return owner.unknown_facts(facts, path, host)
+    except Exception as exc:  # a bug in a step kind must not hide why its gate failed
+        return [UnknownFact(f"step kind '{owner.kind}' could not say: {type(exc).__name__}: {str(exc)[:300]}")]
 
 
 def tail(text: str, lines: int = TAIL_LINES, width: int = 300) -> str:
@@ -235,7 +253,7 @@ class HostContext(StepContext):
             self._record(command.display, partial)
             if exc.refuses_host:
                 raise HostRefused(attempts.redactor.text(str(exc))) from None
-            raise TransportFailed(f"transport error: {attempts.redactor.text(str(exc))}") from None
+            raise transport_failed("transport error", exc, attempts.redactor) from None
         finally:
             for note in transport.take_notes():
                 self.events.emit(event_models.Note, message=note)
@@ -282,9 +300,17 @@ class HostContext(StepContext):
                 raise durable.failed(exc, into.parent, "a fetched file") from None
             raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
         except TransportError as exc:
-            raise TransportFailed(f"file transfer failed: {self.redactor.text(str(exc))}") from None
+            raise transport_failed("file transfer failed", exc, self.redactor) from None
         self.folder.audit.transfer(self.audit_context, done.direction, done.local, done.remote, done.size, done.sha256)
         return done
+
+
+def transport_failed(what: str, exc: TransportError, redactor: Redactor) -> TransportFailed:
+    """The attempt's failure for a transport error, `{what}: {error}`, carrying what to check (said once, with the
+    step's failure: `Attempts.run_on_host`)."""
+    failed = TransportFailed(f"{what}: {redactor.text(str(exc))}")
+    failed.check = None if exc.check is None else redactor.text(exc.check)
+    return failed
 
 
 class Attempts:
@@ -406,12 +432,13 @@ class Attempts:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         failures: list[str] = []
+        checks: list[str] = []  # what to check for a connection not made: said once, after the failures
         unsaved = False
         try:
             if spec.when is not None and (skipped := await self._when_false(spec, host)) is not None:
                 record.status, record.message = "skipped", skipped
                 return record
-            await self._variants(spec, host, record, failures)
+            await self._variants(spec, host, record, failures, checks)
         except HostRefused as exc:
             failures.append(str(exc))
         except DurableWriteError:
@@ -427,7 +454,7 @@ class Attempts:
             record.duration_s = round(loop.time() - t0, 3)
             if record.status == "running":
                 record.status = "failed"
-                record.message = failures[-1] if len(failures) == 1 else "\n".join(failures)
+                record.message = "\n".join([*failures, *dict.fromkeys(checks)])
             if not unsaved:
                 self.folder.save(record)
         return record
@@ -439,9 +466,12 @@ class Attempts:
             return f"{why}; the command still running was stopped: {kill_report(exc.result)}"
         return f"{why} between the step's commands"
 
-    async def _variants(self, spec: StepSpec, host: str, record: StepRecord, failures: list[str]) -> None:
+    async def _variants(
+        self, spec: StepSpec, host: str, record: StepRecord, failures: list[str], checks: list[str]
+    ) -> None:
         """Each variant (the step, then its fallbacks), retried per its policy, until one passes (`record`
-        says which); why each other failed goes into `failures`."""
+        says which); why each other failed goes into `failures`, what to check for a connection not made into
+        `checks`."""
         log = self.folder.log.bind(step=spec.id, host=host)
         variants = [("primary", spec)] + [
             (f"fallback {i}", fb) for i, fb in enumerate(self.runbook.fallbacks.get(spec.id, []), start=1)
@@ -460,12 +490,14 @@ class Attempts:
                         except AttemptFailed as exc:
                             last = exc
                             record.facts, record.gate, record.exit_code = exc.facts, exc.gate, exc.exit_code
+                            record.cause = exc.cause
                             raise
                 record.status, record.facts, record.exit_code, record.via = "passed", facts, exit_code, via
-                record.message = record.gate = None
+                record.message = record.gate = record.cause = None
                 return
             except AttemptFailed as exc:
                 failures.append(f"[{via}] {exc}")
+                checks += [exc.check] if isinstance(exc, TransportFailed) and exc.check else []
             except asyncio.CancelledError:
                 if last is not None:  # keep why the attempt before the signal failed (often: a retry delay)
                     failures.append(f"[{via}] {last}")
@@ -503,7 +535,8 @@ class Attempts:
         if verdict.passed:
             return None
         if verdict.undecided:  # an error is no `false`: skipping would hide it (a typo in a fact's path)
-            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}")
+            unknown = self._unknowns_read(spec, host, that, None)
+            raise HostRefused(f"{cells.WHEN_FALSE}{that} could not be evaluated\n{verdict.detail}{unknown}")
         said = f"{cells.WHEN_FALSE}{that} is false"
         return f"{said}: {spec.when.message}" if spec.when.message else said
 
@@ -567,16 +600,60 @@ class Attempts:
                 for gate in gates:
                     verdict = await worker.evaluate(gate.that, gate.message)
                     if not verdict.passed:
-                        detail = verdict.describe()
+                        detail = verdict.describe() + self._unknowns_read(spec, host, gate.that, facts)
                         if not result.stdout.strip():
                             detail += "\n  (stdout was empty)"
                         out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
                         message = f"{detail}\n  output tail:\n{out}" if out else detail
                         failure, why = gate_failure(spec, raw_facts, gate.that, verdict.undecided)
                         message += why
-                        self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code)
+                        cause = self._cause(spec, host, failure, raw_facts)
+                        if cause is not None:  # the headline: the var and its value first, then what happened
+                            said = fact_field(raw_facts, "failure") or gate.message or gate.that
+                            headline = str(said).partition("\n")[0]
+                            message = f"{cause['var']}={cause['value']}: {headline}\n{message}"
+                        self._attempt_failed(
+                            failure, spec, host, attempt, message, facts, gate.that, result.exit_code, cause
+                        )
         except GateWorkerUnavailable as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
+
+    def _unknowns_read(self, spec: StepSpec, host: str, expression: str, facts: Any) -> str:
+        """Why each fact the failed gate (or `when:` that could not be evaluated) `expression` read is unknown,
+        what was tried and the next step (`StepSpec.unknown_facts`, of the attempt's facts, None for a `when:`,
+        and of the earlier steps' it read), as lines after the gate's values: one place, so the console, the
+        events, the step's record and every answer made of them say the same. Facts with one reason are named
+        together."""
+        said: dict[UnknownFact, list[str]] = {}
+        for name, keys in lookups_used(expression).items():
+            read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)
+            if read is not None:
+                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address)):
+                    said.setdefault(unknown, []).append(name)
+        text = "\n".join(line for unknown, names in said.items() for line in unknown.lines(names))
+        return "\n" + text[:DETAIL_MAX] if text else ""
+
+    def _earlier_facts(
+        self, spec: StepSpec, host: str, keys: tuple[Any, ...]
+    ) -> tuple[StepSpec, Any, tuple[Any, ...], str] | None:
+        """What a gate's lookup `steps.ID.facts...` (or `steps.ID.hosts.HOST.facts...`) reads: the step, its
+        recorded facts, the path inside them and the host they were read on (as `facts_view` picks it)."""
+        if len(keys) < 3 or keys[0] != "steps" or not isinstance(keys[1], str):
+            return None
+        step_id = self.index.aliases(spec.id).get(keys[1], keys[1])
+        if step_id not in self.positions:
+            return None
+        ran_on = self.runbook.step_hosts[step_id]
+        if keys[2] == "facts":
+            on, path = (host if host in ran_on else ran_on[0]), keys[3:]
+        elif keys[2] == "hosts" and len(keys) > 4 and keys[4] == "facts" and keys[3] in ran_on:
+            on, path = keys[3], keys[5:]
+        else:
+            return None
+        record = self.folder.records.get((step_id, on))
+        if record is None or record.facts is None:
+            return None
+        return self.runbook.steps[self.positions[step_id]], record.facts, path, on
 
     def _attempt_failed(
         self,
@@ -588,7 +665,26 @@ class Attempts:
         facts: Any = None,
         gate: str | None = None,
         exit_code: int | None = None,
+        cause: dict[str, str] | None = None,
     ) -> NoReturn:
         message = self.redactor.text(message)
-        self.folder.events.emit(event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message)
-        raise failure(message, facts, gate, exit_code)
+        self.folder.events.emit(
+            event_models.AttemptFailed, step=spec.id, host=host, attempt=attempt, message=message, cause=cause
+        )
+        failed = failure(message, facts, gate, exit_code)
+        failed.cause = cause
+        raise failed
+
+    def _cause(self, spec: StepSpec, host: str, failure: type[AttemptFailed], facts: Any) -> dict[str, str] | None:
+        """The var whose value caused the failure (`StepSpec.failure_var`) with its value on `host`, masked as the
+        run stores it, and the parameter that holds it; None where the kind names none, or names a var the run
+        does not have. A kind's bug here costs the failure its cause, never the attempt its class."""
+        try:
+            found = spec.failure_var(failure, facts)
+        except Exception:  # a bug in a step kind: the failure stands without a cause
+            return None
+        values = self.variables_for(host)
+        if found is None or found[0] not in values:
+            return None
+        var, param = found
+        return {"var": var, "value": self.redactor.text(var_text(values[var])), "param": param}

@@ -435,8 +435,8 @@ def _verify_run(folder: Path, meta: RunMeta | None, expected: str, key: AuditKey
     for left in range(LIVE_CHECKS - 1, -1, -1):
         found = VerifyReport()
         beside = _beside(folder, meta)  # before the log: a live run's later writes then only extend the log
-        hashes = _verify_log(folder, expected, found)
-        _check_run(folder, meta, beside, hashes, key, found)
+        chain = _verify_log(folder, expected, found)
+        _check_run(folder, meta, beside, chain, key, found)
         if not found.problems or beside.status != "running" or not left:
             break
         time.sleep(LIVE_PAUSE_S)
@@ -446,36 +446,85 @@ def _verify_run(folder: Path, meta: RunMeta | None, expected: str, key: AuditKey
     report.notes += found.notes
 
 
-def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> list[str]:
-    """Check the chain of one run's log; the chain's hashes, `[start, after record 1, ...]`, up to
-    the first broken record."""
+def _verify_log(run_dir: Path, expected: str, report: VerifyReport) -> _Chain:
+    """Check the chain of one run's log, every line of it: each break is named with what was done there
+    (`_break`: a line edited, added, removed or moved), and the walk goes on past an edit, an added line or a
+    removal, so that one edit is named as one and not taken for a cut as well. A move ends the walk."""
     name = run_dir.name
     report.runs.append(name)
     lines = list(read_records(run_dir))
-    hashes = [expected]  # hashes[n]: the chain's hash after n records
+    seqs = [r.get("seq") if r is not None else None for _n, r, _raw in lines]
+    chain = _Chain(hashes=[expected])  # hashes[n]: the chain's hash after n records, while it holds
+    seq = 1  # the sequence number the next record should carry
     for index, (number, record, raw) in enumerate(lines):
-        where = f"{name}/{AUDIT_FILE}:{number}"
-        if record is None:
+        if record is None and index == len(lines) - 1 and not raw.endswith(b"\n"):
             # a record and its newline go in one write, and JSON escapes any other newline: only a line
             # without its newline can be a write cut short; a whole line that is no record was added
-            if index == len(lines) - 1 and not raw.endswith(b"\n"):
-                report.notes.append(
-                    f"{where}: torn last line ({len(raw)} bytes, a write cut short: the process was killed or "
-                    "the disk failed); tolerated, its command may have run"
-                )
-                continue
-            report.problems.append(f"{where}: not a complete JSON record")
+            report.notes.append(
+                f"{name}/{AUDIT_FILE}:{number}: torn last line ({len(raw)} bytes, a write cut short: the process "
+                "was killed or the disk failed); tolerated, its command may have run"
+            )
+            continue
+        if record is not None and record.get("prev_hash") == expected and record_hash(record) == record.get("hash"):
+            expected, seq = str(record["hash"]), seq + 1
+            if not chain.broken:
+                chain.hashes.append(expected)
+            continue
+        chain.broken = True
+        following = lines[index + 1][1] if index + 1 < len(lines) else None
+        added = following is not None and following.get("prev_hash") == expected
+        what, goes_on = _break(number, record, seq, seqs, added)
+        report.problems.append(f"{name}/{AUDIT_FILE}:{what}")
+        if not goes_on:
             break
-        if record.get("prev_hash") != expected:
-            report.problems.append(f"{where}: chain broken (a line before it was edited, removed or moved)")
-            break
-        if record_hash(record) != record.get("hash"):
-            report.problems.append(f"{where}: content does not match its hash (edited)")
-            break
-        expected = str(record["hash"])
-        hashes.append(expected)
-    report.records += len(hashes) - 1
-    return hashes
+        if record is not None and not added and not what.endswith(_COPY):  # on from what this line says it is
+            expected, seq = str(record.get("hash")), int(record["seq"]) + 1
+    # what the log holds: the records of the chain, or after a break every line that is a record
+    report.records += sum(r is not None for _n, r, _raw in lines) if chain.broken else len(chain.hashes) - 1
+    chain.last_seq = max((s for s in seqs if type(s) is int), default=0) if chain.broken else len(chain.hashes) - 1
+    return chain
+
+
+#: How `_break` ends what it says of a line that repeats a record (the walk goes on from the record before it).
+_COPY = "(a copy of a record)"
+
+
+def _break(number: int, record: dict[str, Any] | None, seq: int, seqs: list[Any], added: bool) -> tuple[str, bool]:
+    """What was done at line `number`, where the chain breaks (`seq`: the record it should hold; `seqs`: every
+    line's; `added`: the next line links to the record before this one), as `LINE: what`, and whether the walk
+    can go on past it."""
+    if record is None:
+        if added:
+            return f"{number}: not a complete JSON record: a line was added here (the next links to the last)", True
+        return f"{number}: not a complete JSON record (a line edited beyond JSON, or added)", False
+    held = record.get("seq")
+    if record_hash(record) != record.get("hash"):
+        if added:
+            return f"{number}: a line was added here (no record of the chain; the next links to the one before)", True
+        return f"{number}: content does not match its hash: line {number} (record {held}) was edited", type(held) is int
+    if type(held) is not int:
+        return f"{number}: chain broken (a line before it was edited, removed or moved)", False
+    if seqs.count(held) > 1:
+        return f"{number}: chain broken: a line was added here, record {held} again {_COPY}", True
+    if held == seq:
+        if number == 1:
+            return "1: chain broken: the first record does not link to where this run's log starts (run.json)", False
+        return f"{number - 1}: edited, its hash computed again: line {number} (record {held}) does not link to it", True
+    if held > seq and not any(missing in seqs for missing in range(seq, held)):
+        missing = f"record {seq} was" if held == seq + 1 else f"records {seq} to {held - 1} were"
+        return f"{number}: chain broken: {missing} removed before this line (it holds record {held})", True
+    return f"{number}: chain broken: record {held} stands where record {seq} belongs (lines were moved)", False
+
+
+@dataclass
+class _Chain:
+    """What verify learnt of one run's log: the chain's hashes while it holds (`hashes[n]`: after n records),
+    whether it broke anywhere, and the sequence number of its last record (the highest a line holds, after a
+    break)."""
+
+    hashes: list[str]
+    broken: bool = False
+    last_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -530,11 +579,32 @@ def _check_run(
     run_dir: Path,
     meta: RunMeta | None,
     beside: _Beside,
-    hashes: list[str],
+    chain: _Chain,
     key: AuditKey | None,
     report: VerifyReport,
 ) -> None:
-    """The log against what the run recorded beside it: its head, state.db and, with `key`, the seal."""
+    """The log against what the run recorded beside it: its head, state.db and, with `key`, the seal. After a
+    break in the chain (already named), only what its records say of their own count: records cut from its end."""
+    name, position, head, hashes = run_dir.name, beside.position, beside.head, chain.hashes
+    if chain.broken:
+        recorded = max(head.count if head is not None else 0, position[0] if position is not None else 0)
+        if recorded > chain.last_seq:
+            report.problems.append(
+                f"{name}: its last record is record {chain.last_seq}, but the run recorded {recorded}: "
+                f"{_last_removed(recorded - chain.last_seq)}"
+            )
+    else:
+        _check_log_end(run_dir, hashes, beside, report)
+    seal = HeadSeal(key, name, hashes[0], meta.resumed_from if meta else None) if key is not None else None
+    _check_seal(name, chain.last_seq, head, seal, report)
+
+
+def _last_removed(count: int) -> str:
+    return "the last record was removed" if count == 1 else f"the last {count} records were removed"
+
+
+def _check_log_end(run_dir: Path, hashes: list[str], beside: _Beside, report: VerifyReport) -> None:
+    """An unbroken log's end against its head and the log's length state.db saved with each step."""
     name = run_dir.name
     status, position, rows, head = beside.status, beside.position, beside.rows, beside.head
     _check_head(name, hashes, head, status, report)
@@ -546,8 +616,6 @@ def _check_run(
             f"{name}: its state.db does not record the log's length (an older runbook wrote it): "
             "records cut from its end are found by its head alone"
         )
-    seal = HeadSeal(key, name, hashes[0], meta.resumed_from if meta else None) if key is not None else None
-    _check_seal(name, len(hashes) - 1, head, seal, report)
 
 
 def _check_head(name: str, hashes: list[str], head: _Head | None, status: str | None, report: VerifyReport) -> None:
@@ -559,7 +627,9 @@ def _check_head(name: str, hashes: list[str], head: _Head | None, status: str | 
             report.problems.append(f"{name}: {HEAD_FILE} is missing or unreadable")
         return
     if head.count > count:
-        report.problems.append(f"{name}: log has {count} records but the run recorded {head.count}: lines were removed")
+        report.problems.append(
+            f"{name}: log has {count} records but the run recorded {head.count}: {_last_removed(head.count - count)}"
+        )
     elif hashes[head.count] != head.hash:
         report.problems.append(f"{name}: record {head.count} does not match the recorded head: the log was rewritten")
     elif head.count < count:

@@ -177,6 +177,7 @@ class Engine:
                 }
                 for s in self.runbook.steps
             ],
+            carried=self._carried(),
         )
         for host in meta.host_key_unverified:
             folder.audit.host_key_unverified(host)
@@ -186,6 +187,14 @@ class Engine:
                 message="host key verification is OFF (verify_host_key: false): any server answering at"
                 f" {self.runbook.hosts[host].address} is trusted",
             )
+
+    def _carried(self) -> dict[str, Any] | None:
+        """`run_started.carried`: what a resume carries over from the run it continues (None: no resume)."""
+        carry = self.start.carry
+        if carry is None:
+            return None
+        inventory = str(carry.inventory) if carry.carried_inventory and carry.inventory else None
+        return {"inventory": inventory, "vars": carry.carried, "unset": carry.unset}
 
     async def _release(self) -> None:
         """Close what the run holds on hosts: its transports, then its gate workers (even while cancelled). A

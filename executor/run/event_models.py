@@ -55,6 +55,16 @@ class HostOutcome(BaseModel):
     via: str | None
 
 
+class Carried(BaseModel):
+    """What a resume carries over from the run it continues: `run_started.carried`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    inventory: str | None  # the source run's --inventory, when none is given now
+    vars: dict[str, str]  # the source run's --var values kept (not given again now, nor dropped), by name
+    unset: list[str]  # the source run's --var names dropped by --unset-var
+
+
 class RunStarted(Event):
     """Once, first (`seq` 1), before anything connects: the run folder and every step's plan."""
 
@@ -63,6 +73,7 @@ class RunStarted(Event):
     runbook: str
     resumed_from: str | None
     steps: list[PlannedStep]
+    carried: Carried | None = None  # a resume's: what it carries over from `resumed_from` (null otherwise)
 
 
 class StepStarted(Event):
@@ -84,11 +95,22 @@ class CommandFinished(Event):
     duration_s: float
 
 
+class VarCause(BaseModel):
+    """The runbook var whose value caused a failure (a port held by another process): `attempt_failed.cause`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    var: str
+    value: str  # as the run stores it (a secret masked)
+    param: str  # the step's parameter that holds it (`port`); "" when the step's facts named the var
+
+
 class AttemptFailed(Event):
     """An attempt did not pass: why, with the gate's values and the output's tail."""
 
     event: Literal["attempt_failed"] = "attempt_failed"
     message: str
+    cause: VarCause | None = None  # the var whose value caused it, where the step kind knows
 
 
 class StepFinished(Event):

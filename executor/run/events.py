@@ -21,6 +21,7 @@ from rich.status import Status
 from rich.text import Text
 
 from executor import strict_json
+from executor.command_result import how_it_ended
 from executor.consoles import UnattendedConsole
 from executor.redact import Redactor
 from executor.run.event_models import (
@@ -230,8 +231,10 @@ class ConsoleReporter(Reporter):
         self._live(Text.assemble((self._id(e.step), "bold"), f" on {', '.join(e.hosts)}"))
 
     def _command_finished(self, e: CommandFinished) -> None:
+        if e.exit_code is None and not e.timed_out:
+            return  # no exit status: its transport failed or it was interrupted, which the next line says
         if e.exit_code != 0 or e.timed_out:
-            how = "timed out" if e.timed_out else f"exit {e.exit_code}"
+            how = how_it_ended(e.exit_code, e.timed_out)
             self.console.print(Text(f"    {e.step}@{e.host} attempt {e.attempt}: {how}", style="dim"))
 
     def _attempt_failed(self, e: AttemptFailed) -> None:

@@ -26,7 +26,7 @@ from executor.run.run_options import RunOptions
 from executor.run.state import NOT_STARTED, ONLY_SKIPPED, RunMeta, StepRecord, find_run, passed_before
 from executor.runbook.campaign import Instance, matrix_environment
 from executor.runbook.cells import CELL_FAILED, Index
-from executor.runbook.loader import Runbook, apply_inventory
+from executor.runbook.loader import Runbook, _did_you_mean, apply_inventory
 from executor.runbook.model import VarValue, override_value, var_text
 from executor.runbook.planner import render_problems, secrets_redactor
 from executor.stepkind import StepSpec
@@ -202,6 +202,25 @@ class Carry:
     inventory: Path | None  # the one given now, else the source run's
     carried_inventory: bool  # the source run's: to be laid over the runbook, loaded without one
     var_args: list[str]  # every --var pair the resume runs with, the source's first (the last of a name wins)
+    #: the source run's --var values the resume keeps (not given again now, nor dropped), by name, as stored
+    carried: dict[str, str] = field(default_factory=dict)
+    unset: list[str] = field(default_factory=list)  # the source's --var names dropped by --unset-var
+
+
+def _check_unset(source: RunMeta, unset: Collection[str], named_now: Collection[str]) -> None:
+    """`--unset-var NAME` drops a --var the source run was started with: a name it was not started with (a
+    typo, a var that came from the runbook or the inventory) or one given again now is refused (exit 2)."""
+    started_with = [*(pair.partition("=")[0] for pair in source.var_args), *source.var_args_withheld]
+    for name in unset:
+        if name in named_now:
+            raise ResumeError(f"--unset-var {name} and --var {name}=... together: give one of them")
+        if name not in started_with:
+            known = ", ".join(started_with) or "none"
+            hint = _did_you_mean(name, started_with).removeprefix("; ")
+            raise ResumeError(
+                f"--unset-var {name}: run {source.run_id} carries no --var {name}{f' ({hint})' if hint else ''}; "
+                f"it was started with --var {known}; a value from the runbook or the inventory is no --var to drop"
+            )
 
 
 def carry_over(
@@ -212,10 +231,13 @@ def carry_over(
     values_given: Collection[str] = (),
     redactor: Redactor = NO_SECRETS,
     say: Callable[[str], None] = lambda note: None,
+    unset: Collection[str] = (),
 ) -> Carry:
     """The --inventory and --var pairs to resume `source` with: its own, under those given now (`var_args`,
-    `inventory`, and `values_given`: the names of the vars an API caller gives as values). ResumeError when
-    the source run had a --var holding a secret's value (never stored) that is not given again.
+    `inventory`, and `values_given`: the names of the vars an API caller gives as values), but for those
+    `unset` drops (`--unset-var`: the runbook's or the inventory's value applies again). ResumeError when
+    the source run had a --var holding a secret's value (never stored) that is not given again, or for an
+    `unset` name it was not started with.
 
     `say` gets what the console says (without the `runbook: ` prefix): that the source ran another runbook
     file, and which flags are carried. That line is masked by `redactor`, the secrets of this run (a var
@@ -223,8 +245,9 @@ def carry_over(
     if source.path != str(runbook_path.resolve()):
         say(f"note: run {source.run_id} ran {source.path}; this is {runbook_path.resolve()}")
     named_now = {pair.partition("=")[0] for pair in var_args}
+    _check_unset(source, unset, {*named_now, *values_given})
     given = {*named_now, *values_given}
-    withheld = [name for name in source.var_args_withheld if name not in given]
+    withheld = [name for name in source.var_args_withheld if name not in given and name not in unset]
     if withheld:
         flags = " ".join(f"--var {name}=..." for name in withheld)
         raise ResumeError(
@@ -234,16 +257,24 @@ def carry_over(
     carried_inventory = inventory is None and bool(source.inventory)
     if carried_inventory:
         inventory = Path(str(source.inventory))
-    pairs = {pair.partition("=")[0]: pair for pair in [*source.var_args, *var_args]}  # the last one of a name wins
+    kept_pairs = [pair for pair in source.var_args if pair.partition("=")[0] not in unset]
+    pairs = {pair.partition("=")[0]: pair for pair in [*kept_pairs, *var_args]}  # the last one of a name wins
+    values = {name: pair.partition("=")[2] for name, pair in pairs.items() if name not in given}
     carried = [
         *(["--inventory", str(inventory)] if carried_inventory else []),
         *(flag for name, pair in pairs.items() if name not in given for flag in ("--var", pair)),
     ]
     if carried:
         say(f"resuming {source.run_id} as it was started: {redactor.text(shlex.join(carried))}")
+    dropped = [pair for pair in source.var_args if pair.partition("=")[0] in unset]
+    if dropped or unset:
+        names = ", ".join(sorted(unset))
+        what = redactor.text(shlex.join(flag for pair in dropped for flag in ("--var", pair)))
+        what = what or "a --var holding a secret"
+        say(f"not carried (--unset-var {names}): {what}; the runbook's (or the inventory's) value applies again")
     # a var given now as a value (not as a pair) wins over the source's pair, which is not run with
     kept = [pair for name, pair in pairs.items() if name in named_now or name not in values_given]
-    return Carry(inventory, carried_inventory, kept)
+    return Carry(inventory, carried_inventory, kept, values, sorted(unset))
 
 
 def find_source(runbook: str, options: RunOptions) -> RunMeta | None:
@@ -268,6 +299,7 @@ class Start:
     options: RunOptions
     source: RunMeta | None
     notes: list[str] = field(default_factory=list)  # what `say` got
+    carry: Carry | None = None  # what a --resume carries over from its source run (None: no resume)
 
 
 def begin(
@@ -290,9 +322,12 @@ def begin(
 
     redactor = secrets_redactor(runbook, environ)
     source = find_source(runbook.name, options)
-    var_args, inventory = list(options.var_args), options.inventory
+    var_args, inventory, carry = list(options.var_args), options.inventory, None
+    if options.unset_vars and not options.resume:
+        raise ResumeError("--unset-var drops a --var that --resume would carry over: it needs --resume")
     if source is not None and options.resume:
-        carry = carry_over(source, runbook.path, var_args, inventory, options.var_overrides.keys(), redactor, note)
+        given = options.var_overrides.keys()
+        carry = carry_over(source, runbook.path, var_args, inventory, given, redactor, note, options.unset_vars)
         var_args, inventory = carry.var_args, carry.inventory
         if carry.carried_inventory and inventory is not None:
             runbook = apply_inventory(runbook, inventory)
@@ -305,7 +340,7 @@ def begin(
         inventory=inventory.resolve() if inventory else None,
         resume=resume,
     )
-    return Start(runbook, started, source, notes)
+    return Start(runbook, started, source, notes, carry)
 
 
 # ---- the plan: what runs, what is reused, and why ---------------------------------------------------

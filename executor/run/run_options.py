@@ -23,5 +23,6 @@ class RunOptions:
     only_step: str | None = None
     # how the run was started, recorded in run.json so that `--resume` can start it the same way
     var_args: Sequence[str] = ()  # --var K=V pairs
+    unset_vars: Sequence[str] = ()  # --unset-var NAME: a --var of the run a resume continues, not carried over
     inventory: Path | None = None  # the inventory the runbook was loaded with
     verbose: bool = False  # the run's diagnostics (debug.log) on stderr too: `runbook run -v`

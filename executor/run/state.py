@@ -52,7 +52,7 @@ AUDIT_POSITION = "audit_position"
 #: the length of a run id's time stamp, `YYYYMMDD-HHMMSS` (UTC): run folders sort by it
 STAMP_LEN = len("YYYYMMDD-HHMMSS")
 #: step-record columns stored as JSON text
-_JSON_COLUMNS = ("facts", "parts")
+_JSON_COLUMNS = ("facts", "parts", "cause")
 #: How deep a stored JSON column may nest: a run stores facts bounded by executor.stepkind.FACTS_MAX_DEPTH (the
 #: same 64; not imported here, that module would cost every `status` a tenth of a second), parts less. One
 #: nested deeper was not written by a run, and walking it (status, a resume) would exhaust the stack.
@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS steps (
     reused_from TEXT,
     gate TEXT,
     parts TEXT,
+    cause TEXT,
     PRIMARY KEY (step, host)
 );
 CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT);
@@ -106,6 +107,7 @@ class StepRecord:
     reused_from: str | None = None
     gate: str | None = None  # the expression of the gate that failed last
     parts: dict[str, str] | None = None  # digests of what the fingerprint covers (resume.definition_parts)
+    cause: dict[str, str] | None = None  # the var whose value caused the last failure: {var, value, param}
 
 
 #: How `RunState.save` writes a record: its columns in field order, the JSON ones, the statement (made once)
@@ -562,6 +564,7 @@ _RECORD_SHAPES: dict[str, str] = {
     "reused_from": "text or null",
     "gate": "text or null",
     "parts": "object of texts or null",
+    "cause": "object of texts or null",
 }
 _HEX = frozenset("0123456789abcdef")
 

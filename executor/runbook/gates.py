@@ -184,6 +184,15 @@ def _chain_text(node: nodes.Node) -> str | None:
     return None
 
 
+def _chain_keys(node: nodes.Node) -> tuple[Any, ...]:
+    """The keys of a chain that `_chain_text` names: `facts.gpus[0]` is ("facts", "gpus", 0)."""
+    if isinstance(node, nodes.Getattr):
+        return (*_chain_keys(node.node), node.attr)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+        return (*_chain_keys(node.node), node.arg.value)
+    return (node.name,) if isinstance(node, nodes.Name) else ()
+
+
 @functools.lru_cache(maxsize=4096)
 def roots(expression: str) -> frozenset[str]:
     """The top-level names an expression reads (`stdout`, `facts`, ...): the only ones its worker needs.
@@ -195,20 +204,24 @@ def roots(expression: str) -> frozenset[str]:
 
 def names_used(expression: str) -> list[str]:
     """The longest lookup chains in an expression, in order of appearance, without repeats."""
-    tree = parse(expression)
-    found: list[str] = []
+    return list(lookups_used(expression))
 
-    def walk(node: nodes.Node) -> Iterator[str]:
+
+def lookups_used(expression: str) -> dict[str, tuple[Any, ...]]:
+    """`names_used`, each with its keys (`facts.gpus[0]`: ("facts", "gpus", 0)): where a failed gate's
+    explanation looks for the reason a fact is unknown (executor.run.attempts)."""
+    found: dict[str, tuple[Any, ...]] = {}
+
+    def walk(node: nodes.Node) -> Iterator[tuple[str, tuple[Any, ...]]]:
         text = _chain_text(node)
         if text is not None:
-            yield text
+            yield text, _chain_keys(node)
             return
         for child in node.iter_child_nodes():
             yield from walk(child)
 
-    for text in walk(tree):
-        if text not in found:
-            found.append(text)
+    for text, keys in walk(parse(expression)):
+        found.setdefault(text, keys)
     return found
 
 

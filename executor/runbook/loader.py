@@ -16,10 +16,10 @@ import hashlib
 import re
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -27,13 +27,16 @@ from pydantic import BaseModel, ValidationError
 from executor.errors import InvalidRunbook, Problem
 from executor.files import open_regular
 from executor.redact import MIN_SECRET_CHARS, Redactor
-from executor.runbook.campaign import Instance, MatrixGroup, value_text
-from executor.runbook.gates import step_refs, syntax_error
-from executor.runbook.matrix import Expansion, expand
+from executor.runbook.campaign import Instance, MatrixGroup, matrix_environment, value_text
+from executor.runbook.gates import step_refs, syntax_error, var_refs
+from executor.runbook.matrix import _JINJA_FIELDS, Expansion, _fields, _texts, expand
 from executor.runbook.model import Host, Inventory, PlacedError, RunbookHeader, SecretRef, env_text_problem, var_text
+from executor.runbook.references import is_environment, parameter_names, reference_at, unknown_in_script
 from executor.stepkind import StepSpec, known_kinds, step_kinds
 
 Loc = tuple[str | int, ...]
+#: Where a host's field is written: ("runbook" or "inventory", "FILE:LINE"). A field with none is a default.
+FieldSource = tuple[Literal["runbook", "inventory"], str]
 LOCAL = "local"
 _FALLBACK_FORBIDDEN = {"id", "kind", "host", "hosts", "fallbacks"}
 
@@ -69,11 +72,15 @@ class Runbook:
     #: the matrices, expanded (executor.runbook.campaign): a matrix's step instances are in `steps`, in run order
     groups: list[MatrixGroup] = field(default_factory=list)
     instances: dict[str, Instance] = field(default_factory=dict)  # instance id -> what it is of which matrix
+    #: host -> field (a host var as `vars.NAME`) -> where it is written, the inventory's over the runbook's
+    host_sources: dict[str, dict[str, FieldSource]] = field(default_factory=dict)
     #: the text it was read from (an inventory given later, on a resume, is laid over this, not the file)
     text: str = ""
     #: the sha256 of the text this runbook was read from (run.json records it): of what was loaded, not of
     #: the file as it may be by the time a run starts (edited, or gone)
     sha256: str = ""
+    #: what `validate` points out without refusing the runbook: a script's `$NAME` that nothing defines
+    warnings: list[Problem] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -88,9 +95,11 @@ class _Positions:
     """Where each value (and each mapping key) of the document starts, the problems found, and what
     reading the document has cost so far (the limits above)."""
 
-    def __init__(self, file: str) -> None:
-        self.file = file
+    def __init__(self, file: str, text: str = "") -> None:
+        self.file, self.text = file, text
         self.values: dict[Loc, tuple[int, int]] = {}
+        #: where in `text` each scalar holding a `$` is written (start, end): a `$name` in it is shown at its own column
+        self.spans: dict[Loc, tuple[int, int]] = {}
         self.keys: dict[Loc, tuple[int, int]] = {}
         self.problems: list[Problem] = []
         #: a problem's did-you-mean (the word, the names it may be a typo of), worked out only where reported
@@ -122,6 +131,20 @@ class _Positions:
         self.problems.append(problem)
         if near is not None:
             self.hints[problem] = near
+
+    def occurrence(self, loc: Loc, value: str, offset: int) -> tuple[int, int]:
+        """Where the reference at `offset` of the text at `loc` (`value`) is written: found in the scalar as written
+        (the same reference, as often before it), else (an escape, a substituted axis value) the value's start."""
+        span, needle = self.spans.get(loc), reference_at(value, offset)
+        if span is None:
+            return self.at(loc)
+        found = span[0] - 1
+        for _ in range(value.count(needle, 0, offset) + 1):
+            found = self.text.find(needle, found + 1, span[1])
+            if found < 0:
+                return self.at(loc)
+        line_start = self.text.rfind("\n", 0, found) + 1
+        return self.text.count("\n", 0, found) + 1, found - line_start + 1
 
     def invalid(self) -> InvalidRunbook:
         """The error for the problems found, in the order of the file, at most MAX_PROBLEMS of them. Only
@@ -309,6 +332,8 @@ def _build(
     if isinstance(node, yaml.SequenceNode):
         return [_build(loader, item, (*loc, i), pos, depth + 1, via) for i, item in enumerate(node.value)]
     assert isinstance(node, yaml.ScalarNode)  # the one kind of node left
+    if "$" in node.value:
+        pos.spans[loc] = (node.start_mark.index, node.end_mark.index)
     return _scalar(loader, node, loc, pos)
 
 
@@ -391,7 +416,7 @@ def _reader_problem(exc: yaml.reader.ReaderError, text: str, file: str) -> Probl
 
 
 def _parse(text: str, file: str) -> tuple[Any, _Positions]:
-    pos = _Positions(file)
+    pos = _Positions(file, text)
     try:
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:
@@ -634,9 +659,55 @@ def _lay_over(data: dict[str, Any], overlay: InventoryOverlay) -> dict[str, Any]
                 text = f"pools.{pool}: '{host}' is a host of neither the runbook nor this inventory"
                 pos.problem(("pools", pool, n), text, near=(host, [*known_hosts, *inventory.hosts]))
     _check_host_vars(inventory.hosts, sections["vars"], pos)
+    hosts = {
+        name: _host_over(sections["hosts"].get(name), entry) for name, entry in overlay.data.get("hosts", {}).items()
+    }
+    for name, merged in hosts.items():
+        if merged.get("address") is None:
+            nulled = "address" in overlay.data["hosts"][name]
+            why = (
+                "`address: null` leaves the host without one"
+                if nulled
+                else "a host the runbook does not have needs its `address`"
+            )
+            pos.problem(("hosts", name, "address") if nulled else ("hosts", name), f"hosts.{name}: {why}", key=True)
     if pos.problems:
         raise pos.invalid()
-    return {**data, **{key: {**sections[key], **(overlay.data.get(key) or {})} for key in sections}}
+    laid = {key: {**sections[key], **(overlay.data.get(key) or {})} for key in ("vars", "pools")}
+    return {**data, **laid, "hosts": {**sections["hosts"], **hosts}}
+
+
+def _host_over(base: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """An inventory's host laid over the runbook's of that name, field by field, its `vars` name by name: a site
+    file of `{address, user}` keeps the runbook's `identity_file`, `known_hosts` and `connect_timeout`."""
+    base = base if isinstance(base, dict) else {}
+    host = {**base, **entry}
+    if isinstance(base.get("vars"), dict) and isinstance(entry.get("vars"), dict):
+        host["vars"] = {**base["vars"], **entry["vars"]}
+    return host
+
+
+def _host_sources(
+    data: dict[str, Any],
+    pos: _Positions,
+    origin: Literal["runbook", "inventory"],
+    into: dict[str, dict[str, FieldSource]],
+) -> None:
+    """Note in `into` where each field of each host of `data` (a runbook's or an inventory's) is written, as
+    (`origin`, FILE:LINE); a host var as `vars.NAME`. Noted later, an inventory's field takes the runbook's place."""
+    hosts = data.get("hosts")
+    for name, host in hosts.items() if isinstance(hosts, dict) else ():
+        fields = into.setdefault(name, {})
+        for key, value in host.items() if isinstance(host, dict) else ():
+            if key == "vars" and isinstance(value, dict):
+                fields |= {f"vars.{var}": (origin, _line(pos, ("hosts", name, key, var))) for var in value}
+            else:
+                fields[key] = (origin, _line(pos, ("hosts", name, key)))
+
+
+def _line(pos: _Positions, loc: Loc) -> str:
+    """`FILE:LINE` of the key at `loc`."""
+    return f"{pos.file}:{pos.at(loc, key=True)[0]}"
 
 
 def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = None) -> Runbook:
@@ -645,8 +716,11 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     if not isinstance(data, dict):
         raise InvalidRunbook([Problem(str(path), 1, 1, "expected a mapping with name, hosts, steps")])
     _check_var_texts(data, pos)
+    sources: dict[str, dict[str, FieldSource]] = {}
+    _host_sources(data, pos, "runbook", sources)
     if inventory is not None:
         data = _lay_over(data, inventory)
+        _host_sources(inventory.data, inventory.pos, "inventory", sources)
     try:
         header = RunbookHeader.model_validate(data)
     except ValidationError as exc:
@@ -655,6 +729,7 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
     kinds = step_kinds()
     steps: list[StepSpec] = []
     locs: list[Loc] = []  # each valid step's position in the raw data
+    raws: list[dict[str, Any]] = []  # each valid step's data as written (an instance's: substituted)
     broken: set[str] = set()  # ids of steps that did not validate: already reported, not "missing"
     fallbacks: dict[str, list[StepSpec]] = {}
     raw_steps: list[Any] = data["steps"] if isinstance(data.get("steps"), list) else []
@@ -684,17 +759,20 @@ def parse_runbook(text: str, path: Path, inventory: InventoryOverlay | None = No
             )
         steps.append(spec)
         locs.append(loc)
+        raws.append(raw)
         fallbacks[spec.id] = variants
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     runbook = Runbook(path, header, steps, fallbacks, sha256=digest, text=text) if header is not None else None
     if runbook is not None:
         runbook.secret_positions = {name: pos.at(("secrets", name), key=True) for name in runbook.header.secrets}
         runbook.names = _header_names(runbook.header, pos)
+        runbook.host_sources = sources
         runbook.groups, runbook.instances = expansion.groups, expansion.instances
     if runbook is not None:
         _check_host_vars(runbook.hosts, runbook.header.vars, pos)
         _cross_check(runbook, locs, pos, broken, expansion)
         _check_with_runbook(runbook, locs, pos)
+        runbook.warnings = _check_references(runbook, raws, locs, pos)
     if pos.problems or runbook is None:
         raise pos.invalid()
     return runbook
@@ -852,6 +930,72 @@ def _check_with_runbook(runbook: Runbook, locs: list[Loc], pos: _Positions) -> N
     for step_loc, spec in zip(locs, runbook.steps, strict=True):
         for text in spec.check_runbook(by_id):
             pos.problem(step_loc, f"step '{spec.id}': {text}")
+
+
+def _check_references(runbook: Runbook, raws: list[dict[str, Any]], locs: list[Loc], pos: _Positions) -> list[Problem]:
+    """Every `$name` of a step's parameters names a var or secret of the runbook (its inventory's and `--var`
+    set only those), the step's `matrix_*` environment or the host's (`$HOME`): another is a problem, with the
+    names it may be a typo of. A gate's or `when`'s `vars.NAME` names a var. A script's `$NAME` that none of
+    these is, nor set by the script itself, is a warning (returned, in the order of the file)."""
+    header = runbook.header
+    warnings: dict[Problem, None] = {}
+    scripts_checked: set[tuple[Loc, frozenset[str]]] = set()  # a matrix's instances share their scripts
+    for raw, step_loc, spec in zip(raws, locs, runbook.steps, strict=True):
+        instance = runbook.instances.get(spec.id)
+        base = instance.base if instance is not None else spec.id
+        defined = {*header.vars, *header.secrets, *matrix_environment(instance.values if instance else {})}
+        scripts, where = type(spec).script_fields, (step_loc, f"step '{base}'")
+        script_key = (step_loc, frozenset(defined))
+        new_scripts = script_key not in scripts_checked
+        scripts_checked.add(script_key)
+        for key, value, loc in _fields(raw, step_loc):
+            if key in _JINJA_FIELDS:
+                _check_gate_vars(value, loc, where, header.vars, pos)
+            elif key in scripts:
+                warnings.update(dict.fromkeys(_script_warnings(value, loc, where, defined, pos) if new_scripts else ()))
+            elif key not in StepSpec.COMMON_FIELDS and key not in type(spec).literal_fields:
+                _check_parameter_vars(value, loc, where, defined, pos)
+    found = sorted(warnings, key=lambda p: (p.line, p.column))
+    if len(found) <= MAX_PROBLEMS:
+        return found
+    more = f"warning: more warnings from here on; only the first {MAX_PROBLEMS} are shown (the limit)"
+    return [*found[:MAX_PROBLEMS], dataclasses.replace(found[MAX_PROBLEMS], message=more)]
+
+
+#: A step's position and how a message names it (`step 'deploy'`: an instance by its id as written).
+_StepAt = tuple[Loc, str]
+
+
+def _check_parameter_vars(value: Any, key_loc: Loc, step: _StepAt, defined: set[str], pos: _Positions) -> None:
+    """A parameter's `$name`s: each a var or secret (or the host's environment), else a problem at its column."""
+    for text, loc in _texts(value, key_loc):
+        for offset, name in parameter_names(text) if "$" in text else ():
+            if name in defined or is_environment(name):
+                continue
+            said = f"{step[1]}: {_loc_text(loc[len(step[0]) :])}: ${name} is not a var or secret of the runbook"
+            problem = Problem(pos.file, *pos.occurrence(loc, text, offset), f"{said} (declare it under `vars:`)")
+            pos.problems.append(problem)
+            pos.hints[problem] = (name, defined)
+
+
+def _check_gate_vars(value: Any, key_loc: Loc, step: _StepAt, declared: Collection[str], pos: _Positions) -> None:
+    """A gate's or `when`'s `vars.NAME`: a var of the runbook (a gate sees no secret)."""
+    for text, loc in _texts(value, key_loc):
+        if "vars" not in text or syntax_error(text):  # one that does not parse is reported as such
+            continue
+        for name in var_refs(text):
+            if name != "*" and name not in declared:
+                said = f"{step[1]}: {_loc_text(loc[len(step[0]) :])}: vars.{name} is not a var of the runbook"
+                pos.problem(loc, said, near=(name, declared))
+
+
+def _script_warnings(value: Any, key_loc: Loc, step: _StepAt, defined: set[str], pos: _Positions) -> Iterator[Problem]:
+    """A script's `$NAME`s that are neither defined (`defined`, the environment) nor set by the script."""
+    for text, loc in _texts(value, key_loc):
+        for offset, name in unknown_in_script(text, defined) if "$" in text else ():
+            said = f"warning: {step[1]}: {_loc_text(loc[len(step[0]) :])}: ${name} is neither a var or secret of "
+            said += "the runbook nor set in the script"
+            yield Problem(pos.file, *pos.occurrence(loc, text, offset), said + _did_you_mean(name, defined))
 
 
 def _into_group(ref: str, expansion: Expansion, instance: Instance | None) -> str | None:

@@ -111,16 +111,16 @@ def _pool_names(pools: dict[str, list[str]]) -> dict[str, list[str]]:
 class Host(Model):
     """Where steps run: an SSH destination, or `address: local` for this machine."""
 
-    address: str
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    verify_host_key: bool = True
-    connect_timeout: Duration = 10.0
-    keepalive: Duration = 15.0
-    proxy_jump: str | None = None
-    ssh_config: str | None = None
+    address: str  # a host name or IP, an alias of ~/.ssh/config, or `local` (this machine, no SSH)
+    port: int | None = Field(default=None, ge=1, le=65535)  # SSH port (default: the ssh config's, else 22)
+    user: str | None = None  # the login (default: the ssh config's, else the controller's user)
+    identity_file: str | None = None  # the private key to log in with (`~` expands)
+    known_hosts: str | None = None  # the file the host key is checked against (default: ~/.ssh/known_hosts)
+    verify_host_key: bool = True  # false: accept any host key (named on the console, in run.json and the audit log)
+    connect_timeout: Duration = 10.0  # for each connection attempt
+    keepalive: Duration = 15.0  # interval of SSH keepalives: a dead connection is noticed within a few
+    proxy_jump: str | None = None  # jump host(s), as ssh's ProxyJump (`user@bastion:22`); their keys are checked too
+    ssh_config: str | None = None  # an ssh config file to read instead of ~/.ssh/config
     #: How commands reach an SSH host. `persistent`: one runner process per connection, started once
     #: through the login shell (its ~/.bashrc runs once, and what it prints never reaches a step);
     #: hosts without python3 fall back to `exec`. `exec`: one SSH exec channel per command, each
@@ -152,10 +152,10 @@ FailureClass = Annotated[
 class RetryPolicy(Model):
     """How often an attempt is repeated before fallbacks are tried."""
 
-    attempts: int = Field(default=1, ge=1, le=100)
-    delay: Delay = 2.0
-    backoff: float = Field(default=2.0, ge=1.0, le=100.0)
-    max_delay: Delay = 60.0
+    attempts: int = Field(default=1, ge=1, le=100)  # attempts of the step in all (1: no retry)
+    delay: Delay = 2.0  # the pause before the first retry
+    backoff: float = Field(default=2.0, ge=1.0, le=100.0)  # each later pause is the one before times this
+    max_delay: Delay = 60.0  # the longest pause between attempts
     #: The failure classes that end the step's attempts at once (its fallbacks are still tried): asking
     #: again cannot fix them. The whole list: `[]` retries every failure, adding a class widens it.
     non_retryable: tuple[FailureClass, ...] = NON_RETRYABLE_DEFAULT
@@ -168,10 +168,10 @@ class RetryPolicy(Model):
 class RetryOverride(Model):
     """A step's partial retry policy; unset fields come from `defaults.retry`."""
 
-    attempts: int | None = Field(default=None, ge=1, le=100)
-    delay: Delay | None = None
-    backoff: float | None = Field(default=None, ge=1.0, le=100.0)
-    max_delay: Delay | None = None
+    attempts: int | None = Field(default=None, ge=1, le=100)  # attempts of the step in all (1: no retry)
+    delay: Delay | None = None  # the pause before the first retry
+    backoff: float | None = Field(default=None, ge=1.0, le=100.0)  # each later pause is the one before times this
+    max_delay: Delay | None = None  # the longest pause between attempts
     #: The failure classes not retried, in place of `defaults.retry.non_retryable` (`[]`: retry every failure).
     non_retryable: tuple[FailureClass, ...] | None = None
 
@@ -180,16 +180,18 @@ class RetryOverride(Model):
 
 
 class Defaults(Model):
-    timeout: Duration = 600.0
-    retry: RetryPolicy = RetryPolicy()
-    max_parallel: int = Field(default=16, ge=1)
+    """What a step that says nothing else gets."""
+
+    timeout: Duration = 600.0  # of each command of a step without its own `timeout`
+    retry: RetryPolicy = RetryPolicy()  # the retry policy of every step; a step's `retry` overrides its fields
+    max_parallel: int = Field(default=16, ge=1)  # hosts a step runs on at once
 
 
 class SecretRef(Model):
     """Where a secret's value comes from; the value itself never enters a file."""
 
-    env: str
-    required: bool = True
+    env: str  # the controller's environment variable holding the value
+    required: bool = True  # false: the secret may be unset (then it is absent, not empty)
 
     @field_validator("env")
     @classmethod
@@ -206,8 +208,8 @@ def _gate_from_str(value: Any) -> Any:
 class Gate(Model):
     """A Jinja2 expression that must be true for a step to pass."""
 
-    that: str
-    message: str | None = None
+    that: str  # the Jinja2 expression (sees stdout, stderr, exit_code, facts, steps, vars)
+    message: str | None = None  # what a failure says besides the expression and the values it read
 
 
 #: A gate as written: its expression alone, or a mapping with `that` (and `message`).
@@ -217,16 +219,19 @@ GateSpec = Annotated[Gate, BeforeValidator(_gate_from_str, json_schema_input_typ
 class RunbookHeader(Model):
     """Everything of a runbook except its steps (validated per kind by the loader)."""
 
-    name: str
-    description: str | None = None
-    hosts: dict[str, Host] = Field(default_factory=dict)
+    name: str  # the runbook's name (run ids, `runbook runs`)
+    description: str | None = None  # what the runbook is for
+    hosts: dict[str, Host] = Field(default_factory=dict)  # where steps run, by name (none: this machine, `local`)
+    #: Exported to the steps that name them (`$name`), their gates' `vars`; an inventory, a host's `vars` and
+    #: `--var` override the values, never add names.
     vars: dict[str, VarValue] = Field(default_factory=dict)
+    #: Like vars, their values read from the controller's environment and masked in everything a run shows.
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
     #: Named lists of hosts (`gpus: [gpu1, gpu2]`): a step's `hosts: gpus`, a matrix's pool. An inventory
     #: may give a pool other hosts, so the runbook names the pool and each site says what is in it.
     pools: dict[str, list[str]] = Field(default_factory=dict)
-    defaults: Defaults = Defaults()
-    steps: list[Any] = Field(min_length=1)
+    defaults: Defaults = Defaults()  # a step's timeout, retry policy and parallelism when it gives none
+    steps: list[Any] = Field(min_length=1)  # run in order: steps, and `group:`s of steps over a matrix
 
     _hosts = field_validator("hosts")(_host_names)
     _pools = field_validator("pools")(_pool_names)
@@ -264,11 +269,20 @@ class RunbookHeader(Model):
         return self
 
 
+class InventoryHost(Host):
+    """A host as an inventory writes it: each field it gives is laid over the runbook's host of that name, field
+    by field (its `vars` name by name), so a site file of `{address, user}` keeps the runbook's `identity_file`,
+    `known_hosts` and `connect_timeout`; `null` drops a runbook's value."""
+
+    #: The host's address; needed only for a host the runbook does not have (one the inventory's pools add).
+    address: str | None = None  # type: ignore[assignment]  # optional here: the runbook's address stays
+
+
 class Inventory(Model):
     """Hosts and vars of one site laid over a runbook (`--inventory`): the runbook stays as written."""
 
-    hosts: dict[str, Host] = Field(default_factory=dict)
-    vars: dict[str, VarValue] = Field(default_factory=dict)
+    hosts: dict[str, InventoryHost] = Field(default_factory=dict)  # this site's hosts (the runbook's, or new in a pool)
+    vars: dict[str, VarValue] = Field(default_factory=dict)  # this site's values of vars the runbook declares
     pools: dict[str, list[str]] = Field(default_factory=dict)  # a pool's hosts at this site, in place of the runbook's
 
     _hosts = field_validator("hosts")(_host_names)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from executor.runbook.planner import PlanDocument, PlanVariant
+    from executor.runbook.planner import PlanDocument, PlanHostFields, PlanVariant
 
 WIDTH = 160  # of every line but an unbreakable word, where the terminal's width is not known (a pipe, a file)
 INDENT = "    "
@@ -34,6 +34,7 @@ def summary_text(document: PlanDocument, width: int = WIDTH) -> str:
     )
     if document.secrets:
         lines += _comment("# secrets are shown as '***'; their values come at run time", width)
+    lines += host_lines(document.hosts, width)
     first = {group.instances[0]: group for group in document.groups if group.instances}
     for step in document.steps:
         if step.id in first:
@@ -47,6 +48,23 @@ def summary_text(document: PlanDocument, width: int = WIDTH) -> str:
                     lines += _wrapped(step.description, INDENT, width)
                 lines += list(_variant_lines(variant, width))
     return "\n".join(lines)
+
+
+def host_lines(hosts: list[PlanHostFields], width: int = WIDTH) -> list[str]:
+    """Each host's fields, one a line with where it is written (the runbook's or the inventory's FILE:LINE), then
+    its defaults on one line: what a site file changed, and what it kept, at a glance; each fitted to `width`."""
+    lines = []
+    for host in hosts:
+        lines.append(f"\n## host {host.host}")
+        names = max((len(field.name) for field in host.fields if field.at), default=0)
+        written = [field for field in host.fields if field.at]
+        values = max((len(field.shown) for field in written), default=0)
+        for f in written:
+            lines += _wrapped(f"{f.name:<{names}}  {f.shown:<{values}}  ({f.source} {f.at})", INDENT, width)
+        defaults = ", ".join(f"{field.name} {field.shown}" for field in host.fields if not field.at)
+        if defaults:
+            lines += _wrapped(f"defaults: {defaults}", INDENT, width)
+    return lines
 
 
 def _variant_lines(variant: PlanVariant, width: int) -> Iterator[str]:

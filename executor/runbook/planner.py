@@ -15,9 +15,9 @@ from executor.redact import NO_SECRETS, Redactor
 from executor.render import render_command
 from executor.runbook import cells
 from executor.runbook.campaign import MatrixGroup
-from executor.runbook.durations import format_duration
+from executor.runbook.durations import format_duration, parse_duration
 from executor.runbook.loader import Runbook, secret_values
-from executor.runbook.model import DataModel, host_variables, var_text
+from executor.runbook.model import DataModel, Host, host_variables, var_text
 from executor.runbook.placement import place
 from executor.stepkind import FactsError, RenderContext, RunTime, StepSpec
 
@@ -321,6 +321,24 @@ class PlanGroup(DataModel):
         return {key: value for key, value in written.items() if not (key.endswith("_left_out") and value == 0)}
 
 
+class HostField(DataModel):
+    """One field of a host as a run uses it, and where it comes from: the runbook, the inventory laid over it
+    (field by field), or the default (`at` None)."""
+
+    name: str  # a host's field (`identity_file`), or `vars.NAME` for one of the host's own vars
+    value: Any  # as the run reads it (a duration in seconds); null: unset (the ssh config, else ssh's default)
+    shown: str  # the value as `runbook plan` prints it (`15s`, `true`, `unset`)
+    source: Literal["runbook", "inventory", "default"]
+    at: str | None  # FILE:LINE where it is written
+
+
+class PlanHostFields(DataModel):
+    """A host of the runbook: each of its fields with where it comes from."""
+
+    host: str
+    fields: list[HostField]
+
+
 class PlanDocument(DataModel):
     """The plan as data: `runbook plan --json`, the MCP `plan` and the readable plan (executor/runbook/plan_summary.py)
     read it; `runbook schema --plan` prints its JSON Schema."""
@@ -330,6 +348,30 @@ class PlanDocument(DataModel):
     secrets: list[str]  # their names; a value never appears in the plan
     steps: list[PlanStep]  # a group's instances past its first PLAN_SHOWN left out (its instances_left_out)
     groups: list[PlanGroup]
+    hosts: list[PlanHostFields]  # each host's fields and where each comes from (runbook, inventory, default)
+
+
+def host_fields(runbook: Runbook) -> list[PlanHostFields]:
+    """Each host's fields as a run uses them, each with where it comes from: what an inventory changed, kept
+    or left to a default shows at a glance (a local host has only its address and vars)."""
+    durations = {key for key, info in Host.model_fields.items() if _is_duration(info.metadata)}
+    hosts = []
+    for name, host in runbook.hosts.items():
+        values: dict[str, Any] = host.model_dump(mode="json", include={"address"} if host.is_local else None)
+        values |= {f"vars.{key}": value for key, value in values.pop("vars", host.vars).items()}
+        fields = []
+        for key, value in values.items():
+            shown = "unset" if value is None else f"{value:g}s" if key in durations else var_text(value)
+            written = runbook.host_sources.get(name, {}).get(key)
+            source, at = written or ("default", None)
+            fields.append(HostField(name=key, value=value, shown=shown, source=source, at=at))
+        hosts.append(PlanHostFields(host=name, fields=fields))
+    return hosts
+
+
+def _is_duration(metadata: list[Any]) -> bool:
+    """Whether a field's metadata is a Duration's (parsed by `parse_duration`): shown as `15s`, not 15.0."""
+    return any(getattr(item, "func", None) is parse_duration for item in metadata)
 
 
 def _variant(variant: StepSpec, ctx: _Recording, via: str) -> PlanVariant:
@@ -409,7 +451,13 @@ def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redacto
             )
         )
     groups = [_group(runbook, group, overrides, hosts) for group in runbook.groups]
-    document = PlanDocument(runbook=runbook.name, secrets=list(runbook.header.secrets), steps=steps, groups=groups)
+    document = PlanDocument(
+        runbook=runbook.name,
+        secrets=list(runbook.header.secrets),
+        steps=steps,
+        groups=groups,
+        hosts=host_fields(runbook),
+    )
     return PlanDocument.model_validate(redactor.deep(document.model_dump()))
 
 

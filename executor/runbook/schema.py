@@ -101,11 +101,21 @@ class _LaxSchema(GenerateJsonSchema):
     def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
         json_schema = super().model_schema(schema)
         json_schema.pop("title", None)
+        properties = json_schema.get("properties", {})
         for name, text in _field_comments(schema["cls"]).items():
-            prop = json_schema.get("properties", {}).get(name)
+            prop = properties.get(name)
             if prop is not None and "description" not in prop:
-                prop["description"] = text
+                properties[name] = _described(prop, text)
         return json_schema
+
+
+def _described(node: dict[str, Any], text: str) -> dict[str, Any]:
+    """`node` with `text` as its description; a `$ref` goes inside an `allOf` first, as draft-07 (an editor's
+    validation) ignores every keyword beside a `$ref`."""
+    if "$ref" not in node:
+        return {**node, "description": text}
+    beside = {key: value for key, value in node.items() if key != "$ref"}
+    return {"allOf": [{"$ref": node["$ref"]}], **beside, "description": text}
 
 
 def _field_comments(cls: type[Any]) -> dict[str, str]:
@@ -222,14 +232,17 @@ def _kind_schema(defs: dict[str, Any], schema: dict[str, Any], model: type[StepS
         if key not in fixed:
             properties[key] = _open(properties[key], defs, opened)
     for key in model.host_list_fields:  # a pool's name stands for its hosts (the loader puts them in)
-        properties[key] = {"anyOf": [properties[key], {"type": "string", "description": "a pool's name: its hosts"}]}
+        hosts = properties[key]
+        outer = {name: hosts.pop(name) for name in ("description", "default") if name in hosts}
+        properties[key] = {"anyOf": [hosts, {"type": "string", "description": "a pool's name: its hosts"}], **outer}
     override = {k: v for k, v in properties.items() if k not in _FALLBACK_FORBIDDEN}
     properties["fallbacks"]["items"] = {"type": "object", "additionalProperties": False, "properties": override}
-    properties["matrix"] = {"$ref": "#/$defs/matrix"}
+    properties["matrix"] = _described({"$ref": "#/$defs/matrix"}, _MATRIX_KEY)
     properties["on_failure"] = _ON_FAILURE
     properties["placement"] = _PLACEMENT
 
 
+_MATRIX_KEY = "makes the step a one-step matrix: one instance per combination of its axes' values"
 _ON_FAILURE = {
     "enum": ["stop", "continue", None],
     "description": "what a failed cell does: `stop` the run (the default) or `continue` with the other cells",
@@ -284,7 +297,11 @@ def _step_schema(kind_defs: dict[str, str]) -> dict[str, Any]:
         "dependentRequired": {key: ["matrix"] for key in _MATRIX_STEP_KEYS if key != "matrix"},
         "allOf": [
             {
-                "if": {"type": "object", "properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                "if": {
+                    "type": "object",
+                    "properties": {"kind": {"const": kind, "description": "the step kind"}},
+                    "required": ["kind"],
+                },
                 "then": {"$ref": f"#/$defs/{name}"},
             }
             for kind, name in kind_defs.items()
@@ -300,7 +317,7 @@ def _group_schema() -> dict[str, Any]:
             "description": "a name unique among step ids and groups",
         },
         "description": {"description": "what the group is for"},
-        "matrix": {"$ref": "#/$defs/matrix"},
+        "matrix": _described({"$ref": "#/$defs/matrix"}, "the axes its steps expand over, a cell per combination"),
         "on_failure": _ON_FAILURE,
         "hosts": {
             "anyOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1}, {"type": "string"}],
@@ -349,8 +366,16 @@ def _matrix_schema() -> dict[str, Any]:
         "minProperties": 1,
         "propertyNames": {"pattern": _NAME.pattern},
         "properties": {
-            "exclude": {"type": ["array", "null"], "items": combination},
-            "include": {"type": ["array", "null"], "items": combination},
+            "exclude": {
+                "type": ["array", "null"],
+                "items": combination,
+                "description": "combinations left out: each names some axes' values, and every cell matching it goes",
+            },
+            "include": {
+                "type": ["array", "null"],
+                "items": combination,
+                "description": "combinations added back: each names a value of every axis",
+            },
         },
         "additionalProperties": {"type": "array", "minItems": 1, "items": value},
     }

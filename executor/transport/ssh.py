@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,11 +52,57 @@ TURN_OFF = "set `verify_host_key: false` on the host (runbook or --inventory) to
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
-def _trust_hint(address: str, port: int | None, known: str) -> str:
-    port_arg = f"-p {port} " if port else ""
+def _trust_hint(name: str, address: str, port: int | None, known: str) -> str:
+    """How to trust a host's key: `runbook trust-host`, which shows its fingerprint first, or the OpenSSH command
+    to paste, which works on a controller that has no ~/.ssh yet."""
     return (
-        f"to trust it, check the key with the host's owner and run: ssh-keyscan {port_arg}{address} >> {known}"
+        f"to trust it, compare its fingerprint with the host's owner's: `runbook trust-host RUNBOOK {name}` (with"
+        " the run's --inventory) shows it and records it with --fingerprint; or run:"
+        f" {keyscan_command(address, port, known)}"
         f" (or {TURN_OFF}; an ssh config's StrictHostKeyChecking or UserKnownHostsFile never does)"
+    )
+
+
+def keyscan_command(address: str, port: int | None, known: str) -> str:
+    """The OpenSSH command that appends the host's keys to `known`, its folder made first (a fresh controller has
+    no ~/.ssh, and `>>` does not make one)."""
+    port_arg = f"-p {port} " if port and port != 22 else ""
+    folder = os.path.dirname(known) or "."
+    return f"mkdir -p {_shell_path(folder)} && ssh-keyscan {port_arg}{shlex.quote(address)} >> {_shell_path(known)}"
+
+
+def _shell_path(path: str) -> str:
+    """`path` as a shell word, a leading `~/` left for the shell to expand."""
+    return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+
+
+def reach_check(
+    exc: BaseException, name: str, where: tuple[str, int], user: str | None = None, jump: bool = False
+) -> str:
+    """What to check when a connection to `where` (address, port) could not be made, by what stopped it; `jump`:
+    `where` is one of host `name`'s jump hosts."""
+    address, port = where
+    at = f"{address}:{port}"
+    fields = (
+        f"the ProxyJump of host {name}"
+        if jump
+        else f"`address:`/`port:` of host {name}, or its ssh config's HostName/Port"
+    )
+    if isinstance(exc, socket.gaierror):
+        return f"to check: {address} does not resolve: the address ({fields}) and this machine's DNS"
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            f"to check: nothing accepts connections on {at}: that sshd runs on the host and listens on port {port}"
+            f" ({fields}), and that no firewall rejects it"
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return (
+            f"to check: {user or 'the user'}@{at} refused this machine's keys: `user:` and `identity_file:` of host"
+            f" {name} (or the ssh agent's keys), and that the key's .pub is in that user's ~/.ssh/authorized_keys"
+        )
+    return (
+        f"to check: {at} did not let this machine in: the address and port ({fields}), that the host is up and"
+        " sshd runs there, DNS, and that no firewall drops SSH between here and there"
     )
 
 
@@ -71,6 +119,62 @@ class _Hop:
     port: int | None
     user: str | None
     label: str  # how messages name it: "gpu (gpu-box.example)", "jump host bastion of gpu"
+
+
+def _probe(hop: _Hop, options: dict[str, Any]) -> asyncssh.SSHClientConnectionOptions:
+    """What asyncssh makes of the ssh config for `hop` (`config=()` reads ~/.ssh/config, as connect does): its
+    resolved host name, port and user, its ProxyJump and known hosts files."""
+    probe_args = {k: v for k, v in options.items() if k in ("port", "username")}
+    config = options.get("config", ())
+    return asyncssh.SSHClientConnectionOptions(host=hop.address, client_keys=None, config=config, **probe_args)
+
+
+@dataclass(frozen=True)
+class OfferedKey:
+    """A host's key as it presents it (`SSHTransport.offered_key`): where it was read, and the file to record it in."""
+
+    key: asyncssh.SSHKey
+    address: str  # the host name asyncssh checks known_hosts for (the ssh config's HostName where it has one)
+    port: int
+    file: str  # the known_hosts file a run checks it against first (expanded)
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.key.get_fingerprint("sha256"))
+
+    @property
+    def pattern(self) -> str:
+        """The host as a known_hosts line names it: `address`, or `[address]:port` off port 22."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def line(self) -> str:
+        """The known_hosts line that trusts this key for this host."""
+        algorithm, data = self.key.export_public_key("openssh").decode("ascii").split()[:2]
+        return f"{self.pattern} {algorithm} {data}"
+
+    def trusted(self) -> bool | None:
+        """Whether `file` trusts this key for this host: True, False where it trusts another key for it (the host's
+        key changed, or this is not the host), None where it names none for it (or does not exist)."""
+        if not os.path.isfile(self.file):
+            return None
+        keys = asyncssh.read_known_hosts(self.file).match(self.address, "", self.port)[0]
+        return any(key.public_data == self.key.public_data for key in keys) if keys else None
+
+    def record(self) -> None:
+        """Append `line()` to `file`, making its folder (0700) and the file (0600) where missing."""
+        folder = os.path.dirname(self.file)
+        if folder:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="ascii") as known:
+            ends_line = known.tell() == 0 or _ends_with_newline(self.file)
+            known.write(("" if ends_line else "\n") + self.line() + "\n")
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as known:
+        known.seek(-1, os.SEEK_END)
+        return known.read(1) == b"\n"
 
 
 def _jump_hops(spec: str, name: str) -> list[_Hop]:
@@ -141,7 +245,8 @@ class SSHTransport(Transport):
                 what = "is not a file" if os.path.exists(path) else "does not exist"
                 raise HostKeyError(
                     f"host key of {hop.label} cannot be verified: its known_hosts file {path} {what}"
-                    f" (create it with the host's key: ssh-keyscan, or {TURN_OFF})"
+                    f" (create it with the host's key: `runbook trust-host RUNBOOK {self.name}`, or"
+                    f" {keyscan_command(hop.address, hop.port, host.known_hosts or path)}; or {TURN_OFF})"
                 )
         if final and own:
             return own, host.known_hosts or ""
@@ -169,26 +274,9 @@ class SSHTransport(Transport):
     ) -> asyncssh.SSHClientConnection:
         """Connect to `hop` (through `via`), opening the jump hosts that its ProxyJump names ourselves, so
         that each one's host key is checked as the host's is (asyncssh would take them from the ssh config)."""
-        # what asyncssh makes of the ssh config for this hop (`config=()` reads ~/.ssh/config, as connect does)
-        probe_args = {k: v for k, v in options.items() if k in ("port", "username")}
-        config = options.get("config", ())
-        probe = asyncssh.SSHClientConnectionOptions(host=hop.address, client_keys=None, config=config, **probe_args)
+        probe = _probe(hop, options)
         known_hosts, hint_file = self._known_hosts(hop, probe, final=depth == 0)
-        jump = self.host.proxy_jump if depth == 0 and self.host.proxy_jump is not None else probe.tunnel
-        if via is None and isinstance(jump, str) and jump and jump.lower() != "none":
-            if depth > 8:
-                raise TransportError(f"cannot connect to {self.name}: its ProxyJump chain is longer than 8 hosts")
-            for jump_hop in _jump_hops(jump, self.name):
-                jump_options = {
-                    k: v for k, v in options.items() if k not in ("port", "username", "client_keys", "config")
-                }
-                if jump_hop.port is not None:
-                    jump_options["port"] = jump_hop.port
-                if jump_hop.user is not None:
-                    jump_options["username"] = jump_hop.user
-                jump_options["config"] = self._config()
-                via = await self._open(jump_hop, jump_options, via, depth + 1)
-                self._tunnels.append(via)
+        via = via or await self._jumps(probe, options, depth)
         try:
             return await asyncssh.connect(hop.address, known_hosts=known_hosts, tunnel=via or (), **options)
         except (OSError, asyncssh.Error, TimeoutError) as exc:
@@ -199,9 +287,62 @@ class SSHTransport(Transport):
                 timeout=options["connect_timeout"],
                 untrusted_key=(
                     f"host key of {hop.label} not trusted",
-                    _trust_hint(hop.address, options.get("port"), hint_file),
+                    _trust_hint(self.name, hop.address, options.get("port"), hint_file),
                 ),
+                check=reach_check(exc, self.name, (probe.host, probe.port), probe.username, jump=depth > 0),
             ) from None
+
+    async def _jumps(
+        self, probe: asyncssh.SSHClientConnectionOptions, options: dict[str, Any], depth: int
+    ) -> asyncssh.SSHClientConnection | None:
+        """The connection through the jump hosts of the hop `probe` reads (the host's `proxy_jump`, else the ssh
+        config's ProxyJump), each opened by `_open` and its key checked as the host's is; None where there are none."""
+        jump = self.host.proxy_jump if depth == 0 and self.host.proxy_jump is not None else probe.tunnel
+        if not (isinstance(jump, str) and jump and jump.lower() != "none"):
+            return None
+        if depth > 8:
+            raise TransportError(f"cannot connect to {self.name}: its ProxyJump chain is longer than 8 hosts")
+        via = None
+        for jump_hop in _jump_hops(jump, self.name):
+            jump_options = {k: v for k, v in options.items() if k not in ("port", "username", "client_keys", "config")}
+            if jump_hop.port is not None:
+                jump_options["port"] = jump_hop.port
+            if jump_hop.user is not None:
+                jump_options["username"] = jump_hop.user
+            jump_options["config"] = self._config()
+            via = await self._open(jump_hop, jump_options, via, depth + 1)
+            self._tunnels.append(via)
+        return via
+
+    async def offered_key(self) -> OfferedKey:
+        """The key the host presents now, read without logging in (`runbook trust-host`), through its jump hosts
+        (their keys checked as a run checks them), with the known_hosts file a run checks it against first."""
+        hop = _Hop(self.host.address, self.host.port, self.host.user, f"{self.name} ({self.host.address})")
+        options = self._options()
+        probe = _probe(hop, options)
+        try:
+            via = await self._jumps(probe, options, 0)
+            asked = asyncssh.get_server_host_key(
+                hop.address, options.get("port", ()), tunnel=via or (), config=options.get("config", ())
+            )
+            key = await asyncio.wait_for(asked, self.host.connect_timeout)
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            check = reach_check(exc, self.name, (probe.host, probe.port), probe.username)
+            what = f"cannot read the host key of {self.name} ({self.host.address})"
+            raise transport_error(exc, what, timeout=self.host.connect_timeout, check=check) from None
+        finally:
+            self._close_tunnels()
+        if key is None:
+            raise TransportError(f"{self.name} ({self.host.address}) presented no host key")
+        return OfferedKey(key, probe.host, probe.port, self._record_file(probe))
+
+    def _record_file(self, probe: Any) -> str:
+        """The known_hosts file a run checks the host's key against first: its `known_hosts`, else the ssh config's
+        first real UserKnownHostsFile, else ~/.ssh/known_hosts."""
+        if self.host.known_hosts is not None:
+            return os.path.expanduser(self.host.known_hosts)
+        listed = [entry for entry in probe.config.get("UserKnownHostsFile", ()) if not _null_known_hosts(entry)]
+        return os.path.expanduser(str((listed or [DEFAULT_KNOWN_HOSTS])[0]))
 
     async def connect(self) -> None:
         await self._connection()
@@ -251,7 +392,9 @@ class SSHTransport(Transport):
                 runner = None
                 await asyncio.wait_for(self._connection(), reach)
         except TimeoutError as exc:
-            raise transport_error(exc, f"could not connect to {self.name}", timeout=reach) from None
+            where = (self.host.address, self.host.port or 22)
+            check = reach_check(exc, self.name, where, self.host.user)
+            raise transport_error(exc, f"could not connect to {self.name}", timeout=reach, check=check) from None
         if runner is not None:
             return await runner.run(command, timeout, on_output, self.redactor)
         return await self._exec(command, timeout, on_output)

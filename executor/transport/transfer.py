@@ -52,7 +52,7 @@ def parse_check(result: CommandResult, what: str) -> tuple[int, str]:
     found = _CHECK_LINE.findall(result.stdout)
     if result.exit_code != 0 or not found:
         said = (result.stderr_text or result.stdout_text).strip()[-300:]
-        how = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        how = result.ended
         raise TransportError(f"{what}: the host could not check what arrived ({how}: {said or 'no output'})")
     size, sha256 = found[-1]
     return int(size), sha256.decode()

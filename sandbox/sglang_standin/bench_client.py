@@ -8,6 +8,12 @@ streamed chunk, e2e, concurrency = sum of latencies / duration, 1-s buckets for 
 `accept_length` from /server_info `internal_states[0].avg_spec_accept_length`, prints the same
 summary table and APPENDS one JSON line with the real result field names to `--output-file`.
 
+One difference, only where the server is the stand-in with its `modelled_clock` switch (faults.py): every
+output then tells its time on the simulation's clock, and the run is timed on it (`_on_model_clock`): each
+request's TTFT, inter-token gaps and latency are the model's, and it starts when the model frees its slot of
+`--max-concurrency`, so the numbers are the simulated engine's, not the CPU a loaded machine left to the two
+processes. A real server sends no such field: then, as the real client, the wall clock.
+
 As the real client: `--seed` alone decides the prompts (the same seed draws the same lengths and
 token ids, as `np.random.seed(args.seed)` before sample_random_requests), the warmup re-sends the
 first prompt (at most 32 output tokens), and `--flush-cache` flushes after the warmup with
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import heapq
 import http.client
+import itertools
 import json
 import math
 import random
@@ -63,6 +71,7 @@ class Output:
     output_len: int = 0
     error: str = ""
     start_time: float = 0.0
+    modelled: bool = False  # its times are the stand-in's simulated ones (`_on_model_clock`)
 
 
 def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
@@ -214,6 +223,7 @@ def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) ->
     start = time.perf_counter()
     output.start_time = start
     recent, last_len, ttft = start, 0, 0.0
+    ticks: list[tuple[float | None, int]] = []  # each output's time on the stand-in's model clock, and its length
     try:
         conn.request(
             "POST", prefix + "/generate", body=json.dumps(payload), headers={"Content-Type": "application/json"}
@@ -235,6 +245,7 @@ def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) ->
             if out.get("text"):
                 now = time.perf_counter()
                 text, length = out["text"], out["meta_info"]["completion_tokens"]
+                ticks.append((out["meta_info"].get(simulation.MODEL_CLOCK_KEY), length))
                 if ttft == 0.0:
                     ttft = now - start
                     output.ttft = ttft
@@ -245,12 +256,36 @@ def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) ->
                     output.itl.extend([(now - recent) / new] * new)
                 recent, last_len = now, length
         output.generated_text, output.success, output.latency, output.output_len = text, True, latency, length
+        _model_times(output, ticks)
     except Exception as exc:  # the real client records any failure as the request's error
         output.error = f"{type(exc).__name__}: {exc}"
         print(f"output.error={output.error!r}")
     finally:
         conn.close()
     return output
+
+
+def _model_times(output: Output, ticks: Sequence[tuple[float | None, int]]) -> None:
+    """TTFT, inter-token gaps and latency on the stand-in's model clock, where every output told it."""
+    if not ticks or any(clock is None for clock, _ in ticks):
+        return
+    times = [(float(clock or 0.0), length) for clock, length in ticks]
+    output.ttft, output.latency, output.itl, output.modelled = times[0][0], times[-1][0], [], True
+    for (before, had), (now, length) in itertools.pairwise(times):
+        if length > had:
+            output.itl.extend([(now - before) / (length - had)] * (length - had))
+
+
+def _on_model_clock(outputs: Sequence[Output], concurrency: int | None) -> float | None:
+    """The run's duration on the stand-in's model clock, each request started when the model frees its slot of
+    `concurrency` (in the order sent, as the semaphore lets them in); None unless every request was timed on it."""
+    if not outputs or not all(o.modelled for o in outputs):
+        return None
+    slots = [0.0] * min(concurrency or len(outputs), len(outputs))
+    for o in outputs:
+        o.start_time = heapq.heappop(slots)
+        heapq.heappush(slots, o.start_time + o.latency)
+    return max(o.start_time + o.latency for o in outputs)
 
 
 class HTTPError(Exception):
@@ -435,6 +470,8 @@ def run(args: argparse.Namespace) -> int:
     states = (info or {}).get("internal_states") or []
     accept = states[0].get("avg_spec_accept_length") if status == 200 and states else None
     duration = time.perf_counter() - start
+    if args.request_rate == float("inf"):  # every request sent at once, as many in flight as the concurrency allows
+        duration = _on_model_clock(outputs, args.max_concurrency) or duration
     metrics = calculate_metrics(outputs, duration)
     output_lens = metrics.pop("_output_lens")
     _print_summary(args, metrics, duration, accept)

@@ -10,6 +10,15 @@ A JSON object; a missing file means the defaults. Keys (all optional):
   to simulate (float, clamped to [1, draft token count]);
 - `decode_tokens_per_s`: one request's decode speed without speculative decoding (float > 0);
 - `startup_s`: seconds from launch until /health answers 200 (float >= 0);
+- `stream_interval`: stream an output every this many tokens (int >= 1, default 1), as SGLang's
+  `--stream-interval` does; the demo streams every 16, so that its numbers are the simulation's times and
+  not the controller's CPU parsing one HTTP chunk per token (a 2-core machine's load made every point noisy);
+- `modelled_clock`: false (default) or true: each streamed output tells its time on the simulation's clock
+  (`meta_info.standin_model_s`, seconds since the request arrived: a field of the stand-in's own, no real
+  SGLang sends it), and the stand-in's bench_serving, seeing it on every output, times the run on it instead of
+  the wall (bench_client.py): the numbers are then the simulated engine's, not the CPU left to a loaded
+  controller running the server and the client (the demo's 8x fewer, a shared 2-core machine's every point
+  "(noisy)"). The server still paces the requests in real time, so as many are in flight as the model says;
 - `broken_drafter`: false (default) or true: a speculative server's greedy outputs then differ from
   the baseline's from an early token index on (simulation.divergence_index, per prompt), as a
   drafter whose verification lets wrong tokens through would; a baseline server ignores it.
@@ -38,6 +47,8 @@ class Switches:
     decode_tokens_per_s: float = 300.0
     startup_s: float = 1.5
     broken_drafter: bool = False
+    stream_interval: int = 1
+    modelled_clock: bool = False
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -48,6 +59,12 @@ class Switches:
             raise ValueError(f"decode_tokens_per_s {self.decode_tokens_per_s!r}: > 0")
         if not self.startup_s >= 0:
             raise ValueError(f"startup_s {self.startup_s!r}: >= 0")
+        if (
+            isinstance(self.stream_interval, bool)
+            or not isinstance(self.stream_interval, int)
+            or self.stream_interval < 1
+        ):
+            raise ValueError(f"stream_interval {self.stream_interval!r}: an integer >= 1")
 
 
 def path(home: str | os.PathLike[str] | None = None) -> Path:
@@ -68,12 +85,14 @@ def parse(data: object) -> Switches:
         value = data[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{FILE_NAME}: {key} must be a number, not {value!r}")
-    if not isinstance(data.get("broken_drafter", False), bool):
-        raise ValueError(f"{FILE_NAME}: broken_drafter must be true or false, not {data['broken_drafter']!r}")
+    for key in ("broken_drafter", "modelled_clock"):
+        if not isinstance(data.get(key, False), bool):
+            raise ValueError(f"{FILE_NAME}: {key} must be true or false, not {data[key]!r}")
     if "fault" in data and data["fault"] is not None and not isinstance(data["fault"], str):
         raise ValueError(f"{FILE_NAME}: fault must be a string or null, not {data['fault']!r}")
     values: dict[str, Any] = {
-        key: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for key, v in data.items()
+        key: float(v) if isinstance(v, int) and not isinstance(v, bool) and key != "stream_interval" else v
+        for key, v in data.items()
     }
     return Switches(**values)
 

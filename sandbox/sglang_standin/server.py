@@ -100,10 +100,12 @@ class Pacer:
     def __init__(self) -> None:
         self.due = time.perf_counter()
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float, sleep: bool = True) -> None:
+        """Add a step's time; sleep until it is due unless told not to yet (a step whose output is not streamed:
+        the next one streamed sleeps for both)."""
         self.due += seconds
         left = self.due - time.perf_counter()
-        if left > 0:
+        if sleep and left > 0:
             time.sleep(left)
 
 
@@ -216,11 +218,14 @@ class Engine:
                 accept = speculation.accept_length(prompt, self.switches.accept_length)
             chunks = simulation.steps(max_new, accept)
             cached = self.prefill(prompt, prompt_tokens, pacer)
-            text, ids, done = "", [], 0
+            text, ids, done, streamed = "", [], 0, 0
             for step, size in enumerate(chunks):
+                finished = step == len(chunks) - 1
+                # as SGLang's --stream-interval: the first token, then every `stream_interval` tokens, and the last
+                shown = step == 0 or finished or done + size - streamed >= self.switches.stream_interval
                 if step > 0:
                     speed = self.switches.decode_tokens_per_s
-                    pacer.wait(simulation.step_seconds(speed, speculation, self.in_flight()))
+                    pacer.wait(simulation.step_seconds(speed, speculation, self.in_flight()), sleep=shown)
                 if self.stopping:
                     return
                 for i in range(done, done + size):
@@ -229,7 +234,9 @@ class Engine:
                     ids.append(token)
                 done += size
                 self.record(size, verify=step > 0 and self.launch.speculative)
-                finished = step == len(chunks) - 1
+                if not shown:
+                    continue
+                streamed = done
                 meta: dict[str, Any] = {
                     "id": rid,
                     "finish_reason": {"type": "length", "length": max_new} if finished else None,
@@ -240,6 +247,8 @@ class Engine:
                     "completion_tokens": done,
                     "cached_tokens": cached,
                 }
+                if self.switches.modelled_clock:
+                    meta[simulation.MODEL_CLOCK_KEY] = pacer.due - start
                 if finished:
                     meta["e2e_latency"] = time.perf_counter() - start
                     self.cache.insert(prompt.split() + text.split())

@@ -38,6 +38,7 @@ Deterministic per prompt, so tests and the demo see stable numbers:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -59,6 +60,9 @@ VERIFY_COST_PER_TOKEN = 0.0375
 BATCH_SLOWDOWN = {False: 0.02, True: 0.1}  # per extra request in flight: baseline, speculative (8 tokens)
 #: drafter (config.json `_name_or_path`) -> factor on the acceptance length beyond the bonus token, by kind
 DRAFTER_PROFILES = {"SubSir/Kimi-K2.6-DFlash-tmp-long": {"math": 1.0, "code": 0.7, "chat": 1.05}}
+#: the stand-in's own meta_info field with the `modelled_clock` switch (faults.py): an output's time on the
+#: simulation's clock, seconds since its request arrived; the stand-in's bench_serving times a run on it
+MODEL_CLOCK_KEY = "standin_model_s"
 PREFILL_TOKENS_PER_S = 40_000.0
 PREFILL_OVERHEAD_S = 0.005
 
@@ -77,8 +81,10 @@ def prompt_kind(text: str) -> str:
     return "chat"
 
 
+@functools.lru_cache(maxsize=256)
 def _unit(text: str) -> float:
-    """A stable number in [0, 1) from the prompt."""
+    """A stable number in [0, 1) from the prompt; remembered for the requests in flight, as each of their output
+    tokens asks again (a sha256 of a 1024-token prompt per token was most of the stand-in's CPU at concurrency 32)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 

@@ -102,8 +102,10 @@ class ServerStep(StepSpec):
 
     python: str = "python3"  # the SGLang virtualenv's interpreter
     port: Annotated[int, Field(ge=1, le=65535)] | VarRef = 30000  # a number, or a var such as $sglang_port
-    stop_timeout: Duration = 60.0
-    state_dir: str = "~/.runbook/sglang"
+    #: a port held by a process the run did not start is caused by the port's value: named with its var
+    failure_params: ClassVar[Mapping[str, str]] = {"PortInUse": "port"}
+    stop_timeout: Duration = 60.0  # how long the server may take to stop (TERM, then KILL) and free its GPUs
+    state_dir: str = "~/.runbook/sglang"  # on the host: the record of the server on each port, and its log
     #: a node group, rank 0 first: the step runs on nodes[0], its commands on all (at most 32: MAX_NODES)
     nodes: Annotated[list[str], Field(max_length=MAX_NODES)] | None = None
 

@@ -21,6 +21,7 @@ from executor.run import audit
 from executor.run.audit import AuditContext, AuditLog, verify
 from executor.run.state import RunMeta, RunState, StepRecord, now
 from executor.transport.base import Collector, CommandResult
+from tests.clirun import runbook_cli
 
 SECRET = "hf_SeCrEt_ToKeN_123"
 
@@ -167,6 +168,53 @@ def test_tampering_is_found_with_its_line(
     assert captured.out.startswith("tampered")
 
 
+def _tampered(lines: list[str], how: str) -> list[str]:
+    """A finished run's log of three records (one per step), tampered with at its second line as `how` says."""
+    second = json.loads(lines[1])
+    second["exit_code"] = 7  # what an edit changes: the step's outcome
+    if how == "edited":
+        lines[1] = audit.canonical(second)
+    elif how == "edited, its hash computed again":
+        second["hash"] = audit.record_hash(second)
+        lines[1] = audit.canonical(second)
+    elif how == "removed":
+        del lines[1]
+    else:  # added: a record made up after the first, its hash not of the chain
+        second["step"] = "made-up"
+        lines.insert(1, audit.canonical(second))
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("how", "said", "not_said"),
+    [
+        ("edited", "audit.jsonl:2: content does not match its hash: line 2 (record 2) was edited", "removed"),
+        ("edited, its hash computed again", "audit.jsonl:2: edited, its hash computed again: line 3", "removed"),
+        ("removed", "audit.jsonl:2: chain broken: record 2 was removed before this line", "edited"),
+        ("added", "audit.jsonl:2: a line was added here", "edited"),
+    ],
+)
+def test_verify_says_whether_a_line_was_edited_removed_or_added(
+    tmp_path: Path, how: str, said: str, not_said: str
+) -> None:
+    """`audit verify` through the CLI on a real run's folder (three steps on `address: local`): each tampering is
+    named as what it is, at its line, once; an edit is no longer also reported as lines removed or cut (the
+    walk goes on past it), a removal or an added line no longer as an edit."""
+    book = tmp_path / "b.yaml"
+    steps = "".join(f"  - {{id: a{n}, kind: shell, script: echo a{n}}}\n" for n in (1, 2, 3))
+    book.write_text(f"name: t\nhosts: {{h: {{address: local}}}}\nsteps:\n{steps}")
+    logs = tmp_path / "logs"
+    assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 0
+    (run_dir,) = logs.iterdir()
+    (run_dir / audit.AUDIT_FILE).write_text("\n".join(_tampered(lines(run_dir), how)) + "\n")
+    checked = runbook_cli("audit", "verify", str(run_dir))
+    assert checked.returncode == 1, checked.stderr
+    problems = [line for line in checked.stderr.splitlines() if line.startswith("TAMPERED: ")]
+    assert len(problems) == 1 and said in problems[0], problems
+    assert not_said not in checked.stderr
+    assert checked.stdout.startswith(f"tampered: {3 - (how == 'removed') + (how == 'added')} records")
+
+
 def test_torn_last_line_is_reported_and_tolerated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "r"
     write_log(run_dir)
@@ -284,3 +332,25 @@ def test_a_head_read_while_the_live_run_rewrites_it_is_checked_again(
         state.close()
     assert report.ok, report.problems
     assert tampered.problems == ["run-1: record 2 does not match the recorded head: the log was rewritten"]
+
+
+@pytest.mark.parametrize("order", ["RUN_DIR --key", "--key RUN_DIR", "--key KEY RUN_DIR", "RUN_DIR --key KEY"])
+def test_verify_takes_the_run_folder_before_or_after_key(tmp_path: Path, order: str) -> None:
+    """`--key` takes an optional PATH: argparse gave `audit verify --key RUN_DIR` the run folder as the key and
+    asked for a run folder (exit 2). A folder is the run, checked with the default key; without one, exit 2 says
+    what to type."""
+    config = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    assert runbook_cli("audit", "key", env=config).returncode == 0
+    book = tmp_path / "b.yaml"
+    book.write_text("name: t\nhosts: {h: {address: local}}\nsteps:\n  - {id: a, kind: shell, script: echo}\n")
+    assert runbook_cli("run", str(book), "--log-dir", str(tmp_path / "logs"), env=config).returncode == 0
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    key = tmp_path / "config" / "runbook" / "audit.key"
+    words = order.replace("RUN_DIR", str(run_dir)).replace("KEY", str(key)).split()
+    checked = runbook_cli("audit", "verify", *words, env=config)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith("intact: 1 records") and "seal checked" in checked.stdout
+    alone = runbook_cli("audit", "verify", "--key", env=config)
+    assert alone.returncode == 2 and alone.stderr.splitlines()[-1].endswith(
+        "which run? give its folder: runbook audit verify RUN_DIR [--key [PATH]]"
+    )

@@ -281,3 +281,32 @@ def test_a_report_is_read_once_and_its_types_made_once(
     assert main(["report", str(tmp_path / "run")]) == 0
     assert "t199" in capsys.readouterr().out
     assert calls["read"] == 1 and calls["hints"] <= 4  # once per kind of its parts, at most
+
+
+def test_a_run_that_wrote_a_report_ends_saying_where_it_is_and_report_finds_it_by_its_run_id(tmp_path: Path) -> None:
+    """`runbook run` ends with report.md's path, each figure's, and the `runbook report` command that shows it
+    again (by its run id, with --log-dir as `status` takes it); `report` also takes an id's prefix, no id (the
+    latest run) and a run folder, and refuses an id no run has as `status` does."""
+    book = tmp_path / "campaign.yaml"
+    book.write_text(
+        "name: campaign\nhosts: {here: {address: local}}\nsteps:\n"
+        "  - {id: bench_baseline, kind: shell, script: 'true'}\n"
+        "  - {id: report, kind: campaign_report, baseline: bench_baseline,\n"
+        "     gates: [{that: 'facts.counts.cells == 0'}]}\n"  # passes: a report written by a passed run
+    )
+    logs = tmp_path / "logs"
+    ran = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert ran.returncode == 0, ran.stderr
+    [run_dir] = logs.iterdir()
+    figures = [run_dir / figure["path"] for figure in json.loads((run_dir / "report.json").read_text())["figures"]]
+    again = f"runbook report {run_dir.name} --log-dir {logs}"
+    said = [f"report: {run_dir / 'report.md'}", *(f"figure: {figure}" for figure in figures), f"see it again: {again}"]
+    assert ran.stderr.splitlines()[-len(said) :] == said and figures
+    shown = runbook_cli("report", str(run_dir)).stdout
+    assert "Campaign" in shown
+    for argv in (again.split()[2:], [run_dir.name[:12], "--log-dir", str(logs)], ["--log-dir", str(logs)]):
+        assert (runbook_cli("report", *argv).stdout, argv) == (shown, argv)
+    in_logs = runbook_cli("report", run_dir.name, cwd=logs).stdout  # a folder of that name here: read as before
+    assert in_logs == shown.replace(str(run_dir), run_dir.name)
+    refused = runbook_cli("report", "20991231-nope", "--log-dir", str(logs))
+    assert refused.returncode == 2 and refused.stderr == f"runbook: no run 20991231-nope in {logs}\n"

@@ -647,3 +647,44 @@ def test_an_async_test_runs_a_runbook_on_its_own_event_loop(runbook_offline: Off
         return await runbook_offline.run_async(path)
 
     assert asyncio.run(in_a_running_loop()).ran("passed") == ["a"]
+
+
+def _port_taken() -> dict[str, Any]:
+    """What hostprograms/deploy.py answers for a port held by a process the runbook did not start."""
+    offline = Path(__file__).parents[1] / "runbooks" / "offline" / "k26_dflash_host.json"
+    served: dict[str, Any] = json.loads(offline.read_text())["deploy"]["baseline"]
+    holder = "pid 4242 (python3 -m http.server 30000)"
+    return served | {
+        "ready": False,
+        "pid": None,
+        "health": None,
+        "generate": None,
+        "ready_s": None,
+        "server_version": None,
+        "log_file": None,
+        "port_holder": holder,
+        "failure_class": "PortInUse",
+        "failure": f"port 30000 is taken by {holder}, which is not a server this runbook started; stop it or ...",
+    }
+
+
+def test_a_taken_port_names_the_var_the_runbook_gave_as_the_port(runbook_offline: Offline, tmp_path: Path) -> None:
+    """The canonical var-caused failure: deploy's PortInUse blames its `port` (`failure_params`), which the runbook
+    gave as `$sglang_port`: the failure's headline leads with `sglang_port=30000`, and the attempt_failed event and
+    the step's record carry the cause. A port written as a number names no var."""
+    runbook_offline.host("box").program("deploy", _port_taken())
+    deploy = "{id: serve, kind: deploy, model_path: /m, tp_size: 1, port: PORT}"
+    named = book(
+        tmp_path, f"name: t\nvars: {{sglang_port: 30000}}\nsteps:\n  - {deploy.replace('PORT', '$sglang_port')}\n"
+    )
+    run = runbook_offline.run(named)
+    assert run.exit_code == 1
+    assert run.failures()[0].startswith("serve@box: sglang_port=30000: port 30000 is taken by pid 4242")
+    cause = {"var": "sglang_port", "value": "30000", "param": "port"}
+    assert run.step("serve").cause == cause
+    assert next(e for e in run.events if e["event"] == "attempt_failed")["cause"] == cause
+
+    written = book(tmp_path, f"name: t\nsteps:\n  - {deploy.replace('PORT', '30000')}\n", name="literal.yaml")
+    run = runbook_offline.run(written)
+    assert run.exit_code == 1 and run.step("serve").cause is None
+    assert run.failures()[0].startswith("serve@box: the SGLang server is not serving")

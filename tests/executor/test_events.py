@@ -24,6 +24,7 @@ from executor.run.event_models import (
     EVENT_TYPES,
     EVENTS,
     AttemptFailed,
+    Carried,
     CellCounts,
     CellsProgress,
     CommandFinished,
@@ -37,6 +38,7 @@ from executor.run.event_models import (
     RunStarted,
     StepFinished,
     StepStarted,
+    VarCause,
 )
 from executor.run.events import ConsoleReporter, JsonReporter, RedactingReporter, Reporter
 from executor.runbook.loader import load_runbook
@@ -253,8 +255,9 @@ def test_readme_documents_every_event_and_every_field() -> None:
     for event_type in EVENT_TYPES:
         cell = rows[event_type.model_fields["event"].default]
         assert _names(cell) == set(event_type.model_fields) - common, event_type.__name__
-    assert _nested(rows["run_started"]) == [set(PlannedStep.model_fields)]
+    assert _nested(rows["run_started"]) == [set(PlannedStep.model_fields), set(Carried.model_fields)]
     assert _nested(rows["step_finished"]) == [set(HostOutcome.model_fields)]
+    assert _nested(rows["attempt_failed"]) == [set(VarCause.model_fields)]
 
 
 # ----------------------------------------------------------------------------- real runs on the sshd host

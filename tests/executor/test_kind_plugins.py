@@ -9,6 +9,7 @@ METADATA and entry_points.txt) on a folder put on sys.path: what `importlib.meta
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import textwrap
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,6 +129,27 @@ def test_a_plugin_taking_a_built_in_kind_s_name_is_refused_naming_it(plugins: Pa
     assert code == 2 and "Traceback" not in err
     assert "step kind 'shell' of distribution 'shady-kinds' (shady:Shell) clashes with the built-in kind 'shell'" in err
     assert "of distribution 'runbook' (steps.shell:ShellStep)" in err
+
+
+def test_looking_kinds_up_reads_no_distribution_s_metadata_unless_two_name_one_kind(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A distribution's name is its METADATA, parsed by the email parser at each read: read for every kind,
+    it was a third of `validate`'s start (issue 29, item 12). Only a clash, which names both, reads it."""
+    reads: list[str] = []
+    metadata = importlib.metadata.Distribution.metadata
+
+    def counted(dist: importlib.metadata.Distribution) -> Any:
+        reads.append(str(getattr(dist, "_path", dist)))
+        return metadata.fget(dist)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(importlib.metadata.Distribution, "metadata", property(counted))
+    assert main(["validate", str(REPO / "runbooks" / "k26_dflash.yaml")]) == 0
+    assert reads == []
+    install(plugins, "shady-kinds", {"shell": "shady:Shell"})
+    _entry_points.cache_clear()
+    assert validate(tmp_path, capsys, "shell")[0] == 2
+    assert len(set(reads)) == 2  # the two that name `shell`: the clash names both
 
 
 def test_a_plugin_that_fails_to_import_is_named_when_its_kind_is_used(plugins: Path, tmp_path: Path, capsys) -> None:

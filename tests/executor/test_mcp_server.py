@@ -132,7 +132,14 @@ def test_an_agent_validates_runs_follows_stops_and_resumes_through_the_sdk_clien
             problems = (await call("validate", file=str(broken)))["problems"]
             where = (broken.read_text().splitlines().index("    scirpt: echo") + 1, 5)
             assert any((p["line"], p["column"]) == where and "scirpt" in p["message"] for p in problems), problems
-            assert (await call("validate", file=str(bench))) == {"ok": True, "steps": 6, "problems": []}
+            validated = await call("validate", file=str(bench))
+            assert {key: validated[key] for key in ("ok", "steps", "problems", "warnings")} == {
+                "ok": True,
+                "steps": 6,
+                "problems": [],
+                "warnings": [],
+            }
+            assert [host["host"] for host in validated["hosts"]] == ["box"]  # each with its fields' sources
             planned = await call("plan", file=str(bench))
             assert [s["id"] for s in planned["steps"]][:2] == ["hello", "big"]
 
@@ -160,8 +167,10 @@ def test_an_agent_validates_runs_follows_stops_and_resumes_through_the_sdk_clien
             assert tail["stdout"].splitlines() == ["line 298", "line 299", "line 300"]
             assert tail["stderr"] == "said ***" and tail["exit_code"] == 0
 
-            report = await call("report", run_dir=started["run_dir"])
-            assert report["tables"] and report["provenance"]["deployments"]
+            report = await call("report", run_dir=started["run_dir"])  # in short: tests/executor/test_mcp_report.py
+            assert report["kind"] == "benchmark" and set(report["speedup"]["by_concurrency"]) == {"1"}
+            deployments = await call("report", run_dir=started["run_dir"], section="Provenance: deployments")
+            assert [row[0] for row in deployments["rows"]] == ["baseline", "dflash"]
             assert await call("report", run_id=started["run_id"], log_dir=str(log_dir)) == report  # as other tools
             assert (await call("report", run_dir=str(tmp_path)))["exit_code"] == 2  # no report there
 
@@ -386,3 +395,24 @@ def test_arguments_that_read_as_options_stay_the_runs_file_and_folder(
     assert refused["ok"] is False and refused["exit_code"] == 2, refused
     (problem,) = refused["problems"]  # read as a file (none there), before any process starts
     assert problem["file"] == "--help" and "cannot read the runbook" in problem["message"], refused
+
+
+def test_resume_answers_what_it_carries_and_drops_what_unset_vars_names(tmp_path: Path) -> None:
+    """The resume tool's answer says the --var values it carries over from the run (`carried`, as `run_started`
+    does); `unset_vars` drops one (the runbook's value applies again), and a name the run was not started with
+    is refused as the CLI refuses it (exit 2, did you mean)."""
+    logs, marker = tmp_path / "logs", tmp_path / "marker"
+    book = tmp_path / "carry.yaml"
+    book.write_text(
+        "name: carry\nhosts: {box: {address: local}}\nvars: {color: red}\nsteps:\n"
+        f"  - {{id: a, kind: shell, script: 'echo $color'}}\n  - {{id: b, kind: shell, script: 'test -f {marker}'}}\n"
+    )
+    assert main(["run", str(book), "--var", "color=blue", "--log-dir", str(logs)]) == 1
+    refused = in_process("resume", tmp_path, file=str(book), unset_vars=["colr"], log_dir=str(logs))
+    assert (refused["ok"], refused["exit_code"]) == (False, 2)
+    assert "carries no --var colr (did you mean 'color'?)" in "\n".join(refused["messages"])
+    resumed = in_process("resume", tmp_path, file=str(book), unset_vars=["color"], log_dir=str(logs))
+    assert resumed["ok"], resumed
+    assert resumed["carried"] == {"inventory": None, "vars": {}, "unset": ["color"]}
+    wait_for(lambda: '"run_finished"' in (Path(resumed["run_dir"]) / EVENTS_FILE).read_text(), what="the resume")
+    assert json.loads((Path(resumed["run_dir"]) / "run.json").read_text())["vars"]["color"] == "red"

@@ -27,6 +27,7 @@ from executor.run.resume import Fingerprints, Plan, carry_over, plan_steps
 from executor.run.state import RunMeta, StepRecord
 from executor.runbook.loader import Runbook, load_runbook
 from executor.runbook.model import var_text
+from tests.clirun import runbook_cli
 
 SOURCE = "20260101-000000-abcdef"
 
@@ -498,4 +499,152 @@ def test_only_a_matrix_instance_keeps_the_group_s_cells_that_do_not_depend_on_it
         "up[srv=y]",
         "bench[srv=y,conc=1]",
         "bench[srv=y,conc=2]",
+    ]
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "FILE --resume",
+        "--resume FILE",
+        "--resume=FILE",
+        "--var color=green --resume FILE",
+        "FILE --resume RUN",
+        "--resume RUN FILE",
+        "--resume FILE RUN",
+    ],
+)
+def test_resume_and_its_file_in_any_order(failed_local_run: tuple[Path, Path, Path], order: str) -> None:
+    """`--resume` takes an optional RUN_ID: argparse gave it the FILE after it (`runbook run --resume FILE` asked
+    for a file; `--resume FILE RUN` took the run id for the runbook). Every order resumes the run it names (the
+    latest without RUN), FILE the runbook."""
+    book, logs, marker = failed_local_run
+    marker.unlink()  # c2 fails again: each resume ends as its source did, 1
+    first, latest = _newest(logs)["run_id"], _newest(logs)["run_id"]
+    if "RUN" in order:  # a newer run than the one named, so that the latest is not what RUN resumes
+        assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+        latest = _newest(logs)["run_id"]
+    words = order.replace("RUN", first).replace("FILE", str(book)).split()
+    done = runbook_cli("run", *words, "--log-dir", str(logs))
+    assert done.returncode == 1, done.stderr
+    assert _newest(logs)["resumed_from"] == (first if "RUN" in order else latest)
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--resume"], "which runbook? give its FILE: runbook run FILE --resume"),
+        (["--resume", "2026"], "which runbook? give its FILE: runbook run FILE --resume 2026"),
+        ([], "which runbook? give its FILE: runbook run FILE"),
+        (["--resume", "a.yaml", "b.yaml"], "two runbooks, a.yaml and b.yaml: give one FILE, then --resume [RUN_ID]"),
+    ],
+)
+def test_a_run_without_one_runbook_says_what_to_type(tmp_path: Path, words: list[str], said: str) -> None:
+    done = runbook_cli("run", *words, "--log-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"runbook run: error: {said}"
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
+
+
+def _run_started(done: Any) -> dict[str, Any]:
+    started: dict[str, Any] = json.loads(done.stdout.partition("\n")[0])
+    assert started["event"] == "run_started", done.stdout
+    return started
+
+
+def test_a_resume_shows_what_it_carries_and_unset_var_drops_a_carried_value(
+    failed_local_run: tuple[Path, Path, Path],
+) -> None:
+    """The failed run was started with --var color=blue and an inventory setting size: a resume carries both and
+    says so (console, `run_started.carried`); `--unset-var color` drops the carried value, so the runbook's
+    default (red) applies again and c1, which reads it, runs again; `--var color=` is still the empty string."""
+    book, logs, _marker = failed_local_run
+    first = _newest(logs)
+    site = first["inventory"]
+    kept = runbook_cli("run", str(book), "--resume", "--json", "--log-dir", str(logs))
+    assert kept.returncode == 0, kept.stderr
+    assert _run_started(kept)["carried"] == {"inventory": site, "vars": {"color": "blue"}, "unset": []}
+    assert f"as it was started: --inventory {site} --var color=blue" in kept.stderr
+
+    dropped = runbook_cli("run", str(book), "--resume", "--unset-var", "color", "--json", "--log-dir", str(logs))
+    assert dropped.returncode == 0, dropped.stderr
+    started = _run_started(dropped)
+    assert started["carried"] == {"inventory": site, "vars": {}, "unset": ["color"]}
+    assert "not carried (--unset-var color): --var color=blue" in dropped.stderr
+    assert started["steps"][0]["plan"].endswith("var color)")  # c1 reads it: it runs again
+    assert (_newest(logs)["vars"]["color"], _newest(logs)["vars"]["size"]) == ("red", "large")
+
+    empty = runbook_cli("run", str(book), "--resume", "--var", "color=", "--log-dir", str(logs))
+    assert empty.returncode == 0, empty.stderr
+    assert _newest(logs)["vars"]["color"] == ""
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--resume", "--unset-var", "colr"], "carries no --var colr (did you mean 'color'?); it was started with"),
+        (["--resume", "--unset-var", "size"], "a value from the runbook or the inventory is no --var to drop"),
+        (["--resume", "--unset-var", "color", "--var", "color=x"], "--unset-var color and --var color=... together"),
+        (["--unset-var", "color"], "--unset-var drops a --var that --resume would carry over: it needs --resume"),
+    ],
+)
+def test_unset_var_of_a_value_not_carried_is_refused(
+    failed_local_run: tuple[Path, Path, Path], words: list[str], said: str
+) -> None:
+    book, logs, _marker = failed_local_run
+    before = sorted(logs.iterdir())
+    done = runbook_cli("run", str(book), *words, "--log-dir", str(logs))
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and sorted(logs.iterdir()) == before
+
+
+HELD = """\
+    name: held
+    hosts: {here: {address: local}}
+    vars: {port: 30000}
+    steps:
+      - {id: first, kind: shell, script: 'echo first', pass_env: []}
+      - id: serve
+        kind: shell
+        parse: json
+        gates: ['facts.failure is none']
+        script: |
+          if [ "$port" = 30000 ]; then
+            echo '{"failure": "port 30000 is held by another process (pid 4242)", "failure_class": "PortInUse",'
+            echo ' "failure_var": "port"}'
+          else
+            echo '{"failure": null}'
+          fi
+    """
+
+
+def test_a_failure_a_var_caused_names_it_and_the_resume_that_changes_it(tmp_path: Path) -> None:
+    """A step's facts name the var whose value caused its failure (`failure_var`, as deploy's PortInUse names its
+    `port`): the failure's headline leads with `port=30000`, the console ends with the command that resumes
+    with another value, `status` (and its --json, which the MCP tool returns) says the same; that command,
+    run, passes, reusing the step before (which the var does not reach)."""
+    book, logs = tmp_path / "held.yaml", tmp_path / "logs"
+    book.write_text(textwrap.dedent(HELD))
+    failed = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert failed.returncode == 1, failed.stderr
+    run_id = _newest(logs)["run_id"]
+    command = f"runbook run {book} --resume {run_id} --log-dir {logs} --var port=NEW_VALUE"
+    assert "serve@here: [primary] port=30000: port 30000 is held by another process (pid 4242)\n" in failed.stderr
+    assert "serve@here failed because of port=30000; resume with another value:" in failed.stderr
+    assert failed.stderr.splitlines()[-1] == command
+    assert "after fixing the cause" not in failed.stderr  # the cause is named: no guessing line
+
+    shown = runbook_cli("status", run_id, "--log-dir", str(logs))
+    assert "serve@here: caused by port=30000; resume with another value:" in shown.stdout
+    assert command in shown.stdout.splitlines()
+    step = json.loads(runbook_cli("status", "--json", "--log-dir", str(logs)).stdout)["steps"][1]
+    assert step["cause"] == {"var": "port", "value": "30000", "param": "", "resume": command}
+
+    again = runbook_cli(*command.replace("NEW_VALUE", "30001").split()[1:])
+    assert again.returncode == 0, again.stderr
+    resumed = runbook_cli("status", "--json", "--log-dir", str(logs))
+    steps = json.loads(resumed.stdout)["steps"]
+    assert [(s["status"], s["reused_from"], s["cause"]) for s in steps] == [
+        ("passed", run_id, None),
+        ("passed", None, None),
     ]

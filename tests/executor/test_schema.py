@@ -162,6 +162,26 @@ def test_schema_prints_the_committed_files(capsys: pytest.CaptureFixture[str]) -
         assert text == json.dumps(json.loads(text), indent=2) + "\n"  # as the command writes it
 
 
+def _undescribed(node: Any, path: str = "") -> Iterable[str]:
+    """The path of every property of a schema (at any depth, `$defs`, branches and fallbacks included) that has no
+    description: what an editor's hover shows of a key."""
+    if isinstance(node, dict):
+        for name, value in (node.get("properties") or {}).items():
+            if not (isinstance(value, dict) and value.get("description")):
+                yield f"{path}/properties/{name}"
+        for key, value in node.items():
+            yield from _undescribed(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _undescribed(value, f"{path}/{index}")
+
+
+@pytest.mark.parametrize("make", [runbook_schema, inventory_schema], ids=["runbook", "inventory"])
+def test_every_key_has_a_description_to_hover(make: Callable[[], dict[str, Any]]) -> None:
+    """Before: 166 of the runbook schema's properties had none (a kind's parameters, a host's fields, `defaults`)."""
+    assert list(_undescribed(make())) == []
+
+
 def _rename(path: tuple[str | int, ...], old: str, new: str) -> Callable[[dict[str, Any]], None]:
     def mutate(data: dict[str, Any]) -> None:
         target: Any = data

@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = REPO / "runbooks" / "k26_dflash.yaml"
 
 #: What no command that needs no SSH may import: the SSH library, plotting, the programs shipped to hosts,
-#: the Hub's client, the run's retrying and diagnostics, the engine and the SSH transport.
+#: the Hub's client, the run's retrying and diagnostics, the engine and the SSH transport, the MCP SDK.
 NEVER = ("asyncssh", "matplotlib", "hostprograms", "huggingface_hub", "tenacity", "structlog", "executor.run.engine")
-NEVER += ("executor.transport.ssh", "executor.run.events", "rich.traceback", "rich.live", "pygments")
+NEVER += ("executor.transport.ssh", "executor.run.events", "rich.traceback", "rich.live", "pygments", "mcp")
 #: ... nor, for those that only read a run folder, the runbook's parts: YAML, pydantic, Jinja2, asyncio.
 NO_RUNBOOK = ("yaml", "pydantic", "jinja2", "asyncio", "executor.runbook.loader", "steps", "importlib.metadata")
 
@@ -111,14 +111,18 @@ def test_validate_imports_the_kinds_the_runbook_uses_and_no_other(tmp_path: Path
     assert among(modules, ("steps",)) == ["steps", "steps.shell"]
 
 
-def test_validate_prints_plain_text_without_rich_and_opens_no_audit_log(tmp_path: Path) -> None:
-    """`validate` writes its lines with print: rich's console (and its text) and the audit log's reader stay
-    unloaded; `plan` prints through rich, so it is the control."""
-    code, modules = imported(tmp_path, "validate", str(FLAGSHIP))
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_validate_and_plan_print_plain_text_without_rich_and_open_no_audit_log(
+    command: str, run_dir: Path, tmp_path: Path
+) -> None:
+    """`validate` and `plan` write their lines with print: rich's console (and its text) and the audit log's
+    reader stay unloaded (issue 29, item 12: `plan` loaded rich to print a text without styles); `status`
+    prints a table through rich, so it is the control."""
+    code, modules = imported(tmp_path, command, str(FLAGSHIP))
     assert code == 0
     assert among(modules, ("rich", "executor.run.audit")) == []
-    _, planned = imported(tmp_path, "plan", str(FLAGSHIP))
-    assert {"rich.console", "rich.text"} <= planned
+    _, listed = imported(tmp_path, *READERS["status"](run_dir))
+    assert {"rich.console", "rich.table"} <= listed
 
 
 BUILT = """

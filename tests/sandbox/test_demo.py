@@ -45,6 +45,9 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert "Provenance: repos" in done.stdout and "Provenance: benchmark runs" in done.stdout
     assert all((run / name).read_bytes().startswith(b"\x89PNG") for name in ("pareto.png", "acceptance.png"))
     assert f"audit log: {run / 'audit.jsonl'}" in done.stderr and "a test double" in done.stderr
+    # where the report is, as `runbook run` says it (one function), after the tables
+    assert f"demo: report: {run / 'report.md'}\ndemo: figure: {run / 'speedup.png'}\n" in done.stderr
+    assert f"demo: see it again: runbook report {run.name} --log-dir {logs}\n" in done.stderr
     assert (run / "speedup.png").exists()
     status = json.loads(runbook_cli("status", "--log-dir", str(logs), "--json").stdout)
     assert [s["status"] for s in status["steps"]] == ["passed"] * 13  # eval_baseline included

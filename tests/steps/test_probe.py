@@ -362,7 +362,8 @@ def test_paths_and_models_dir_expand_on_the_host_and_unset_vars_are_reasons(test
         tmp_path,
         capsys,
         head="vars:\n  models_root: /nonexistent-probe-root\n",
-        step="python: /nonexistent/python\nmodels_dir: $models_root/models\npaths: [/, $UNSET_IN_RUNBOOK/x]\n",
+        # a name of the host's environment (XDG_*): one that is no var of the runbook is refused at validate
+        step="python: /nonexistent/python\nmodels_dir: $models_root/models\npaths: [/, $XDG_RUNBOOK_UNSET/x]\n",
     )
     assert code == 0, err
     assert facts is not None
@@ -372,9 +373,9 @@ def test_paths_and_models_dir_expand_on_the_host_and_unset_vars_are_reasons(test
     )
     assert disk["size_bytes"] == facts["disks"]["/"]["size_bytes"] > 0
     assert facts["models"]["exists"] is False and facts["models"]["entries"] == []
-    unset = facts["disks"]["$UNSET_IN_RUNBOOK/x"]
+    unset = facts["disks"]["$XDG_RUNBOOK_UNSET/x"]
     assert unset["size_bytes"] is None
-    assert unset["unknown_reason"] == "'$UNSET_IN_RUNBOOK/x': variable $UNSET_IN_RUNBOOK is not set on the host"
+    assert unset["unknown_reason"] == "'$XDG_RUNBOOK_UNSET/x': variable $XDG_RUNBOOK_UNSET is not set on the host"
 
 
 def test_hub_sizes_are_asked_from_the_host_and_a_failure_is_a_reason(testhost, tmp_path, capsys) -> None:
