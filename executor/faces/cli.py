@@ -332,8 +332,8 @@ def cmd_trust_host(args: argparse.Namespace) -> int:
     again = ["runbook", "trust-host", str(args.file), args.host]
     again += ["--inventory", str(args.inventory)] if args.inventory else []
     kind = offered.key.get_algorithm().removeprefix("ssh-").split("-")[0]
-    hint = f"not recorded: compare it with the host's own (on the host: `ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub`)"
-    hint += ", then"
+    hint = "not recorded: compare it with the host's own (on the host: `ssh-keygen -lf "
+    hint += f"/etc/ssh/ssh_host_{kind}_key.pub`), then"
     command = shlex.join([*again, "--fingerprint", offered.fingerprint])
     if line_width(sys.stdout) is None:
         say(f"{hint}: {command}", stdout=True)
