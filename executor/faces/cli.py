@@ -50,6 +50,7 @@ from executor.terminal import fitted, line_width, shown, shown_text
 # console and tables likewise (`validate` prints plain text).
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
+    from rich.text import Text
 
     from executor import documents
     from executor.consoles import FittingConsole, PipedConsole, UnattendedConsole, Whole
@@ -645,7 +646,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = run["status"]
     records = [StepRecord(**step) for step in view["steps"]]
     title = shown_text(f"run {run['run_id']} ({run['runbook']}): {_run_status(status, run['note'])}")
-    rows, details = [], []
+    rows: list[list[Text]] = []
+    details: list[str | Whole] = []  # a message, or a command to paste
     for r in records:
         if r.reused_from and passed_before(r) and r.status == "skipped":  # left out by --only, its pass kept
             status_text = f"skipped (last passed in {r.reused_from})"
@@ -681,8 +683,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             details.append(_pasteable(r.cause["resume"], out()))
     columns = ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message")
     print_table(out(), title, columns, rows)
-    for detail in details:
-        out().print(shown_text(detail) if isinstance(detail, str) else detail)
+    for said in details:
+        out().print(shown_text(said) if isinstance(said, str) else said)
     if failed_cells:
         out().print(shown_text(f"failed cells ({len(failed_cells)}):"))
         for failed in failed_cells:
