@@ -38,7 +38,7 @@ from structlog.typing import FilteringBoundLogger
 
 from executor import strict_json
 from executor.redact import Redactor
-from executor.terminal import shown
+from executor.terminal import fitted, line_width, shown
 
 DEBUG_FILE = "debug.log"
 
@@ -97,7 +97,7 @@ class DebugLog:
         fields = " ".join(f"{key}={_shown(value)}" for key, value in event.items() if key not in ("event", "time"))
         text = self._redactor.text(f"debug: {_text(event.get('event'))}  {fields}")
         with contextlib.suppress(OSError):  # stderr's reader went away; the debug log file still gets the line
-            print(shown(text), file=sys.stderr, flush=True)
+            print(fitted(shown(text), line_width(sys.stderr)), file=sys.stderr, flush=True)
         return event
 
     def msg(self, line: str) -> None:

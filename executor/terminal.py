@@ -25,9 +25,11 @@ Only what is shown is escaped: the audit log, the state store and `--json` keep 
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -86,3 +88,61 @@ def shown_text(text: str, style: str = "") -> Text:
     if safe and cell_len(safe) == 0:
         safe = "".join(_code(ord(char)) for char in safe)
     return Text(safe, style=style)
+
+
+#: The narrowest width lines are fitted to: a narrower terminal (or `COLUMNS`) gets lines of this many cells.
+MIN_WIDTH = 20
+#: What a broken line's continuation lines start with, after the first line's own indent.
+HANGING = "  "
+_WORD = re.compile(r"\S+\s*")
+
+
+def line_width(stream: IO[str] | None, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The width, in cells, that lines written to `stream` are fitted to: `COLUMNS` where it is set (a positive
+    number), else the terminal's where `stream` is one, else None: a pipe or a file gets its lines whole, so that
+    a log is read and searched one message a line."""
+    columns = environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), MIN_WIDTH)
+    try:
+        if stream is not None and stream.isatty():
+            return max(os.get_terminal_size(stream.fileno()).columns, MIN_WIDTH)
+    except (OSError, ValueError, AttributeError):  # a closed stream, or one with no file descriptor
+        pass
+    return None
+
+
+def line_breaks(line: str, width: int) -> tuple[list[int], str]:
+    """Where one line (no newline in it) breaks to fit `width` cells: the offsets, between words, at which its
+    continuation lines start, and the indent they get (the line's own indent and HANGING, where that leaves
+    them half the width). A word longer than a line is never cut: it gets a line of its own (a path, a
+    command, a URL stays whole to be copied)."""
+    from rich.cells import cell_len  # here: only a command that fits its lines to a width pays for it
+
+    if cell_len(line.rstrip()) <= width:
+        return [], ""
+    indent = line[: len(line) - len(line.lstrip(" "))]
+    more = indent + HANGING if cell_len(indent + HANGING) <= width // 2 else ""
+    breaks: list[int] = []
+    used, placed = cell_len(indent), False
+    for word in _WORD.finditer(line, len(indent)):
+        if placed and used + cell_len(word.group().rstrip()) > width:
+            breaks.append(word.start())
+            used = cell_len(more)
+        used += cell_len(word.group())
+        placed = True
+    return breaks, more
+
+
+def fitted(text: str, width: int | None) -> str:
+    """`text` with each of its lines broken between words to fit `width` cells (`line_breaks`); as it is where
+    the width is not known (None: see `line_width`)."""
+    if width is None:
+        return text
+    lines = []
+    for line in text.split("\n"):
+        breaks, more = line_breaks(line, width)
+        starts = [0, *breaks]
+        pieces = [line[start:end].rstrip() for start, end in zip(starts, [*breaks, len(line)], strict=True)]
+        lines += [pieces[0], *(more + piece for piece in pieces[1:])]
+    return "\n".join(lines)

@@ -5,7 +5,8 @@ to a second of CI per call, and the suite makes hundreds. This runs `executor.fa
 the process would: stdout and stderr are fresh byte streams in the encoding the process would get
 (`PYTHONIOENCODING`, else UTF-8; stderr's `backslashreplace`), read back as `subprocess.run(text=True)`
 decodes a pipe; stdin is empty (`DEVNULL`); the environment is this process's with `env` laid over it (and
-`COLUMNS=80` unless given, the width a command with no terminal gets); `cwd` is the working directory. What a
+no `COLUMNS` unless given: a command with no terminal then prints whole lines, as into a pipe or a file, and one
+given `COLUMNS` fits its lines to it, as on a terminal); `cwd` is the working directory. What a
 command changes of the process (environment, working directory, umask, the CLI's cached consoles, which read
 the width and colour settings once) is put back after it, so calls never see each other; `run`'s signal
 handlers go with its event loop (asyncio.run closes it), and tests/test_clirun.py checks that none is left.
@@ -25,7 +26,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from executor.faces import cli
@@ -42,7 +43,7 @@ def runbook_cli(
     encoding = given.get("PYTHONIOENCODING") or os.environ.get("PYTHONIOENCODING") or "utf-8"
     stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding, write_through=True)
     stderr = io.TextIOWrapper(io.BytesIO(), encoding=encoding, errors="backslashreplace", write_through=True)
-    with _process_state({"COLUMNS": "80", **given}, cwd), _streams(stdout, stderr):
+    with _process_state(given, cwd, unset=() if "COLUMNS" in given else ("COLUMNS",)), _streams(stdout, stderr):
         code = _exit_status(list(args))
     return subprocess.CompletedProcess(["runbook", *args], code, _text(stdout), _text(stderr))
 
@@ -67,13 +68,16 @@ def _text(stream: io.TextIOWrapper) -> str:
 
 
 @contextlib.contextmanager
-def _process_state(env: Mapping[str, str], cwd: Path | None) -> Iterator[None]:
-    """The environment with `env` laid over it and `cwd` for the block; the process's state put back after."""
+def _process_state(env: Mapping[str, str], cwd: Path | None, unset: Sequence[str] = ()) -> Iterator[None]:
+    """The environment with `env` laid over it (and without `unset`) and `cwd` for the block; the process's state
+    put back after."""
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()
     saved_umask = os.umask(0o022)
     os.umask(saved_umask)
     os.environ.update(env)
+    for name in unset:
+        os.environ.pop(name, None)
     cli.err.cache_clear()
     cli.out.cache_clear()
     try:

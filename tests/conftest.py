@@ -24,6 +24,20 @@ from sandbox.sshd import SSHServer, start_sshd
 from sandbox.testhost import PoolHost, SshServerKind
 
 
+@pytest.fixture(autouse=True)
+def no_terminal_width(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees a terminal width it did not set: the CLI fits its lines to `COLUMNS` (README "The console"),
+    which pytest-xdist's workers have as 80; and the CLI's consoles, which read it once, are made anew for each."""
+    from executor.faces import cli
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    cli.err.cache_clear()
+    cli.out.cache_clear()
+    yield
+    cli.err.cache_clear()
+    cli.out.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
     proc, server = start_sshd(tmp_path_factory.mktemp("sshd"))

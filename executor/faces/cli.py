@@ -43,16 +43,17 @@ from executor.run import seal
 from executor.run.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.runbook.campaign import EXIT_CELLS_FAILED
 from executor.runbook.durations import format_duration
-from executor.terminal import shown, shown_text
+from executor.terminal import fitted, line_width, shown, shown_text
 
 # The engine, the reporters, the loader and the audit log are imported by the commands that use them: `runbook status`
 # must not pay for a run's modules (asyncssh, the step kinds) at every start (bench/startup.py); rich's
 # console and tables likewise (`validate` prints plain text).
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
-    from rich.table import Table
+    from rich.text import Text
 
-    from executor.consoles import PipedConsole, UnattendedConsole
+    from executor import documents
+    from executor.consoles import FittingConsole, PipedConsole, UnattendedConsole, Whole
     from executor.run.engine import Engine
     from executor.transport.ssh import OfferedKey
 
@@ -62,6 +63,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whos
 MESSAGE_CELL = 120
 #: ... and a failing gate's first line up to this many (the whole gate follows the table too).
 GATE_CELL = 60
+#: A report table's column of this name holds commands: on a terminal they follow the table (`_print_report_table`).
+COMMAND_COLUMN = "command"
 
 
 @functools.cache
@@ -69,7 +72,7 @@ def err() -> UnattendedConsole:
     """stderr's console, made on first use (rich's console is a good part of a plain command's start-up)."""
     from executor.consoles import UnattendedConsole
 
-    return UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
+    return UnattendedConsole(stderr=True)
 
 
 @functools.cache
@@ -77,7 +80,7 @@ def out() -> PipedConsole:
     """stdout's console, made on first use."""
     from executor.consoles import PipedConsole
 
-    return PipedConsole(highlight=False, soft_wrap=True)
+    return PipedConsole()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -171,7 +174,10 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
-        "-v", "--verbose", action="store_true", help="the run's diagnostics (its debug.log) on stderr as well"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="the run's diagnostics (its debug.log) on stderr as well, and each instance of a matrix in the step list",
     )
     p.add_argument(
         "--resume",
@@ -308,31 +314,33 @@ def cmd_trust_host(args: argparse.Namespace) -> int:
     host = runbook.hosts.get(args.host)
     if host is None or host.is_local:
         why = "is local: no SSH, no host key" if host else f"is no host of it (its hosts: {', '.join(runbook.hosts)})"
-        print(shown(f"runbook trust-host: {args.host!r} {why}"), file=sys.stderr)
+        say(f"runbook trust-host: {args.host!r} {why}")
         return InvalidRunbook.exit_code
     offered = asyncio.run(SSHTransport(args.host, host).offered_key())
     where = f"{args.host} ({offered.pattern})"
-    print(shown(f"{where} presents the {offered.key.get_algorithm()} key {offered.fingerprint}"))
+    say(f"{where} presents the {offered.key.get_algorithm()} key {offered.fingerprint}", stdout=True)
     trusted = offered.trusted()
     if trusted is not None:
-        print(shown(f"already trusted: {offered.file} holds it" if trusted else _changed_key(offered)))
+        say(f"already trusted: {offered.file} holds it" if trusted else _changed_key(offered), stdout=True)
         return EXIT_OK if trusted else EXIT_FAILED
     if args.yes or args.fingerprint == offered.fingerprint:
         offered.record()
-        print(shown(f"recorded in {offered.file}: a run now trusts {where}"))
+        say(f"recorded in {offered.file}: a run now trusts {where}", stdout=True)
         return EXIT_OK
     if args.fingerprint is not None:
-        print(shown(f"not recorded: it is not the key you gave ({args.fingerprint}); ask the host's owner"))
+        say(f"not recorded: it is not the key you gave ({args.fingerprint}); ask the host's owner", stdout=True)
         return EXIT_FAILED
     again = ["runbook", "trust-host", str(args.file), args.host]
     again += ["--inventory", str(args.inventory)] if args.inventory else []
-    print(
-        shown(
-            "not recorded: compare it with the host's own (on the host: `ssh-keygen -lf /etc/ssh/ssh_host_"
-            f"{offered.key.get_algorithm().removeprefix('ssh-').split('-')[0]}_key.pub`), then: "
-            + shlex.join([*again, "--fingerprint", offered.fingerprint])
-        )
-    )
+    kind = offered.key.get_algorithm().removeprefix("ssh-").split("-")[0]
+    hint = "not recorded: compare it with the host's own (on the host: `ssh-keygen -lf "
+    hint += f"/etc/ssh/ssh_host_{kind}_key.pub`), then"
+    command = shlex.join([*again, "--fingerprint", offered.fingerprint])
+    if line_width(sys.stdout) is None:
+        say(f"{hint}: {command}", stdout=True)
+    else:  # the command on lines of its own, to paste
+        say(f"{hint}:", stdout=True)
+        print("\n".join(pasteable_lines(command, line_width(sys.stdout))))
     return EXIT_FAILED
 
 
@@ -350,14 +358,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     # the secrets set here are masked in its problems as `plan` masks them (an inventory var holding one)
     runbook, _ = load_checked(args.file, args.inventory, [], os.environ)
-    for warning in runbook.warnings:
-        print(warning, file=sys.stderr)
+    for warning in runbook.warnings:  # written safe to show, as a problem is
+        print(fitted(str(warning), line_width(sys.stderr)), file=sys.stderr)
     hosts = sum(len(h) for h in runbook.step_hosts.values())
-    print(shown(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)"), file=sys.stderr)
+    say(f"{args.file}: ok ({len(runbook.steps)} steps, {hosts} step-host pairs)")
     for group in runbook.groups:
-        print(shown(matrix_summary(group)), file=sys.stderr)
+        say(matrix_summary(group))
         for cell in group.cells:
-            print(shown(f"  cell {cell.id}"), file=sys.stderr)
+            say(f"  cell {cell.id}")
     return EXIT_OK
 
 
@@ -384,11 +392,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # ensure_ascii: no control character reaches the terminal
         print(strict_json.dumps(document.model_dump(mode="json")))
         return EXIT_OK
-    from executor.runbook.plan_summary import summary_text  # the readable plan: built from the same document
+    from executor.runbook.plan_summary import WIDTH, summary_text  # the readable plan, from the same document
 
     # plain lines, as rich printed them (soft wrap, tabs to 8 columns): importing rich's console for a text
-    # without styles was a tenth of `plan`'s start (bench/RESULTS.md, 9d)
-    print(shown(summary_text(document)).expandtabs(8))
+    # without styles was a tenth of `plan`'s start (bench/RESULTS.md, 9d); laid out to fit the terminal
+    print(shown(summary_text(document, line_width(sys.stdout) or WIDTH)).expandtabs(8))
     return EXIT_OK
 
 
@@ -490,7 +498,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inventory=args.inventory,
         verbose=args.verbose,
     )
-    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err())
+    reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err(), runbook.groups, args.verbose)
     os.umask(0o077)
     log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
     # a run of one step continues as one step: --resume would also run the steps --only left out
@@ -506,12 +514,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.results and not args.json:
         for line in results_lines(getattr(engine.folder, "run_dir", None), args.log_dir):  # set once it is made
             err().print(shown_text(line))
-    if code in (EXIT_FAILED, EXIT_INTERRUPTED) and not args.json:
+    if code == EXIT_INTERRUPTED and not args.json:  # nothing failed: the operator stopped it
+        _say_command("interrupted; to continue where it stopped", again)
+    elif code == EXIT_FAILED and not args.json:
         # a failure a var's value caused is said with the command that resumes with another value instead
-        if not (code == EXIT_FAILED and _said_causes(engine, args.log_dir)):
-            err().print(shown_text(f"after fixing the cause, continue where it stopped: {again}"))
+        if not _said_causes(engine, args.log_dir):
+            _say_command("after fixing the cause, continue where it stopped", again)
     elif code == EXIT_CELLS_FAILED and not args.json:
-        err().print(shown_text(f"some cells failed (runbook status lists them); to run only those again: {again}"))
+        _say_command("some cells failed (runbook status lists them); to run only those again", again)
     return code
 
 
@@ -546,14 +556,40 @@ def _said_causes(engine: Engine, log_dir: Path) -> bool:
     for record in causes.values():
         assert record.cause is not None
         path, run_id = str(engine.runbook.path), engine.run_dir.name
-        err().print(
-            shown_text(
-                f"{record.step}@{record.host} failed because of {views.caused_by(record.cause)}; "
-                "resume with another value:"
-            )
-        )
-        err().print(shown_text(views.resume_with(path, run_id, log_dir, record.cause)), soft_wrap=True)
+        hint = f"{record.step}@{record.host} failed because of {views.caused_by(record.cause)}"
+        hint += "; resume with another value"
+        _say_command(hint, views.resume_with(path, run_id, log_dir, record.cause), below=True)
     return bool(causes)
+
+
+def pasteable_lines(command: str, width: int | None) -> list[str]:
+    """`command`, shown, on a line of its own where it fits `width` (or the width is not known), else broken between
+    its words with ` \\` as a command that pastes whole (executor/runbook/plan_summary.py)."""
+    from executor.runbook.plan_summary import command_lines
+
+    text = shown(command)
+    return [text] if width is None or len(text) <= width else command_lines(text, width)
+
+
+def _pasteable(command: str, console: FittingConsole) -> Whole:
+    """`pasteable_lines` for a rich console: lines it prints as they are."""
+    from rich.text import Text
+
+    from executor.consoles import Whole
+
+    return Whole(Text("\n".join(pasteable_lines(command, console.fit_width))))
+
+
+def _say_command(hint: str, command: str, below: bool = False) -> None:
+    """`hint: command` on stderr, on one line where it fits and not `below`; else the hint, then the command on a
+    line of its own (`_pasteable`)."""
+    console = err()
+    line = shown(f"{hint}: {command}")
+    if not below and (console.fit_width is None or len(line) <= console.fit_width):
+        console.print(shown_text(line))
+    else:
+        console.print(shown_text(f"{hint}:"))
+        console.print(_pasteable(command, console))
 
 
 def write_failed_message(exc: DurableWriteError, again: str | None = None) -> str:
@@ -578,7 +614,7 @@ async def _run_interruptible(engine: Engine) -> int:
         # the first signal starts a bounded clean-up (remote sessions killed, audit written);
         # a second one must not cut that short, or the interrupted command would go unrecorded
         if not task.cancelling():
-            print("runbook: stopping: killing every process of the running commands' sessions", file=sys.stderr)
+            say("runbook: stopping: killing every process of the running commands' sessions")
             task.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -599,8 +635,7 @@ def _cell(text: str, width: int) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
+    from executor.consoles import print_table
     from executor.faces import views
 
     view = views.status(args.log_dir, args.run_id)
@@ -610,10 +645,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     run, failed_cells = view["run"], view["failed_cells"]
     status = run["status"]
     records = [StepRecord(**step) for step in view["steps"]]
-    table = Table(title=shown_text(f"run {run['run_id']} ({run['runbook']}): {_run_status(status, run['note'])}"))
-    for column in ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message"):
-        table.add_column(column)
-    details = []
+    title = shown_text(f"run {run['run_id']} ({run['runbook']}): {_run_status(status, run['note'])}")
+    rows: list[list[Text]] = []
+    details: list[str | Whole] = []  # a message, or a command to paste
     for r in records:
         if r.reused_from and passed_before(r) and r.status == "skipped":  # left out by --only, its pass kept
             status_text = f"skipped (last passed in {r.reused_from})"
@@ -638,7 +672,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             gate_cell,
             cell,
         )
-        table.add_row(*map(shown_text, cells))  # run data is never rich markup
+        rows.append(list(map(shown_text, cells)))  # run data is never rich markup
         detail = message if message.strip() != cell.strip() and r.status in ("failed", "interrupted") else ""
         if gate_cell != gate and gate not in detail:  # the whole gate, when its cell had to be cut
             detail += f"\n  gate: {gate}" if detail else f"gate: {gate}"
@@ -646,10 +680,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             details.append(f"{r.step}@{r.host}: {detail}")
         if r.cause is not None and r.status == "failed":  # the view added the command that resumes
             details.append(f"{r.step}@{r.host}: caused by {views.caused_by(r.cause)}; resume with another value:")
-            details.append(r.cause["resume"])
-    _print_whole(table)
-    for detail in details:
-        out().print(shown_text(detail))
+            details.append(_pasteable(r.cause["resume"], out()))
+    columns = ("step", "host", "status", "attempts", "duration", "via", "failing gate", "message")
+    print_table(out(), title, columns, rows)
+    for said in details:
+        out().print(shown_text(said) if isinstance(said, str) else said)
     if failed_cells:
         out().print(shown_text(f"failed cells ({len(failed_cells)}):"))
         for failed in failed_cells:
@@ -659,8 +694,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """Recent runs, newest first; a run folder that cannot be read is a row saying why, never a traceback."""
-    from rich.table import Table
-
+    from executor.consoles import print_table
     from executor.faces import views
 
     rows = views.runs(args.log_dir)
@@ -670,9 +704,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         out().print(shown_text(f"no runs in {args.log_dir}"))
         return EXIT_OK
-    table = Table(title=shown_text(f"runs in {args.log_dir}"))
-    for column in ("run", "runbook", "status", "started", "finished", "resumed from"):
-        table.add_column(column)
+    table = []
     for row in rows:
         cells = (
             row["run_id"],
@@ -682,8 +714,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
             _when(row["finished_at"]),
             row["resumed_from"] or "",
         )
-        table.add_row(*map(shown_text, cells))
-    _print_whole(table)
+        table.append(list(map(shown_text, cells)))
+    columns = ("run", "runbook", "status", "started", "finished", "resumed from")
+    print_table(out(), shown_text(f"runs in {args.log_dir}"), columns, table)
     return EXIT_OK
 
 
@@ -706,42 +739,39 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return _make_key()
     if not (args.run_dir / audit.AUDIT_FILE).exists():
         if (args.run_dir / "run.json").exists() and args.action == "verify":
-            print(shown(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone"), file=sys.stderr)
+            say(f"TAMPERED: {args.run_dir}: the run's {audit.AUDIT_FILE} is gone")
             return EXIT_FAILED
         raise ResumeError(f"{args.run_dir}: not a run folder (no {audit.AUDIT_FILE} here)")
     if args.action == "verify":
         key = seal.load_key(args.key) if args.key else None
         report = audit.verify(args.run_dir, key=key)
         for note in report.notes:
-            print(shown(f"note: {note}"), file=sys.stderr)
+            say(f"note: {note}")
         for problem in report.problems:
-            print(shown(f"TAMPERED: {problem}"), file=sys.stderr)
+            say(f"TAMPERED: {problem}")
         verdict = "intact" if report.ok else "tampered"
         sealed = f"; sealed with key id {key.key_id}: seal checked" if key and report.ok else ""
         runs = ", ".join(report.runs)
-        print(shown(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {runs}{sealed}"))
+        say(f"{verdict}: {report.records} records in {len(report.runs)} run(s): {runs}{sealed}", stdout=True)
         return EXIT_OK if report.ok else EXIT_FAILED
     for number, record, raw in audit.read_records(args.run_dir):
-        print(shown(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}"))
+        say(f"{number:>4}  {_describe(record) if record else f'(torn line, {len(raw)} bytes)'}", stdout=True)
     return EXIT_OK
 
 
 def _make_key() -> int:
     """`runbook audit key`: create the audit key (never over an existing one); its id is shown, never its bytes."""
     key = seal.create_key(seal.default_key_path())
-    print(
+    say(
         f"runbook: created the audit key {key.path} (key id {key.key_id}); every run started from now on seals "
         "its audit head with it. Keep a copy away from this machine's run folders: `runbook audit verify RUN_DIR "
-        "--key PATH` proves with it that a log was not rewritten.",
-        file=sys.stderr,
+        "--key PATH` proves with it that a log was not rewritten."
     )
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
-    from rich.table import Table
-
     from executor.faces import views
 
     run_dir = report_folder(args.run, args.log_dir)
@@ -754,12 +784,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for note in shown.notes:
         out().print(shown_text(f"- {note}"))
     for each in shown.tables:
-        table = Table(title=shown_text(each.title))
-        for column in each.columns:
-            table.add_column(shown_text(column), overflow="fold")
-        for row in each.rows:
-            table.add_row(*map(shown_text, row))  # report cells are data, never rich markup
-        _print_whole(table)
+        _print_report_table(each)
     for figure in shown.figures:
         out().print(shown_text(f"{figure.title}: {run_dir / figure.path}"))
     if left_out:
@@ -777,13 +802,32 @@ def report_folder(run: str | None, log_dir: Path) -> Path:
     return log_dir / views.latest(log_dir, run).run_id
 
 
-def _print_whole(table: Table) -> None:
-    """A table wider than the terminal is printed whole (the terminal wraps it), never squeezed or cut."""
-    from executor.consoles import PipedConsole
+def _print_report_table(table: documents.Table) -> None:
+    """A report's table, its cells data (never rich markup); on a terminal, the cells of a `command` column follow
+    the table, numbered, each broken between its words as a command that pastes whole (executor/runbook/
+    plan_summary.py), rather than wrapped inside a narrow cell."""
+    from executor.consoles import print_table
 
-    console = out()
-    wanted = console.measure(table, options=console.options.update_width(10_000)).maximum
-    PipedConsole(file=console.file, width=max(console.width, wanted), highlight=False).print(table)
+    width = out().fit_width
+    at = [n for n, column in enumerate(table.columns) if column.strip().lower() == COMMAND_COLUMN] if width else []
+    commands: list[str] = []
+    rows = []
+    for row in table.rows:
+        cells = list(row)
+        for n in at:
+            if cells[n].strip():
+                commands.append(cells[n])
+                cells[n] = f"({len(commands)})"
+        rows.append(list(map(shown_text, cells)))
+    print_table(out(), shown_text(table.title), list(map(shown_text, table.columns)), rows)
+    if commands and width:
+        from executor.consoles import Whole
+        from executor.runbook.plan_summary import command_lines
+
+        for number, command in enumerate(commands, start=1):
+            first, *rest = command_lines(shown(command), width)
+            label = f"({number})"
+            out().print(Whole(shown_text("\n".join([label + first[len(label) :], *rest]))))
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -818,7 +862,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:  # no SDK, or one without the server API (mcp < 2)
         if not (exc.name or "").startswith("mcp"):
             raise
-        print(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'", file=sys.stderr)
+        say(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'")
         return InvalidRunbook.exit_code
     missing = [root for root in args.root if not root.is_dir()]
     if missing:
@@ -874,16 +918,22 @@ def failed(exc: RunbookError, again: str | None = None) -> int:
     """The one place an error becomes what the CLI prints and its exit status: the error's own `exit_code`
     (executor.errors documents the tree). `again`: the command that continues a run a failed write stopped."""
     if isinstance(exc, InvalidRunbook):
-        lines = [str(problem) for problem in exc.problems]  # a Problem is written safe to show (executor.errors)
+        for problem in exc.problems:  # a Problem is written safe to show (executor.errors): one line, but fitted
+            print(fitted(str(problem), line_width(sys.stderr)), file=sys.stderr)
     elif isinstance(exc, DurableWriteError):
-        lines = [shown(write_failed_message(exc, again))]
+        say(write_failed_message(exc, again))
     else:
-        lines = [shown(f"runbook: {exc}")]
+        say(f"runbook: {exc}")
     if isinstance(exc, TransportError) and exc.check:  # a connection not made: what to check, once
-        lines.append(shown(exc.check))
-    for line in lines:
-        print(line, file=sys.stderr)
+        say(exc.check)
     return exc.exit_code
+
+
+def say(text: str, *, stdout: bool = False) -> None:
+    """`text` on stderr (or stdout) without rich (`validate` and a failure print plain text), as everything is
+    shown: safe for a terminal, each line fitted to its width (executor/terminal.py)."""
+    stream = sys.stdout if stdout else sys.stderr
+    print(fitted(shown(text), line_width(stream)), file=stream)
 
 
 def entry() -> NoReturn:

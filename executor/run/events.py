@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -38,6 +38,10 @@ from executor.run.event_models import (
 )
 from executor.runbook.durations import format_duration
 from executor.terminal import shown
+
+if TYPE_CHECKING:
+    from executor.run.event_models import PlannedStep
+    from executor.runbook.campaign import MatrixGroup
 
 
 def with_strings(value: Any, change: Callable[[str], str]) -> Any:
@@ -162,12 +166,25 @@ _STATUS_STYLE = {
 }
 
 
+#: The widest a step id is padded to in the console's lines (a longer one is written whole, the line after it moved).
+ID_WIDTH = 60
+
+
 class ConsoleReporter(Reporter):
     """One handler per event type (`handlers`); each gets the event with every text as `shown` writes
-    it, and prints it as rich Text, never markup: `[red]` and `:smile:` stay as written."""
+    it, and prints it as rich Text, never markup: `[red]` and `:smile:` stay as written.
 
-    def __init__(self, console: Console | None = None) -> None:
-        self.console = console or UnattendedConsole(stderr=True, highlight=False, soft_wrap=True)
+    Its lines fit the console (executor/consoles.py). The step list a run starts with names each step, but a
+    matrix group's instances, summed up in one line per group (`groups`: its cells, launches and hosts),
+    unless `verbose` (`runbook run -v`); step ids are padded to one width, so that a campaign's lines align."""
+
+    def __init__(
+        self, console: Console | None = None, groups: Sequence[MatrixGroup] = (), verbose: bool = False
+    ) -> None:
+        self.console = console or UnattendedConsole(stderr=True)
+        self.groups = {instance: group for group in groups for instance in group.instances}
+        self.verbose = verbose
+        self._id_width = 0
         self._status: Status | None = None
         self._grid: Text | None = None  # the latest grid line of a matrix still running (CellsProgress)
         self._t0 = time.monotonic()
@@ -193,11 +210,25 @@ class ConsoleReporter(Reporter):
         self.console.print(
             Text.assemble(("runbook", "bold"), f" {e.runbook}  run ", (e.run_id, "bold"), f"  -> {e.run_dir}")
         )
+        listed = [step for step in e.steps if self.verbose or step.id not in self.groups]
+        self._id_width = min(max((len(step.id) for step in e.steps), default=0), ID_WIDTH)
+        width = min(max((len(step.id) for step in listed), default=0), ID_WIDTH)
+        summed: set[str] = set()
         for step in e.steps:
-            self.console.print(Text(f"  {step.id:<24} {step.kind:<16} {', '.join(step.hosts):<20} {step.plan}"))
+            group = self.groups.get(step.id)
+            if group is not None and not self.verbose:
+                if group.name not in summed:
+                    summed.add(group.name)
+                    self.console.print(Text(f"  {_group_line(group, e.steps)}"))
+                continue
+            self.console.print(Text(f"  {step.id:<{width}}  {step.kind:<16} {', '.join(step.hosts):<20} {step.plan}"))
+
+    def _id(self, step: str | None) -> str:
+        """A step id padded to the run's widest (up to ID_WIDTH), so that the lines of a matrix's steps align."""
+        return f"{step or '':<{self._id_width}}"
 
     def _step_started(self, e: StepStarted) -> None:
-        self._live(Text.assemble((e.step or "", "bold"), f" on {', '.join(e.hosts)}"))
+        self._live(Text.assemble((self._id(e.step), "bold"), f" on {', '.join(e.hosts)}"))
 
     def _command_finished(self, e: CommandFinished) -> None:
         if e.exit_code is None and not e.timed_out:
@@ -219,7 +250,7 @@ class ConsoleReporter(Reporter):
         self.console.print(
             Text.assemble(
                 (f"{e.status:>11}", style),
-                f" {e.step}{via}  {format_duration(e.duration_s)}  ",
+                f" {self._id(e.step)}  {format_duration(e.duration_s):>6}{via}  ",
                 (f"({self._elapsed()} elapsed)", "dim"),
             )
         )
@@ -276,3 +307,16 @@ class ConsoleReporter(Reporter):
 
     def close(self) -> None:
         self._stop_live()
+
+
+def _group_line(group: MatrixGroup, steps: Sequence[PlannedStep]) -> str:
+    """A matrix group in a run's step list: its cells, launches, step instances and hosts, how many of them run
+    and how many are reused."""
+    instances = set(group.instances)
+    mine = [step for step in steps if step.id in instances]
+    hosts = sorted({host for step in mine for host in step.hosts})
+    runs, reused = sum(step.runs for step in mine), sum(step.reused for step in mine)
+    return (
+        f"group {group.name}: {len(group.cells)} cells, {len(group.servers)} launches, {len(mine)} step instances "
+        f"on {', '.join(hosts)}; {runs} to run, {reused} reused (runbook run -v lists each)"
+    )

@@ -118,7 +118,7 @@ def test_only_a_step_before_the_group_then_only_the_report_reports_the_cells_of_
     assert campaign.run("--only", "report") == 0, capsys.readouterr()
     assert campaign.cells() == ALL_PASSED
     capsys.readouterr()
-    assert campaign.run("--resume", only) == 0
+    assert campaign.run("--resume", only, "-v") == 0  # -v: the step list names each instance
     planned = {line.split()[0]: line for line in capsys.readouterr().err.splitlines() if line.startswith("  ")}
     for step in ("bench[n=3]", "report"):
         assert planned[step].endswith(f"runs (skipped in {only})"), planned[step]
@@ -130,7 +130,7 @@ def test_resume_after_only_one_cell_reuses_the_other_cells_and_runs_the_report(
     campaign.throughput(2, "300")
     assert campaign.run("--only", "bench[n=2]") == 0
     capsys.readouterr()
-    assert campaign.run("--resume") == 0
+    assert campaign.run("--resume", "-v") == 0  # -v: the step list names each instance
     said = capsys.readouterr().err
     reused = {line.split()[0] for line in said.splitlines() if line.startswith("  ") and "reused (passed in" in line}
     assert {"up[n=3]", "bench[n=3]", "bench[n=1]", "bench[n=2]"} <= reused, said

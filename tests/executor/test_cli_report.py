@@ -59,15 +59,20 @@ def test_every_cell_of_every_table_is_printed_as_data(
             assert "".join(terminal.shown_text(str(text)).plain.split()) in squashed
 
 
-def test_a_wide_table_is_not_squeezed(tmp_path: Path) -> None:
-    """As a user sees it in a pipe (80 columns): numbers are never cut or folded."""
+def test_a_wide_table_is_split_by_columns_never_squeezed(tmp_path: Path) -> None:
+    """On a terminal of 80 columns: the table goes into several that fit, each with the first column again; the
+    numbers are never cut or folded, and a figure's path is whole on its line."""
     row = [f"{n:,}.5" for n in range(1_000_000, 1_000_012)]
     table = {"title": "wide", "columns": [f"column {n}" for n in range(12)], "rows": [row]}
     write(tmp_path / "run", {"title": "t", "tables": [table], "figures": [{"title": "plot", "path": "speedup.png"}]})
     done = runbook_cli("report", str(tmp_path / "run"), env={"COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     assert all(number in done.stdout for number in row)
-    assert f"plot: {tmp_path / 'run' / 'speedup.png'}" in done.stdout
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in done.stdout.splitlines()), done.stdout
+    parts = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("wide (")]
+    assert len(parts) > 1 and parts[-1] == f"wide ({len(parts)}/{len(parts)})"
+    assert sum(line.startswith(f"│ {row[0]} ") for line in done.stdout.splitlines()) == len(parts)  # the key again
+    assert str(tmp_path / "run" / "speedup.png") in done.stdout.split()
 
 
 def test_json_prints_the_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,9 @@ class HostileRun:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    done = runbook_cli(*args, env={"COLUMNS": "100"})
+    """`runbook ARGS` as into a pipe, each message whole on its line (how lines fit a terminal:
+    tests/executor/test_console_width.py)."""
+    done = runbook_cli(*args)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
