@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import asyncssh
+import pytest
 
 from sandbox.sshd import SSHServer, free_port
 from tests.clirun import runbook_cli
@@ -121,3 +122,27 @@ def test_trust_host_refuses_a_host_it_cannot_use(sshd: SSHServer, tmp_path: Path
     book.write_text(book.read_text().replace(f"port: {sshd.port}", f"port: {closed}"))
     refused = runbook_cli("trust-host", str(book), "box", env={"HOME": str(tmp_path / "home")})
     assert refused.returncode == 1 and f"to check: nothing accepts connections on 127.0.0.1:{closed}" in refused.stderr
+
+
+def test_trust_host_says_why_it_cannot_record_where_known_hosts_is_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A known_hosts that is a folder, a FIFO (whose open would wait for a reader forever), or under a file: exit 1
+    with a line naming it, not a traceback or a hang. The key is offered in-process (no sshd: nothing is read)."""
+    from executor.transport.ssh import OfferedKey, SSHTransport
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("")
+    env = _home(tmp_path)
+    for known in ("folder", "fifo", "file/known_hosts"):
+        path = str(tmp_path / known)
+
+        async def offered(self: SSHTransport, file: str = path) -> OfferedKey:
+            return OfferedKey(key, "127.0.0.1", 2222, file)
+
+        monkeypatch.setattr(SSHTransport, "offered_key", offered)
+        said = runbook_cli("trust-host", str(_book(tmp_path, 2222)), "box", "--yes", env=env)
+        assert said.returncode == 1 and "Traceback" not in said.stderr, said.stderr
+        assert said.stderr.startswith(f"runbook: cannot record the key in {path}: "), said.stderr
