@@ -19,6 +19,7 @@ import functools
 import gc
 import io
 import os
+import re
 import shlex
 import signal
 import sys
@@ -290,7 +291,9 @@ def _add_trust_host(sub: argparse._SubParsersAction[_Parser]) -> None:
     accept.add_argument(
         "--fingerprint",
         metavar="SHA256:...",
-        help="record the key only if it has this fingerprint (checked with its owner)",
+        type=_fingerprint,
+        help="record the key only if it has this fingerprint (checked with its owner; MD5:... as ssh-keygen -E md5 "
+        "prints it is taken too)",
     )
     accept.add_argument("--yes", action="store_true", help="record the key it presents, whatever its fingerprint")
 
@@ -317,7 +320,7 @@ def cmd_trust_host(args: argparse.Namespace) -> int:
     if trusted is not None:
         print(shown(f"already trusted: {offered.file} holds it" if trusted else _changed_key(offered)))
         return EXIT_OK if trusted else EXIT_FAILED
-    if args.yes or args.fingerprint == offered.fingerprint:
+    if args.yes or offered.has_fingerprint(args.fingerprint):
         offered.record()
         print(shown(f"recorded in {offered.file}: a run now trusts {where}"))
         return EXIT_OK
@@ -390,6 +393,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # without styles was a tenth of `plan`'s start (bench/RESULTS.md, 9d)
     print(shown(summary_text(document)).expandtabs(8))
     return EXIT_OK
+
+
+def _fingerprint(text: str) -> str:
+    """A host key's fingerprint as `ssh-keygen -l` prints it (SHA256:BASE64, or MD5:HEX:... with `-E md5`): any
+    other text was said to be "not the key you gave", a changed key, where it is no fingerprint at all."""
+    if not re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}|MD5(:[0-9a-f]{2}){16}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:100]!r} is no fingerprint: give it as `ssh-keygen -lf KEY.pub` prints it (SHA256:BASE64, or "
+            "MD5:aa:bb:... with -E md5)"
+        )
+    return text
 
 
 def _pool_size(text: str) -> int:

@@ -142,6 +142,10 @@ class OfferedKey:
     def fingerprint(self) -> str:
         return str(self.key.get_fingerprint("sha256"))
 
+    def has_fingerprint(self, given: str | None) -> bool:
+        """Whether `given` is this key's fingerprint, in SHA256 or in the older MD5 form (`ssh-keygen -E md5`)."""
+        return given in (self.fingerprint, str(self.key.get_fingerprint("md5")))
+
     @property
     def pattern(self) -> str:
         """The host as a known_hosts line names it: `address`, or `[address]:port` off port 22."""
