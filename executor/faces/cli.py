@@ -786,7 +786,7 @@ def report_folder(run: str | None, log_dir: Path) -> Path:
     else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
     from executor.faces import views
 
-    if run is not None and (os.sep in run or Path(run).is_dir()):
+    if run is not None and (os.sep in run or os.path.isdir(run)):  # False, not OSError, for a name too long
         return Path(run)
     return log_dir / views.latest(log_dir, run).run_id
 

@@ -154,7 +154,7 @@ def read_report(run_dir: Path) -> tuple[dict[str, Any], Shown]:
     (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
-        what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
+        what = "a run folder without a report" if os.path.exists(run_dir / "run.json") else "not a run folder"
         raise ResumeError(f"{run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
     try:
         with open_run_file(path) as handle:  # its size checked before it is read, and what is read bounded too

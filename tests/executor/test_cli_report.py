@@ -305,3 +305,18 @@ def test_a_run_that_wrote_a_report_ends_saying_where_it_is_and_report_finds_it_b
     assert in_logs == shown.replace(str(run_dir), run_dir.name)
     refused = runbook_cli("report", "20991231-nope", "--log-dir", str(logs))
     assert refused.returncode == 2 and refused.stderr == f"runbook: no run 20991231-nope in {logs}\n"
+
+
+def test_a_name_too_long_for_the_system_is_no_run_not_a_traceback(tmp_path: Path) -> None:
+    """A run id, a run folder or a --log-dir longer than a file name may be (ENAMETOOLONG, which pathlib's
+    is_dir and exists raise rather than answer False): `report` and `status` say there is no such run (exit 2)."""
+    long = "a" * 300
+    for argv in (
+        ["report", long * 10, "--log-dir", str(tmp_path)],
+        ["report", str(tmp_path / long / "run")],
+        ["report", "--log-dir", str(tmp_path / long)],
+        ["status", "--log-dir", str(tmp_path / long)],
+    ):
+        said = runbook_cli(*argv)
+        assert said.returncode == 2 and said.stderr.startswith("runbook: ") and "Traceback" not in said.stderr, argv
+        assert "no run" in said.stderr or "no report.json (not a run folder" in said.stderr, said.stderr
