@@ -540,12 +540,17 @@ def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
     again = shlex.join(
         ["runbook", "report", run_dir.name, *([] if log_dir == LOG_DIR else ["--log-dir", str(log_dir)])]
     )
-    lines = [f"report: {run_dir / 'report.md'}"]
+    # report.md and the figures are written after report.json: a run a full disk stopped may lack them
+    markdown = run_dir / "report.md"
+    unwritten = " (not written: the run stopped before it; runbook report shows report.json)"
+    lines = [f"report: {markdown}" + ("" if os.path.exists(markdown) else unwritten)]
     try:
         figures = views.read_report(run_dir)[1].figures
     except RunbookError as exc:  # written, but not one `runbook report` shows: say why rather than the command
         return [*lines, f"runbook report refuses its {views.REPORT_FILE}: {exc}"]
-    lines += [f"figure: {run_dir / figure.path}" for figure in figures]
+    for figure in figures:
+        path = run_dir / figure.path
+        lines.append(f"figure: {path}" + ("" if os.path.exists(path) else " (not written)"))
     return [*lines, f"see it again: {again}"]
 
 

@@ -320,3 +320,23 @@ def test_a_name_too_long_for_the_system_is_no_run_not_a_traceback(tmp_path: Path
         said = runbook_cli(*argv)
         assert said.returncode == 2 and said.stderr.startswith("runbook: ") and "Traceback" not in said.stderr, argv
         assert "no run" in said.stderr or "no report.json (not a run folder" in said.stderr, said.stderr
+
+
+def test_the_end_of_a_run_never_points_at_a_report_file_that_was_not_written(tmp_path: Path) -> None:
+    """A run stopped by a full disk after report.json (report.md and the figures are written after it): `runbook
+    run`'s last lines (`results_lines`) said `report: .../report.md` and `figure: ...` for files that are not
+    there. Now each one missing says so; those written are named as before."""
+    from executor.faces.cli import LOG_DIR, results_lines
+
+    run_dir = tmp_path / "run"
+    figures = [{"title": "plot", "path": "speedup.png"}, {"title": "front", "path": "pareto.png"}]
+    write(run_dir, {"title": "t", "tables": [], "figures": figures})
+    (run_dir / "pareto.png").write_bytes(b"\x89PNG")
+    lines = results_lines(run_dir, LOG_DIR)
+    assert lines[:3] == [
+        f"report: {run_dir / 'report.md'} (not written: the run stopped before it; runbook report shows report.json)",
+        f"figure: {run_dir / 'speedup.png'} (not written)",
+        f"figure: {run_dir / 'pareto.png'}",
+    ]
+    (run_dir / "report.md").write_text("# t\n")
+    assert results_lines(run_dir, LOG_DIR)[0] == f"report: {run_dir / 'report.md'}"

@@ -179,3 +179,18 @@ def test_a_campaign_whose_failed_cells_say_much_still_answers_its_summary(site: 
     assert [each["name"] for each in summary["verdicts"]["failed"]] == [f"cell{n}" for n in range(20)]
     assert all(reason.startswith(each["reason"]) and each["reason"] for each in summary["verdicts"]["failed"])
     assert all(note and note != "n" * 30_000 for note in summary["notes"])
+
+
+def test_a_report_whose_markdown_and_figures_were_not_written_says_so(site: Path, tmp_path: Path) -> None:
+    """A run a full disk stopped after report.json: the summary no longer hands over report.md's and the figures'
+    paths as if they were there (`report_md_missing`, each figure's `missing`)."""
+    shutil.copy(site / "benchmark" / "report.json", tmp_path)
+    shutil.copy(site / "benchmark" / "pareto.png", tmp_path)
+    summary = report(tmp_path, run_dir=str(tmp_path))
+    assert summary["ok"] and summary["report_md_missing"] is True
+    assert {Path(f["path"]).name: f.get("missing", False) for f in summary["figures"]} == {
+        "speedup.png": True,
+        "pareto.png": False,
+        "acceptance.png": True,
+    }
+    assert "report_md_missing" not in report(site, run_dir=str(site / "benchmark"))
