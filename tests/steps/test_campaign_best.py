@@ -206,3 +206,15 @@ def test_every_configuration_s_legend_entry_is_inside_the_figure_however_many() 
                 box = text.get_window_extent(renderer)
                 assert shown.x0 - 1 <= box.x0 and box.x1 <= shown.x1 + 1, (draw.__name__, text.get_text())
                 assert shown.y0 - 1 <= box.y0 and box.y1 <= shown.y1 + 1, (draw.__name__, text.get_text())
+
+
+def test_the_tolerance_is_said_as_given_not_rounded_to_a_whole_percent(tmp_path: Path) -> None:
+    """Before: `:.0%` said a tolerance of 0.5% as 0% and 2.5% as 2% in the why and the report's notes, a rule other
+    than the one applied."""
+    beats = choose([cell("fast", 8, 4, 101.0), cell("slow", 8, 8, 100.0)], 1, 0.005)
+    assert beats is not None and not beats.tied and beats.why.endswith("median +1.0% (> 0.5%)")
+    tie = choose([cell("fast", 8, 4, 102.0), cell("slow", 8, 8, 100.0)], 1, 0.025)
+    assert tie is not None and tie.tied and "or by more than 2.5%;" in tie.why
+    write_campaign(tmp_path, host_views(), tolerance=0.005)
+    notes = json.loads((tmp_path / "report.json").read_text())["notes"]
+    assert any("and by more than 0.5%; the configurations it does not beat" in note for note in notes), notes
