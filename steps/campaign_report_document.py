@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from executor.documents import Figure, Table
 from executor.runbook.model import DataModel
 from steps.benchmark_report import NA, Document, or_na, plain, provenance_tables, times, tok_s
-from steps.campaign_report_cells import CellReport, Comparison, Recommendation
+from steps.campaign_report_cells import CellReport, Comparison, Recommendation, percent
 from steps.provenance import Provenance
 
 THROUGHPUT_PNG, PARETO_PNG, ACCEPTANCE_PNG = "campaign_throughput.png", "campaign_pareto.png", "campaign_acceptance.png"
@@ -219,7 +219,7 @@ def notes(campaign: Campaign) -> list[str]:
         f"{n.launches} server launch(es); speedups are of medians over the repeats, against the baseline "
         f"{campaign.baseline} of the same host.",
         f"best = the fastest median output throughput, named only when it beats every other beyond the noise of "
-        f"the repeats (its slowest repeat above their fastest) and by more than {campaign.tolerance:.0%}; the "
+        f"the repeats (its slowest repeat above their fastest) and by more than {percent(campaign.tolerance)}; the "
         "configurations it does not beat so are tied, and the cheapest of a tie is recommended: fewest GPUs, then "
         "no speculation, then fewest draft tokens / smallest tree budget.",
     ]

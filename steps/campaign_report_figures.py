@@ -53,6 +53,25 @@ def _save(figure: Any, out: BinaryIO) -> None:
     save_figure(figure, out)
 
 
+#: The most legend entries a column holds beside a figure 5.5 inches tall (at font size 7), and the inches a
+#: column of configuration names takes
+LEGEND_ROWS, LEGEND_COLUMN_WIDTH = 28, 2.6
+
+
+def _legend(axes: Any, loc: str) -> None:
+    """The axes' legend at `loc` inside them while it fits; past LEGEND_ROWS entries beside them, in as many
+    columns as it needs, the figure widened to hold them: inside, in one column, its top ran off the figure
+    (the first configurations' entries cut, their colour and marker named nowhere) and it hid the lines."""
+    count = len(axes.get_legend_handles_labels()[1])
+    if count <= LEGEND_ROWS:
+        axes.legend(fontsize=7, loc=loc)
+        return
+    columns = -(-count // LEGEND_ROWS)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=columns)
+    figure = axes.get_figure()
+    figure.set_figwidth(figure.get_figwidth() + columns * LEGEND_COLUMN_WIDTH)
+
+
 def _log2_concurrency(axes: Any, concurrencies: Sequence[int]) -> None:
     axes.set_xscale("log", base=2)
     ticks = sorted(set(concurrencies))
@@ -88,7 +107,7 @@ def throughput_figure(cells: Sequence[CellReport], comparisons: Sequence[Compari
     if drawn:
         _best_marks(axes, cells, [b for c in comparisons for b in c.best])
         _log2_concurrency(axes, drawn)
-        axes.legend(fontsize=7, loc="best")
+        _legend(axes, "best")
     else:
         axes.text(0.5, 0.5, "no cell passed", ha="center", transform=axes.transAxes)
     axes.set(title="Output throughput (median, min-max)", xlabel="concurrency", ylabel="tokens/s")
@@ -185,7 +204,7 @@ def pareto_figure(cells: Sequence[CellReport], comparisons: Sequence[Comparison]
             ylabel="output tokens/s per GPU",
         )
         if found:
-            axes.legend(fontsize=7, loc="upper right")
+            _legend(axes, "upper right")
         else:
             axes.text(
                 0.5, 0.5, "no point has a throughput, a TPOT and a GPU count", ha="center", transform=axes.transAxes

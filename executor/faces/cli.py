@@ -19,6 +19,7 @@ import functools
 import gc
 import io
 import os
+import re
 import shlex
 import signal
 import sys
@@ -296,7 +297,9 @@ def _add_trust_host(sub: argparse._SubParsersAction[_Parser]) -> None:
     accept.add_argument(
         "--fingerprint",
         metavar="SHA256:...",
-        help="record the key only if it has this fingerprint (checked with its owner)",
+        type=_fingerprint,
+        help="record the key only if it has this fingerprint (checked with its owner; MD5:... as ssh-keygen -E md5 "
+        "prints it is taken too)",
     )
     accept.add_argument("--yes", action="store_true", help="record the key it presents, whatever its fingerprint")
 
@@ -323,7 +326,7 @@ def cmd_trust_host(args: argparse.Namespace) -> int:
     if trusted is not None:
         say(f"already trusted: {offered.file} holds it" if trusted else _changed_key(offered), stdout=True)
         return EXIT_OK if trusted else EXIT_FAILED
-    if args.yes or args.fingerprint == offered.fingerprint:
+    if args.yes or offered.has_fingerprint(args.fingerprint):
         offered.record()
         say(f"recorded in {offered.file}: a run now trusts {where}", stdout=True)
         return EXIT_OK
@@ -398,6 +401,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # without styles was a tenth of `plan`'s start (bench/RESULTS.md, 9d); laid out to fit the terminal
     print(shown(summary_text(document, line_width(sys.stdout) or WIDTH)).expandtabs(8))
     return EXIT_OK
+
+
+def _fingerprint(text: str) -> str:
+    """A host key's fingerprint as `ssh-keygen -l` prints it (SHA256:BASE64, or MD5:HEX:... with `-E md5`): any
+    other text was said to be "not the key you gave", a changed key, where it is no fingerprint at all."""
+    if not re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}|MD5(:[0-9a-f]{2}){16}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:100]!r} is no fingerprint: give it as `ssh-keygen -lf KEY.pub` prints it (SHA256:BASE64, or "
+            "MD5:aa:bb:... with -E md5)"
+        )
+    return text
 
 
 def _pool_size(text: str) -> int:
@@ -536,12 +550,17 @@ def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
     again = shlex.join(
         ["runbook", "report", run_dir.name, *([] if log_dir == LOG_DIR else ["--log-dir", str(log_dir)])]
     )
-    lines = [f"report: {run_dir / 'report.md'}"]
+    # report.md and the figures are written after report.json: a run a full disk stopped may lack them
+    markdown = run_dir / "report.md"
+    unwritten = " (not written: the run stopped before it; runbook report shows report.json)"
+    lines = [f"report: {markdown}" + ("" if os.path.exists(markdown) else unwritten)]
     try:
         figures = views.read_report(run_dir)[1].figures
     except RunbookError as exc:  # written, but not one `runbook report` shows: say why rather than the command
         return [*lines, f"runbook report refuses its {views.REPORT_FILE}: {exc}"]
-    lines += [f"figure: {run_dir / figure.path}" for figure in figures]
+    for figure in figures:
+        path = run_dir / figure.path
+        lines.append(f"figure: {path}" + ("" if os.path.exists(path) else " (not written)"))
     return [*lines, f"see it again: {again}"]
 
 
@@ -797,7 +816,7 @@ def report_folder(run: str | None, log_dir: Path) -> Path:
     else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
     from executor.faces import views
 
-    if run is not None and (os.sep in run or Path(run).is_dir()):
+    if run is not None and (os.sep in run or os.path.isdir(run)):  # False, not OSError, for a name too long
         return Path(run)
     return log_dir / views.latest(log_dir, run).run_id
 

@@ -132,8 +132,21 @@ def capped_summary(summary: dict[str, Any], whole: Path, cap: int = RESULT_CAP) 
         return result
     if "best" in result:
         result = _cut(result, "best", lambda cut: _size(cut["best"]) <= cap // 2)
+    result = _texts_cut(result, cap // 4) if _size(result) > cap else result
     result = _cut(result | {"truncated": True, "whole": str(whole)}, "sections", lambda cut: _size(cut) <= cap)
     return result if _size(result) <= cap else _over_cap(f"the report's summary is over the cap of {cap} bytes", whole)
+
+
+def _texts_cut(summary: dict[str, Any], budget: int) -> dict[str, Any]:
+    """`summary` with each note and each failed cell's reason (a remote's error text, of any length) cut to its
+    share of `budget` bytes, saying so (`texts_cut`): twenty long reasons would otherwise refuse the summary."""
+    verdicts = summary.get("verdicts", {})
+    failed = verdicts.get("failed", [])
+    share = budget // max(1, len(summary["notes"]) + len(failed))
+    notes = [_within(note, share) for note in summary["notes"]]
+    failed = [each | {"reason": _within(each["reason"], share)} for each in failed]
+    cut = summary | {"notes": notes, "texts_cut": True}
+    return cut | {"verdicts": verdicts | {"failed": failed}} if failed else cut
 
 
 def capped_section(table: Table, offset: int, whole: Path, cap: int = RESULT_CAP) -> dict[str, Any]:

@@ -154,7 +154,7 @@ def read_report(run_dir: Path) -> tuple[dict[str, Any], Shown]:
     (`shown_report`), or its provenance is incomplete (`provenance_lacks`)."""
     path = run_dir / REPORT_FILE
     if not os.path.lexists(path):
-        what = "a run folder without a report" if (run_dir / "run.json").exists() else "not a run folder"
+        what = "a run folder without a report" if os.path.exists(run_dir / "run.json") else "not a run folder"
         raise ResumeError(f"{run_dir}: no {REPORT_FILE} ({what}; a step that reports writes one, e.g. benchmark)")
     try:
         with open_run_file(path) as handle:  # its size checked before it is read, and what is read bounded too
@@ -258,10 +258,20 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
         "notes": shown.notes[:SUMMARY_ITEMS],
         "notes_left_out": max(0, len(shown.notes) - SUMMARY_ITEMS),
         "sections": [{"name": table.title, "rows": len(table.rows)} for table in shown.tables],
-        "figures": [{"title": figure.title, "path": str(run_dir / figure.path)} for figure in shown.figures],
+        "figures": [
+            {"title": figure.title, "path": str(run_dir / figure.path)} | _missing(run_dir / figure.path, "missing")
+            for figure in shown.figures
+        ],
         "report_json": str(run_dir / REPORT_FILE),
         "report_md": str(run_dir / "report.md"),
+        **_missing(run_dir / "report.md", "report_md_missing"),
     }
+
+
+def _missing(path: Path, key: str) -> dict[str, bool]:
+    """`{key: true}` where `path` is not there, else nothing: report.md and the figures are written after
+    report.json, and a run a full disk stopped may lack them."""
+    return {} if os.path.exists(path) else {key: True}
 
 
 def report_table(run_dir: Path, name: str) -> Table:

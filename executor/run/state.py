@@ -670,7 +670,7 @@ def scan_runs(log_dir: Path, runbook: str | None = None) -> RunFolders:
     when given (an unreadable folder whose runbook is unknown is listed for every runbook). Runs whose
     `resumed_from` links go round in a cycle are unreadable."""
     found = RunFolders([], [])
-    if not log_dir.is_dir():
+    if not os.path.isdir(log_dir):  # False, not pathlib's OSError, for a name too long (ENAMETOOLONG)
         return found
     entries = [entry for folder in log_dir.iterdir() if folder.is_dir() and (entry := _folder_meta(folder)) is not None]
     metas = [entry for entry in entries if isinstance(entry, RunMeta)]

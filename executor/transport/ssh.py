@@ -142,6 +142,10 @@ class OfferedKey:
     def fingerprint(self) -> str:
         return str(self.key.get_fingerprint("sha256"))
 
+    def has_fingerprint(self, given: str | None) -> bool:
+        """Whether `given` is this key's fingerprint, in SHA256 or in the older MD5 form (`ssh-keygen -E md5`)."""
+        return given in (self.fingerprint, str(self.key.get_fingerprint("md5")))
+
     @property
     def pattern(self) -> str:
         """The host as a known_hosts line names it: `address`, or `[address]:port` off port 22."""
@@ -161,11 +165,18 @@ class OfferedKey:
         return any(key.public_data == self.key.public_data for key in keys) if keys else None
 
     def record(self) -> None:
-        """Append `line()` to `file`, making its folder (0700) and the file (0600) where missing."""
+        """Append `line()` to `file`, making its folder (0700) and the file (0600) where missing; TransportError
+        saying why where it cannot be written (a folder or a FIFO in its place, which would block the open, a
+        file where its folder should be), not the OSError's traceback."""
         folder = os.path.dirname(self.file)
-        if folder:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            if os.path.exists(self.file) and not os.path.isfile(self.file):
+                raise OSError("not a regular file (a folder, a FIFO or a device)")
+            if folder:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            raise TransportError(f"cannot record the key in {self.file}: {exc.strerror or exc}") from None
         with os.fdopen(fd, "a", encoding="ascii") as known:
             ends_line = known.tell() == 0 or _ends_with_newline(self.file)
             known.write(("" if ends_line else "\n") + self.line() + "\n")

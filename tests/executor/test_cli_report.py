@@ -310,3 +310,38 @@ def test_a_run_that_wrote_a_report_ends_saying_where_it_is_and_report_finds_it_b
     assert in_logs == shown.replace(str(run_dir), run_dir.name)
     refused = runbook_cli("report", "20991231-nope", "--log-dir", str(logs))
     assert refused.returncode == 2 and refused.stderr == f"runbook: no run 20991231-nope in {logs}\n"
+
+
+def test_a_name_too_long_for_the_system_is_no_run_not_a_traceback(tmp_path: Path) -> None:
+    """A run id, a run folder or a --log-dir longer than a file name may be (ENAMETOOLONG, which pathlib's
+    is_dir and exists raise rather than answer False): `report` and `status` say there is no such run (exit 2)."""
+    long = "a" * 300
+    for argv in (
+        ["report", long * 10, "--log-dir", str(tmp_path)],
+        ["report", str(tmp_path / long / "run")],
+        ["report", "--log-dir", str(tmp_path / long)],
+        ["status", "--log-dir", str(tmp_path / long)],
+    ):
+        said = runbook_cli(*argv)
+        assert said.returncode == 2 and said.stderr.startswith("runbook: ") and "Traceback" not in said.stderr, argv
+        assert "no run" in said.stderr or "no report.json (not a run folder" in said.stderr, said.stderr
+
+
+def test_the_end_of_a_run_never_points_at_a_report_file_that_was_not_written(tmp_path: Path) -> None:
+    """A run stopped by a full disk after report.json (report.md and the figures are written after it): `runbook
+    run`'s last lines (`results_lines`) said `report: .../report.md` and `figure: ...` for files that are not
+    there. Now each one missing says so; those written are named as before."""
+    from executor.faces.cli import LOG_DIR, results_lines
+
+    run_dir = tmp_path / "run"
+    figures = [{"title": "plot", "path": "speedup.png"}, {"title": "front", "path": "pareto.png"}]
+    write(run_dir, {"title": "t", "tables": [], "figures": figures})
+    (run_dir / "pareto.png").write_bytes(b"\x89PNG")
+    lines = results_lines(run_dir, LOG_DIR)
+    assert lines[:3] == [
+        f"report: {run_dir / 'report.md'} (not written: the run stopped before it; runbook report shows report.json)",
+        f"figure: {run_dir / 'speedup.png'} (not written)",
+        f"figure: {run_dir / 'pareto.png'}",
+    ]
+    (run_dir / "report.md").write_text("# t\n")
+    assert results_lines(run_dir, LOG_DIR)[0] == f"report: {run_dir / 'report.md'}"

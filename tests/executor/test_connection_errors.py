@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import asyncssh
+import pytest
 
 from sandbox.sshd import SSHServer, free_port
 from tests.clirun import runbook_cli
@@ -95,7 +96,8 @@ def test_trust_host_shows_the_fingerprint_and_records_it_only_when_told(sshd: SS
     fingerprint = re.search(r"presents the ssh-ed25519 key (SHA256:\S+)", shown.stdout)
     assert fingerprint is not None, shown.stdout
     assert f"runbook trust-host {book} box --fingerprint {fingerprint.group(1)}" in shown.stdout
-    wrong = runbook_cli("trust-host", str(book), "box", "--fingerprint", "SHA256:not-it", env=env)
+    not_it = "SHA256:" + "A" * 43  # a fingerprint, of another key
+    wrong = runbook_cli("trust-host", str(book), "box", "--fingerprint", not_it, env=env)
     assert wrong.returncode == 1 and "not the key you gave" in wrong.stdout and not known.exists()
 
     taken = runbook_cli("trust-host", str(book), "box", "--fingerprint", fingerprint.group(1), env=env)
@@ -121,3 +123,52 @@ def test_trust_host_refuses_a_host_it_cannot_use(sshd: SSHServer, tmp_path: Path
     book.write_text(book.read_text().replace(f"port: {sshd.port}", f"port: {closed}"))
     refused = runbook_cli("trust-host", str(book), "box", env={"HOME": str(tmp_path / "home")})
     assert refused.returncode == 1 and f"to check: nothing accepts connections on 127.0.0.1:{closed}" in refused.stderr
+
+
+def test_trust_host_says_why_it_cannot_record_where_known_hosts_is_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A known_hosts that is a folder, a FIFO (whose open would wait for a reader forever), or under a file: exit 1
+    with a line naming it, not a traceback or a hang. The key is offered in-process (no sshd: nothing is read)."""
+    from executor.transport.ssh import OfferedKey, SSHTransport
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("")
+    env = _home(tmp_path)
+    for known in ("folder", "fifo", "file/known_hosts"):
+        path = str(tmp_path / known)
+
+        async def offered(self: SSHTransport, file: str = path) -> OfferedKey:
+            return OfferedKey(key, "127.0.0.1", 2222, file)
+
+        monkeypatch.setattr(SSHTransport, "offered_key", offered)
+        said = runbook_cli("trust-host", str(_book(tmp_path, 2222)), "box", "--yes", env=env)
+        assert said.returncode == 1 and "Traceback" not in said.stderr, said.stderr
+        assert said.stderr.startswith(f"runbook: cannot record the key in {path}: "), said.stderr
+
+
+def test_trust_host_takes_an_md5_fingerprint_and_refuses_text_that_is_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the key's own MD5 fingerprint (`ssh-keygen -E md5`) and text that is no fingerprint at all were both
+    "not the key you gave; ask the host's owner", a changed key. Now the MD5 form records it, and no fingerprint
+    is a usage error (exit 2) before the host is asked. The key is offered in-process (no sshd)."""
+    from executor.transport.ssh import OfferedKey, SSHTransport
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    known = tmp_path / "known_hosts"
+
+    async def offered(self: SSHTransport) -> OfferedKey:
+        return OfferedKey(key, "127.0.0.1", 2222, str(known))
+
+    monkeypatch.setattr(SSHTransport, "offered_key", offered)
+    book, env = str(_book(tmp_path, 2222)), _home(tmp_path)
+    bare = key.get_fingerprint("sha256").removeprefix("SHA256:")
+    for given in (bare, "garbage", "SHA256:" + bare + "x"):
+        refused = runbook_cli("trust-host", book, "box", "--fingerprint", given, env=env)
+        assert refused.returncode == 2 and "is no fingerprint: give it as `ssh-keygen -lf" in refused.stderr
+        assert not known.exists()
+    md5 = runbook_cli("trust-host", book, "box", "--fingerprint", key.get_fingerprint("md5"), env=env)
+    assert md5.returncode == 0 and f"recorded in {known}" in md5.stdout, md5.stdout

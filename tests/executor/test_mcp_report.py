@@ -163,3 +163,34 @@ def test_a_real_error_is_an_ok_false_answer(site: Path, tmp_path: Path) -> None:
     first = report(tmp_path, run_dir=str(tmp_path), section="Acceptance length")
     assert first["cells_cut"] and len(first["rows"]) == 1 and first["next_offset"] == 1
     assert first["rows"][0][1:] == huge_cell["tables"][0]["rows"][0][1:]
+
+
+def test_a_campaign_whose_failed_cells_say_much_still_answers_its_summary(site: Path, tmp_path: Path) -> None:
+    """Twenty failed cells whose reasons carry a server's long error text, and long notes: the summary comes within
+    the cap with each of those texts cut (`texts_cut`), not refused as over it."""
+    whole = document(site / "campaign")
+    reason = "deploy: the server exited during start-up:\n" + "Traceback line\n" * 300
+    failed = whole["campaign"]["failed"][0]
+    whole["campaign"]["failed"] = [failed | {"name": f"cell{n}", "reason": reason} for n in range(40)]
+    whole["notes"] = ["n" * 30_000] * 3
+    (tmp_path / "report.json").write_text(json.dumps(whole))
+    summary = report(tmp_path, run_dir=str(tmp_path))
+    assert summary["ok"] and summary["texts_cut"] and summary["verdicts"]["failed_left_out"] == 20
+    assert [each["name"] for each in summary["verdicts"]["failed"]] == [f"cell{n}" for n in range(20)]
+    assert all(reason.startswith(each["reason"]) and each["reason"] for each in summary["verdicts"]["failed"])
+    assert all(note and note != "n" * 30_000 for note in summary["notes"])
+
+
+def test_a_report_whose_markdown_and_figures_were_not_written_says_so(site: Path, tmp_path: Path) -> None:
+    """A run a full disk stopped after report.json: the summary no longer hands over report.md's and the figures'
+    paths as if they were there (`report_md_missing`, each figure's `missing`)."""
+    shutil.copy(site / "benchmark" / "report.json", tmp_path)
+    shutil.copy(site / "benchmark" / "pareto.png", tmp_path)
+    summary = report(tmp_path, run_dir=str(tmp_path))
+    assert summary["ok"] and summary["report_md_missing"] is True
+    assert {Path(f["path"]).name: f.get("missing", False) for f in summary["figures"]} == {
+        "speedup.png": True,
+        "pareto.png": False,
+        "acceptance.png": True,
+    }
+    assert "report_md_missing" not in report(site, run_dir=str(site / "benchmark"))

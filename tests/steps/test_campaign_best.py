@@ -182,3 +182,39 @@ def test_the_throughput_figure_stars_the_best_per_concurrency_and_marks_a_tie_ap
     starred = {line.get_label(): len(line.get_xdata()) for line in pareto.get_lines()}
     assert (starred[figures.BEST_LABEL], starred[figures.TIED_LABEL]) == (3, 1)
     assert "c=1 tie" in [t.get_text() for t in pareto.texts]
+
+
+def test_every_configuration_s_legend_entry_is_inside_the_figure_however_many() -> None:
+    """Before: the legend was drawn inside the axes in one column, so past some 30 configurations its top ran off
+    the figure (the first configurations' entries cut, their colour and marker named nowhere) and it covered the
+    lines. Now every entry of each legend lies within the figure as saved."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    cells = many_cells(60)
+    comparisons = compare(cells, {}, 0.02, across_gpus=False)
+    for draw in (figures.throughput_figure, figures.pareto_figure):
+        figure = draw(cells, comparisons)
+        canvas = FigureCanvasAgg(figure)
+        canvas.draw()  # laid out and drawn as the report saves it
+        renderer = canvas.get_renderer()
+        shown = figure.bbox
+        for axes in figure.axes:
+            legend = axes.get_legend()
+            entries = [text.get_text() for text in legend.get_texts()]
+            assert {c.name for c in cells} <= set(entries), draw.__name__
+            for text in legend.get_texts():
+                box = text.get_window_extent(renderer)
+                assert shown.x0 - 1 <= box.x0 and box.x1 <= shown.x1 + 1, (draw.__name__, text.get_text())
+                assert shown.y0 - 1 <= box.y0 and box.y1 <= shown.y1 + 1, (draw.__name__, text.get_text())
+
+
+def test_the_tolerance_is_said_as_given_not_rounded_to_a_whole_percent(tmp_path: Path) -> None:
+    """Before: `:.0%` said a tolerance of 0.5% as 0% and 2.5% as 2% in the why and the report's notes, a rule other
+    than the one applied."""
+    beats = choose([cell("fast", 8, 4, 101.0), cell("slow", 8, 8, 100.0)], 1, 0.005)
+    assert beats is not None and not beats.tied and beats.why.endswith("median +1.0% (> 0.5%)")
+    tie = choose([cell("fast", 8, 4, 102.0), cell("slow", 8, 8, 100.0)], 1, 0.025)
+    assert tie is not None and tie.tied and "or by more than 2.5%;" in tie.why
+    write_campaign(tmp_path, host_views(), tolerance=0.005)
+    notes = json.loads((tmp_path / "report.json").read_text())["notes"]
+    assert any("and by more than 0.5%; the configurations it does not beat" in note for note in notes), notes
