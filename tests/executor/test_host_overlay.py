@@ -59,7 +59,8 @@ def test_a_site_file_of_address_and_user_keeps_the_runbooks_key_known_hosts_and_
     inventory = str(tmp_path / "site.yaml")
     done = runbook_cli("run", str(book), "--inventory", inventory, "--log-dir", str(tmp_path / "logs"))
     assert done.returncode == 0, done.stderr
-    planned = runbook_cli("plan", str(book), "--inventory", inventory)
+    # wide enough that no source (a long tmp_path) is wrapped below its value
+    planned = runbook_cli("plan", str(book), "--inventory", inventory, env={"COLUMNS": "400"})
     assert planned.returncode == 0, planned.stderr
     text = planned.stdout
     assert f"address          {sshd.address}" in text and f"(inventory {inventory}:2)" in text
