@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -648,3 +649,20 @@ def test_a_failure_a_var_caused_names_it_and_the_resume_that_changes_it(tmp_path
         ("passed", run_id, None),
         ("passed", None, None),
     ]
+
+
+@pytest.mark.parametrize("cause", ["{}", '{"var": "port"}', '{"value": "30000", "param": ""}'])
+def test_a_damaged_cause_in_state_db_is_named_never_a_traceback(tmp_path: Path, cause: str) -> None:
+    """A cause without its var or value (a state.db edited by hand) is a damaged store, named as any other
+    misshapen column is: status, its --json and a resume said a KeyError's traceback."""
+    book, logs = tmp_path / "held.yaml", tmp_path / "logs"
+    book.write_text(textwrap.dedent(HELD))
+    assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+    run_id = _newest(logs)["run_id"]
+    with sqlite3.connect(logs / run_id / "state.db") as db:
+        db.execute("UPDATE steps SET cause = ? WHERE step = 'serve'", (cause,))
+    db.close()
+    for argv in (["status"], ["status", "--json"], ["run", str(book), "--resume"]):
+        shown = runbook_cli(*argv, "--log-dir", str(logs))
+        assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+        assert "state.db is unreadable (step 'serve': field 'cause' must be" in shown.stderr, shown.stderr
