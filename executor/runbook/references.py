@@ -34,10 +34,12 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 #: A reference where bash expands one: `$name`, `${name...}`, `${#name}`, `${!name}`.
 _REFERENCE = re.compile(rf"\$(?:\{{[#!]?({_NAME})|({_NAME}))")
 #: What a script sets: `NAME=`, `NAME+=`, `NAME[i]=` (at a command's start or as an argument: a warning
-#: is worth less than a false one), `for NAME in`, `select NAME`, `((NAME++))`, `printf -v NAME`.
+#: is worth less than a false one), `for NAME in`, `select NAME`, `((NAME++))`, `printf -v NAME`. A name starts
+#: a word and a subscript is short: tried at every offset of a word, or each `NAME[` to its line's end, the
+#: pattern took minutes over a 100 KB word.
 _ASSIGNED = re.compile(
-    rf"(?<![\w$-])({_NAME})(?:\[[^\]\n]*\])?\+?=|\b(?:for|select)\s+({_NAME})\b|({_NAME})\s*(?:\+\+|--)"
-    rf"|\bprintf\s+-v\s+({_NAME})"
+    rf"(?<![\w$-])({_NAME})(?:\[[^\]\n]{{0,200}}\])?\+?=|\b(?:for|select)\s+({_NAME})\b"
+    rf"|(?<!\w)({_NAME})\s*(?:\+\+|--)|\bprintf\s+-v\s+({_NAME})"
 )
 #: Commands whose words are names they set (or declare): every name-like word up to the command's end.
 _DECLARING = re.compile(

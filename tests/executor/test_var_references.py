@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import string
+import time
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,19 @@ def test_a_scripts_unknown_name_is_a_warning_at_its_line_and_column(tmp_path: Pa
         "in the script",
     ]
     assert lines[2].startswith("F: ok (1 steps")
+
+
+def test_a_long_word_or_many_open_subscripts_in_a_script_validate_in_linear_time(tmp_path: Path) -> None:
+    """A script's assignments were found by a pattern that tried every offset of a word as a name (`NAME++`)
+    and every `NAME[` to the end of its line: a 100 KB word (a hex blob pasted into an `echo`) took minutes, as
+    did a line of open subscripts. Each is read once now; both still warn of the undefined name after them."""
+    blob, subscripts = "f" + "0a" * 50_000, "x[" * 50_000
+    text = HEADER + "  - id: blob\n    kind: shell\n    script: |\n"
+    text += f"      echo {blob} '{subscripts}'\n      echo $undefined_after\n"
+    started = time.monotonic()
+    code, lines = validate(tmp_path, text)
+    assert time.monotonic() - started < 10, "quadratic again: this took 3 minutes before"
+    assert code == 0 and "$undefined_after is neither" in lines[0], lines
 
 
 def test_the_mcp_validate_answers_warnings_and_problems(tmp_path: Path) -> None:
