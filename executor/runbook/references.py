@@ -110,6 +110,8 @@ class _Scanner:
             char = text[i]
             if char == "\\":
                 i += 2
+            elif char == "$" and text.startswith("'", i + 1) and not quoted:  # `$'...'`: its `\'` is no end
+                i = _end_of_ansi_c(text, i + 2)
             elif char == "$":
                 i = yield from self._reference(i)
             elif char == '"':
@@ -120,6 +122,8 @@ class _Scanner:
                 i = _end_of(text, i + 1, "'")
             elif char == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
                 i = _end_of(text, i, "\n") - 1
+            elif text.startswith("((", i):  # arithmetic (`$((`, `((`): its `<<` is a shift, no heredoc
+                i = yield from self._arithmetic(i)
             elif text.startswith("<<<", i):  # a here-string, no heredoc
                 i += 3
             elif char == "<" and (match := _HEREDOC.match(text, i)) is not None:
@@ -137,6 +141,17 @@ class _Scanner:
             return i + 1
         yield i, match.group(1) or match.group(2)
         return match.end()
+
+    def _arithmetic(self, i: int) -> Generator[tuple[int, str], None, int]:
+        """The references of the arithmetic that opens at `i` (`((`), to its matching `))` on the same line."""
+        depth, end = 0, i
+        while end < len(self.text) and self.text[end] != "\n":
+            depth += {"(": 1, ")": -1}.get(self.text[end], 0)
+            end += 1
+            if depth == 0:
+                break
+        yield from ((i + offset, name) for offset, name in _unescaped(self.text[i:end]))
+        return end
 
     def _bodies(self, i: int) -> Generator[tuple[int, str], None, int]:
         """The heredocs begun on the line that ends at `i`: a quoted one's body is skipped, the others' read
@@ -160,6 +175,15 @@ def _unescaped(body: str) -> Iterator[tuple[int, str]]:
     for match in _REFERENCE.finditer(body):
         if match.start() == 0 or body[match.start() - 1] != "\\":
             yield match.start(), match.group(1) or match.group(2)
+
+
+def _end_of_ansi_c(text: str, start: int) -> int:
+    """The offset after the `'` that ends a `$'...'` string whose text starts at `start` (a backslash escapes the
+    character after it, `\'` included), the end of the text when none."""
+    i = start
+    while i < len(text) and text[i] != "'":
+        i += 2 if text[i] == "\\" else 1
+    return min(i + 1, len(text))
 
 
 def _end_of(text: str, start: int, closing: str) -> int:

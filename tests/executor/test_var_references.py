@@ -161,6 +161,20 @@ def test_a_scripts_unknown_name_is_a_warning_at_its_line_and_column(tmp_path: Pa
     assert lines[2].startswith("F: ok (1 steps")
 
 
+def test_an_escaped_quote_in_ansi_c_or_a_shift_in_arithmetic_quotes_nothing_after_it(tmp_path: Path) -> None:
+    """`$'don\\'t'` ends at its last quote (bash's escape), and `$((1 << n))` shifts, opening no heredoc: the
+    scanner ended the first at `\\'` and read the rest of the script as a heredoc's body after the second, so
+    every later single-quoted `'$name'` was warned of; a `$name` inside the arithmetic still is."""
+    text = HEADER + "  - id: quotes\n    kind: shell\n    script: |\n"
+    text += "      echo $'don\\'t' '$in_single_quotes'\n"
+    text += "      n=2; echo $((1 << n)) $((1 << $shift_undefined)) '$after_the_shift'\n"
+    assert validate(tmp_path, text)[1][:2] == [
+        "F:13:37: warning: step 'quotes': script: $shift_undefined is neither a var or secret of the runbook nor "
+        "set in the script",
+        "F: ok (1 steps, 1 step-host pairs)",
+    ]
+
+
 def test_twenty_thousand_unknown_names_are_reported_up_to_the_limit_in_a_moment(tmp_path: Path) -> None:
     """Where each unknown name is written was found from the text's start, for every one of them: 20 000 in a
     parameter, and as many in a script, took a minute and a half to say the first 100 of each."""
