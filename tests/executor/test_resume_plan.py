@@ -531,6 +531,23 @@ def test_resume_and_its_file_in_any_order(failed_local_run: tuple[Path, Path, Pa
     assert _newest(logs)["resumed_from"] == (first if "RUN" in order else latest)
 
 
+@pytest.mark.parametrize("order", ["FILE --resume RUN", "--resume RUN FILE"])
+def test_a_file_named_as_the_run_id_beside_it_leaves_the_run_id_a_run_id(
+    failed_local_run: tuple[Path, Path, Path], tmp_path: Path, order: str
+) -> None:
+    """A file in the working folder named as the run (`runbook status RUN > RUN`) made the run id pass for a
+    runbook: `runbook run FILE --resume RUN`, the documented order, said there were two runbooks (exit 2).
+    A FILE written as one (`.yaml`, a folder in it) is the runbook; the other word is the run id."""
+    book, logs, marker = failed_local_run
+    marker.unlink()  # c2 fails again: the resume ends as its source did, 1
+    run_id = _newest(logs)["run_id"]
+    (tmp_path / run_id).write_text("the output of runbook status\n")
+    words = order.replace("RUN", run_id).replace("FILE", str(book)).split()
+    done = runbook_cli("run", *words, "--log-dir", str(logs), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert _newest(logs)["resumed_from"] == run_id
+
+
 @pytest.mark.parametrize(
     ("words", "said"),
     [
