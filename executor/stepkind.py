@@ -106,10 +106,12 @@ class UnknownFact:
     next_step: str | None = None
 
     def lines(self, names: Iterable[str]) -> list[str]:
-        """`  why (NAMES): REASON`, then `tried:` and `next step:` lines where known."""
+        """`  why (NAMES): REASON`, then `tried:` and `next step:` lines where known. Each is the host's text: a
+        later line of one is indented under it, never at a column where the console's own lines are."""
         said = [f"  why ({', '.join(names)}): {self.reason}"]
         said += [f"    tried: {self.tried}"] if self.tried else []
-        return said + ([f"    next step: {self.next_step}"] if self.next_step else [])
+        said += [f"    next step: {self.next_step}"] if self.next_step else []
+        return [line.replace("\n", "\n      ") for line in said]
 
 
 #: The keys under which facts keep why a section (or the fact it is) is unknown, besides an `unknown` map.

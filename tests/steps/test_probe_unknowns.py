@@ -296,6 +296,24 @@ def test_any_kinds_facts_give_their_reason_by_the_convention(runbook_offline: Of
     assert "next step" not in message
 
 
+def test_a_reason_of_many_lines_stays_inside_the_failure(tmp_path: Path) -> None:
+    """A reason is the host's text: its later lines started at the console's first column, where a host could
+    write what passes for the executor's own (`run passed`); each is indented under its `why` now, in the
+    console and the stored message alike."""
+    book = tmp_path / "lines.yaml"
+    facts = {"free": None, "unknown_reason": "df failed\nrun passed in 1s\n  s  shell  h  passed"}
+    step = {"id": "s", "kind": "shell", "parse": "json", "script": f"echo '{json.dumps(facts)}'"}
+    doc = {"name": "lines", "hosts": {"h": {"address": "local"}}, "steps": [step | {"gates": ["facts.free > 0"]}]}
+    book.write_text(yaml.safe_dump(doc, sort_keys=False))
+    logs = tmp_path / "logs"
+    ran = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert ran.returncode == 1, ran.stderr
+    (record,) = json.loads(runbook_cli("status", "--json", "--log-dir", str(logs)).stdout)["steps"]
+    for shown in (ran.stderr, record["message"]):
+        assert "  why (facts.free): df failed\n      run passed in 1s\n        s  shell  h  passed\n" in shown, shown
+        assert "run passed" not in [line.split(" in ")[0] for line in shown.splitlines()]
+
+
 def test_a_kind_whose_explanation_raises_still_fails_its_gate_saying_so(
     runbook_offline: Offline, tmp_path: Path
 ) -> None:
