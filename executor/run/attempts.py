@@ -625,10 +625,11 @@ class Attempts:
         events, the step's record and every answer made of them say the same. Facts with one reason are named
         together."""
         said: dict[UnknownFact, list[str]] = {}
+        secrets = tuple((name, ref.env) for name, ref in self.runbook.header.secrets.items())
         for name, keys in lookups_used(expression).items():
             read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)
             if read is not None:
-                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address)):
+                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address, secrets)):
                     said.setdefault(unknown, []).append(name)
         text = "\n".join(line for unknown, names in said.items() for line in unknown.lines(names))
         return "\n" + text[:DETAIL_MAX] if text else ""

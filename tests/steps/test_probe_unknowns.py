@@ -296,6 +296,24 @@ def test_any_kinds_facts_give_their_reason_by_the_convention(runbook_offline: Of
     assert "next step" not in message
 
 
+def test_a_python_path_holding_a_secret_is_masked_and_its_next_step_is_no_var(tmp_path: Path) -> None:
+    """`python: /opt/$TOK/bin/python` with TOK a secret: what was tried shows `***` where the value was, and the
+    next step says where a secret is set (the controller's environment); it said `--var TOK=...`, which run
+    refuses ("unknown var 'TOK'")."""
+    token = "tok_Sup3rS3cretV4lue"
+    book, logs = tmp_path / "secret.yaml", tmp_path / "logs"
+    text = wrong_python_runbook(tmp_path).read_text().replace("python: $sglang_python", "python: /opt/$TOK/bin/python")
+    book.write_text(text.replace("vars:\n", "secrets:\n  TOK: {env: RUNBOOK_TEST_PROBE_TOK}\nvars:\n"))
+    ran = runbook_cli("run", str(book), f"--log-dir={logs}", env={"RUNBOOK_TEST_PROBE_TOK": token})
+    assert ran.returncode == 1, ran.stderr
+    status = runbook_cli("status", "--log-dir", str(logs), "--json").stdout
+    for shown in (words(ran.stderr), words(json.loads(status)["steps"][0]["message"])):
+        assert "tried: python: /opt/$TOK/bin/python -> /opt/***/bin/python" in shown, shown
+        assert "or set `TOK` (the controller's $RUNBOOK_TEST_PROBE_TOK)" in shown, shown
+        assert "--var TOK" not in shown
+    assert token not in ran.stderr + status
+
+
 def test_a_reason_of_many_lines_stays_inside_the_failure(tmp_path: Path) -> None:
     """A reason is the host's text: its later lines started at the console's first column, where a host could
     write what passes for the executor's own (`run passed`); each is indented under its `why` now, in the
