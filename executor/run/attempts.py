@@ -70,6 +70,9 @@ if TYPE_CHECKING:
     from executor.diagnostics import Log
 
 TAIL_LINES = 20
+#: The most of a cause's value (`Attempts._cause`) a failure quotes: it leads the headline, status and the line
+#: that ends the run, and a var may hold a document.
+CAUSE_VALUE_MAX = 200
 
 
 class TransportFactory(Protocol):
@@ -688,4 +691,7 @@ class Attempts:
         if found is None or found[0] not in values:
             return None
         var, param = found
-        return {"var": var, "value": self.redactor.text(var_text(values[var])), "param": param}
+        value = self.redactor.text(var_text(values[var]))  # masked, then cut: no part of a secret is left over
+        if len(value) > CAUSE_VALUE_MAX:
+            value = f"{value[:CAUSE_VALUE_MAX]}... ({len(value)} characters)"
+        return {"var": var, "value": value, "param": param}

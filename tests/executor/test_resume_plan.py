@@ -668,6 +668,23 @@ def test_a_failure_a_var_caused_names_it_and_the_resume_that_changes_it(tmp_path
     ]
 
 
+def test_a_cause_whose_value_is_a_document_is_quoted_in_short(tmp_path: Path) -> None:
+    """A var of 100 000 characters that caused a failure was quoted whole three times on the console (300 KB,
+    one line of 100 KB), and whole in status and its --json: its head is quoted, with its length."""
+    book, logs = tmp_path / "held.yaml", tmp_path / "logs"
+    book.write_text(
+        textwrap.dedent(HELD).replace("port: 30000", "port: '" + "3" * 100_000 + "'").replace(" = 30000", "")
+    )
+    failed = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert failed.returncode == 1, failed.stderr
+    quoted = "port=" + "3" * 200 + "... (100000 characters)"
+    assert f"serve@here failed because of {quoted}; resume with another value:" in failed.stderr
+    shown = runbook_cli("status", "--log-dir", str(logs))
+    step = json.loads(runbook_cli("status", "--json", "--log-dir", str(logs)).stdout)["steps"][1]
+    assert step["cause"]["value"] == quoted.removeprefix("port=")
+    assert max(len(line) for line in (failed.stderr + shown.stdout).splitlines()) < 1000
+
+
 @pytest.mark.parametrize("cause", ["{}", '{"var": "port"}', '{"value": "30000", "param": ""}'])
 def test_a_damaged_cause_in_state_db_is_named_never_a_traceback(tmp_path: Path, cause: str) -> None:
     """A cause without its var or value (a state.db edited by hand) is a damaged store, named as any other
