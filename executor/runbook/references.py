@@ -120,8 +120,8 @@ class _Scanner:
                 i += 1
             elif char == "'":  # (after a `$`, the `$'...'` of bash's escapes: no expansion either)
                 i = _end_of(text, i + 1, "'")
-            elif char == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
-                i = _end_of(text, i, "\n") - 1
+            elif char == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):  # to its newline (a `#` last: the end)
+                i = max(i + 1, _end_of(text, i, "\n") - 1)
             elif text.startswith("((", i):  # arithmetic (`$((`, `((`): its `<<` is a shift, no heredoc
                 i = yield from self._arithmetic(i)
             elif text.startswith("<<<", i):  # a here-string, no heredoc

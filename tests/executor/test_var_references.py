@@ -4,6 +4,7 @@ did-you-mean), a warning in a script; and no runbook of the repo has either (REA
 from __future__ import annotations
 
 import re
+import signal
 import string
 import time
 from pathlib import Path
@@ -159,6 +160,23 @@ def test_a_scripts_unknown_name_is_a_warning_at_its_line_and_column(tmp_path: Pa
         "in the script",
     ]
     assert lines[2].startswith("F: ok (1 steps")
+
+
+def test_a_script_ending_in_a_comment_sign_validates(tmp_path: Path) -> None:
+    """`echo $HOME #`, the script's last character a `#` that opens a comment: the scanner stood on it for ever
+    (validate, plan and run never returned). An alarm ends the test instead of the suite hanging."""
+
+    def too_long(signum: int, frame: object) -> None:
+        raise TimeoutError("validate did not return in 10 s")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(10)
+    try:
+        code, lines = validate(tmp_path, HEADER + '  - {id: s, kind: shell, script: "echo $HOME $nope #"}\n')
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert code == 0 and "$nope is neither" in lines[0], lines
 
 
 def test_an_escaped_quote_in_ansi_c_or_a_shift_in_arithmetic_quotes_nothing_after_it(tmp_path: Path) -> None:
