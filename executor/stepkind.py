@@ -89,6 +89,8 @@ class FactHost:
     """The host a step's facts were read on, as an unknown fact's next step names it."""
 
     address: str  # where it is: an SSH address, or `local`
+    #: the runbook's secrets, (name, the controller's environment variable): a next step never says `--var` of one
+    secrets: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
         return "this machine" if self.address == "local" else self.address
@@ -106,10 +108,12 @@ class UnknownFact:
     next_step: str | None = None
 
     def lines(self, names: Iterable[str]) -> list[str]:
-        """`  why (NAMES): REASON`, then `tried:` and `next step:` lines where known."""
+        """`  why (NAMES): REASON`, then `tried:` and `next step:` lines where known. Each is the host's text: a
+        later line of one is indented under it, never at a column where the console's own lines are."""
         said = [f"  why ({', '.join(names)}): {self.reason}"]
         said += [f"    tried: {self.tried}"] if self.tried else []
-        return said + ([f"    next step: {self.next_step}"] if self.next_step else [])
+        said += [f"    next step: {self.next_step}"] if self.next_step else []
+        return [line.replace("\n", "\n      ") for line in said]
 
 
 #: The keys under which facts keep why a section (or the fact it is) is unknown, besides an `unknown` map.
@@ -586,15 +590,17 @@ class StepSpec(Model):
         host program tried and what to check then overrides this to say so (steps/probe.py)."""
         return [UnknownFact(reason) for reason, _ in fact_reasons(facts, path)]
 
-    def setting(self, name: str) -> str:
+    def setting(self, name: str, secrets: Mapping[str, str] | None = None) -> str:
         """How a person changes this step's parameter `name`, for a next step: the vars its value names
-        (`$sglang_python`: set by --var or an inventory, the runbook unedited), else the parameter itself."""
-        value = getattr(self, name, None)
+        (`$sglang_python`: set by --var or an inventory, the runbook unedited), else the parameter itself. A
+        secret's (`secrets`: name to the controller's environment variable) is set there: --var refuses it."""
+        value, secrets = getattr(self, name, None), secrets or {}
         named = list(dict.fromkeys(var_names(value))) if isinstance(value, str) else []
         if not named:
             return f"`{name}:` of step '{self.id}'"
-        given = " and ".join(f"--var {n}=..." for n in named)
-        return f"{' and '.join(f'`{n}`' for n in named)} ({given}, or in your inventory)"
+        ways = [f"the controller's ${secrets[n]}" if n in secrets else f"--var {n}=..." for n in named]
+        inventory = ", or in your inventory" if any(n not in secrets for n in named) else ""
+        return f"{' and '.join(f'`{n}`' for n in named)} ({' and '.join(ways)}{inventory})"
 
     def retry_policy(self, defaults: RetryPolicy) -> RetryPolicy:
         """The runbook's default policy with this step's overrides."""

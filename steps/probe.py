@@ -360,7 +360,7 @@ class UnknownHints:
         python = self._section("python")
         requested, resolved = python.get("requested"), python.get("resolved")
         tried = f"python: {requested}" + (f" -> {resolved}" if resolved and resolved != requested else "")
-        setting = self.step.setting("python")
+        setting = self.step.setting("python", dict(self.host.secrets))
         if resolved is None:
             return tried, f"check that every var of {requested} is set for the probe on {self.host}, or set {setting}"
         return tried, f"check that {resolved} exists on {self.host} and is executable, or set {setting}"
@@ -369,7 +369,7 @@ class UnknownHints:
         python, sglang = self._section("python"), self._section("sglang")
         if python.get("executable") is None:
             return self._python(at)
-        executable, setting = python["executable"], self.step.setting("python")
+        executable, setting = python["executable"], self.step.setting("python", dict(self.host.secrets))
         if not sglang.get("installed"):
             tried = f"the sglang package of {executable}"
             return tried, f"install SGLang for {executable} on {self.host}, or set {setting} to the Python that has it"
@@ -408,7 +408,7 @@ class UnknownHints:
 
     def _folder(self, given: Any, resolved: Any, parameter: str) -> Hint:
         tried = f"{given}" + (f" -> {resolved}" if resolved and resolved != given else "")
-        setting = self.step.setting(parameter)
+        setting = self.step.setting(parameter, dict(self.host.secrets))
         if resolved is None:
             return tried, f"check that every var of {given} is set for the probe on {self.host}, or set {setting}"
         return tried, f"check that {resolved} (or the folder it would be made in) is readable on {self.host}"

@@ -200,7 +200,9 @@ def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
     a `/`: what does (or names a file) is the runbook, put back in its place. Anything else is a usage error
     (exit 2) that says what to type."""
     resume, file = args.resume, args.file
-    if resume not in (None, "latest") and _names_a_runbook(resume):
+    # FILE written as a runbook (`.yaml`, a `/`) and a bare word: the word is the run id, whatever file has its name
+    by_name = file is not None and _written_as_a_runbook(str(file)) and not _written_as_a_runbook(resume or "")
+    if resume not in (None, "latest") and _names_a_runbook(resume) and not by_name:
         if file is not None and _names_a_runbook(str(file)):
             error(f"two runbooks, {resume} and {file}: give one FILE, then --resume [RUN_ID]")
         args.file, args.resume = Path(resume), "latest" if file is None else str(file)
@@ -211,7 +213,12 @@ def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
 
 def _names_a_runbook(text: str) -> bool:
     """Whether an argument is a runbook's path rather than a run id (`20261203-134350-be4f3f`, or a prefix)."""
-    return text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text or Path(text).is_file()
+    return _written_as_a_runbook(text) or Path(text).is_file()
+
+
+def _written_as_a_runbook(text: str) -> bool:
+    """Whether an argument is written as a path no run id can be: ending in `.yaml`/`.yml`, or holding a `/`."""
+    return text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text
 
 
 def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:

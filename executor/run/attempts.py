@@ -70,6 +70,9 @@ if TYPE_CHECKING:
     from executor.diagnostics import Log
 
 TAIL_LINES = 20
+#: The most of a cause's value (`Attempts._cause`) a failure quotes: it leads the headline, status and the line
+#: that ends the run, and a var may hold a document.
+CAUSE_VALUE_MAX = 200
 
 
 class TransportFactory(Protocol):
@@ -625,10 +628,11 @@ class Attempts:
         events, the step's record and every answer made of them say the same. Facts with one reason are named
         together."""
         said: dict[UnknownFact, list[str]] = {}
+        secrets = tuple((name, ref.env) for name, ref in self.runbook.header.secrets.items())
         for name, keys in lookups_used(expression).items():
             read = (spec, facts, keys[1:], host) if keys[:1] == ("facts",) else self._earlier_facts(spec, host, keys)
             if read is not None:
-                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address)):
+                for unknown in _unknown_facts(*read[:3], FactHost(self.runbook.hosts[read[3]].address, secrets)):
                     said.setdefault(unknown, []).append(name)
         text = "\n".join(line for unknown, names in said.items() for line in unknown.lines(names))
         return "\n" + text[:DETAIL_MAX] if text else ""
@@ -687,4 +691,7 @@ class Attempts:
         if found is None or found[0] not in values:
             return None
         var, param = found
-        return {"var": var, "value": self.redactor.text(var_text(values[var])), "param": param}
+        value = self.redactor.text(var_text(values[var]))  # masked, then cut: no part of a secret is left over
+        if len(value) > CAUSE_VALUE_MAX:
+            value = f"{value[:CAUSE_VALUE_MAX]}... ({len(value)} characters)"
+        return {"var": var, "value": value, "param": param}

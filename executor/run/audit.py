@@ -501,7 +501,9 @@ def _break(number: int, record: dict[str, Any] | None, seq: int, seqs: list[Any]
     if record_hash(record) != record.get("hash"):
         if added:
             return f"{number}: a line was added here (no record of the chain; the next links to the one before)", True
-        return f"{number}: content does not match its hash: line {number} (record {held}) was edited", type(held) is int
+        edited = f"{number}: content does not match its hash: line {number} (record {held}) was edited"
+        missing = _removed(seq, held, seqs)  # an edit does not hide the lines removed before it
+        return edited + (f"; {missing} removed before it" if missing else ""), type(held) is int
     if type(held) is not int:
         return f"{number}: chain broken (a line before it was edited, removed or moved)", False
     if seqs.count(held) > 1:
@@ -510,10 +512,17 @@ def _break(number: int, record: dict[str, Any] | None, seq: int, seqs: list[Any]
         if number == 1:
             return "1: chain broken: the first record does not link to where this run's log starts (run.json)", False
         return f"{number - 1}: edited, its hash computed again: line {number} (record {held}) does not link to it", True
-    if held > seq and not any(missing in seqs for missing in range(seq, held)):
-        missing = f"record {seq} was" if held == seq + 1 else f"records {seq} to {held - 1} were"
+    if missing := _removed(seq, held, seqs):
         return f"{number}: chain broken: {missing} removed before this line (it holds record {held})", True
     return f"{number}: chain broken: record {held} stands where record {seq} belongs (lines were moved)", False
+
+
+def _removed(seq: int, held: Any, seqs: list[Any]) -> str | None:
+    """`record N was` (or `records N to M were`): the records a line holding record `held`, where record `seq`
+    belongs, follows upon that no line holds; None where none is missing before it."""
+    if type(held) is not int or held <= seq or any(missing in seqs for missing in range(seq, held)):
+        return None
+    return f"record {seq} was" if held == seq + 1 else f"records {seq} to {held - 1} were"
 
 
 @dataclass

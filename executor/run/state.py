@@ -564,7 +564,7 @@ _RECORD_SHAPES: dict[str, str] = {
     "reused_from": "text or null",
     "gate": "text or null",
     "parts": "object of texts or null",
-    "cause": "object of texts or null",
+    "cause": "object of texts with var and value or null",
 }
 _HEX = frozenset("0123456789abcdef")
 
@@ -589,6 +589,8 @@ def _fits(value: Any, shape: str) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if shape == "object of texts":
         return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    if shape == "object of texts with var and value":  # a cause: what status and the console name
+        return _fits(value, "object of texts") and {"var", "value"} <= value.keys()
     raise AssertionError(shape)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import itertools
 import re
 import types
 import typing
@@ -967,11 +968,12 @@ _StepAt = tuple[Loc, str]
 
 
 def _check_parameter_vars(value: Any, key_loc: Loc, step: _StepAt, defined: set[str], pos: _Positions) -> None:
-    """A parameter's `$name`s: each a var or secret (or the host's environment), else a problem at its column."""
+    """A parameter's `$name`s: each a var or secret (or the host's environment), else a problem at its column.
+    A text's first MAX_PROBLEMS + 1 are all a report can show (each later one is past them in the file): finding
+    where each of 20 000 is written took a minute."""
     for text, loc in _texts(value, key_loc):
-        for offset, name in parameter_names(text) if "$" in text else ():
-            if name in defined or is_environment(name):
-                continue
+        found = (ref for ref in parameter_names(text) if ref[1] not in defined and not is_environment(ref[1]))
+        for offset, name in itertools.islice(found, MAX_PROBLEMS + 1) if "$" in text else ():
             said = f"{step[1]}: {_loc_text(loc[len(step[0]) :])}: ${name} is not a var or secret of the runbook"
             problem = Problem(pos.file, *pos.occurrence(loc, text, offset), f"{said} (declare it under `vars:`)")
             pos.problems.append(problem)
@@ -990,9 +992,10 @@ def _check_gate_vars(value: Any, key_loc: Loc, step: _StepAt, declared: Collecti
 
 
 def _script_warnings(value: Any, key_loc: Loc, step: _StepAt, defined: set[str], pos: _Positions) -> Iterator[Problem]:
-    """A script's `$NAME`s that are neither defined (`defined`, the environment) nor set by the script."""
+    """A script's `$NAME`s that are neither defined (`defined`, the environment) nor set by the script: the first
+    MAX_PROBLEMS + 1 of a text, as `_check_parameter_vars` takes."""
     for text, loc in _texts(value, key_loc):
-        for offset, name in unknown_in_script(text, defined) if "$" in text else ():
+        for offset, name in unknown_in_script(text, defined)[: MAX_PROBLEMS + 1] if "$" in text else ():
             said = f"warning: {step[1]}: {_loc_text(loc[len(step[0]) :])}: ${name} is neither a var or secret of "
             said += "the runbook nor set in the script"
             yield Problem(pos.file, *pos.occurrence(loc, text, offset), said + _did_you_mean(name, defined))

@@ -34,10 +34,12 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 #: A reference where bash expands one: `$name`, `${name...}`, `${#name}`, `${!name}`.
 _REFERENCE = re.compile(rf"\$(?:\{{[#!]?({_NAME})|({_NAME}))")
 #: What a script sets: `NAME=`, `NAME+=`, `NAME[i]=` (at a command's start or as an argument: a warning
-#: is worth less than a false one), `for NAME in`, `select NAME`, `((NAME++))`, `printf -v NAME`.
+#: is worth less than a false one), `for NAME in`, `select NAME`, `((NAME++))`, `printf -v NAME`. A name starts
+#: a word and a subscript is short: tried at every offset of a word, or each `NAME[` to its line's end, the
+#: pattern took minutes over a 100 KB word.
 _ASSIGNED = re.compile(
-    rf"(?<![\w$-])({_NAME})(?:\[[^\]\n]*\])?\+?=|\b(?:for|select)\s+({_NAME})\b|({_NAME})\s*(?:\+\+|--)"
-    rf"|\bprintf\s+-v\s+({_NAME})"
+    rf"(?<![\w$-])({_NAME})(?:\[[^\]\n]{{0,200}}\])?\+?=|\b(?:for|select)\s+({_NAME})\b"
+    rf"|(?<!\w)({_NAME})\s*(?:\+\+|--)|\bprintf\s+-v\s+({_NAME})"
 )
 #: Commands whose words are names they set (or declare): every name-like word up to the command's end.
 _DECLARING = re.compile(
@@ -108,6 +110,8 @@ class _Scanner:
             char = text[i]
             if char == "\\":
                 i += 2
+            elif char == "$" and text.startswith("'", i + 1) and not quoted:  # `$'...'`: its `\'` is no end
+                i = _end_of_ansi_c(text, i + 2)
             elif char == "$":
                 i = yield from self._reference(i)
             elif char == '"':
@@ -116,8 +120,10 @@ class _Scanner:
                 i += 1
             elif char == "'":  # (after a `$`, the `$'...'` of bash's escapes: no expansion either)
                 i = _end_of(text, i + 1, "'")
-            elif char == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
-                i = _end_of(text, i, "\n") - 1
+            elif char == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):  # to its newline (a `#` last: the end)
+                i = max(i + 1, _end_of(text, i, "\n") - 1)
+            elif text.startswith("((", i):  # arithmetic (`$((`, `((`): its `<<` is a shift, no heredoc
+                i = yield from self._arithmetic(i)
             elif text.startswith("<<<", i):  # a here-string, no heredoc
                 i += 3
             elif char == "<" and (match := _HEREDOC.match(text, i)) is not None:
@@ -135,6 +141,17 @@ class _Scanner:
             return i + 1
         yield i, match.group(1) or match.group(2)
         return match.end()
+
+    def _arithmetic(self, i: int) -> Generator[tuple[int, str], None, int]:
+        """The references of the arithmetic that opens at `i` (`((`), to its matching `))` on the same line."""
+        depth, end = 0, i
+        while end < len(self.text) and self.text[end] != "\n":
+            depth += {"(": 1, ")": -1}.get(self.text[end], 0)
+            end += 1
+            if depth == 0:
+                break
+        yield from ((i + offset, name) for offset, name in _unescaped(self.text[i:end]))
+        return end
 
     def _bodies(self, i: int) -> Generator[tuple[int, str], None, int]:
         """The heredocs begun on the line that ends at `i`: a quoted one's body is skipped, the others' read
@@ -158,6 +175,15 @@ def _unescaped(body: str) -> Iterator[tuple[int, str]]:
     for match in _REFERENCE.finditer(body):
         if match.start() == 0 or body[match.start() - 1] != "\\":
             yield match.start(), match.group(1) or match.group(2)
+
+
+def _end_of_ansi_c(text: str, start: int) -> int:
+    """The offset after the `'` that ends a `$'...'` string whose text starts at `start` (a backslash escapes the
+    character after it, `\'` included), the end of the text when none."""
+    i = start
+    while i < len(text) and text[i] != "'":
+        i += 2 if text[i] == "\\" else 1
+    return min(i + 1, len(text))
 
 
 def _end_of(text: str, start: int, closing: str) -> int:

@@ -179,6 +179,10 @@ def _tampered(lines: list[str], how: str) -> list[str]:
         lines[1] = audit.canonical(second)
     elif how == "removed":
         del lines[1]
+    elif how == "removed, the next edited":
+        third = json.loads(lines.pop(2))
+        third["exit_code"] = 7
+        lines[1] = audit.canonical(third)
     else:  # added: a record made up after the first, its hash not of the chain
         second["step"] = "made-up"
         lines.insert(1, audit.canonical(second))
@@ -192,6 +196,12 @@ def _tampered(lines: list[str], how: str) -> list[str]:
         ("edited, its hash computed again", "audit.jsonl:2: edited, its hash computed again: line 3", "removed"),
         ("removed", "audit.jsonl:2: chain broken: record 2 was removed before this line", "edited"),
         ("added", "audit.jsonl:2: a line was added here", "edited"),
+        (  # the edit hid the removal before it
+            "removed, the next edited",
+            "audit.jsonl:2: content does not match its hash: line 2 (record 3) was edited; record 2 was removed "
+            "before it",
+            "lines were moved",
+        ),
     ],
 )
 def test_verify_says_whether_a_line_was_edited_removed_or_added(
@@ -212,7 +222,7 @@ def test_verify_says_whether_a_line_was_edited_removed_or_added(
     problems = [line for line in checked.stderr.splitlines() if line.startswith("TAMPERED: ")]
     assert len(problems) == 1 and said in problems[0], problems
     assert not_said not in checked.stderr
-    assert checked.stdout.startswith(f"tampered: {3 - (how == 'removed') + (how == 'added')} records")
+    assert checked.stdout.startswith(f"tampered: {3 - how.startswith('removed') + (how == 'added')} records")
 
 
 def test_torn_last_line_is_reported_and_tolerated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

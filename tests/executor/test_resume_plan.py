@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -530,6 +531,23 @@ def test_resume_and_its_file_in_any_order(failed_local_run: tuple[Path, Path, Pa
     assert _newest(logs)["resumed_from"] == (first if "RUN" in order else latest)
 
 
+@pytest.mark.parametrize("order", ["FILE --resume RUN", "--resume RUN FILE"])
+def test_a_file_named_as_the_run_id_beside_it_leaves_the_run_id_a_run_id(
+    failed_local_run: tuple[Path, Path, Path], tmp_path: Path, order: str
+) -> None:
+    """A file in the working folder named as the run (`runbook status RUN > RUN`) made the run id pass for a
+    runbook: `runbook run FILE --resume RUN`, the documented order, said there were two runbooks (exit 2).
+    A FILE written as one (`.yaml`, a folder in it) is the runbook; the other word is the run id."""
+    book, logs, marker = failed_local_run
+    marker.unlink()  # c2 fails again: the resume ends as its source did, 1
+    run_id = _newest(logs)["run_id"]
+    (tmp_path / run_id).write_text("the output of runbook status\n")
+    words = order.replace("RUN", run_id).replace("FILE", str(book)).split()
+    done = runbook_cli("run", *words, "--log-dir", str(logs), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert _newest(logs)["resumed_from"] == run_id
+
+
 @pytest.mark.parametrize(
     ("words", "said"),
     [
@@ -648,3 +666,37 @@ def test_a_failure_a_var_caused_names_it_and_the_resume_that_changes_it(tmp_path
         ("passed", run_id, None),
         ("passed", None, None),
     ]
+
+
+def test_a_cause_whose_value_is_a_document_is_quoted_in_short(tmp_path: Path) -> None:
+    """A var of 100 000 characters that caused a failure was quoted whole three times on the console (300 KB,
+    one line of 100 KB), and whole in status and its --json: its head is quoted, with its length."""
+    book, logs = tmp_path / "held.yaml", tmp_path / "logs"
+    book.write_text(
+        textwrap.dedent(HELD).replace("port: 30000", "port: '" + "3" * 100_000 + "'").replace(" = 30000", "")
+    )
+    failed = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert failed.returncode == 1, failed.stderr
+    quoted = "port=" + "3" * 200 + "... (100000 characters)"
+    assert f"serve@here failed because of {quoted}; resume with another value:" in failed.stderr
+    shown = runbook_cli("status", "--log-dir", str(logs))
+    step = json.loads(runbook_cli("status", "--json", "--log-dir", str(logs)).stdout)["steps"][1]
+    assert step["cause"]["value"] == quoted.removeprefix("port=")
+    assert max(len(line) for line in (failed.stderr + shown.stdout).splitlines()) < 1000
+
+
+@pytest.mark.parametrize("cause", ["{}", '{"var": "port"}', '{"value": "30000", "param": ""}'])
+def test_a_damaged_cause_in_state_db_is_named_never_a_traceback(tmp_path: Path, cause: str) -> None:
+    """A cause without its var or value (a state.db edited by hand) is a damaged store, named as any other
+    misshapen column is: status, its --json and a resume said a KeyError's traceback."""
+    book, logs = tmp_path / "held.yaml", tmp_path / "logs"
+    book.write_text(textwrap.dedent(HELD))
+    assert runbook_cli("run", str(book), "--log-dir", str(logs)).returncode == 1
+    run_id = _newest(logs)["run_id"]
+    with sqlite3.connect(logs / run_id / "state.db") as db:
+        db.execute("UPDATE steps SET cause = ? WHERE step = 'serve'", (cause,))
+    db.close()
+    for argv in (["status"], ["status", "--json"], ["run", str(book), "--resume"]):
+        shown = runbook_cli(*argv, "--log-dir", str(logs))
+        assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+        assert "state.db is unreadable (step 'serve': field 'cause' must be" in shown.stderr, shown.stderr

@@ -4,7 +4,9 @@ did-you-mean), a warning in a script; and no runbook of the repo has either (REA
 from __future__ import annotations
 
 import re
+import signal
 import string
+import time
 from pathlib import Path
 
 import pytest
@@ -158,6 +160,65 @@ def test_a_scripts_unknown_name_is_a_warning_at_its_line_and_column(tmp_path: Pa
         "in the script",
     ]
     assert lines[2].startswith("F: ok (1 steps")
+
+
+def test_a_script_ending_in_a_comment_sign_validates(tmp_path: Path) -> None:
+    """`echo $HOME #`, the script's last character a `#` that opens a comment: the scanner stood on it for ever
+    (validate, plan and run never returned). An alarm ends the test instead of the suite hanging."""
+
+    def too_long(signum: int, frame: object) -> None:
+        raise TimeoutError("validate did not return in 10 s")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(10)
+    try:
+        code, lines = validate(tmp_path, HEADER + '  - {id: s, kind: shell, script: "echo $HOME $nope #"}\n')
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert code == 0 and "$nope is neither" in lines[0], lines
+
+
+def test_an_escaped_quote_in_ansi_c_or_a_shift_in_arithmetic_quotes_nothing_after_it(tmp_path: Path) -> None:
+    """`$'don\\'t'` ends at its last quote (bash's escape), and `$((1 << n))` shifts, opening no heredoc: the
+    scanner ended the first at `\\'` and read the rest of the script as a heredoc's body after the second, so
+    every later single-quoted `'$name'` was warned of; a `$name` inside the arithmetic still is."""
+    text = HEADER + "  - id: quotes\n    kind: shell\n    script: |\n"
+    text += "      echo $'don\\'t' '$in_single_quotes'\n"
+    text += "      n=2; echo $((1 << n)) $((1 << $shift_undefined)) '$after_the_shift'\n"
+    assert validate(tmp_path, text)[1][:2] == [
+        "F:13:37: warning: step 'quotes': script: $shift_undefined is neither a var or secret of the runbook nor "
+        "set in the script",
+        "F: ok (1 steps, 1 step-host pairs)",
+    ]
+
+
+def test_twenty_thousand_unknown_names_are_reported_up_to_the_limit_in_a_moment(tmp_path: Path) -> None:
+    """Where each unknown name is written was found from the text's start, for every one of them: 20 000 in a
+    parameter, and as many in a script, took a minute and a half to say the first 100 of each."""
+    text = HEADER + "  - id: many\n    kind: shell\n    script: |\n" + "      echo $nope\n" * 20_000
+    text += "  - {id: probe, kind: probe, models_dir: /m, paths: [], python: '" + "/$nope" * 20_000 + "'}\n"
+    started = time.monotonic()
+    code, lines = validate(tmp_path, text)
+    assert time.monotonic() - started < 10, "quadratic again: this took 90 s before"
+    assert code == 2 and lines[0].startswith("F:20012:67: step 'probe': python: $nope is not a var"), lines[:3]
+    assert lines[-1] == "F:20012:667: more problems from here on; only the first 100 are reported (the limit)"
+    warned = validate(tmp_path, text.rpartition("  - {id: probe")[0])[1]
+    assert warned[0].startswith("F:12:12: warning: step 'many': script: $nope is neither"), warned[:2]
+    assert warned[100] == "F:112:12: warning: more warnings from here on; only the first 100 are shown (the limit)"
+
+
+def test_a_long_word_or_many_open_subscripts_in_a_script_validate_in_linear_time(tmp_path: Path) -> None:
+    """A script's assignments were found by a pattern that tried every offset of a word as a name (`NAME++`)
+    and every `NAME[` to the end of its line: a 100 KB word (a hex blob pasted into an `echo`) took minutes, as
+    did a line of open subscripts. Each is read once now; both still warn of the undefined name after them."""
+    blob, subscripts = "f" + "0a" * 50_000, "x[" * 50_000
+    text = HEADER + "  - id: blob\n    kind: shell\n    script: |\n"
+    text += f"      echo {blob} '{subscripts}'\n      echo $undefined_after\n"
+    started = time.monotonic()
+    code, lines = validate(tmp_path, text)
+    assert time.monotonic() - started < 10, "quadratic again: this took 3 minutes before"
+    assert code == 0 and "$undefined_after is neither" in lines[0], lines
 
 
 def test_the_mcp_validate_answers_warnings_and_problems(tmp_path: Path) -> None:

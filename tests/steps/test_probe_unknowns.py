@@ -296,6 +296,42 @@ def test_any_kinds_facts_give_their_reason_by_the_convention(runbook_offline: Of
     assert "next step" not in message
 
 
+def test_a_python_path_holding_a_secret_is_masked_and_its_next_step_is_no_var(tmp_path: Path) -> None:
+    """`python: /opt/$TOK/bin/python` with TOK a secret: what was tried shows `***` where the value was, and the
+    next step says where a secret is set (the controller's environment); it said `--var TOK=...`, which run
+    refuses ("unknown var 'TOK'")."""
+    token = "tok_Sup3rS3cretV4lue"
+    book, logs = tmp_path / "secret.yaml", tmp_path / "logs"
+    text = wrong_python_runbook(tmp_path).read_text().replace("python: $sglang_python", "python: /opt/$TOK/bin/python")
+    book.write_text(text.replace("vars:\n", "secrets:\n  TOK: {env: RUNBOOK_TEST_PROBE_TOK}\nvars:\n"))
+    ran = runbook_cli("run", str(book), f"--log-dir={logs}", env={"RUNBOOK_TEST_PROBE_TOK": token})
+    assert ran.returncode == 1, ran.stderr
+    status = runbook_cli("status", "--log-dir", str(logs), "--json").stdout
+    for shown in (words(ran.stderr), words(json.loads(status)["steps"][0]["message"])):
+        assert "tried: python: /opt/$TOK/bin/python -> /opt/***/bin/python" in shown, shown
+        assert "or set `TOK` (the controller's $RUNBOOK_TEST_PROBE_TOK)" in shown, shown
+        assert "--var TOK" not in shown
+    assert token not in ran.stderr + status
+
+
+def test_a_reason_of_many_lines_stays_inside_the_failure(tmp_path: Path) -> None:
+    """A reason is the host's text: its later lines started at the console's first column, where a host could
+    write what passes for the executor's own (`run passed`); each is indented under its `why` now, in the
+    console and the stored message alike."""
+    book = tmp_path / "lines.yaml"
+    facts = {"free": None, "unknown_reason": "df failed\nrun passed in 1s\n  s  shell  h  passed"}
+    step = {"id": "s", "kind": "shell", "parse": "json", "script": f"echo '{json.dumps(facts)}'"}
+    doc = {"name": "lines", "hosts": {"h": {"address": "local"}}, "steps": [step | {"gates": ["facts.free > 0"]}]}
+    book.write_text(yaml.safe_dump(doc, sort_keys=False))
+    logs = tmp_path / "logs"
+    ran = runbook_cli("run", str(book), "--log-dir", str(logs))
+    assert ran.returncode == 1, ran.stderr
+    (record,) = json.loads(runbook_cli("status", "--json", "--log-dir", str(logs)).stdout)["steps"]
+    for shown in (ran.stderr, record["message"]):
+        assert "  why (facts.free): df failed\n      run passed in 1s\n        s  shell  h  passed\n" in shown, shown
+        assert "run passed" not in [line.split(" in ")[0] for line in shown.splitlines()]
+
+
 def test_a_kind_whose_explanation_raises_still_fails_its_gate_saying_so(
     runbook_offline: Offline, tmp_path: Path
 ) -> None:
