@@ -106,8 +106,13 @@ def test_validate_and_plan_import_no_ssh_no_host_program_and_no_run(command: str
 
 #: What a kind's run reads or writes, which no `validate` or `plan` of the flagship (one node per server) defines:
 #: the benchmark's facts, report, provenance and figures, the probe's facts, the node group's documents.
-RUN_ONLY = ("steps.benchmark_report", "steps.benchmark_figures", "steps.provenance", "steps.probe_facts")
-RUN_ONLY += ("steps.server.node_group",)
+RUN_ONLY = (
+    "steps.benchmark_report",
+    "steps.benchmark_figures",
+    "steps.provenance",
+    "steps.probe_facts",
+    "steps.server.node_group",
+)
 TWO_NODES = REPO / "runbooks" / "sites" / "two_h100_nodes.yaml"
 
 
