@@ -186,6 +186,19 @@ def test_validate_builds_the_validators_of_the_kinds_it_checks_and_of_no_facts_o
     assert ours["steps.deploy.DeployStep"] and ours["steps.benchmark.BenchmarkStep"]  # what it checked: built
 
 
+def test_plan_builds_the_validator_of_its_document_and_of_none_of_its_parts(tmp_path: Path) -> None:
+    """`plan` makes its document's parts (steps, hosts, variants, gates, ...) unvalidated and validates the whole
+    once: one validator built, not one per part model."""
+    found = tmp_path / "built.json"
+    argv = [sys.executable, "-c", BUILT, str(found), "plan", str(FLAGSHIP)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, timeout=120, check=True)
+    said = json.loads(found.read_text())
+    planner = {name for name in said["built"] if name.startswith("executor.runbook.planner.")}
+    assert len(planner) >= 10  # the check sees the part models
+    assert sorted(name for name in planner if said["built"][name]) == ["executor.runbook.planner.PlanDocument"]
+
+
 TOKENIZED = """
 import sys, tokenize
 from executor.faces.cli import main
