@@ -395,7 +395,7 @@ def _group(
 ) -> PlanGroup:
     """A matrix group as data, its long parts cut to their first PLAN_SHOWN items (PlanGroup)."""
     header = _group_header(runbook, group, overrides, hosts, PLAN_SHOWN)
-    left_out = {
+    left_out: dict[str, Any] = {  # typed Any: model_construct takes its `_fields_set` by keyword too
         f"{key}_left_out": len(items) - PLAN_SHOWN
         for key, items in (("cells", group.cells), ("instances", group.instances), ("servers", group.servers))
         if len(items) > PLAN_SHOWN
