@@ -45,34 +45,19 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from executor.hostprogram import marked_folder
 from executor.render import host_word, pasted_word
-from executor.runbook.model import DataModel, Gate
+from executor.runbook.model import Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
-from steps import provenance
-from steps.benchmark_figures import write_report
-from steps.benchmark_report import Acceptance, ReportFiles, Side, Speedup, speedup
-from steps.benchmark_results import JSONL_MARKER, BenchPoint, BenchRun, RunInfo, jsonl_lines, parse_run, points
+from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
 
+# The step's facts, the comparison report, its provenance and figures (~30 pydantic models) are imported by
+# the methods that run the step: `runbook validate` and `plan` import every kind a runbook names and use
+# none of them (bench/RESULTS.md, 9d).
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
+    from steps import provenance
+    from steps.benchmark_report import Acceptance, Side
 
 Positive = Annotated[int, Field(gt=0)]
-
-
-class BenchmarkFacts(DataModel):
-    label: str
-    server: str  # the deploy step whose server was measured
-    base_url: str
-    input_len: int
-    output_len: int
-    concurrencies: list[int]  # as asked, in order
-    repeats: int  # runs asked per concurrency
-    spread_threshold: float  # relative MAD of output throughput above which a point is noisy (range: twice it)
-    runs: list[BenchRun]  # those that completed, in order (every repeat)
-    points: list[BenchPoint]  # one per concurrency that completed a run, in order
-    failure: str | None  # why the benchmark did not complete, one line; None when every run did
-    compare_to: str | None  # the baseline benchmark step
-    speedup: Speedup | None  # None without compare_to (or when the benchmark failed)
-    report: ReportFiles | None
 
 
 class BenchmarkStep(StepSpec):
@@ -207,6 +192,9 @@ class BenchmarkStep(StepSpec):
         return run, f"{where}: {shortfall}" if shortfall else None
 
     async def execute(self, ctx: StepContext) -> Outcome:
+        from steps.benchmark_figures import write_report
+        from steps.benchmark_report import BenchmarkFacts, Side, speedup
+
         base_url = str(_fact(ctx, self.server, "base_url", "server"))
         baseline = self._baseline(ctx)
         acceptance = self._acceptance(ctx)
@@ -281,6 +269,8 @@ class BenchmarkStep(StepSpec):
         )
 
     def _baseline(self, ctx: StepContext) -> Side | None:
+        from steps.benchmark_report import Side
+
         if self.compare_to is None:
             return None
         step = self.compare_to
@@ -300,6 +290,8 @@ class BenchmarkStep(StepSpec):
         return side
 
     def _acceptance(self, ctx: StepContext) -> Acceptance | None:
+        from steps.benchmark_report import Acceptance
+
         if self.acceptance is None:
             return None
         sets = _fact(ctx, self.acceptance, "sets", "acceptance")
@@ -315,6 +307,8 @@ class BenchmarkStep(StepSpec):
         self, ctx: StepContext, baseline: Side, candidate: Side, acceptance: Acceptance | None
     ) -> provenance.Provenance:
         """What the report's numbers are of, from the facts of the steps before this one on the host."""
+        from steps import provenance
+
         baseline_server = str(_fact(ctx, baseline.step, "server", "compare_to"))
         sides = [
             provenance.Measured(baseline.label, baseline.step, baseline_server, baseline.runs),

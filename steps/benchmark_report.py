@@ -171,6 +171,27 @@ class ReportFiles(DataModel):
     acceptance_file: str | None  # None: the eval's facts have no histogram (or there is no eval)
 
 
+class BenchmarkFacts(DataModel):
+    """The facts of a `benchmark` step (steps/benchmark.py): its runs, their points and, with `compare_to`, the
+    speedups and the report's files. Here, with the models it holds, so that the step's module (which
+    `validate` imports) defines none of them."""
+
+    label: str
+    server: str  # the deploy step whose server was measured
+    base_url: str
+    input_len: int
+    output_len: int
+    concurrencies: list[int]  # as asked, in order
+    repeats: int  # runs asked per concurrency
+    spread_threshold: float  # relative MAD of output throughput above which a point is noisy (range: twice it)
+    runs: list[BenchRun]  # those that completed, in order (every repeat)
+    points: list[BenchPoint]  # one per concurrency that completed a run, in order
+    failure: str | None  # why the benchmark did not complete, one line; None when every run did
+    compare_to: str | None  # the baseline benchmark step
+    speedup: Speedup | None  # None without compare_to (or when the benchmark failed)
+    report: ReportFiles | None
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """numerator / denominator, or None when either is unknown or the denominator is not positive."""
     if numerator is None or denominator is None or denominator <= 0:

@@ -29,8 +29,7 @@ from executor.runbook.model import DataModel, Gate
 from executor.stepkind import Outcome, RenderContext, StepContext, StepRef, StepSpec, StepView
 from steps import campaign_parity, provenance, sglang_flags
 from steps import campaign_report_document as document
-from steps.benchmark import BenchmarkFacts
-from steps.benchmark_report import REPORT_JSON, REPORT_MD, write_document
+from steps.benchmark_report import REPORT_JSON, REPORT_MD, BenchmarkFacts, write_document
 from steps.campaign_report_cells import CellReport, Comparison, collect, compare, read_facts
 
 if TYPE_CHECKING:

@@ -34,8 +34,7 @@ from pydantic import ValidationError
 from executor.runbook.campaign import AxisValue, cell_text
 from executor.runbook.model import DataModel
 from executor.stepkind import StepView, shape_errors
-from steps.benchmark import BenchmarkFacts
-from steps.benchmark_report import Acceptance, Side, Speedup, speedup, tok_s
+from steps.benchmark_report import Acceptance, BenchmarkFacts, Side, Speedup, speedup, tok_s
 from steps.campaign_parity import launch_difference
 from steps.provenance import gpus_of
 from steps.server.documents import DeployFacts

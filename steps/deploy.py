@@ -52,7 +52,7 @@ from steps.server.one_node import start_script
 from steps.server.topology import topology
 
 #: Attention backends for an MLA target (DeepSeek-V3, Kimi K2.x), best first; the probe says which of the
-#: installed ones run on the GPU architecture (steps/probe.py MLA_BACKEND_ARCHS). SGLang's own defaults
+#: installed ones run on the GPU architecture (steps/probe_facts.py MLA_BACKEND_ARCHS). SGLang's own defaults
 #: on Blackwell (trtllm_mla) and Hopper (fa3) lead; flashinfer and triton run on SM120.
 MLA_PREFERENCE = ("trtllm_mla", "fa3", "flashmla", "cutedsl_mla", "flashinfer", "triton")
 #: Attention backends for a target without MLA, by GPU architecture (FA3 is Hopper-only).

@@ -364,8 +364,8 @@ def host_fields(runbook: Runbook) -> list[PlanHostFields]:
             shown = "unset" if value is None else f"{value:g}s" if key in durations else var_text(value)
             written = runbook.host_sources.get(name, {}).get(key)
             source, at = written or ("default", None)
-            fields.append(HostField(name=key, value=value, shown=shown, source=source, at=at))
-        hosts.append(PlanHostFields(host=name, fields=fields))
+            fields.append(HostField.model_construct(name=key, value=value, shown=shown, source=source, at=at))
+        hosts.append(PlanHostFields.model_construct(host=name, fields=fields))
     return hosts
 
 
@@ -379,13 +379,13 @@ def _variant(variant: StepSpec, ctx: _Recording, via: str) -> PlanVariant:
     ctx = copy.copy(ctx)
     ctx.asked = {}
     scripts = "".join(script for _, script in variant.plan(ctx))
-    return PlanVariant(
+    return PlanVariant.model_construct(
         via=via,
         peers=variant.peer_hosts(),
         summary=variant.summary(ctx),
         commands=variant.commands(ctx),
-        gates=[PlanGate(that=gate.that, message=gate.message) for gate in variant.effective_gates()],
-        run_time=[RunTimeValue(value=source, step=step) for source, step in ctx.asked.items()],
+        gates=[PlanGate.model_construct(that=gate.that, message=gate.message) for gate in variant.effective_gates()],
+        run_time=[RunTimeValue.model_construct(value=source, step=step) for source, step in ctx.asked.items()],
         programs=shipped_programs(scripts),
     )
 
@@ -395,14 +395,14 @@ def _group(
 ) -> PlanGroup:
     """A matrix group as data, its long parts cut to their first PLAN_SHOWN items (PlanGroup)."""
     header = _group_header(runbook, group, overrides, hosts, PLAN_SHOWN)
-    left_out = {
+    left_out: dict[str, Any] = {  # typed Any: model_construct takes its `_fields_set` by keyword too
         f"{key}_left_out": len(items) - PLAN_SHOWN
         for key, items in (("cells", group.cells), ("instances", group.instances), ("servers", group.servers))
         if len(items) > PLAN_SHOWN
     }
-    return PlanGroup(
+    return PlanGroup.model_construct(
         name=group.name,
-        cells=[PlanCell(id=cell.id, values=dict(cell.values)) for cell in group.cells[:PLAN_SHOWN]],
+        cells=[PlanCell.model_construct(id=cell.id, values=dict(cell.values)) for cell in group.cells[:PLAN_SHOWN]],
         excluded=group.excluded,
         included=group.included,
         instances=list(group.instances[:PLAN_SHOWN]),
@@ -421,7 +421,9 @@ def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redacto
     learns only at run time and from which step, and the host programs it ships (name, size, sha256); the
     matrix groups with their cells, launches and placement. A group's instances past its first PLAN_SHOWN are
     left out of `steps` (its `instances_left_out` counts them). Every string is masked by `redactor` as
-    `plan_text` masks its text (one by one: a secret holding `"` or `\\` is masked as written)."""
+    `plan_text` masks its text (one by one: a secret holding `"` or `\\` is masked as written). Its parts are made
+    unvalidated (`model_construct`: each of the 9 part models built its validator to check values made here, a
+    few percent of `plan`'s start, bench/RESULTS.md 9d); the document is validated whole, once, from its dump."""
     by_id = {spec.id: spec for spec in runbook.steps}
     hosts = placed_hosts(runbook)
     left_out = {i for group in runbook.groups for i in group.instances[PLAN_SHOWN:]}
@@ -437,9 +439,9 @@ def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redacto
             runs = [_variant(variant, ctx, via) for via, variant in variants(runbook, spec)]
             for run in runs:
                 run.summary += spec.plan_notes(by_id)
-            on.append(PlanHost(host=host, address=runbook.hosts[host].address, variants=runs))
+            on.append(PlanHost.model_construct(host=host, address=runbook.hosts[host].address, variants=runs))
         steps.append(
-            PlanStep(
+            PlanStep.model_construct(
                 id=spec.id,
                 kind=spec.kind,
                 number=number,

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 from executor.stepkind import Outcome, RenderContext, StepContext
 from steps.server.base import Deployment, Server, ServerStep
 from steps.server.documents import Choice
-from steps.server.node_group import NodeGroup
 from steps.server.one_node import ONE_NODE
 
 
@@ -51,5 +50,10 @@ class Topology(Protocol):
 
 def topology(step: ServerStep) -> Topology:
     """A node group for `nodes` of two hosts or more, rank 0 first; one node otherwise: no `nodes`, or nodes of
-    one host (a pool of one), which serves exactly as `host:` would."""
-    return NodeGroup(step.nodes) if step.nodes is not None and len(step.nodes) > 1 else ONE_NODE
+    one host (a pool of one), which serves exactly as `host:` would. The node group's module (its documents'
+    models) is imported for a group only: `validate` and `plan` of a one-node runbook never define them."""
+    if step.nodes is None or len(step.nodes) < 2:
+        return ONE_NODE
+    from steps.server.node_group import NodeGroup
+
+    return NodeGroup(step.nodes)

@@ -104,6 +104,33 @@ def test_validate_and_plan_import_no_ssh_no_host_program_and_no_run(command: str
     assert {"yaml", "pydantic", "jinja2", "steps.deploy"} <= modules  # what they do need: the check sees imports
 
 
+#: What a kind's run reads or writes, which no `validate` or `plan` of the flagship (one node per server) defines:
+#: the benchmark's facts, report, provenance and figures, the probe's facts, the node group's documents.
+RUN_ONLY = (
+    "steps.benchmark_report",
+    "steps.benchmark_figures",
+    "steps.provenance",
+    "steps.probe_facts",
+    "steps.server.node_group",
+)
+TWO_NODES = REPO / "runbooks" / "sites" / "two_h100_nodes.yaml"
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_validate_and_plan_leave_the_kinds_run_time_models_undefined(command: str, tmp_path: Path) -> None:
+    """Issue 29, item 12: defining ~50 facts and report models (pydantic collects each field at class creation,
+    validators deferred or not) was a good part of `validate`'s start; those modules are imported by the step that
+    runs. The controls: a node group's plan does import its module, and `schema --report` the report's."""
+    code, modules = imported(tmp_path, command, str(FLAGSHIP))
+    assert code == 0
+    assert among(modules, RUN_ONLY) == []
+    code, grouped = imported(tmp_path, command, str(FLAGSHIP), "--inventory", str(TWO_NODES))
+    assert code == 0
+    assert "steps.server.node_group" in grouped
+    _, reported = imported(tmp_path, "schema", "--report")
+    assert {"steps.benchmark_report", "steps.provenance"} <= reported
+
+
 def test_validate_imports_the_kinds_the_runbook_uses_and_no_other(tmp_path: Path) -> None:
     """Kinds come through entry points, each imported when a runbook uses it (README, "Add a kind")."""
     code, modules = imported(tmp_path, "validate", str(REPO / "runbooks" / "demo_local.yaml"))  # shell steps
@@ -154,9 +181,41 @@ def test_validate_builds_the_validators_of_the_kinds_it_checks_and_of_no_facts_o
     assert said["code"] == 0
     ours = {name: done for name, done in said["built"].items() if name.startswith("steps.")}
     data = {name for name in ours if name not in said["runbook"]}
-    assert {"steps.benchmark.BenchmarkFacts", "steps.benchmark_report.Report", "steps.probe.ProbeFacts"} <= data
+    assert {"steps.download.DownloadFacts", "steps.verify.VerifyFacts", "steps.server.documents.DeployFacts"} <= data
     assert sorted(name for name in data if ours[name]) == []
     assert ours["steps.deploy.DeployStep"] and ours["steps.benchmark.BenchmarkStep"]  # what it checked: built
+
+
+def test_plan_builds_the_validator_of_its_document_and_of_none_of_its_parts(tmp_path: Path) -> None:
+    """`plan` makes its document's parts (steps, hosts, variants, gates, ...) unvalidated and validates the whole
+    once: one validator built, not one per part model."""
+    found = tmp_path / "built.json"
+    argv = [sys.executable, "-c", BUILT, str(found), "plan", str(FLAGSHIP)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, timeout=120, check=True)
+    said = json.loads(found.read_text())
+    planner = {name for name in said["built"] if name.startswith("executor.runbook.planner.")}
+    assert len(planner) >= 10  # the check sees the part models
+    assert sorted(name for name in planner if said["built"][name]) == ["executor.runbook.planner.PlanDocument"]
+
+
+TOKENIZED = """
+import sys, tokenize
+from executor.faces.cli import main
+code = main(sys.argv[1:])
+print(code, tokenize._compile.cache_info().currsize)
+"""
+
+
+def test_validate_parses_no_builtin_s_signature_from_its_text() -> None:
+    """pydantic reads each default factory's signature when it builds a model; `default_factory=list` made it parse
+    `list`'s from its text, compiling tokenize's regex (~3 ms of `validate`'s start): no factory of a runbook's
+    models is a builtin, so tokenize's regex is never compiled."""
+    argv = [sys.executable, "-c", TOKENIZED, "validate", str(FLAGSHIP)]
+    done = subprocess.run(
+        argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["0", "0"], done.stderr
 
 
 def test_a_run_on_an_ssh_host_does_import_asyncssh(tmp_path: Path) -> None:

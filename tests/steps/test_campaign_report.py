@@ -18,12 +18,11 @@ from executor.runbook.campaign import AxisValue
 from executor.runbook.gates import evaluate
 from executor.stepkind import StepContext, StepView
 from executor.transport.base import CommandResult, Transfer
-from steps.benchmark import BenchmarkFacts
-from steps.benchmark_report import Acceptance, AcceptanceSet, LosslessSet
+from steps.benchmark_report import Acceptance, AcceptanceSet, BenchmarkFacts, LosslessSet
 from steps.benchmark_results import points
 from steps.campaign_report import CampaignReportStep
 from steps.campaign_report_cells import CellPoint, CellReport, Launch, choose, collect, compare
-from steps.probe import Gpu, GpuFacts
+from steps.probe_facts import Gpu, GpuFacts
 from steps.server.documents import Choice, DeployFacts
 from tests.clirun import runbook_cli
 from tests.steps.test_benchmark_report import bench_run

@@ -37,7 +37,7 @@ from sandbox.prepare import VENV
 from sandbox.repos import oversized_copy
 from sandbox.sglang_standin.server import VERSION as STANDIN_VERSION
 from steps.deploy import DeployStep
-from steps.probe import MLA_BACKEND_ARCHS
+from steps.probe_facts import MLA_BACKEND_ARCHS
 from steps.server.documents import Choice
 from steps.stop_server import StopServerStep
 

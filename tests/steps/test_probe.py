@@ -23,7 +23,8 @@ from executor.transport.base import Collector
 from hostprograms import probe as probe_host
 from sandbox.prepare import VENV
 from sandbox.sshd import free_port
-from steps.probe import HostReport, ProbeFacts, ProbeStep, sm_arch
+from steps.probe import ProbeStep
+from steps.probe_facts import HostReport, ProbeFacts, sm_arch
 from tests.conftest import SandboxHost
 
 
