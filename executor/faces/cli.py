@@ -501,8 +501,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err(), runbook.groups, args.verbose)
     os.umask(0o077)
     log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
-    # a run of one step continues as one step: --resume would also run the steps --only left out
-    scope = ["--only", args.only_step] if args.only_step else ["--resume"]
+    # a run of one step continues as one step: --resume would also run the steps --only left out; nor would it
+    # carry this run's --inventory and --var, which are said again
+    site = [*(["--inventory", str(args.inventory)] if args.inventory else []), *(f"--var={v}" for v in args.var)]
+    scope = ["--only", args.only_step, *site] if args.only_step else ["--resume"]
     again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:
         engine = Engine(runbook, options, reporter, say=lambda note: err().print(shown_text(f"runbook: {note}")))
