@@ -897,7 +897,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (settle := getattr(args, "settle", None)) is not None:
         settle(args)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # what print() left in the buffer, here rather than at exit, where a closed pipe is noise
+        return code
     except BrokenPipeError:
         # stdout's reader went away (`runbook audit show RUN | head`): stop quietly, and let nothing more
         # (Python's own flush at exit included) write to the closed pipe
