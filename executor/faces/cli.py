@@ -190,6 +190,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
     p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
+    p.set_defaults(resumable=True)  # end a run that stopped with the command that continues it (not the demo's)
 
 
 def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -444,6 +445,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             code = cmd_run(
                 argparse.Namespace(
                     results=False,  # said below, after the report's tables
+                    resumable=False,  # its test host ends with it: how to go on is said below
                     file=site.runbook,
                     inventory=site.inventory,
                     var=[],
@@ -464,13 +466,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
         cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, json=False))
-    for line in (
-        f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})",
-        *(results_lines(run_dir, args.log_dir) or [f"no report: see runbook status --log-dir {args.log_dir}"]),
-        "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
-        "runbook working, not how fast Kimi-K2.6 is",
-        f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml",
-    ):
+    results = results_lines(run_dir, args.log_dir)
+    lines = [f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})"]
+    lines += results or [f"no report: see runbook status --log-dir {args.log_dir}"]
+    if results:
+        lines.append(
+            "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
+            "runbook working, not how fast Kimi-K2.6 is"
+        )
+    if code != EXIT_OK:  # instead of the `--resume` a run ends with
+        lines.append(
+            "its test host ended with it (`runbook run ... --resume` would find nothing listening): run the same "
+            "`runbook demo` again, from the start"
+        )
+    lines.append(f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml")
+    for line in lines:
         err().print(shown_text(f"demo: {line}"))
     return code
 
@@ -516,15 +526,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.results and not args.json:
         for line in results_lines(getattr(engine.folder, "run_dir", None), args.log_dir):  # set once it is made
             err().print(shown_text(line))
-    if code == EXIT_INTERRUPTED and not args.json:  # nothing failed: the operator stopped it
-        _say_command("interrupted; to continue where it stopped", again)
-    elif code == EXIT_FAILED and not args.json:
-        # a failure a var's value caused is said with the command that resumes with another value instead
-        if not _said_causes(engine, args.log_dir):
-            _say_command("after fixing the cause, continue where it stopped", again)
-    elif code == EXIT_CELLS_FAILED and not args.json:
-        _say_command("some cells failed (runbook status lists them); to run only those again", again)
+    if args.resumable and not args.json:  # the demo says how to go on itself
+        _say_how_to_continue(engine, code, again, args.log_dir)
     return code
+
+
+def _say_how_to_continue(engine: Engine, code: int, again: str, log_dir: Path) -> None:
+    """The command that continues a run which stopped, by how it stopped (nothing for a run that passed)."""
+    if code == EXIT_INTERRUPTED:  # nothing failed: the operator stopped it
+        _say_command("interrupted; to continue where it stopped", again)
+    elif code == EXIT_FAILED:
+        # a failure a var's value caused is said with the command that resumes with another value instead
+        if not _said_causes(engine, log_dir):
+            _say_command("after fixing the cause, continue where it stopped", again)
+    elif code == EXIT_CELLS_FAILED:
+        _say_command("some cells failed (runbook status lists them); to run only those again", again)
 
 
 def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
