@@ -815,8 +815,8 @@ def report_folder(run: str | None, log_dir: Path) -> Path:
     else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
     from executor.faces import views
 
-    if run is not None and (os.sep in run or Path(run).is_dir()):
-        return Path(run)
+    if run is not None and (Path(run).is_dir() or (os.sep in run and not Path(run).is_file())):
+        return Path(run)  # a file (the runbook, mistaken for its run) is refused by `latest`, saying so
     return log_dir / views.latest(log_dir, run).run_id
 
 
