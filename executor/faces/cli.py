@@ -873,6 +873,17 @@ def _describe_record(record: dict[str, Any]) -> str:
     return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
 
+def _mcp_install_command() -> str:
+    """The command that adds the `mcp` extra to this very installation: with this interpreter (the README's
+    .venv), from the checkout where runbook runs from one, since `pip install 'runbook[mcp]'` there would
+    fetch whatever an index calls `runbook`."""
+    checkout = Path(__file__).resolve().parents[2]
+    pip = [sys.executable, "-m", "pip", "install"]
+    if (checkout / "pyproject.toml").is_file():
+        return shlex.join([*pip, "-e", f"{checkout}[mcp]"])
+    return shlex.join([*pip, "runbook[mcp]"])
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     """`runbook mcp`: the MCP server (executor.faces.mcp_server) over stdio, with the optional extra installed."""
     try:
@@ -880,7 +891,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:  # no SDK, or one without the server API (mcp < 2)
         if not (exc.name or "").startswith("mcp"):
             raise
-        say(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'")
+        _say_command(f"runbook mcp: needs the MCP SDK ({exc.name})", _mcp_install_command())
         return InvalidRunbook.exit_code
     missing = [root for root in args.root if not root.is_dir()]
     if missing:
