@@ -410,7 +410,6 @@ def _pool_size(text: str) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor import diagnostics
     from executor.faces import views
-    from executor.run import audit
     from sandbox.demo import demo_site  # the test host's parts: only the demo (and the tests) use them
 
     diagnostics.route_asyncssh()  # before the demo's own SSH server logs anything, as for a run
@@ -466,23 +465,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
         cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, json=False))
-    results = results_lines(run_dir, args.log_dir)
-    lines = [f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})"]
-    lines += results or [f"no report: see runbook status --log-dir {args.log_dir}"]
+    _say_demo_end(run_dir, args.log_dir, code, site.runbook.name)
+    return code
+
+
+def _say_demo_end(run_dir: Path, log_dir: Path, code: int, runbook_name: str) -> None:
+    """The demo's last lines: its audit log, its results (or where to look), what its numbers are, how to go on
+    after a demo that stopped, and the command for a real GPU host."""
+    from executor.run import audit
+
+    results = results_lines(run_dir, log_dir)
+    # each a line, or a hint and the command to paste, on a line of its own where both fit no line
+    lines: list[str | tuple[str, str]] = [
+        (f"demo: audit log: {run_dir / audit.AUDIT_FILE}; check it", f"runbook audit verify {run_dir}")
+    ]
+    lines += [f"demo: {line}" for line in results or [f"no report: see runbook status --log-dir {log_dir}"]]
     if results:
         lines.append(
-            "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
+            "demo: the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
             "runbook working, not how fast Kimi-K2.6 is"
         )
     if code != EXIT_OK:  # instead of the `--resume` a run ends with
         lines.append(
-            "its test host ended with it (`runbook run ... --resume` would find nothing listening): run the same "
-            "`runbook demo` again, from the start"
+            "demo: its test host ended with it (`runbook run ... --resume` would find nothing listening): run the "
+            "same `runbook demo` again, from the start"
         )
-    lines.append(f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml")
+    lines.append(
+        ("demo: on your GPU host", f"HF_TOKEN=hf_... runbook run runbooks/{runbook_name} --inventory my-site.yaml")
+    )
     for line in lines:
-        err().print(shown_text(f"demo: {line}"))
-    return code
+        if isinstance(line, tuple):
+            _say_command(*line)
+        else:
+            err().print(shown_text(line))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

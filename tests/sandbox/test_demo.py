@@ -202,8 +202,14 @@ def test_a_demo_that_stops_says_to_run_the_demo_again_not_a_resume(
         return run(argparse.Namespace(**{**vars(args), "only_step": "probe", "var": ["sglang_python=/nonexistent"]}))
 
     monkeypatch.setattr(cli, "cmd_run", probe_only)
-    done = in_process("demo", "--log-dir", str(tmp_path / "logs"), "--ssh-server", "embedded")
+    done = in_process("demo", "--log-dir", str(tmp_path / "logs"), "--ssh-server", "embedded", env={"COLUMNS": "100"})
     assert done.returncode == 1, done.stderr[-3000:]
+    # the commands to paste, whole on lines of their own where a hint and its command fit no line of 100
+    lines = done.stderr.splitlines()
+    assert "HF_TOKEN=hf_... runbook run runbooks/k26_dflash.yaml --inventory my-site.yaml" in lines, lines
+    # a command too long for a line is `$ `-prefixed and `\`-continued, as a console's commands are
+    pasted = [line.strip().removeprefix("$ ") for line in re.sub(r" \\\n *", " ", done.stderr).splitlines()]
+    assert f"runbook audit verify {next((tmp_path / 'logs').glob('2*'))}" in pasted, lines
     said = " ".join(done.stderr.split())
     assert "python '/nonexistent' (from '$sglang_python') does not exist" in said
     assert "k26_dflash.yaml --resume" not in said and "continue where it stopped" not in said
