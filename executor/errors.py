@@ -17,7 +17,8 @@ to transport errors (`transport_error`).
     ├── StepKindPluginError      an installed step kind cannot be used: its entry point fails to import,  2
     │                            names no such kind, or takes another distribution's kind name
     └── TransportError           the host could not be reached or the channel broke                     1
-          └── HostKeyError       unknown or changed host key: never retried                             1
+          ├── HostKeyError       unknown or changed host key: never retried                             1
+          └── IdentityFileError  the host's identity_file is no file on this machine: never retried     1
 
 `exit_code` is a class attribute: the status `runbook` exits with when the error reaches the CLI, which maps
 every RunbookError by it in one place (executor/faces/cli.py, `failed`); README, "Commands", lists them. Besides
@@ -201,6 +202,13 @@ class TransportError(RunbookError):
 
 class HostKeyError(TransportError):
     """The host key is unknown or changed; retrying cannot help, so it never is."""
+
+    refuses_host = True
+
+
+class IdentityFileError(TransportError):
+    """The host's `identity_file` is no file on this machine: asyncssh's `[Errno 2] No such file` was retried
+    and then blamed on the address, sshd, DNS and firewalls; no retry can make the file, so none is made."""
 
     refuses_host = True
 

@@ -6,8 +6,12 @@ pyproject.toml requires), and the flagship plan's line counts and excerpt are th
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from tests.clirun import runbook_cli
 
@@ -64,3 +68,19 @@ def test_the_runbook_format_s_example_is_a_valid_runbook(tmp_path: Path) -> None
     example.write_text(section.split("```yaml\n", 1)[1].split("```\n", 1)[0])
     done = runbook_cli("validate", str(example), env={"HF_TOKEN": "hf_readme_example_token"})
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_runbook_mcp_without_the_sdk_names_the_install_into_this_checkout_s_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README installs from a checkout into .venv: `pip install 'runbook[mcp]'` there reaches for an index's
+    `runbook` (another project, or none) with whatever `pip` the shell finds first."""
+    monkeypatch.delitem(sys.modules, "executor.faces.mcp_server", raising=False)
+    for name in ["mcp", *(name for name in sys.modules if name.startswith("mcp."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import mcp...` fails as where the extra is not installed
+    done = runbook_cli("mcp")
+    assert done.returncode == 2, done.stderr
+    checkout = Path(__file__).resolve().parents[1]
+    install = shlex.join([sys.executable, "-m", "pip", "install", "-e", f"{checkout}[mcp]"])
+    said = " ".join(done.stderr.split())  # on one line, or the command on a line of its own where it fits no other
+    assert re.fullmatch(rf"runbook mcp: needs the MCP SDK \(mcp[.a-z]*\): {re.escape(install)}", said), said

@@ -191,6 +191,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group.add_argument("--from", dest="from_step", metavar="STEP", help="start at STEP, reusing earlier facts")
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
     p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
+    p.set_defaults(resumable=True)  # end a run that stopped with the command that continues it (not the demo's)
 
 
 def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -430,7 +431,6 @@ def _pool_size(text: str) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor import diagnostics
     from executor.faces import views
-    from executor.run import audit
     from sandbox.demo import demo_site  # the test host's parts: only the demo (and the tests) use them
 
     diagnostics.route_asyncssh()  # before the demo's own SSH server logs anything, as for a run
@@ -465,6 +465,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             code = cmd_run(
                 argparse.Namespace(
                     results=False,  # said below, after the report's tables
+                    resumable=False,  # its test host ends with it: how to go on is said below
                     file=site.runbook,
                     inventory=site.inventory,
                     var=[],
@@ -485,15 +486,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
         cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, json=False))
-    for line in (
-        f"audit log: {run_dir / audit.AUDIT_FILE} (check it: runbook audit verify {run_dir})",
-        *(results_lines(run_dir, args.log_dir) or [f"no report: see runbook status --log-dir {args.log_dir}"]),
-        "the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
-        "runbook working, not how fast Kimi-K2.6 is",
-        f"on your GPU host: HF_TOKEN=hf_... runbook run runbooks/{site.runbook.name} --inventory my-site.yaml",
-    ):
-        err().print(shown_text(f"demo: {line}"))
+    _say_demo_end(run_dir, args.log_dir, code, site.runbook.name)
     return code
+
+
+def _say_demo_end(run_dir: Path, log_dir: Path, code: int, runbook_name: str) -> None:
+    """The demo's last lines: its audit log, its results (or where to look), what its numbers are, how to go on
+    after a demo that stopped, and the command for a real GPU host."""
+    from executor.run import audit
+
+    results = results_lines(run_dir, log_dir)
+    # each a line, or a hint and the command to paste, on a line of its own where both fit no line
+    lines: list[str | tuple[str, str]] = [
+        (f"demo: audit log: {run_dir / audit.AUDIT_FILE}; check it", f"runbook audit verify {run_dir}")
+    ]
+    lines += [f"demo: {line}" for line in results or [f"no report: see runbook status --log-dir {log_dir}"]]
+    if results:
+        lines.append(
+            "demo: the numbers come from the SGLang stand-in (sandbox/sglang_standin), a test double: they show the "
+            "runbook working, not how fast Kimi-K2.6 is"
+        )
+    if code != EXIT_OK:  # instead of the `--resume` a run ends with
+        lines.append(
+            "demo: its test host ended with it (`runbook run ... --resume` would find nothing listening): run the "
+            "same `runbook demo` again, from the start"
+        )
+    lines.append(
+        ("demo: on your GPU host", f"HF_TOKEN=hf_... runbook run runbooks/{runbook_name} --inventory my-site.yaml")
+    )
+    for line in lines:
+        if isinstance(line, tuple):
+            _say_command(*line)
+        else:
+            err().print(shown_text(line))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -522,8 +547,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     reporter: Reporter = JsonReporter() if args.json else ConsoleReporter(err(), runbook.groups, args.verbose)
     os.umask(0o077)
     log_dir = [] if args.log_dir == LOG_DIR else ["--log-dir", str(args.log_dir)]
-    # a run of one step continues as one step: --resume would also run the steps --only left out
-    scope = ["--only", args.only_step] if args.only_step else ["--resume"]
+    # a run of one step continues as one step: --resume would also run the steps --only left out; nor would it
+    # carry this run's --inventory and --var, which are said again
+    site = [*(["--inventory", str(args.inventory)] if args.inventory else []), *(f"--var={v}" for v in args.var)]
+    scope = ["--only", args.only_step, *site] if args.only_step else ["--resume"]
     again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:
         engine = Engine(runbook, options, reporter, say=lambda note: err().print(shown_text(f"runbook: {note}")))
@@ -535,15 +562,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.results and not args.json:
         for line in results_lines(getattr(engine.folder, "run_dir", None), args.log_dir):  # set once it is made
             err().print(shown_text(line))
-    if code == EXIT_INTERRUPTED and not args.json:  # nothing failed: the operator stopped it
-        _say_command("interrupted; to continue where it stopped", again)
-    elif code == EXIT_FAILED and not args.json:
-        # a failure a var's value caused is said with the command that resumes with another value instead
-        if not _said_causes(engine, args.log_dir):
-            _say_command("after fixing the cause, continue where it stopped", again)
-    elif code == EXIT_CELLS_FAILED and not args.json:
-        _say_command("some cells failed (runbook status lists them); to run only those again", again)
+    if args.resumable and not args.json:  # the demo says how to go on itself
+        _say_how_to_continue(engine, code, again, args.log_dir)
     return code
+
+
+def _say_how_to_continue(engine: Engine, code: int, again: str, log_dir: Path) -> None:
+    """The command that continues a run which stopped, by how it stopped (nothing for a run that passed)."""
+    if code == EXIT_INTERRUPTED:  # nothing failed: the operator stopped it
+        _say_command("interrupted; to continue where it stopped", again)
+    elif code == EXIT_FAILED:
+        # a failure a var's value caused is said with the command that resumes with another value instead
+        if not _said_causes(engine, log_dir):
+            _say_command("after fixing the cause, continue where it stopped", again)
+    elif code == EXIT_CELLS_FAILED:
+        _say_command("some cells failed (runbook status lists them); to run only those again", again)
 
 
 def results_lines(run_dir: Path | None, log_dir: Path) -> list[str]:
@@ -823,7 +856,9 @@ def report_folder(run: str | None, log_dir: Path) -> Path:
     else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
     from executor.faces import views
 
-    if run is not None and (os.sep in run or os.path.isdir(run)):  # False, not OSError, for a name too long
+    if run is not None and (os.path.isdir(run) or (os.sep in run and not os.path.isfile(run))):
+        # os.path answers False, never OSError, for a name too long; a file (the runbook, mistaken for its run)
+        # is refused by `latest`, saying so
         return Path(run)
     return log_dir / views.latest(log_dir, run).run_id
 
@@ -881,6 +916,17 @@ def _describe_record(record: dict[str, Any]) -> str:
     return f"{who}  {status:<8} {float(record.get('duration_s') or 0):>7.3f}s  {(lines or [''])[-1][:80]}"
 
 
+def _mcp_install_command() -> str:
+    """The command that adds the `mcp` extra to this very installation: with this interpreter (the README's
+    .venv), from the checkout where runbook runs from one, since `pip install 'runbook[mcp]'` there would
+    fetch whatever an index calls `runbook`."""
+    checkout = Path(__file__).resolve().parents[2]
+    pip = [sys.executable, "-m", "pip", "install"]
+    if (checkout / "pyproject.toml").is_file():
+        return shlex.join([*pip, "-e", f"{checkout}[mcp]"])
+    return shlex.join([*pip, "runbook[mcp]"])
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     """`runbook mcp`: the MCP server (executor.faces.mcp_server) over stdio, with the optional extra installed."""
     try:
@@ -888,7 +934,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:  # no SDK, or one without the server API (mcp < 2)
         if not (exc.name or "").startswith("mcp"):
             raise
-        say(f"runbook mcp: needs the MCP SDK ({exc.name}): pip install 'runbook[mcp]'")
+        _say_command(f"runbook mcp: needs the MCP SDK ({exc.name})", _mcp_install_command())
         return InvalidRunbook.exit_code
     missing = [root for root in args.root if not root.is_dir()]
     if missing:
@@ -921,7 +967,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (settle := getattr(args, "settle", None)) is not None:
         settle(args)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # what print() left in the buffer, here rather than at exit, where a closed pipe is noise
+        return code
     except BrokenPipeError:
         # stdout's reader went away (`runbook audit show RUN | head`): stop quietly, and let nothing more
         # (Python's own flush at exit included) write to the closed pipe

@@ -59,6 +59,12 @@ _Part = TypeVar("_Part")
 def latest(log_dir: Path, run_id: str | None) -> RunMeta:
     """The run `run_id` names (a whole id or a unique prefix), or the latest; an unreadable run folder is
     explained rather than an older run shown in its place."""
+    if run_id is not None and (run_id.endswith((".yaml", ".yml")) or os.path.isfile(run_id)):
+        # `runbook status runbooks/x.yaml`, as `run` takes it, answered `no run runbooks/x.yaml in logs`; os.path
+        # answers False where pathlib raises (a name too long)
+        raise ResumeError(
+            f"{run_id} is a runbook, not a run: give a run's id (runbook runs lists them), or none for the latest"
+        )
     meta = find_run(log_dir, run_id, naming="give the run to show (runbook status RUN_ID)")
     if meta is None:
         raise ResumeError(f"no run in {log_dir}")

@@ -171,7 +171,8 @@ def parse_var_args(pairs: Sequence[str], runbook: Runbook, redactor: Redactor = 
         elif name not in runbook.header.vars:
             known = ", ".join(runbook.header.vars) or "none"
             said = masked.partition("=")[0]
-            problems.append(Problem("--var", 1, 1, f"unknown var '{said}' (the runbook declares: {known})"))
+            hint = _did_you_mean(said, runbook.header.vars)
+            problems.append(Problem("--var", 1, 1, f"unknown var '{said}' (the runbook declares: {known}){hint}"))
         else:
             try:
                 values[name] = override_value(name, text, runbook.header.vars[name])

@@ -27,7 +27,7 @@ from typing import Any
 import asyncssh
 
 from executor.diagnostics import Log
-from executor.errors import HostKeyError, RunnerUnavailable, TransportError, transport_error
+from executor.errors import HostKeyError, IdentityFileError, RunnerUnavailable, TransportError, transport_error
 from executor.render import RenderedCommand
 from executor.runbook.model import Host
 from executor.transport.base import (
@@ -280,6 +280,21 @@ class SSHTransport(Transport):
         present = [*own, *(path for path in files if os.path.isfile(path) and path not in own)]
         return (present or b""), hint
 
+    def _check_identity_file(self) -> None:
+        """Refuse, before connecting, an `identity_file` that is no file here: a fresh controller has no
+        ~/.ssh/id_ed25519, and no retry or look at the network can mend that."""
+        given = self.host.identity_file
+        if given is None or os.path.isfile(os.path.expanduser(given)):
+            return
+        path = os.path.expanduser(given)
+        what = "is not a file" if os.path.exists(path) else "does not exist"
+        raise IdentityFileError(
+            f"cannot log in to {self.name} ({self.host.address}): its identity_file {path} {what} on this machine"
+            f" (set `identity_file:` of host {self.name} in the runbook or --inventory to the private key that"
+            f" {self.host.user or 'its user'}@{self.host.address} accepts; `identity_file: null` uses the ssh"
+            " agent's and ~/.ssh's default keys)"
+        )
+
     async def _open(
         self, hop: _Hop, options: dict[str, Any], via: asyncssh.SSHClientConnection | None, depth: int = 0
     ) -> asyncssh.SSHClientConnection:
@@ -287,6 +302,8 @@ class SSHTransport(Transport):
         that each one's host key is checked as the host's is (asyncssh would take them from the ssh config)."""
         probe = _probe(hop, options)
         known_hosts, hint_file = self._known_hosts(hop, probe, final=depth == 0)
+        if depth == 0:  # the host's own identity_file, which its jump hosts are logged in with too
+            self._check_identity_file()
         via = via or await self._jumps(probe, options, depth)
         try:
             return await asyncssh.connect(hop.address, known_hosts=known_hosts, tunnel=via or (), **options)

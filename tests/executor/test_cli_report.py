@@ -310,6 +310,10 @@ def test_a_run_that_wrote_a_report_ends_saying_where_it_is_and_report_finds_it_b
     assert in_logs == shown.replace(str(run_dir), run_dir.name)
     refused = runbook_cli("report", "20991231-nope", "--log-dir", str(logs))
     assert refused.returncode == 2 and refused.stderr == f"runbook: no run 20991231-nope in {logs}\n"
+    for command in ("report", "status"):  # the runbook, as `run` takes it: not `no run campaign.yaml in logs`
+        mistaken = runbook_cli(command, str(book), "--log-dir", str(logs))
+        assert mistaken.returncode == 2, mistaken.stderr
+        assert f"runbook: {book} is a runbook, not a run: give a run's id (runbook runs" in mistaken.stderr
 
 
 def test_a_name_too_long_for_the_system_is_no_run_not_a_traceback(tmp_path: Path) -> None:

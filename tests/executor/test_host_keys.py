@@ -148,6 +148,22 @@ def test_missing_known_hosts_file_is_a_refusal_not_retried(write_runbook, sshd: 
     assert _attempts(tmp_path / "logs") == 1
 
 
+def test_missing_identity_file_is_named_not_retried_nor_blamed_on_the_network(
+    write_runbook, sshd: SSHServer, tmp_path
+) -> None:
+    """A fresh controller has no ~/.ssh/id_ed25519 (the flagship's default): asyncssh's `No such file` was retried
+    three times, then said to check the address, sshd, DNS and firewalls."""
+    missing = tmp_path / "home" / ".ssh" / "id_ed25519"
+    path = write_runbook(RUNBOOK, hosts=_host(sshd, identity_file=missing))
+    done = runbook_cli("run", str(path), "--log-dir", str(tmp_path / "logs"), env=_home(tmp_path))
+    assert done.returncode == 1, done.stderr
+    said = " ".join(done.stderr.split())  # the console's lines joined where they were fitted to the width
+    assert f"its identity_file {missing} does not exist on this machine" in said, said
+    assert "set `identity_file:` of host box in the runbook or --inventory" in said, said
+    assert "did not let this machine in" not in said and "attempt 2" not in said
+    assert _attempts(tmp_path / "logs") == 1
+
+
 def test_verification_off_from_inventory_is_warned_once_and_recorded(write_runbook, sshd: SSHServer, tmp_path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")  # the key is unknown: only verify_host_key: false lets it through

@@ -507,18 +507,21 @@ def _facts_book(tmp_path: Path, write_runbook: Any) -> Path:
 
 
 def test_a_failed_only_run_is_continued_as_one_step(tmp_path: Path, write_runbook: Any) -> None:
-    side, marker, logs = tmp_path / "side.txt", tmp_path / "marker", tmp_path / "logs"
+    side, logs = tmp_path / "side.txt", tmp_path / "logs"
     book = write_runbook(
         header("only-again", tmp_path) + steps_yaml(["o1", "o2", "o3"], special={"o2": 'test -f "$marker"'})
     )
+    marker = tmp_path / "site-marker"  # the runbook's own marker never exists: only this --var's can pass o2
+    site = f"marker={marker}"
     marker.touch()
-    assert cli("run", str(book), "--log-dir", str(logs)).returncode == 0
+    assert cli("run", str(book), "--var", site, "--log-dir", str(logs)).returncode == 0
     marker.unlink()
-    failed = cli("run", str(book), "--only", "o2", "--log-dir", str(logs))
+    failed = cli("run", str(book), "--only", "o2", "--var", site, "--log-dir", str(logs))
     assert failed.returncode == 1
     hint = "after fixing the cause, continue where it stopped: "
     (said,) = [line.removeprefix(hint) for line in failed.stderr.splitlines() if line.startswith(hint)]
-    assert shlex.split(said)[3:] == ["--only", "o2", "--log-dir", str(logs)]  # not --resume, which would run o3
+    # not --resume, which would run o3; the run's --var said again, as --only carries none over
+    assert shlex.split(said)[3:] == ["--only", "o2", f"--var={site}", "--log-dir", str(logs)]
     marker.touch()
     assert cli(*shlex.split(said)[1:]).returncode == 0
     assert audited_steps(newest(logs)) == ["o2"]

@@ -98,6 +98,18 @@ def test_a_text_that_would_not_reach_the_steps_as_given_is_refused(
     assert line.startswith(f"--var:1:1: {expected}")
 
 
+def test_a_mistyped_var_name_says_which_it_may_mean(local_book: Path) -> None:
+    """Before: `unknown var 'prot' (the runbook declares: v, port, ...)`, the list to read through for the typo."""
+    for command in ("plan", "run"):
+        done = runbook_cli(command, str(local_book), "--var", "prot=1")
+        assert done.returncode == 2, done.stderr
+        said = " ".join(done.stderr.split())
+        assert (
+            "--var:1:1: unknown var 'prot' (the runbook declares: v, port, ratio, flag, out); did you mean 'port'?"
+            in said
+        )
+
+
 def test_var_and_secret_names_are_matched_whole(
     local_book: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -185,3 +186,32 @@ def test_a_stale_record_never_kills_a_process_that_reused_the_pid(
     stop_servers(tmp_path)
     time.sleep(0.2)
     assert leftover.poll() is None
+
+
+def test_a_demo_that_stops_says_to_run_the_demo_again_not_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's test host ends with the demo: the `runbook run ... --resume` a run ends with would retry a port
+    nothing listens on, then blame sshd. Its probe made to fail (a wrong sglang_python), in seconds."""
+    from executor.faces import cli
+    from tests.clirun import runbook_cli as in_process
+
+    run = cli.cmd_run
+
+    def probe_only(args: Any) -> int:
+        return run(argparse.Namespace(**{**vars(args), "only_step": "probe", "var": ["sglang_python=/nonexistent"]}))
+
+    monkeypatch.setattr(cli, "cmd_run", probe_only)
+    done = in_process("demo", "--log-dir", str(tmp_path / "logs"), "--ssh-server", "embedded", env={"COLUMNS": "100"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    # the commands to paste, whole on lines of their own where a hint and its command fit no line of 100
+    lines = done.stderr.splitlines()
+    assert "HF_TOKEN=hf_... runbook run runbooks/k26_dflash.yaml --inventory my-site.yaml" in lines, lines
+    # a command too long for a line is `$ `-prefixed and `\`-continued, as a console's commands are
+    pasted = [line.strip().removeprefix("$ ") for line in re.sub(r" \\\n *", " ", done.stderr).splitlines()]
+    assert f"runbook audit verify {next((tmp_path / 'logs').glob('2*'))}" in pasted, lines
+    said = " ".join(done.stderr.split())
+    assert "python '/nonexistent' (from '$sglang_python') does not exist" in said
+    assert "k26_dflash.yaml --resume" not in said and "continue where it stopped" not in said
+    assert "run the same `runbook demo` again, from the start" in said
+    assert "demo: no report" in said and "the numbers come from the SGLang stand-in" not in said
