@@ -39,7 +39,7 @@ from executor.run.events import json_line
 from executor.run.state import JSON_COLUMN_MAX_DEPTH
 from executor.runbook.loader import load_runbook, secret_values
 from executor.transport.local import LOCAL_ENV_NAMES, LocalTransport
-from tests.executor.test_cli_report import PROVENANCE, write
+from tests.executor.test_cli_report import write
 
 # -- a secret as a matrix value ----------------------------------------------------------------------------
 
