@@ -216,11 +216,11 @@ def _check_unset(source: RunMeta, unset: Collection[str], named_now: Collection[
         if name in named_now:
             raise ResumeError(f"--unset-var {name} and --var {name}=... together: give one of them")
         if name not in started_with:
-            known = ", ".join(started_with) or "none"
             hint = _did_you_mean(name, started_with).removeprefix("; ")
+            given = f"--var {', '.join(started_with)}" if started_with else "no --var"  # not "--var none"
             raise ResumeError(
                 f"--unset-var {name}: run {source.run_id} carries no --var {name}{f' ({hint})' if hint else ''}; "
-                f"it was started with --var {known}; a value from the runbook or the inventory is no --var to drop"
+                f"it was started with {given}; a value from the runbook or the inventory is no --var to drop"
             )
 
 

@@ -616,6 +616,17 @@ def test_unset_var_of_a_value_not_carried_is_refused(
     assert "Traceback" not in done.stderr and sorted(logs.iterdir()) == before
 
 
+def test_unset_var_on_a_run_started_without_any_var_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run started with no --var at all: the refusal says so, not "it was started with --var none"."""
+    book, logs = tmp_path / "book.yaml", tmp_path / "logs"
+    book.write_text(textwrap.dedent(LOCAL_BOOK).replace("{marker}", str(tmp_path / "marker")))
+    assert main(["run", str(book), "--log-dir", str(logs)]) == 1
+    capsys.readouterr()
+    done = runbook_cli("run", str(book), "--resume", "--unset-var", "color", "--log-dir", str(logs))
+    assert done.returncode == 2, done.stderr
+    assert "it was started with no --var;" in done.stderr and "--var none" not in done.stderr
+
+
 HELD = """\
     name: held
     hosts: {here: {address: local}}
