@@ -156,8 +156,9 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "run",
         help="run a runbook",
-        usage="%(prog)s FILE [--var K=V] [--unset-var NAME] [--inventory FILE] [--log-dir DIR] [--json] [-v] "
-        "[--resume [RUN_ID]] [--from STEP | --only STEP]",
+        # written out (FILE may follow --resume), so argparse does not wrap it: two lines that fit 100 columns
+        usage="%(prog)s FILE [--var K=V] [--unset-var NAME] [--inventory FILE] [--log-dir DIR]\n"
+        "                   [--json] [-v] [--resume [RUN_ID]] [--from STEP | --only STEP]",
     )
     # optional to argparse only: `--resume FILE` gives FILE to --resume, and `_runbook_of_run` puts it back
     p.add_argument("file", type=Path, nargs="?", metavar="FILE")

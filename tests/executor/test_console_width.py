@@ -9,6 +9,7 @@ SIGINT the scripted host sends this process. The fitting helpers' properties: an
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -182,6 +183,18 @@ def test_a_problem_fits_the_terminal_and_is_one_line_in_a_pipe(tmp_path: Path) -
     assert [line for line in shown.stderr.splitlines() if line.startswith("  ")]  # its continuation lines
     piped = runbook_cli("validate", str(book))  # an editor reads it: one line
     assert piped.returncode == 2 and len(piped.stderr.splitlines()) == 1 and problem in piped.stderr
+
+
+def test_every_command_s_usage_and_help_fit_the_terminal() -> None:
+    """argparse wraps what it lays out itself to COLUMNS, not a usage line written out (`runbook run`'s, 151
+    columns once): each command's --help, and the usage a missing FILE prints, fit."""
+    from executor.faces.cli import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for command in ["", *commands]:
+        helped = fits(cli(*command.split(), "--help"))
+        assert helped.returncode == 0 and "usage:" in helped.stdout, command
+    assert "usage: runbook run FILE" in fits(cli("run")).stderr
 
 
 def test_after_ctrl_c_the_console_says_how_to_continue_and_names_no_cause(scripted: Offline, tmp_path: Path) -> None:
