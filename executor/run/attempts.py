@@ -48,7 +48,7 @@ from executor.run.resume import Fingerprints
 from executor.run.run_folder import RunFolder
 from executor.run.state import NOT_STARTED, StepRecord, now
 from executor.runbook import cells
-from executor.runbook.gates import DETAIL_MAX, GateWorkers, lookups_used, roots
+from executor.runbook.gates import DETAIL_MAX, GateVerdict, GateWorkers, lookups_used, roots
 from executor.runbook.loader import Runbook
 from executor.runbook.model import Host, RetryPolicy, host_variables, var_text
 from executor.runbook.planner import host_env
@@ -73,6 +73,8 @@ TAIL_LINES = 20
 #: The most of a cause's value (`Attempts._cause`) a failure quotes: it leads the headline, status and the line
 #: that ends the run, and a var may hold a document.
 CAUSE_VALUE_MAX = 200
+#: The most other failed gates (`Attempts._also_failed`) a failure says beside the first; the rest are counted.
+ALSO_FAILED_MAX = 8
 
 
 class TransportFactory(Protocol):
@@ -585,8 +587,9 @@ class Attempts:
     async def _check_gates(
         self, spec: StepSpec, host: str, attempt: int, result: CommandResult, facts: Any, raw_facts: Any
     ) -> None:
-        """The step's gates on the attempt's output and facts, in order; the first that fails fails the attempt,
-        with the failure class the kind gives it from its facts as read (`raw_facts`, before masking)."""
+        """The step's gates on the attempt's output and facts, every one evaluated; the first that fails fails the
+        attempt, with the failure class the kind gives it from its facts as read (`raw_facts`, before masking),
+        and the message says the others that failed too."""
         gates = spec.effective_gates()
         expressions = [g.that for g in gates]
         read = set().union(*(roots(e) for e in expressions))
@@ -600,26 +603,38 @@ class Attempts:
         names = {name: value() for name, value in seen.items() if name in read}
         try:
             async with self.gates.session(names, expressions) as worker:  # bounded: executor.runbook.gates
-                for gate in gates:
-                    verdict = await worker.evaluate(gate.that, gate.message)
-                    if not verdict.passed:
-                        detail = verdict.describe() + self._unknowns_read(spec, host, gate.that, facts)
-                        if not result.stdout.strip():
-                            detail += "\n  (stdout was empty)"
-                        out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
-                        message = f"{detail}\n  output tail:\n{out}" if out else detail
-                        failure, why = gate_failure(spec, raw_facts, gate.that, verdict.undecided)
-                        message += why
-                        cause = self._cause(spec, host, failure, raw_facts)
-                        if cause is not None:  # the headline: the var and its value first, then what happened
-                            said = fact_field(raw_facts, "failure") or gate.message or gate.that
-                            headline = str(said).partition("\n")[0]
-                            message = f"{cause['var']}={cause['value']}: {headline}\n{message}"
-                        self._attempt_failed(
-                            failure, spec, host, attempt, message, facts, gate.that, result.exit_code, cause
-                        )
+                verdicts = [await worker.evaluate(gate.that, gate.message) for gate in gates]
         except GateWorkerUnavailable as exc:
             self._attempt_failed(FactsUnreadable, spec, host, attempt, str(exc), facts)
+        failing = [(gate, verdict) for gate, verdict in zip(gates, verdicts, strict=True) if not verdict.passed]
+        if not failing:
+            return
+        (gate, verdict), later = failing[0], [verdict for _, verdict in failing[1:]]
+        detail = verdict.describe() + self._unknowns_read(spec, host, gate.that, facts)
+        detail += self._also_failed(spec, host, facts, later)
+        if not result.stdout.strip():
+            detail += "\n  (stdout was empty)"
+        out = tail(result.stdout_text + ("\n" if result.stdout_text else "") + result.stderr_text)
+        message = f"{detail}\n  output tail:\n{out}" if out else detail
+        failure, why = gate_failure(spec, raw_facts, gate.that, verdict.undecided)
+        message += why
+        cause = self._cause(spec, host, failure, raw_facts)
+        if cause is not None:  # the headline: the var and its value first, then what happened
+            said = fact_field(raw_facts, "failure") or gate.message or gate.that
+            message = f"{cause['var']}={cause['value']}: {str(said).partition(chr(10))[0]}\n{message}"
+        self._attempt_failed(failure, spec, host, attempt, message, facts, gate.that, result.exit_code, cause)
+
+    def _also_failed(self, spec: StepSpec, host: str, facts: Any, verdicts: list[GateVerdict]) -> str:
+        """The other gates that failed on the same output, each with why its unknown facts are unknown: a
+        newcomer's host without a token and without SGLang was told one of them per run, so fixed one per run.
+        The first failed gate still decides the failure class and the cause; at most ALSO_FAILED_MAX are said."""
+        said = [
+            f"also failed: {verdict.describe()}{self._unknowns_read(spec, host, verdict.expression, facts)}"
+            for verdict in verdicts[:ALSO_FAILED_MAX]
+        ]
+        if len(verdicts) > ALSO_FAILED_MAX:
+            said.append(f"... and {len(verdicts) - ALSO_FAILED_MAX} more failed gates")
+        return "".join("\n  " + text.replace("\n", "\n  ") for text in said)
 
     def _unknowns_read(self, spec: StepSpec, host: str, expression: str, facts: Any) -> str:
         """Why each fact the failed gate (or `when:` that could not be evaluated) `expression` read is unknown,

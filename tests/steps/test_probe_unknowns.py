@@ -161,6 +161,30 @@ def _sglang_missing(doc: dict[str, Any]) -> None:
     doc["sglang"]["unknown"]["dflash"] = "sglang is not installed for /root/venv_sglang/bin/python"
 
 
+def test_every_gate_that_fails_is_said_at_once_so_a_newcomer_fixes_them_in_one_run(
+    runbook_offline: Offline, tmp_path: Path
+) -> None:
+    """A host without a token, without SGLang and without a GPU: the first failed gate fails the probe (its class
+    and headline), and the same failure says each other gate that failed, with why and the next step."""
+    from executor.faces.testing import h200_probe
+
+    probe = h200_probe()
+    for change in (_no_token, _sglang_missing, _no_gpu):
+        change(probe)
+    runbook_offline.host("gpu").program("probe", probe)
+    run = runbook_offline.run(flagship_probe(tmp_path))
+    message = words(run.step("probe").message or "")
+    assert message.startswith("[primary] no Hugging Face token reaches the host"), message
+    for said in (
+        "also failed: the SGLang of sglang_python is missing or has no DFLASH speculative decoding",
+        "next step: install SGLang for /root/venv_sglang/bin/python on gpu-box.example, or set `sglang_python`",
+        "also failed: no GPU found by nvidia-smi",
+        "next step: check that `nvidia-smi` lists the GPUs on gpu-box.example",
+    ):
+        assert said in message, message
+    assert message.index("also failed: the SGLang") < message.index("also failed: no GPU") < message.index("output")
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [
