@@ -262,6 +262,8 @@ class Launches:
                     stdout=out,
                     stderr=err,
                     start_new_session=True,
+                    # its messages are an agent's, whole lines: no terminal width of the server's starter (COLUMNS)
+                    env={name: value for name, value in os.environ.items() if name != "COLUMNS"},
                 )
             except OSError as exc:  # E2BIG: the arguments are the caller's, not the server's failure
                 if exc.errno != errno.E2BIG:

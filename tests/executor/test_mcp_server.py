@@ -248,17 +248,6 @@ def test_a_long_list_is_cut_to_the_cap_saying_how_much_was_left_out() -> None:
     assert [e["seq"] for e in result["events"]] == list(range(len(result["events"])))  # the first ones, in order
 
 
-def test_without_the_sdk_runbook_mcp_says_how_to_install_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delitem(sys.modules, "executor.faces.mcp_server", raising=False)
-    for name in ("mcp", "mcp.server", "mcp.server.mcpserver"):  # importing fails as where it is not installed
-        monkeypatch.setitem(sys.modules, name, None)
-    assert main(["mcp"]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert "pip install 'runbook[mcp]'" in line
-
-
 def test_every_run_writes_its_events_as_json_prints_them(
     write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -397,10 +386,13 @@ def test_arguments_that_read_as_options_stay_the_runs_file_and_folder(
     assert problem["file"] == "--help" and "cannot read the runbook" in problem["message"], refused
 
 
-def test_resume_answers_what_it_carries_and_drops_what_unset_vars_names(tmp_path: Path) -> None:
+def test_resume_answers_what_it_carries_and_drops_what_unset_vars_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The resume tool's answer says the --var values it carries over from the run (`carried`, as `run_started`
     does); `unset_vars` drops one (the runbook's value applies again), and a name the run was not started with
-    is refused as the CLI refuses it (exit 2, did you mean)."""
+    is refused as the CLI refuses it (exit 2, did you mean), in whole lines whatever terminal started the server."""
+    monkeypatch.setenv("COLUMNS", "40")  # the server's starter's: a run it starts writes to a file, for an agent
     logs, marker = tmp_path / "logs", tmp_path / "marker"
     book = tmp_path / "carry.yaml"
     book.write_text(
