@@ -32,6 +32,7 @@ from executor.transport.scripted import Answer, ScriptedCommand
 from tests.clirun import runbook_cli
 from tests.executor.test_cli_report import write
 from tests.runbooks.test_k26_dflash_offline import FlagshipHost
+from tests.runfolders import run_folders
 
 if TYPE_CHECKING:
     import subprocess
@@ -93,7 +94,7 @@ def test_the_flagship_its_resume_plan_validate_status_runs_and_report_fit_100_co
     assert resumed.returncode == 0, resumed.stderr
     for args in (["validate", FLAGSHIP], ["status", "--log-dir", logs], ["runs", "--log-dir", logs]):
         assert fits(cli(*args)).returncode == 0
-    run_dir = max((tmp_path / "logs").iterdir())
+    run_dir = run_folders(tmp_path / "logs")[-1]  # the resume: by started_at, as runbook orders runs
     report = fits(cli("report", str(run_dir)))
     assert "Output throughput per concurrency" in report.stdout
     # a launch command is below its table, broken where it pastes whole: its lines joined are the command

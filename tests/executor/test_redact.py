@@ -27,6 +27,7 @@ from executor.redact import MIN_SECRET_CHARS, Redactor, forms
 from executor.transport import base as transport_base
 from executor.transport.base import Captured
 from tests.clirun import runbook_cli
+from tests.runfolders import run_folders
 
 # ---- the redactor and the stream ------------------------------------------------------------------
 
@@ -233,7 +234,7 @@ def test_no_form_of_a_secret_reaches_any_output_or_file(tmp_path: Path, write_ru
     digests.add(hashlib.sha256(json.dumps(url.partition("=")[2]).encode()).hexdigest())
     for path in files:
         assert not [d for d in digests if d.encode() in path.read_bytes()], path
-    run_dir = min(logs.iterdir())
+    run_dir = run_folders(logs)[0]  # the first run: by started_at (two in one second order by chance by name)
     assert "[***]" in (run_dir / "audit.jsonl").read_text()  # the host printed it; the run masked it
     only = [json.loads(r) for r in (run_dir / "audit.jsonl").read_text().splitlines() if '"step":"only"' in r]
     assert only[0]["stdout"] == "***" and only[0]["stdout_sha256"] == hashlib.sha256(b"***").hexdigest()
