@@ -66,7 +66,10 @@ def left_their_group(*commands: str) -> bool:
     """Each command runs in a process group other than its session's (the step's): a group kill misses it."""
     for command in commands:
         for pid in live_pids(cmdline=command):
-            if os.getpgid(pid) == os.getsid(pid):
+            try:
+                if os.getpgid(pid) == os.getsid(pid):
+                    return False
+            except ProcessLookupError:  # gone since it was listed (a shell's short-lived fork): not yet settled
                 return False
     return True
 
