@@ -128,8 +128,8 @@ def test_a_host_left_without_an_address_is_refused_at_the_inventorys_line(
 def test_a_host_the_pool_adds_has_its_own_fields_and_the_runbooks_host_keeps_its(tmp_path: Path) -> None:
     site = """\
         hosts:
-          box: {address: 10.0.0.1}
-          box2: {address: 10.0.0.2, user: ubuntu}
+          box: {address: gpu-box.example}
+          box2: {address: gpu-box2.example, user: ubuntu}
         pools:
           gpus: [box, box2]
         """
@@ -139,7 +139,7 @@ def test_a_host_the_pool_adds_has_its_own_fields_and_the_runbooks_host_keeps_its
     assert _fields(document)["known_hosts"]["source"] == "runbook"
     added = _fields(document, "box2")
     assert (added["address"]["source"], added["known_hosts"]["source"]) == ("inventory", "default")
-    assert [on["address"] for step in document["steps"] for on in step["on"]] == ["10.0.0.1", "10.0.0.2"]
+    assert [on["address"] for step in document["steps"] for on in step["on"]] == ["gpu-box.example", "gpu-box2.example"]
 
 
 def test_mcp_validate_and_plan_carry_where_each_host_field_comes_from(tmp_path: Path) -> None:
