@@ -20,6 +20,7 @@ acceptance differ by category on a real server and on the stand-in (simulation.p
 from __future__ import annotations
 
 import json
+from typing import Any
 
 #: file names as a dataset repository holds them (the Hub double serves them under these names)
 SPEED_BENCH_FILENAME = "throughput_1k.jsonl"
@@ -58,10 +59,10 @@ _HIGH_ENTROPY = (
     "Tell a two-paragraph story in which a violin and a thunderstorm trade places.",
     "Brainstorm ten unusual names for a café on the Moon, each with a one-line pitch.",
     "Imagine a letter from a glacier to the sea. Write it.",
-    "Describe a colour that does not exist to someone who has never seen any.",
+    "Invent a colour that does not exist and describe it to someone who has never seen any.",
     "Compose a riddle whose answer is 'yesterday', then a second whose answer is 'silence'.",
     "Write a dialogue between a retired robot gardener and a curious hedgehog.",
-    "Propose a festival for a town where it rains upward once a year.",
+    "Imagine a festival for a town where it rains upward once a year.",
     "Write the opening line of ten different novels, each in a different genre.",
 )
 _SPEED_BENCH = {"low_entropy": _LOW_ENTROPY, "mixed": _MIXED, "high_entropy": _HIGH_ENTROPY}
@@ -79,7 +80,7 @@ _CONVERSATIONS = (
 )
 
 
-def speed_bench_rows(category: str | None = None) -> list[dict[str, object]]:
+def speed_bench_rows(category: str | None = None) -> list[dict[str, Any]]:
     """The SPEED-Bench rows (all categories in order, or one), as speed_bench.py reads them."""
     return [
         {"category": name, "turns": [prompt]}
