@@ -31,7 +31,7 @@ Deterministic per prompt, so tests and the demo see stable numbers:
   layers, `layer_types` with "linear_attention": Qwen3.6) a budget of HYBRID_COLLAPSE_BUDGET or more
   collapses to 1.0-1.3, as the seeds measured. A drafter may have a profile (DRAFTER_PROFILES, by its
   config's `_name_or_path`): SubSir/Kimi-K2.6-DFlash-tmp-long, trained for long contexts, is worse on
-  code and slightly better on chat;
+  code and slightly better on chat and open-ended writing;
 - decode: a request decodes at `decode_tokens_per_s` when alone; a verify step costs
   `verify_cost` decode steps (1 + VERIFY_COST_PER_TOKEN per verified token: 1.3 for 8 tokens) and
   yields the acceptance length in tokens; with N requests in flight each step slows down by a batching

@@ -53,16 +53,21 @@ class Tokenizer:
         return self.encode(text) if tokenize else text
 
 
-@pytest.fixture(scope="module")
+def _stubbed(name: str) -> bool:
+    return name.split(".")[0] in ("sglang", "transformers")
+
+
+@pytest.fixture
 def real() -> Iterator[dict[str, types.ModuleType]]:
     """The release's speed_bench, custom and sharegpt modules, imported from its files with their heavy
-    imports stubbed; taken out of sys.modules afterwards."""
+    imports stubbed; sys.modules' sglang and transformers entries as they were afterwards."""
     assert SGLANG is not None, "run python -m sandbox.prepare"
-    saved = dict(sys.modules)
-    for name, folder in (("sglang", ""), ("sglang.benchmark", "benchmark"), ("sglang.benchmark.datasets", "")):
-        package = types.ModuleType(name)
-        package.__path__ = [str(SGLANG / "benchmark" / "datasets" if name.endswith("datasets") else SGLANG / folder)]
-        sys.modules[name] = package
+    saved = {name: module for name, module in sys.modules.items() if _stubbed(name)}
+    for name, folder in (("sglang", SGLANG), ("sglang.benchmark", SGLANG / "benchmark")):
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__path__ = [str(folder)]
+    sys.modules["sglang.benchmark.datasets"] = types.ModuleType("sglang.benchmark.datasets")
+    sys.modules["sglang.benchmark.datasets"].__path__ = [str(SGLANG / "benchmark" / "datasets")]
     utils = types.ModuleType("sglang.benchmark.utils")
     utils.remove_suffix = lambda text, suffix: text.removesuffix(suffix)  # type: ignore[attr-defined]
     utils.is_file_valid_json = lambda path: Path(path).is_file()  # type: ignore[attr-defined]
@@ -74,9 +79,10 @@ def real() -> Iterator[dict[str, types.ModuleType]]:
         yield {
             n: importlib.import_module(f"sglang.benchmark.datasets.{n}") for n in ("speed_bench", "custom", "sharegpt")
         }
-    finally:  # only what this fixture brought in goes (numpy, imported by the release's common.py, stays)
-        for name in [n for n in sys.modules if n not in saved and n.split(".")[0] in ("sglang", "transformers")]:
+    finally:
+        for name in [name for name in sys.modules if _stubbed(name)]:
             del sys.modules[name]
+        sys.modules |= saved
 
 
 def client_args(*argv: str) -> argparse.Namespace:
