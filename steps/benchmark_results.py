@@ -68,6 +68,9 @@ class RunInfo(DataModel):
     num_prompts: int
     repeat: int  # 1-based, within its concurrency
     seed: int  # bench_serving's --seed: it alone decides the prompts
+    #: the module that ran (steps/bench_entry.py): sglang.benchmark.serving or the deprecated sglang.bench_serving;
+    #: None where the host chose none (no SGLang, or neither module) or the run was recorded before runbook chose
+    entry_point: str | None = None
     started_at: str  # ISO-8601 UTC: the command's start
     finished_at: str  # and its end
     command: str  # the bench_serving command line as rendered (it holds no secret)
