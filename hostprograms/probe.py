@@ -52,7 +52,10 @@ KIMI_ARCH = "KimiK25ForConditionalGeneration"
 ATTENTION_DIR = "srt/layers/attention"
 #: SGLang's serving benchmark, (module, its file), preferred first: 0.5.23 moved it to sglang.benchmark.serving and
 #: deprecated sglang.bench_serving (a FutureWarning), the only one of older releases (steps/bench_entry.py)
-BENCH_ENTRY_POINTS = (("sglang.benchmark.serving", "benchmark/serving.py"), ("sglang.bench_serving", "bench_serving.py"))
+BENCH_ENTRY_POINTS = (
+    ("sglang.benchmark.serving", "benchmark/serving.py"),
+    ("sglang.bench_serving", "bench_serving.py"),
+)
 
 
 # ---------------------------------------------------------------- parsers (pure)

@@ -92,7 +92,13 @@ printf x >> "$HOME/{NOISY_RUNS}"
 def missing() -> str | None:
     """Why the prepared test host files are unusable, or None when they are in place."""
     site = list(VENV.glob("lib/python*/site-packages"))
-    needed = [VENV_PYTHON, VENV / "bin" / "hf", BIN / "nvidia-smi", DDTREE_BUILD / "sglang", OLD_CLIENT_BUILD / "sglang"]
+    needed = [
+        VENV_PYTHON,
+        VENV / "bin" / "hf",
+        BIN / "nvidia-smi",
+        DDTREE_BUILD / "sglang",
+        OLD_CLIENT_BUILD / "sglang",
+    ]
     needed += [site[0] / f"{name}-{version}.dist-info" for name, version, _ in PINS] if site else [VENV / "lib"]
     problems = [f"{path} missing" for path in needed if not path.exists()]
     standin = standin_pth_problem()

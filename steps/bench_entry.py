@@ -1,4 +1,4 @@
-"""Which serving benchmark the host's SGLang has: `sglang.benchmark.serving`, else the deprecated `sglang.bench_serving`.
+"""Which serving benchmark the host's SGLang has: `sglang.benchmark.serving`, else the old `sglang.bench_serving`.
 
 SGLang 0.5.23 moved its serving benchmark to `python -m sglang.benchmark.serving`; `python -m sglang.bench_serving`
 still works there but prints a FutureWarning and "will be removed in a future release" (bench_serving.py of
@@ -23,28 +23,23 @@ ENTRY_POINTS = (("sglang.benchmark.serving", "benchmark/serving.py"), ("sglang.b
 #: The line the script prints before running the benchmark: what follows it names the module that ran.
 ENTRY_MARKER = "==> runbook: the serving benchmark's entry point: "
 
-_CHOOSE = """import importlib.util, os, sys
-spec = importlib.util.find_spec("sglang")
-if spec is None or not spec.origin:
-    sys.exit("sglang is not installed for %s" % sys.executable)
-folder = os.path.dirname(spec.origin)
-for module, path in ENTRY_POINTS:
-    if os.path.isfile(os.path.join(folder, path)):
-        print(module)
-        sys.exit(0)
-sys.exit("the SGLang at %s has no serving benchmark: neither %s" % (folder, " nor ".join(
-    "%s (%s)" % (module, path) for module, path in ENTRY_POINTS)))
-"""
+#: One line of Python 3 (any version: the host's): the first entry point whose file is there, else why none.
+_CHOOSE = (
+    "import importlib.util, os, sys; spec = importlib.util.find_spec('sglang'); "
+    "folder = spec and spec.origin and os.path.dirname(spec.origin); "
+    "folder or sys.exit('sglang is not installed for %s' % sys.executable); "
+    "have = [module for module, path in ENTRY_POINTS if os.path.isfile(os.path.join(folder, path))]; "
+    "have or sys.exit('the SGLang at %s has no serving benchmark: neither %s' % (folder, ' nor '.join("
+    "'%s (%s)' % entry for entry in ENTRY_POINTS))); "
+    "print(have[0])"
+)
 
 
 def choose_lines(python: str) -> str:
     """Bash lines that set `$entry` to the host's serving benchmark module with `python` (a host word, rendered),
     print it after ENTRY_MARKER, and end the script with the reason on stderr where there is none."""
     program = _CHOOSE.replace("ENTRY_POINTS", repr(ENTRY_POINTS))
-    return (
-        f"entry=$({python} -c {shlex.quote(program)}) || exit\n"
-        f'echo {shlex.quote(ENTRY_MARKER)}"$entry"\n'
-    )
+    return f'entry=$({python} -c {shlex.quote(program)}) || exit\necho {shlex.quote(ENTRY_MARKER)}"$entry"\n'
 
 
 def ran_entry_point(stdout: str) -> str | None:

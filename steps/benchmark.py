@@ -9,7 +9,8 @@ line and removes (or, its bash killed outright, the next program on the host: `m
 it appended becomes a typed `BenchRun` (steps/benchmark_results.py), with its repeat,
 seed, entry point, command and times. The module is the one the host's SGLang has (steps/bench_entry.py): the
 current `sglang.benchmark.serving`, else the deprecated `sglang.bench_serving` of older releases, chosen on the
-host before each run and recorded as the run's `entry_point`. bench_serving writes its line even when requests failed, so a run that completed
+host before each run and recorded as the run's `entry_point`.
+bench_serving writes its line even when requests failed, so a run that completed
 fewer requests than it sent fails the step, naming the concurrency and repeat, rather than reporting a
 throughput of the requests that happened to succeed.
 

@@ -89,9 +89,10 @@ def implementation(sglang_dir: Path, module: str = "sglang.benchmark.serving") -
     module's `cli_main` (0.5.23's bench_serving.py: `from sglang.benchmark.serving import cli_main`), that one's."""
     path = sglang_dir / MODULE_FILES[module]
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module in MODULE_FILES and node.module != module:
-            if any(alias.name == "cli_main" for alias in node.names):
-                return implementation(sglang_dir, node.module)
+        if not isinstance(node, ast.ImportFrom) or node.module == module or node.module not in MODULE_FILES:
+            continue
+        if any(alias.name == "cli_main" for alias in node.names):
+            return implementation(sglang_dir, node.module)
     return path
 
 

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from executor.faces.cli import main
-from hostprograms.probe import BENCH_ENTRY_POINTS
 from executor.runbook.planner import PlanContext
 from executor.transport.base import Collector, CommandResult
+from hostprograms.probe import BENCH_ENTRY_POINTS
 from sandbox.model_configs import drafter_config, target_config
 from sandbox.sglang_standin import simulation
 from steps.bench_entry import ENTRY_MARKER, ENTRY_POINTS, choose_lines, ran_entry_point
