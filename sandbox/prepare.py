@@ -9,8 +9,8 @@ It builds `.cache/testhost/` (git-ignored):
   (../shared/fixtures/gpu-host-h200/pip.json);
 - `bin/nvidia-smi`: the nvidia-smi test double (sandbox/gpu.py) as an executable on the host's PATH;
 - `venv/lib/python3.X/site-packages/runbook_sandbox_sglang_standin.pth`: the hook that makes
-  `python -m sglang.launch_server` / `-m sglang.bench_serving` in that venv run the SGLang
-  stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place;
+  `python -m sglang.launch_server` / `-m sglang.benchmark.serving` / `-m sglang.bench_serving` in that venv
+  run the SGLang stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place;
 - `sglang-with-ddtree-pr/sglang/`: SGLang 0.5.23 as a build with the DDTree pull request (#29907,
   not in any release) would be: the real release's files (linked) but for the two the PR changes
   for what the probe and the launch flags read: `SpeculativeAlgorithm` gains DDTREE and the `spec`

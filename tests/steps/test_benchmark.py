@@ -110,7 +110,8 @@ def printed(*lines: dict[str, Any], summary: str = "Successful requests: 16\n") 
 
 WARNING = (  # what `python -m sglang.bench_serving` of 0.5.23 prints to stderr first
     "/venv/lib/python3.11/site-packages/sglang/bench_serving.py:13: FutureWarning: `sglang.bench_serving` is "
-    "deprecated and will be removed in a future release; use `sglang.benchmark.serving` instead.\n  warnings.warn(\n"
+    "deprecated and will be removed in a future release; use `sglang.benchmark.serving` instead "
+    "(e.g. `python -m sglang.benchmark.serving`).\n  warnings.warn(\n"
 )
 STEP = BenchmarkStep(id="bench", server="deploy", concurrencies=[4], num_prompts=16)
 
