@@ -1,7 +1,8 @@
 """What one run of SGLang's serving benchmark measured, read from the JSONL line it appends.
 
-`python -m sglang.bench_serving --output-file F` appends one JSON object per run to F, with the
-field names of sglang 0.5.23 (benchmark/serving.py, `result`). The benchmark step prints that
+`python -m sglang.benchmark.serving --output-file F` (or the deprecated `sglang.bench_serving`, the same writer in
+0.5.23) appends one JSON object per run to F, with the field names of sglang 0.5.23 (benchmark/serving.py, `result`;
+tests/release/ checks them against the pinned release). The benchmark step prints that
 file after a marker line, and this module turns the line into a typed `BenchRun`.
 
 The benchmark writes its line even when every request failed (with `completed: 0`), so a line is
