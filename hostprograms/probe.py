@@ -50,6 +50,12 @@ MODELS_DIR = "srt/models"
 KIMI_K25_FILE = "kimi_k25.py"
 KIMI_ARCH = "KimiK25ForConditionalGeneration"
 ATTENTION_DIR = "srt/layers/attention"
+#: SGLang's serving benchmark, (module, its file), preferred first: 0.5.23 moved it to sglang.benchmark.serving and
+#: deprecated sglang.bench_serving (a FutureWarning), the only one of older releases (steps/bench_entry.py)
+BENCH_ENTRY_POINTS = (
+    ("sglang.benchmark.serving", "benchmark/serving.py"),
+    ("sglang.bench_serving", "bench_serving.py"),
+)
 
 
 # ---------------------------------------------------------------- parsers (pure)
@@ -497,6 +503,7 @@ SGLANG_KEYS = (
     "kimi_k25_model",
     "kimi_k25_classes",
     "launch_options",
+    "bench_entry_points",
 )
 
 
@@ -604,11 +611,18 @@ def sglang_facts() -> dict[str, Any]:
     _read_dflash(package, facts)
     _read_kimi(package, facts)
     _read_launch_options(package, facts)
+    facts["bench_entry_points"] = bench_entry_points(package)
+    facts["sources"]["bench_entry_points"] = package
     attention = os.path.join(package, ATTENTION_DIR)
     if os.path.isdir(attention):
         names = sorted(n[: -len("_backend.py")] for n in os.listdir(attention) if n.endswith("_backend.py"))
         facts["attention_backend_files"] = names
     return facts
+
+
+def bench_entry_points(package: str) -> list[str]:
+    """The serving benchmark modules this SGLang has (their files in its package folder), preferred first."""
+    return [module for module, path in BENCH_ENTRY_POINTS if os.path.isfile(os.path.join(package, path))]
 
 
 def _parse_file(path: str) -> tuple[str | None, str]:

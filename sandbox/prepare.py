@@ -9,13 +9,17 @@ It builds `.cache/testhost/` (git-ignored):
   (../shared/fixtures/gpu-host-h200/pip.json);
 - `bin/nvidia-smi`: the nvidia-smi test double (sandbox/gpu.py) as an executable on the host's PATH;
 - `venv/lib/python3.X/site-packages/runbook_sandbox_sglang_standin.pth`: the hook that makes
-  `python -m sglang.launch_server` / `-m sglang.bench_serving` in that venv run the SGLang
-  stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place;
+  `python -m sglang.launch_server` / `-m sglang.benchmark.serving` / `-m sglang.bench_serving` in that venv
+  run the SGLang stand-in (sandbox/sglang_standin/, a test double) while the real SGLang files stay in place;
 - `sglang-with-ddtree-pr/sglang/`: SGLang 0.5.23 as a build with the DDTree pull request (#29907,
   not in any release) would be: the real release's files (linked) but for the two the PR changes
   for what the probe and the launch flags read: `SpeculativeAlgorithm` gains DDTREE and the `spec`
   fields gain `speculative_ddtree_budget` (DDTREE_PATCHES). A test host with `sglang="ddtree-pr"`
   puts it first on PYTHONPATH (sandbox/testhost.py); the default test host never sees it.
+- `sglang-old-client/sglang/`: SGLang as a release from before the serving benchmark moved to
+  `sglang.benchmark.serving`: the real 0.5.23 files (linked) but without benchmark/serving.py, whose code is
+  bench_serving.py's instead (as it was before the move: no deprecation warning). A test host with
+  `sglang="old-client"` puts it first on PYTHONPATH.
 
 Idempotent: what is already there at the pinned version is left alone. It prints what it did.
 """
@@ -67,6 +71,11 @@ DDTREE_PATCHES = {
         "    speculative_domino_candidate_pool_size: A[\n",
     ),
 }
+
+
+OLD_CLIENT_BUILD = TESTHOST / "sglang-old-client"
+#: the benchmark's files of the release: the current entry module's, and the deprecated one's
+SERVING, OLD_SERVING = "benchmark/serving.py", "bench_serving.py"
 
 
 def installed_versions(names: list[str]) -> dict[str, str | None]:
@@ -179,8 +188,23 @@ def ensure_ddtree_build() -> str:
     return f"wrote {package} (SGLang 0.5.23 as a build with the DDTree PR, a test double)"
 
 
+def ensure_old_client_build() -> str:
+    site = site_packages()
+    if site is None:
+        raise SystemExit(f"sandbox.prepare: no site-packages in {VENV}")
+    real, package = site / "sglang", OLD_CLIENT_BUILD / "sglang"
+    code = (real / SERVING).read_text()
+    old = package / OLD_SERVING
+    if old.is_file() and not old.is_symlink() and old.read_text() == code and not (package / SERVING).exists():
+        return f"{package} up to date"
+    _link_tree(real, package, {real / SERVING, real / OLD_SERVING})
+    old.write_text(code)
+    return f"wrote {package} (SGLang with only the old sglang.bench_serving, a test double)"
+
+
 def main() -> int:
     steps = [ensure_venv(), *ensure_packages(), ensure_nvidia_smi(), ensure_standin_hook(), ensure_ddtree_build()]
+    steps.append(ensure_old_client_build())
     for line in steps:
         print(f"sandbox.prepare: {line}")
     return 0

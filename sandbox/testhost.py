@@ -12,7 +12,8 @@ The host is this machine reached through its own sshd (tests/conftest.py `testho
 - the SGLang build (`SGLANG_BUILDS`): `release`, the real 0.5.23 files; `ddtree-pr`, the same release
   as a build with SGLang's DDTree pull request #29907 would be (sandbox/prepare.py DDTREE_BUILD, first
   on PYTHONPATH): the probe then finds DDTREE and the stand-in serves `--speculative-algorithm DDTREE
-  --speculative-ddtree-budget N`.
+  --speculative-ddtree-budget N`; `old-client`, the release as one from before its serving benchmark moved (only
+  the deprecated `sglang.bench_serving`, sandbox/prepare.py OLD_CLIENT_BUILD, first on PYTHONPATH).
 
 Several test hosts run at once (`start`, one folder each): each its own SSH server on its own loopback
 port, GPU variant, HOME (so its own models folder, HF token and deploy state) and SGLang port
@@ -48,11 +49,11 @@ from typing import Any, Literal
 from sandbox import netns
 from sandbox.embedded_sshd import start_embedded_sshd
 from sandbox.gpu import ENV_VAR
-from sandbox.prepare import BIN, DDTREE_BUILD, PINS, VENV, VENV_PYTHON, standin_pth_problem
+from sandbox.prepare import BIN, DDTREE_BUILD, OLD_CLIENT_BUILD, PINS, VENV, VENV_PYTHON, standin_pth_problem
 from sandbox.sglang_standin import faults as standin_faults
 from sandbox.sshd import SSHServer, free_port, start_sshd
 
-SGLANG_BUILDS = ("release", "ddtree-pr")
+SGLANG_BUILDS = ("release", "ddtree-pr", "old-client")
 SshServerKind = Literal["openssh", "embedded"]
 GPU_VARIANTS = ("h200", "rtx6000", "h200x8", "h100x8", "h100", "none", "absent")
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -91,7 +92,13 @@ printf x >> "$HOME/{NOISY_RUNS}"
 def missing() -> str | None:
     """Why the prepared test host files are unusable, or None when they are in place."""
     site = list(VENV.glob("lib/python*/site-packages"))
-    needed = [VENV_PYTHON, VENV / "bin" / "hf", BIN / "nvidia-smi", DDTREE_BUILD / "sglang"]
+    needed = [
+        VENV_PYTHON,
+        VENV / "bin" / "hf",
+        BIN / "nvidia-smi",
+        DDTREE_BUILD / "sglang",
+        OLD_CLIENT_BUILD / "sglang",
+    ]
     needed += [site[0] / f"{name}-{version}.dist-info" for name, version, _ in PINS] if site else [VENV / "lib"]
     problems = [f"{path} missing" for path in needed if not path.exists()]
     standin = standin_pth_problem()
@@ -111,8 +118,8 @@ def session_env(gpu: str, home: Path, sglang: str = "release") -> dict[str, str]
     env = {"PATH": ":".join(path), "HOME": str(home)}
     if gpu != "absent":
         env[ENV_VAR] = gpu
-    if sglang == "ddtree-pr":
-        env["PYTHONPATH"] = str(DDTREE_BUILD)
+    if sglang != "release":
+        env["PYTHONPATH"] = str(DDTREE_BUILD if sglang == "ddtree-pr" else OLD_CLIENT_BUILD)
     return env
 
 

@@ -2,12 +2,15 @@
 concurrency, and, given a baseline benchmark step, the comparison report of the run.
 
 Each run (each concurrency, each repeat) is its own audited command on the host, with the step's
-timeout: `$python -m sglang.bench_serving --backend sglang --base-url <deploy's base_url> --dataset-name
+timeout: `$python -m sglang.benchmark.serving --backend sglang --base-url <deploy's base_url> --dataset-name
 random-ids ... --seed S --flush-cache` (random-ids: token ids drawn locally, nothing to download on a host
 without network), writing to a JSONL file in a fresh temporary folder that the script prints after a marker
 line and removes (or, its bash killed outright, the next program on the host: `marked_folder`). The line
 it appended becomes a typed `BenchRun` (steps/benchmark_results.py), with its repeat,
-seed, command and times. bench_serving writes its line even when requests failed, so a run that completed
+seed, entry point, command and times. The module is the one the host's SGLang has (steps/bench_entry.py): the
+current `sglang.benchmark.serving`, else the deprecated `sglang.bench_serving` of older releases, chosen on the
+host before each run and recorded as the run's `entry_point`.
+bench_serving writes its line even when requests failed, so a run that completed
 fewer requests than it sent fails the step, naming the concurrency and repeat, rather than reporting a
 throughput of the requests that happened to succeed.
 
@@ -47,6 +50,7 @@ from executor.hostprogram import marked_folder
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
+from steps.bench_entry import ENTRY_POINTS, choose_lines, ran_entry_point
 from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
 
 # The step's facts, the comparison report, its provenance and figures (~30 pydantic models) are imported by
@@ -128,10 +132,11 @@ class BenchmarkStep(StepSpec):
         seed: int,
         pasted: Mapping[str, str] | None = None,
         out: str = '"$out/bench.jsonl"',
+        module: str = '"$entry"',
     ) -> str:
         """The bench_serving command line of one run: the script's, as rendered (`python` and `extra_args` are
-        host words: `~` and `$vars` expand there, as in deploy's); with `pasted` (the host's vars) and `out`, as
-        a person would paste it."""
+        host words: `~` and `$vars` expand there, as in deploy's; `module` the entry point chosen on the host); with
+        `pasted` (the host's vars), `out` and `module`, as a person would paste it."""
 
         def word(text: str) -> str:
             return host_word(text) if pasted is None else pasted_word(text, pasted)
@@ -142,7 +147,7 @@ class BenchmarkStep(StepSpec):
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
         args += ["--seed", seed, "--flush-cache"]
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
-        return f"{word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
+        return f"{word(self.python)} -m {module} {words} --output-file {out}"
 
     def script(self, base_url: str, concurrency: int, repeat: int, seed: int) -> str:
         return (
@@ -150,6 +155,7 @@ class BenchmarkStep(StepSpec):
             f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download), "
             f"seed {seed}, the cache flushed after the warmup\n"
             + marked_folder("out")
+            + choose_lines(host_word(self.python))
             + f"{self.command(base_url, concurrency, seed)}\n"
             "rc=$?\n"
             f"echo {shlex.quote(JSONL_MARKER)}\n"
@@ -171,7 +177,8 @@ class BenchmarkStep(StepSpec):
 
     def commands(self, ctx: RenderContext) -> list[str]:
         concurrency, _, seed = self.schedule()[0]
-        return [self.command(str(ctx.fact(self.server, "base_url")), concurrency, seed, ctx.vars, "bench.jsonl")]
+        base_url = str(ctx.fact(self.server, "base_url"))
+        return [self.command(base_url, concurrency, seed, ctx.vars, "bench.jsonl", ENTRY_POINTS[0][0])]
 
     # ---- running ---------------------------------------------------------------------------------------
 
@@ -181,7 +188,7 @@ class BenchmarkStep(StepSpec):
         lines = jsonl_lines(result.stdout_text)
         if result.exit_code != 0:
             said = error_line(result.stdout_text.partition(JSONL_MARKER)[0], result.stderr_text)
-            return None, f"{where}: bench_serving {_exited(result)}: {said}"
+            return None, f"{where}: {info.entry_point or 'the serving benchmark'} {_exited(result)}: {said}"
         if not lines:
             return None, f"{where}: bench_serving exited 0 but wrote no JSONL line"
         try:
@@ -258,6 +265,7 @@ class BenchmarkStep(StepSpec):
         """What the run was asked, and when the controller saw its command start and end."""
         started = datetime.fromisoformat(result.started_at)
         finished = (started + timedelta(seconds=result.duration_s)).isoformat(timespec="milliseconds")
+        entry = ran_entry_point(result.stdout_text.partition(JSONL_MARKER)[0])
         return RunInfo(
             max_concurrency=concurrency,
             num_prompts=self.prompts_at(concurrency),
@@ -265,7 +273,8 @@ class BenchmarkStep(StepSpec):
             seed=seed,
             started_at=result.started_at,
             finished_at=finished,
-            command=self.command(base_url, concurrency, seed),
+            entry_point=entry,
+            command=self.command(base_url, concurrency, seed, module=entry or '"$entry"'),
         )
 
     def _baseline(self, ctx: StepContext) -> Side | None:

@@ -1,7 +1,8 @@
 """What one run of SGLang's serving benchmark measured, read from the JSONL line it appends.
 
-`python -m sglang.bench_serving --output-file F` appends one JSON object per run to F, with the
-field names of sglang 0.5.23 (benchmark/serving.py, `result`). The benchmark step prints that
+`python -m sglang.benchmark.serving --output-file F` (or the deprecated `sglang.bench_serving`, the same writer in
+0.5.23) appends one JSON object per run to F, with the field names of sglang 0.5.23 (benchmark/serving.py, `result`;
+tests/release/ checks them against the pinned release). The benchmark step prints that
 file after a marker line, and this module turns the line into a typed `BenchRun`.
 
 The benchmark writes its line even when every request failed (with `completed: 0`), so a line is
@@ -68,6 +69,9 @@ class RunInfo(DataModel):
     num_prompts: int
     repeat: int  # 1-based, within its concurrency
     seed: int  # bench_serving's --seed: it alone decides the prompts
+    #: the module that ran (steps/bench_entry.py): sglang.benchmark.serving or the deprecated sglang.bench_serving;
+    #: None where the host chose none (no SGLang, or neither module) or the run was recorded before runbook chose
+    entry_point: str | None = None
     started_at: str  # ISO-8601 UTC: the command's start
     finished_at: str  # and its end
     command: str  # the bench_serving command line as rendered (it holds no secret)

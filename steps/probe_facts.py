@@ -159,6 +159,9 @@ class SglangFacts(Facts):
     #: every option string of `python -m sglang.launch_server`, one list per argument, its flag first: what
     #: `deploy` resolves extra_args against (abbreviations and aliases, as SGLang's argparse reads them)
     launch_options: list[list[str]] | None
+    #: the serving benchmark modules it has, preferred first (steps/bench_entry.py): sglang.benchmark.serving
+    #: (0.5.23 on), the deprecated sglang.bench_serving; [] where neither; None from a probe that did not look
+    bench_entry_points: list[str] | None = None
     sources: dict[str, str]
     unknown: dict[str, str]
 

@@ -1,13 +1,15 @@
 """TEST DOUBLE of the SGLang server and of its serving benchmark client, for the test host only.
 
 Real SGLang needs CUDA GPUs; this machine has none. On the test host (sandbox/testhost.py)
-`python -m sglang.launch_server ...` and `python -m sglang.bench_serving ...` run these modules
+`python -m sglang.launch_server ...` and `python -m sglang.benchmark.serving ...` (or the deprecated
+`-m sglang.bench_serving`) run these modules
 instead of SGLang's, while every other look at the venv's `sglang` (the probe step's
 importlib.metadata / find_spec / ast reads) still sees the real SGLang 0.5.23 files:
 
 - hook.py: a meta-path finder that `python -m sandbox.prepare` activates through a `.pth` file in
-  the test venv, only for an interpreter started with `-m sglang.launch_server` or
-  `-m sglang.bench_serving`; it loads this package there as the top-level `sglang_standin`;
+  the test venv, only for an interpreter started with `-m sglang.launch_server`,
+  `-m sglang.benchmark.serving` or `-m sglang.bench_serving`; it loads this package there as the top-level
+  `sglang_standin`;
 - server.py: the HTTP server (endpoints, JSON fields, log lines and start-up checks of 0.5.23);
 - bench_client.py: the benchmark client (flags, summary and JSONL fields of 0.5.23);
 - bench_datasets.py: its datasets read from a local file (speed-bench, custom, sharegpt), as 0.5.23's loaders;

@@ -1,6 +1,13 @@
-"""TEST DOUBLE of `python -m sglang.bench_serving` (SGLang 0.5.23, benchmark/serving.py).
+"""TEST DOUBLE of `python -m sglang.benchmark.serving` and `-m sglang.bench_serving` (SGLang 0.5.23,
+benchmark/serving.py; bench_serving.py re-exports it).
 
-It accepts the real client's flags (its own declarations read from the real serving.py; the
+Run as the deprecated `sglang.bench_serving`, it first warns as that module of the release in place does: the
+module-level `warnings.warn(...)` of the real bench_serving.py (0.5.23: a FutureWarning, "deprecated and will be
+removed"), its text, category, file and line read from that file (`deprecation`), so stderr is byte for byte the
+real one's; a build whose bench_serving.py warns of nothing (a release from before the move) prints nothing.
+
+It accepts the real client's flags (its own declarations read from the real implementation file (`implementation`:
+benchmark/serving.py, or an older release's bench_serving.py); the
 ones below are used, the rest accepted and ignored), really sends the requests to the server
 (`--backend sglang`: streamed POST /generate, as the real client), computes the metrics as the
 real `calculate_metrics` does (numpy's linear percentiles, population std, TTFT, TPOT, ITL per
@@ -29,6 +36,8 @@ real client fails without network; the others are refused. The stand-in's tokeni
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import functools
 import heapq
 import http.client
@@ -48,9 +57,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import bench_datasets, launch_args, simulation
+from . import bench_datasets, hook, launch_args, simulation
 
-SERVING_FILE = "benchmark/serving.py"
+#: entry module -> its file in the package folder (hook.ENTRY_POINTS says which run this client)
+MODULE_FILES = {"sglang.benchmark.serving": "benchmark/serving.py", "sglang.bench_serving": "bench_serving.py"}
 OFFLINE_ERROR = (
     "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the "
     "Hub and we cannot find the requested files in the local cache. Please check your connection and try again "
@@ -76,7 +86,43 @@ class Output:
     modelled: bool = False  # its times are the stand-in's simulated ones (`_on_model_clock`)
 
 
-def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
+def implementation(sglang_dir: Path, module: str = "sglang.benchmark.serving") -> Path:
+    """The file that implements `module` in the release: its own, or, where it only re-exports another entry
+    module's `cli_main` (0.5.23's bench_serving.py: `from sglang.benchmark.serving import cli_main`), that one's."""
+    path = sglang_dir / MODULE_FILES[module]
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.ImportFrom) or node.module == module or node.module not in MODULE_FILES:
+            continue
+        if any(alias.name == "cli_main" for alias in node.names):
+            return implementation(sglang_dir, node.module)
+    return path
+
+
+def deprecation(path: Path) -> tuple[str, str, int] | None:
+    """(text, category, line) of the module-level `warnings.warn(TEXT, CATEGORY, ...)` of an entry module's file."""
+    for node in ast.parse(path.read_text()).body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "warnings.warn" and len(call.args) >= 1):
+            continue
+        text = call.args[0]
+        category = call.args[1] if len(call.args) > 1 else None
+        category = category or next((k.value for k in call.keywords if k.arg == "category"), None)
+        if isinstance(text, ast.Constant) and isinstance(text.value, str):
+            name = ast.unparse(category) if category is not None else "UserWarning"
+            return text.value, name, node.lineno
+    return None
+
+
+def _warn_as(path: Path) -> None:
+    """Print the warning the real module prints when run (with its file and line), if it has one."""
+    found = deprecation(path)
+    if found is not None:
+        text, category, line = found
+        kind = getattr(builtins, category, UserWarning)
+        warnings.warn_explicit(text, kind if isinstance(kind, type) else UserWarning, str(path), line)
+
+
+def build_parser(sglang_dir: Path, module: str = "sglang.benchmark.serving") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Benchmark the online serving throughput.")
     parser.add_argument("--backend", type=str, default="sglang")
     parser.add_argument("--base-url", type=str, default=None)
@@ -114,7 +160,7 @@ def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
     parser.add_argument("--tokenize-prompt", action="store_true")
     parser.add_argument("--tag", type=str, default=None)
     own = {a for action in parser._actions for a in action.option_strings}
-    for flag, options in launch_args.plain_flags((sglang_dir / SERVING_FILE).read_text()).items():
+    for flag, options in launch_args.plain_flags(implementation(sglang_dir, module).read_text()).items():
         if flag not in own:
             parser.add_argument(flag, **options)
     return parser
@@ -550,11 +596,9 @@ RESULT_ORDER = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.warn(
-        "`sglang.bench_serving` is deprecated and will be removed in a future release; use "
-        "`sglang.benchmark.serving` instead (e.g. `python -m sglang.benchmark.serving`).",
-        FutureWarning,
-        stacklevel=1,
-    )
-    args = build_parser(launch_args.sglang_dir()).parse_args(sys.argv[1:] if argv is None else argv)
+    module = hook.module_run(sys.orig_argv)
+    module = module if module in MODULE_FILES else "sglang.benchmark.serving"
+    sglang_dir = launch_args.sglang_dir()
+    _warn_as(sglang_dir / MODULE_FILES[module])
+    args = build_parser(sglang_dir, module).parse_args(sys.argv[1:] if argv is None else argv)
     return run(args)

@@ -1,15 +1,16 @@
-"""TEST DOUBLE wiring: make `python -m sglang.launch_server|bench_serving` run the stand-in.
+"""TEST DOUBLE wiring: make `python -m sglang.launch_server|benchmark.serving|bench_serving` run the stand-in.
 
 `python -m sandbox.prepare` writes a one-line `.pth` file into the test venv's site-packages that
 runs this file (by path) at interpreter start-up, but only when the command line names one of
-the two entry modules; this file then checks precisely that the interpreter was started as
-`python [options] -m sglang.launch_server` (or `sglang.bench_serving`) and only then puts a
-meta-path finder first on `sys.meta_path` that answers for exactly these names:
+the entry modules; this file then checks precisely that the interpreter was started as
+`python [options] -m sglang.launch_server` (or `sglang.benchmark.serving`, `sglang.bench_serving`) and only then
+puts a meta-path finder first on `sys.meta_path` that answers for exactly these names:
 
-- `sglang`: the REAL package folder (origin and search locations from the normal path finder),
-  with a loader that runs nothing, because the real `sglang/__init__.py` needs torch;
-- `sglang.launch_server` -> `sglang_standin.server.main()`,
-  `sglang.bench_serving` -> `sglang_standin.bench_client.main()`;
+- `sglang` and `sglang.benchmark`: the REAL package folders (origin and search locations from the normal path
+  finder), with a loader that runs nothing, because the real `sglang/__init__.py` needs torch;
+- `sglang.launch_server` -> `sglang_standin.server.main()`, `sglang.benchmark.serving` (SGLang 0.5.23 on) and
+  the deprecated `sglang.bench_serving` -> `sglang_standin.bench_client.main()`, each only where the real
+  package has its file (`ENTRY_POINTS`): a build without it fails as a real one does ("No module named ...");
 - `sglang_standin`: this folder as a top-level package (its modules import each other relatively).
 
 Any other interpreter in the venv (the probe step's `find_spec("sglang")`, `import sglang`)
@@ -30,7 +31,13 @@ from types import CodeType, ModuleType
 HERE = Path(__file__).resolve().parent
 PACKAGE = "sglang_standin"
 #: the real entry modules and the stand-in module whose main() replaces each
-ENTRY_POINTS = {"sglang.launch_server": "server", "sglang.bench_serving": "bench_client"}
+ENTRY_POINTS = {
+    "sglang.launch_server": "server",
+    "sglang.benchmark.serving": "bench_client",
+    "sglang.bench_serving": "bench_client",
+}
+#: the packages on the way to an entry module, loaded from their real folders without running their __init__.py
+_PACKAGES = ("sglang", "sglang.benchmark")
 # interpreter options that take a value as the next argument (python(1))
 _OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
 
@@ -86,15 +93,15 @@ class StandinFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname == "sglang":
-            real = importlib.machinery.PathFinder.find_spec("sglang")
+        if fullname in _PACKAGES:
+            real = importlib.machinery.PathFinder.find_spec(fullname, path)
             if real is None:
                 return None
-            spec = importlib.machinery.ModuleSpec("sglang", _RunNothing(), origin=real.origin, is_package=True)
+            spec = importlib.machinery.ModuleSpec(fullname, _RunNothing(), origin=real.origin, is_package=True)
             spec.submodule_search_locations = list(real.submodule_search_locations or [])
             spec.has_location = real.has_location
             return spec
-        if fullname in ENTRY_POINTS:
+        if fullname in ENTRY_POINTS and importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
             module = ENTRY_POINTS[fullname]
             return importlib.machinery.ModuleSpec(fullname, _EntryPoint(module), origin=str(HERE / f"{module}.py"))
         if fullname == PACKAGE:

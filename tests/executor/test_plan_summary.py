@@ -64,7 +64,7 @@ def test_the_flagships_plan_fits_two_screens_and_says_what_each_step_does(capsys
         )
     assert "$ /root/venv_sglang/bin/hf download z-lab/Kimi-K2.6-DFlash --revision" in section(text, "download_drafter")
     bench = section(text, "benchmark_dflash").replace(" \\\n        ", " ")
-    assert "$ /root/venv_sglang/bin/python -m sglang.bench_serving --backend sglang --base-url" in bench
+    assert "$ /root/venv_sglang/bin/python -m sglang.benchmark.serving --backend sglang --base-url" in bench
     assert "--max-concurrency 1" in bench and "known at run time, from step 'deploy_dflash': base_url" in bench
     # each host program as name, size and the sha256 of the very bytes the full plan ships
     sent = shipped(plan(capsys, "--full", str(FLAGSHIP)))

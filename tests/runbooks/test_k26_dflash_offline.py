@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from executor.transport.scripted import Answer, HostProgramCall, ScriptedCommand, ScriptedTransport
+from steps.bench_entry import ENTRY_MARKER
 from steps.benchmark_results import JSONL_MARKER
 
 if TYPE_CHECKING:  # the plugin is imported as a plugin, below (imported before, pytest could not rewrite it)
@@ -56,7 +57,7 @@ class FlagshipHost:
         host.program("inspect_config", ANSWERS["inspect_config"])
         host.program("deploy", self.deploy)
         host.program("eval_acceptance", self.evaluate)
-        host.on(r"-m sglang\.bench_serving ", self.bench_serving)
+        host.on(r"-m \"\$entry\" --backend sglang ", self.bench_serving)
 
     @staticmethod
     def download(call: HostProgramCall) -> Any:
@@ -75,7 +76,7 @@ class FlagshipHost:
         asked = re.search(r"--num-prompts (\d+)", command.script)
         assert asked is not None, command.script
         line = json.dumps(ANSWERS["bench_serving"][self.serving] | {"completed": int(asked.group(1))})
-        return Answer(stdout=f"{JSONL_MARKER}\n{line}\n")
+        return Answer(stdout=f"{ENTRY_MARKER}sglang.benchmark.serving\n{JSONL_MARKER}\n{line}\n")
 
     def evaluate(self, call: HostProgramCall) -> dict[str, Any]:
         """Every prompt answered with 200 tokens; with speculation on, in 200 / `accept` verify steps."""

@@ -15,6 +15,8 @@ import random
 import shlex
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -33,7 +35,9 @@ from sandbox.repos import target_repo
 from sandbox.sglang_standin import bench_client, faults, hook, launch, launch_args, simulation
 from sandbox.sglang_standin.server import FLUSH_FAILED, FLUSHED, READY_LINE, Pacer, sse_lines
 from sandbox.sshd import free_port
+from steps.benchmark import error_line
 from tests.conftest import SandboxHost
+from tests.release.test_release_facts import writer_fields
 from tests.sandbox.test_testhost import ssh
 
 SGLANG = next(VENV.glob("lib/python*/site-packages")) / "sglang"
@@ -533,14 +537,7 @@ def test_dflash_without_a_drafter_and_a_model_without_config_are_refused(
 
 def real_result_fields() -> list[str]:
     """The keys of the `result = {...}` dict the real benchmark/serving.py writes as its JSONL line."""
-    tree = ast.parse((SGLANG / "benchmark" / "serving.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-            keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
-            if names == ["result"] and "output_throughput" in keys:
-                return [str(k) for k in keys]
-    raise AssertionError("no result dict in the real benchmark/serving.py")
+    return writer_fields(SGLANG / "benchmark" / "serving.py")
 
 
 def bench(host: SandboxHost, server: Server, output: Path, concurrency: int, *extra: str) -> tuple[int, str]:
@@ -636,11 +633,54 @@ def test_only_the_two_entry_points_see_the_stand_in(testhost: Callable[[str], Sa
     assert status == 1 and "ModuleNotFoundError" in output  # the real release needs numpy, torch, ...
 
 
+def real_warning(tmp_path: Path) -> str:
+    """What the real release's bench_serving.py prints to stderr when run as `python -m sglang.bench_serving`: the
+    real file, run by this interpreter beside a `sglang.benchmark.serving` of one line (its own imports torch)."""
+    package = tmp_path / "real" / "sglang"
+    (package / "benchmark").mkdir(parents=True)
+    for name, text in (
+        ("__init__.py", ""),
+        ("benchmark/__init__.py", ""),
+        ("benchmark/serving.py", "def cli_main(): pass\n"),
+    ):
+        (package / name).write_text(text)
+    (package / "bench_serving.py").write_text((SGLANG / "bench_serving.py").read_text())
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(package.parent)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang.bench_serving"], env=env, capture_output=True, text=True, timeout=30, check=True
+    )
+    return done.stderr.replace(str(package), str(SGLANG))
+
+
+def test_the_old_entry_point_warns_as_the_real_one_and_the_step_reads_past_it(
+    testhost: Callable[..., SandboxHost], tmp_path: Path
+) -> None:
+    """`-m sglang.bench_serving` prints the real FutureWarning, byte for byte; `-m sglang.benchmark.serving` and the
+    old module of a release from before the move (no warning in its file) print none; the step's error line is the
+    client's own reason either way."""
+    dead = f"--base-url http://127.0.0.1:{free_port()} --ready-check-timeout-sec 1"
+    warning = real_warning(tmp_path)
+    assert "FutureWarning: `sglang.bench_serving` is deprecated and will be removed" in warning
+    for build, module, warned in (
+        ("release", "sglang.bench_serving", warning),
+        ("release", "sglang.benchmark.serving", ""),
+        ("old-client", "sglang.bench_serving", ""),
+    ):
+        err = tmp_path / f"{build}-{module}.err"
+        status, output = foreground(testhost("h200", sglang=build), f"(python -m {module} {dead} 2> {err})")
+        assert status == 1 and output.endswith("is not ready. Exiting.\n"), output
+        assert err.read_text() == warned
+        assert error_line(output, err.read_text()).endswith("is not ready. Exiting.")
+    status, output = foreground(testhost("h200", sglang="old-client"), f"python -m sglang.benchmark.serving {dead}")
+    assert status == 1 and "No module named sglang.benchmark.serving" in output  # as a real release of then
+
+
 @pytest.mark.parametrize(
     ("argv", "module"),
     [
         (["python", "-m", "sglang.launch_server", "--port", "1"], "sglang.launch_server"),
         (["python", "-u", "-X", "dev", "-msglang.bench_serving"], "sglang.bench_serving"),
+        (["python", "-m", "sglang.benchmark.serving", "--seed", "1"], "sglang.benchmark.serving"),
         (["python", "-W", "ignore", "-m", "json.tool"], "json.tool"),
         (["python", "prog.py", "-m", "sglang.launch_server"], None),
         (["python", "-c", "pass", "-m", "sglang.launch_server"], None),

@@ -17,7 +17,7 @@ import pytest
 
 from sandbox import gpu, netns, testhost
 from sandbox.netns import NetnsUnavailable
-from sandbox.prepare import BIN, DDTREE_BUILD, PINS, STANDIN_PTH, VENV, site_packages
+from sandbox.prepare import BIN, DDTREE_BUILD, OLD_CLIENT_BUILD, PINS, STANDIN_PTH, VENV, site_packages
 from sandbox.testhost import PoolHost, pool_inventory
 from tests.conftest import SandboxHost
 
@@ -171,6 +171,7 @@ def test_prepare_is_idempotent() -> None:
         f"{BIN / 'nvidia-smi'} up to date",
         f"{site_packages()}/{STANDIN_PTH} up to date",
         f"{DDTREE_BUILD / 'sglang'} up to date",
+        f"{OLD_CLIENT_BUILD / 'sglang'} up to date",
     ]
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shlex
 import socket
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -21,9 +25,11 @@ from pydantic import ValidationError
 from executor.faces.cli import main
 from executor.runbook.planner import PlanContext
 from executor.transport.base import Collector, CommandResult
+from hostprograms.probe import BENCH_ENTRY_POINTS
 from sandbox.model_configs import drafter_config, target_config
 from sandbox.sglang_standin import simulation
-from steps.benchmark import BenchmarkStep
+from steps.bench_entry import ENTRY_MARKER, ENTRY_POINTS, choose_lines, ran_entry_point
+from steps.benchmark import BenchmarkStep, error_line
 from steps.benchmark_report import md_text
 from steps.benchmark_results import (
     FLOAT_FIELDS,
@@ -104,7 +110,8 @@ def printed(*lines: dict[str, Any], summary: str = "Successful requests: 16\n") 
 
 WARNING = (  # what `python -m sglang.bench_serving` of 0.5.23 prints to stderr first
     "/venv/lib/python3.11/site-packages/sglang/bench_serving.py:13: FutureWarning: `sglang.bench_serving` is "
-    "deprecated and will be removed in a future release; use `sglang.benchmark.serving` instead.\n  warnings.warn(\n"
+    "deprecated and will be removed in a future release; use `sglang.benchmark.serving` instead "
+    "(e.g. `python -m sglang.benchmark.serving`).\n  warnings.warn(\n"
 )
 STEP = BenchmarkStep(id="bench", server="deploy", concurrencies=[4], num_prompts=16)
 
@@ -207,8 +214,10 @@ def test_a_broken_run_fails_with_the_reason(result: CommandResult, message: str)
 def test_the_command_is_the_real_bench_serving_command() -> None:
     step = BenchmarkStep(id="b", server="d", python="~/venv/bin/python", input_len=256, output_len=64, num_prompts=20)
     script = step.script("http://127.0.0.1:30000", 16, 1, 1)
-    command = next(line for line in script.splitlines() if "sglang.bench_serving" in line)
-    assert command.startswith('"${HOME:?is not set}"/venv/bin/python -m sglang.bench_serving --backend sglang ')
+    command = next(line for line in script.splitlines() if "--backend sglang" in line)
+    assert command.startswith('"${HOME:?is not set}"/venv/bin/python -m "$entry" --backend sglang ')
+    choose = script.index('entry=$("${HOME:?is not set}"/venv/bin/python -c ')
+    assert choose < script.index(shlex.quote(ENTRY_MARKER)) < script.index(command)  # chosen with its python, shown
     for flags in (
         "--base-url http://127.0.0.1:30000 --dataset-name random-ids",
         "--random-input-len 256 --random-output-len 64 --random-range-ratio 1.0 --num-prompts 20",
@@ -216,6 +225,43 @@ def test_the_command_is_the_real_bench_serving_command() -> None:
         '--output-file "$out/bench.jsonl"',
     ):
         assert flags in command
+
+
+def release_like(root: Path, *files: str) -> Path:
+    """A folder holding a package `sglang` with these files (empty) beside its __init__.py."""
+    for name in ("__init__.py", *files):
+        (root / "sglang" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sglang" / name).write_text("")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "entry", "said"),
+    [
+        (("benchmark/serving.py", "bench_serving.py"), "sglang.benchmark.serving", ""),
+        (("bench_serving.py",), "sglang.bench_serving", ""),
+        (("benchmark/serving.py",), "sglang.benchmark.serving", ""),
+        ((), None, "has no serving benchmark: neither sglang.benchmark.serving (benchmark/serving.py) nor "
+         "sglang.bench_serving (bench_serving.py)"),
+        (None, None, "sglang is not installed for "),
+    ],
+)  # fmt: skip
+def test_the_host_runs_the_current_entry_point_where_its_sglang_has_it(
+    tmp_path: Path, files: tuple[str, ...] | None, entry: str | None, said: str
+) -> None:
+    """The script's choice, run by bash with a Python whose `sglang` is a folder of these files (None: none)."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(release_like(tmp_path, *files) if files is not None else "")}
+    script = choose_lines(shlex.quote(sys.executable)) + "echo chose-and-went-on\n"
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert ran_entry_point(done.stdout) == entry
+    if entry:
+        assert done.returncode == 0 and done.stdout.endswith(f"{ENTRY_MARKER}{entry}\nchose-and-went-on\n")
+    else:  # the script ends there, with the reason as the last line of stderr (what the step's record shows)
+        assert done.returncode == 1 and "chose-and-went-on" not in done.stdout
+        assert said in error_line(done.stdout, done.stderr)
+        run, failure = STEP.read_run(finished(done.stdout, 1, done.stderr), asked(4, 16))
+        assert run is None and failure is not None and "the serving benchmark exited 1: " in failure
+        assert failure.endswith(error_line(done.stdout, done.stderr))
 
 
 def test_plan_shows_one_command_per_run_with_the_server_known_at_run_time() -> None:
@@ -228,6 +274,10 @@ def test_plan_shows_one_command_per_run_with_the_server_known_at_run_time() -> N
     once = BenchmarkStep(id="b", server="d", concurrencies=[2, 8], repeats=1, seed=40).plan(PlanContext("box", {}))
     assert [label for label, _ in once] == ["concurrency 2", "concurrency 8"]
     assert ["--seed 40 " in once[0][1], "--seed 41 " in once[1][1]] == [True, True]
+
+
+def test_the_probe_reads_the_entry_points_the_step_chooses_from() -> None:
+    assert BENCH_ENTRY_POINTS == ENTRY_POINTS  # the host program cannot import steps/: one table, checked
 
 
 def test_default_prompts_grow_with_concurrency() -> None:
@@ -292,11 +342,14 @@ def yaml_steps(*steps: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def standin(testhost: Any, write_runbook: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The test host with a target and a drafter folder, a free port, and a fast-starting stand-in.
+def standin(
+    testhost: Any, write_runbook: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Any]]:
+    """The test host with a target and a drafter folder, a free port, and a fast-starting stand-in; its SGLang
+    build the test's parameter (indirect), else the release.
 
     Whatever the test leaves running on the port is stopped afterwards by a `deploy` stop step."""
-    host = testhost("h200")
+    host = testhost("h200", sglang=getattr(request, "param", "release"))
     target, drafter = tmp_path / "models" / "Kimi-K2.6", tmp_path / "models" / "Kimi-K2.6-DFlash"
     for folder, config in ((target, target_config()), (drafter, drafter_config())):
         folder.mkdir(parents=True)
@@ -352,6 +405,9 @@ def test_baseline_then_dflash_with_the_report(
         assert all(run["completed"] == 8 and run["output_throughput"] > 0 for run in facts["runs"])
         assert all(run["total_output_tokens"] == 8 * 24 for run in facts["runs"])
         assert facts["base_url"] == f"http://127.0.0.1:{standin['port']}" and facts["failure"] is None
+        # the release has both entry points: the current one ran, and the record says so
+        assert {run["entry_point"] for run in facts["runs"]} == {"sglang.benchmark.serving"}
+        assert all(" -m sglang.benchmark.serving --backend sglang " in run["command"] for run in facts["runs"])
     assert all(run["accept_length"] is None for run in baseline["runs"])
     assert baseline["runs"][0]["unknown"]["accept_length"].startswith("the server reported no speculative")
     assert all(run["accept_length"] > 1 for run in dflash["runs"])
@@ -404,8 +460,33 @@ def test_a_server_that_does_not_answer_fails_at_the_first_concurrency(
     err = capsys.readouterr().err
     assert "the benchmark did not complete" in err
     url = f"http://127.0.0.1:{standin['port']}/v1/models"
-    assert f'facts.failure = "concurrency 1: bench_serving exited 1: Server at {url} is not ready. Exiting."' in err
+    said = f"concurrency 1: sglang.benchmark.serving exited 1: Server at {url} is not ready. Exiting."
+    assert f'facts.failure = "{said}"' in err
     assert "concurrency 4" not in err.split("facts.failure")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("standin", ["old-client"], indirect=True)
+def test_a_sglang_with_only_the_old_client_runs_it_and_the_record_says_so(
+    standin: dict[str, Any], write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A release from before the move (sandbox/prepare.py OLD_CLIENT_BUILD): no sglang.benchmark.serving, so the
+    step runs sglang.bench_serving, and its facts and the report's provenance name it."""
+    lengths = {"concurrencies": [2], "input_len": 8, "output_len": 8, "num_prompts": 2, "repeats": 1}
+    body = "name: old\n__HOSTS__\n" + yaml_steps(
+        {"id": "deploy", **standin["deploy"]},
+        {"id": "base", "kind": "benchmark", "server": "deploy", **lengths},
+        {"id": "again", "kind": "benchmark", "server": "deploy", "compare_to": "base", **lengths},
+    )
+    path = write_runbook(body, hosts=standin["host"].host_yaml())
+    assert main(["run", str(path), "--log-dir", str(tmp_path / "logs")]) == 0, capsys.readouterr().err
+    facts = facts_of(tmp_path / "logs", capsys)
+    (run,) = facts["base"]["runs"]
+    assert run["entry_point"] == "sglang.bench_serving" and run["completed"] == 2
+    assert " -m sglang.bench_serving --backend sglang " in run["command"]
+    (run_dir,) = [p for p in (tmp_path / "logs").iterdir() if p.is_dir()]
+    report = json.loads((run_dir / "report.json").read_text())
+    commands = [r["command"] for b in report["provenance"]["benchmarks"] for r in b["runs"]]
+    assert len(commands) == 2 and all(" -m sglang.bench_serving " in command for command in commands)
 
 
 def dflash_deploy(standin: dict[str, Any]) -> dict[str, Any]:
@@ -543,7 +624,7 @@ def test_a_refused_flush_fails_the_run_naming_it(
     path = write_runbook(body, hosts=standin["host"].host_yaml())
     assert main(["run", str(path), "--log-dir", str(tmp_path / "logs")]) == 1
     failure = capsys.readouterr().err.split("facts.failure = ", 1)[1].splitlines()[0]
-    assert failure.startswith('"concurrency 1, repeat 1/2: bench_serving exited 1: ')
+    assert failure.startswith('"concurrency 1, repeat 1/2: sglang.benchmark.serving exited 1: ')
     url = f"http://127.0.0.1:{standin['port']}/flush_cache?timeout=60.0"
     assert f"HTTPError: 400 Client Error: Bad Request for url: {url}" in failure
     facts = facts_of(tmp_path / "logs", capsys)["bench"]

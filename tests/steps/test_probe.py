@@ -157,6 +157,19 @@ def test_a_build_with_the_ddtree_pull_request_has_ddtree(
     assert "sglang-with-ddtree-pr" in sglang["sources"]["ddtree"]
 
 
+def test_the_serving_benchmark_entry_points_are_read_from_the_files(
+    h200: dict[str, Any], testhost: Callable[..., SandboxHost], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.5.23 has both (the old one deprecated); a release from before the move only sglang.bench_serving."""
+    assert h200["sglang"]["bench_entry_points"] == ["sglang.benchmark.serving", "sglang.bench_serving"]
+    assert h200["sglang"]["sources"]["bench_entry_points"].endswith("site-packages/sglang")
+    host = testhost("h200", sglang="old-client")
+    code, facts, _ = run_probe(host, tmp_path, capsys, f"python: {host.python}\n")
+    assert code == 0 and facts is not None
+    assert facts["sglang"]["bench_entry_points"] == ["sglang.bench_serving"]
+    assert facts["sglang"]["sources"]["bench_entry_points"].endswith("sglang-old-client/sglang")
+
+
 def test_host_disks_memory_os_and_models(h200: dict[str, Any]) -> None:
     shm = h200["disks"]["/dev/shm"]
     df = subprocess.run(["df", "-B1", "--output=size,avail", "/dev/shm"], capture_output=True, text=True, check=True)
