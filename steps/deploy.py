@@ -188,10 +188,12 @@ class DeployStep(ServerStep):
 
     @property
     def algorithm(self) -> str | None:
-        """The speculative algorithm: as given, else DFLASH when a drafter is given, else None (a baseline)."""
-        if self.speculative_algorithm is None and self.draft_model_path is not None:
-            return "DFLASH"
-        return self.speculative_algorithm
+        """The speculative algorithm: as given, else DFLASH when a drafter is given, else None (a baseline).
+        Upper case, as SGLang reads it (`SpeculativeAlgorithm.from_string` ignores case): a runbook's `dflash`
+        is launched as DFLASH, so it must meet DFLASH's checks too, not slip past them."""
+        if self.speculative_algorithm is None:
+            return "DFLASH" if self.draft_model_path is not None else None
+        return self.speculative_algorithm.upper()
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="facts.failure is none", message="the SGLang server is not serving")]

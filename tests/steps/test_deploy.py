@@ -227,6 +227,11 @@ def test_facts_that_cannot_choose_fail_with_the_reason() -> None:
 def test_parameters_are_checked() -> None:
     problems: dict[str, dict[str, Any]] = {
         "needs draft_model_path": {"draft_model_path": None, "speculative_algorithm": "DFLASH"},
+        # SGLang reads the name in any case: lower case must meet DFLASH's checks, not slip past them
+        "speculative_algorithm DFLASH needs draft_model_path": {
+            "draft_model_path": None,
+            "speculative_algorithm": "dflash",
+        },
         "tp_size: auto takes the GPU count from a probe step": {"probe": None},
         "SGLang rejects it for the draft": {"draft_attention_backend": "trtllm_mha"},
         "extra_args: --tp abbreviates --tp-size, which this step renders from `tp_size`; --port is rendered by this "
