@@ -116,6 +116,18 @@ class BenchmarkStep(StepSpec):
             raise ValueError(f"the last run's seed would be {last}: bench_serving's seeds (numpy's) are below 2**32")
         return self
 
+    def check_runbook(self, steps: Mapping[str, StepSpec]) -> list[str]:
+        """A comparison of unlike workloads, refused at `validate`: the baseline's and this step's workloads as
+        they will run (the chat template decided by whether each server's deploy step speculates)."""
+        baseline = steps.get(self.compare_to or "")
+        if not isinstance(baseline, BenchmarkStep):
+            return []
+        why = unlike(
+            baseline.resolved_workloads(_speculates(steps, baseline.server)),
+            self.resolved_workloads(_speculates(steps, self.server)),
+        )
+        return [] if why is None else [f"compare_to {self.compare_to!r} runs other prompts: {why}: not comparable"]
+
     @property
     def shown_label(self) -> str:
         return self.label or self.id
@@ -448,6 +460,12 @@ def error_line(stdout: str, stderr: str) -> str:
             lines.append(line)
     lines = lines or [line for line in map(str.strip, stdout.splitlines()) if line]
     return lines[-1][:300] if lines else "(no output)"
+
+
+def _speculates(steps: Mapping[str, StepSpec], server: str) -> bool:
+    """Whether the step that starts `server` will speculate, as far as the runbook says (a deploy step's
+    algorithm; another kind of step: not, as its facts will say at run time)."""
+    return getattr(steps.get(server), "algorithm", None) is not None
 
 
 def _fact(ctx: StepContext, step: str, path: str, param: str) -> Any:
