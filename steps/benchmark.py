@@ -211,7 +211,7 @@ class BenchmarkStep(StepSpec):
             + workload.template_shown()
         )
         return (
-            f"# bench_serving at {self.run_name(concurrency, repeat, workload and workload.label, category)}: "
+            f"# bench_serving at {self.run_name(concurrency, repeat, workload.label if workload else None, category)}: "
             f"{self.prompts_at(concurrency)} prompts of {what}, seed {seed}, the cache flushed after the warmup\n"
             + marked_folder("out")
             + f"{self.command(base_url, concurrency, seed, workload=workload, category=category)}\n"

@@ -28,7 +28,8 @@ SPEED_HERE = SPEED | {"path": "/data/speed/throughput_1k.jsonl"}  # in a runbook
 
 
 def step(*workloads: dict[str, Any], **params: Any) -> BenchmarkStep:
-    return BenchmarkStep(id="b", server="d", concurrencies=[4], repeats=1, workloads=list(workloads), **params)
+    listed = [Workload.model_validate(w) for w in workloads]
+    return BenchmarkStep(id="b", server="d", concurrencies=[4], repeats=1, workloads=listed, **params)
 
 
 def real_parser() -> tuple[set[str], set[str]]:
