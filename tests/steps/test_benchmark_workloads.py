@@ -244,3 +244,56 @@ def test_the_report_gives_speedup_and_acceptance_per_workload_and_category() -> 
     text = markdown(report)
     assert "| " + " | ".join(map(md_text, rows[2])) + " |" in text
     assert report.data.speedup.by_workload["speed/high_entropy"].min == 0.8
+
+
+# ------------------------------------------------------------------------------------------ the campaign, offline
+
+
+def two_workload_facts(server: str, throughputs: dict[str, float]) -> dict[str, Any]:
+    """A benchmark's facts with a SPEED-Bench category and random ids, one run each at concurrency 4."""
+    from steps.benchmark_report import BenchmarkFacts
+    from steps.benchmark_results import points
+
+    runs = runs_of(throughputs)
+    facts = BenchmarkFacts(
+        label="bench", server=server, base_url="http://127.0.0.1:30000", input_len=256, output_len=64,
+        workloads=step(SPEED | {"categories": ["low_entropy"]}, RANDOM).resolved_workloads(True),
+        concurrencies=[4], repeats=1, spread_threshold=0.05, runs=runs, points=points(runs, 0.05),
+        failure=None, compare_to=None, speedup=None, report=None,
+    )  # fmt: skip
+    return facts.model_dump(mode="json")
+
+
+def test_the_campaign_compares_each_workload_on_its_own() -> None:
+    """The drafter wins on low-entropy text and loses on random ids: each workload has its own best."""
+    from steps.campaign_report_cells import collect, compare
+    from tests.steps.test_campaign_report import deploy_facts, gpu_facts, view
+
+    cell = {"drafter": "zlab", "tokens": 4}
+    base, dflash = {"speed/low_entropy": 100.0, "random-ids": 100.0}, {"speed/low_entropy": 300.0, "random-ids": 90.0}
+    views = [
+        view("probe", "probe", gpu_facts("NVIDIA H200")),
+        view("deploy_baseline", "deploy", deploy_facts()),
+        view("bench_baseline", "benchmark", two_workload_facts("deploy_baseline", base)),
+        view("deploy_dflash[drafter=zlab,tokens=4]", "deploy", deploy_facts("DFLASH", tokens=4), cell=cell),
+        view(
+            "bench[drafter=zlab,tokens=4]",
+            "benchmark",
+            two_workload_facts("deploy_dflash[drafter=zlab,tokens=4]", dflash),
+            cell=cell,
+        ),
+    ]  # fmt: skip
+    cells = collect(views, "bench_baseline")
+    assert [(c.name, c.workload) for c in cells] == [
+        ("bench_baseline (speed/low_entropy)", "speed/low_entropy"),
+        ("bench_baseline (random-ids)", "random-ids"),
+        ("dflash[drafter=zlab,tokens=4] (speed/low_entropy)", "speed/low_entropy"),
+        ("dflash[drafter=zlab,tokens=4] (random-ids)", "random-ids"),
+    ]
+    assert [c.points[0].speedup for c in cells[2:]] == [3.0, 0.9]
+    comparisons = compare(cells, {"gpu1": "8x NVIDIA H200"}, 0.02, across_gpus=False)
+    shown = {c.shown_workload: c.best[0].best for c in comparisons}
+    assert shown == {
+        "speed/low_entropy, 64 out": "dflash[drafter=zlab,tokens=4] (speed/low_entropy)",
+        "random-ids, 256 in / 64 out": "bench_baseline (random-ids)",
+    }
