@@ -19,6 +19,7 @@ from sandbox.prepare import site_packages
 from steps.benchmark import BenchmarkStep
 from steps.benchmark_report import build_report, markdown, md_text, speedup
 from steps.benchmark_workloads import Workload
+from tests.steps.test_benchmark import standin  # noqa: F401  (a fixture)
 from tests.steps.test_benchmark_report import ACCEPTANCE, bench_run, provenance_of, side_of
 
 SPEED = {"label": "speed", "dataset": "speed-bench", "path": "$datasets/speed/throughput_1k.jsonl"}
@@ -297,3 +298,59 @@ def test_the_campaign_compares_each_workload_on_its_own() -> None:
         "speed/low_entropy, 64 out": "dflash[drafter=zlab,tokens=4] (speed/low_entropy)",
         "random-ids, 256 in / 64 out": "bench_baseline (random-ids)",
     }
+
+
+# ------------------------------------------------------------------- through sshd and the SGLang stand-in, the CLI
+
+
+def test_speedup_and_acceptance_per_workload_and_category_through_the_cli(
+    standin: dict[str, Any],  # noqa: F811  (the fixture imported above)
+    write_runbook: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The stand-in's acceptance follows content (sandbox/sglang_standin/simulation.py): SPEED-Bench's
+    low-entropy prompts are accepted longer than its high-entropy ones, random ids least."""
+    from sandbox.datasets import SPEED_BENCH_FILENAME, speed_bench_jsonl
+    from tests.steps.test_benchmark import dflash_deploy, facts_of, yaml_steps
+
+    data = standin["host"].home / "datasets" / SPEED_BENCH_FILENAME
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_bytes(speed_bench_jsonl())
+    speed = SPEED | {"path": f"~/datasets/{SPEED_BENCH_FILENAME}", "categories": ["low_entropy", "high_entropy"]}
+    lengths = {"concurrencies": [2], "input_len": 16, "output_len": 24, "num_prompts": 4, "repeats": 1}
+    bench = {"kind": "benchmark", "workloads": [speed, RANDOM], **lengths}
+    body = "name: bench\n__HOSTS__\n" + yaml_steps(
+        {"id": "deploy_baseline", **standin["deploy"]},
+        {"id": "base", "server": "deploy_baseline", "label": "baseline", **bench},
+        {"id": "deploy_dflash", **dflash_deploy(standin)},
+        {"id": "dflash", "server": "deploy_dflash", "label": "dflash", "compare_to": "base", **bench},
+    )
+    log_dir = tmp_path / "logs"
+    code = main(["run", str(write_runbook(body, hosts=standin["host"].host_yaml())), "--log-dir", str(log_dir)])
+    assert code == 0, capsys.readouterr().err
+    facts = facts_of(log_dir, capsys)["dflash"]
+    keys = ["speed/low_entropy", "speed/high_entropy", "random-ids"]
+    assert [(r["workload"], r["category"]) for r in facts["runs"]] == [
+        ("speed", "low_entropy"),
+        ("speed", "high_entropy"),
+        ("random-ids", None),
+    ]
+    assert "--speed-bench-category high_entropy" in facts["runs"][1]["command"]
+    accept = {key: facts["runs"][n]["accept_length"] for n, key in enumerate(keys)}
+    assert accept["speed/low_entropy"] > accept["speed/high_entropy"] > accept["random-ids"] > 1.0
+    assert list(facts["speedup"]["by_workload"]) == keys
+    assert facts["speedup"]["min"] == min(s["min"] for s in facts["speedup"]["by_workload"].values())
+    (run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
+    report = json.loads((run_dir / "report.json").read_text())
+    table = next(t for t in report["tables"] if t["title"] == "Speedup and acceptance per workload")
+    assert [row[:2] for row in table["rows"]] == [
+        ["speed", "low_entropy"],
+        ["speed", "high_entropy"],
+        ["random-ids", "all"],
+    ]
+    assert [row[-1] for row in table["rows"]] == [f"{accept[key]:.2f}" for key in keys]
+    assert [row[-2] for row in table["rows"]] == [f"{facts['speedup']['by_workload'][key]['min']:.2f}x" for key in keys]
+    markdown_text = (run_dir / "report.md").read_text()
+    assert "## Speedup and acceptance per workload" in markdown_text
+    assert "| " + " | ".join(map(md_text, table["rows"][1])) + " |" in markdown_text
