@@ -49,13 +49,13 @@ _FROM_FILE = ("speed-bench", "custom", "sharegpt")
 class Workload(DataModel):
     """One workload as a runbook writes it (a benchmark step's `workloads` entry)."""
 
-    label: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # the report's name; no "/" (see slice_key)
-    dataset: Dataset
+    label: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # its name in facts and the report (no "/")
+    dataset: Dataset  # the client's --dataset-name: random-ids, speed-bench, custom or sharegpt
     path: str | None = None  # the file on the host; `~` and `$vars` expand there
     categories: list[Category] | None = None  # speed-bench only; default all three
     chat_template: bool | None = None  # None: the module's rule
     thinking: bool | None = None  # None: the template's default
-    thinking_kwarg: str = Field(default="thinking", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    thinking_kwarg: str = Field(default="thinking", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # its chat_template_kwargs key
 
     @field_validator("categories")
     @classmethod
