@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from executor.faces.cli import main
+from executor.runbook.campaign import AxisValue
 from executor.runbook.planner import PlanContext
 from sandbox.prepare import site_packages
 from steps.benchmark import BenchmarkStep
@@ -270,7 +271,7 @@ def test_the_campaign_compares_each_workload_on_its_own() -> None:
     from steps.campaign_report_cells import collect, compare
     from tests.steps.test_campaign_report import deploy_facts, gpu_facts, view
 
-    cell = {"drafter": "zlab", "tokens": 4}
+    cell: dict[str, AxisValue] = {"drafter": "zlab", "tokens": 4}
     base, dflash = {"speed/low_entropy": 100.0, "random-ids": 100.0}, {"speed/low_entropy": 300.0, "random-ids": 90.0}
     views = [
         view("probe", "probe", gpu_facts("NVIDIA H200")),
