@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
@@ -122,9 +123,10 @@ class BenchmarkStep(StepSpec):
         baseline = steps.get(self.compare_to or "")
         if not isinstance(baseline, BenchmarkStep):
             return []
+        base_spec, own_spec = _speculates(steps, baseline.server), _speculates(steps, self.server)
         why = unlike(
-            baseline.resolved_workloads(_speculates(steps, baseline.server)),
-            self.resolved_workloads(_speculates(steps, self.server)),
+            [w.as_run(base_spec) for w in baseline.effective_workloads],
+            [w.as_run(own_spec) for w in self.effective_workloads],
         )
         return [] if why is None else [f"compare_to {self.compare_to!r} runs other prompts: {why}: not comparable"]
 
@@ -397,7 +399,7 @@ class BenchmarkStep(StepSpec):
             side = Side(step=step, **facts)
         except ValidationError as exc:
             raise FactsError(f"compare_to: step {step!r} has no benchmark facts: {exc}") from None
-        if (why := unlike(side.workloads, workloads)) is not None:
+        if (why := unlike(list(map(asdict, side.workloads)), list(map(asdict, workloads)))) is not None:
             raise FactsError(f"compare_to: the baseline {step!r} ran other prompts: {why}: not comparable")
         random_ids = any(w.dataset == "random-ids" for w in workloads)
         if (side.input_len if random_ids else 0, side.output_len) != (

@@ -31,11 +31,13 @@ prompts come templated from the client, random ids have no text). Unset, the tem
 from __future__ import annotations
 
 import json
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from executor.runbook.model import DataModel
+from executor.runbook.model import Model
 
 Dataset = Literal["random-ids", "speed-bench", "custom", "sharegpt"]
 #: serving.py's `--speed-bench-category` choices, in the order a report lists them.
@@ -46,8 +48,8 @@ RANDOM_IDS = "random-ids"
 _FROM_FILE = ("speed-bench", "custom", "sharegpt")
 
 
-class Workload(DataModel):
-    """One workload as a runbook writes it (a benchmark step's `workloads` entry)."""
+class Workload(Model):
+    """One workload as a runbook writes it (a benchmark step's `workloads` entry): an unknown key is an error."""
 
     label: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # its name in facts and the report (no "/")
     dataset: Dataset  # the client's --dataset-name: random-ids, speed-bench, custom or sharegpt
@@ -93,26 +95,31 @@ class Workload(DataModel):
             return [None]
         return list(self.categories or SPEED_BENCH_CATEGORIES)
 
-    def resolved(self, speculative: bool) -> WorkloadFacts:
-        """What it runs against a server that speculates (or not): the chat template decided by the rule."""
+    def as_run(self, speculative: bool) -> dict[str, Any]:
+        """What it runs against a server that speculates (or not), the chat template decided by the rule: the
+        fields of its `WorkloadFacts`, as plain data (`validate` compares them without building a facts model)."""
         template = {"speed-bench": True, "random-ids": False}.get(self.dataset)
         if template is None:
             template = speculative if self.chat_template is None else self.chat_template
-        categories = [c for c in self.slices() if c is not None]
-        return WorkloadFacts(
-            label=self.label,
-            dataset=self.dataset,
-            path=self.path,
-            categories=categories,
-            chat_template=template,
-            thinking=self.thinking,
-            thinking_kwarg=self.thinking_kwarg,
-        )
+        return {
+            "label": self.label,
+            "dataset": self.dataset,
+            "path": self.path,
+            "categories": [c for c in self.slices() if c is not None],
+            "chat_template": template,
+            "thinking": self.thinking,
+            "thinking_kwarg": self.thinking_kwarg,
+        }
+
+    def resolved(self, speculative: bool) -> WorkloadFacts:
+        return WorkloadFacts(**self.as_run(speculative))
 
 
-class WorkloadFacts(DataModel):
+@dataclass(frozen=True)
+class WorkloadFacts:
     """A workload as it ran (the facts'): the chat template decided. Two benchmarks compare only when theirs are
-    equal."""
+    equal. A dataclass, not a model: `plan` and `validate` render commands from it and build no facts model
+    (the facts models that hold it validate it)."""
 
     label: str
     dataset: str
@@ -159,24 +166,20 @@ def slice_key(workload: str, category: str | None) -> str:
     return f"{workload}/{category}" if category else workload
 
 
-def unlike(baseline: list[WorkloadFacts], candidate: list[WorkloadFacts]) -> str | None:
-    """Why two benchmarks' workloads cannot be compared, or None when they ran the same ones."""
-    if baseline == candidate:
+def unlike(baseline: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why two benchmarks' workloads (`Workload.as_run`, or `WorkloadFacts` dumped) cannot be compared, or None
+    when they ran the same ones."""
+    if list(baseline) == list(candidate):
         return None
-    base = {w.label: w for w in baseline}
+    base = {w["label"]: w for w in baseline}
     for workload in candidate:
-        other = base.get(workload.label)
+        other = base.get(workload["label"])
         if other is None:
-            return f"the baseline ran no workload {workload.label!r} (it ran {sorted(base) or 'none'})"
+            return f"the baseline ran no workload {workload['label']!r} (it ran {sorted(base) or 'none'})"
         if other != workload:
-            differ = [
-                f"{name} {getattr(other, name)!r} there, {getattr(workload, name)!r} here"
-                for name in WorkloadFacts.model_fields
-                if getattr(other, name) != getattr(workload, name)
-            ]
-            hint = (
-                "; set chat_template: true on the baseline's" if other.chat_template != workload.chat_template else ""
-            )
-            return f"workload {workload.label!r}: {'; '.join(differ)}{hint}"
-    labels = [w.label for w in candidate]
-    return f"the baseline ran workloads {[w.label for w in baseline]}, this step {labels}"
+            differ = [f"{k} {other.get(k)!r} there, {v!r} here" for k, v in workload.items() if other.get(k) != v]
+            template = other.get("chat_template") != workload["chat_template"]
+            hint = "; set chat_template: true on the baseline's" if template else ""
+            return f"workload {workload['label']!r}: {'; '.join(differ)}{hint}"
+    labels = [w["label"] for w in candidate]
+    return f"the baseline ran workloads {[w['label'] for w in baseline]}, this step {labels}"
