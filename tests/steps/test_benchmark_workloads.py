@@ -107,6 +107,7 @@ def test_the_chat_template_rule() -> None:
         (RANDOM | {"thinking": True}, "as ids"),
         ({"label": "a/b", "dataset": "random-ids"}, "String should match pattern"),
         ({"label": "x", "dataset": "mmlu"}, "'random-ids', 'speed-bench', 'custom' or 'sharegpt'"),
+        (SPEED | {"categorie": ["mixed"]}, "categorie\n  Extra inputs are not permitted"),
     ],
 )
 def test_bad_workloads_are_refused_naming_what_is_expected(workload: dict[str, Any], message: str) -> None:
