@@ -293,12 +293,13 @@ class DownloadStep(StepSpec):
 
     def summary(self, ctx: RenderContext) -> list[str]:
         what = f"the dataset {self.repo}" if self.repo_type == "dataset" else self.repo
-        xet = "xet: off (HF_HUB_DISABLE_XET=1)" if self.xet == "off" else "xet: auto (hf-xet where the repo has Xet)"
+        xet = "HF_HUB_DISABLE_XET=1" if self.xet == "off" else "hf-xet where the repo has Xet"
         return [
             f"download {what}@{self.revision} into {with_vars(self.local_dir, ctx.vars)}: a precheck (file list, "
             "disk), then each method in turn until complete:",
-            "methods: " + ", then ".join(f"{n}. {METHOD_SHOWN[m]}" for n, m in enumerate(self.methods, start=1)),
-            xet,
+            "methods: "
+            + ", then ".join(f"{n}. {METHOD_SHOWN[m]}" for n, m in enumerate(self.methods, start=1))
+            + f"; xet: {self.xet} ({xet})",
         ]
 
     def commands(self, ctx: RenderContext) -> list[str]:
