@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from hostprograms import kit
 
-MIN_PYTHON = (3, 9)  # huggingface_hub's own floor
+MIN_PYTHON = (3, 10)  # huggingface_hub's, which it imports: 1.20 (pyproject's floor) and 2.4 need Python >= 3.10
 BLOCK = 8 << 20  # read size: large enough that hashlib drops the GIL for nearly all the time
 CACHE_FILE = ".cache/runbook-verify.json"
 CACHE_VERSION = 1

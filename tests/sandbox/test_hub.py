@@ -53,8 +53,10 @@ def python_client(
 
 
 def hf_cli(hub: HubServer, tmp_path: Path, *args: str, token: bool = False) -> subprocess.CompletedProcess[str]:
+    """The `hf` CLI of this interpreter's huggingface_hub (the floor pass's own, not one first on PATH)."""
     env = client_env(hub, tmp_path, token)
-    return subprocess.run(["hf", *args], env=env, capture_output=True, text=True, timeout=60)
+    hf = Path(sys.executable).parent / "hf"
+    return subprocess.run([str(hf), *args], env=env, capture_output=True, text=True, timeout=60)
 
 
 def downloaded(root: Path) -> dict[str, bytes]:

@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from executor.faces.cli import main
 from executor.stepkind import host_document
 from executor.transport.base import Collector, CommandResult
 from sandbox.hub import HubServer
+from sandbox.prepare import VENV
 from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID
 from steps.download import (
     DownloadStep,
@@ -169,6 +171,57 @@ def test_how_a_method_ended_in_brief_and_in_full() -> None:
     assert method_end(result(None, timed_out=True), 90) == ("timed out after 1m30s", "timed out after 1m30s")
     after = {"files": 5, "incomplete": [{"path": f"f{i}", "state": "missing", "have": 0, "size": 1} for i in range(4)]}
     assert incomplete_summary(after) == "4 of 5 files incomplete: f0 missing, f1 missing, f2 missing, ..."
+
+
+#: huggingface_hub 2.4's `hf` on a repo it cannot find, as its code writes it (cli/hf.py `main`: `out.error` of
+#: cli/_errors.py `_format_repo_not_found`'s three lines in bold red, then `out.hint` in grey): the last line is the
+#: hint, whatever the error.
+REPO_NOT_FOUND_2X = (
+    b"\x1b[1m\x1b[31mError: Model 'org/none' not found.\n"
+    b"If the repo is private, make sure you are authenticated and your token has the required permissions.\n"
+    b"If the repo does not exist, create it with: hf repos create org/none\x1b[0m\n"
+    b"\x1b[90mHint: set HF_DEBUG=1 as environment variable for full traceback.\x1b[0m\n"
+)
+
+
+def test_a_failed_hf_cli_is_read_by_its_error_line_not_the_hint() -> None:
+    assert method_end(result(1, stderr=REPO_NOT_FOUND_2X), None) == (
+        "exit 1 (Model 'org/none' not found.)",
+        "exit 1 (Error: Model 'org/none' not found.)",
+    )
+
+
+#: The real `hf` CLIs at hand: the test host's (huggingface_hub 1.33) and this environment's (2.4 in CI's main pass).
+HF_CLIS = [VENV / "bin" / "hf", Path(sys.executable).parent / "hf"]
+
+
+@pytest.mark.parametrize("cli", HF_CLIS, ids=["test-host", "controller"])
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ([], "Access denied. "),  # 1.33: "This repository requires approval."; 2.4: "Model '...' requires approval."
+        (["--revision", "no-such-branch"], f"Revision not found in model '{DRAFTER_ID}'."),
+    ],
+    ids=["gated", "missing-revision"],
+)
+def test_the_real_hf_cli_failing_against_the_hub_is_read_by_its_error_line(
+    hub: HubServer, tmp_path: Path, cli: Path, args: list[str], error: str
+) -> None:
+    """What the real CLI prints on a gated repo (401 GatedRepo, no token) and on a revision the Hub does not
+    have: the step's `ended` quotes the `Error:` line, never the HF_DEBUG hint printed after it."""
+    if not cli.exists():
+        pytest.skip(f"no hf CLI at {cli}")
+    hub.faults.gate(DRAFTER_ID)
+    env = {"PATH": "/usr/bin:/bin", **hub.client_env(tmp_path / "hf-home")}
+    done = subprocess.run(
+        [str(cli), "download", DRAFTER_ID, "--local-dir", str(tmp_path / "d"), *args],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1 and b"Hint: set HF_DEBUG=1" in done.stderr.splitlines()[-1]
+    brief, full = method_end(result(1, stderr=done.stderr), None)
+    assert full.startswith(f"exit 1 (Error: {error}") and "HF_DEBUG" not in brief + full, full
 
 
 def test_the_http_method_report_is_the_last_line_of_its_stdout() -> None:
