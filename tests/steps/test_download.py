@@ -316,14 +316,16 @@ def download(
     tmp_path: Path, write_runbook: Any, testhost: Any, hub: HubServer, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
     """`download(token=False, **params)`: run a runbook of one download step on the test host against the Hub
-    test double (the token, when asked for, as the secret HF_TOKEN); returns the `Run`."""
+    test double (the token, when asked for, as the secret HF_TOKEN; a var of `vars` set to None is left out);
+    returns the `Run`."""
     host_yaml = testhost("h200").host_yaml()
     runs = itertools.count(1)
 
     def go(token: bool = False, vars: dict[str, str] | None = None, token_name: str = "HF_TOKEN", **params: Any) -> Run:
         number = next(runs)
+        given = {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})}
         doc = {
-            "vars": {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})},
+            "vars": {name: value for name, value in given.items() if value is not None},
             "secrets": {token_name: {"env": "TEST_DL_HF_TOKEN", "required": False}},
             "steps": [{"id": "fetch", "kind": "download", **params}],
         }
@@ -555,25 +557,53 @@ def test_a_dataset_repository_downloads_by_every_method(
     run = download(repo=SPEED_BENCH_ID, repo_type="dataset", local_dir=str(target), methods=[method])
     assert run.code == 0, run.failure if run.code == 1 else run.err
     dataset = hub.repos[SPEED_BENCH_ID]
-    assert run.facts["method"] == method and run.facts["repo_type"] == "dataset"
+    assert run.facts["method"] == method and run.facts["repo_type"] == "dataset" and run.facts["xet"] == "off"
     assert run.facts["commit"] == dataset.sha and tree(target) == dataset.contents
     assert hub.requests.count(SPEED_BENCH_ID, kind="cdn", method="GET") == len(dataset.lfs_files)
 
 
 def test_xet_off_exports_hf_hub_disable_xet_to_every_method_and_auto_leaves_it_to_the_client(
+    tmp_path: Path, write_runbook: Any, download: Any, hub: HubServer, capsys: Any
+) -> None:
+    """`off` (the default) puts HF_HUB_DISABLE_XET=1 into each method's command as sent, `auto` into none (a
+    runbook var HF_HUB_DISABLE_XET, as this test's others have, still reaches the client); the plan says which,
+    and the facts record it."""
+    line = "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_XET=1  # xet: off\n"
+    for xet, exported in (("off", 3), ("auto", 0)):
+        chosen = f"xet: {xet}" if xet != "off" else ""  # off unsaid: the default
+        path = write_runbook(
+            f"name: x\n__HOSTS__\nsteps:\n  - {{id: d, kind: download, repo: o/r, local_dir: /m, {chosen}}}\n"
+        )
+        assert main(["plan", "--full", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert out.count(line) == exported and out.count("# download method ") == 3
+        assert main(["plan", str(path)]) == 0
+        assert f"; xet: {xet} (" in " ".join(capsys.readouterr().out.split())  # unwrapped
+    run = download(
+        repo=SPEED_BENCH_ID, repo_type="dataset", local_dir=str(tmp_path / "d"), methods=["http"], xet="auto"
+    )
+    assert run.code == 0 and run.facts["xet"] == "auto"
+    assert "HF_HUB_DISABLE_XET=1  # xet: off" not in run.commands[1]["command"]
+
+
+def test_with_xet_off_a_stalled_transfer_is_cut_by_the_clients_timeout_and_fetched_again(
     tmp_path: Path, download: Any, hub: HubServer
 ) -> None:
-    """`xet` is recorded in the facts; `off` (the default) puts HF_HUB_DISABLE_XET=1 into each method's command,
-    `auto` into none (the runbook's own HF_HUB_DISABLE_XET, as this test's vars have, still reaches the client)."""
-    methods = ["hf_cli", "snapshot_download", "http"]
-    hub.faults.fail(DRAFTER_ID, "config.json", status=404, times=50)  # every method runs, and fails
-    for xet, exported in (("off", True), ("auto", False)):
-        chosen = {"xet": xet} if xet != "off" else {}  # off unsaid: the default
-        run = download(repo=DRAFTER_ID, local_dir=str(tmp_path / xet), methods=methods, **chosen)
-        assert run.code == 1 and run.facts["xet"] == xet
-        scripts = [c["command"] for c in run.commands[1::2]]  # precheck, then each method and the check after it
-        line = "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_XET=1  # xet: off\n"
-        assert len(scripts) == 3 and all((line in script) is exported for script in scripts), scripts
+    """The path `xet: off` (the default) chooses, with no HF_HUB_DISABLE_XET among the runbook's vars: the Hub
+    client's HTTP transfer, whose stall watchdog is HF_HUB_DOWNLOAD_TIMEOUT (a read silent that long fails and the
+    client tries again in the same process), well before the method's own timeout."""
+    target = tmp_path / "drafter"
+    drafter = hub.repos[DRAFTER_ID]
+    hub.faults.stall(DRAFTER_ID, "model.safetensors", hold_s=60)
+    variables = {"HF_HUB_DISABLE_XET": None, "HF_HUB_DOWNLOAD_TIMEOUT": "2"}
+    run = download(repo=DRAFTER_ID, local_dir=str(target), methods=["hf_cli"], method_timeout="50s", vars=variables)
+    assert run.code == 0, run.failure if run.code == 1 else run.err
+    assert run.facts["xet"] == "off" and run.facts["method"] == "hf_cli" and run.facts["tried"][0]["duration_s"] < 40
+    assert [r.status for r in hub.requests.entries(DRAFTER_ID, "model.safetensors", method="GET", kind="cdn")] == [
+        200,
+        200,
+    ]  # the stalled one, then the whole file again (under 10 MiB: no Range, see sandbox/hub.py)
+    assert tree(target) == drafter.contents
 
 
 def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: Any, capsys: Any) -> None:
