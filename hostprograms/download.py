@@ -8,7 +8,8 @@ stderr), stdlib only. The config's `command` says what to do, `local_dir` where 
   and file list (its API, as huggingface_hub does: `/api/models/{repo}/revision/{rev}`, `/api/datasets/...` for
   a dataset, then the recursive tree of that commit), filter it with the include/exclude patterns the way
   huggingface_hub does, check that the files can be read with the token at hand (one HEAD of a file, as a
-  gated repo lists its files to anyone but serves them only with a token), then compare with LOCAL_DIR and report free disk.
+  gated repo lists its files to anyone but serves them only with a token), then compare with LOCAL_DIR and
+  report free disk.
 - `check` with `known`: the same comparison, offline: it runs after each method.
 - `fetch` with `known`: the plain-HTTP method. Every file not yet complete is fetched
   from `{HF_ENDPOINT}/{repo}/resolve/{commit}/{path}` (`/datasets/{repo}/resolve/...`) into `{path}.incomplete`,

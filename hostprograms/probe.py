@@ -791,8 +791,8 @@ def hub_sizes(config: dict[str, Any]) -> dict[str, Any]:
     for repo in repos:
         facts = _hub_unknown(repo, "")
         try:
-            info = api.repo_info(
-                facts["repo"], repo_type=facts["repo_type"], revision=facts["revision"], files_metadata=True
+            info = (api.dataset_info if facts["repo_type"] == "dataset" else api.model_info)(
+                facts["repo"], revision=facts["revision"], files_metadata=True
             )
         except Exception as exc:  # any failure of the client is this repo's reason, never a crash
             facts["unknown_reason"] = f"{_first_line(exc)} (endpoint {api.endpoint})"

@@ -15,7 +15,7 @@ unchanged tree re-verifies without reading it. As in git's "racy" rule, a file m
 RACY_NS before its hash began is not cached: a change within the same timestamp tick would keep
 its mtime, so only an mtime older than the hash proves the digest is of the current content.
 
-Stdlib only, plus huggingface_hub for the manifest (`HfApi().repo_info`) and for `repair`
+Stdlib only, plus huggingface_hub for the manifest (`HfApi().model_info`, `dataset_info`) and for `repair`
 (`hf_hub_download`); HF_ENDPOINT and HF_TOKEN come from the environment. Shipped with the kit
 (hostprograms/kit.py: config file in, one result document out); its config is the step's `repo`, `repo_type`,
 `revision`, `include`, `exclude`, `workers`, `repair` and `local_dir` (`~` and `$var` expand here).
@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from hostprograms import kit
 
-MIN_PYTHON = (3, 9)  # huggingface_hub's own floor
+MIN_PYTHON = (3, 10)  # huggingface_hub's, which it imports: 1.20 (pyproject's floor) and 2.4 need Python >= 3.10
 BLOCK = 8 << 20  # read size: large enough that hashlib drops the GIL for nearly all the time
 CACHE_FILE = ".cache/runbook-verify.json"
 CACHE_VERSION = 1
@@ -78,7 +78,10 @@ def read_manifest(repo: str, revision: str, repo_type: str = "model") -> tuple[s
     reports them."""
     from huggingface_hub import HfApi
 
-    info = HfApi().repo_info(repo, repo_type=repo_type, revision=revision, files_metadata=True)
+    api = HfApi()
+    info = (api.dataset_info if repo_type == "dataset" else api.model_info)(
+        repo, revision=revision, files_metadata=True
+    )
     entries = []
     for sib in info.siblings or []:
         if sib.lfs is not None:

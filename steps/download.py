@@ -19,6 +19,11 @@ Progress: while a method runs, its script prints the size of `local_dir` on stde
 step turns these lines into live progress (bytes done of total, rate, ETA); the audit log keeps one record per
 command, its output clipped. The Hub client's own progress bars are off (HF_HUB_DISABLE_PROGRESS_BARS).
 
+Xet (`xet`): `off` (the default) exports HF_HUB_DISABLE_XET=1 to every method, so the Hub client takes the plain
+HTTP path (its resolve URLs), whose stall watchdog (HF_HUB_DOWNLOAD_TIMEOUT) and retries the tests exercise;
+`auto` lets the client use hf-xet where the repo is stored in Xet, a path no test can serve (README, "Downloads
+as real repos take them"). A dataset repository (`repo_type: dataset`) is fetched the same way by every method.
+
 Resuming: the HTTP method continues a file from the bytes already fetched (its `{path}.incomplete`, or a
 shorter file at its path). huggingface_hub (1.x as of 1.33, and 2.x) resumes only within one process, after
 a transfer breaks off: each process downloads into a fresh uniquely named `*.incomplete` file, so after an
@@ -293,12 +298,13 @@ class DownloadStep(StepSpec):
 
     def summary(self, ctx: RenderContext) -> list[str]:
         what = f"the dataset {self.repo}" if self.repo_type == "dataset" else self.repo
-        xet = "xet: off (HF_HUB_DISABLE_XET=1)" if self.xet == "off" else "xet: auto (hf-xet where the repo has Xet)"
+        xet = "HF_HUB_DISABLE_XET=1" if self.xet == "off" else "hf-xet where the repo has Xet"
         return [
             f"download {what}@{self.revision} into {with_vars(self.local_dir, ctx.vars)}: a precheck (file list, "
             "disk), then each method in turn until complete:",
-            "methods: " + ", then ".join(f"{n}. {METHOD_SHOWN[m]}" for n, m in enumerate(self.methods, start=1)),
-            xet,
+            "methods: "
+            + ", then ".join(f"{n}. {METHOD_SHOWN[m]}" for n, m in enumerate(self.methods, start=1))
+            + f"; xet: {self.xet} ({xet})",
         ]
 
     def commands(self, ctx: RenderContext) -> list[str]:

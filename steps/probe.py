@@ -93,7 +93,7 @@ class ProbeStep(StepSpec):
         return ProbeFacts.from_report(report)
 
     def default_gates(self) -> list[Gate]:
-        return [Gate(that="exit_code == 0", message="the probe program failed on the host")]
+        return [Gate(that="exit_code == 0", message="the probe program failed on the host"), HUB_READABLE]
 
     def unknown_facts(self, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
         """The reasons the facts give (`fact_reasons`), each with what the probe tried, as the host expanded it,
@@ -109,6 +109,15 @@ class ProbeStep(StepSpec):
 #: How a step declares a Hub repository it fetches (`StepSpec.fetches`): huggingface_hub's HfFileSystem form.
 HUB_SCHEME = "hf://"
 DATASETS_PREFIX = "datasets/"
+
+
+#: Every repository the probe asked the Hub about (those the runbook downloads among them) may be read with the
+#: token at hand: a gated one fails the probe, before a download of hours begins. A runbook that writes its own
+#: gates adds this one to them (runbooks/k26_dflash.yaml).
+HUB_READABLE = Gate(
+    that="facts.hub.values() | rejectattr('readable') | list == []",
+    message="the token at hand may not read a repository the runbook downloads (gated: accept its terms on the Hub)",
+)
 
 
 def _canonical(repo: str) -> tuple[str, str, str]:

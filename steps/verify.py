@@ -8,7 +8,7 @@ tile the file exactly. Digests are cached on the host by (path, size, mtime_ns),
 an unchanged tree reads nothing. `repair: true` deletes the bad files, fetches them again at the
 manifest's commit and verifies once more; the facts list what was repaired.
 
-The manifest comes from `HfApi().repo_info(..., files_metadata=True)` on the host, so
+The manifest comes from `HfApi().model_info(..., files_metadata=True)` (`dataset_info` for a dataset) on the host, so
 HF_ENDPOINT and HF_TOKEN are the runbook's exported vars/secrets there, never part of the script.
 `repo`, `repo_type`, `revision`, `local_dir`, `include` and `exclude` mean what they mean to the download step.
 """

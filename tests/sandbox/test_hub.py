@@ -53,8 +53,10 @@ def python_client(
 
 
 def hf_cli(hub: HubServer, tmp_path: Path, *args: str, token: bool = False) -> subprocess.CompletedProcess[str]:
+    """The `hf` CLI of this interpreter's huggingface_hub (the floor pass's own, not one first on PATH)."""
     env = client_env(hub, tmp_path, token)
-    return subprocess.run(["hf", *args], env=env, capture_output=True, text=True, timeout=60)
+    hf = Path(sys.executable).parent / "hf"
+    return subprocess.run([str(hf), *args], env=env, capture_output=True, text=True, timeout=60)
 
 
 def downloaded(root: Path) -> dict[str, bytes]:
@@ -167,7 +169,8 @@ def test_hf_cli_downloads_with_include_and_revision(hub: HubServer, tmp_path: Pa
 def test_model_info_reports_sizes_blob_ids_and_lfs_sha256(hub: HubServer) -> None:
     api = HfApi(endpoint=hub.endpoint, token=False)
     for repo in hub.repos.values():
-        info = api.repo_info(repo.repo_id, repo_type=repo.repo_type, revision="main", files_metadata=True)
+        ask = api.dataset_info if repo.repo_type == "dataset" else api.model_info
+        info = ask(repo.repo_id, revision="main", files_metadata=True)
         assert info.sha == repo.sha and info.gated is False
         assert info.siblings is not None
         siblings = {s.rfilename: s for s in info.siblings}
