@@ -478,13 +478,21 @@ def _gpus_table(p: Provenance) -> Table:
 
 def _runs_table(p: Provenance) -> Table:
     runs = [
-        [b.side, str(r.concurrency), or_na(r.repeat), or_na(r.seed), or_na(r.started_at), or_na(r.finished_at)]
+        [
+            b.side,
+            r.workload,
+            str(r.concurrency),
+            or_na(r.repeat),
+            or_na(r.seed),
+            or_na(r.started_at),
+            or_na(r.finished_at),
+        ]
         for b in p.benchmarks
         for r in b.runs
     ]
     return Table(
         title="Provenance: benchmark runs",
-        columns=["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"],
+        columns=["side", "workload", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"],
         rows=runs,
     )
 

@@ -247,6 +247,8 @@ def test_the_report_gives_speedup_and_acceptance_per_workload_and_category() -> 
     text = markdown(report)
     assert "| " + " | ".join(map(md_text, rows[2])) + " |" in text
     assert report.data.speedup.by_workload["speed/high_entropy"].min == 0.8
+    runs = tables["Provenance: benchmark runs"]  # each run named with its workload and category
+    assert [row[:2] for row in runs.rows[4:]] == [["dflash", key] for key in gain.by_workload]
 
 
 # ------------------------------------------------------------------------------------------ the campaign, offline
