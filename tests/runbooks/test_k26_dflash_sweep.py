@@ -1,8 +1,9 @@
 """The flagship campaign, unedited, end to end as a user runs it: `runbook demo --sweep` on the test host
 whose SGLang is the 0.5.23 release (no DDTREE), so the DDTREE cells are skipped with the reason and the
 DFLASH ones run (one launch each), the report names the best configuration per concurrency and the launch
-command to paste, and a `--resume` of the finished run runs nothing. (About 4 minutes: the campaign's
-runs of bench_serving are the suite's longest test; the full grid with DDTREE is `runbook demo --sweep`.)
+command to paste, and a `--resume` of the finished run runs nothing. (About 5 minutes with its two workloads,
+SPEED-Bench's mixed prompts and random ids: the campaign's runs of bench_serving are the suite's longest test;
+the full grid with DDTREE is `runbook demo --sweep`.)
 """
 
 from __future__ import annotations
