@@ -31,6 +31,7 @@ from pydantic import ConfigDict, ValidationError
 from executor.runbook.model import DataModel
 from executor.stepkind import StepContext
 from steps.benchmark_results import BenchRun
+from steps.benchmark_workloads import slice_key
 
 
 class RepoProvenance(DataModel):
@@ -79,6 +80,7 @@ class GpuProvenance(DataModel):
 
 
 class RunProvenance(DataModel):
+    workload: str = "random-ids"  # its workload's label and SPEED-Bench category (`speed-bench/mixed`)
     concurrency: int
     repeat: int
     seed: int
@@ -374,6 +376,7 @@ def benchmarks(sides: Sequence[Measured]) -> list[BenchmarkProvenance]:
             step=side.step,
             runs=[
                 RunProvenance(
+                    workload=slice_key(run.workload, run.category),
                     concurrency=run.max_concurrency,
                     repeat=run.repeat,
                     seed=run.seed,

@@ -44,7 +44,8 @@ def cut(
     eval_tokens: int = 16,
 ) -> dict[str, Any]:
     """The flagship with only these drafters and specs (by name, in this order: the order of the launches and of
-    the placement), its benchmarks at these concurrencies and lengths, its evals on `eval_limit` prompts per set."""
+    the placement), its benchmarks at these concurrencies and lengths on random ids alone (the sweep's workloads
+    are tests/runbooks/test_k26_dflash_sweep.py's), its evals on `eval_limit` prompts per set."""
     data: dict[str, Any] = yaml.safe_load(FLAGSHIP.read_text())
     steps = {step.get("id") or step["group"]: step for step in data["steps"]}
     group = steps["sweep"]
@@ -58,6 +59,7 @@ def cut(
     for bench in (steps["benchmark_baseline"], mates["benchmark"]):
         bench |= {"concurrencies": list(concurrencies), "repeats": repeats}
         bench |= {"input_len": input_len, "output_len": output_len}
+        bench.pop("workloads")
     for evaluation in (steps["eval_baseline"], mates["eval"]):
         evaluation |= {"limit": eval_limit, "max_new_tokens": eval_tokens}
     data["vars"]["sglang_ready_timeout"] = "2m"

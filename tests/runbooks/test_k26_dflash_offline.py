@@ -25,10 +25,29 @@ pytest_plugins = ["executor.faces.testing"]  # runbook's own plugin, installed o
 
 RUNBOOK = Path("runbooks/k26_dflash.yaml")
 ANSWERS = json.loads((Path(__file__).parent / "offline" / "k26_dflash_host.json").read_text())
+SPEED_BENCH = "nvidia/SPEED-Bench"
+
+
+def dataset_answers(answers: dict[str, Any]) -> None:
+    """The download and verify documents of the SPEED-Bench dataset repository: the drafter's recorded ones with
+    the dataset's repo, folder and one file (only the file count, path and repo matter to the steps here)."""
+    folder = "/root/models/SPEED-Bench"
+    drafter = "z-lab/Kimi-K2.6-DFlash"
+    answers["download"][SPEED_BENCH] = {
+        state: answers["download"][drafter][state] | {"local_dir": folder} for state in ("complete", "missing")
+    }
+    answers["download"][SPEED_BENCH]["complete"] |= {"files": 1, "complete_files": 1}
+    answers["verify"][SPEED_BENCH] = answers["verify"][drafter] | {"repo": SPEED_BENCH, "local_dir": folder}
+    answers["verify"][SPEED_BENCH] |= {"files_checked": 1, "files_expected": 1, "hashed": 1}
+
+
+dataset_answers(ANSWERS)
 STEPS = [
     "probe",
     "download_drafter",
     "verify_drafter",
+    "download_speed_bench",
+    "verify_speed_bench",
     "download_target",
     "verify_target",
     "inspect",
@@ -40,6 +59,10 @@ STEPS = [
     "benchmark_dflash",
     "stop",
 ]
+
+
+#: the drafter's throughput and acceptance on each SPEED-Bench category, relative to random ids
+CATEGORY_GAIN = {"low_entropy": 1.5, "mixed": 1.2, "high_entropy": 0.9}
 
 
 class FlagshipHost:
@@ -72,11 +95,16 @@ class FlagshipHost:
         return ANSWERS["deploy"][self.serving]
 
     def bench_serving(self, command: ScriptedCommand) -> Answer:
-        """The line bench_serving wrote against the server on the port, with every prompt asked answered."""
+        """The line bench_serving wrote against the server on the port, with every prompt asked answered; the
+        drafter gains more on SPEED-Bench's predictable prompts (`CATEGORY_GAIN`), as a real one does."""
         asked = re.search(r"--num-prompts (\d+)", command.script)
         assert asked is not None, command.script
-        line = json.dumps(ANSWERS["bench_serving"][self.serving] | {"completed": int(asked.group(1))})
-        return Answer(stdout=f"{ENTRY_MARKER}sglang.benchmark.serving\n{JSONL_MARKER}\n{line}\n")
+        line = ANSWERS["bench_serving"][self.serving] | {"completed": int(asked.group(1))}
+        category = re.search(r"--speed-bench-category (\w+)", command.script)
+        if category and self.serving == "dflash":
+            gain = CATEGORY_GAIN[category.group(1)]
+            line |= {name: line[name] * gain for name in ("output_throughput", "accept_length")}
+        return Answer(stdout=f"{ENTRY_MARKER}sglang.benchmark.serving\n{JSONL_MARKER}\n{json.dumps(line)}\n")
 
     def evaluate(self, call: HostProgramCall) -> dict[str, Any]:
         """Every prompt answered with 200 tokens; with speculation on, in 200 / `accept` verify steps."""
@@ -119,7 +147,7 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
     gpu = runbook_offline.host("gpu")
     assert gpu.programs_run() == [
         "probe",
-        *["download", "download", "verify"] * 2,  # a check, the method, the check again: hf_cli is no program
+        *["download", "download", "verify"] * 3,  # a check, the method, the check again: hf_cli is no program
         "inspect_config",
         "deploy",
         "eval_acceptance",
@@ -127,7 +155,8 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
         "eval_acceptance",
         "deploy",
     ]
-    assert len([c for c in gpu.commands if "sglang.bench_serving" in c.script]) == 2 * 4 * 3  # 4 concurrencies x 3
+    # (3 SPEED-Bench categories + random ids) x 4 concurrencies x 3 repeats, per side
+    assert len([c for c in gpu.commands if "sglang.bench_serving" in c.script]) == 2 * 4 * 4 * 3
 
     probe = run.facts("probe")
     assert (probe["gpu_arch"], probe["gpu_count"], probe["sglang"]["dflash"]) == ("sm90", 1, True)
@@ -140,18 +169,23 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
         ("math", "code", "chat"), 16
     )
     bench = run.facts("benchmark_dflash")
-    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
-    assert bench["speedup"]["by_concurrency"]["1"] > 1.0
+    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32] * 4
+    by_workload = bench["speedup"]["by_workload"]
+    random_ids = by_workload["random-ids"]["by_concurrency"]["1"]
+    assert random_ids > 1.0
+    for category, gain in CATEGORY_GAIN.items():  # each category's speedup is its own
+        assert by_workload[f"speed-bench/{category}"]["by_concurrency"]["1"] == pytest.approx(random_ids * gain)
     assert run.facts("stop")["stopped"] is True
 
     report = json.loads((run.run_dir / "report.json").read_text())
     titles = [t["title"] for t in report["tables"]]
-    assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
+    assert titles[0] == "Acceptance length per prompt set" and "Speedup and acceptance per workload" in titles
+    assert "Output throughput per concurrency: speed-bench/high_entropy" in titles
     assert (run.run_dir / "report.md").read_text().startswith("# Benchmark")
     assert all((run.run_dir / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
     # the token reached the host's environment, and nothing the run wrote holds it
     downloads = [c for c in gpu.commands if c.program and c.program.name == "download"]
-    assert [c.env.get("HF_TOKEN") for c in downloads] == ["hf_offline_token_1234"] * 4
+    assert [c.env.get("HF_TOKEN") for c in downloads] == ["hf_offline_token_1234"] * 6
     assert not [p for p in run.run_dir.rglob("*") if p.is_file() and b"hf_offline_token_1234" in p.read_bytes()]
 
 

@@ -1,8 +1,9 @@
 """The flagship campaign, unedited, end to end as a user runs it: `runbook demo --sweep` on the test host
 whose SGLang is the 0.5.23 release (no DDTREE), so the DDTREE cells are skipped with the reason and the
 DFLASH ones run (one launch each), the report names the best configuration per concurrency and the launch
-command to paste, and a `--resume` of the finished run runs nothing. (About 4 minutes: the campaign's
-runs of bench_serving are the suite's longest test; the full grid with DDTREE is `runbook demo --sweep`.)
+command to paste, and a `--resume` of the finished run runs nothing. (About 5 minutes with its two workloads,
+SPEED-Bench's mixed prompts and random ids: the campaign's runs of bench_serving are the suite's longest test;
+the full grid with DDTREE is `runbook demo --sweep`.)
 """
 
 from __future__ import annotations
@@ -55,15 +56,23 @@ def test_the_campaign_on_a_release_sglang_runs_the_dflash_cells_skips_ddtree_and
     assert {p.name for p in run_dir.glob("campaign_*.png")} >= {"campaign_throughput.png", "campaign_pareto.png"}
     campaign = report["campaign"]
     facts = steps["report"]["facts"]
-    assert set(facts["best"]) == {"1", "4", "16", "32"}
-    assert all(name.startswith("sweep[") or name == "benchmark_baseline" for name in facts["best"].values())
+    # each workload compared on its own: SPEED-Bench's mixed prompts, then random ids, labelled
+    assert [c["workload"] for c in facts["comparisons"]] == ["speed-bench/mixed", "random-ids"]
+    assert facts["best"] is None  # no single answer across the two workloads
+    best = facts["comparisons"][0]["best"]
+    assert set(best) == {"1", "4", "16", "32"}
+    suffix = " (speed-bench/mixed)"
+    assert all(name.endswith(suffix) for name in best.values())
+    assert all(name.startswith(("sweep[", "benchmark_baseline ")) for name in best.values())
     # the best at each concurrency is a cell that ran, and the command recommended for it is its own launch
-    (comparison,) = campaign["comparisons"]
+    comparison = campaign["comparisons"][0]
+    assert comparison["workload"] == "speed-bench/mixed"
     covered = [c for entry in comparison["recommended"] for c in entry["concurrencies"]]
     assert sorted(covered) == [1, 4, 16, 32]
     for entry in comparison["recommended"]:
-        assert entry["best"] == facts["best"][str(entry["concurrencies"][0])]
-        deploy = "deploy_baseline" if entry["best"] == "benchmark_baseline" else "deploy_dflash" + entry["best"][5:]
+        assert entry["best"] == best[str(entry["concurrencies"][0])]
+        name = entry["best"].removesuffix(suffix)
+        deploy = "deploy_baseline" if name == "benchmark_baseline" else "deploy_dflash" + name[5:]
         assert "spec=ddtree" not in deploy
         assert shlex.split(entry["command"]) == steps[deploy]["facts"]["argv"]
     printed = runbook_cli("report", str(run_dir))

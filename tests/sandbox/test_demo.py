@@ -20,7 +20,7 @@ import yaml
 
 from hostprograms import deploy as deploy_host
 from sandbox.demo import demo_site, stop_servers
-from sandbox.repos import DRAFTER_ID, TARGET_ID, drafter_repo, target_repo
+from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID, drafter_repo, speed_bench_repo, target_repo
 from tests.conftest import runbook_cli
 from tests.documents import schema_problems
 from tests.executor.test_transport import live_pids
@@ -40,7 +40,7 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     report = json.loads((run / "report.json").read_text())
     assert schema_problems("report", report) == []  # the document agents read, as `runbook schema` says
     assert report["tables"][0]["title"] == "Acceptance length per prompt set"
-    assert "Output throughput per concurrency" in done.stdout  # the report's tables, printed at the end
+    assert "Speedup and acceptance per workload" in done.stdout  # the report's tables, printed at the end
     for section in ("Lossless check: greedy outputs of dflash against baseline", "Speculative decoding was on"):
         assert section in done.stdout  # issue 15's sections: the eval as served, checked against the baseline
     assert "Provenance: repos" in done.stdout and "Provenance: benchmark runs" in done.stdout
@@ -51,7 +51,7 @@ def test_the_demo_runs_the_flagship_runbook_end_to_end(tmp_path: Path, ssh_serve
     assert f"demo: see it again: runbook report {run.name} --log-dir {logs}\n" in done.stderr
     assert (run / "speedup.png").exists()
     status = json.loads(runbook_cli("status", "--log-dir", str(logs), "--json").stdout)
-    assert [s["status"] for s in status["steps"]] == ["passed"] * 13  # eval_baseline included
+    assert [s["status"] for s in status["steps"]] == ["passed"] * 15  # eval_baseline included
     assert runbook_cli("audit", "verify", str(run)).returncode == 0
     assert not live_pids(cmdline=str(logs))  # the SGLang stand-in was stopped by the runbook, the servers by the demo
     steps = {s["step"]: s for s in status["steps"]}
@@ -81,24 +81,36 @@ def assert_the_flagship_ran_end_to_end(steps: dict[str, Any], run: Path, report:
     assert (evaluated["api"], evaluated["thinking"], evaluated["speculation_on"]) == ("chat", True, True)
     assert {name: s["identical"] for name, s in evaluated["lossless"].items()} == {"math": 16, "code": 16, "chat": 16}
     bench = steps["benchmark_dflash"]["facts"]
-    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
-    assert [r["max_concurrency"] for r in bench["runs"]] == [c for c in (1, 4, 16, 32) for _ in range(3)]  # repeats
-    assert bench["speedup"]["by_concurrency"]["1"] > 1.0
+    slices = ["speed-bench/low_entropy", "speed-bench/mixed", "speed-bench/high_entropy", "random-ids"]
+    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32] * len(slices)
+    repeats = [c for c in (1, 4, 16, 32) for _ in range(3)]
+    assert [r["max_concurrency"] for r in bench["runs"]] == repeats * len(slices)  # per workload and category
+    assert list(bench["speedup"]["by_workload"]) == slices
+    assert bench["speedup"]["by_workload"]["speed-bench/mixed"]["by_concurrency"]["1"] > 1.0  # the runbook's gate
+    # the stand-in's acceptance follows content: SPEED-Bench's predictable prompts are accepted longest
+    accept = {p["category"]: p["accept_length"]["median"] for p in bench["points"] if p["max_concurrency"] == 1}
+    assert accept["low_entropy"] > accept["high_entropy"] and accept[None] < accept["mixed"]  # None: random ids
     assert steps["stop"]["facts"]["stopped"] is True
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0  # the GPUs are free again
 
     titles = [t["title"] for t in report["tables"]]
-    assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
+    assert titles[0] == "Acceptance length per prompt set" and "Speedup and acceptance per workload" in titles
+    assert [f"Output throughput per concurrency: {key}" in titles for key in slices] == [True] * len(slices)
+    per_workload = next(t for t in report["tables"] if t["title"] == "Speedup and acceptance per workload")
+    assert [row[:2] for row in per_workload["rows"][::4]] == [
+        ["speed-bench", "low_entropy"], ["speed-bench", "mixed"], ["speed-bench", "high_entropy"], ["random-ids", "all"]
+    ]  # fmt: skip
     assert (run / "report.md").read_text().startswith("# Benchmark")
     assert [f["path"] for f in report["figures"]][:2] == ["speedup.png", "pareto.png"]
     assert all((run / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
     # provenance: what the numbers are of, complete on the test host
     provenance = report["provenance"]
     assert [(r["repo"], r["commit"], r["verified"]) for r in provenance["repos"]] == [
-        (DRAFTER_ID, drafter_repo().sha, True), (TARGET_ID, target_repo().sha, True)
+        (DRAFTER_ID, drafter_repo().sha, True), (SPEED_BENCH_ID, speed_bench_repo().sha, True),
+        (TARGET_ID, target_repo().sha, True),
     ]  # fmt: skip
-    assert [r["step"] for r in provenance["repos"]] == ["verify_drafter", "verify_target"]
+    assert [r["step"] for r in provenance["repos"]] == ["verify_drafter", "verify_speed_bench", "verify_target"]
     assert [(d["side"], d["step"], d["server_version"]) for d in provenance["deployments"]] == [
         ("baseline", "deploy_baseline", "0.5.23"), ("dflash", "deploy_dflash", "0.5.23")
     ]  # fmt: skip
@@ -107,7 +119,7 @@ def assert_the_flagship_ran_end_to_end(steps: dict[str, Any], run: Path, report:
     assert provenance["gpus"]["driver_version"] == probe["gpu"]["driver_version"] is not None
     assert provenance["gpus"]["cuda_version"] == probe["gpu"]["cuda_version"] is not None
     assert [{r["concurrency"] for r in b["runs"]} for b in provenance["benchmarks"]] == [{1, 4, 16, 32}] * 2
-    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [12, 12]  # a seed per run
+    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [48, 48]  # a seed per run
     acceptance = provenance["acceptance"]
     assert (acceptance["step"], acceptance["api"], acceptance["thinking"]) == ("eval", "chat", True)
     assert provenance["unknown"] == {}  # on the test host every fact of the numbers is known

@@ -211,8 +211,10 @@ def test_the_provenance_is_in_report_json_and_its_tables() -> None:
     assert deployments.columns == ["side", "step", "host", "SGLang", "algorithm", "GPUs", "model", "drafter"]
     assert deployments.rows[0] == ["baseline", "deploy_b", "gpu", "0.5.23", "none (baseline)", "2", "/models/m", "-"]
     runs = tables["Provenance: benchmark runs"]
-    assert runs.columns == ["side", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"]
-    assert [row[:2] for row in runs.rows] == [[s, str(c)] for s in ("baseline", "dflash") for c in (1, 4, 16)]
+    assert runs.columns == ["side", "workload", "concurrency", "repeat", "seed", "started (UTC)", "finished (UTC)"]
+    assert [row[:3] for row in runs.rows] == [
+        [s, "random-ids", str(c)] for s in ("baseline", "dflash") for c in (1, 4, 16)
+    ]
     commands = tables["Provenance: commands"]
     assert commands.columns == ["side", "what", "command"]
     launch = "python -m sglang.launch_server --model-path /models/m --tp-size 2"

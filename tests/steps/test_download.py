@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from executor.faces.cli import main
 from executor.stepkind import host_document
 from executor.transport.base import Collector, CommandResult
 from sandbox.hub import HubServer
-from sandbox.repos import DRAFTER_ID, TARGET_ID
+from sandbox.prepare import VENV
+from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID
 from steps.download import (
     DownloadStep,
     HostReport,
@@ -171,6 +173,57 @@ def test_how_a_method_ended_in_brief_and_in_full() -> None:
     assert incomplete_summary(after) == "4 of 5 files incomplete: f0 missing, f1 missing, f2 missing, ..."
 
 
+#: huggingface_hub 2.4's `hf` on a repo it cannot find, as its code writes it (cli/hf.py `main`: `out.error` of
+#: cli/_errors.py `_format_repo_not_found`'s three lines in bold red, then `out.hint` in grey): the last line is the
+#: hint, whatever the error.
+REPO_NOT_FOUND_2X = (
+    b"\x1b[1m\x1b[31mError: Model 'org/none' not found.\n"
+    b"If the repo is private, make sure you are authenticated and your token has the required permissions.\n"
+    b"If the repo does not exist, create it with: hf repos create org/none\x1b[0m\n"
+    b"\x1b[90mHint: set HF_DEBUG=1 as environment variable for full traceback.\x1b[0m\n"
+)
+
+
+def test_a_failed_hf_cli_is_read_by_its_error_line_not_the_hint() -> None:
+    assert method_end(result(1, stderr=REPO_NOT_FOUND_2X), None) == (
+        "exit 1 (Model 'org/none' not found.)",
+        "exit 1 (Error: Model 'org/none' not found.)",
+    )
+
+
+#: The real `hf` CLIs at hand: the test host's (huggingface_hub 1.33) and this environment's (2.4 in CI's main pass).
+HF_CLIS = [VENV / "bin" / "hf", Path(sys.executable).parent / "hf"]
+
+
+@pytest.mark.parametrize("cli", HF_CLIS, ids=["test-host", "controller"])
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ([], "Access denied. "),  # 1.33: "This repository requires approval."; 2.4: "Model '...' requires approval."
+        (["--revision", "no-such-branch"], f"Revision not found in model '{DRAFTER_ID}'."),
+    ],
+    ids=["gated", "missing-revision"],
+)
+def test_the_real_hf_cli_failing_against_the_hub_is_read_by_its_error_line(
+    hub: HubServer, tmp_path: Path, cli: Path, args: list[str], error: str
+) -> None:
+    """What the real CLI prints on a gated repo (401 GatedRepo, no token) and on a revision the Hub does not
+    have: the step's `ended` quotes the `Error:` line, never the HF_DEBUG hint printed after it."""
+    if not cli.exists():
+        pytest.skip(f"no hf CLI at {cli}")
+    hub.faults.gate(DRAFTER_ID)
+    env = {"PATH": "/usr/bin:/bin", **hub.client_env(tmp_path / "hf-home")}
+    done = subprocess.run(
+        [str(cli), "download", DRAFTER_ID, "--local-dir", str(tmp_path / "d"), *args],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1 and b"Hint: set HF_DEBUG=1" in done.stderr.splitlines()[-1]
+    brief, full = method_end(result(1, stderr=done.stderr), None)
+    assert full.startswith(f"exit 1 (Error: {error}") and "HF_DEBUG" not in brief + full, full
+
+
 def test_the_http_method_report_is_the_last_line_of_its_stdout() -> None:
     report = b'{"fetched": [{"path": "a", "resumed_from": 7}, {"path": "b", "resumed_from": 0}], "failed": []}\n'
     progress = b'runbook-progress {"disk_bytes": 1}\n'
@@ -263,14 +316,16 @@ def download(
     tmp_path: Path, write_runbook: Any, testhost: Any, hub: HubServer, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
     """`download(token=False, **params)`: run a runbook of one download step on the test host against the Hub
-    test double (the token, when asked for, as the secret HF_TOKEN); returns the `Run`."""
+    test double (the token, when asked for, as the secret HF_TOKEN; a var of `vars` set to None is left out);
+    returns the `Run`."""
     host_yaml = testhost("h200").host_yaml()
     runs = itertools.count(1)
 
     def go(token: bool = False, vars: dict[str, str] | None = None, token_name: str = "HF_TOKEN", **params: Any) -> Run:
         number = next(runs)
+        given = {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})}
         doc = {
-            "vars": {"HF_ENDPOINT": hub.endpoint, **HF_VARS, **(vars or {})},
+            "vars": {name: value for name, value in given.items() if value is not None},
             "secrets": {token_name: {"env": "TEST_DL_HF_TOKEN", "required": False}},
             "steps": [{"id": "fetch", "kind": "download", **params}],
         }
@@ -489,6 +544,66 @@ def test_the_hub_client_retries_in_process_but_never_reuses_a_killed_process_fil
     assert [r.status for r in hub.requests.entries(TARGET_ID, SHARD, method="GET", kind="cdn")] == [200, 200]
     assert run.facts["removed_leftovers"] == [str(stale.relative_to(target))]
     assert not stale.exists() and tree(target) == hub.repos[TARGET_ID].contents
+
+
+@pytest.mark.parametrize("method", ["hf_cli", "snapshot_download", "http"])
+def test_a_dataset_repository_downloads_by_every_method(
+    tmp_path: Path, download: Any, hub: HubServer, method: str
+) -> None:
+    """`repo_type: dataset` reaches each method: `hf download --repo-type dataset`, snapshot_download's
+    repo_type, and the HTTP method's `/api/datasets/` and `/datasets/.../resolve/` paths (a model's paths find
+    no such repo on the Hub double, as on the Hub)."""
+    target = tmp_path / "datasets" / "speed-bench"
+    run = download(repo=SPEED_BENCH_ID, repo_type="dataset", local_dir=str(target), methods=[method])
+    assert run.code == 0, run.failure if run.code == 1 else run.err
+    dataset = hub.repos[SPEED_BENCH_ID]
+    assert run.facts["method"] == method and run.facts["repo_type"] == "dataset" and run.facts["xet"] == "off"
+    assert run.facts["commit"] == dataset.sha and tree(target) == dataset.contents
+    assert hub.requests.count(SPEED_BENCH_ID, kind="cdn", method="GET") == len(dataset.lfs_files)
+
+
+def test_xet_off_exports_hf_hub_disable_xet_to_every_method_and_auto_leaves_it_to_the_client(
+    tmp_path: Path, write_runbook: Any, download: Any, hub: HubServer, capsys: Any
+) -> None:
+    """`off` (the default) puts HF_HUB_DISABLE_XET=1 into each method's command as sent, `auto` into none (a
+    runbook var HF_HUB_DISABLE_XET, as this test's others have, still reaches the client); the plan says which,
+    and the facts record it."""
+    line = "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_XET=1  # xet: off\n"
+    for xet, exported in (("off", 3), ("auto", 0)):
+        chosen = f"xet: {xet}" if xet != "off" else ""  # off unsaid: the default
+        path = write_runbook(
+            f"name: x\n__HOSTS__\nsteps:\n  - {{id: d, kind: download, repo: o/r, local_dir: /m, {chosen}}}\n"
+        )
+        assert main(["plan", "--full", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert out.count(line) == exported and out.count("# download method ") == 3
+        assert main(["plan", str(path)]) == 0
+        assert f"; xet: {xet} (" in " ".join(capsys.readouterr().out.split())  # unwrapped
+    run = download(
+        repo=SPEED_BENCH_ID, repo_type="dataset", local_dir=str(tmp_path / "d"), methods=["http"], xet="auto"
+    )
+    assert run.code == 0 and run.facts["xet"] == "auto"
+    assert "HF_HUB_DISABLE_XET=1  # xet: off" not in run.commands[1]["command"]
+
+
+def test_with_xet_off_a_stalled_transfer_is_cut_by_the_clients_timeout_and_fetched_again(
+    tmp_path: Path, download: Any, hub: HubServer
+) -> None:
+    """The path `xet: off` (the default) chooses, with no HF_HUB_DISABLE_XET among the runbook's vars: the Hub
+    client's HTTP transfer, whose stall watchdog is HF_HUB_DOWNLOAD_TIMEOUT (a read silent that long fails and the
+    client tries again in the same process), well before the method's own timeout."""
+    target = tmp_path / "drafter"
+    drafter = hub.repos[DRAFTER_ID]
+    hub.faults.stall(DRAFTER_ID, "model.safetensors", hold_s=60)
+    variables = {"HF_HUB_DISABLE_XET": None, "HF_HUB_DOWNLOAD_TIMEOUT": "2"}
+    run = download(repo=DRAFTER_ID, local_dir=str(target), methods=["hf_cli"], method_timeout="50s", vars=variables)
+    assert run.code == 0, run.failure if run.code == 1 else run.err
+    assert run.facts["xet"] == "off" and run.facts["method"] == "hf_cli" and run.facts["tried"][0]["duration_s"] < 40
+    assert [r.status for r in hub.requests.entries(DRAFTER_ID, "model.safetensors", method="GET", kind="cdn")] == [
+        200,
+        200,
+    ]  # the stalled one, then the whole file again (under 10 MiB: no Range, see sandbox/hub.py)
+    assert tree(target) == drafter.contents
 
 
 def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: Any, capsys: Any) -> None:

@@ -21,7 +21,9 @@ from executor.faces.cli import main
 from executor.stepkind import FactsError
 from executor.transport.base import Collector
 from hostprograms import probe as probe_host
+from sandbox.model_configs import TMP_LONG_ID
 from sandbox.prepare import VENV
+from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID
 from sandbox.sshd import free_port
 from steps.probe import ProbeStep
 from steps.probe_facts import HostReport, ProbeFacts, sm_arch
@@ -401,7 +403,8 @@ def test_hub_sizes_are_asked_from_the_host_and_a_failure_is_a_reason(testhost, t
         head=f"vars:\n  HF_ENDPOINT: http://127.0.0.1:{free_port()}\n",
         step=f"python: {host.python}\nhub_repos: [z-lab/Kimi-K2.6-DFlash@main]\n",
     )
-    assert code == 0, err
+    # the probe's default gates hold the repos readable (issue 30): a Hub it cannot ask fails it, saying why
+    assert code == 1 and "why (facts.hub.values): ConnectError" in err, err
     assert facts is not None
     repo = facts["hub"]["z-lab/Kimi-K2.6-DFlash@main"]
     assert (repo["repo"], repo["revision"], repo["files"], repo["bytes"]) == (
@@ -421,3 +424,69 @@ def test_plan_shows_one_command_shipping_the_program_and_its_config(tmp_path, ca
     assert "# hostprograms/probe.py with the kit, zip sha256:" in out
     assert 'python3 "$prog/program.pyz" "$prog/config.json"' in out
     assert '"python": "/root/venv_sglang/bin/python"' in out
+
+
+CAMPAIGN = """\
+name: gated-drafter
+{hosts}vars: {vars}
+secrets:
+  HF_TOKEN: {{env: PROBE_TEST_HF_TOKEN, required: false}}
+steps:
+  - id: probe
+    kind: probe
+    python: {python}
+    hub_repos: [{target}]
+  - group: sweep
+    matrix:
+      drafter:
+        - {{name: zlab, repo: {drafter}, dir: zlab}}
+        - {{name: tmp-long, repo: {tmp_long}, dir: tmp-long}}
+    steps:
+      - id: download_drafter
+        kind: download
+        repo: ${{{{ matrix.drafter.repo }}}}
+        local_dir: {models}/${{{{ matrix.drafter.dir }}}}
+  - id: download_dataset
+    kind: download
+    repo: {dataset}
+    repo_type: dataset
+    local_dir: {models}/speed-bench
+"""
+
+
+def test_a_gated_drafter_of_a_campaign_fails_the_probe_before_any_download(
+    testhost: Callable[[str], SandboxHost], hub: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe asks the Hub about every repository the runbook downloads, derived from its download steps (a
+    matrix's drafters and a dataset included, the hand-written hub_repos kept): the plan shows them, and a drafter
+    whose terms the token's owner has not accepted fails the probe's gate, naming it, before any download ran."""
+    host = testhost("h200")
+    hub.faults.gate(TMP_LONG_ID)
+    variables = json.dumps(hub.client_env(tmp_path / "hf-home") | {"HF_HUB_DOWNLOAD_TIMEOUT": "5"})
+    body = CAMPAIGN.format(
+        hosts=host.host_yaml(), vars=variables, python=host.python, target=TARGET_ID, drafter=DRAFTER_ID,
+        tmp_long=TMP_LONG_ID, dataset=SPEED_BENCH_ID, models=tmp_path / "models",
+    )  # fmt: skip
+    path = tmp_path / "campaign.yaml"
+    path.write_text(body)
+    assert main(["plan", str(path)]) == 0
+    derived = f"{TARGET_ID}, {DRAFTER_ID}, {TMP_LONG_ID}, datasets/{SPEED_BENCH_ID}"
+    assert f"the Hub's files and access of {derived}" in " ".join(capsys.readouterr().out.split())  # unwrapped
+
+    code = main(["run", str(path), "--log-dir", str(tmp_path / "logs")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the token at hand may not read a repository the runbook downloads" in err
+    assert "why (facts.hub.values): the token at hand may not read its files: GatedRepoError" in err
+    assert f"tried: {TMP_LONG_ID}@main, asked with the huggingface_hub of {host.python}" in err  # named, alone
+    assert f"tried: {DRAFTER_ID}@main" not in err
+    assert hub.requests.count(TMP_LONG_ID, method="HEAD", kind="resolve") == 1  # the probe's one question
+    for repo in (TARGET_ID, DRAFTER_ID, TMP_LONG_ID, SPEED_BENCH_ID):  # no download began
+        assert hub.requests.count(repo, method="GET", kind="resolve") + hub.requests.count(repo, kind="cdn") == 0
+    assert main(["status", "--log-dir", str(tmp_path / "logs"), "--json"]) == 0
+    steps = {s["step"]: s for s in json.loads(capsys.readouterr().out)["steps"]}
+    assert steps["probe"]["status"] == "failed"
+    hub_facts = steps["probe"]["facts"]["hub"]
+    assert hub_facts[f"datasets/{SPEED_BENCH_ID}"]["readable"] is True
+    assert hub_facts[DRAFTER_ID]["readable"] is True and hub_facts[TMP_LONG_ID]["readable"] is False
+    assert all(s["status"] == "pending" for name, s in steps.items() if name != "probe")
