@@ -271,8 +271,8 @@ class BenchmarkStep(StepSpec):
     def commands(self, ctx: RenderContext) -> list[str]:
         slot, workload = self.slots(ctx)[0]
         base_url = str(ctx.fact(self.server, "base_url"))
-        newest = ENTRY_POINTS[0][0]
-        return [self.command(base_url, slot.concurrency, slot.seed, ctx.vars, "bench.jsonl", workload, slot.category, newest)]
+        at, newest = (slot.concurrency, slot.seed), ENTRY_POINTS[0][0]
+        return [self.command(base_url, *at, ctx.vars, "bench.jsonl", workload, slot.category, newest)]
 
     # ---- running ---------------------------------------------------------------------------------------
 
