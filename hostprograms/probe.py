@@ -8,8 +8,9 @@ The probe step ships this program with the kit and runs it with the host's `pyth
 - `interpreter`: that interpreter's version, package versions (importlib.metadata) and the
   capabilities of its SGLang, read from SGLang's files (ast, file existence) without importing it:
   `import sglang` needs torch, and a probe must not;
-- `hub`: sizes of Hub repos, asked with that interpreter's huggingface_hub (HF_ENDPOINT and the
-  token come from the environment, as for any client).
+- `hub`: sizes of Hub repos (a model's, or a dataset's: `datasets/org/name`), and whether the token may read
+  their files (`readable`), asked with that interpreter's huggingface_hub (HF_ENDPOINT and the token come from
+  the environment, as for any client).
 
 A fact it cannot determine is null with a reason in the section's `unknown` map, never an empty
 answer that looks like "none". The Hugging Face token's value is never printed, only its source.

@@ -213,6 +213,8 @@ def lookups_used(expression: str) -> dict[str, tuple[Any, ...]]:
     found: dict[str, tuple[Any, ...]] = {}
 
     def walk(node: nodes.Node) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr):  # `facts.hub.values()`:
+            node = node.node.node  # the value whose method it calls (`facts.hub`), not the method's repr
         text = _chain_text(node)
         if text is not None:
             yield text, _chain_keys(node)

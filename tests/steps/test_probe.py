@@ -404,7 +404,7 @@ def test_hub_sizes_are_asked_from_the_host_and_a_failure_is_a_reason(testhost, t
         step=f"python: {host.python}\nhub_repos: [z-lab/Kimi-K2.6-DFlash@main]\n",
     )
     # the probe's default gates hold the repos readable (issue 30): a Hub it cannot ask fails it, saying why
-    assert code == 1 and "why (facts.hub.values): ConnectError" in err, err
+    assert code == 1 and "why (facts.hub): ConnectError" in err, err
     assert facts is not None
     repo = facts["hub"]["z-lab/Kimi-K2.6-DFlash@main"]
     assert (repo["repo"], repo["revision"], repo["files"], repo["bytes"]) == (
@@ -477,7 +477,7 @@ def test_a_gated_drafter_of_a_campaign_fails_the_probe_before_any_download(
     err = capsys.readouterr().err
     assert code == 1
     assert "the token at hand may not read a repository the runbook downloads" in err
-    assert "why (facts.hub.values): the token at hand may not read its files: GatedRepoError" in err
+    assert "why (facts.hub): the token at hand may not read its files: GatedRepoError" in err
     assert f"tried: {TMP_LONG_ID}@main, asked with the huggingface_hub of {host.python}" in err  # named, alone
     assert f"tried: {DRAFTER_ID}@main" not in err
     assert hub.requests.count(TMP_LONG_ID, method="HEAD", kind="resolve") == 1  # the probe's one question

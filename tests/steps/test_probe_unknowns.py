@@ -213,7 +213,7 @@ def test_every_gate_that_fails_is_said_at_once_so_a_newcomer_fixes_them_in_one_r
         (
             _hub_refused,
             [
-                "why (facts.hub.values): 401 Client Error (endpoint https://hf.co)",
+                "why (facts.hub): 401 Client Error (endpoint https://hf.co)",
                 "tried: moonshotai/Kimi-K2.6@main, asked with the huggingface_hub of /root/venv_sglang/bin/python",
                 "next step: check that gpu-box.example reaches the Hub (HF_ENDPOINT) and that the token may read "
                 "moonshotai/Kimi-K2.6@main",
