@@ -48,6 +48,7 @@ from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
 from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
+from steps.request_records import DEFAULT_WORKLOAD, RecordsFile, asks_details, bench_records
 
 # The step's facts, the comparison report, its provenance and figures (~30 pydantic models) are imported by
 # the methods that run the step: `runbook validate` and `plan` import every kind a runbook names and use
@@ -141,6 +142,8 @@ class BenchmarkStep(StepSpec):
         args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
         args += ["--seed", seed, "--flush-cache"]
+        # per-request details, kept as JSONL in the run folder (steps/request_records.py), where they fit
+        args += ["--output-details"] if asks_details(self.prompts_at(concurrency), self.output_len) else []
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
         return f"{word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
 
@@ -216,6 +219,8 @@ class BenchmarkStep(StepSpec):
         )
         result: CommandResult | None = None
         schedule = self.schedule()
+        records = RecordsFile(ctx.output_dir, self.id, ctx.redactor)
+        facts.requests_file = records.relative_to(ctx.run_dir)
         for done, (concurrency, repeat, seed) in enumerate(schedule):
             name, fields = self.run_name(concurrency, repeat), {"concurrency": concurrency, "repeat": repeat}
             ctx.progress(
@@ -234,6 +239,7 @@ class BenchmarkStep(StepSpec):
                 return Outcome(result, facts.model_copy(update={"failure": failure, "points": summed}))
             assert run is not None
             facts.runs.append(run)
+            self.keep_records(records, ctx, result, run)
             ctx.progress(
                 f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(schedule)
             )
@@ -248,11 +254,19 @@ class BenchmarkStep(StepSpec):
                 runs=facts.runs,
                 points=facts.points,
             )
-            origin = self._provenance(ctx, baseline, candidate, acceptance)
+            origin = self._provenance(ctx, baseline, candidate, acceptance, facts.requests_file)
             _, files = write_report(ctx.run_dir, baseline, candidate, origin, acceptance, redactor=ctx.redactor)
             facts = facts.model_copy(update={"speedup": speedup(baseline, candidate), "report": files})
             ctx.progress(f"report written: {files.markdown_file}")
         return Outcome(result, facts)
+
+    def keep_records(self, records: RecordsFile, ctx: StepContext, result: CommandResult, run: BenchRun) -> None:
+        """The run's per-request details (`--output-details`) appended to the step's records file."""
+        about = {"run": ctx.run_dir.name, "host": ctx.host_name, "step": self.id, "label": self.shown_label}
+        about |= {"workload": getattr(run, "workload", None) or DEFAULT_WORKLOAD}
+        about |= {"concurrency": run.max_concurrency, "repeat": run.repeat, "seed": run.seed}
+        lines = jsonl_lines(result.stdout_text) or [""]
+        records.append(bench_records(lines[-1], about) or [])
 
     def run_info(self, result: CommandResult, base_url: str, concurrency: int, repeat: int, seed: int) -> RunInfo:
         """What the run was asked, and when the controller saw its command start and end."""
@@ -304,15 +318,21 @@ class BenchmarkStep(StepSpec):
             ) from None
 
     def _provenance(
-        self, ctx: StepContext, baseline: Side, candidate: Side, acceptance: Acceptance | None
+        self,
+        ctx: StepContext,
+        baseline: Side,
+        candidate: Side,
+        acceptance: Acceptance | None,
+        requests_file: str | None = None,
     ) -> provenance.Provenance:
         """What the report's numbers are of, from the facts of the steps before this one on the host."""
         from steps import provenance
 
         baseline_server = str(_fact(ctx, baseline.step, "server", "compare_to"))
+        baseline_file = ctx.facts_of_kind("benchmark").get(baseline.step, {}).get("requests_file")
         sides = [
-            provenance.Measured(baseline.label, baseline.step, baseline_server, baseline.runs),
-            provenance.Measured(candidate.label, candidate.step, self.server, candidate.runs),
+            provenance.Measured(baseline.label, baseline.step, baseline_server, baseline.runs, baseline_file),
+            provenance.Measured(candidate.label, candidate.step, self.server, candidate.runs, requests_file),
         ]
         return provenance.build(
             provenance.Sources.of(ctx),

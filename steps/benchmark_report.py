@@ -112,6 +112,7 @@ class Acceptance(DataModel):
     thinking: bool | None = None  # None for raw text
     lossless: dict[str, LosslessSet] | None = None
     speculation_on: bool | None = None  # every answered request had spec_verify_ct > 0
+    requests_file: str | None = None  # its per-request records (JSONL), relative to the run folder
 
 
 class Speedup(DataModel):
@@ -190,6 +191,8 @@ class BenchmarkFacts(DataModel):
     compare_to: str | None  # the baseline benchmark step
     speedup: Speedup | None  # None without compare_to (or when the benchmark failed)
     report: ReportFiles | None
+    # the per-request records (steps/request_records.py), relative to the run folder; None: none were kept
+    requests_file: str | None = None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
