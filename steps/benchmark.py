@@ -262,7 +262,8 @@ class BenchmarkStep(StepSpec):
 
     def keep_records(self, records: RecordsFile, ctx: StepContext, result: CommandResult, run: BenchRun) -> None:
         """The run's per-request details (`--output-details`) appended to the step's records file."""
-        about = {"run": ctx.run_dir.name, "host": ctx.host_name, "step": self.id, "label": self.shown_label}
+        about: dict[str, Any] = {"run": ctx.run_dir.name, "host": ctx.host_name, "step": self.id}
+        about |= {"label": self.shown_label}
         about |= {"workload": getattr(run, "workload", None) or DEFAULT_WORKLOAD}
         about |= {"concurrency": run.max_concurrency, "repeat": run.repeat, "seed": run.seed}
         lines = jsonl_lines(result.stdout_text) or [""]

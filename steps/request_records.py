@@ -85,8 +85,9 @@ def bench_records(line: str, about: dict[str, Any]) -> list[dict[str, Any]] | No
         result = json.loads(line)
     except json.JSONDecodeError:
         return None
-    lists = [result.get(name) for name in DETAIL_FIELDS] if isinstance(result, dict) else []
-    if not lists or not all(isinstance(each, list) for each in lists) or len({len(each) for each in lists}) != 1:
+    found = [result.get(name) for name in DETAIL_FIELDS] if isinstance(result, dict) else []
+    lists = [each for each in found if isinstance(each, list)]
+    if not lists or len(lists) < len(DETAIL_FIELDS) or len({len(each) for each in lists}) != 1:
         return None
     records = []
     for index, (input_len, output_len, ttft, itl, text, error) in enumerate(zip(*lists, strict=True)):

@@ -108,7 +108,8 @@ def benchmark_rows(report: Report, run: str) -> list[dict[str, Any]]:
     data = report.data
     rows = []
     for role, side in (("baseline", data.baseline), ("candidate", data.candidate)):
-        what = {"report": "benchmark", "run": run, "cell": side.label, "role": role, "status": "passed"}
+        what: dict[str, Any] = {"report": "benchmark", "run": run, "cell": side.label, "role": role}
+        what |= {"status": "passed"}
         what |= {"input_len": side.input_len, "output_len": side.output_len}
         for point in side.points:
             row = what | workload_of(point) | _point(point) | _speedup(data, role, point.max_concurrency)
@@ -149,12 +150,13 @@ def campaign_rows(report: CampaignReport, run: str) -> list[dict[str, Any]]:
     """A row per cell and concurrency of a campaign report (one for a cell without any)."""
     rows = []
     for each in report.campaign.cells:
-        what = {"report": "campaign", "run": run, "host": each.host, "cell": each.name}
+        what: dict[str, Any] = {"report": "campaign", "run": run, "host": each.host, "cell": each.name}
         what |= {"role": "baseline" if each.group is None else "candidate", "group": each.group}
         what |= {"status": each.status, "reason": each.reason, "input_len": each.input_len}
         what |= {"output_len": each.output_len}
         provenance = report.provenance.get(each.host)
-        for point in each.points or [None]:
+        measured: list[CellPoint | None] = [*each.points] or [None]
+        for point in measured:
             concurrency = None if point is None else point.concurrency
             row = what | workload_of(point) | _cell_point(point) | _launch(each)
             rows.append(row | (origin(provenance, each.name, concurrency) if provenance else {}))
