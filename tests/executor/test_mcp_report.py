@@ -24,8 +24,8 @@ from mcp.client.client import Client
 from executor.faces.cli import main
 from executor.faces.mcp_server import RESULT_CAP, Launches, Roots, build_server
 from steps.benchmark_figures import write_report
-from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
 from tests.clirun import runbook_cli
+from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
 from tests.steps.test_campaign_report import ZLAB_4, host_views, write_campaign
 
 BOOK = "name: one\nhosts:\n  box: {address: local}\nsteps:\n  - {id: a, kind: shell, script: echo a}\n"
