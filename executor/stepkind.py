@@ -390,6 +390,12 @@ class RenderContext(ABC):
     def fact(self, step_id: str, path: str) -> Any:
         """A fact of an earlier step on the same host, by dotted path (`gpus.0.name`)."""
 
+    def fetches(self) -> tuple[str, ...]:
+        """What the runbook's steps on this host (and their fallbacks) declare they will fetch (`StepSpec.fetches`),
+        each once, in runbook order: what a step checks before the downloads begin (the probe asks the Hub for
+        each repository: a gated one fails there, not hours into another's download). None by default."""
+        return ()
+
     @abstractmethod
     def peer(self, host: str) -> RenderContext:
         """The same step seen from `host` (one of its `peer_hosts()`, or its own): that host's vars and
@@ -664,6 +670,12 @@ class StepSpec(Model):
     def plan_notes(self, steps: Mapping[str, StepSpec]) -> list[str]:
         """Lines `runbook plan` adds to this step's summary from the runbook's other steps (a campaign report:
         its baseline's parity with each group's deploys). None by default."""
+        return []
+
+    def fetches(self) -> list[str]:
+        """What this step will fetch from outside the run, as addresses a step before it may check first
+        (`RenderContext.fetches`): a Hub repository as `hf://[datasets/]org/name@revision` (huggingface_hub's
+        HfFileSystem form). The engine gathers them without knowing any kind; none by default."""
         return []
 
     def local_files(self) -> list[str]:

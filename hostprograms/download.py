@@ -4,16 +4,16 @@ Shipped with the kit (hostprograms/kit.py: a config file in, one result document
 stderr), stdlib only. The config's `command` says what to do, `local_dir` where (`~` and `$var` expand here);
 `known`, when given, holds the precheck's `repo`, `commit`, `gated` and `manifest`:
 
-- `check` with `repo`, `revision`, `include`, `exclude`: ask the Hub for the revision's commit
-  and file list (its API, as huggingface_hub does: `/api/models/{repo}/revision/{rev}`, then the recursive
-  tree of that commit), filter it with the include/exclude patterns the way huggingface_hub does, check
-  that the files can be read with the token at hand (one HEAD of a file, as a gated repo lists its files
-  to anyone but serves them only with a token), then compare with LOCAL_DIR and report free disk.
+- `check` with `repo`, `repo_type`, `revision`, `include`, `exclude`: ask the Hub for the revision's commit
+  and file list (its API, as huggingface_hub does: `/api/models/{repo}/revision/{rev}`, `/api/datasets/...` for
+  a dataset, then the recursive tree of that commit), filter it with the include/exclude patterns the way
+  huggingface_hub does, check that the files can be read with the token at hand (one HEAD of a file, as a
+  gated repo lists its files to anyone but serves them only with a token), then compare with LOCAL_DIR and report free disk.
 - `check` with `known`: the same comparison, offline: it runs after each method.
 - `fetch` with `known`: the plain-HTTP method. Every file not yet complete is fetched
-  from `{HF_ENDPOINT}/{repo}/resolve/{commit}/{path}` into `{path}.incomplete`, resumed with a Range
-  request from the bytes already there (after an interrupted run, or a transfer cut short now), and moved
-  into place once it has the manifest's size.
+  from `{HF_ENDPOINT}/{repo}/resolve/{commit}/{path}` (`/datasets/{repo}/resolve/...`) into `{path}.incomplete`,
+  resumed with a Range request from the bytes already there (after an interrupted run, or a transfer cut short
+  now), and moved into place once it has the manifest's size.
 
 A file is complete when it is at its path with the manifest's size. When every file is, `*.incomplete`
 files left under `local_dir` (staging files of a killed client, which the Hub client never reuses: it
@@ -141,7 +141,7 @@ def selected(path: str, include: list[str], exclude: list[str]) -> bool:
 def read_manifest(config: dict[str, Any], token: str | None, token_source: str | None) -> dict[str, Any]:
     """The commit the revision is at, whether the repo is gated, and its files (path, size) after filtering."""
     repo, revision = config["repo"], config["revision"]
-    base = f"{endpoint()}/api/models/{repo}"
+    base = f"{endpoint()}/api/{repo_type(config)}s/{repo}"
     info, _ = api_json(f"{base}/revision/{urllib.parse.quote(revision, safe='')}", token, token_source)
     commit = info.get("sha") if isinstance(info, dict) else None
     if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{40}", commit):
@@ -182,7 +182,8 @@ def file_entry(entry: Any, where: str) -> bool:
 
 
 def check_access(repo: str, commit: str, path: str, token: str | None, token_source: str | None) -> None:
-    """One HEAD of a file: a gated repo shows its file list to anyone but serves its files only with a token."""
+    """One HEAD of a file: a gated repo shows its file list to anyone but serves its files only with a token.
+    `repo` is as the Hub's URLs name it (`repo_path`)."""
     url = resolve_url(repo, commit, path)
     try:
         _request(url, token, method="HEAD").close()
@@ -193,7 +194,20 @@ def check_access(repo: str, commit: str, path: str, token: str | None, token_sou
         raise HubError(f"cannot reach the Hub at {endpoint()}: {getattr(exc, 'reason', exc)}") from None
 
 
+def repo_type(config: dict[str, Any]) -> str:
+    """The repo's type as huggingface_hub names it: "model" (the default) or "dataset"."""
+    return str(config.get("repo_type") or "model")
+
+
+def repo_path(config: dict[str, Any]) -> str:
+    """The repo as the Hub's file URLs name it: `org/name` for a model, `datasets/org/name` for a dataset
+    (huggingface_hub's REPO_TYPES_URL_PREFIXES)."""
+    kind = repo_type(config)
+    return config["repo"] if kind == "model" else f"{kind}s/{config['repo']}"
+
+
 def resolve_url(repo: str, commit: str, path: str) -> str:
+    """A file's URL; `repo` as `repo_path` gives it."""
     return f"{endpoint()}/{repo}/resolve/{commit}/{urllib.parse.quote(path)}"
 
 
@@ -292,7 +306,7 @@ def check(config: dict[str, Any], known: dict[str, Any] | None) -> dict[str, Any
     if known is None and report["incomplete"] and report["hub_error"] is None:
         first = report["incomplete"][0]["path"]
         try:
-            check_access(config["repo"], report["commit"], first, token, token_source)
+            check_access(repo_path(config), report["commit"], first, token, token_source)
         except HubError as exc:
             report["hub_error"], report["failure_class"] = str(exc), exc.failure_class
     report["disk"] = disk(local_dir)
@@ -372,7 +386,9 @@ def fetch(config: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
         if _size(local_dir / entry["path"]) == entry["size"]:
             continue
         try:
-            fetched.append(fetch_file(known["repo"], known["commit"], local_dir, entry["path"], entry["size"], token))
+            fetched.append(
+                fetch_file(repo_path(known), known["commit"], local_dir, entry["path"], entry["size"], token)
+            )
         except (HubError, OSError) as exc:
             short = exc.short if isinstance(exc, HubError) else (exc.strerror or str(exc))
             failed.append({"path": entry["path"], "error": str(exc), "short": short})

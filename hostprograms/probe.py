@@ -741,15 +741,38 @@ def interpreter_facts(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hub_unknown(repo: str, reason: str) -> dict[str, Any]:
+    """A hub_repos entry (`[datasets/]org/name[@revision]`) with nothing known yet but why."""
     name, _, revision = repo.partition("@")
+    dataset = name.startswith("datasets/")
     return {
-        "repo": name,
+        "repo": name[len("datasets/") :] if dataset else name,
+        "repo_type": "dataset" if dataset else "model",
         "revision": revision or "main",
         "sha": None,
         "files": None,
         "bytes": None,
+        "readable": None,
         "unknown_reason": reason,
     }
+
+
+def hub_readable(api: Any, facts: dict[str, Any], first: str | None) -> tuple[bool | None, str | None]:
+    """Whether the token at hand may read the repo's files (None: could not tell), and why not: one HEAD of its
+    first file, as a download's first request. The Hub shows a gated repo's file list to anyone but serves its
+    files only to a token whose owner accepted its terms, so the list alone says nothing of access."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    if first is None:
+        return None, "the Hub lists no file in it"
+    url = hf_hub_url(facts["repo"], first, repo_type=facts["repo_type"], revision=facts["sha"], endpoint=api.endpoint)
+    try:
+        get_hf_file_metadata(url)
+    except Exception as exc:  # the client's error is the reason, never a crash
+        response = getattr(exc, "response", None)
+        refused = kit.hub_refused(getattr(response, "status_code", None), getattr(response, "headers", None))
+        said = f"{_first_line(exc)} (endpoint {api.endpoint})"
+        return (False, f"the token at hand may not read its files: {said}") if refused else (None, said)
+    return True, None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -768,13 +791,19 @@ def hub_sizes(config: dict[str, Any]) -> dict[str, Any]:
     for repo in repos:
         facts = _hub_unknown(repo, "")
         try:
-            info = api.model_info(str(facts["repo"]), revision=str(facts["revision"]), files_metadata=True)
+            info = api.repo_info(
+                facts["repo"], repo_type=facts["repo_type"], revision=facts["revision"], files_metadata=True
+            )
         except Exception as exc:  # any failure of the client is this repo's reason, never a crash
             facts["unknown_reason"] = f"{_first_line(exc)} (endpoint {api.endpoint})"
             result[repo] = facts
             continue
-        sizes = [s.size for s in info.siblings or []]
+        siblings = info.siblings or []
+        sizes = [s.size for s in siblings]
         facts.update(sha=info.sha, files=len(sizes), bytes=sum(s or 0 for s in sizes), unknown_reason=None)
+        facts["readable"], facts["unknown_reason"] = hub_readable(
+            api, facts, siblings[0].rfilename if siblings else None
+        )
         if any(s is None for s in sizes):
             facts.update(bytes=None, unknown_reason=f"the Hub gave no size for {sizes.count(None)} files")
         result[repo] = facts

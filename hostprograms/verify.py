@@ -15,9 +15,9 @@ unchanged tree re-verifies without reading it. As in git's "racy" rule, a file m
 RACY_NS before its hash began is not cached: a change within the same timestamp tick would keep
 its mtime, so only an mtime older than the hash proves the digest is of the current content.
 
-Stdlib only, plus huggingface_hub for the manifest (`HfApi().model_info`) and for `repair`
+Stdlib only, plus huggingface_hub for the manifest (`HfApi().repo_info`) and for `repair`
 (`hf_hub_download`); HF_ENDPOINT and HF_TOKEN come from the environment. Shipped with the kit
-(hostprograms/kit.py: config file in, one result document out); its config is the step's `repo`,
+(hostprograms/kit.py: config file in, one result document out); its config is the step's `repo`, `repo_type`,
 `revision`, `include`, `exclude`, `workers`, `repair` and `local_dir` (`~` and `$var` expand here).
 Progress lines and a plain summary of problems go to stderr.
 """
@@ -73,11 +73,12 @@ class Entry:
 # ----------------------------------------------------------------------------- manifest
 
 
-def read_manifest(repo: str, revision: str) -> tuple[str, list[Entry]]:
-    """The commit sha and the files of `repo` at `revision`, as the Hub reports them."""
+def read_manifest(repo: str, revision: str, repo_type: str = "model") -> tuple[str, list[Entry]]:
+    """The commit sha and the files of `repo` (a model, or a dataset: `repo_type`) at `revision`, as the Hub
+    reports them."""
     from huggingface_hub import HfApi
 
-    info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    info = HfApi().repo_info(repo, repo_type=repo_type, revision=revision, files_metadata=True)
     entries = []
     for sib in info.siblings or []:
         if sib.lfs is not None:
@@ -377,7 +378,9 @@ def bad_paths(report: dict[str, Any]) -> list[str]:
     return sorted(paths)
 
 
-def repair(root: Path, repo: str, commit: str, report: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+def repair(
+    root: Path, repo: str, commit: str, report: dict[str, Any], repo_type: str = "model"
+) -> tuple[list[str], dict[str, str]]:
     """Delete the bad files and every `*.incomplete` leftover; fetch the bad files again.
 
     Downloads pin the manifest's commit, so the repaired tree matches what was checked.
@@ -390,7 +393,7 @@ def repair(root: Path, repo: str, commit: str, report: dict[str, Any]) -> tuple[
     for rel in bad_paths(report):
         (root / rel).unlink(missing_ok=True)
         try:
-            hf_hub_download(repo, rel, revision=commit, local_dir=root, force_download=True)
+            hf_hub_download(repo, rel, repo_type=repo_type, revision=commit, local_dir=root, force_download=True)
             repaired.append(rel)
         except Exception as exc:
             errors[rel] = f"{type(exc).__name__}: {exc}"
@@ -419,7 +422,7 @@ def run(config: dict[str, Any], progress: Progress) -> dict[str, Any]:
     workers = config.get("workers") or os.cpu_count() or 1
     out: dict[str, Any] = {"repo": config["repo"], "revision": config["revision"], "local_dir": str(root)}
     try:
-        commit, manifest = read_manifest(config["repo"], config["revision"])
+        commit, manifest = read_manifest(config["repo"], config["revision"], config.get("repo_type") or "model")
     except Exception as exc:  # gated, not found, no network, no huggingface_hub: a fact, not a crash
         response = getattr(exc, "response", None)  # huggingface_hub's HfHubHTTPError has the Hub's answer
         refused = kit.hub_refused(getattr(response, "status_code", None), getattr(response, "headers", None))
@@ -428,7 +431,7 @@ def run(config: dict[str, Any], progress: Progress) -> dict[str, Any]:
     selected = select(manifest, config.get("include") or [], config.get("exclude") or [])
     report = verify(root, manifest, selected, workers, progress)
     if config.get("repair") and (bad_paths(report) or report["incomplete"]):
-        repaired, errors = repair(root, config["repo"], commit, report)
+        repaired, errors = repair(root, config["repo"], commit, report, config.get("repo_type") or "model")
         report = verify(root, manifest, selected, workers, progress)
         report.update(repaired=repaired, repair_errors=errors)
     return {**out, "commit": commit, "manifest_error": None, **report}

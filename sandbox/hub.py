@@ -4,6 +4,9 @@ The real `huggingface_hub` client (>= 1.0, its `hf` CLI included) and plain HTTP
 through `HF_ENDPOINT`. It answers what the client actually requests (read from huggingface_hub 2.4's
 file_download.py, _snapshot_download.py, hf_api.py, utils/_http.py), with the real formats and headers:
 
+- Model and dataset repositories alike (`Repo.repo_type`): a dataset's API paths start `/api/datasets/` instead
+  of `/api/models/` and its files `/datasets/{repo}/resolve/` (huggingface_hub's `repo_type="dataset"`, `hf
+  download --repo-type dataset`); a repo asked for under the other type's paths is not found, as on the Hub.
 - `GET /api/models/{repo}[/revision/{rev}]` (`model_info`, `repo_info`): id, sha (40 hex), siblings;
   with `?blobs=true` (`files_metadata=True`) each sibling has size, blobId and, for LFS files,
   lfs {sha256, size, pointerSize}; `?expand=...` keeps only the named properties.
@@ -89,9 +92,10 @@ Kind = Literal["api", "resolve", "cdn"]
 HUB_ADDRESS, CDN_ADDRESS = "127.0.0.1", "127.0.0.2"
 LAST_MODIFIED = "2026-04-20T12:00:00.000Z"
 
-_INFO = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?")
-_TREE = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?")
-_RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)")
+# `type`: "models" or "datasets" in the API's paths, "datasets" or nothing (a model) before a resolve path
+_INFO = re.compile(r"/api/(?P<type>models|datasets)/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?")
+_TREE = re.compile(r"/api/(?P<type>models|datasets)/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?")
+_RESOLVE = re.compile(r"/(?:(?P<type>datasets)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)")
 _CDN = re.compile(r"/repos/(?P<repo>[^/]+/[^/]+)/(?P<sha>[0-9a-f]{64})")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
@@ -251,6 +255,7 @@ class _Call:
     bearer: str | None
     authorized: bool
     range: str | None
+    repo_type: str = "model"  # what the path asks for: a repo of another type is not found, as on the Hub
 
 
 @dataclass
@@ -378,7 +383,9 @@ class HubServer:
         path = unquote(match["path"]) if match and kind == "resolve" else None
         if match and kind == "cdn" and repo_id in self.repos:
             path = next((f.path for f in self.repos[repo_id].lfs_files if f.sha256 == match["sha"]), None)
-        return _Call(method, kind, match, repo_id, path, parse_qs(url.query), bearer, authorized, range_)
+        repo_type = "dataset" if match and kind != "cdn" and match["type"] == "datasets" else "model"
+        query = parse_qs(url.query)
+        return _Call(method, kind, match, repo_id, path, query, bearer, authorized, range_, repo_type)
 
     def _answer(self, call: _Call) -> Response:
         method, kind, match, repo_id, path = call.method, call.kind, call.match, call.repo_id, call.path
@@ -394,7 +401,7 @@ class HubServer:
         if call.bearer is not None and not call.authorized:
             return _error(401, None, "Invalid credentials in Authorization header")
         repo = self.repos.get(repo_id)
-        if repo is None:
+        if repo is None or repo.repo_type != call.repo_type:
             return _error(404 if call.authorized else 401, "RepoNotFound", "Repository not found")
         rev = unquote(match["rev"] or "main")
         if rev not in ("main", repo.sha):
@@ -405,7 +412,7 @@ class HubServer:
         assert path is not None
         if self.faults.is_gated(repo_id) and not call.authorized:
             message = (
-                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated "
+                f"Access to {repo.repo_type} {repo_id} is restricted. You must have access to it and be authenticated "
                 "to access it. Please log in."
             )
             return _error(401, "GatedRepo", message)
@@ -479,6 +486,10 @@ class HubServer:
             "siblings": siblings,
             "usedStorage": repo.total_size,
         }
+        if repo.repo_type != "model":  # a dataset's info has no model card fields
+            for key in ("modelId", "library_name", "pipeline_tag"):
+                del doc[key]
+            doc["tags"] = []
         if expand := query.get("expand"):
             if unknown := sorted(set(expand) - doc.keys()):
                 return _error(400, None, f"Invalid expand value(s): {', '.join(unknown)}")

@@ -39,16 +39,17 @@ import re
 import shlex
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from executor.hostprogram import marked_folder
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
-from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
+from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, RunTime, StepContext, StepRef, StepSpec
 from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
-from steps.request_records import DEFAULT_WORKLOAD, RecordsFile, asks_details, bench_records
+from steps.benchmark_workloads import DEFAULT, Workload, WorkloadFacts, slice_key, unlike
+from steps.request_records import RecordsFile, asks_details, bench_records
 
 # The step's facts, the comparison report, its provenance and figures (~30 pydantic models) are imported by
 # the methods that run the step: `runbook validate` and `plan` import every kind a runbook names and use
@@ -56,9 +57,20 @@ from steps.request_records import DEFAULT_WORKLOAD, RecordsFile, asks_details, b
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
     from steps import provenance
-    from steps.benchmark_report import Acceptance, Side
+    from steps.benchmark_report import Acceptance, BenchmarkFacts, Side
 
 Positive = Annotated[int, Field(gt=0)]
+
+
+class Slot(NamedTuple):
+    """One run of the schedule: its workload's label and category (speed-bench's; else None), concurrency,
+    repeat and seed."""
+
+    workload: str
+    category: str | None
+    concurrency: int
+    repeat: int
+    seed: int
 
 
 class BenchmarkStep(StepSpec):
@@ -72,6 +84,7 @@ class BenchmarkStep(StepSpec):
     python: str = "python3"  # the SGLang environment's interpreter; `~` and `$vars` expand on the host
     label: str | None = None  # the name in the report (default: the step's id)
     concurrencies: list[Positive] = Field(default=[1, 4, 16], min_length=1)  # bench_serving's --max-concurrency, each
+    workloads: list[Workload] | None = Field(default=None, min_length=1)  # None: random ids alone, unlabelled
     input_len: Positive = 1024  # tokens of each random prompt
     output_len: Positive = 512  # tokens asked of each answer
     num_prompts: Positive | None = None  # per concurrency; default 4 x concurrency, at least 8
@@ -96,10 +109,25 @@ class BenchmarkStep(StepSpec):
             raise ValueError("compare_to names this step itself; name the baseline benchmark step")
         if self.acceptance and not self.compare_to:
             raise ValueError("acceptance goes into the comparison report: it needs compare_to (the baseline)")
-        last = self.seed + len(self.concurrencies) * self.repeats - 1
+        labels = [w.label for w in self.workloads or []]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"workloads: each label may appear once, got {labels}")
+        last = self.seed + len(self.schedule()) - 1
         if last >= 2**32:
             raise ValueError(f"the last run's seed would be {last}: bench_serving's seeds (numpy's) are below 2**32")
         return self
+
+    def check_runbook(self, steps: Mapping[str, StepSpec]) -> list[str]:
+        """A comparison of unlike workloads, refused at `validate`: the baseline's and this step's workloads as
+        they will run (the chat template decided by whether each server's deploy step speculates)."""
+        baseline = steps.get(self.compare_to or "")
+        if not isinstance(baseline, BenchmarkStep):
+            return []
+        why = unlike(
+            baseline.resolved_workloads(_speculates(steps, baseline.server)),
+            self.resolved_workloads(_speculates(steps, self.server)),
+        )
+        return [] if why is None else [f"compare_to {self.compare_to!r} runs other prompts: {why}: not comparable"]
 
     @property
     def shown_label(self) -> str:
@@ -108,14 +136,31 @@ class BenchmarkStep(StepSpec):
     def prompts_at(self, concurrency: int) -> int:
         return self.num_prompts or max(8, 4 * concurrency)
 
-    def schedule(self) -> list[tuple[int, int, int]]:
-        """(concurrency, repeat, seed) of each run, in the order they run."""
-        order = [(c, r) for c in self.concurrencies for r in range(1, self.repeats + 1)]
-        return [(c, r, self.seed + number) for number, (c, r) in enumerate(order)]
+    @property
+    def effective_workloads(self) -> list[Workload]:
+        return self.workloads or [DEFAULT]
 
-    def run_name(self, concurrency: int, repeat: int) -> str:
-        """How messages and progress name a run: "concurrency 4, repeat 2/3" (the repeat only when several)."""
-        return f"concurrency {concurrency}" + (f", repeat {repeat}/{self.repeats}" if self.repeats > 1 else "")
+    def resolved_workloads(self, speculative: bool) -> list[WorkloadFacts]:
+        """The workloads as they run against a server that speculates or not (steps/benchmark_workloads.py)."""
+        return [w.resolved(speculative) for w in self.effective_workloads]
+
+    def schedule(self) -> list[Slot]:
+        """Each run, in the order they run: per workload (and speed-bench category), per concurrency, the
+        repeats. Seeds count up over all of them, so no two runs on one server share prompts."""
+        order = [
+            (w.label, category, c, r)
+            for w in self.effective_workloads
+            for category in w.slices()
+            for c in self.concurrencies
+            for r in range(1, self.repeats + 1)
+        ]
+        return [Slot(*slot, self.seed + number) for number, slot in enumerate(order)]
+
+    def run_name(self, concurrency: int, repeat: int, workload: str | None = None, category: str | None = None) -> str:
+        """How messages and progress name a run: "concurrency 4, repeat 2/3" (the repeat only when several),
+        after "speed-bench/low_entropy, " when the step names its workloads."""
+        name = f"concurrency {concurrency}" + (f", repeat {repeat}/{self.repeats}" if self.repeats > 1 else "")
+        return f"{slice_key(workload, category)}, {name}" if self.workloads and workload else name
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="facts.failure is none", message="the benchmark did not complete")]
@@ -129,58 +174,104 @@ class BenchmarkStep(StepSpec):
         seed: int,
         pasted: Mapping[str, str] | None = None,
         out: str = '"$out/bench.jsonl"',
+        workload: WorkloadFacts | None = None,
+        category: str | None = None,
     ) -> str:
-        """The bench_serving command line of one run: the script's, as rendered (`python` and `extra_args` are
-        host words: `~` and `$vars` expand there, as in deploy's); with `pasted` (the host's vars) and `out`, as
-        a person would paste it."""
+        """The bench_serving command line of one run: the script's, as rendered (`python`, a workload's `path`
+        and `extra_args` are host words: `~` and `$vars` expand there, as in deploy's); with `pasted` (the
+        host's vars) and `out`, as a person would paste it. Without `workload`: random ids."""
 
         def word(text: str) -> str:
             return host_word(text) if pasted is None else pasted_word(text, pasted)
 
-        args: list[str | int] = ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids"]
-        args += ["--random-input-len", self.input_len, "--random-output-len", self.output_len]
-        args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
+        workload = workload or DEFAULT.resolved(False)
+        args: list[str | int] = ["--backend", workload.backend, "--base-url", base_url]
+        args += workload.client_args(category, self.input_len, self.output_len)
+        if workload.dataset == "random-ids":
+            args += ["--random-range-ratio", "1.0"]
+        args += ["--num-prompts", self.prompts_at(concurrency)]
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
         args += ["--seed", seed, "--flush-cache"]
         # per-request details, kept as JSONL in the run folder (steps/request_records.py), where they fit
         args += ["--output-details"] if asks_details(self.prompts_at(concurrency), self.output_len) else []
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
-        return f"{word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
+        dataset = f" --dataset-path {word(workload.path)}" if workload.path else ""
+        return f"{word(self.python)} -m sglang.bench_serving {words}{dataset} --output-file {out}"
 
-    def script(self, base_url: str, concurrency: int, repeat: int, seed: int) -> str:
+    def script(
+        self,
+        base_url: str,
+        concurrency: int,
+        repeat: int,
+        seed: int,
+        workload: WorkloadFacts | None = None,
+        category: str | None = None,
+    ) -> str:
+        what = (
+            f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download)"
+            if workload is None or workload.dataset == "random-ids"
+            else f"{workload.dataset} from its file, {self.output_len} output tokens, chat template "
+            + workload.template_shown()
+        )
         return (
-            f"# bench_serving at {self.run_name(concurrency, repeat)}: {self.prompts_at(concurrency)} prompts of "
-            f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download), "
-            f"seed {seed}, the cache flushed after the warmup\n"
+            f"# bench_serving at {self.run_name(concurrency, repeat, workload.label if workload else None, category)}: "
+            f"{self.prompts_at(concurrency)} prompts of {what}, seed {seed}, the cache flushed after the warmup\n"
             + marked_folder("out")
-            + f"{self.command(base_url, concurrency, seed)}\n"
+            + f"{self.command(base_url, concurrency, seed, workload=workload, category=category)}\n"
             "rc=$?\n"
             f"echo {shlex.quote(JSONL_MARKER)}\n"
             'cat "$out/bench.jsonl" 2> /dev/null\n'  # none when bench_serving failed first
             'exit "$rc"\n'
         )
 
+    def speculative(self, ctx: RenderContext) -> bool:
+        """Whether the server speculates: its deploy step's fact `speculative_algorithm` (a server of another
+        kind of step, without that fact, does not). A plan, which cannot know, shows a server that does not,
+        and its summary says the rule."""
+        try:
+            value = ctx.fact(self.server, "speculative_algorithm")
+        except (KeyError, IndexError, TypeError):
+            return False
+        return not isinstance(value, RunTime) and value is not None
+
+    def slots(self, ctx: RenderContext) -> list[tuple[Slot, WorkloadFacts]]:
+        """Each run of the schedule with its workload as it runs against this step's server."""
+        resolved = {w.label: w for w in self.resolved_workloads(self.speculative(ctx))}
+        return [(slot, resolved[slot.workload]) for slot in self.schedule()]
+
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
         base_url = str(ctx.fact(self.server, "base_url"))
-        return [(self.run_name(c, r), self.script(base_url, c, r, seed)) for c, r, seed in self.schedule()]
+        return [
+            (
+                self.run_name(s.concurrency, s.repeat, s.workload, s.category),
+                self.script(base_url, s.concurrency, s.repeat, s.seed, w, s.category),
+            )
+            for s, w in self.slots(ctx)
+        ]
 
     def summary(self, ctx: RenderContext) -> list[str]:
-        runs = len(self.concurrencies) * self.repeats
+        runs = len(self.schedule())
+        what = f"{self.input_len} in / {self.output_len} out tokens"
+        if self.workloads:
+            shown = [f"{w.label} ({w.dataset}, chat template {w.template_shown()})" for _, w in self.slots(ctx)]
+            what = f"workloads {', '.join(dict.fromkeys(shown))}, {self.output_len} out tokens"
+            if any(w.dataset in ("custom", "sharegpt") and w.chat_template is None for w in self.workloads):
+                what += f" (custom, sharegpt: chat template on if steps.{self.server}.facts.speculative_algorithm)"
         return [
             f"bench_serving against {self.server}: concurrency {', '.join(map(str, self.concurrencies))} x "
-            f"{self.repeats} repeats, {self.input_len} in / {self.output_len} out tokens; run 1 of {runs} "
-            "(each has its own seed):"
+            f"{self.repeats} repeats, {what}; run 1 of {runs} (each has its own seed):"
         ]
 
     def commands(self, ctx: RenderContext) -> list[str]:
-        concurrency, _, seed = self.schedule()[0]
-        return [self.command(str(ctx.fact(self.server, "base_url")), concurrency, seed, ctx.vars, "bench.jsonl")]
+        slot, workload = self.slots(ctx)[0]
+        base_url = str(ctx.fact(self.server, "base_url"))
+        return [self.command(base_url, slot.concurrency, slot.seed, ctx.vars, "bench.jsonl", workload, slot.category)]
 
     # ---- running ---------------------------------------------------------------------------------------
 
     def read_run(self, result: CommandResult, info: RunInfo) -> tuple[BenchRun | None, str | None]:
         """The run of one command, or why it does not count."""
-        where = self.run_name(info.max_concurrency, info.repeat)
+        where = self.run_name(info.max_concurrency, info.repeat, info.workload, info.category)
         lines = jsonl_lines(result.stdout_text)
         if result.exit_code != 0:
             said = error_line(result.stdout_text.partition(JSONL_MARKER)[0], result.stderr_text)
@@ -199,7 +290,9 @@ class BenchmarkStep(StepSpec):
         from steps.benchmark_report import BenchmarkFacts, Side, speedup
 
         base_url = str(_fact(ctx, self.server, "base_url", "server"))
-        baseline = self._baseline(ctx)
+        slots = self.slots(ctx)
+        workloads = list({workload.label: workload for _, workload in slots}.values())
+        baseline = self._baseline(ctx, workloads)
         acceptance = self._acceptance(ctx)
         facts = BenchmarkFacts(
             label=self.shown_label,
@@ -207,6 +300,7 @@ class BenchmarkStep(StepSpec):
             base_url=base_url,
             input_len=self.input_len,
             output_len=self.output_len,
+            workloads=workloads,
             concurrencies=list(self.concurrencies),
             repeats=self.repeats,
             spread_threshold=self.spread_threshold,
@@ -217,33 +311,11 @@ class BenchmarkStep(StepSpec):
             speedup=None,
             report=None,
         )
-        result: CommandResult | None = None
-        schedule = self.schedule()
         records = RecordsFile(ctx.output_dir, self.id, ctx.redactor)
         facts.requests_file = records.relative_to(ctx.run_dir)
-        for done, (concurrency, repeat, seed) in enumerate(schedule):
-            name, fields = self.run_name(concurrency, repeat), {"concurrency": concurrency, "repeat": repeat}
-            ctx.progress(
-                f"{name} ({done + 1}/{len(schedule)}): {self.prompts_at(concurrency)} prompts, seed {seed}",
-                **fields,
-                seed=seed,
-                done=done,
-                total=len(schedule),
-            )
-            result = await ctx.run(self.script(base_url, concurrency, repeat, seed))
-            if result.timed_out or result.interrupted:
-                return Outcome(result)
-            run, failure = self.read_run(result, self.run_info(result, base_url, concurrency, repeat, seed))
-            if failure:  # the runs that completed before it, summed up as far as they go
-                summed = points(facts.runs, self.spread_threshold)
-                return Outcome(result, facts.model_copy(update={"failure": failure, "points": summed}))
-            assert run is not None
-            facts.runs.append(run)
-            self.keep_records(records, ctx, result, run)
-            ctx.progress(
-                f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(schedule)
-            )
-        assert result is not None  # concurrencies has at least one entry
+        result, stopped = await self._run_all(ctx, base_url, slots, facts, records)
+        if stopped is not None:
+            return stopped
         facts.points = points(facts.runs, self.spread_threshold)
         if baseline is not None:
             candidate = Side(
@@ -251,6 +323,7 @@ class BenchmarkStep(StepSpec):
                 label=self.shown_label,
                 input_len=self.input_len,
                 output_len=self.output_len,
+                workloads=workloads,
                 runs=facts.runs,
                 points=facts.points,
             )
@@ -264,26 +337,69 @@ class BenchmarkStep(StepSpec):
         """The run's per-request details (`--output-details`) appended to the step's records file."""
         about: dict[str, Any] = {"run": ctx.run_dir.name, "host": ctx.host_name, "step": self.id}
         about |= {"label": self.shown_label}
-        about |= {"workload": getattr(run, "workload", None) or DEFAULT_WORKLOAD}
+        about |= {"workload": run.workload, "category": run.category}
         about |= {"concurrency": run.max_concurrency, "repeat": run.repeat, "seed": run.seed}
         lines = jsonl_lines(result.stdout_text) or [""]
         records.append(bench_records(lines[-1], about) or [])
 
-    def run_info(self, result: CommandResult, base_url: str, concurrency: int, repeat: int, seed: int) -> RunInfo:
+    async def _run_all(
+        self,
+        ctx: StepContext,
+        base_url: str,
+        slots: list[tuple[Slot, WorkloadFacts]],
+        facts: BenchmarkFacts,
+        records: RecordsFile,
+    ) -> tuple[CommandResult, Outcome | None]:
+        """Each run in turn, its `BenchRun` appended to `facts.runs`; the last result, and the outcome of a run
+        that stopped the step (timed out, interrupted, failed: then with the points of the runs before it)."""
+        result: CommandResult | None = None
+        for done, (slot, workload) in enumerate(slots):
+            concurrency, repeat, seed = slot.concurrency, slot.repeat, slot.seed
+            name = self.run_name(concurrency, repeat, slot.workload, slot.category)
+            fields = {"concurrency": concurrency, "repeat": repeat, "workload": slice_key(slot.workload, slot.category)}
+            ctx.progress(
+                f"{name} ({done + 1}/{len(slots)}): {self.prompts_at(concurrency)} prompts, seed {seed}",
+                **fields,
+                seed=seed,
+                done=done,
+                total=len(slots),
+            )
+            result = await ctx.run(self.script(base_url, concurrency, repeat, seed, workload, slot.category))
+            if result.timed_out or result.interrupted:
+                return result, Outcome(result)
+            run, failure = self.read_run(result, self.run_info(result, base_url, slot, workload))
+            if failure:  # the runs that completed before it, summed up as far as they go
+                summed = points(facts.runs, self.spread_threshold)
+                return result, Outcome(result, facts.model_copy(update={"failure": failure, "points": summed}))
+            assert run is not None
+            facts.runs.append(run)
+            self.keep_records(records, ctx, result, run)
+            ctx.progress(
+                f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(slots)
+            )
+        assert result is not None  # concurrencies has at least one entry
+        return result, None
+
+    def run_info(
+        self, result: CommandResult, base_url: str, slot: Slot, workload: WorkloadFacts | None = None
+    ) -> RunInfo:
         """What the run was asked, and when the controller saw its command start and end."""
         started = datetime.fromisoformat(result.started_at)
         finished = (started + timedelta(seconds=result.duration_s)).isoformat(timespec="milliseconds")
         return RunInfo(
-            max_concurrency=concurrency,
-            num_prompts=self.prompts_at(concurrency),
-            repeat=repeat,
-            seed=seed,
+            workload=slot.workload,
+            category=slot.category,
+            max_concurrency=slot.concurrency,
+            num_prompts=self.prompts_at(slot.concurrency),
+            repeat=slot.repeat,
+            seed=slot.seed,
             started_at=result.started_at,
             finished_at=finished,
-            command=self.command(base_url, concurrency, seed),
+            command=self.command(base_url, slot.concurrency, slot.seed, workload=workload, category=slot.category),
         )
 
-    def _baseline(self, ctx: StepContext) -> Side | None:
+    def _baseline(self, ctx: StepContext, workloads: list[WorkloadFacts]) -> Side | None:
+        """The baseline's side of the comparison; a FactsError, before anything runs, when it ran other prompts."""
         from steps.benchmark_report import Side
 
         if self.compare_to is None:
@@ -293,11 +409,21 @@ class BenchmarkStep(StepSpec):
         facts = {key: _fact(ctx, step, key, "compare_to") for key in keys}
         if _fact(ctx, step, "failure", "compare_to") is not None:
             raise FactsError(f"compare_to: the baseline benchmark {step!r} did not complete")
+        try:  # a baseline's facts from before workloads: random ids
+            facts["workloads"] = ctx.fact(step, "workloads")
+        except (KeyError, IndexError, TypeError):
+            facts["workloads"] = [DEFAULT.resolved(False)]
         try:
             side = Side(step=step, **facts)
         except ValidationError as exc:
             raise FactsError(f"compare_to: step {step!r} has no benchmark facts: {exc}") from None
-        if (side.input_len, side.output_len) != (self.input_len, self.output_len):
+        if (why := unlike(side.workloads, workloads)) is not None:
+            raise FactsError(f"compare_to: the baseline {step!r} ran other prompts: {why}: not comparable")
+        random_ids = any(w.dataset == "random-ids" for w in workloads)
+        if (side.input_len if random_ids else 0, side.output_len) != (
+            self.input_len if random_ids else 0,
+            self.output_len,
+        ):
             raise FactsError(
                 f"compare_to: the baseline {step!r} ran {side.input_len} input / {side.output_len} output tokens, "
                 f"this step {self.input_len} / {self.output_len}: the throughputs would not be comparable"
@@ -360,6 +486,12 @@ def error_line(stdout: str, stderr: str) -> str:
             lines.append(line)
     lines = lines or [line for line in map(str.strip, stdout.splitlines()) if line]
     return lines[-1][:300] if lines else "(no output)"
+
+
+def _speculates(steps: Mapping[str, StepSpec], server: str) -> bool:
+    """Whether the step that starts `server` will speculate, as far as the runbook says (a deploy step's
+    algorithm; another kind of step: not, as its facts will say at run time)."""
+    return getattr(steps.get(server), "algorithm", None) is not None
 
 
 def _fact(ctx: StepContext, step: str, path: str, param: str) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from executor.redact import NO_SECRETS, Redactor
 from steps.benchmark_report import (
@@ -45,17 +45,24 @@ def _throughputs(side: Side) -> tuple[list[int], list[float], list[list[float]]]
 
 def speedup(baseline: Side, candidate: Side, gain: Speedup, path: Path | BinaryIO) -> None:
     """speedup.png: median throughput of both sides with min-max bars (left), the speedup of medians (right),
-    against concurrency."""
+    against concurrency; with several workloads (or SPEED-Bench categories), a line for each."""
     from matplotlib.figure import Figure as MplFigure
 
     figure = MplFigure(figsize=(11, 4.5), dpi=100, layout="constrained")
     left, right = figure.subplots(1, 2)
+    keys = candidate.slices()
     for side, marker in ((baseline, "o"), (candidate, "s")):
-        cs, medians, bars = _throughputs(side)
-        left.errorbar(cs, medians, yerr=bars, marker=marker, capsize=3, label=side.label)
+        for key in keys:
+            cs, medians, bars = _throughputs(side.sliced(key))
+            label = side.label if len(keys) == 1 else f"{side.label} {key}"
+            left.errorbar(cs, medians, yerr=bars, marker=marker, capsize=3, label=label)
     left.set(title="Output throughput (median, min-max)", xlabel="concurrency", ylabel="tokens/s")
-    cs = sorted(int(k) for k, v in gain.by_concurrency.items() if v is not None)
-    right.plot(cs, [gain.by_concurrency[str(c)] for c in cs], marker="s", color="tab:green")
+    for key, part in (gain.by_workload or {"": gain}).items():
+        cs = sorted(int(k) for k, v in part.by_concurrency.items() if v is not None)
+        shown: dict[str, Any] = {"color": "tab:green"} if len(gain.by_workload) <= 1 else {"label": key}
+        right.plot(cs, [part.by_concurrency[str(c)] for c in cs], marker="s", **shown)
+    if len(gain.by_workload) > 1:
+        right.legend()
     right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     right.set(title=f"Speedup of medians ({candidate.label} / {baseline.label})", xlabel="concurrency", ylabel="x")
     ticks = sorted({point.max_concurrency for point in (*baseline.points, *candidate.points)})
@@ -169,9 +176,11 @@ def write_report(
         acceptance_file=str(run_dir / ACCEPTANCE_PNG) if ACCEPTANCE_PNG in paths else None,
     )
     gpus = {d.side: d.gpus for d in provenance.deployments}
+    first = candidate.slices()[:1]  # pareto.png: the first workload's (the report's notes say so)
+    base, cand = (baseline.sliced(first[0]), candidate.sliced(first[0])) if first else (baseline, candidate)
     drawings: dict[str, Callable[[BinaryIO], None]] = {
         FIGURE_PNG: lambda out: speedup(baseline, candidate, report.data.speedup, out),
-        PARETO_PNG: lambda out: pareto(baseline, candidate, gpus, out),
+        PARETO_PNG: lambda out: pareto(base, cand, gpus, out),
     }
     if acceptance is not None:
         drawings[ACCEPTANCE_PNG] = lambda out: acceptance_histograms(acceptance, out)

@@ -43,6 +43,7 @@ from executor.redact import NO_SECRETS, Redactor
 from executor.runbook.model import DataModel
 from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Measured, MeasuredCount, Spread
+from steps.benchmark_workloads import DEFAULT, WorkloadFacts, slice_key
 from steps.provenance import Provenance
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
@@ -57,8 +58,26 @@ class Side(DataModel):
     label: str
     input_len: int
     output_len: int
+    # as they ran; the default is a benchmark's from before workloads: random ids
+    workloads: list[WorkloadFacts] = Field(default_factory=lambda: [DEFAULT.resolved(False)])
     runs: list[BenchRun]
     points: list[BenchPoint]
+
+    def slices(self) -> list[str]:
+        """Its workloads' runs as the report splits them (`speed-bench/low_entropy`, `random-ids`), in run order."""
+        return list(dict.fromkeys(slice_key(p.workload, p.category) for p in self.points))
+
+    def sliced(self, key: str) -> Side:
+        """This side with the runs and points of one slice only: what the per-concurrency tables compare."""
+        return self.model_copy(
+            update={
+                "runs": [r for r in self.runs if slice_key(r.workload, r.category) == key],
+                "points": [p for p in self.points if slice_key(p.workload, p.category) == key],
+            }
+        )
+
+    def workload(self, key: str) -> WorkloadFacts | None:
+        return next((w for w in self.workloads if w.label == key.partition("/")[0]), None)
 
 
 class HistogramBin(DataModel):
@@ -115,9 +134,9 @@ class Acceptance(DataModel):
     requests_file: str | None = None  # its per-request records (JSONL), relative to the run folder
 
 
-class Speedup(DataModel):
+class SliceSpeedup(DataModel):
     """Candidate median output throughput / baseline median output throughput, per concurrency (keys: "1",
-    "4", ...): the medians over each side's repeats."""
+    "4", ...): the medians over each side's repeats, of one workload (and category)."""
 
     metric: str = "output_throughput"
     by_concurrency: dict[str, float | None]
@@ -125,6 +144,15 @@ class Speedup(DataModel):
     max: float | None
     mean: float | None
     unknown: dict[str, str]  # a concurrency (or min/max/mean) -> why it is null
+
+
+class Speedup(SliceSpeedup):
+    """The speedups of every workload: `by_workload` per workload (`random-ids`) or SPEED-Bench category
+    (`speed-bench/low_entropy`); `min`, `max`, `mean` over all of them and `by_concurrency` the worst workload's
+    at each concurrency, so that a gate `facts.speedup.min >= 1.0` holds only where no workload loses. One
+    workload: these are its own."""
+
+    by_workload: dict[str, SliceSpeedup] = {}
 
 
 class Document(DataModel):
@@ -182,6 +210,7 @@ class BenchmarkFacts(DataModel):
     base_url: str
     input_len: int
     output_len: int
+    workloads: list[WorkloadFacts] = []  # as they ran (none: from before workloads, random ids)
     concurrencies: list[int]  # as asked, in order
     repeats: int  # runs asked per concurrency
     spread_threshold: float  # relative MAD of output throughput above which a point is noisy (range: twice it)
@@ -216,6 +245,33 @@ def median(spread: Spread | None) -> float | None:
 
 
 def speedup(baseline: Side, candidate: Side) -> Speedup:
+    """The speedup of each workload both sides ran, and over all of them."""
+    keys = [key for key in candidate.slices() if key in baseline.slices()]
+    by_workload = {key: slice_speedup(baseline.sliced(key), candidate.sliced(key)) for key in keys}
+    if len(by_workload) == 1:  # one workload: the speedups are its own, as they were before workloads
+        return Speedup(**next(iter(by_workload.values())).model_dump(), by_workload=by_workload)
+    cells = {f"{key} at {c}": v for key, gain in by_workload.items() for c, v in gain.by_concurrency.items()}
+    worst: dict[str, float | None] = {}
+    for gain in by_workload.values():
+        for c, value in gain.by_concurrency.items():
+            before = worst.get(c, value)
+            worst[c] = None if value is None or before is None else min(value, before)
+    known = [v for v in cells.values() if v is not None]
+    unknown = {c: "; ".join(f"{k}: {g.unknown[c]}" for k, g in by_workload.items() if c in g.unknown) for c in worst}
+    unknown = {c: why for c, why in unknown.items() if why}
+    if not cells or len(known) < len(cells):
+        why = "; ".join(f"{k}: {g.unknown['min']}" for k, g in by_workload.items() if g.min is None)
+        why = why or f"no workload ran in both benchmarks ({baseline.slices()}, {candidate.slices()})"
+        unknown |= dict.fromkeys(("min", "max", "mean"), why)
+        return Speedup(by_concurrency=worst, min=None, max=None, mean=None, unknown=unknown, by_workload=by_workload)
+    mean = sum(known) / len(known)
+    return Speedup(
+        by_concurrency=worst, min=min(known), max=max(known), mean=mean, unknown=unknown, by_workload=by_workload
+    )
+
+
+def slice_speedup(baseline: Side, candidate: Side) -> SliceSpeedup:
+    """The speedups of two sides of one slice (one point per concurrency)."""
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
     values: dict[str, float | None] = {}
     unknown: dict[str, str] = {}
@@ -234,11 +290,11 @@ def speedup(baseline: Side, candidate: Side) -> Speedup:
     elif len(known) < len(values):
         why = f"the speedup is unknown at concurrency {', '.join(k for k, v in values.items() if v is None)}"
     else:
-        return Speedup(
+        return SliceSpeedup(
             by_concurrency=values, min=min(known), max=max(known), mean=sum(known) / len(known), unknown=unknown
         )
     unknown |= dict.fromkeys(("min", "max", "mean"), why)
-    return Speedup(by_concurrency=values, min=None, max=None, mean=None, unknown=unknown)
+    return SliceSpeedup(by_concurrency=values, min=None, max=None, mean=None, unknown=unknown)
 
 
 def _fmt(digits: int, suffix: str = "") -> Callable[[float | None], str]:
@@ -446,7 +502,7 @@ def _commands_table(p: Provenance) -> Table:
     return Table(title="Provenance: commands", columns=["side", "what", "command"], rows=commands)
 
 
-def throughput_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
+def throughput_table(baseline: Side, candidate: Side, gain: SliceSpeedup, of: str = "") -> Table:
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
     b, c = baseline.label, candidate.label
     columns = ["concurrency", f"{b} output tok/s", f"{c} output tok/s", "speedup"]
@@ -466,10 +522,10 @@ def throughput_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
         ]
         for k in common_concurrencies(baseline, candidate)
     ]
-    return Table(title="Output throughput per concurrency", columns=columns, rows=rows)
+    return Table(title=f"Output throughput per concurrency{of}", columns=columns, rows=rows)
 
 
-def latency_table(baseline: Side, candidate: Side) -> Table:
+def latency_table(baseline: Side, candidate: Side, of: str = "") -> Table:
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
     columns = ["concurrency", "deployment", "TTFT median", "TTFT p99", "TPOT median", "TPOT p99"]
     columns += ["ITL median", "E2E median", "accept length"]
@@ -479,7 +535,42 @@ def latency_table(baseline: Side, candidate: Side) -> Table:
             latencies = [point.median_ttft_ms, point.p99_ttft_ms, point.median_tpot_ms, point.p99_tpot_ms]
             latencies += [point.median_itl_ms, point.median_e2e_latency_ms]
             rows.append([str(k), side.label, *(ms(median(v)) for v in latencies), plain(median(point.accept_length))])
-    return Table(title="Latency per concurrency (ms)", columns=columns, rows=rows)
+    return Table(title=f"Latency per concurrency (ms){of}", columns=columns, rows=rows)
+
+
+def workload_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
+    """Speedup and acceptance per workload and SPEED-Bench category, at each concurrency: a drafter can win on
+    chat and lose on code, which one number over all of them hides."""
+    columns = ["workload", "category", "dataset", "chat template", "concurrency"]
+    columns += [f"{baseline.label} output tok/s", f"{candidate.label} output tok/s", "speedup"]
+    columns += [f"{candidate.label} accept length"]
+    rows = []
+    for key, part in gain.by_workload.items():
+        base, cand = _by_concurrency(baseline.sliced(key)), _by_concurrency(candidate.sliced(key))
+        workload, _, category = key.partition("/")
+        facts = candidate.workload(key)
+        shown = [workload, category or "all", or_na(facts and facts.dataset), or_na(facts and facts.template_shown())]
+        for c, value in part.by_concurrency.items():
+            b, k = base[int(c)], cand[int(c)]
+            rows.append(
+                [*shown, c, throughput_cell(b), throughput_cell(k), times(value), plain(median(k.accept_length))]
+            )
+    return Table(title="Speedup and acceptance per workload", columns=columns, rows=rows)
+
+
+def workload_notes(candidate: Side) -> list[str]:
+    """What each workload's prompts are: dataset, file, chat template."""
+    notes = []
+    for w in candidate.workloads:
+        source = (
+            f"random token ids of {candidate.input_len} input tokens" if w.path is None else f"{w.dataset} {w.path}"
+        )
+        per = f", one run per category ({', '.join(w.categories)})" if w.categories else ""
+        notes.append(
+            f"workload {w.label}: {source}{per}, {candidate.output_len} output tokens, chat template "
+            f"{w.template_shown()}."
+        )
+    return notes
 
 
 def spread_notes(baseline: Side, candidate: Side) -> list[str]:
@@ -492,13 +583,17 @@ def spread_notes(baseline: Side, candidate: Side) -> list[str]:
         f"rel MAD = median absolute deviation / median of the runs' output throughput;{NOISY} marks one above "
         "the benchmark step's spread_threshold, or whose min-max range exceeds twice it."
     )
-    for c in common_concurrencies(baseline, candidate):
-        seeds = [[run.seed for run in side.runs if run.max_concurrency == c] for side in (baseline, candidate)]
-        if seeds[0] != seeds[1]:
-            notes.append(
-                f"concurrency {c}: {baseline.label} ran seeds {seeds[0]}, {candidate.label} {seeds[1]}: "
-                "not the same prompts (give both steps the same concurrencies, repeats and seed)."
-            )
+    keys = [key for key in candidate.slices() if key in baseline.slices()]
+    for key in keys:
+        base, cand = baseline.sliced(key), candidate.sliced(key)
+        where = "" if len(keys) == 1 else f"{key}, "
+        for c in common_concurrencies(base, cand):
+            seeds = [[run.seed for run in side.runs if run.max_concurrency == c] for side in (base, cand)]
+            if seeds[0] != seeds[1]:
+                notes.append(
+                    f"{where}concurrency {c}: {baseline.label} ran seeds {seeds[0]}, {candidate.label} {seeds[1]}: "
+                    "not the same prompts (give both steps the same concurrencies, repeats and seed)."
+                )
     return notes
 
 
@@ -507,23 +602,32 @@ def build_report(
 ) -> Report:
     """The report of `candidate` against `baseline` (and the acceptance eval, when given), with its provenance."""
     gain = speedup(baseline, candidate)
+    legacy = [w.label for w in candidate.workloads] == [DEFAULT.label]
     notes = [
         f"{candidate.label} (step {candidate.step}) against {baseline.label} (step {baseline.step}), "
-        f"random-ids prompts of {candidate.input_len} input and {candidate.output_len} output tokens.",
+        + (
+            f"random-ids prompts of {candidate.input_len} input and {candidate.output_len} output tokens."
+            if legacy
+            else f"{len(candidate.workloads)} workload(s), each compared on its own:"
+        ),
+        *([] if legacy else workload_notes(candidate)),
         f"speedup = {candidate.label} median output throughput / {baseline.label} median output throughput at the "
         "same concurrency.",
         *spread_notes(baseline, candidate),
         f"generated at {provenance.generated_at}; what the numbers are of is in the provenance tables"
         + (f", and {len(provenance.unknown)} thing(s) it does not know." if provenance.unknown else "."),
     ]
+    keys = list(gain.by_workload)
     for side, other in ((baseline, candidate), (candidate, baseline)):
-        only = sorted(set(_by_concurrency(side)) - set(_by_concurrency(other)))
+        only = {
+            c for key in keys for c in set(_by_concurrency(side.sliced(key))) - set(_by_concurrency(other.sliced(key)))
+        }
         if only:
-            notes.append(f"concurrency {', '.join(map(str, only))} ran only for {side.label}: not compared.")
+            notes.append(f"concurrency {', '.join(map(str, sorted(only)))} ran only for {side.label}: not compared.")
     tables = []
     if acceptance:
         notes.append(acceptance_note(acceptance))
-        if any(point.accept_length is not None for point in candidate.points):
+        if legacy and any(point.accept_length is not None for point in candidate.points):
             notes.append(
                 f"the latency table's accept length is of {candidate.label}'s benchmark prompts (random token ids, "
                 "no chat template), which a drafter guesses worse than text: the acceptance table's numbers are "
@@ -533,10 +637,19 @@ def build_report(
         if acceptance.lossless is not None:
             tables.append(lossless_table(acceptance.lossless, baseline.label, candidate.label))
         tables.append(speculation_table(acceptance))
-    tables += [throughput_table(baseline, candidate, gain), latency_table(baseline, candidate)]
+    if not legacy:
+        tables.append(workload_table(baseline, candidate, gain))
+    for key, part in (gain.by_workload or {"": gain}).items():  # none in common: the empty tables say so
+        of = "" if legacy or not key else f": {key}"
+        base, cand = (baseline.sliced(key), candidate.sliced(key)) if key else (baseline, candidate)
+        tables += [throughput_table(base, cand, part, of), latency_table(base, cand, of)]
     tables += provenance_tables(provenance)
     gpus = {d.side: d.gpus for d in provenance.deployments}
-    notes += pareto_notes(baseline, candidate, gpus)
+    first = keys[:1]
+    if first and not legacy:
+        notes.append(f"pareto.png is of the first workload, {first[0]}; the tables have every workload.")
+    pareto_sides = (baseline.sliced(first[0]), candidate.sliced(first[0])) if first else (baseline, candidate)
+    notes += pareto_notes(*pareto_sides, gpus)
     figures = [
         Figure(title="Output throughput and speedup against concurrency", path=FIGURE_PNG),
         Figure(title="Output tokens/s per GPU against tokens/s per user (Pareto view)", path=PARETO_PNG),
@@ -550,7 +663,7 @@ def build_report(
         candidate=candidate,
         acceptance=acceptance,
         speedup=gain,
-        pareto={side.label: pareto_points(side, gpus.get(side.label)) for side in (baseline, candidate)},
+        pareto={side.label: pareto_points(side, gpus.get(side.label)) for side in pareto_sides},
     )
     return Report(
         title=f"Benchmark: {candidate.label} vs {baseline.label}",

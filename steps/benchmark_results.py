@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from executor.runbook.model import DataModel
+from steps.benchmark_workloads import RANDOM_IDS, slice_key
 
 #: Printed by the step's script before the JSONL file's content; what follows it is the file.
 JSONL_MARKER = "==> runbook: the JSONL of sglang.bench_serving follows <=="
@@ -64,6 +65,10 @@ NO_ACCEPT_LENGTH = (
 class RunInfo(DataModel):
     """What one run was asked and when it ran, as the controller saw it (provenance of its numbers)."""
 
+    # the label of its workload (steps/benchmark_workloads.py) and SPEED-Bench category (None: the whole
+    # workload); the defaults are a run's from before workloads: random ids
+    workload: str = RANDOM_IDS
+    category: str | None = None
     max_concurrency: int
     num_prompts: int
     repeat: int  # 1-based, within its concurrency
@@ -218,8 +223,10 @@ class Spread(DataModel):
 
 
 class BenchPoint(DataModel):
-    """One concurrency: the spread of each metric over the runs that completed."""
+    """One concurrency of one workload (and category): the spread of each metric over the runs that completed."""
 
+    workload: str = RANDOM_IDS
+    category: str | None = None
     max_concurrency: int
     repeats: int  # runs that completed
     output_throughput: Spread | None
@@ -250,13 +257,21 @@ def point(runs: Sequence[BenchRun], spread_threshold: float) -> BenchPoint:
             spreads[metric] = Spread.of(values)
     throughput = spreads["output_throughput"]
     noisy = throughput is not None and throughput.noisy(spread_threshold)
-    concurrency = runs[0].max_concurrency
-    return BenchPoint(max_concurrency=concurrency, repeats=len(runs), noisy=noisy, unknown=unknown, **spreads)
+    first = runs[0]
+    return BenchPoint(
+        workload=first.workload,
+        category=first.category,
+        max_concurrency=first.max_concurrency,
+        repeats=len(runs),
+        noisy=noisy,
+        unknown=unknown,
+        **spreads,
+    )
 
 
 def points(runs: Sequence[BenchRun], spread_threshold: float) -> list[BenchPoint]:
-    """One point per concurrency, in the order the concurrencies first ran."""
-    by_concurrency: dict[int, list[BenchRun]] = {}
+    """One point per workload (and category) and concurrency, in the order they first ran."""
+    by_concurrency: dict[tuple[str, int], list[BenchRun]] = {}
     for run in runs:
-        by_concurrency.setdefault(run.max_concurrency, []).append(run)
+        by_concurrency.setdefault((slice_key(run.workload, run.category), run.max_concurrency), []).append(run)
     return [point(group, spread_threshold) for group in by_concurrency.values()]

@@ -42,6 +42,7 @@ PROVENANCE_KINDS = ("probe", "download", "verify", "deploy")
 class ComparisonFacts(DataModel):
     gpus: str
     hosts: list[str]
+    workload: str = "random-ids"  # its label (and SPEED-Bench category: `speed/mixed`)
     input_len: int
     output_len: int
     best: dict[str, str]  # concurrency -> the best configuration's name, or the cheapest of a tie (see `tied`)
@@ -202,6 +203,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
         ComparisonFacts(
             gpus=c.gpus,
             hosts=c.hosts,
+            workload=c.workload,
             input_len=c.input_len,
             output_len=c.output_len,
             best={str(b.concurrency): b.best for b in c.best},

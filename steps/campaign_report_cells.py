@@ -35,6 +35,8 @@ from executor.runbook.campaign import AxisValue, cell_text
 from executor.runbook.model import DataModel
 from executor.stepkind import StepView, shape_errors
 from steps.benchmark_report import Acceptance, BenchmarkFacts, Side, Speedup, speedup, tok_s
+from steps.benchmark_results import BenchPoint
+from steps.benchmark_workloads import DEFAULT, RANDOM_IDS
 from steps.campaign_parity import launch_difference
 from steps.provenance import gpus_of
 from steps.server.documents import DeployFacts
@@ -82,6 +84,10 @@ class CellReport(DataModel):
     status: Status
     reason: str | None  # why it failed or was skipped: `INSTANCE: message`
     benchmark: str  # the benchmark step (instance)
+    # the workload (and SPEED-Bench category) of its points: a benchmark of several gives a report for each,
+    # compared on its own (a drafter can win on chat and lose on code)
+    workload: str = RANDOM_IDS
+    dataset: str = "random-ids"
     input_len: int | None
     output_len: int | None
     launch: Launch
@@ -186,14 +192,45 @@ def _side(view: StepView, facts: BenchmarkFacts) -> Side:
         label=view.step,
         input_len=facts.input_len,
         output_len=facts.output_len,
+        workloads=facts.workloads or [DEFAULT.resolved(False)],  # facts from before workloads: random ids
         runs=facts.runs,
         points=facts.points,
     )
 
 
-def _points(facts: BenchmarkFacts | None, gain: Speedup | None) -> list[CellPoint]:
-    if facts is None:
-        return []
+def per_workload(cell: CellReport, view: StepView, facts: BenchmarkFacts | None) -> list[CellReport]:
+    """The cell's report split by the workloads (and SPEED-Bench categories) its benchmark ran, each with its
+    points and its speedup over the baseline's same workload; named `NAME (speed/mixed)` where the benchmark
+    ran other than random ids alone."""
+    if facts is None or not facts.points:
+        return [cell]
+    side = _side(view, facts)
+    keys = side.slices()
+    reports = []
+    for key in keys:
+        part = cell.speedup.by_workload.get(key) if cell.speedup else None
+        gain = None if part is None else Speedup(**part.model_dump(), by_workload={key: part})
+        unknown = cell.speedup_unknown
+        if cell.speedup is not None and gain is None:
+            unknown = f"the baseline ran no workload {key}"
+        workload = side.workload(key)
+        name = cell.name if keys == [RANDOM_IDS] else f"{cell.name} ({key})"
+        reports.append(
+            cell.model_copy(
+                update={
+                    "name": name,
+                    "workload": key,
+                    "dataset": workload.dataset if workload else "random-ids",
+                    "points": _points(side.sliced(key).points, gain),
+                    "speedup": gain,
+                    "speedup_unknown": unknown,
+                }
+            )
+        )
+    return reports
+
+
+def _points(points: Sequence[BenchPoint], gain: Speedup | None) -> list[CellPoint]:
     by = gain.by_concurrency if gain else {}
     return [
         CellPoint(
@@ -205,7 +242,7 @@ def _points(facts: BenchmarkFacts | None, gain: Speedup | None) -> list[CellPoin
             noisy=p.noisy,
             speedup=by.get(str(p.max_concurrency)),
         )
-        for p in facts.points
+        for p in points
     ]
 
 
@@ -251,24 +288,23 @@ def collect(views: Sequence[StepView], baseline: str, may_differ: Sequence[str] 
         unlike = _unlike(base_launch, launch, may_differ) if is_cell and gain is not None else None
         gain, unknown = (None, unlike) if unlike else (gain, unknown)
         name = f"{view.group}[{cell_text(view.cell)}]" if is_cell else view.step
-        reports.append(
-            CellReport(
-                name=name + (f"@{view.host}" if several else ""),
-                group=view.group if is_cell else None,
-                host=view.host,
-                values=dict(view.cell),
-                status=status,
-                reason=reason,
-                benchmark=view.step,
-                input_len=facts.input_len if facts else None,
-                output_len=facts.output_len if facts else None,
-                launch=launch,
-                acceptance=[a for a in (_acceptance(m) for m in mates if m.kind == "eval_acceptance") if a is not None],
-                points=_points(facts, gain),
-                speedup=gain,
-                speedup_unknown=unknown,
-            )
+        cell = CellReport(
+            name=name + (f"@{view.host}" if several else ""),
+            group=view.group if is_cell else None,
+            host=view.host,
+            values=dict(view.cell),
+            status=status,
+            reason=reason,
+            benchmark=view.step,
+            input_len=facts.input_len if facts else None,
+            output_len=facts.output_len if facts else None,
+            launch=launch,
+            acceptance=[a for a in (_acceptance(m) for m in mates if m.kind == "eval_acceptance") if a is not None],
+            points=[],
+            speedup=gain,
+            speedup_unknown=unknown,
         )
+        reports += per_workload(cell, view, facts)
     return reports
 
 
@@ -345,12 +381,21 @@ class Comparison(DataModel):
 
     gpus: str  # "8x NVIDIA H200", or "any" when told to compare across GPU kinds
     hosts: list[str]
+    workload: str = RANDOM_IDS  # its label (and SPEED-Bench category: `speed/mixed`)
+    dataset: str = "random-ids"
     input_len: int
     output_len: int
     cells: list[str]  # the names of the passed cells (baselines included) compared
     best: list[Best]
     crossover: Crossover
     recommended: list[Recommendation]
+
+    @property
+    def shown_workload(self) -> str:
+        """`random-ids, 1024 in / 512 out`, or `speed/mixed, 512 out` (a dataset's prompts are of any length)."""
+        if self.dataset == "random-ids":
+            return f"{self.workload}, {self.input_len} in / {self.output_len} out"
+        return f"{self.workload}, {self.output_len} out"
 
 
 def choose(cells: Sequence[CellReport], concurrency: int, tolerance: float) -> Best | None:
@@ -461,14 +506,14 @@ def compare(
 ) -> list[Comparison]:
     """One comparison per GPU kind (hosts grouped by `gpu_kinds`: host -> kind) and workload, of the passed
     cells with points (none where only the baseline passed); every kind together when `across_gpus`."""
-    keyed: dict[tuple[str, int, int], list[CellReport]] = {}
+    keyed: dict[tuple[str, str, str, int, int], list[CellReport]] = {}
     for c in cells:
         if c.status != "passed" or not c.points or c.input_len is None or c.output_len is None:
             continue
         kind = "any" if across_gpus else gpu_kinds.get(c.host, "unknown")
-        keyed.setdefault((kind, c.input_len, c.output_len), []).append(c)
+        keyed.setdefault((kind, c.workload, c.dataset, c.input_len, c.output_len), []).append(c)
     comparisons = []
-    for (kind, input_len, output_len), members in keyed.items():
+    for (kind, workload, dataset, input_len, output_len), members in keyed.items():
         if all(c.baseline for c in members):  # no cell of the campaign passed there: nothing to choose from
             continue
         concurrencies = sorted({p.concurrency for c in members for p in c.points})
@@ -477,6 +522,8 @@ def compare(
             Comparison(
                 gpus=kind,
                 hosts=list(dict.fromkeys(c.host for c in members)),
+                workload=workload,
+                dataset=dataset,
                 input_len=input_len,
                 output_len=output_len,
                 cells=[c.name for c in members],

@@ -75,7 +75,7 @@ def _concurrencies(values: Sequence[int]) -> str:
 
 
 def _workload(c: Comparison) -> str:
-    return f"{c.input_len} in / {c.output_len} out"
+    return c.shown_workload
 
 
 def _three(three: tuple[float, float, float] | None) -> str:

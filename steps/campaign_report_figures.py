@@ -199,7 +199,7 @@ def pareto_figure(cells: Sequence[CellReport], comparisons: Sequence[Comparison]
             said = f"c={p.concurrency}" + (" tie" if tied[(p.cell, p.concurrency)] else "")
             axes.annotate(said, (p.per_user, p.per_gpu), textcoords="offset points", xytext=(6, 6))
         axes.set(
-            title=f"{comparison.gpus}, {comparison.input_len} in / {comparison.output_len} out",
+            title=f"{comparison.gpus}, {comparison.shown_workload}",
             xlabel="tokens/s per user (1000 / median TPOT ms)",
             ylabel="output tokens/s per GPU",
         )

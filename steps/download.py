@@ -59,12 +59,15 @@ if TYPE_CHECKING:
     from executor.transport.base import CommandResult
 
 Method = Literal["hf_cli", "snapshot_download", "http"]
+RepoType = Literal["model", "dataset"]  # huggingface_hub's repo_type: a dataset is fetched the same way
+Xet = Literal["auto", "off"]
 PROGRESS_EVERY_S = 2
 #: The checks list files and stat them; they get this long whatever the step's own timeout.
 CHECK_TIMEOUT_S = 120.0
 #: How much of an error line a method's `ended` keeps: `failure` names every method in one line, which a
 #: failed gate shows up to 200 characters.
 GIST_CHARS = 40
+ERROR_PREFIX = "Error: "  # how the `hf` CLI starts the line of its error (huggingface_hub cli/_output.py `error`)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20}
 _UNITS |= {"GIB": 2**30, "TIB": 2**40}
@@ -133,7 +136,9 @@ class DiskCheck(DataModel):
 
 class DownloadFacts(DataModel):
     repo: str
+    repo_type: RepoType = "model"
     revision: str
+    xet: Xet = "auto"  # the step's choice: off exported HF_HUB_DISABLE_XET=1 to every method
     commit: str | None  # what the revision pointed at; None when the Hub did not say (hub_error)
     local_dir: str  # as the host expanded it
     complete: bool
@@ -169,8 +174,12 @@ class DownloadStep(StepSpec):
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId  # the Hub repo, `org/name`
+    repo_type: RepoType = "model"  # `dataset`: a dataset repository (huggingface_hub's repo_type)
     revision: AsWritten = Field(default="main", min_length=1)  # a branch, tag or commit (pinned at the start)
     local_dir: str  # on the host; `~` and `$vars` expand there
+    #: `off`: every method runs with HF_HUB_DISABLE_XET=1 (the Hub client's plain HTTP path, the one whose resume
+    #: and stall timeout are tested); `auto`: the client takes Xet (hf-xet) where the repo and the host have it
+    xet: Xet = "off"
     include: Patterns = []  # only the files matching these patterns (huggingface_hub allow_patterns)
     exclude: Patterns = []  # none of the files matching these (huggingface_hub ignore_patterns)
     #: tried in order until the files are all there at the Hub's sizes: `hf download`, snapshot_download, plain HTTP
@@ -197,6 +206,10 @@ class DownloadStep(StepSpec):
             raise ValueError(f"each method may appear once, got {value}")
         return value
 
+    def fetches(self) -> list[str]:
+        """The repository, for the probe to ask the Hub about before any download begins (steps/probe.py)."""
+        return [f"hf://{'datasets/' if self.repo_type == 'dataset' else ''}{self.repo}@{self.revision}"]
+
     def default_gates(self) -> list[Gate]:
         return [
             Gate(that="facts.hub_error is none", message="the Hub did not let the host read the repo's files"),
@@ -212,8 +225,9 @@ class DownloadStep(StepSpec):
 
     def _host_program(self, command: str, known: Any = None) -> str:
         """The host program doing `command`; `known` is the precheck's file list (after the precheck)."""
-        config: dict[str, Any] = {"command": command, "local_dir": self.local_dir}
-        config |= {"repo": self.repo, "revision": self.revision, "include": self.include, "exclude": self.exclude}
+        config: dict[str, Any] = {"command": command, "local_dir": self.local_dir, "repo": self.repo}
+        config |= {"repo_type": self.repo_type, "revision": self.revision}
+        config |= {"include": self.include, "exclude": self.exclude}
         return host_program("download", config if known is None else config | {"known": known}, self.python)
 
     def precheck_script(self) -> str:
@@ -226,7 +240,8 @@ class DownloadStep(StepSpec):
 
     def _hf_cli_words(self, commit: str | RunTime) -> str:
         """`hf download`'s arguments but the local dir."""
-        words = [self.repo, "--revision", str(commit)]
+        words = [self.repo, *(["--repo-type", self.repo_type] if self.repo_type != "model" else []), "--revision"]
+        words.append(str(commit))
         words += [w for p in self.include for w in ("--include", p)]
         words += [w for p in self.exclude for w in ("--exclude", p)]
         return shlex.join(words)
@@ -234,9 +249,10 @@ class DownloadStep(StepSpec):
     def _snapshot_call(self, commit: str | RunTime, local_dir: str, quote: Callable[[Any], str] = repr) -> str:
         """The snapshot_download call, `local_dir` a Python expression, the other values literals (`quote`)."""
         patterns = [quote(p) if p else "None" for p in (self.include, self.exclude)]
+        kind = f"repo_type={quote(self.repo_type)}, " if self.repo_type != "model" else ""
         return (
-            f"snapshot_download(repo_id={quote(self.repo)}, revision={quote(str(commit))}, local_dir={local_dir}, "
-            f"allow_patterns={patterns[0]}, ignore_patterns={patterns[1]})"
+            f"snapshot_download(repo_id={quote(self.repo)}, {kind}revision={quote(str(commit))}, "
+            f"local_dir={local_dir}, allow_patterns={patterns[0]}, ignore_patterns={patterns[1]})"
         )
 
     def method_command(self, method: Method, commit: str | RunTime, known: Any) -> str:
@@ -255,7 +271,8 @@ class DownloadStep(StepSpec):
         position = f"{self.methods.index(method) + 1} of {len(self.methods)}"
         return (
             f"# download method {position}: {method}\n"
-            "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1\n"
+            "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1"
+            + (" HF_HUB_DISABLE_XET=1  # xet: off\n" if self.xet == "off" else "\n")
             + self._local_dir()
             + 'mkdir -p -- "$local_dir" || exit 1\n'
             "report_size() {\n"
@@ -275,10 +292,13 @@ class DownloadStep(StepSpec):
         return [*steps, ("after each method", self.check_script(known))]
 
     def summary(self, ctx: RenderContext) -> list[str]:
+        what = f"the dataset {self.repo}" if self.repo_type == "dataset" else self.repo
+        xet = "xet: off (HF_HUB_DISABLE_XET=1)" if self.xet == "off" else "xet: auto (hf-xet where the repo has Xet)"
         return [
-            f"download {self.repo}@{self.revision} into {with_vars(self.local_dir, ctx.vars)}: a precheck (file list, "
+            f"download {what}@{self.revision} into {with_vars(self.local_dir, ctx.vars)}: a precheck (file list, "
             "disk), then each method in turn until complete:",
             "methods: " + ", then ".join(f"{n}. {METHOD_SHOWN[m]}" for n, m in enumerate(self.methods, start=1)),
+            xet,
         ]
 
     def commands(self, ctx: RenderContext) -> list[str]:
@@ -310,7 +330,9 @@ class DownloadStep(StepSpec):
         disk = self.disk_check(pre)
         facts = DownloadFacts(
             repo=self.repo,
+            repo_type=self.repo_type,
             revision=self.revision,
+            xet=self.xet,
             commit=pre.get("commit"),
             local_dir=pre["local_dir"],
             complete=False,
@@ -339,7 +361,8 @@ class DownloadStep(StepSpec):
             ctx.progress(f"{self.repo}: already complete ({facts.files} files, {human_bytes(facts.bytes)})")
             return Outcome(result, self._finish(facts, started, 0.0))
         commit = pre["commit"]
-        known = {"repo": self.repo, "commit": commit, "gated": pre["gated"], "manifest": pre["manifest"]}
+        known = {"repo": self.repo, "repo_type": self.repo_type, "commit": commit, "gated": pre["gated"]}
+        known["manifest"] = pre["manifest"]
         method_s, state = 0.0, pre
         for method in self.methods:
             # what is on disk now counts as done; partial files only for the method that continues them
@@ -419,13 +442,20 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _said(text: str) -> list[str]:
+    """The lines of an output stream without colours, blanks and progress lines."""
+    lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+    return [line for line in lines if line and not line.startswith(PROGRESS_PREFIX.decode())]
+
+
 def last_line(result: CommandResult) -> str:
-    """The last line a command printed to stderr (else stdout) that is not progress: usually the error."""
+    """The line a failed command's error is on: on stderr (else stdout), its last `Error: ...` line, else its last
+    line (a traceback's exception, a shell's complaint). The `hf` CLI of huggingface_hub (1.x as of 1.33, and 2.x:
+    cli/hf.py `main`) prints `Error: MESSAGE` (a message may go on over more lines) and then, last, `Hint: set
+    HF_DEBUG=1 as environment variable for full traceback.`: the last line is the hint, never the error."""
     for text in (result.stderr_text, result.stdout_text):
-        lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
-        lines = [line for line in lines if line and not line.startswith(PROGRESS_PREFIX.decode())]
-        if lines:
-            return lines[-1]
+        if lines := _said(text):
+            return next((line for line in reversed(lines) if line.startswith(ERROR_PREFIX)), lines[-1])
     return ""
 
 
@@ -438,8 +468,8 @@ def gist(line: str) -> str:
     the last `: ` (bash: `.../script: line 3: /x/hf: No such file or directory`)."""
     if match := re.match(r"^(?:[\w]+\.)*(\w+(?:Error|Exception|Exit|Interrupt))\b", line):
         return match.group(1)
-    if line.startswith("Error: "):
-        return _clip(line.removeprefix("Error: "), GIST_CHARS)
+    if line.startswith(ERROR_PREFIX):
+        return _clip(line.removeprefix(ERROR_PREFIX), GIST_CHARS)
     return _clip(line.rsplit(": ", 1)[-1], GIST_CHARS)
 
 

@@ -40,29 +40,46 @@ class ProbeStep(StepSpec):
     python: str = "python3"  # the interpreter of the SGLang environment, e.g. /root/venv_sglang/bin/python
     #: distributions whose versions are read from `python`
     packages: list[str] = ["sglang", "sgl-kernel", "flashinfer-python", "torch", "transformers", "huggingface_hub"]
-    hub_repos: list[str] = []  # `org/name` or `org/name@revision`: files and bytes asked from the Hub
+    #: `org/name`, `org/name@revision` or `datasets/org/name[@revision]`: files, bytes and access asked from the Hub,
+    #: besides every repository the runbook's steps on this host download (`hub_repos_of`)
+    hub_repos: list[str] = []
     gpu_timeout: Duration = 30.0  # for nvidia-smi: past it, the GPU facts are unknown, with the reason
     python_timeout: Duration = 60.0  # for reading the interpreter's packages and SGLang's features
     hub_timeout: Duration = 120.0  # for the Hub's answers (token, hub_repos)
 
-    def config(self) -> dict[str, object]:
+    def hub_repos_of(self, ctx: RenderContext) -> list[str]:
+        """The repositories asked from the Hub: `hub_repos` as written, then each one the runbook's steps on this
+        host declare they fetch (`ctx.fetches()`: the downloads, a campaign's drafters and datasets included) that
+        `hub_repos` does not name already, so that a gated one fails here, before any download begins."""
+        repos = list(self.hub_repos)
+        seen = {_canonical(repo) for repo in repos}
+        for address in ctx.fetches():
+            if address.startswith(HUB_SCHEME) and (key := _canonical(address.removeprefix(HUB_SCHEME))) not in seen:
+                seen.add(key)
+                kind, name, revision = key
+                prefix = DATASETS_PREFIX if kind == "dataset" else ""
+                repos.append(prefix + name + ("" if revision == "main" else f"@{revision}"))
+        return repos
+
+    def config(self, ctx: RenderContext) -> dict[str, object]:
         """What the host program is told, as its config."""
         return {
             "models_dir": self.models_dir,
             "paths": list(dict.fromkeys([self.models_dir, *self.paths])),
             "python": self.python,
             "packages": self.packages,
-            "hub_repos": self.hub_repos,
+            "hub_repos": self.hub_repos_of(ctx),
             "gpu_timeout": self.gpu_timeout,
             "python_timeout": self.python_timeout,
             "hub_timeout": self.hub_timeout,
         }
 
     def render(self, ctx: RenderContext) -> str:
-        return host_program("probe", self.config(), "python3")  # the host's own: `python` may be missing
+        return host_program("probe", self.config(ctx), "python3")  # the host's own: `python` may be missing
 
     def summary(self, ctx: RenderContext) -> list[str]:
-        repos = f", the Hub's files of {', '.join(self.hub_repos)}" if self.hub_repos else ""
+        hub_repos = self.hub_repos_of(ctx)
+        repos = f", the Hub's files and access of {', '.join(hub_repos)}" if hub_repos else ""
         disks = ", ".join(with_vars(path, ctx.vars) for path in [self.models_dir, *self.paths])
         return [
             f"one round trip: GPUs, disks of {disks}, "
@@ -87,6 +104,18 @@ class ProbeStep(StepSpec):
         reasons = fact_reasons(facts, path) or (fact_reasons(facts, source) if source != path else [])
         hints = UnknownHints(self, facts, host)
         return [UnknownFact(reason, *hints.of(at or source)) for reason, at in reasons]
+
+
+#: How a step declares a Hub repository it fetches (`StepSpec.fetches`): huggingface_hub's HfFileSystem form.
+HUB_SCHEME = "hf://"
+DATASETS_PREFIX = "datasets/"
+
+
+def _canonical(repo: str) -> tuple[str, str, str]:
+    """(repo type, `org/name`, revision) of a `[datasets/]org/name[@revision]`: `org/name` is `org/name@main`."""
+    name, _, revision = repo.partition("@")
+    kind = "dataset" if name.startswith(DATASETS_PREFIX) else "model"
+    return kind, name.removeprefix(DATASETS_PREFIX), revision or "main"
 
 
 def _derived_from(facts: Any, path: tuple[Any, ...]) -> tuple[Any, ...] | None:

@@ -173,10 +173,12 @@ class SglangFacts(Facts):
 
 class HubRepoFacts(Facts):
     repo: str
+    repo_type: str = "model"  # or "dataset"
     revision: str
     sha: str | None
     files: int | None
     bytes: int | None
+    readable: bool | None = None  # the token at hand may read its files (a gated repo's list is public); None: unknown
     unknown_reason: str | None
 
 

@@ -79,6 +79,8 @@ class GpuProvenance(DataModel):
 
 
 class RunProvenance(DataModel):
+    workload: str | None = None  # the run's workload label (None: a report from before workloads, random ids)
+    category: str | None = None  # its SPEED-Bench category (None: the whole workload)
     concurrency: int
     repeat: int
     seed: int
@@ -377,6 +379,8 @@ def benchmarks(sides: Sequence[Measured]) -> list[BenchmarkProvenance]:
             step=side.step,
             runs=[
                 RunProvenance(
+                    workload=run.workload,
+                    category=run.category,
                     concurrency=run.max_concurrency,
                     repeat=run.repeat,
                     seed=run.seed,

@@ -4,9 +4,9 @@ without our code (README "Results others can use").
 - the benchmark's: `sglang.bench_serving --output-details` (SGLang 0.5.23, benchmark/serving.py `result_details`)
   adds to its JSONL line one list per field, one item per request in the order sent: `input_lens`,
   `output_lens`, `ttfts` (s), `itls` (s, one per streamed chunk after the first), `generated_texts`, `errors`.
-  `bench_records` turns them into one object per request, with the run's step, label, workload,
-  concurrency, repeat and seed, times in ms, and the generated text cut to TEXT_MAX_CHARS (random-ids prompts
-  make meaningless text; its length is kept whole). A run asks for the details only where they stay well
+  `bench_records` turns them into one object per request, with the run's step, label, workload (and
+  SPEED-Bench category), concurrency, repeat and seed, times in ms, and the generated text cut to TEXT_MAX_CHARS
+  (its length kept whole: a record stays small). A run asks for the details only where they stay well
   within what the controller keeps of a command's output (`asks_details`: DETAILS_MAX_TOKENS);
 - the acceptance eval's: its per-request facts (SGLang's `meta_info` as hostprograms/eval_acceptance.py
   reports it: prompt and completion tokens, spec_verify_ct, accept length, finish reason, error), without the
@@ -32,10 +32,6 @@ from executor.redact import Redactor
 
 #: The folder of a host's records, inside its folder of the run folder (`StepContext.output_dir`).
 FOLDER = "requests"
-#: The workload a run without one measured: the benchmark's only dataset until workloads are named.
-DEFAULT_WORKLOAD = "random-ids"
-#: ... and its category: token ids drawn at random, no text of any kind.
-DEFAULT_WORKLOAD_CATEGORY = "synthetic"
 #: A run asks bench_serving for per-request details only up to this many output tokens asked (prompts x
 #: output_len): its line then carries one inter-token latency (~20 bytes of JSON) and ~5 bytes of text per token,
 #: ~13 MB at most, well within the 32 MiB the controller keeps of a command's output (OUTPUT_KEEP_BYTES, which

@@ -8,9 +8,9 @@ tile the file exactly. Digests are cached on the host by (path, size, mtime_ns),
 an unchanged tree reads nothing. `repair: true` deletes the bad files, fetches them again at the
 manifest's commit and verifies once more; the facts list what was repaired.
 
-The manifest comes from `HfApi().model_info(..., files_metadata=True)` on the host, so
+The manifest comes from `HfApi().repo_info(..., files_metadata=True)` on the host, so
 HF_ENDPOINT and HF_TOKEN are the runbook's exported vars/secrets there, never part of the script.
-`repo`, `revision`, `local_dir`, `include` and `exclude` mean what they mean to the download step.
+`repo`, `repo_type`, `revision`, `local_dir`, `include` and `exclude` mean what they mean to the download step.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from executor.stepkind import (
     StepSpec,
     host_document,
 )
-from steps.download import Patterns, RepoId
+from steps.download import Patterns, RepoId, RepoType
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult, OutputSink
@@ -98,6 +98,7 @@ class VerifyStep(StepSpec):
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId  # the Hub repo, `org/name`
+    repo_type: RepoType = "model"  # `dataset`: a dataset repository (huggingface_hub's repo_type)
     revision: AsWritten = Field(default="main", min_length=1)  # a branch, tag or commit, checked against
     local_dir: str  # on the host; `~` and `$VARS` expand there
     include: Patterns = []  # huggingface_hub allow_patterns
@@ -107,13 +108,15 @@ class VerifyStep(StepSpec):
     repair: bool = False  # true: delete what differs, fetch it again at the same commit and verify once more
 
     def render(self, ctx: RenderContext) -> str:
-        config = self.model_dump(include={"repo", "revision", "local_dir", "include", "exclude", "workers", "repair"})
+        fields = {"repo", "repo_type", "revision", "local_dir", "include", "exclude", "workers", "repair"}
+        config = self.model_dump(include=fields)
         return host_program("verify", config, self.python)
 
     def summary(self, ctx: RenderContext) -> list[str]:
         repair = "; repair: refetch what differs" if self.repair else ""
+        what = f"the dataset {self.repo}" if self.repo_type == "dataset" else self.repo
         return [
-            f"check {self.repo}@{self.revision} in {with_vars(self.local_dir, ctx.vars)} against the Hub's manifest: "
+            f"check {what}@{self.revision} in {with_vars(self.local_dir, ctx.vars)} against the Hub's manifest: "
             f"sizes, safetensors headers, sha256{repair}"
         ]
 

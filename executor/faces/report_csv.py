@@ -30,10 +30,10 @@ from executor.errors import ResumeError
 from executor.terminal import shown
 from steps.benchmark_report import BenchmarkData, Report
 from steps.benchmark_results import BenchPoint, Spread
+from steps.benchmark_workloads import RANDOM_IDS, slice_key
 from steps.campaign_report_cells import CellPoint, CellReport
 from steps.campaign_report_document import CampaignReport
 from steps.provenance import DeploymentProvenance, Provenance, RepoProvenance, same_path
-from steps.request_records import DEFAULT_WORKLOAD, DEFAULT_WORKLOAD_CATEGORY
 
 #: The longest text a cell holds (a server's launch command fits); a longer one is cut, saying so.
 CELL_MAX_CHARS = 4096
@@ -94,13 +94,9 @@ def write(table: Table, stream: IO[str]) -> None:
 # ---- the rows ------------------------------------------------------------------------------------------
 
 
-def workload_of(point: Any) -> dict[str, Any]:
-    """The workload columns of a measured point (a BenchPoint, a CellPoint): its own label and category where it
-    names one, else the benchmark's single workload (random-ids)."""
-    return {
-        "workload": getattr(point, "workload", None) or DEFAULT_WORKLOAD,
-        "workload_category": getattr(point, "category", None) or DEFAULT_WORKLOAD_CATEGORY,
-    }
+def workload_of(workload: str, category: str | None) -> dict[str, Any]:
+    """The workload columns of a row: its workload's label and SPEED-Bench category (empty: the whole workload)."""
+    return {"workload": workload, "workload_category": category}
 
 
 def benchmark_rows(report: Report, run: str) -> list[dict[str, Any]]:
@@ -112,13 +108,18 @@ def benchmark_rows(report: Report, run: str) -> list[dict[str, Any]]:
         what |= {"status": "passed"}
         what |= {"input_len": side.input_len, "output_len": side.output_len}
         for point in side.points:
-            row = what | workload_of(point) | _point(point) | _speedup(data, role, point.max_concurrency)
-            rows.append(row | origin(report.provenance, side.label, point.max_concurrency))
+            slot = (point.workload, point.category, point.max_concurrency)
+            row = what | workload_of(point.workload, point.category) | _point(point) | _speedup(data, role, point)
+            rows.append(row | origin(report.provenance, side.label, *slot))
     return rows
 
 
-def _speedup(data: BenchmarkData, role: str, concurrency: int) -> dict[str, Any]:
-    return {"speedup": data.speedup.by_concurrency.get(str(concurrency))} if role == "candidate" else {}
+def _speedup(data: BenchmarkData, role: str, point: BenchPoint) -> dict[str, Any]:
+    """A candidate's speedup at the point's workload and concurrency (a report of one workload: its own)."""
+    if role != "candidate":
+        return {}
+    gain = data.speedup.by_workload.get(slice_key(point.workload, point.category)) or data.speedup
+    return {"speedup": gain.by_concurrency.get(str(point.max_concurrency))}
 
 
 def _median(spread: Spread | None) -> float | None:
@@ -153,13 +154,14 @@ def campaign_rows(report: CampaignReport, run: str) -> list[dict[str, Any]]:
         what: dict[str, Any] = {"report": "campaign", "run": run, "host": each.host, "cell": each.name}
         what |= {"role": "baseline" if each.group is None else "candidate", "group": each.group}
         what |= {"status": each.status, "reason": each.reason, "input_len": each.input_len}
-        what |= {"output_len": each.output_len}
+        what |= {"output_len": each.output_len, "dataset": each.dataset}
+        workload, _, category = each.workload.partition("/")  # `speed-bench/low_entropy`: steps/benchmark_workloads.py
         provenance = report.provenance.get(each.host)
         measured: list[CellPoint | None] = [*each.points] or [None]
         for point in measured:
-            concurrency = None if point is None else point.concurrency
-            row = what | workload_of(point) | _cell_point(point) | _launch(each)
-            rows.append(row | (origin(provenance, each.name, concurrency) if provenance else {}))
+            slot = (workload, category or None, None if point is None else point.concurrency)
+            row = what | workload_of(*slot[:2]) | _cell_point(point) | _launch(each)
+            rows.append(row | (origin(provenance, each.name, *slot) if provenance else {}))
     return rows
 
 
@@ -196,8 +198,11 @@ def _launch(each: CellReport) -> dict[str, Any]:
 # ---- what the numbers are of ---------------------------------------------------------------------------
 
 
-def origin(provenance: Provenance, side: str, concurrency: int | None) -> dict[str, Any]:
-    """The provenance columns of `side`'s row at `concurrency`: its server, models, GPUs and runs."""
+def origin(
+    provenance: Provenance, side: str, workload: str, category: str | None, concurrency: int | None
+) -> dict[str, Any]:
+    """The provenance columns of `side`'s row of `workload` (and category) at `concurrency`: its server, models,
+    GPUs and runs (a report from before workloads names none: its runs are random ids)."""
     columns: dict[str, Any] = {"generated_at": provenance.generated_at}
     deployment = next((d for d in provenance.deployments if d.side == side), None)
     if deployment is not None:
@@ -207,7 +212,8 @@ def origin(provenance: Provenance, side: str, concurrency: int | None) -> dict[s
         columns |= {"gpu_model": gpus.model, "gpu_count": gpus.count, "gpu_driver": gpus.driver_version}
         columns |= {"cuda_version": gpus.cuda_version}
     for bench in (b for b in provenance.benchmarks if b.side == side):
-        runs = [r for r in bench.runs if r.concurrency == concurrency]
+        slot = (workload, category, concurrency)
+        runs = [r for r in bench.runs if (r.workload or RANDOM_IDS, r.category, r.concurrency) == slot]
         columns |= {"requests_file": bench.requests}
         if runs:
             columns |= {"seed_first": min(r.seed for r in runs), "seed_last": max(r.seed for r in runs)}

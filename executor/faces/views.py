@@ -387,7 +387,7 @@ def _campaign_findings(report: CampaignReport) -> dict[str, Any]:
     campaign = report.campaign
     counts = campaign.counts
     crossovers = [
-        f"{each.gpus}, {each.input_len} in / {each.output_len} out: "
+        f"{each.gpus}, {each.shown_workload}: "
         + (
             f"speculation stops paying at concurrency {each.crossover.concurrency}"
             if each.crossover.concurrency is not None

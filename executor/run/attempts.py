@@ -189,6 +189,9 @@ class HostContext(StepContext):
             value = value[int(part)] if isinstance(value, list) else value[part]
         return value
 
+    def fetches(self) -> tuple[str, ...]:
+        return self.attempts.runbook.fetches_on(self.host_name)
+
     def peer(self, host: str) -> HostContext:
         runbook = self.attempts.runbook
         if host not in {*runbook.step_hosts[self.spec.id], *peers(runbook, self.spec)}:  # connected before it started

@@ -91,6 +91,18 @@ class Runbook:
     def hosts(self) -> dict[str, Host]:
         return self.header.hosts or {LOCAL: Host(address=LOCAL)}
 
+    def fetches_on(self, host: str) -> tuple[str, ...]:
+        """What the steps that may run on `host` (a placed matrix instance: on any host of its pool) and their
+        fallbacks declare they will fetch (`StepSpec.fetches`), each once, in runbook order."""
+        found = (
+            address
+            for spec in self.steps
+            if host in self.step_hosts.get(spec.id, ())
+            for variant in (spec, *self.fallbacks.get(spec.id, []))
+            for address in variant.fetches()
+        )
+        return tuple(dict.fromkeys(found))
+
 
 class _Positions:
     """Where each value (and each mapping key) of the document starts, the problems found, and what

@@ -35,18 +35,27 @@ class PlanContext(RenderContext):
     of the runbook (for `peer`); `address` is the host's own (its name where none is given)."""
 
     def __init__(
-        self, host: str, variables: Mapping[str, str], address: str | None = None, hosts: HostView | None = None
+        self,
+        host: str,
+        variables: Mapping[str, str],
+        address: str | None = None,
+        hosts: HostView | None = None,
+        fetches_on: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
         self.host_name = host
         self.host_address = address or host
         self.vars = variables
         self.hosts = hosts
+        self.fetches_on = fetches_on  # the runbook's `Runbook.fetches_on`
         self.strict = False  # a peer's view: its facts are named by host (`steps.ID.hosts.HOST.facts.PATH`)
 
     def fact(self, step_id: str, path: str) -> RunTime:
         if self.strict:
             return RunTime(f"steps.{step_id}.hosts.{self.host_name}.facts.{path}")
         return RunTime.fact(step_id, path)
+
+    def fetches(self) -> tuple[str, ...]:
+        return self.fetches_on(self.host_name) if self.fetches_on is not None else ()
 
     def peer(self, host: str) -> PlanContext:
         try:
@@ -80,7 +89,7 @@ def plan_context(
         return runbook.hosts[name].address, shown(host_env(runbook, name, overrides))
 
     address, variables = view(host)
-    return kind(host, variables, address, view)
+    return kind(host, variables, address, view, runbook.fetches_on)
 
 
 def host_env(runbook: Runbook, host: str, overrides: Mapping[str, Any]) -> dict[str, str]:
@@ -240,9 +249,14 @@ class _Recording(PlanContext):
     """A plan context that notes every fact asked of it: what the step learns only at run time, and from whom."""
 
     def __init__(
-        self, host: str, variables: Mapping[str, str], address: str | None = None, hosts: HostView | None = None
+        self,
+        host: str,
+        variables: Mapping[str, str],
+        address: str | None = None,
+        hosts: HostView | None = None,
+        fetches_on: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
-        super().__init__(host, variables, address, hosts)
+        super().__init__(host, variables, address, hosts, fetches_on)
         self.asked: dict[str, str] = {}  # fact source -> the step it comes from, in the order asked
 
     def fact(self, step_id: str, path: str) -> RunTime:

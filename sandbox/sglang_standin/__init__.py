@@ -10,6 +10,7 @@ importlib.metadata / find_spec / ast reads) still sees the real SGLang 0.5.23 fi
   `-m sglang.bench_serving`; it loads this package there as the top-level `sglang_standin`;
 - server.py: the HTTP server (endpoints, JSON fields, log lines and start-up checks of 0.5.23);
 - bench_client.py: the benchmark client (flags, summary and JSONL fields of 0.5.23);
+- bench_datasets.py: its datasets read from a local file (speed-bench, custom, sharegpt), as 0.5.23's loaders;
 - simulation.py: decode speed and acceptance length, deterministic per prompt;
 - launch_args.py: the launch flags, read from the real release's own field declarations;
 - launch.py: the checks SGLang makes of them and of the GPUs (nvidia-smi on PATH);

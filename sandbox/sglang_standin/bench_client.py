@@ -19,9 +19,11 @@ token ids, as `np.random.seed(args.seed)` before sample_random_requests), the wa
 first prompt (at most 32 output tokens), and `--flush-cache` flushes after the warmup with
 `POST /flush_cache?timeout=--flush-cache-timeout` and raise_for_status: a 400 fails the client.
 
-Datasets: only `random-ids` (token ids need no download). `random` and `sharegpt` download
-ShareGPT from the Hub and fail here as the real client fails without network; the others are
-refused. The stand-in's tokenizer is one word per token (simulation.count_tokens). Stdlib only.
+Datasets: `random-ids` (token ids need no download), and `speed-bench`, `custom` and `sharegpt` from a local
+`--dataset-path` (bench_datasets.py: read, sampled and refused as the real loaders do, the chat template applied
+as they apply it). `random`, and `sharegpt` without a path, download ShareGPT from the Hub and fail here as the
+real client fails without network; the others are refused. The stand-in's tokenizer is one word per token
+(simulation.count_tokens). Stdlib only.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import launch_args, simulation
+from . import bench_datasets, launch_args, simulation
 
 SERVING_FILE = "benchmark/serving.py"
 OFFLINE_ERROR = (
@@ -82,6 +84,14 @@ def build_parser(sglang_dir: Path) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int)
     parser.add_argument("--ready-check-timeout-sec", type=int, default=60)
     parser.add_argument("--dataset-name", type=str, default="sharegpt")
+    parser.add_argument("--dataset-path", type=str, default="")
+    parser.add_argument(
+        "--speed-bench-category", type=str, default=None, choices=["low_entropy", "mixed", "high_entropy"]
+    )
+    parser.add_argument("--speed-bench-output-len", type=int, default=512)
+    parser.add_argument("--sharegpt-context-len", type=int, default=None)
+    parser.add_argument("--prompt-suffix", type=str, default="")
+    parser.add_argument("--apply-chat-template", action="store_true")
     parser.add_argument("--model", type=str)
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--sharegpt-output-len", type=int, default=None)
@@ -405,6 +415,27 @@ def _print_summary(args: argparse.Namespace, m: dict[str, Any], duration: float,
     print("=" * 50)
 
 
+def _requests(args: argparse.Namespace, rng: random.Random) -> list[tuple[Any, int, int]] | None:
+    """The run's requests (prompt, prompt_len, output_len) of `--dataset-name`; None where the real client would
+    download (no network here) or the stand-in has no such dataset, having said why."""
+    if args.dataset_name in DOWNLOADING and not args.dataset_path:
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print(OFFLINE_ERROR, file=sys.stderr)
+        return None
+    if args.dataset_name == "random-ids":
+        return sample_requests(args, rng)
+    if args.dataset_name not in bench_datasets.LOCAL:
+        print(
+            "the SGLang stand-in's benchmark client (a test double) generates only random-ids and reads only "
+            f"{', '.join(bench_datasets.LOCAL)} from --dataset-path, not {args.dataset_name}"
+        )
+        return None
+    rows = bench_datasets.load(args, rng)
+    if not rows:  # the real benchmark() reads input_requests[0] first
+        raise IndexError("list index out of range")
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     print(f"benchmark_args={args}")
     if args.backend != "sglang":
@@ -430,17 +461,10 @@ def run(args: argparse.Namespace) -> int:
         print("No model specified or found. Please provide a model using `--model`.")
         return 1
     print(f"{args}\n")
-    if args.dataset_name in DOWNLOADING and not args.dataset_path:
-        print("Traceback (most recent call last):", file=sys.stderr)
-        print(OFFLINE_ERROR, file=sys.stderr)
-        return 1
-    if args.dataset_name != "random-ids":
-        print(
-            f"the SGLang stand-in's benchmark client (a test double) generates only random-ids, not {args.dataset_name}"
-        )
-        return 1
     rng = random.Random(args.seed)
-    rows = sample_requests(args, rng)
+    rows = _requests(args, rng)
+    if rows is None:
+        return 1
 
     print(f"Starting warmup with {args.warmup_requests} sequences...")
     if rows and args.warmup_requests > 0:
@@ -503,6 +527,8 @@ def run(args: argparse.Namespace) -> int:
             "errors": [o.error for o in outputs],
         }
     lengths = f"{args.num_prompts}_{args.random_input_len}_{args.random_output_len}"
+    if not args.dataset_name.startswith("random"):
+        lengths = f"{args.num_prompts}_{args.dataset_name}"
     name = args.output_file or f"{args.backend}_{time.strftime('%m%d')}_{lengths}.jsonl"
     with open(name, "a") as file:
         file.write(json.dumps(result) + "\n")

@@ -5,7 +5,12 @@ Deterministic per prompt, so tests and the demo see stable numbers:
 - acceptance length (tokens per verify step, bonus token included, as SGLang's
   `spec_accept_length`): by kind of prompt, shaped like the published Kimi-K2.5-DFlash figures
   (math ~5.4, code ~4.9, chat ~3.7, measured with the chat template and thinking on), or centred
-  on the configured mean; then scaled by how the text reached the model (TEMPLATE_SCALE): a DFlash
+  on the configured mean; and by how predictable the answer is from the prompt, as SPEED-Bench's entropy
+  categories are made: a task that copies, repeats, reformats or continues its prompt (`rewrite`, ~6.2:
+  low entropy) accepts more than any, open-ended writing (`creative`, ~2.9: a poem, a story, a riddle:
+  high entropy) less than chat, whose kinds a mixed prompt gets (sandbox/datasets.py holds such prompts);
+  random token ids (bench_serving's random-ids: chat, raw) less, on average, than any kind templated;
+  then scaled by how the text reached the model (TEMPLATE_SCALE): a DFlash
   drafter is trained on the target's own templated outputs, so text in the chat template with
   thinking on (`<think>` opened) gets those means, the template with thinking off
   (`<think></think>`) somewhat less, and raw text (no template: /generate's text, bench_serving's
@@ -26,7 +31,7 @@ Deterministic per prompt, so tests and the demo see stable numbers:
   layers, `layer_types` with "linear_attention": Qwen3.6) a budget of HYBRID_COLLAPSE_BUDGET or more
   collapses to 1.0-1.3, as the seeds measured. A drafter may have a profile (DRAFTER_PROFILES, by its
   config's `_name_or_path`): SubSir/Kimi-K2.6-DFlash-tmp-long, trained for long contexts, is worse on
-  code and slightly better on chat;
+  code and slightly better on chat and open-ended writing;
 - decode: a request decodes at `decode_tokens_per_s` when alone; a verify step costs
   `verify_cost` decode steps (1 + VERIFY_COST_PER_TOKEN per verified token: 1.3 for 8 tokens) and
   yields the acceptance length in tokens; with N requests in flight each step slows down by a batching
@@ -44,7 +49,7 @@ import math
 import re
 from dataclasses import dataclass
 
-DEFAULT_ACCEPT = {"math": 5.4, "code": 4.9, "chat": 3.7}
+DEFAULT_ACCEPT = {"rewrite": 6.2, "math": 5.4, "code": 4.9, "chat": 3.7, "creative": 2.9}
 #: how the text reached the model -> factor on the acceptance length (see the module docstring)
 TEMPLATE_SCALE = {"thinking": 1.0, "no_thinking": 0.88, "raw": 0.6}
 USER_TURN = "<|im_user|>user<|im_middle|>"
@@ -59,7 +64,7 @@ HYBRID_COLLAPSE_BUDGET = 32
 VERIFY_COST_PER_TOKEN = 0.0375
 BATCH_SLOWDOWN = {False: 0.02, True: 0.1}  # per extra request in flight: baseline, speculative (8 tokens)
 #: drafter (config.json `_name_or_path`) -> factor on the acceptance length beyond the bonus token, by kind
-DRAFTER_PROFILES = {"SubSir/Kimi-K2.6-DFlash-tmp-long": {"math": 1.0, "code": 0.7, "chat": 1.05}}
+DRAFTER_PROFILES = {"SubSir/Kimi-K2.6-DFlash-tmp-long": {"math": 1.0, "code": 0.7, "chat": 1.05, "creative": 1.05}}
 #: the stand-in's own meta_info field with the `modelled_clock` switch (faults.py): an output's time on the
 #: simulation's clock, seconds since its request arrived; the stand-in's bench_serving times a run on it
 MODEL_CLOCK_KEY = "standin_model_s"
@@ -72,12 +77,21 @@ _CODE = re.compile(
 )
 
 
+#: a task whose answer the prompt already holds (low entropy), and open-ended writing (high entropy)
+_REWRITE = re.compile(
+    r"\b(copy|repeat|continue the sequence|convert (this |it )?to|sort alphabetically|translate each|fill in"
+    r"|in upper case|one a line|from 1 to)\b",
+    re.I,
+)
+_CREATIVE = re.compile(r"\b(poem|story|imagine|invent|brainstorm|compose|riddle|dialogue|opening line)\b", re.I)
+
+
 def prompt_kind(text: str) -> str:
-    """math | code | chat: what a DFlash drafter finds easier to guess comes first."""
-    if _CODE.search(text):
-        return "code"
-    if _MATH.search(text):
-        return "math"
+    """rewrite | code | math | creative | chat (DEFAULT_ACCEPT's keys): what a DFlash drafter finds easier to
+    guess comes first."""
+    for kind, pattern in (("rewrite", _REWRITE), ("code", _CODE), ("math", _MATH), ("creative", _CREATIVE)):
+        if pattern.search(text):
+            return kind
     return "chat"
 
 

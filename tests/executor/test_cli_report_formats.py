@@ -19,7 +19,9 @@ from executor.faces.report_csv import CELL_MAX_CHARS, COLUMNS
 from steps.benchmark_report import build_report
 from steps.provenance import Measured, Sources, build
 from tests.clirun import runbook_cli
-from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, deployed, side
+from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, deployed, side, side_of
+from tests.steps.test_benchmark_workloads import RANDOM, SPEED, runs_of
+from tests.steps.test_benchmark_workloads import step as workload_step
 from tests.steps.test_campaign_report import host_views, write_campaign
 
 #: The model the benchmark's servers serve, downloaded by a step that names its repo, revision and commit.
@@ -196,3 +198,28 @@ def test_a_reader_that_goes_away_ends_the_csv_quietly(site: Path, monkeypatch: p
 
     monkeypatch.setattr("sys.stdout", Closed())
     assert main(["report", str(site / "campaign"), "--format", "csv"]) == EXIT_BROKEN_PIPE
+
+
+def test_a_benchmark_of_several_workloads_is_a_row_per_workload_category_and_concurrency(tmp_path: Path) -> None:
+    """SPEED-Bench's categories and random ids (tests/steps/test_benchmark_workloads.py's runs): each row its own
+    workload and category, its speedup there (not the worst one's), and the seed of its own run."""
+    slices = ["speed/low_entropy", "speed/mixed", "random-ids"]
+    workloads = workload_step(SPEED, RANDOM).resolved_workloads(True)
+    sides = []
+    for label, step, throughputs in (
+        ("baseline", "benchmark_baseline", (100.0, 100.0, 100.0)),
+        ("dflash", "d", (250.0, 80.0, 110.0)),
+    ):
+        runs = runs_of(dict(zip(slices, throughputs, strict=True)))
+        runs = [
+            run.model_copy(update={"seed": 10 + n, "command": COMMAND.format(c=4, s=10 + n)})
+            for n, run in enumerate(runs)
+        ]
+        sides.append(side_of(label, runs, step).model_copy(update={"workloads": workloads}))
+    write_json(tmp_path / "run", build_report(*sides, provenance(*sides)))
+    rows = csv_rows(tmp_path / "run")
+    assert [(r["cell"], r["workload"], r["workload_category"], r["concurrency"]) for r in rows] == [
+        (label, *key.partition("/")[::2], "4") for label in ("baseline", "dflash") for key in slices
+    ]
+    assert [r["speedup"] for r in rows[3:]] == ["2.5", "0.8", "1.1"]
+    assert [r["seed_first"] for r in rows] == [r["seed_last"] for r in rows] == ["10", "11", "12"] * 2

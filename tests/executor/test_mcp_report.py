@@ -87,7 +87,8 @@ def test_a_campaign_report_answers_its_best_configurations_and_counts_in_short(s
     run_dir = site / "campaign"
     summary = report(site, run_dir=str(run_dir))
     assert summary["kind"] == "campaign" and summary["headline"].startswith("8 cells: 4 passed, 2 failed, 2 skipped")
-    assert "8x NVIDIA H200, 256 in / 64 out: speculation stops paying at concurrency 32" in summary["headline"]
+    crossover = "8x NVIDIA H200, random-ids, 256 in / 64 out: speculation stops paying at concurrency 32"
+    assert crossover in summary["headline"]
     h200 = summary["best"][0]
     assert h200["gpus"] == "8x NVIDIA H200" and h200["crossover"]["concurrency"] == 32
     assert (h200["best"][0]["concurrency"], h200["best"][0]["best"]) == (1, f"{ZLAB_4}@gpu1")

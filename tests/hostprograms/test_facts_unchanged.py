@@ -158,6 +158,8 @@ def test_every_kinds_facts_are_as_before_the_move(
     facts = run_every_kind(tmp_path, host.host_yaml(), host.home, host.python, hub)
     expected = json.loads(EXPECTED.read_text())
     facts["probe"] = projected(facts["probe"], expected["probe"])  # issue 27 added sglang.launch_options
+    for step in ("download_drafter", "download_target", "again_drafter", "again_target"):  # issue 30: repo_type, xet
+        facts[step] = projected(facts[step], expected[step])
     assert facts == expected
 
 

@@ -41,6 +41,10 @@ STEPS = [
 ]
 
 
+#: the drafter's throughput and acceptance on each SPEED-Bench category, relative to random ids
+CATEGORY_GAIN = {"low_entropy": 1.5, "mixed": 1.2, "high_entropy": 0.9}
+
+
 class FlagshipHost:
     """The GPU host's answers, by host program; `accept` is the drafter's tokens per verify step."""
 
@@ -71,11 +75,16 @@ class FlagshipHost:
         return ANSWERS["deploy"][self.serving]
 
     def bench_serving(self, command: ScriptedCommand) -> Answer:
-        """The line bench_serving wrote against the server on the port, with every prompt asked answered."""
+        """The line bench_serving wrote against the server on the port, with every prompt asked answered; the
+        drafter gains more on SPEED-Bench's predictable prompts (`CATEGORY_GAIN`), as a real one does."""
         asked = re.search(r"--num-prompts (\d+)", command.script)
         assert asked is not None, command.script
-        line = json.dumps(ANSWERS["bench_serving"][self.serving] | {"completed": int(asked.group(1))})
-        return Answer(stdout=f"{JSONL_MARKER}\n{line}\n")
+        line = ANSWERS["bench_serving"][self.serving] | {"completed": int(asked.group(1))}
+        category = re.search(r"--speed-bench-category (\w+)", command.script)
+        if category and self.serving == "dflash":
+            gain = CATEGORY_GAIN[category.group(1)]
+            line |= {name: line[name] * gain for name in ("output_throughput", "accept_length")}
+        return Answer(stdout=f"{JSONL_MARKER}\n{json.dumps(line)}\n")
 
     def evaluate(self, call: HostProgramCall) -> dict[str, Any]:
         """Every prompt answered with 200 tokens; with speculation on, in 200 / `accept` verify steps."""
@@ -126,7 +135,8 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
         "eval_acceptance",
         "deploy",
     ]
-    assert len([c for c in gpu.commands if "sglang.bench_serving" in c.script]) == 2 * 4 * 3  # 4 concurrencies x 3
+    # (3 SPEED-Bench categories + random ids) x 4 concurrencies x 3 repeats, per side
+    assert len([c for c in gpu.commands if "sglang.bench_serving" in c.script]) == 2 * 4 * 4 * 3
 
     probe = run.facts("probe")
     assert (probe["gpu_arch"], probe["gpu_count"], probe["sglang"]["dflash"]) == ("sm90", 1, True)
@@ -139,13 +149,18 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
         ("math", "code", "chat"), 16
     )
     bench = run.facts("benchmark_dflash")
-    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32]
-    assert bench["speedup"]["by_concurrency"]["1"] > 1.0
+    assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32] * 4
+    by_workload = bench["speedup"]["by_workload"]
+    random_ids = by_workload["random-ids"]["by_concurrency"]["1"]
+    assert random_ids > 1.0
+    for category, gain in CATEGORY_GAIN.items():  # each category's speedup is its own
+        assert by_workload[f"speed-bench/{category}"]["by_concurrency"]["1"] == pytest.approx(random_ids * gain)
     assert run.facts("stop")["stopped"] is True
 
     report = json.loads((run.run_dir / "report.json").read_text())
     titles = [t["title"] for t in report["tables"]]
-    assert titles[0] == "Acceptance length per prompt set" and "Output throughput per concurrency" in titles
+    assert titles[0] == "Acceptance length per prompt set" and "Speedup and acceptance per workload" in titles
+    assert "Output throughput per concurrency: speed-bench/high_entropy" in titles
     assert (run.run_dir / "report.md").read_text().startswith("# Benchmark")
     assert all((run.run_dir / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
     # the token reached the host's environment, and nothing the run wrote holds it

@@ -31,9 +31,10 @@ from huggingface_hub.hf_api import RepoFile, RepoFolder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sandbox.datasets import CUSTOM_FILENAME, SPEED_BENCH_FILENAME
 from sandbox.hub import HubServer
 from sandbox.model_configs import drafter_config, target_config
-from sandbox.repos import DRAFTER_ID, SHARDS, TARGET_ID, Repo, default_repos, target_repo
+from sandbox.repos import DRAFTER_ID, SHARDS, SPEED_BENCH_ID, TARGET_ID, Repo, default_repos, target_repo
 
 SHARD = f"model-00002-of-{SHARDS:05d}.safetensors"
 
@@ -85,7 +86,8 @@ def safetensors_header(data: bytes) -> dict[str, dict[str, object]]:
 
 
 def resolve_url(hub: HubServer, repo_id: str, path: str, rev: str = "main") -> str:
-    return f"{hub.endpoint}/{repo_id}/resolve/{rev}/{path}"
+    prefix = "datasets/" if hub.repos[repo_id].repo_type == "dataset" else ""
+    return f"{hub.endpoint}/{prefix}{repo_id}/resolve/{rev}/{path}"
 
 
 # --- the repos ---------------------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def test_repos_are_small_valid_and_shaped_like_the_real_ones() -> None:
             total += len(repo.files[path].content) - 8 - struct.unpack("<Q", repo.files[path].content[:8])[0]
     assert index["weight_map"] == weight_map and index["metadata"]["total_size"] == total
     lfs = {f.path for r in repos.values() for f in r.lfs_files}
-    assert lfs == {"model.safetensors", *shards, "tiktoken.model"}
+    assert lfs == {"model.safetensors", *shards, "tiktoken.model", SPEED_BENCH_FILENAME, CUSTOM_FILENAME}
     assert all(re.fullmatch(r"[0-9a-f]{40}", r.sha) for r in repos.values())
     assert target_repo.__wrapped__().sha == target.sha  # built again: the same commit, byte for byte
     assert json.loads(drafter.files["config.json"].content) == drafter_config()
@@ -165,7 +167,7 @@ def test_hf_cli_downloads_with_include_and_revision(hub: HubServer, tmp_path: Pa
 def test_model_info_reports_sizes_blob_ids_and_lfs_sha256(hub: HubServer) -> None:
     api = HfApi(endpoint=hub.endpoint, token=False)
     for repo in hub.repos.values():
-        info = api.model_info(repo.repo_id, revision="main", files_metadata=True)
+        info = api.repo_info(repo.repo_id, repo_type=repo.repo_type, revision="main", files_metadata=True)
         assert info.sha == repo.sha and info.gated is False
         assert info.siblings is not None
         siblings = {s.rfilename: s for s in info.siblings}
@@ -227,6 +229,23 @@ def test_errors_map_to_the_clients_exceptions(hub: HubServer, tmp_path: Path) ->
         hf_hub_download(TARGET_ID, "missing.bin", endpoint=hub.endpoint, token=False, cache_dir=tmp_path)
     with pytest.raises(HfHubHTTPError, match="Invalid credentials"):
         HfApi(endpoint=hub.endpoint, token="hf_" + "x" * 34).model_info(TARGET_ID)
+
+
+def test_a_dataset_repo_is_served_under_the_dataset_paths_only(hub: HubServer, tmp_path: Path) -> None:
+    """The real `hf download --repo-type dataset` fetches the SPEED-Bench stand-in byte for byte, its LFS files
+    through the CDN; asked for as a model (the paths without `datasets/`), the Hub has no such repo."""
+    dataset = hub.repos[SPEED_BENCH_ID]
+    out = tmp_path / "speed-bench"
+    result = hf_cli(hub, tmp_path, "download", SPEED_BENCH_ID, "--repo-type", "dataset", "--local-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    assert downloaded(out) == dataset.contents
+    assert hub.requests.count(SPEED_BENCH_ID, kind="cdn", method="GET") == len(dataset.lfs_files) == 2
+    api = HfApi(endpoint=hub.endpoint, token=False)
+    assert api.dataset_info(SPEED_BENCH_ID, files_metadata=True).sha == dataset.sha
+    with pytest.raises(RepositoryNotFoundError):
+        api.model_info(SPEED_BENCH_ID)
+    with pytest.raises(RepositoryNotFoundError):
+        api.dataset_info(TARGET_ID)
 
 
 # --- Range requests ----------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_a_best_within_the_noise_is_a_tie_through_runbook_report_and_report_json
     assert comparison["recommended"][0] | {"command": None} == {
         "concurrencies": [1], "best": ZLAB_4, "host": "gpu1", "command": None, "unknown": None, "on_tie": [1],
     }  # fmt: skip
-    shown = runbook_cli("report", str(tmp_path), env={"COLUMNS": "250"})
+    shown = runbook_cli("report", str(tmp_path), env={"COLUMNS": "280"})  # the workload column names random-ids
     assert shown.returncode == 0, shown.stderr
     assert f"tied: {ZLAB_4}, {ZLAB_8}" in shown.stdout
     assert f"{ZLAB_4} (the cheapest of a tie at 1)" in shown.stdout

@@ -23,7 +23,7 @@ from executor.faces.cli import main
 from executor.stepkind import host_document
 from executor.transport.base import Collector, CommandResult
 from sandbox.hub import HubServer
-from sandbox.repos import DRAFTER_ID, TARGET_ID
+from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID
 from steps.download import (
     DownloadStep,
     HostReport,
@@ -489,6 +489,38 @@ def test_the_hub_client_retries_in_process_but_never_reuses_a_killed_process_fil
     assert [r.status for r in hub.requests.entries(TARGET_ID, SHARD, method="GET", kind="cdn")] == [200, 200]
     assert run.facts["removed_leftovers"] == [str(stale.relative_to(target))]
     assert not stale.exists() and tree(target) == hub.repos[TARGET_ID].contents
+
+
+@pytest.mark.parametrize("method", ["hf_cli", "snapshot_download", "http"])
+def test_a_dataset_repository_downloads_by_every_method(
+    tmp_path: Path, download: Any, hub: HubServer, method: str
+) -> None:
+    """`repo_type: dataset` reaches each method: `hf download --repo-type dataset`, snapshot_download's
+    repo_type, and the HTTP method's `/api/datasets/` and `/datasets/.../resolve/` paths (a model's paths find
+    no such repo on the Hub double, as on the Hub)."""
+    target = tmp_path / "datasets" / "speed-bench"
+    run = download(repo=SPEED_BENCH_ID, repo_type="dataset", local_dir=str(target), methods=[method])
+    assert run.code == 0, run.failure if run.code == 1 else run.err
+    dataset = hub.repos[SPEED_BENCH_ID]
+    assert run.facts["method"] == method and run.facts["repo_type"] == "dataset"
+    assert run.facts["commit"] == dataset.sha and tree(target) == dataset.contents
+    assert hub.requests.count(SPEED_BENCH_ID, kind="cdn", method="GET") == len(dataset.lfs_files)
+
+
+def test_xet_off_exports_hf_hub_disable_xet_to_every_method_and_auto_leaves_it_to_the_client(
+    tmp_path: Path, download: Any, hub: HubServer
+) -> None:
+    """`xet` is recorded in the facts; `off` (the default) puts HF_HUB_DISABLE_XET=1 into each method's command,
+    `auto` into none (the runbook's own HF_HUB_DISABLE_XET, as this test's vars have, still reaches the client)."""
+    methods = ["hf_cli", "snapshot_download", "http"]
+    hub.faults.fail(DRAFTER_ID, "config.json", status=404, times=50)  # every method runs, and fails
+    for xet, exported in (("off", True), ("auto", False)):
+        chosen = {"xet": xet} if xet != "off" else {}  # off unsaid: the default
+        run = download(repo=DRAFTER_ID, local_dir=str(tmp_path / xet), methods=methods, **chosen)
+        assert run.code == 1 and run.facts["xet"] == xet
+        scripts = [c["command"] for c in run.commands[1::2]]  # precheck, then each method and the check after it
+        line = "export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_XET=1  # xet: off\n"
+        assert len(scripts) == 3 and all((line in script) is exported for script in scripts), scripts
 
 
 def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: Any, capsys: Any) -> None:

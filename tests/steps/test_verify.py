@@ -16,8 +16,9 @@ import pytest
 
 from executor.faces.cli import main
 from executor.hostprogram import PROGRESS_PREFIX
+from sandbox.datasets import SPEED_BENCH_FILENAME
 from sandbox.hub import HubServer
-from sandbox.repos import DRAFTER_ID, TARGET_ID
+from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID
 from steps.verify import VerifyStep, progress_sink
 from tests.conftest import SandboxHost
 from tests.hostprograms.test_verify import SHARD, backdate, flip_byte
@@ -197,6 +198,31 @@ def test_unreadable_manifest_is_a_named_gate_failure(run_verify: Run, hub: HubSe
     assert code == 1
     assert "could not read the Hub's manifest" in err and "RepositoryNotFoundError" in err
     assert hub.token not in err
+
+
+def test_a_dataset_repository_verifies_against_the_hubs_dataset_manifest(
+    run_verify: Run, hub: HubServer, testhost: Callable[..., SandboxHost], tmp_path: Path
+) -> None:
+    """`repo_type: dataset`: the manifest is the Hub's dataset info (sha256 of its LFS files), a byte changed in
+    the SPEED-Bench file is named, and `repair` fetches it again from the dataset's paths."""
+    local = tmp_path / "speed-bench"
+    fetch = (
+        "import sys, huggingface_hub as h; h.snapshot_download(sys.argv[1], repo_type='dataset', local_dir=sys.argv[2])"
+    )
+    env = {**os.environ, **hub.client_env(tmp_path / "hf-home")}
+    subprocess.run([str(testhost("h200").python), "-c", fetch, SPEED_BENCH_ID, str(local)], check=True, env=env)
+    dataset = hub.repos[SPEED_BENCH_ID]
+    code, err, facts = run_verify(local, repo=SPEED_BENCH_ID, repo_type="dataset")
+    assert code == 0, err
+    assert facts is not None and facts["commit"] == dataset.sha and facts["files_checked"] == len(dataset.files)
+    data = local / SPEED_BENCH_FILENAME
+    flip_byte(data, 3)
+    code, err, _ = run_verify(local, repo=SPEED_BENCH_ID, repo_type="dataset")
+    assert code == 1 and f"sha256 mismatch: {SPEED_BENCH_FILENAME}" in err
+    code, err, facts = run_verify(local, repo=SPEED_BENCH_ID, repo_type="dataset", repair=True)
+    assert code == 0, err
+    assert facts is not None and facts["repaired"] == [SPEED_BENCH_FILENAME]
+    assert data.read_bytes() == dataset.files[SPEED_BENCH_FILENAME].content
 
 
 def test_render_ships_the_program_with_every_parameter_as_data() -> None:
