@@ -24,10 +24,29 @@ pytest_plugins = ["executor.faces.testing"]  # runbook's own plugin, installed o
 
 RUNBOOK = Path("runbooks/k26_dflash.yaml")
 ANSWERS = json.loads((Path(__file__).parent / "offline" / "k26_dflash_host.json").read_text())
+SPEED_BENCH = "nvidia/SPEED-Bench"
+
+
+def dataset_answers(answers: dict[str, Any]) -> None:
+    """The download and verify documents of the SPEED-Bench dataset repository: the drafter's recorded ones with
+    the dataset's repo, folder and one file (only the file count, path and repo matter to the steps here)."""
+    folder = "/root/models/SPEED-Bench"
+    drafter = "z-lab/Kimi-K2.6-DFlash"
+    answers["download"][SPEED_BENCH] = {
+        state: answers["download"][drafter][state] | {"local_dir": folder} for state in ("complete", "missing")
+    }
+    answers["download"][SPEED_BENCH]["complete"] |= {"files": 1, "complete_files": 1}
+    answers["verify"][SPEED_BENCH] = answers["verify"][drafter] | {"repo": SPEED_BENCH, "local_dir": folder}
+    answers["verify"][SPEED_BENCH] |= {"files_checked": 1, "files_expected": 1, "hashed": 1}
+
+
+dataset_answers(ANSWERS)
 STEPS = [
     "probe",
     "download_drafter",
     "verify_drafter",
+    "download_speed_bench",
+    "verify_speed_bench",
     "download_target",
     "verify_target",
     "inspect",
@@ -127,7 +146,7 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
     gpu = runbook_offline.host("gpu")
     assert gpu.programs_run() == [
         "probe",
-        *["download", "download", "verify"] * 2,  # a check, the method, the check again: hf_cli is no program
+        *["download", "download", "verify"] * 3,  # a check, the method, the check again: hf_cli is no program
         "inspect_config",
         "deploy",
         "eval_acceptance",
@@ -165,7 +184,7 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
     assert all((run.run_dir / f["path"]).read_bytes().startswith(b"\x89PNG") for f in report["figures"])
     # the token reached the host's environment, and nothing the run wrote holds it
     downloads = [c for c in gpu.commands if c.program and c.program.name == "download"]
-    assert [c.env.get("HF_TOKEN") for c in downloads] == ["hf_offline_token_1234"] * 4
+    assert [c.env.get("HF_TOKEN") for c in downloads] == ["hf_offline_token_1234"] * 6
     assert not [p for p in run.run_dir.rglob("*") if p.is_file() and b"hf_offline_token_1234" in p.read_bytes()]
 
 
