@@ -216,7 +216,8 @@ def test_a_benchmark_of_several_workloads_is_a_row_per_workload_category_and_con
             for n, run in enumerate(runs)
         ]
         sides.append(side_of(label, runs, step).model_copy(update={"workloads": workloads}))
-    write_json(tmp_path / "run", build_report(*sides, provenance(*sides)))
+    baseline, candidate = sides
+    write_json(tmp_path / "run", build_report(baseline, candidate, provenance(baseline, candidate)))
     rows = csv_rows(tmp_path / "run")
     assert [(r["cell"], r["workload"], r["workload_category"], r["concurrency"]) for r in rows] == [
         (label, *key.partition("/")[::2], "4") for label in ("baseline", "dflash") for key in slices
