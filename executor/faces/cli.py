@@ -859,7 +859,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.format == "csv":
         from executor.faces import report_csv
 
-        report_csv.write(report_csv.tidy_table(report, run_dir.name), sys.stdout)
+        report_csv.write(report_csv.tidy_table(report, run_dir), sys.stdout)
         return EXIT_OK
     shown, left_out = views.shown_within(whole)
     out().print(shown_text(shown.title, style="bold"))

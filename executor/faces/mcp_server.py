@@ -176,7 +176,7 @@ def capped_rows(run_dir: Path, section: str | None, offset: int, cap: int = RESU
 
     if section is not None:
         raise ArgumentRefused(f"report: section {section!r} or format csv, not both")
-    table = report_csv.tidy_table(views.read_report(run_dir)[0], run_dir.name)
+    table = report_csv.tidy_table(views.read_report(run_dir)[0], run_dir)
     return capped_section(table, offset, run_dir / views.REPORT_FILE, cap)
 
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 import csv
 import shlex
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
 
 from executor.documents import Table
 from executor.errors import ResumeError
+from executor.faces.views import REPORT_FILE
 from executor.terminal import shown
 from steps.benchmark_report import BenchmarkData, Report
 from steps.benchmark_results import BenchPoint, Spread
@@ -67,20 +69,21 @@ def cell(value: Any) -> str:
     return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
-def tidy_table(document: dict[str, Any], run: str) -> Table:
+def tidy_table(document: dict[str, Any], run_dir: Path) -> Table:
     """The report's rows (module docstring), every cell made safe; ResumeError for a report that is neither a
     benchmark's nor a campaign's as their steps write them (its tables alone say nothing a row could)."""
+    path = run_dir / REPORT_FILE
     try:
         if "campaign" in document:
-            rows = campaign_rows(CampaignReport.model_validate(document), run)
+            rows = campaign_rows(CampaignReport.model_validate(document), run_dir.name)
         elif "data" in document:
-            rows = benchmark_rows(Report.model_validate(document), run)
+            rows = benchmark_rows(Report.model_validate(document), run_dir.name)
         else:
-            raise ResumeError("report.json is neither a benchmark's nor a campaign's: it has no rows to tidy")
+            raise ResumeError(f"{path}: neither a benchmark's report nor a campaign's: it has no rows to tidy")
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(map(str, error["loc"])) or "the document"
-        raise ResumeError(f"report.json is not a report as its step writes one: {where}: {error['msg']}") from None
+        raise ResumeError(f"{path}: not a report as its step writes one: {where}: {error['msg']}") from None
     return Table(title="tidy rows", columns=list(COLUMNS), rows=[[cell(row.get(c)) for c in COLUMNS] for row in rows])
 
 

@@ -19,6 +19,7 @@ from executor.faces.report_csv import CELL_MAX_CHARS, COLUMNS
 from steps.benchmark_report import build_report
 from steps.provenance import Measured, Sources, build
 from tests.clirun import runbook_cli
+from tests.executor.test_cli_report import write
 from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, deployed, side, side_of
 from tests.steps.test_benchmark_workloads import RANDOM, SPEED, runs_of
 from tests.steps.test_benchmark_workloads import step as workload_step
@@ -224,3 +225,13 @@ def test_a_benchmark_of_several_workloads_is_a_row_per_workload_category_and_con
     ]
     assert [r["speedup"] for r in rows[3:]] == ["2.5", "0.8", "1.1"]
     assert [r["seed_first"] for r in rows] == [r["seed_last"] for r in rows] == ["10", "11", "12"] * 2
+
+
+def test_a_report_of_another_writer_has_no_rows_exit_2_saying_so(tmp_path: Path) -> None:
+    """Its tables are shown (`--format text`), but nothing says which of its cells are measurements."""
+    write(tmp_path / "run", {"title": "mine", "notes": [], "tables": [], "figures": []})
+    done = runbook_cli("report", str(tmp_path / "run"), "--format", "csv")
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    said = f"{tmp_path / 'run' / 'report.json'}: neither a benchmark's report nor a campaign's: it has no rows to tidy"
+    assert said in done.stderr
+    assert runbook_cli("report", str(tmp_path / "run")).returncode == 0
