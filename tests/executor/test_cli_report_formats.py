@@ -6,6 +6,7 @@ spreadsheet as data."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import shlex
@@ -52,6 +53,19 @@ def write_json(run_dir: Path, report: Any) -> None:
     (run_dir / "report.json").write_text(report.model_dump_json())
 
 
+def recorded(view: Any) -> Any:
+    """A campaign's benchmark or eval step as it ran with its per-request records."""
+    if view.kind not in ("benchmark", "eval_acceptance") or view.facts is None:
+        return view
+    return dataclasses.replace(
+        view, facts=view.facts | {"requests_file": f"hosts/{view.host}/requests/{view.step}.jsonl"}
+    )
+
+
+#: A campaign on two hosts (tests/steps/test_campaign_report.py's), its steps with their per-request records.
+CAMPAIGN = [recorded(view) for view in host_views("gpu1", "NVIDIA H200") + host_views("gpu2", "NVIDIA B200", 2.0)]
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`benchmark/` and `campaign/`: the reports the steps write (the campaign's with its figures)."""
@@ -59,7 +73,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     baseline, candidate = with_commands(BASELINE), with_commands(DFLASH)
     origin = provenance(baseline, candidate, ("hosts/gpu/requests/b.jsonl", "hosts/gpu/requests/c.jsonl"))
     write_json(folder / "benchmark", build_report(baseline, candidate, origin, ACCEPTANCE))
-    write_campaign(folder / "campaign", host_views("gpu1", "NVIDIA H200") + host_views("gpu2", "NVIDIA B200", 2.0))
+    write_campaign(folder / "campaign", CAMPAIGN)
     return folder
 
 
@@ -235,3 +249,17 @@ def test_a_report_of_another_writer_has_no_rows_exit_2_saying_so(tmp_path: Path)
     said = f"{tmp_path / 'run' / 'report.json'}: neither a benchmark's report nor a campaign's: it has no rows to tidy"
     assert said in done.stderr
     assert runbook_cli("report", str(tmp_path / "run")).returncode == 0
+
+
+def test_a_campaign_names_each_cell_s_per_request_records(site: Path) -> None:
+    """The benchmarks' records through each host's provenance (and the csv's `requests_file`), the evals' through
+    the cells' acceptance: `runbook report` names every one, each once."""
+    shown = runbook_cli("report", str(site / "campaign")).stdout
+    named = [(v.host, v.step) for v in CAMPAIGN if v.kind in ("benchmark", "eval_acceptance") and v.facts is not None]
+    assert len(named) == 10  # per host: the baseline's benchmark, and two cells' eval and benchmark
+    for host, step in named:
+        path = site / "campaign" / "hosts" / host / "requests" / f"{step}.jsonl"
+        assert shown.count(f"per-request records of {step}: {path}") == 1
+    rows = [row for row in csv_rows(site / "campaign") if row["status"] == "passed"]
+    benchmarks = {f"hosts/{host}/requests/{step}.jsonl" for host, step in named if not step.startswith("eval")}
+    assert {row["requests_file"] for row in rows} == benchmarks
