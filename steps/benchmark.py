@@ -54,6 +54,7 @@ from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, RunTi
 from steps.bench_entry import ENTRY_POINTS, choose_lines, ran_entry_point
 from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
 from steps.benchmark_workloads import DEFAULT, Workload, WorkloadFacts, slice_key, unlike
+from steps.request_records import RecordsFile, asks_details, bench_records
 
 # The step's facts, the comparison report, its provenance and figures (~30 pydantic models) are imported by
 # the methods that run the step: `runbook validate` and `plan` import every kind a runbook names and use
@@ -199,6 +200,8 @@ class BenchmarkStep(StepSpec):
         args += ["--num-prompts", self.prompts_at(concurrency)]
         args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
         args += ["--seed", seed, "--flush-cache"]
+        # per-request details, kept as JSONL in the run folder (steps/request_records.py), where they fit
+        args += ["--output-details"] if asks_details(self.prompts_at(concurrency), self.output_len) else []
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
         dataset = f" --dataset-path {word(workload.path)}" if workload.path else ""
         return f"{word(self.python)} -m {module} {words}{dataset} --output-file {out}"
@@ -318,7 +321,9 @@ class BenchmarkStep(StepSpec):
             speedup=None,
             report=None,
         )
-        result, stopped = await self._run_all(ctx, base_url, slots, facts)
+        records = RecordsFile(ctx.output_dir, self.id, ctx.redactor)
+        facts.requests_file = records.relative_to(ctx.run_dir)
+        result, stopped = await self._run_all(ctx, base_url, slots, facts, records)
         if stopped is not None:
             return stopped
         facts.points = points(facts.runs, self.spread_threshold)
@@ -332,14 +337,28 @@ class BenchmarkStep(StepSpec):
                 runs=facts.runs,
                 points=facts.points,
             )
-            origin = self._provenance(ctx, baseline, candidate, acceptance)
+            origin = self._provenance(ctx, baseline, candidate, acceptance, facts.requests_file)
             _, files = write_report(ctx.run_dir, baseline, candidate, origin, acceptance, redactor=ctx.redactor)
             facts = facts.model_copy(update={"speedup": speedup(baseline, candidate), "report": files})
             ctx.progress(f"report written: {files.markdown_file}")
         return Outcome(result, facts)
 
+    def keep_records(self, records: RecordsFile, ctx: StepContext, result: CommandResult, run: BenchRun) -> None:
+        """The run's per-request details (`--output-details`) appended to the step's records file."""
+        about: dict[str, Any] = {"run": ctx.run_dir.name, "host": ctx.host_name, "step": self.id}
+        about |= {"label": self.shown_label}
+        about |= {"workload": run.workload, "category": run.category}
+        about |= {"concurrency": run.max_concurrency, "repeat": run.repeat, "seed": run.seed}
+        lines = jsonl_lines(result.stdout_text) or [""]
+        records.append(bench_records(lines[-1], about) or [])
+
     async def _run_all(
-        self, ctx: StepContext, base_url: str, slots: list[tuple[Slot, WorkloadFacts]], facts: BenchmarkFacts
+        self,
+        ctx: StepContext,
+        base_url: str,
+        slots: list[tuple[Slot, WorkloadFacts]],
+        facts: BenchmarkFacts,
+        records: RecordsFile,
     ) -> tuple[CommandResult, Outcome | None]:
         """Each run in turn, its `BenchRun` appended to `facts.runs`; the last result, and the outcome of a run
         that stopped the step (timed out, interrupted, failed: then with the points of the runs before it)."""
@@ -364,6 +383,7 @@ class BenchmarkStep(StepSpec):
                 return result, Outcome(result, facts.model_copy(update={"failure": failure, "points": summed}))
             assert run is not None
             facts.runs.append(run)
+            self.keep_records(records, ctx, result, run)
             ctx.progress(
                 f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(slots)
             )
@@ -444,15 +464,21 @@ class BenchmarkStep(StepSpec):
             ) from None
 
     def _provenance(
-        self, ctx: StepContext, baseline: Side, candidate: Side, acceptance: Acceptance | None
+        self,
+        ctx: StepContext,
+        baseline: Side,
+        candidate: Side,
+        acceptance: Acceptance | None,
+        requests_file: str | None = None,
     ) -> provenance.Provenance:
         """What the report's numbers are of, from the facts of the steps before this one on the host."""
         from steps import provenance
 
         baseline_server = str(_fact(ctx, baseline.step, "server", "compare_to"))
+        baseline_file = ctx.facts_of_kind("benchmark").get(baseline.step, {}).get("requests_file")
         sides = [
-            provenance.Measured(baseline.label, baseline.step, baseline_server, baseline.runs),
-            provenance.Measured(candidate.label, candidate.step, self.server, candidate.runs),
+            provenance.Measured(baseline.label, baseline.step, baseline_server, baseline.runs, baseline_file),
+            provenance.Measured(candidate.label, candidate.step, self.server, candidate.runs, requests_file),
         ]
         return provenance.build(
             provenance.Sources.of(ctx),

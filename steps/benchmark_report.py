@@ -43,7 +43,7 @@ from executor.redact import NO_SECRETS, Redactor
 from executor.runbook.model import DataModel
 from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Measured, MeasuredCount, Spread
-from steps.benchmark_workloads import DEFAULT, WorkloadFacts, slice_key
+from steps.benchmark_workloads import DEFAULT, RANDOM_IDS, WorkloadFacts, slice_key
 from steps.provenance import Provenance
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
@@ -131,6 +131,7 @@ class Acceptance(DataModel):
     thinking: bool | None = None  # None for raw text
     lossless: dict[str, LosslessSet] | None = None
     speculation_on: bool | None = None  # every answered request had spec_verify_ct > 0
+    requests_file: str | None = None  # its per-request records (JSONL), relative to the run folder
 
 
 class SliceSpeedup(DataModel):
@@ -219,6 +220,8 @@ class BenchmarkFacts(DataModel):
     compare_to: str | None  # the baseline benchmark step
     speedup: Speedup | None  # None without compare_to (or when the benchmark failed)
     report: ReportFiles | None
+    # the per-request records (steps/request_records.py), relative to the run folder; None: none were kept
+    requests_file: str | None = None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -480,7 +483,7 @@ def _runs_table(p: Provenance) -> Table:
     runs = [
         [
             b.side,
-            r.workload,
+            slice_key(r.workload or RANDOM_IDS, r.category),
             str(r.concurrency),
             or_na(r.repeat),
             or_na(r.seed),

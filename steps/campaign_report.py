@@ -176,7 +176,13 @@ def host_provenance(
         benchmarks = ((v.step, read_facts(BenchmarkFacts, v)) for v in passed if v.kind == "benchmark")
         measured = {step: facts for step, facts in benchmarks if facts is not None}
         sides = [
-            provenance.Measured(c.name, c.benchmark, measured[c.benchmark].server, measured[c.benchmark].runs)
+            provenance.Measured(
+                c.name,
+                c.benchmark,
+                measured[c.benchmark].server,
+                measured[c.benchmark].runs,
+                measured[c.benchmark].requests_file,
+            )
             for c in cells
             if c.host == host and c.status == "passed" and c.benchmark in measured
         ]

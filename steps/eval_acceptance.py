@@ -388,6 +388,8 @@ class EvalAcceptanceFacts(Model):
     lossless: dict[str, LosslessSet] | None  # None without compare_outputs_to
     lossless_failed: dict[str, str]  # set name -> why it fails the lossless check
     requests: list[RequestFacts]
+    # the per-request records (steps/request_records.py), relative to the run folder; None: none were written
+    requests_file: str | None = None
 
 
 class HostDocument(Model):
@@ -783,4 +785,12 @@ class EvalAcceptanceStep(StepSpec):
         result = await ctx.run(self._script(ctx, sets), on_output=progress_sink(ctx))
         if result.timed_out or result.interrupted:
             return Outcome(result)
-        return Outcome(result, self.parse_facts(result, setup, reference))
+        return Outcome(result, self.keep_records(ctx, self.parse_facts(result, setup, reference)))
+
+    def keep_records(self, ctx: StepContext, facts: EvalAcceptanceFacts) -> EvalAcceptanceFacts:
+        """Each request's meta_info (as its facts hold it) written as JSONL to the run folder, and where."""
+        from steps.request_records import RecordsFile, eval_records
+
+        records = RecordsFile(ctx.output_dir, self.id, ctx.redactor)
+        records.append(eval_records({"run": ctx.run_dir.name, "host": ctx.host_name, "step": self.id}, facts.requests))
+        return facts.model_copy(update={"requests_file": records.relative_to(ctx.run_dir)})

@@ -31,7 +31,6 @@ from pydantic import ConfigDict, ValidationError
 from executor.runbook.model import DataModel
 from executor.stepkind import StepContext
 from steps.benchmark_results import BenchRun
-from steps.benchmark_workloads import slice_key
 
 
 class RepoProvenance(DataModel):
@@ -80,7 +79,8 @@ class GpuProvenance(DataModel):
 
 
 class RunProvenance(DataModel):
-    workload: str = "random-ids"  # its workload's label and SPEED-Bench category (`speed-bench/mixed`)
+    workload: str | None = None  # the run's workload label (None: a report from before workloads, random ids)
+    category: str | None = None  # its SPEED-Bench category (None: the whole workload)
     concurrency: int
     repeat: int
     seed: int
@@ -93,6 +93,7 @@ class BenchmarkProvenance(DataModel):
     side: str
     step: str
     runs: list[RunProvenance]
+    requests: str | None = None  # its per-request records (JSONL), relative to the run folder
 
 
 class AcceptanceProvenance(DataModel):
@@ -100,6 +101,7 @@ class AcceptanceProvenance(DataModel):
     api: str | None
     template: str | None
     thinking: bool | None  # None for raw text (no template, no thinking switch)
+    requests: str | None = None  # its per-request records (JSONL), relative to the run folder
 
 
 class Provenance(DataModel):
@@ -222,6 +224,7 @@ class Measured:
     step: str
     server: str
     runs: Sequence[BenchRun]
+    requests_file: str | None = None  # the benchmark's per-request records (steps/request_records.py)
 
 
 def _read(model: type[_SeenT], facts: dict[str, Any]) -> dict[str, _SeenT]:
@@ -235,7 +238,7 @@ def _read(model: type[_SeenT], facts: dict[str, Any]) -> dict[str, _SeenT]:
     return read
 
 
-def _same_path(a: str, b: str) -> bool:
+def same_path(a: str, b: str) -> bool:
     return os.path.normpath(a) == os.path.normpath(b)
 
 
@@ -252,7 +255,7 @@ def repos(sources: Sources, unknown: dict[str, str]) -> list[RepoProvenance]:
             unknown[f"repos.{v.repo}.verified"] = f"{step} did not verify {v.local_dir}: {problem}"
         found.append(RepoProvenance(**v.model_dump(include=REPO_KEYS), step=step, verified=problem is None))
     for step, d in downloads.items():
-        if any(_same_path(d.local_dir, r.local_dir) for r in found):
+        if any(same_path(d.local_dir, r.local_dir) for r in found):
             continue
         unknown[f"repos.{d.repo}.verified"] = (
             f"no verify step on host {sources.host} checked {d.local_dir}: its files are not known to be those "
@@ -312,7 +315,7 @@ def deployments(
         elif d.server_version is None:
             unknown[f"{where}.server_version"] = d.server_version_unknown or "the deploy step did not record it"
         for key, path in (("model_path", d.model_path), ("draft_model_path", d.draft_model_path)):
-            if path and not any(_same_path(path, r.local_dir) for r in found):
+            if path and not any(same_path(path, r.local_dir) for r in found):
                 unknown[f"{where}.{key}"] = (
                     f"no download or verify step on host {sources.host} names {path}: its commit is not known"
                 )
@@ -376,7 +379,8 @@ def benchmarks(sides: Sequence[Measured]) -> list[BenchmarkProvenance]:
             step=side.step,
             runs=[
                 RunProvenance(
-                    workload=slice_key(run.workload, run.category),
+                    workload=run.workload,
+                    category=run.category,
                     concurrency=run.max_concurrency,
                     repeat=run.repeat,
                     seed=run.seed,
@@ -386,6 +390,7 @@ def benchmarks(sides: Sequence[Measured]) -> list[BenchmarkProvenance]:
                 )
                 for run in side.runs
             ],
+            requests=side.requests_file,
         )
         for side in sides
     ]
@@ -399,7 +404,11 @@ def acceptance(step: str | None, facts: dict[str, Any] | None, unknown: dict[str
     if facts.get("api") is None:
         unknown["acceptance"] = f"the facts of {step} do not say which API, template and thinking setting it used"
     return AcceptanceProvenance(
-        step=step, api=facts.get("api"), template=facts.get("template"), thinking=facts.get("thinking")
+        step=step,
+        api=facts.get("api"),
+        template=facts.get("template"),
+        thinking=facts.get("thinking"),
+        requests=facts.get("requests_file"),
     )
 
 

@@ -92,6 +92,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "executor.faces.cli",
             "executor.faces.mcp_server",
             "executor.faces.views",
+            "executor.faces.report_csv",
             "executor.faces.inputs",
             "executor.faces.testing",
             "executor",

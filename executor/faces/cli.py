@@ -66,6 +66,8 @@ MESSAGE_CELL = 120
 GATE_CELL = 60
 #: A report table's column of this name holds commands: on a terminal they follow the table (`_print_report_table`).
 COMMAND_COLUMN = "command"
+#: What `runbook report --format` prints: the tables, report.json, the tidy rows (executor/faces/report_csv.py).
+REPORT_FORMATS = ("text", "json", "csv")
 
 
 @functools.cache
@@ -137,7 +139,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a run id (or a unique prefix) under --log-dir, or a run folder; default: the latest run",
     )
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
-    p.add_argument("--json", action="store_true", help="print report.json as it is")
+    p.add_argument(
+        "--format",
+        choices=REPORT_FORMATS,
+        help="text: the tables (default); json: report.json as it is; csv: a row per cell x workload x "
+        "concurrency with what its numbers are of",
+    )
+    p.add_argument("--json", action="store_true", help="short for --format json")
+    p.set_defaults(settle=functools.partial(_report_format, error=p.error))
 
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
     which = p.add_mutually_exclusive_group()
@@ -193,6 +202,13 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
     p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
     p.set_defaults(resumable=True)  # end a run that stopped with the command that continues it (not the demo's)
+
+
+def _report_format(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """`runbook report`'s format: `--json` is `--format json`, and the two may not say different things."""
+    if args.json and args.format not in (None, "json"):
+        error(f"--json is short for --format json; it contradicts --format {args.format}: give one of them")
+    args.format = "json" if args.json else args.format or "text"
 
 
 def _runbook_of_run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -486,7 +502,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 os.environ["HF_TOKEN"] = saved
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
-        cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, json=False))
+        cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, format="text"))
     _say_demo_end(run_dir, args.log_dir, code, site.runbook.name)
     return code
 
@@ -831,13 +847,19 @@ def _make_key() -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Print report.json's title, notes, tables and figures; what they mean is the writer's business."""
+    """Print report.json's title, notes, tables, figures and per-request records (`--format json`: the document
+    as it is; csv: its tidy rows, executor/faces/report_csv.py); what they mean is the writer's business."""
     from executor.faces import views
 
     run_dir = report_folder(args.run, args.log_dir)
     report, whole = views.read_report(run_dir)  # refused unless shaped as a report with a complete provenance
-    if args.json:
+    if args.format == "json":
         print(strict_json.dumps(report, indent=2))
+        return EXIT_OK
+    if args.format == "csv":
+        from executor.faces import report_csv
+
+        report_csv.write(report_csv.tidy_table(report, run_dir), sys.stdout)
         return EXIT_OK
     shown, left_out = views.shown_within(whole)
     out().print(shown_text(shown.title, style="bold"))
@@ -847,6 +869,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print_report_table(each)
     for figure in shown.figures:
         out().print(shown_text(f"{figure.title}: {run_dir / figure.path}"))
+    for what, path in views.request_files(report):
+        out().print(shown_text(f"per-request records of {what}: {run_dir / path}"))
     if left_out:
         out().print(shown_text(f"({left_out:,} more notes, cells or figures left out: --json prints them all)"))
     return EXIT_OK

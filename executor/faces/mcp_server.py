@@ -5,7 +5,8 @@ structured JSON: `validate` and `plan` read a runbook as `runbook validate` and 
 `resume` start `python -m executor.faces.cli run ... --json` in its own session and return once its first event
 (`run_started`) says which run it is, never waiting for the run itself; `events` reads the run folder's
 events.jsonl by `seq`; `status` and `runs` return what executor.faces.views gives `--json`, `report` its summary
-of a report (or one of its sections, page by page); `tail` a step's output from the audit log; `stop` interrupts
+of a report (or one of its sections, or with `format: csv` its tidy rows, page by page); `tail` a step's output
+from the audit log; `stop` interrupts
 a run as Ctrl-C would (SIGINT to the process holding its lock, once its lock's record proves that process is the
 one that took it). Every result is capped (`RESULT_CAP`
 bytes, its text block too: a long list is cut, saying so, how much was left out and which file holds it whole)
@@ -30,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlparse
 
 from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
@@ -166,6 +167,17 @@ def capped_section(table: Table, offset: int, whole: Path, cap: int = RESULT_CAP
         return page(kept)
     share = (cap - _size(page(0))) // (2 * max(1, len(rows[0])))
     return page(1, [[_within(cell, share) for cell in rows[0]]]) | {"cells_cut": True}
+
+
+def capped_rows(run_dir: Path, section: str | None, offset: int, cap: int = RESULT_CAP) -> dict[str, Any]:
+    """`runbook report --format csv`'s rows of the run's report (executor/faces/report_csv.py), its cells as the
+    csv has them, paged as a section is (`capped_section`); refused with a section, which is another table."""
+    from executor.faces import report_csv  # the report's models: only for the rows
+
+    if section is not None:
+        raise ArgumentRefused(f"report: section {section!r} or format csv, not both")
+    table = report_csv.tidy_table(views.read_report(run_dir)[0], run_dir)
+    return capped_section(table, offset, run_dir / views.REPORT_FILE, cap)
 
 
 def _cut(result: dict[str, Any], key: str, fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
@@ -733,16 +745,22 @@ def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> N
         run_dir: str | None = None,
         section: str | None = None,
         offset: Annotated[int, Field(ge=0)] = 0,
+        format: Literal["summary", "csv"] = "summary",
         client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """A run's report in short: headline, speedup (a benchmark's) or best configuration per concurrency (a
-        campaign's), verdicts, its sections (tables) by name, figures and the paths of the whole report. With
-        `section` (a section's name, or its start): that table's rows from `offset`, as many as the cap holds
-        (`next_offset` asks for the rest). Refused without a complete provenance. The run is `run_id` under
-        `log_dir` (the latest when no run_id), as for the other tools, or `run_dir`."""
+        campaign's), verdicts, its sections (tables) by name, figures, per-request records and the paths of the
+        whole report. With `section` (a section's name, or its start): that table's rows from `offset`, as many
+        as the cap holds (`next_offset` asks for the rest). With `format: csv`: `runbook report --format csv`'s
+        rows (one per cell x workload x concurrency, with what its numbers are of), paged the same way. (No
+        `json`: the summary is JSON, and report.json, megabytes for a campaign, is at `report_json`.) Refused
+        without a complete provenance. The run is `run_id` under `log_dir` (the latest when no run_id), as for
+        the other tools, or `run_dir`."""
         here = roots.with_client(client_roots)
         folder = here.inside(run_dir, "run_dir") if run_dir else _run_dir(here, log_dir, run_id)
         whole = folder / views.REPORT_FILE
+        if format == "csv":
+            return capped_rows(folder, section, offset)
         if section is None:
             return capped_summary(views.report_summary(folder), whole)
         return capped_section(views.report_table(folder, section), offset, whole)

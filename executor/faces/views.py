@@ -184,6 +184,30 @@ def read_report(run_dir: Path) -> tuple[dict[str, Any], Shown]:
     return dict(document), shown
 
 
+def request_files(document: dict[str, Any]) -> list[tuple[str, str]]:
+    """The per-request records a report names (steps/request_records.py), as (what, path relative to the run
+    folder), each once: every benchmark side's and acceptance eval's its provenance holds (a campaign's per
+    host), and each campaign cell's evals. Read as plain data: a reader of older reports finds none."""
+    provenance = document.get("provenance")
+    origins = list(provenance.values()) if isinstance(provenance, dict) and "benchmarks" not in provenance else []
+    origins = origins or [provenance]
+    named: list[tuple[Any, Any]] = []
+    for origin in filter(lambda each: isinstance(each, dict), origins):
+        benchmarks = origin.get("benchmarks")
+        benchmarks = benchmarks if isinstance(benchmarks, list) else []
+        named += [(b.get("step"), b.get("requests")) for b in benchmarks if isinstance(b, dict)]
+        acceptance = origin.get("acceptance")
+        named += [(acceptance.get("step"), acceptance.get("requests"))] if isinstance(acceptance, dict) else []
+    campaign = document.get("campaign")
+    cells = campaign.get("cells") if isinstance(campaign, dict) else None
+    for each in cells if isinstance(cells, list) else []:
+        evals = each.get("acceptance") if isinstance(each, dict) else None
+        evals = evals if isinstance(evals, list) else []
+        named += [(e.get("step"), e.get("requests_file")) for e in evals if isinstance(e, dict)]
+    found = {path: str(what) for what, path in named if isinstance(path, str) and path}
+    return [(what, path) for path, what in found.items()]
+
+
 def shown_report(document: Any, path: Path) -> Shown:
     """What a report shows (executor/documents.py's `Shown`: title, notes, tables, figures), typed; ResumeError
     naming `path` when it is not shaped as a report, or a newer runbook wrote it. What it means is the writer's
@@ -268,6 +292,7 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
             {"title": figure.title, "path": str(run_dir / figure.path)} | _missing(run_dir / figure.path, "missing")
             for figure in shown.figures
         ],
+        "requests": [{"of": what, "path": str(run_dir / path)} for what, path in request_files(document)],
         "report_json": str(run_dir / REPORT_FILE),
         "report_md": str(run_dir / "report.md"),
         **_missing(run_dir / "report.md", "report_md_missing"),

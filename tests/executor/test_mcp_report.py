@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import csv
 import io
 import json
 import shutil
@@ -23,6 +24,7 @@ from mcp.client.client import Client
 from executor.faces.cli import main
 from executor.faces.mcp_server import RESULT_CAP, Launches, Roots, build_server
 from steps.benchmark_figures import write_report
+from tests.clirun import runbook_cli
 from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, PROVENANCE
 from tests.steps.test_campaign_report import ZLAB_4, host_views, write_campaign
 
@@ -195,3 +197,25 @@ def test_a_report_whose_markdown_and_figures_were_not_written_says_so(site: Path
         "acceptance.png": True,
     }
     assert "report_md_missing" not in report(site, run_dir=str(site / "benchmark"))
+
+
+def test_format_csv_pages_the_cli_s_tidy_rows_within_the_cap(site: Path, tmp_path: Path) -> None:
+    """`format: csv`: the rows `runbook report --format csv` prints (a campaign of many cells, far over the cap),
+    page by page; with a section too it is refused, the two being different tables."""
+    whole = document(site / "campaign")
+    whole["campaign"]["cells"] *= 16
+    run_dir = tmp_path / "many"
+    run_dir.mkdir()
+    (run_dir / "report.json").write_text(json.dumps(whole))
+    done = runbook_cli("report", str(run_dir), "--format", "csv")
+    header, *printed = list(csv.reader(io.StringIO(done.stdout)))
+    assert done.returncode == 0 and len(done.stdout) > RESULT_CAP
+    rows: list[list[str]] = []
+    page: dict[str, Any] = {"next_offset": 0}
+    while page["next_offset"] is not None:
+        page = report(tmp_path, run_dir=str(run_dir), format="csv", offset=page["next_offset"])
+        assert page["columns"] == header and page["rows_total"] == len(printed) and "cells_cut" not in page
+        rows += page["rows"]
+    assert rows == printed
+    both = report(tmp_path, run_dir=str(run_dir), format="csv", section="Provenance")
+    assert both["exit_code"] == 2 and "section 'Provenance' or format csv, not both" in both["error"]

@@ -3,6 +3,8 @@ comparisons, and (through the real sshd and the SGLang stand-in) the whole step 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -42,6 +44,7 @@ from steps.benchmark_results import (
     parse_run,
     points,
 )
+from steps.request_records import DETAILS_MAX_TOKENS, TEXT_MAX_CHARS, bench_records, file_name
 from tests.clirun import runbook_cli
 
 
@@ -264,6 +267,62 @@ def test_the_host_runs_the_current_entry_point_where_its_sglang_has_it(
         assert failure.endswith(error_line(done.stdout, done.stderr))
 
 
+def test_a_run_asks_for_per_request_details_only_within_their_cap() -> None:
+    """`--output-details` up to DETAILS_MAX_TOKENS output tokens asked (prompts x output_len), checked before the
+    run: a larger line would be cut by what the controller keeps of a command's output, and the run fail."""
+    fits = DETAILS_MAX_TOKENS // 1000
+    step = BenchmarkStep(id="b", server="d", output_len=1000, num_prompts=fits, concurrencies=[1])
+    assert "--output-details" in step.command("http://x", 1, 1)
+    bigger = step.model_copy(update={"num_prompts": fits + 1})
+    assert "--output-details" not in bigger.command("http://x", 1, 1)
+
+
+@pytest.mark.parametrize(
+    "details",
+    [
+        {},  # no --output-details: nothing to keep
+        {
+            "input_lens": [1, 2],
+            "output_lens": [3],
+            "ttfts": [0.1],
+            "itls": [[]],
+            "generated_texts": [""],
+            "errors": [""],
+        },
+        {"input_lens": 1, "output_lens": 1, "ttfts": 1, "itls": 1, "generated_texts": 1, "errors": 1},
+    ],
+)
+def test_details_that_are_not_one_list_per_field_of_one_length_make_no_records(details: dict[str, Any]) -> None:
+    assert bench_records(json.dumps(real_line() | details), {"step": "b"}) is None
+
+
+def test_a_record_keeps_times_in_ms_and_its_text_cut_to_the_cap() -> None:
+    text = "w " * TEXT_MAX_CHARS
+    details = {"input_lens": [4], "output_lens": [2], "ttfts": [0.25], "itls": [[0.01, float("nan")]]}
+    details |= {"generated_texts": [text], "errors": [""]}
+    [record] = bench_records(json.dumps(real_line() | details), {"step": "b"}) or []
+    assert record == {
+        "step": "b",
+        "index": 0,
+        "input_len": 4,
+        "output_len": 2,
+        "ttft_ms": 250.0,
+        "itl_ms": [10.0, None],
+        "error": None,
+        "generated_chars": 2 * TEXT_MAX_CHARS,
+        "generated_text": text[:TEXT_MAX_CHARS],
+    }
+
+
+@pytest.mark.parametrize(
+    ("step", "name"),
+    [("bench", "bench.jsonl"), ("bench[drafter=a/b,tokens=4]", "bench_drafter=a_b,tokens=4_-")],
+)
+def test_a_records_file_is_named_by_its_step_safely(step: str, name: str) -> None:
+    assert file_name(step).startswith(name) and "/" not in file_name(step) and file_name(step).endswith(".jsonl")
+    assert file_name("x" * 300) != file_name("x" * 301) and len(file_name("x" * 300)) < 120
+
+
 def test_plan_shows_one_command_per_run_with_the_server_known_at_run_time() -> None:
     """Three clean runs per concurrency by default, each with its own seed and a flush after the warmup."""
     planned = BenchmarkStep(id="b", server="d").plan(PlanContext("box", {}))
@@ -440,6 +499,14 @@ def test_baseline_then_dflash_with_the_report(
     markdown = (run_dir / "report.md").read_text()
     assert main(["report", str(run_dir)]) == 0
     shown = capsys.readouterr().out
+    check_request_records(run_dir, records, provenance, shown)
+    assert main(["report", str(run_dir), "--format", "csv"]) == 0  # the real run's tidy rows
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["cell"], r["concurrency"]) for r in rows] == [(s, c) for s in ("baseline", "dflash") for c in "14"]
+    assert {(r["client"], r["dataset"], r["sglang_version"], r["gpu_model"]) for r in rows} == {
+        ("sglang.bench_serving", "random-ids", "0.5.23", "")
+    }
+    assert [r["requests_file"] for r in rows[::2]] == [records[s]["facts"]["requests_file"] for s in BENCHMARKS]
     for table in report["tables"]:
         assert f"## {table['title']}" in markdown and table["title"] in shown
         for row in table["rows"]:
@@ -557,6 +624,42 @@ def test_every_run_is_clean_no_cached_prefix_and_its_own_acceptance(
     ceiling = simulation.DEFAULT_ACCEPT["chat"] * simulation.TEMPLATE_SCALE["raw"] + simulation.JITTER
     assert min(before["accept_lengths"]) > ceiling and before["running_average"] > ceiling
     assert all(1 < run["accept_length"] <= ceiling for run in runs)
+
+
+BENCHMARKS = ("benchmark_baseline", "benchmark_dflash")
+
+
+def check_request_records(run_dir: Path, steps: dict[str, Any], provenance: dict[str, Any], shown: str) -> None:
+    """Each benchmark's per-request records (`--output-details`) and the eval's meta_info: JSONL in the run folder,
+    a JSON object a line, one per request sent, named by report.json's provenance and by `runbook report`."""
+    named = {b["step"]: b["requests"] for b in provenance["benchmarks"]} | {
+        "eval": provenance["acceptance"]["requests"]
+    }
+    assert named == {
+        step: f"hosts/box/requests/{step}.jsonl" for step in ("benchmark_baseline", "benchmark_dflash", "eval")
+    }
+    read = {}
+    for step, path in named.items():
+        assert (
+            steps[step]["facts"]["requests_file"] == path
+            and f"per-request records of {step}: {run_dir / path}" in shown
+        )
+        read[step] = [json.loads(line) for line in (run_dir / path).read_text().splitlines()]
+    for step in BENCHMARKS:
+        facts = steps[step]["facts"]
+        assert len(read[step]) == sum(run["completed"] for run in facts["runs"]) == 16
+        for run in facts["runs"]:
+            mine = [r for r in read[step] if (r["concurrency"], r["repeat"]) == (run["max_concurrency"], run["repeat"])]
+            assert [r["index"] for r in mine] == list(range(8)) and {r["seed"] for r in mine} == {run["seed"]}
+            assert sum(r["output_len"] for r in mine) == run["total_output_tokens"]
+            assert all(r["input_len"] == 32 and r["ttft_ms"] > 0 and len(r["itl_ms"]) >= 1 for r in mine)
+            assert all(r["error"] is None and r["workload"] == "random-ids" and r["step"] == step for r in mine)
+            assert "--output-details" in run["command"]
+    evaluated = steps["eval"]["facts"]["requests"]
+    assert [(r["set"], r["id"], r["verify_ct"]) for r in read["eval"]] == [
+        (r["set"], r["id"], r["verify_ct"]) for r in evaluated
+    ]
+    assert len(read["eval"]) == 2 and all("output_ids" not in r and r["run"] == run_dir.name for r in read["eval"])
 
 
 def test_repeats_give_points_with_their_spread_and_a_pair_sends_the_same_prompts(
