@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from executor.hostprogram import marked_folder
+from executor.hostprogram import host_program, marked_folder
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from steps.benchmark_report import Acceptance, Side
 
 Positive = Annotated[int, Field(gt=0)]
+SCRAPE_TIMEOUT_S = 30.0  # one GET of /metrics, its whole answer
 
 
 class BenchmarkStep(StepSpec):
@@ -128,19 +129,22 @@ class BenchmarkStep(StepSpec):
         seed: int,
         pasted: Mapping[str, str] | None = None,
         out: str = '"$out/bench.jsonl"',
+        warmup: bool = False,
     ) -> str:
         """The bench_serving command line of one run: the script's, as rendered (`python` and `extra_args` are
         host words: `~` and `$vars` expand there, as in deploy's); with `pasted` (the host's vars) and `out`, as
-        a person would paste it."""
+        a person would paste it. `warmup`: the run's warm-up requests as a run of their own, before the window
+        of its exact acceptance (`metered`); the measured run then sends none."""
 
         def word(text: str) -> str:
             return host_word(text) if pasted is None else pasted_word(text, pasted)
 
         args: list[str | int] = ["--backend", "sglang", "--base-url", base_url, "--dataset-name", "random-ids"]
         args += ["--random-input-len", self.input_len, "--random-output-len", self.output_len]
-        args += ["--random-range-ratio", "1.0", "--num-prompts", self.prompts_at(concurrency)]
-        args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
-        args += ["--seed", seed, "--flush-cache"]
+        prompts = self.warmup_requests if warmup else self.prompts_at(concurrency)
+        args += ["--random-range-ratio", "1.0", "--num-prompts", prompts]
+        args += ["--max-concurrency", concurrency, "--warmup-requests", 0, "--disable-tqdm"]
+        args += ["--seed", seed] + ([] if warmup else ["--flush-cache"])
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
         return f"{word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
 
@@ -150,11 +154,30 @@ class BenchmarkStep(StepSpec):
             f"{self.input_len} input / {self.output_len} output tokens (random-ids: nothing to download), "
             f"seed {seed}, the cache flushed after the warmup\n"
             + marked_folder("out")
-            + f"{self.command(base_url, concurrency, seed)}\n"
-            "rc=$?\n"
-            f"echo {shlex.quote(JSONL_MARKER)}\n"
+            + self.metered(base_url, concurrency, seed)
+            + f"echo {shlex.quote(JSONL_MARKER)}\n"
             'cat "$out/bench.jsonl" 2> /dev/null\n'  # none when bench_serving failed first
             'exit "$rc"\n'
+        )
+
+    def metered(self, base_url: str, concurrency: int, seed: int) -> str:
+        """Bash lines of one run inside its exact-acceptance window (steps/server_metrics.py), `rc` its status.
+        bench_serving (0.5.23 benchmark/serving.py `benchmark`) sends its warm-up requests, then flushes the cache,
+        then runs: its warm-up would fall inside any window around it, and nothing outside it can tell those
+        tokens apart. So the warm-up runs first as a client run of its own (`--num-prompts` the warm-up count),
+        then /metrics is scraped, the measured run sends no warm-up (`--warmup-requests 0`; `--flush-cache` still
+        flushes before it), and /metrics is scraped again. The scrapes come back after METRICS_MARKER."""
+        from steps.server_metrics import FAMILIES, METRICS_MARKER
+
+        config = {"base_url": base_url, "families": list(FAMILIES), "timeout_s": SCRAPE_TIMEOUT_S}
+        scrape = host_program("scrape_metrics", config, self.python)
+        warm = self.command(base_url, concurrency, seed, out='"$out/warmup.jsonl"', warmup=True)
+        return (
+            (f"{warm} || exit\n" if self.warmup_requests else "")
+            + f'(\n{scrape}) > "$out/metrics.before"\n'
+            + f"{self.command(base_url, concurrency, seed)}\nrc=$?\n"
+            + f'if [ "$rc" = 0 ]; then\n(\n{scrape}) > "$out/metrics.after"\n'
+            + f'echo {shlex.quote(METRICS_MARKER)}\ncat "$out/metrics.before" "$out/metrics.after"\nfi\n'
         )
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
@@ -188,6 +211,7 @@ class BenchmarkStep(StepSpec):
             run = parse_run(lines[-1], info)
         except ValueError as exc:
             return None, f"{where}: {exc}"
+        run = with_exact_acceptance(run, result.stdout_text.partition(JSONL_MARKER)[0])
         shortfall = run.shortfall
         return run, f"{where}: {shortfall}" if shortfall else None
 
@@ -321,6 +345,15 @@ class BenchmarkStep(StepSpec):
             acceptance_step=self.acceptance,
             acceptance_facts=None if acceptance is None else acceptance.model_dump(),
         )
+
+
+def with_exact_acceptance(run: BenchRun, stdout: str) -> BenchRun:
+    """`run` with its acceptance lengths: the exact one from the scrapes `metered` printed, beside the client's
+    running average (`accept_length`, from /server_info)."""
+    from steps.server_metrics import run_acceptance, scrapes
+
+    before, after = scrapes(stdout)
+    return run.model_copy(update={"acceptance": run_acceptance(before, after, run.accept_length, None)})
 
 
 _WARNING = re.compile(r":\d+: \w*Warning: ")

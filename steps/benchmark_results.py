@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from executor.runbook.model import DataModel
+from steps.server_metrics import RunAcceptance
 
 #: Printed by the step's script before the JSONL file's content; what follows it is the file.
 JSONL_MARKER = "==> runbook: the JSONL of sglang.bench_serving follows <=="
@@ -103,6 +104,8 @@ class BenchRun(RunInfo):
     # (null without speculative decoding)
     accept_length: Measured | None
     unknown: dict[str, str]  # field -> why it is null
+    #: the exact acceptance length from /metrics around the run, beside accept_length (steps/server_metrics.py)
+    acceptance: RunAcceptance | None = None
 
     @property
     def shortfall(self) -> str | None:
