@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from executor.hostprogram import host_program, marked_folder
+from executor.hostprogram import marked_folder, program_files, program_run
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, StepContext, StepRef, StepSpec
@@ -170,13 +170,14 @@ class BenchmarkStep(StepSpec):
         from steps.server_metrics import FAMILIES, METRICS_MARKER
 
         config = {"base_url": base_url, "families": list(FAMILIES), "timeout_s": SCRAPE_TIMEOUT_S}
-        scrape = host_program("scrape_metrics", config, self.python)
+        scrape = program_run(self.python, "out").rstrip("\n")  # shipped once into the run's folder, run twice
         warm = self.command(base_url, concurrency, seed, out='"$out/warmup.jsonl"', warmup=True)
         return (
             (f"{warm} || exit\n" if self.warmup_requests else "")
-            + f'(\n{scrape}) > "$out/metrics.before"\n'
+            + program_files("scrape_metrics", config, "out")
+            + f'{scrape} > "$out/metrics.before"\n'
             + f"{self.command(base_url, concurrency, seed)}\nrc=$?\n"
-            + f'if [ "$rc" = 0 ]; then\n(\n{scrape}) > "$out/metrics.after"\n'
+            + f'if [ "$rc" = 0 ]; then\n{scrape} > "$out/metrics.after"\n'
             + f'echo {shlex.quote(METRICS_MARKER)}\ncat "$out/metrics.before" "$out/metrics.after"\nfi\n'
         )
 
@@ -353,7 +354,7 @@ def with_exact_acceptance(run: BenchRun, stdout: str) -> BenchRun:
     from steps.server_metrics import run_acceptance, scrapes
 
     before, after = scrapes(stdout)
-    return run.model_copy(update={"acceptance": run_acceptance(before, after, run.accept_length, None)})
+    return run.model_copy(update={"acceptance": run_acceptance(before, after, run.accept_length)})
 
 
 _WARNING = re.compile(r":\d+: \w*Warning: ")

@@ -416,9 +416,9 @@ class DeployStep(ServerStep):
         return sglang_flags.canonical_table(groups), ""
 
     def _metrics(self, ctx: RenderContext) -> Choice:
-        if self.metrics:
-            return Choice(value=True, source="runbook: /metrics counters give each run its exact acceptance length")
-        return Choice(value=False, source="runbook: off (no exact acceptance length per run)")
+        if "metrics" in self.model_fields_set:
+            return Choice(value=self.metrics, source="runbook")
+        return Choice(value=True, source="default: /metrics counters give each run its exact acceptance length")
 
     def _mem_fraction(self, ctx: RenderContext) -> Choice:
         if self.mem_fraction_static is None:

@@ -486,7 +486,11 @@ def facts_from(
         # grow the state, by up to max_new_tokens ids a request
         requests=requests if not step.speculative else [r.model_copy(update={"output_ids": None}) for r in requests],
         acceptance=run_acceptance(
-            document.metrics_before, document.metrics_after, document.running_average, overall.mean
+            document.metrics_before,
+            document.metrics_after,
+            document.running_average,
+            overall.weighted_mean,
+            overall.mean,
         ),
     )
 

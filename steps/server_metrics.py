@@ -27,21 +27,25 @@ from executor.runbook.model import Model
 
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 VERIFY_CALLS = "sglang:spec_verify_calls_total"
+REQUESTS = "sglang:num_requests_total"  # finished requests: each one's first token came from prefill, not a verify
 ACCEPT_GAUGE = "sglang:spec_accept_length"  # the last decode-log window's mean: shown, never used for the value
 #: The metric families the host keeps from /metrics (the rest, histograms and gauges by the hundred, stays there).
-FAMILIES = (GENERATION_TOKENS, VERIFY_CALLS, ACCEPT_GAUGE)
+FAMILIES = (GENERATION_TOKENS, VERIFY_CALLS, REQUESTS, ACCEPT_GAUGE)
 #: Limits, checked before parsing: a real scrape of these families is a few lines per label set.
 MAX_LINES = 10_000
 MAX_LINE_CHARS = 4096
 #: A counter's value is a float: whole numbers are exact only below this.
 EXACT_BELOW = 2**53
-#: How far an estimate (the server's running average, a per-request mean) may lie from the exact value before the
-#: report flags it, relative to the exact value. Both estimates differ by construction: the running average
-#: (/server_info avg_spec_accept_length) leaves out each request's first token (prefill, no verify call: about
-#: 1 / verify calls per request low, 0.8% at 128 calls) and the verify steps since the scheduler's last decode
-#: log (it adds to its totals every `--decode-log-interval` batches, 40 by default); the per-request mean weights
-#: a short answer as much as a long one. 5% holds those on runs of a few hundred tokens per request; more is a
-#: real disagreement: requests outside the run in the window, a flush or restart mid-run, a drafter that changed.
+#: How far an estimate may lie from the exact value before the report flags it, relative to it. The running average
+#: (/server_info avg_spec_accept_length, 0.5.23 internal_state.py: accepted tokens / verify calls) counts no
+#: request's first token (prefill, no verify call), so it is compared with the counters' value of the same
+#: definition, (Δgeneration_tokens - Δnum_requests) / Δspec_verify_calls; what is left is its lag (the scheduler
+#: adds to its totals every `--decode-log-interval` decode batches, 40 by default: a run's last steps may be
+#: missing). meta_info's token-weighted mean (Σcompletion_tokens / Σspec_verify_ct of the run's own requests) is
+#: compared with the exact value: alone on the server they are equal. 5% holds the lag on runs of a few hundred
+#: verify calls; more is a real disagreement: requests from outside the run in the window, a flush or restart
+#: mid-run, counters that miss requests. The per-request (equal-weight) mean is shown, never flagged: it weights a
+#: short answer as much as a long one, another quantity.
 TOLERANCE = 0.05
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -160,6 +164,7 @@ class Scrape(Model):
 class Counters(Model):
     generation_tokens: int
     verify_calls: int
+    requests: int
     accept_gauge: float | None  # sglang:spec_accept_length at this scrape
 
 
@@ -167,8 +172,12 @@ class ExactAcceptance(Model):
     """A run's acceptance length from the server's counters: None everywhere it is not known, with the reason."""
 
     value: float | None  # Δgeneration_tokens / Δspec_verify_calls
+    #: (Δgeneration_tokens - Δnum_requests) / Δspec_verify_calls: without each request's first token, as the
+    #: server's running average counts
+    decode_value: float | None
     generation_tokens: int | None  # Δ over the run
     verify_calls: int | None
+    requests: int | None
     accept_gauge: float | None  # sglang:spec_accept_length after the run (the last decode-log window's)
     unknown_reason: str | None
 
@@ -185,18 +194,19 @@ def counters(scrape: Scrape, when: str) -> Counters:
         raise MetricsError(f"/metrics {when} the run: {scrape.error}")
     try:
         exposition = parse("\n".join(scrape.lines))
-        generated, verify = counter_total(exposition, GENERATION_TOKENS), counter_total(exposition, VERIFY_CALLS)
+        totals = [counter_total(exposition, name) for name in (GENERATION_TOKENS, VERIFY_CALLS, REQUESTS)]
     except MetricsError as exc:
         raise MetricsError(f"/metrics {when} the run: {exc}") from None
     # a series exists from its first increment on: none yet is zero (a fresh server, a baseline's verify calls)
+    generated, verify, requests = (total or 0 for total in totals)
     gauge = gauge_value(exposition, ACCEPT_GAUGE)
-    return Counters(generation_tokens=generated or 0, verify_calls=verify or 0, accept_gauge=gauge)
+    return Counters(generation_tokens=generated, verify_calls=verify, requests=requests, accept_gauge=gauge)
 
 
 def exact_acceptance(before: Scrape | None, after: Scrape | None) -> ExactAcceptance:
     """The run's acceptance length from the scrapes around it, or None with why (metrics off, unreadable, the
     counters went down: the server restarted, no verify call in the run)."""
-    unknown = dict.fromkeys(("value", "generation_tokens", "verify_calls", "accept_gauge"))
+    unknown = dict.fromkeys(("value", "decode_value", "generation_tokens", "verify_calls", "requests", "accept_gauge"))
     if before is None or after is None:
         return ExactAcceptance(**unknown, unknown_reason="/metrics was not scraped around this run")
     try:
@@ -204,32 +214,28 @@ def exact_acceptance(before: Scrape | None, after: Scrape | None) -> ExactAccept
     except MetricsError as exc:
         return ExactAcceptance(**unknown, unknown_reason=str(exc))
     generated = end.generation_tokens - start.generation_tokens
-    verify = end.verify_calls - start.verify_calls
-    found = {"generation_tokens": generated, "verify_calls": verify, "accept_gauge": end.accept_gauge}
-    if generated < 0 or verify < 0:
-        return ExactAcceptance(
-            value=None,
-            **found,
-            unknown_reason=f"the counters went down ({GENERATION_TOKENS} by {-generated}, {VERIFY_CALLS} by "
-            f"{-verify}): the server restarted during the run",
-        )
+    verify, requests = end.verify_calls - start.verify_calls, end.requests - start.requests
+    found = {"generation_tokens": generated, "verify_calls": verify, "requests": requests}
+    found |= {"accept_gauge": end.accept_gauge, "value": None, "decode_value": None}
+    if min(generated, verify, requests) < 0:
+        deltas = {GENERATION_TOKENS: generated, VERIFY_CALLS: verify, REQUESTS: requests}
+        went = ", ".join(f"{name} by {-d}" for name, d in deltas.items() if d < 0)
+        return ExactAcceptance(**found, unknown_reason=f"the counters went down ({went}): the server restarted")
     if verify == 0:
-        return ExactAcceptance(
-            value=None,
-            **found,
-            unknown_reason=f"no verify call during the run ({VERIFY_CALLS} did not grow): no speculative decoding",
-        )
-    return ExactAcceptance(value=round(generated / verify, 4), **found, unknown_reason=None)
+        why = f"no verify call during the run ({VERIFY_CALLS} did not grow): no speculative decoding"
+        return ExactAcceptance(**found, unknown_reason=why)
+    found |= {"value": round(generated / verify, 4), "decode_value": round(max(generated - requests, 0) / verify, 4)}
+    return ExactAcceptance(**found, unknown_reason=None)
 
 
-def disagreement(exact: float | None, estimate: float | None, what: str) -> str | None:
+def disagreement(exact: float | None, estimate: float | None, what: str, definition: str = "") -> str | None:
     """Why `estimate` is flagged against the exact value (relative difference beyond TOLERANCE), or None."""
     if exact is None or estimate is None or exact <= 0:
         return None
     off = (estimate - exact) / exact
     if abs(off) <= TOLERANCE:
         return None
-    return f"{what} {estimate:.3g} is {off:+.1%} off the exact {exact:.4g} (tolerance {TOLERANCE:.0%})"
+    return f"{what} {estimate:.3g} is {off:+.1%} off the exact {exact:.4g}{definition} (tolerance {TOLERANCE:.0%})"
 
 
 class RunAcceptance(Model):
@@ -238,23 +244,30 @@ class RunAcceptance(Model):
 
     exact: ExactAcceptance
     running_average: float | None  # /server_info's avg_spec_accept_length after the run (since the last flush)
+    weighted_mean: float | None  # meta_info: Σcompletion_tokens / Σspec_verify_ct over the run's requests
     per_request_mean: float | None  # the mean of meta_info's per-request completion_tokens / spec_verify_ct
     disagreements: list[str]
 
 
 def run_acceptance(
-    before: Scrape | None, after: Scrape | None, running_average: float | None, per_request_mean: float | None
+    before: Scrape | None,
+    after: Scrape | None,
+    running_average: float | None,
+    weighted_mean: float | None = None,
+    per_request_mean: float | None = None,
 ) -> RunAcceptance:
-    """The exact value of a run and its estimates, each compared with it."""
+    """The exact value of a run and its estimates, each compared with the exact value of its definition."""
     exact = exact_acceptance(before, after)
-    estimates = {
-        "the running average (/server_info)": running_average,
-        "the per-request mean (meta_info)": per_request_mean,
-    }
-    found = [disagreement(exact.value, value, what) for what, value in estimates.items()]
+    found = [
+        disagreement(
+            exact.decode_value, running_average, "the running average (/server_info)", " without first tokens"
+        ),
+        disagreement(exact.value, weighted_mean, "meta_info's token-weighted mean"),
+    ]
     return RunAcceptance(
         exact=exact,
         running_average=running_average,
+        weighted_mean=weighted_mean,
         per_request_mean=per_request_mean,
         disagreements=[said for said in found if said],
     )

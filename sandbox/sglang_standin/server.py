@@ -262,6 +262,7 @@ class Engine:
                     if self.launch.speculative and counts is not None:
                         meta.update(counts.meta_info(done))
                     verify_ct = counts.verify_ct if self.launch.speculative and counts is not None else 0
+                    verify_ct *= 2 if self.switches.fault == "miscount_metrics" else 1  # a planted disagreement
                     self.metrics.finished(prompt_tokens, done, verify_ct, stream, meta["e2e_latency"])
                 yield {"text": text, "output_ids": list(ids), "meta_info": meta}
             if not chunks:  # max_new_tokens 0
