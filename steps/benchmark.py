@@ -144,7 +144,7 @@ class BenchmarkStep(StepSpec):
         prompts = self.warmup_requests if warmup else self.prompts_at(concurrency)
         args += ["--random-range-ratio", "1.0", "--num-prompts", prompts]
         args += ["--max-concurrency", concurrency, "--warmup-requests", 0, "--disable-tqdm"]
-        args += ["--seed", seed] + ([] if warmup else ["--flush-cache"])
+        args += ["--seed", seed, *([] if warmup else ["--flush-cache"])]
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
         return f"{word(self.python)} -m sglang.bench_serving {words} --output-file {out}"
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from executor.runbook.model import Model
 
@@ -215,7 +216,7 @@ def exact_acceptance(before: Scrape | None, after: Scrape | None) -> ExactAccept
         return ExactAcceptance(**unknown, unknown_reason=str(exc))
     generated = end.generation_tokens - start.generation_tokens
     verify, requests = end.verify_calls - start.verify_calls, end.requests - start.requests
-    found = {"generation_tokens": generated, "verify_calls": verify, "requests": requests}
+    found: dict[str, Any] = {"generation_tokens": generated, "verify_calls": verify, "requests": requests}
     found |= {"accept_gauge": end.accept_gauge, "value": None, "decode_value": None}
     if min(generated, verify, requests) < 0:
         deltas = {GENERATION_TOKENS: generated, VERIFY_CALLS: verify, REQUESTS: requests}

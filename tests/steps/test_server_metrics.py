@@ -156,29 +156,21 @@ def test_an_estimate_beyond_the_tolerance_is_flagged_and_one_within_is_not() -> 
     assert said.startswith("meta_info's token-weighted mean 4.3 is +7.5% off the exact 4") and "tolerance 5%" in said
 
 
-def test_the_host_keeps_only_the_families_lines() -> None:
+def test_the_host_keeps_only_the_families_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     """kit.scrape_metrics against the stand-in's body: the counters' and their # TYPE lines, nothing else."""
     metrics = Metrics("kimi", speculative=True)
     metrics.finished(prompt_tokens=8, completion_tokens=100, verify_ct=25, streaming=True, e2e=0.5)
-    body = metrics.exposition(running=0)
-
-    class Answer:
-        def __init__(self) -> None:
-            self.data = body.encode()
-
-        def __call__(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
-            return 200, self.data
-
-    original = kit.exchange
-    kit.exchange = Answer()  # type: ignore[assignment]
-    try:
-        kept = kit.scrape_metrics("http://127.0.0.1:1", list(FAMILIES), 1.0)
-    finally:
-        kit.exchange = original
+    body = metrics.exposition(running=0).encode()
+    monkeypatch.setattr(kit, "exchange", lambda *args, **kwargs: (200, body))
+    kept = kit.scrape_metrics("http://127.0.0.1:1", list(FAMILIES), 1.0)
     assert kept["status"] == 200 and kept["error"] is None
     assert all(line.split("{")[0].split()[-2 if line.startswith("#") else 0] in FAMILIES for line in kept["lines"])
     assert any(line.startswith("# TYPE sglang:generation_tokens_total counter") for line in kept["lines"])
     assert exact_acceptance(counts(0, 0), Scrape.model_validate(kept)).value == 4.0
+    monkeypatch.setattr(kit, "exchange", lambda *args, **kwargs: (200, b"x" * (kit.METRICS_MAX_BYTES + 1)))
+    refused = kit.scrape_metrics("http://127.0.0.1:1", list(FAMILIES), 1.0)
+    assert refused["error"] == "more than 8 MiB, the most a scrape reads" and refused["lines"] == []
+    assert "more than 8 MiB" in str(exact_acceptance(counts(0, 0), Scrape.model_validate(refused)).unknown_reason)
 
 
 # ---- through the CLI on the stand-in ----------------------------------------------------------------------
