@@ -182,14 +182,27 @@ def host_program(name: str, config: Mapping[str, Any], python: str = "python3") 
     `$var` expand there) and leave its exit status as theirs. Its folder is named after the bash that runs
     it (`marked_folder`), so that the next program on the host removes it when that bash was killed before
     its EXIT trap could."""
+    return program_files(name, config, "prog", marked_folder("prog")) + program_run(python, "prog")
+
+
+def program_files(name: str, config: Mapping[str, Any], folder: str, before: str = "") -> str:
+    """Bash lines that write program `name` and its config into the folder in bash variable `folder` (made by
+    `marked_folder`, or by the `before` lines), opened with the line that names the program: a script that runs
+    one program several times (a benchmark run's scrapes) ships it once."""
     digest, encoded = _shipped(name)
     return (
         f"# hostprograms/{name}.py with the kit, zip sha256:{digest[:16]}\n"
-        + marked_folder("prog")
-        + heredoc(encoded, command='base64 -d > "$prog/program.pyz"', delimiter="RUNBOOK_PROGRAM")
-        + heredoc(json.dumps(config, allow_nan=False), command='cat > "$prog/config.json"', delimiter="RUNBOOK_CONFIG")
-        + f'{host_word(python)} "$prog/program.pyz" "$prog/config.json"\n'
+        + before
+        + heredoc(encoded, command=f'base64 -d > "${folder}/program.pyz"', delimiter="RUNBOOK_PROGRAM")
+        + heredoc(
+            json.dumps(config, allow_nan=False), command=f'cat > "${folder}/config.json"', delimiter="RUNBOOK_CONFIG"
+        )
     )
+
+
+def program_run(python: str, folder: str) -> str:
+    """The bash line that runs the program `program_files` wrote into `$folder` under the host's `python`."""
+    return f'{host_word(python)} "${folder}/program.pyz" "${folder}/config.json"\n'
 
 
 #: How a host program marks a line of live progress: this prefix, then one JSON object, then a newline

@@ -20,10 +20,15 @@ releases answered 200 either way. Only a 200 whose body starts with "Cache flush
 refusal is retried a few times (the requests in flight may finish), then the run stops with the
 server's words: an acceptance length measured on a warm cache is not the one asked for.
 
+Exact acceptance: the server's Prometheus `/metrics` is scraped before the flush and after the last prompt
+(kit.scrape_metrics: only the lines of config `metric_families`), and `/server_info` read after it (its running
+average since the flush, `internal_states[0].avg_spec_accept_length`); the step computes and compares
+(steps/server_metrics.py). A server without metrics answers 404: recorded, not a failure.
+
 Shipped with the kit (hostprograms/kit.py). Its config: base_url (`$vars` expand here, as in a path),
 api ("chat" | "generate"), thinking (bool, chat only) and thinking_kwarg, max_new_tokens,
 request_timeout_s, flush_attempts, flush_delay_s, api_key_var (the NAME of an environment variable
-holding the server's API key, or null) and sets ({name: [{id, text}]}). One result document; one
+holding the server's API key, or null), metric_families and sets ({name: [{id, text}]}). One result document; one
 progress line per prompt (without the token ids).
 Exit status 1 when the run stopped early (`error` in the document says why), else 0.
 """
@@ -155,24 +160,52 @@ def ask(config: dict[str, Any], model: str | None, text: str, api_key: str | Non
     return record
 
 
+def running_average(config: dict[str, Any], api_key: str | None) -> Any:
+    """/server_info's `internal_states[0].avg_spec_accept_length` (None when absent or unreadable): the server's
+    running average since the last flush, which the step shows next to the exact value."""
+    url = config["base_url"].rstrip("/") + "/server_info"
+    try:
+        status, body = send(url, None, config["request_timeout_s"], api_key, method="GET")
+        states = kit.loads(body).get("internal_states") if status == 200 else None
+        return states[0].get("avg_spec_accept_length") if isinstance(states, list) and states else None
+    except (Unreachable, ValueError, AttributeError, RecursionError):
+        return None
+
+
+def scrape(config: dict[str, Any], api_key: str | None) -> dict[str, Any]:
+    """One scrape of the server's /metrics (the config's metric families only)."""
+    return kit.scrape_metrics(config["base_url"], config["metric_families"], config["request_timeout_s"], api_key)
+
+
 def evaluate(config: dict[str, Any]) -> dict[str, Any]:
-    """Flush, then every prompt of every set in order; stops early only when the server is gone."""
+    """Flush, then every prompt of every set in order; stops early only when the server is gone. /metrics is
+    scraped before and after (counters survive the flush), /server_info's running average read after."""
     api_key = os.environ.get(config["api_key_var"]) if config.get("api_key_var") else None
     config = config | {"base_url": kit.expand_path(config["base_url"])}  # `$vars` in it expand, as in a path
     document: dict[str, Any] = {"base_url": config["base_url"], "error": None, "sets": {}}
     document["planned"] = {name: len(prompts) for name, prompts in config["sets"].items()}
+    document["metrics_before"] = scrape(config, api_key)
+    prompted = prompt_sets(config, api_key, document)
+    if prompted:
+        document["metrics_after"] = scrape(config, api_key)
+        document["running_average"] = running_average(config, api_key)
+    return document
+
+
+def prompt_sets(config: dict[str, Any], api_key: str | None, document: dict[str, Any]) -> bool:
+    """Flush, then send every prompt into `document`; False when it stopped early (`error` says why)."""
     document["flush"] = flush = flush_cache(config, api_key)
     if not flush["flushed"]:
         said = f"HTTP {flush['status']}: {flush['body']}" if flush["status"] is not None else flush["body"]
         document["error"] = (
             f"the server did not flush its cache after {flush['attempts']} attempt(s); it answered {said}"
         )
-        return document
+        return False
     try:
         model = served_model(config, api_key) if config["api"] == "chat" else None
     except Unreachable as exc:
         document["error"] = str(exc)
-        return document
+        return False
     for name, prompts in config["sets"].items():
         records: list[dict[str, Any]] = document["sets"].setdefault(name, [])
         for number, prompt in enumerate(prompts, start=1):
@@ -180,11 +213,11 @@ def evaluate(config: dict[str, Any]) -> dict[str, Any]:
                 record = ask(config, model, prompt["text"], api_key)
             except Unreachable as exc:
                 document["error"] = f"the server stopped answering during set {name!r}, prompt {number}: {exc}"
-                return document
+                return False
             records.append({"id": prompt["id"], **record})
             shown = {key: value for key, value in record.items() if key != "output_ids"}
             kit.progress({"set": name, "id": prompt["id"], "done": number, "total": len(prompts), **shown})
-    return document
+    return True
 
 
 def main() -> int:

@@ -435,3 +435,32 @@ def cmdline(pid: int) -> str:
             return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+#: The most bytes of /metrics `scrape_metrics` reads: a real SGLang's whole exposition (every histogram, per
+#: label set) is well under 1 MiB; a server past this is no SGLang to read counters from.
+METRICS_MAX_BYTES = 8 << 20
+
+
+def scrape_metrics(base_url: str, families: list[str], deadline: float, token: str | None = None) -> Document:
+    """One GET of the server's Prometheus `/metrics`: its status and only the lines of `families` (their samples
+    and `# TYPE` lines: the controller parses them, steps/server_metrics.py), or why there is no answer. The rest
+    (hundreds of histogram lines) stays on the host."""
+    url = base_url.rstrip("/") + "/metrics"
+    scrape: Document = {"status": None, "error": None, "lines": []}
+    try:
+        status, body = exchange(url, deadline, token=token, limit=METRICS_MAX_BYTES + 1)
+    except NoAnswer as exc:
+        scrape["error"] = str(exc)
+        return scrape
+    scrape["status"] = status
+    if len(body) > METRICS_MAX_BYTES:
+        scrape["error"] = f"more than {METRICS_MAX_BYTES >> 20} MiB, the most a scrape reads"
+    elif status == 200:
+        names = set(families)
+        for line in body.decode("utf-8", "replace").split("\n"):
+            words = line.split()
+            named = words[2] if line.startswith("#") and words[1:2] == ["TYPE"] and len(words) > 2 else None
+            if named in names or re.split(r"[{\s]", line, maxsplit=1)[0] in names:
+                scrape["lines"].append(line)
+    return scrape

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from executor.hostprogram import marked_folder
+from executor.hostprogram import marked_folder, program_files, program_run
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
 from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, RunTime, StepContext, StepRef, StepSpec
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from steps.benchmark_report import Acceptance, BenchmarkFacts, Side
 
 Positive = Annotated[int, Field(gt=0)]
+SCRAPE_TIMEOUT_S = 30.0  # one GET of /metrics, its whole answer
 
 
 class Slot(NamedTuple):
@@ -183,11 +184,13 @@ class BenchmarkStep(StepSpec):
         workload: WorkloadFacts | None = None,
         category: str | None = None,
         module: str = '"$entry"',
+        warmup: bool = False,
     ) -> str:
         """The serving benchmark's command line of one run: the script's, as rendered (`python`, a workload's `path`
         and `extra_args` are host words: `~` and `$vars` expand there, as in deploy's; `module` the entry point
         chosen on the host); with `pasted` (the host's vars), `out` and `module`, as a person would paste it.
-        Without `workload`: random ids."""
+        Without `workload`: random ids. `warmup`: the run's warm-up requests as a run of their own, before the
+        window of its exact acceptance (`metered`); the measured run then sends none."""
 
         def word(text: str) -> str:
             return host_word(text) if pasted is None else pasted_word(text, pasted)
@@ -197,11 +200,12 @@ class BenchmarkStep(StepSpec):
         args += workload.client_args(category, self.input_len, self.output_len)
         if workload.dataset == "random-ids":
             args += ["--random-range-ratio", "1.0"]
-        args += ["--num-prompts", self.prompts_at(concurrency)]
-        args += ["--max-concurrency", concurrency, "--warmup-requests", self.warmup_requests, "--disable-tqdm"]
-        args += ["--seed", seed, "--flush-cache"]
+        prompts = self.warmup_requests if warmup else self.prompts_at(concurrency)
+        args += ["--num-prompts", prompts]
+        args += ["--max-concurrency", concurrency, "--warmup-requests", 0, "--disable-tqdm"]
+        args += ["--seed", seed, *([] if warmup else ["--flush-cache"])]
         # per-request details, kept as JSONL in the run folder (steps/request_records.py), where they fit
-        args += ["--output-details"] if asks_details(self.prompts_at(concurrency), self.output_len) else []
+        args += ["--output-details"] if not warmup and asks_details(prompts, self.output_len) else []
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
         dataset = f" --dataset-path {word(workload.path)}" if workload.path else ""
         return f"{word(self.python)} -m {module} {words}{dataset} --output-file {out}"
@@ -226,9 +230,8 @@ class BenchmarkStep(StepSpec):
             f"{self.prompts_at(concurrency)} prompts of {what}, seed {seed}, the cache flushed after the warmup\n"
             + marked_folder("out")
             + choose_lines(host_word(self.python))
-            + f"{self.command(base_url, concurrency, seed, workload=workload, category=category)}\n"
-            "rc=$?\n"
-            f"echo {shlex.quote(JSONL_MARKER)}\n"
+            + self.metered(base_url, concurrency, seed, workload, category)
+            + f"echo {shlex.quote(JSONL_MARKER)}\n"
             'cat "$out/bench.jsonl" 2> /dev/null\n'  # none when bench_serving failed first
             'exit "$rc"\n'
         )
@@ -247,6 +250,30 @@ class BenchmarkStep(StepSpec):
         """Each run of the schedule with its workload as it runs against this step's server."""
         resolved = {w.label: w for w in self.resolved_workloads(self.speculative(ctx))}
         return [(slot, resolved[slot.workload]) for slot in self.schedule()]
+
+    def metered(
+        self, base_url: str, concurrency: int, seed: int, workload: WorkloadFacts | None, category: str | None
+    ) -> str:
+        """Bash lines of one run inside its exact-acceptance window (steps/server_metrics.py), `rc` its status.
+        bench_serving (0.5.23 benchmark/serving.py `benchmark`) sends its warm-up requests, then flushes the cache,
+        then runs: its warm-up would fall inside any window around it, and nothing outside it can tell those
+        tokens apart. So the warm-up runs first as a client run of its own (`--num-prompts` the warm-up count),
+        then /metrics is scraped, the measured run sends no warm-up (`--warmup-requests 0`; `--flush-cache` still
+        flushes before it), and /metrics is scraped again. The scrapes come back after METRICS_MARKER."""
+        from steps.server_metrics import FAMILIES, METRICS_MARKER
+
+        config = {"base_url": base_url, "families": list(FAMILIES), "timeout_s": SCRAPE_TIMEOUT_S}
+        scrape = program_run(self.python, "out").rstrip("\n")  # shipped once into the run's folder, run twice
+        warm_out = '"$out/warmup.jsonl"'
+        warm = self.command(base_url, concurrency, seed, None, warm_out, workload, category, warmup=True)
+        return (
+            (f"{warm} || exit\n" if self.warmup_requests else "")
+            + program_files("scrape_metrics", config, "out")
+            + f'{scrape} > "$out/metrics.before"\n'
+            + f"{self.command(base_url, concurrency, seed, workload=workload, category=category)}\nrc=$?\n"
+            + f'if [ "$rc" = 0 ]; then\n{scrape} > "$out/metrics.after"\n'
+            + f'echo {shlex.quote(METRICS_MARKER)}\ncat "$out/metrics.before" "$out/metrics.after"\nfi\n'
+        )
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
         base_url = str(ctx.fact(self.server, "base_url"))
@@ -292,6 +319,7 @@ class BenchmarkStep(StepSpec):
             run = parse_run(lines[-1], info)
         except ValueError as exc:
             return None, f"{where}: {exc}"
+        run = with_exact_acceptance(run, result.stdout_text.partition(JSONL_MARKER)[0])
         shortfall = run.shortfall
         return run, f"{where}: {shortfall}" if shortfall else None
 
@@ -487,6 +515,15 @@ class BenchmarkStep(StepSpec):
             acceptance_step=self.acceptance,
             acceptance_facts=None if acceptance is None else acceptance.model_dump(),
         )
+
+
+def with_exact_acceptance(run: BenchRun, stdout: str) -> BenchRun:
+    """`run` with its acceptance lengths: the exact one from the scrapes `metered` printed, beside the client's
+    running average (`accept_length`, from /server_info)."""
+    from steps.server_metrics import run_acceptance, scrapes
+
+    before, after = scrapes(stdout)
+    return run.model_copy(update={"acceptance": run_acceptance(before, after, run.accept_length)})
 
 
 _WARNING = re.compile(r":\d+: \w*Warning: ")

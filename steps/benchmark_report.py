@@ -45,6 +45,7 @@ from executor.terminal import shown
 from steps.benchmark_results import BenchPoint, BenchRun, Measured, MeasuredCount, Spread
 from steps.benchmark_workloads import DEFAULT, RANDOM_IDS, WorkloadFacts, slice_key
 from steps.provenance import Provenance
+from steps.server_metrics import TOLERANCE, RunAcceptance
 
 REPORT_JSON, REPORT_MD, FIGURE_PNG = "report.json", "report.md", "speedup.png"
 PARETO_PNG, ACCEPTANCE_PNG = "pareto.png", "acceptance.png"
@@ -132,6 +133,7 @@ class Acceptance(DataModel):
     lossless: dict[str, LosslessSet] | None = None
     speculation_on: bool | None = None  # every answered request had spec_verify_ct > 0
     requests_file: str | None = None  # its per-request records (JSONL), relative to the run folder
+    acceptance: RunAcceptance | None = None  # exact (from /metrics) beside the estimates, for the whole eval
 
 
 class SliceSpeedup(DataModel):
@@ -581,6 +583,52 @@ def workload_notes(candidate: Side) -> list[str]:
     return notes
 
 
+def exact_rows(name: str, where: str, found: RunAcceptance | None) -> list[str]:
+    """One row of the exact-acceptance table: the counters' values and deltas, the estimates, and the verdict."""
+    if found is None:
+        return [name, where, *[NA] * 8, "not recorded (facts from before /metrics was scraped)"]
+    exact = found.exact
+    verdict = "; ".join(found.disagreements) or (exact.unknown_reason or f"agree within {TOLERANCE:.0%}")
+    counts = [NA if n is None else f"{n:,}" for n in (exact.generation_tokens, exact.verify_calls, exact.requests)]
+    values = [plain(exact.value), plain(exact.decode_value), *counts]
+    estimates = [plain(found.running_average), plain(found.weighted_mean), plain(found.per_request_mean)]
+    return [name, where, *values, *estimates, ("DISAGREE: " if found.disagreements else "") + verdict]
+
+
+def run_where(run: BenchRun) -> str:
+    """How the exact-acceptance table names a run: `speed-bench/mixed, concurrency 4, repeat 2`."""
+    return f"{slice_key(run.workload, run.category)}, concurrency {run.max_concurrency}, repeat {run.repeat}"
+
+
+def exact_acceptance_table(sides: list[Side], acceptance: Acceptance | None) -> Table:
+    """Per run (and for the eval), the exact acceptance length from the server's counters beside the estimates."""
+    rows = [exact_rows(f"eval {acceptance.step}", "all sets", acceptance.acceptance)] if acceptance else []
+    for side in sides:
+        for run in side.runs:
+            rows.append(exact_rows(side.label, run_where(run), run.acceptance))
+    columns = ["deployment", "run", "exact (counters)", "exact without first tokens", "Δ generation tokens"]
+    columns += ["Δ verify calls", "Δ requests", "running average (/server_info)", "meta_info token-weighted"]
+    columns += ["meta_info per-request mean"]
+    return Table(title="Acceptance length per run: exact and estimates", columns=[*columns, "agreement"], rows=rows)
+
+
+def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> list[str]:
+    """Which acceptance length is exact and which are estimates, and every disagreement beyond the tolerance."""
+    notes = [
+        "exact acceptance length = Δsglang:generation_tokens_total / Δsglang:spec_verify_calls_total over the run "
+        "(/metrics scraped before and after it, the client's warm-up outside); without first tokens = "
+        "(Δgeneration tokens - Δsglang:num_requests_total) / Δverify calls, the running average's definition (a "
+        "request's first token comes from prefill). The running average (/server_info: since the last flush, added "
+        "to every decode-log interval, compared with the value without first tokens) and meta_info's "
+        f"token-weighted mean are estimates, flagged where more than {TOLERANCE:.0%} off; the per-request mean "
+        "weighs each request the same: another quantity, shown, never flagged."
+    ]
+    found = [(f"eval {acceptance.step}", acceptance.acceptance)] if acceptance else []
+    found += [(f"{s.label} {run_where(r)}", r.acceptance) for s in sides for r in s.runs]
+    notes += [f"acceptance DISAGREES at {name}: {said}" for name, run in found if run for said in run.disagreements]
+    return notes
+
+
 def spread_notes(baseline: Side, candidate: Side) -> list[str]:
     """What the medians are of, and what "noisy" means."""
     notes = []
@@ -651,6 +699,8 @@ def build_report(
         of = "" if legacy or not key else f": {key}"
         base, cand = (baseline.sliced(key), candidate.sliced(key)) if key else (baseline, candidate)
         tables += [throughput_table(base, cand, part, of), latency_table(base, cand, of)]
+    tables.append(exact_acceptance_table([baseline, candidate], acceptance))
+    notes += exact_acceptance_notes([baseline, candidate], acceptance)
     tables += provenance_tables(provenance)
     gpus = {d.side: d.gpus for d in provenance.deployments}
     first = keys[:1]

@@ -30,6 +30,7 @@ from pydantic import Field
 
 from executor.runbook.model import DataModel
 from steps.benchmark_workloads import RANDOM_IDS, slice_key
+from steps.server_metrics import RunAcceptance
 
 #: Printed by the step's script before the JSONL file's content; what follows it is the file.
 JSONL_MARKER = "==> runbook: the JSONL of sglang.bench_serving follows <=="
@@ -112,6 +113,8 @@ class BenchRun(RunInfo):
     # (null without speculative decoding)
     accept_length: Measured | None
     unknown: dict[str, str]  # field -> why it is null
+    #: the exact acceptance length from /metrics around the run, beside accept_length (steps/server_metrics.py)
+    acceptance: RunAcceptance | None = None
 
     @property
     def shortfall(self) -> str | None:

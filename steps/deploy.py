@@ -111,6 +111,9 @@ class DeployStep(ServerStep):
     trust_remote_code: Literal["auto"] | bool = "auto"  # auto: when the model's config ships custom code
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)  # SGLang's --mem-fraction-static
     bind: AsWritten = "127.0.0.1"  # the address the server listens on
+    #: --enable-metrics: Prometheus /metrics, whose counters give each eval and benchmark run its exact acceptance
+    #: length (steps/server_metrics.py); false: those runs say why they have none
+    metrics: bool = True
     extra_args: list[str] = []  # more launch flags; one that a parameter sets is refused (`$vars` expand on the host)
     env: dict[str, str] = {}  # for the server, as written (no expansion), recorded in facts: no secrets here
     ready_timeout: VarRef | Duration = 1800.0  # a duration, or a var such as $sglang_ready_timeout
@@ -242,6 +245,7 @@ class DeployStep(ServerStep):
             ),
             "trust_remote_code": (self._trust_remote_code, [(inspect, "deploy.trust_remote_code")], ""),
             "mem_fraction_static": (self._mem_fraction, [], ""),
+            "metrics": (self._metrics, [], ""),
         }
         if self.algorithm == "DDTREE":
             rules["speculative_ddtree_budget"] = (self._ddtree_budget, [], "")
@@ -413,6 +417,11 @@ class DeployStep(ServerStep):
             return None, f"steps.{self.probe}.facts.sglang.launch_options is unknown ({reason})"
         return sglang_flags.canonical_table(groups), ""
 
+    def _metrics(self, ctx: RenderContext) -> Choice:
+        if "metrics" in self.model_fields_set:
+            return Choice(value=self.metrics, source="runbook")
+        return Choice(value=True, source="default: /metrics counters give each run its exact acceptance length")
+
     def _mem_fraction(self, ctx: RenderContext) -> Choice:
         if self.mem_fraction_static is None:
             return Choice(value=None, source="left out: SGLang's default")
@@ -444,6 +453,8 @@ class DeployStep(ServerStep):
             groups.append([literal(RunTime(f"--trust-remote-code if {trust.source}"))])
         elif trust.value:
             groups.append([literal("--trust-remote-code")])
+        if self.metrics:
+            groups.append([literal("--enable-metrics")])
         groups.append([literal("--host"), literal(self.bind), literal("--port"), literal(self.port_number(ctx))])
         extra = chosen.get("extra_args")
         if self.extra_args:  # at run time as resolved against the host's SGLang (_extra_args), in a plan as written

@@ -94,6 +94,7 @@ from executor.stepkind import (
     host_document,
 )
 from steps.benchmark_results import MEASURED_MAX, Measured, unusable
+from steps.server_metrics import FAMILIES, RunAcceptance, Scrape, run_acceptance
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult, OutputSink
@@ -390,6 +391,9 @@ class EvalAcceptanceFacts(Model):
     requests: list[RequestFacts]
     # the per-request records (steps/request_records.py), relative to the run folder; None: none were written
     requests_file: str | None = None
+    #: exact acceptance from the server's /metrics counters around the run, beside the running average and the
+    #: per-request mean (steps/server_metrics.py); None in facts from before it was recorded
+    acceptance: RunAcceptance | None = None
 
 
 class HostDocument(Model):
@@ -400,6 +404,9 @@ class HostDocument(Model):
     flush: FlushFacts
     planned: dict[str, int]  # prompts of each set, in the order sent
     sets: dict[str, list[dict[str, Any]]]  # per set, one record per request answered or failed
+    metrics_before: Scrape | None = None  # /metrics before the flush
+    metrics_after: Scrape | None = None  # and after the last prompt (absent when the run stopped early)
+    running_average: Measured | None = None  # /server_info's avg_spec_accept_length after the last prompt
 
 
 class Setup(DataModel):
@@ -454,6 +461,7 @@ def facts_from(
         name: summarize((r for r in requests if r.set == name), planned) for name, planned in document.planned.items()
     }
     answered = [r for r in requests if r.error is None]
+    overall = summarize(requests, sum(document.planned.values()))
     lossless, lossless_failed = None, {}
     if reference is not None:
         lossless = compare_outputs(reference.requests, requests, document.planned, step.lossless_tolerance)
@@ -469,7 +477,7 @@ def facts_from(
         flush=document.flush,
         error=document.error,
         sets=sets,
-        overall=summarize(requests, sum(document.planned.values())),
+        overall=overall,
         sets_without_results={name: s.unknown_reason for name, s in sets.items() if s.unknown_reason},
         failed_requests=sum(s.failed for s in sets.values()),
         speculation_on=speculated(answered),
@@ -479,6 +487,13 @@ def facts_from(
         # only a reference's token ids are read again (a speculating eval is never one): the others would only
         # grow the state, by up to max_new_tokens ids a request
         requests=requests if not step.speculative else [r.model_copy(update={"output_ids": None}) for r in requests],
+        acceptance=run_acceptance(
+            document.metrics_before,
+            document.metrics_after,
+            document.running_average,
+            overall.weighted_mean,
+            overall.mean,
+        ),
     )
 
 
@@ -646,6 +661,7 @@ class EvalAcceptanceStep(StepSpec):
             "flush_attempts": self.flush_attempts,
             "flush_delay_s": self.flush_retry_delay,
             "api_key_var": self.api_key_var,
+            "metric_families": list(FAMILIES),
             "sets": sets,
         }
         counts = ", ".join(f"{name} ({len(p) if isinstance(p, list) else '?'})" for name, p in sets.items())

@@ -31,6 +31,7 @@ MANAGED: dict[str, tuple[str, tuple[str, ...]]] = {
     "--speculative-draft-attention-backend": ("draft_attention_backend", ()),
     "--mem-fraction-static": ("mem_fraction_static", ()),
     "--trust-remote-code": ("trust_remote_code", ()),
+    "--enable-metrics": ("metrics", ()),
     "--host": ("bind", ()),
     "--port": ("port", ()),
     "--nnodes": ("nodes", ()),

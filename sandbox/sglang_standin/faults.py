@@ -5,7 +5,9 @@ A JSON object; a missing file means the defaults. Keys (all optional):
 - `fault`: null | "crash_at_startup" | "never_healthy" | "refuse_flush_cache", or one of a multi-node
   launch's (`--nnodes` > 1; distributed.py), for the node whose HOME holds the file: "nccl_error" (dies
   with NCCL's error after "Init nccl begin."), "nccl_hang" (prints "Init nccl begin." and nothing more),
-  "wrong_tp" (joins claiming another tp size; node 0 refuses it);
+  "wrong_tp" (joins claiming another tp size; node 0 refuses it); "miscount_metrics": /metrics counts each
+  request's verify calls twice, so its counters disagree with meta_info and /server_info (a disagreement planted
+  for the report to flag; metrics.py);
 - `accept_length`: null (per-prompt defaults by kind of prompt) or the mean acceptance length
   to simulate (float, clamped to [1, draft token count]);
 - `decode_tokens_per_s`: one request's decode speed without speculative decoding (float > 0);
@@ -37,7 +39,10 @@ from pathlib import Path
 from typing import Any
 
 FILE_NAME = "sglang-standin.json"
-FAULTS = ("crash_at_startup", "never_healthy", "refuse_flush_cache", "nccl_error", "nccl_hang", "wrong_tp")
+FAULTS = (
+    *("crash_at_startup", "never_healthy", "refuse_flush_cache", "nccl_error", "nccl_hang", "wrong_tp"),
+    "miscount_metrics",
+)
 
 
 @dataclass(frozen=True)

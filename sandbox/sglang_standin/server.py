@@ -20,7 +20,8 @@ one or a batch, `stream` as SSE `data: {...}` lines ending `data: [DONE]`), GET|
 or the `refuse_flush_cache` switch is on; `?timeout=S` first waits up to S seconds for the server
 to become idle, else 400 "Timed out waiting for idle state.", as flush_wrapper.py), GET /v1/models,
 POST /v1/completions and /v1/chat/completions (not streamed; chat applies a Kimi-K2-shaped chat
-template with the `thinking` kwarg and honours return_meta_info and return_token_ids).
+template with the `thinking` kwarg and honours return_meta_info and return_token_ids), GET /metrics
+(Prometheus text, only with `--enable-metrics`, else 404 as the real server: metrics.py).
 Switches: faults.py.
 
 Several nodes (`--nnodes N --node-rank R --dist-init-addr HOST:PORT --dist-timeout S`, distributed.py):
@@ -55,6 +56,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import distributed, faults, launch_args, memory, simulation
 from .launch import Launch, query_gpus, resolve, scheduler_error
+from .metrics import Metrics
 from .prefix_cache import PrefixCache
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -125,6 +127,7 @@ class Engine:
         self._generated: deque[tuple[float, int]] = deque()
         self._ids = itertools.count()
         self.cache = PrefixCache()
+        self.metrics = Metrics(launch.served_model_name, launch.speculative)  # never reset: not by a flush
 
     # -- requests in flight
     def begin(self) -> str:
@@ -204,8 +207,11 @@ class Engine:
             return state
 
     # -- generation
-    def generate(self, prompt: str, prompt_tokens: int, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Yield SGLang's cumulative outputs for one request, one per decode/verify step."""
+    def generate(
+        self, prompt: str, prompt_tokens: int, params: dict[str, Any], stream: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """Yield SGLang's cumulative outputs for one request, one per decode/verify step (`stream`: the
+        request's, a label of its counters)."""
         rid = self.begin()
         try:
             pacer = Pacer()
@@ -255,6 +261,9 @@ class Engine:
                     counts = simulation.spec_counts(chunks, self.launch.draft_tokens or 0)
                     if self.launch.speculative and counts is not None:
                         meta.update(counts.meta_info(done))
+                    verify_ct = counts.verify_ct if self.launch.speculative and counts is not None else 0
+                    verify_ct *= 2 if self.switches.fault == "miscount_metrics" else 1  # a planted disagreement
+                    self.metrics.finished(prompt_tokens, done, verify_ct, stream, meta["e2e_latency"])
                 yield {"text": text, "output_ids": list(ids), "meta_info": meta}
             if not chunks:  # max_new_tokens 0
                 finish = {"type": "length", "length": 0}
@@ -409,7 +418,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.end_headers()
-            for line in sse_lines(engine.generate(prompts[0][0], prompts[0][1], params)):
+            for line in sse_lines(engine.generate(prompts[0][0], prompts[0][1], params, stream=True)):
                 self.wfile.write(line)
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
@@ -449,6 +458,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         log("Cache flushed successfully!", tp=True)
         self._send(200, FLUSHED.encode(), "text/plain; charset=utf-8")
+
+    def metrics(self) -> None:
+        """Prometheus text, only with --enable-metrics (the real server mounts /metrics only then)."""
+        engine = self.server.engine
+        if not engine.launch.args.enable_metrics:
+            self._json({"detail": "Not Found"}, 404)
+            return
+        body = engine.metrics.exposition(engine.in_flight()).encode()
+        self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
     def models(self) -> None:
         launch = self.server.engine.launch
@@ -538,6 +556,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/generate": {"POST": Handler.generate, "PUT": Handler.generate},
     "/flush_cache": {"GET": Handler.flush_cache, "POST": Handler.flush_cache},
     "/v1/models": {"GET": Handler.models},
+    "/metrics": {"GET": Handler.metrics},
     "/v1/completions": {"POST": Handler.completions},
     "/v1/chat/completions": {"POST": Handler.chat_completions},
 }

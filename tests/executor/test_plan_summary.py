@@ -73,7 +73,7 @@ def test_the_flagships_plan_fits_two_screens_and_says_what_each_step_does(capsys
     assert (
         {name for name, _, _ in listed}
         == set(sent)
-        == {"probe", "download", "verify", "inspect_config", "deploy"} | {"eval_acceptance"}
+        == {"probe", "download", "verify", "inspect_config", "deploy"} | {"eval_acceptance", "scrape_metrics"}
     )
     for name, size, digest in listed:
         assert (int(size), digest) == (len(sent[name]), hashlib.sha256(sent[name]).hexdigest())

@@ -173,6 +173,10 @@ def test_the_server_kinds_facts_are_as_before_the_move(
     facts["eval"] = projected(facts["eval"], expected["eval"])  # issue 15 added facts to eval_acceptance's
     for step in ("deploy", "again"):  # issue 27 added the choice of extra_args (as the host's SGLang reads them)
         facts[step] = projected(facts[step], expected[step])
+    for step in ("deploy", "again", "stop"):  # issue 30 launches with --enable-metrics (deploy's `metrics`)
+        argv = facts[step]["argv"]
+        assert argv.count("--enable-metrics") == 1
+        argv.remove("--enable-metrics")
     # issue 15 gave the stand-in a prefix cache: the reused server's readiness generation finds the first
     # one's prompt cached, which is the stand-in's doing, not the kind's
     again = facts["again"]["generate"]

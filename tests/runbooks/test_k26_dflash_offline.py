@@ -17,6 +17,7 @@ import pytest
 from executor.transport.scripted import Answer, HostProgramCall, ScriptedCommand, ScriptedTransport
 from steps.bench_entry import ENTRY_MARKER
 from steps.benchmark_results import JSONL_MARKER
+from steps.server_metrics import GENERATION_TOKENS, METRICS_MARKER, REQUESTS, VERIFY_CALLS
 
 if TYPE_CHECKING:  # the plugin is imported as a plugin, below (imported before, pytest could not rewrite it)
     from executor.faces.testing import Offline, OfflineRun
@@ -95,16 +96,29 @@ class FlagshipHost:
         return ANSWERS["deploy"][self.serving]
 
     def bench_serving(self, command: ScriptedCommand) -> Answer:
-        """The line bench_serving wrote against the server on the port, with every prompt asked answered; the
+        """The line bench_serving wrote against the server on the port, with every prompt asked answered, after
+        the /metrics scrapes around the measured run (its warm-up, a run before them, not in their difference); the
         drafter gains more on SPEED-Bench's predictable prompts (`CATEGORY_GAIN`), as a real one does."""
-        asked = re.search(r"--num-prompts (\d+)", command.script)
-        assert asked is not None, command.script
-        line = ANSWERS["bench_serving"][self.serving] | {"completed": int(asked.group(1))}
+        asked = re.findall(r"--num-prompts (\d+)", command.script)  # the warm-up's, then the measured run's
+        assert len(asked) == 2, command.script
+        line = ANSWERS["bench_serving"][self.serving] | {"completed": int(asked[-1])}
         category = re.search(r"--speed-bench-category (\w+)", command.script)
         if category and self.serving == "dflash":
             gain = CATEGORY_GAIN[category.group(1)]
             line |= {name: line[name] * gain for name in ("output_throughput", "accept_length")}
-        return Answer(stdout=f"{ENTRY_MARKER}sglang.benchmark.serving\n{JSONL_MARKER}\n{json.dumps(line)}\n")
+        tokens, accept = line["total_output_tokens"], line.get("accept_length")
+        verify = round((tokens - line["completed"]) / accept) if accept else 0
+        scrapes = [self.scrape(0, 0, 0), self.scrape(tokens, verify, line["completed"])]
+        entry = f"{ENTRY_MARKER}sglang.benchmark.serving"
+        return Answer(stdout="\n".join([entry, METRICS_MARKER, *scrapes, JSONL_MARKER, json.dumps(line)]) + "\n")
+
+    @staticmethod
+    def scrape(tokens: int, verify: int, requests: int) -> str:
+        """The scrape_metrics document of a server with these counters (a baseline's has no verify series)."""
+        lines = [f'{GENERATION_TOKENS}{{is_streaming="true"}} {float(tokens)}', f"{REQUESTS} {float(requests)}"]
+        return json.dumps(
+            {"status": 200, "error": None, "lines": lines + ([f"{VERIFY_CALLS} {verify}.0"] * bool(verify))}
+        )
 
     def evaluate(self, call: HostProgramCall) -> dict[str, Any]:
         """Every prompt answered with 200 tokens; with speculation on, in 200 / `accept` verify steps."""
@@ -145,7 +159,7 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
     assert run.exit_code == 0, run.failures()
     assert run.started == STEPS and run.ran("passed") == STEPS
     gpu = runbook_offline.host("gpu")
-    assert gpu.programs_run() == [
+    assert [name for name in gpu.programs_run() if name != "scrape_metrics"] == [
         "probe",
         *["download", "download", "verify"] * 3,  # a check, the method, the check again: hf_cli is no program
         "inspect_config",
@@ -156,7 +170,12 @@ def test_the_flagship_runs_end_to_end_on_a_scripted_host(runbook_offline: Offlin
         "deploy",
     ]
     # (3 SPEED-Bench categories + random ids) x 4 concurrencies x 3 repeats, per side
-    assert len([c for c in gpu.commands if "sglang.bench_serving" in c.script]) == 2 * 4 * 4 * 3
+    runs = 2 * 4 * 4 * 3
+    assert len([c for c in gpu.commands if "sglang.bench_serving" in c.script]) == runs
+    assert gpu.programs_run().count("scrape_metrics") == runs  # shipped once a run, run before and after it
+    first = run.facts("benchmark_dflash")["runs"][0]["acceptance"]
+    assert first["exact"]["value"] == round(4096 / first["exact"]["verify_calls"], 4) and first["disagreements"] == []
+    assert run.facts("benchmark_baseline")["runs"][0]["acceptance"]["exact"]["unknown_reason"].startswith("no verify")
 
     probe = run.facts("probe")
     assert (probe["gpu_arch"], probe["gpu_count"], probe["sglang"]["dflash"]) == ("sm90", 1, True)
@@ -203,6 +222,7 @@ def test_a_drafter_below_the_gate_fails_eval_and_a_fixed_one_resumes_from_deploy
     assert again.exit_code == 0, again.failures()
     assert again.ran("passed") == ["eval", "benchmark_dflash", "stop"]  # nothing before eval runs again
     rerun = [(c.program.name, c.program.config.get("action")) for c in gpu.commands[sent:] if c.program]
+    rerun = [program for program in rerun if program[0] != "scrape_metrics"]  # each benchmark run's /metrics
     assert rerun == [("eval_acceptance", None), ("deploy", "stop")]  # no download, no second launch
     assert (again.run_dir / "report.json").exists()
 

@@ -217,17 +217,23 @@ def test_a_broken_run_fails_with_the_reason(result: CommandResult, message: str)
 def test_the_command_is_the_real_bench_serving_command() -> None:
     step = BenchmarkStep(id="b", server="d", python="~/venv/bin/python", input_len=256, output_len=64, num_prompts=20)
     script = step.script("http://127.0.0.1:30000", 16, 1, 1)
-    command = next(line for line in script.splitlines() if "--backend sglang" in line)
+    warmup, command = [line for line in script.splitlines() if '-m "$entry"' in line]
     assert command.startswith('"${HOME:?is not set}"/venv/bin/python -m "$entry" --backend sglang ')
     choose = script.index('entry=$("${HOME:?is not set}"/venv/bin/python -c ')
-    assert choose < script.index(shlex.quote(ENTRY_MARKER)) < script.index(command)  # chosen with its python, shown
+    assert choose < script.index(shlex.quote(ENTRY_MARKER)) < script.index(warmup)  # chosen with its python, shown
     for flags in (
         "--base-url http://127.0.0.1:30000 --dataset-name random-ids",
         "--random-input-len 256 --random-output-len 64 --random-range-ratio 1.0 --num-prompts 20",
-        "--max-concurrency 16 --warmup-requests 1 --disable-tqdm",
+        "--max-concurrency 16 --warmup-requests 0 --disable-tqdm --seed 1 --flush-cache",
         '--output-file "$out/bench.jsonl"',
     ):
         assert flags in command
+    # the client's warm-up (1 request by default) is a run of its own before the /metrics window, never flushed by
+    # it; the measured run sends none (bench_serving's would fall inside the window: steps/benchmark.py `metered`)
+    assert "--num-prompts 1 --max-concurrency 16 --warmup-requests 0 --disable-tqdm --seed 1 --output-file" in warmup
+    assert "--flush-cache" not in warmup
+    assert script.index(warmup) < script.index("metrics.before") < script.index(command)
+    assert script.index(command) < script.index("metrics.after")
 
 
 def release_like(root: Path, *files: str) -> Path:

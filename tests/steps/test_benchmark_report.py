@@ -127,6 +127,7 @@ def test_the_report_has_its_tables_and_names_what_was_not_compared() -> None:
         "Speculative decoding was on",
         "Output throughput per concurrency",
         "Latency per concurrency (ms)",
+        "Acceptance length per run: exact and estimates",
         *PROVENANCE_TITLES,
     ]
     acceptance, lossless, speculation, throughput, latency = report.tables[:5]

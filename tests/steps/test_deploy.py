@@ -141,9 +141,11 @@ def test_sm120_never_gets_trtllm_mla_and_every_choice_says_where_it_came_from() 
         "--attention-backend": "flashinfer",
         "--speculative-draft-attention-backend": "flashinfer",
         "--trust-remote-code": None,
+        "--enable-metrics": None,  # /metrics: each eval and benchmark run's exact acceptance (server_metrics.py)
         "--host": "127.0.0.1",
         "--port": "30000",
     }
+    assert "--enable-metrics" not in flags(dflash(metrics=False), ctx)
     choices = step.choices(ctx)
     assert choices["tp_size"].source == "steps.probe.facts.gpu_count = 8"
     assert "steps.probe.facts.gpu_arch = sm120" in choices["attention_backend"].source
@@ -182,9 +184,11 @@ def test_every_choice_is_overridable_in_the_runbook() -> None:
         bind="0.0.0.0",
         port=31000,
         extra_args=["--reasoning-parser", "kimi_k2"],
+        metrics=False,
     )
     ctx = Facts(probe=probe_facts("sm120"), inspect=inspect_facts(block=8))
     chosen = flags(step, ctx)
+    assert "--enable-metrics" not in chosen
     assert chosen["--tp-size"] == "4" and chosen["--attention-backend"] == "triton"
     assert chosen["--speculative-draft-attention-backend"] == "fa3" and chosen["--speculative-num-draft-tokens"] == "16"
     assert "--trust-remote-code" not in chosen and chosen["--mem-fraction-static"] == "0.85"
@@ -520,14 +524,15 @@ def test_dflash_from_facts_serves_is_reused_replaced_by_a_baseline_and_stopped(s
         "speculative_num_draft_tokens": BLOCK_SIZE,
         "trust_remote_code": True,
         "mem_fraction_static": None,
+        "metrics": True,  # --enable-metrics by default
     }
     models = str(site.models)
     assert first["argv"][1:] == [
         "-m", "sglang.launch_server", "--model-path", f"{models}/Kimi-K2.6", "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", f"{models}/Kimi-K2.6-DFlash", "--speculative-num-draft-tokens",
         str(BLOCK_SIZE), "--tp-size", "8", "--attention-backend", "flashinfer",
-        "--speculative-draft-attention-backend", "flashinfer", "--trust-remote-code", "--host", "127.0.0.1",
-        "--port", str(site.port),
+        "--speculative-draft-attention-backend", "flashinfer", "--trust-remote-code", "--enable-metrics",
+        "--host", "127.0.0.1", "--port", str(site.port),
     ]  # fmt: skip
     assert first["base_url"] == f"http://127.0.0.1:{site.port}" and first["reused"] is False
     assert first["speculative_algorithm"] == "DFLASH" and first["model_path"] == f"{models}/Kimi-K2.6"

@@ -45,6 +45,7 @@ from steps.eval_acceptance import (
     speculated,
     summarize,
 )
+from steps.server_metrics import FAMILIES
 from tests.clirun import runbook_cli
 from tests.conftest import SandboxHost
 
@@ -359,7 +360,8 @@ class Scripted(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.seen.append((self.path, self.headers.get("Authorization"), body))
-        status, text = self.answers[self.path].pop(0)
+        scripted = self.answers.get(self.path.partition("?")[0])  # a path not scripted: as a server without it
+        status, text = scripted.pop(0) if scripted else (404, '{"detail":"Not Found"}')
         data = text.encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
@@ -389,6 +391,7 @@ def scripted_run(answers: dict[str, list[tuple[int, str]]], **config: Any) -> tu
                 "flush_attempts": 2,
                 "flush_delay_s": 0,
                 "api_key_var": None,
+                "metric_families": list(FAMILIES),
                 "sets": {"s": [{"id": "a", "text": "hello"}]},
                 **config,
             }
@@ -404,7 +407,7 @@ def test_a_200_whose_body_is_not_cache_flushed_is_a_refusal() -> None:
     document, seen = scripted_run({"/flush_cache": [(200, "Flush cache failed.\n"), (200, "ok")]})
     assert document["flush"] == {"flushed": False, "attempts": 2, "status": 200, "body": "ok"}
     assert document["error"] == "the server did not flush its cache after 2 attempt(s); it answered HTTP 200: ok"
-    assert [path for path, _, _ in seen] == ["/flush_cache", "/flush_cache"]  # and no /generate
+    assert [path for path, _, _ in seen] == ["/metrics", "/flush_cache", "/flush_cache"]  # and no /generate
 
 
 def test_requests_are_greedy_carry_the_api_key_and_a_bad_answer_is_that_requests_error(monkeypatch) -> None:
@@ -415,7 +418,8 @@ def test_requests_are_greedy_carry_the_api_key_and_a_bad_answer_is_that_requests
     document, seen = scripted_run(answers, api_key_var="EVAL_KEY", sets=sets)
     assert document["error"] is None and document["flush"]["flushed"] is True
     assert {auth for _, auth, _ in seen} == {"Bearer sk-123"}
-    assert json.loads(seen[1][2]) == {"text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    assert [path for path, _, _ in seen][:3] == ["/metrics", "/flush_cache", "/generate"]  # the key to /metrics too
+    assert json.loads(seen[2][2]) == {"text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     first, second = document["sets"]["s"]
     assert first["error"].startswith("unexpected answer ('meta_info')") and second["error"].startswith("unexpected")
     assert "sk-123" not in json.dumps(document)
@@ -438,8 +442,15 @@ def test_the_chat_api_sends_what_sglang_takes_and_reads_the_first_choices_meta_i
         thinking_kwarg="enable_thinking",
     )
     assert document["error"] is None
-    assert [path for path, _, _ in seen] == ["/flush_cache", "/v1/models", "/v1/chat/completions"]
-    assert json.loads(seen[2][2]) == {
+    assert [path for path, _, _ in seen] == [
+        "/metrics",
+        "/flush_cache",
+        "/v1/models",
+        "/v1/chat/completions",
+        "/metrics",
+        "/server_info",
+    ]  # /metrics around the prompts (404 here: a server without metrics), the running average after
+    assert json.loads(seen[3][2]) == {
         "model": "moonshotai/Kimi-K2.6",
         "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": 8,
@@ -457,7 +468,7 @@ def test_the_chat_api_sends_what_sglang_takes_and_reads_the_first_choices_meta_i
 def test_no_served_model_stops_the_chat_evaluation_before_any_prompt() -> None:
     document, seen = scripted_run({"/flush_cache": [(200, "Cache flushed.")], "/v1/models": [(404, "no")]}, api="chat")
     assert document["error"].endswith("/v1/models named no served model (HTTP 404): no")
-    assert [path for path, _, _ in seen] == ["/flush_cache", "/v1/models"]
+    assert [path for path, _, _ in seen] == ["/metrics", "/flush_cache", "/v1/models"]
 
 
 @pytest.mark.parametrize(
@@ -1016,7 +1027,7 @@ def test_a_var_in_base_url_expands_on_the_host_and_an_unset_one_is_refused(monke
     from hostprograms import kit
 
     config = {"base_url": "http://$srv", "api": "chat", "flush_attempts": 1, "flush_delay_s": 0}
-    config |= {"request_timeout_s": 2, "api_key_var": None, "sets": {}}
+    config |= {"request_timeout_s": 2, "api_key_var": None, "sets": {}, "metric_families": list(FAMILIES)}
     silent = socket.socket()  # nothing listens here once closed: the flush is refused at once
     silent.bind(("127.0.0.1", 0))
     port = silent.getsockname()[1]
