@@ -163,7 +163,7 @@ def test_a_real_error_is_an_ok_false_answer(site: Path, tmp_path: Path) -> None:
     huge_cell = copy.deepcopy(document(site / "benchmark"))
     huge_cell["tables"][0]["rows"][0][0] = "x" * (2 * RESULT_CAP)
     (tmp_path / "report.json").write_text(json.dumps(huge_cell))
-    first = report(tmp_path, run_dir=str(tmp_path), section="Acceptance length")
+    first = report(tmp_path, run_dir=str(tmp_path), section="Acceptance length per prompt set")
     assert first["cells_cut"] and len(first["rows"]) == 1 and first["next_offset"] == 1
     assert first["rows"][0][1:] == huge_cell["tables"][0]["rows"][0][1:]
 

@@ -142,7 +142,7 @@ def test_the_release_has_the_serving_benchmark_the_step_prefers() -> None:
 def bench_flags() -> dict[str, str]:
     """flag -> how the benchmark step renders it: every `--flag` of its command lines (default and every option)."""
     steps = [BenchmarkStep(id="b", server="d"), BenchmarkStep(id="b", server="d", num_prompts=9, warmup_requests=0)]
-    words = [w for step in steps for w in shlex.split(step.command("http://127.0.0.1:1", 4, 1, {}, "f", "m"))]
+    words = [w for step in steps for w in shlex.split(step.command("http://127.0.0.1:1", 4, 1, {}, "f", module="m"))]
     return {word: "steps/benchmark.py BenchmarkStep.command" for word in words if word.startswith("--")}
 
 

@@ -510,7 +510,7 @@ def test_baseline_then_dflash_with_the_report(
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [(r["cell"], r["concurrency"]) for r in rows] == [(s, c) for s in ("baseline", "dflash") for c in "14"]
     assert {(r["client"], r["dataset"], r["sglang_version"], r["gpu_model"]) for r in rows} == {
-        ("sglang.bench_serving", "random-ids", "0.5.23", "")
+        ("sglang.benchmark.serving", "random-ids", "0.5.23", "")
     }
     assert [r["requests_file"] for r in rows[::2]] == [records[s]["facts"]["requests_file"] for s in BENCHMARKS]
     for table in report["tables"]:

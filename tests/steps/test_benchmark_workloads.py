@@ -57,7 +57,8 @@ def test_each_dataset_sends_the_real_clients_flags_one_speed_bench_run_per_categ
         "chat_nothink, concurrency 4",
         "random-ids, concurrency 4",
     ]
-    commands = [next(line for line in script.splitlines() if "-m sglang." in line) for _, script in planned]
+    # each script's last client command is the measured run's (its warm-up's comes first: steps/benchmark.py `metered`)
+    commands = [[line for line in script.splitlines() if '-m "$entry"' in line][-1] for _, script in planned]
     assert [f"--seed {seed} " in command for seed, command in enumerate(commands, start=1)] == [True] * 6
     low = commands[0]
     assert "--dataset-name speed-bench --speed-bench-output-len 64 --speed-bench-category low_entropy" in low
