@@ -361,6 +361,9 @@ def test_default_prompts_grow_with_concurrency() -> None:
         ({"repeats": 0}, "greater than 0"),
         ({"seed": -1}, "greater than or equal to 0"),
         ({"seed": 2**32 - 8, "repeats": 3}, "the last run's seed would be 4294967296"),
+        # counted, not listed: a schedule of 3 * 2**31 runs made first would take minutes and all the memory
+        ({"repeats": 2**31}, "6,442,450,944 runs .* at most 1,000"),
+        ({"repeats": 334}, "1,002 runs"),
         ({"spread_threshold": -0.1}, "greater than or equal to 0"),
     ],
 )
