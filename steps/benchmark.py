@@ -66,6 +66,10 @@ if TYPE_CHECKING:
 
 Positive = Annotated[int, Field(gt=0)]
 SCRAPE_TIMEOUT_S = 30.0  # one GET of /metrics, its whole answer
+#: The most runs one step may have (workloads and their categories x concurrencies x repeats), counted before any
+#: list of them is made: each is its own command of ~30 kB (the /metrics scraper travels in it) that `plan` renders
+#: and `run` audits, and a run takes minutes (the flagship's benchmark has 48).
+MAX_RUNS = 1000
 
 
 class Slot(NamedTuple):
@@ -118,7 +122,13 @@ class BenchmarkStep(StepSpec):
         labels = [w.label for w in self.workloads or []]
         if len(set(labels)) != len(labels):
             raise ValueError(f"workloads: each label may appear once, got {labels}")
-        last = self.seed + len(self.schedule()) - 1
+        runs = self.run_count()
+        if runs > MAX_RUNS:
+            raise ValueError(
+                f"{runs:,} runs (workloads and their categories x concurrencies x repeats): at most {MAX_RUNS:,}, "
+                "each its own command"
+            )
+        last = self.seed + runs - 1
         if last >= 2**32:
             raise ValueError(f"the last run's seed would be {last}: bench_serving's seeds (numpy's) are below 2**32")
         return self
@@ -150,6 +160,10 @@ class BenchmarkStep(StepSpec):
     def resolved_workloads(self, speculative: bool) -> list[WorkloadFacts]:
         """The workloads as they run against a server that speculates or not (steps/benchmark_workloads.py)."""
         return [w.resolved(speculative) for w in self.effective_workloads]
+
+    def run_count(self) -> int:
+        """How many runs `schedule` has, counted without making them (`repeats` may be any number when checked)."""
+        return sum(len(w.slices()) for w in self.effective_workloads) * len(self.concurrencies) * self.repeats
 
     def schedule(self) -> list[Slot]:
         """Each run, in the order they run: per workload (and speed-bench category), per concurrency, the
@@ -286,7 +300,7 @@ class BenchmarkStep(StepSpec):
         ]
 
     def summary(self, ctx: RenderContext) -> list[str]:
-        runs = len(self.schedule())
+        runs = self.run_count()
         what = f"{self.input_len} in / {self.output_len} out tokens"
         if self.workloads:
             shown = [f"{w.label} ({w.dataset}, chat template {w.template_shown()})" for _, w in self.slots(ctx)]

@@ -69,6 +69,12 @@ def _ms(seconds: Any) -> float | None:
     return round(seconds * 1000, 6)
 
 
+def _count(value: Any) -> int | None:
+    """A token count as a record keeps it: a whole number from 0, else None (Python's json reads NaN and 1e999,
+    which no strict JSON writes: `RecordsFile.append` would refuse the run's records)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _cut(text: Any, most: int) -> str | None:
     return text[:most] if isinstance(text, str) else None
 
@@ -91,8 +97,8 @@ def bench_records(line: str, about: dict[str, Any]) -> list[dict[str, Any]] | No
             about
             | {
                 "index": index,
-                "input_len": input_len,
-                "output_len": output_len,
+                "input_len": _count(input_len),
+                "output_len": _count(output_len),
                 "ttft_ms": _ms(ttft),
                 "itl_ms": [_ms(gap) for gap in itl] if isinstance(itl, list) else None,
                 "error": _cut(error, ERROR_MAX_CHARS) or None,

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.runbook.model import Model
+from steps.sglang_metrics import GENERATION_TOKENS, NUM_REQUESTS, SPEC_ACCEPT_LENGTH, SPEC_VERIFY_CALLS
 
-GENERATION_TOKENS = "sglang:generation_tokens_total"
-VERIFY_CALLS = "sglang:spec_verify_calls_total"
-REQUESTS = "sglang:num_requests_total"  # finished requests: each one's first token came from prefill, not a verify
-ACCEPT_GAUGE = "sglang:spec_accept_length"  # the last decode-log window's mean: shown, never used for the value
+# the release's names (steps/sglang_metrics.py, which the release tier checks), as this module calls them
+VERIFY_CALLS = SPEC_VERIFY_CALLS
+REQUESTS = NUM_REQUESTS  # finished requests: each one's first token came from prefill, not a verify
+ACCEPT_GAUGE = SPEC_ACCEPT_LENGTH  # the last decode-log window's mean: shown, never used for the value
 #: The metric families the host keeps from /metrics (the rest, histograms and gauges by the hundred, stays there).
 FAMILIES = (GENERATION_TOKENS, VERIFY_CALLS, REQUESTS, ACCEPT_GAUGE)
 #: Limits, checked before parsing: a real scrape of these families is a few lines per label set.

@@ -14,8 +14,15 @@ from __future__ import annotations
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 #: "Number of speculative decoding verification calls."
 SPEC_VERIFY_CALLS = "sglang:spec_verify_calls_total"
+#: "Number of requests processed." (finished requests: each one's first token came from prefill, not a verify)
+NUM_REQUESTS = "sglang:num_requests_total"
 #: "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward)." (last interval)
 SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
 
 #: name -> the prometheus_client class the release declares it with
-METRICS = {GENERATION_TOKENS: "Counter", SPEC_VERIFY_CALLS: "Counter", SPEC_ACCEPT_LENGTH: "Gauge"}
+METRICS = {
+    GENERATION_TOKENS: "Counter",
+    SPEC_VERIFY_CALLS: "Counter",
+    NUM_REQUESTS: "Counter",
+    SPEC_ACCEPT_LENGTH: "Gauge",
+}

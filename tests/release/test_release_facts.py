@@ -33,7 +33,7 @@ from hostprograms.probe import (
 )
 from sandbox.prepare import PINS, site_packages
 from sandbox.sglang_standin.bench_client import implementation
-from steps import sglang_flags, sglang_metrics
+from steps import server_metrics, sglang_flags, sglang_metrics
 from steps.bench_entry import ENTRY_POINTS
 from steps.benchmark import BenchmarkStep
 from steps.benchmark_results import FLOAT_FIELDS, INT_FIELDS, RunInfo, parse_run
@@ -202,6 +202,8 @@ def declared_metrics(source: str) -> dict[str, str]:
 
 
 def test_the_metrics_runbook_reads_are_declared_by_the_release() -> None:
+    # every family the scrapes keep (benchmark and eval_acceptance) is one this tier checks
+    assert set(server_metrics.FAMILIES) <= set(sglang_metrics.METRICS), "steps/server_metrics.py FAMILIES"
     declared = declared_metrics(release_source(METRICS_FILE))
     for name, kind in sglang_metrics.METRICS.items():
         assert declared.get(name) == kind, fact(

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from executor.faces.cli import main
+from executor.redact import Redactor
 from executor.runbook.planner import PlanContext
 from executor.transport.base import Collector, CommandResult
 from hostprograms.probe import BENCH_ENTRY_POINTS
@@ -44,7 +45,7 @@ from steps.benchmark_results import (
     parse_run,
     points,
 )
-from steps.request_records import DETAILS_MAX_TOKENS, TEXT_MAX_CHARS, bench_records, file_name
+from steps.request_records import DETAILS_MAX_TOKENS, TEXT_MAX_CHARS, RecordsFile, bench_records, file_name
 from tests.clirun import runbook_cli
 
 
@@ -320,6 +321,31 @@ def test_a_record_keeps_times_in_ms_and_its_text_cut_to_the_cap() -> None:
     }
 
 
+def test_hostile_counts_and_a_secret_in_the_details_leave_strict_json_without_the_secret(tmp_path: Path) -> None:
+    """Python's json reads NaN and 1e999 in a client's line; the records file, strict JSON, keeps them as unknown
+    (they used to stop the step with a ValueError). A token the server echoes reaches the file redacted."""
+    secret = "hf_" + "s3cr3t" * 4
+    counts: list[Any] = [float("nan"), float("inf"), -1, "5", True, 7]
+    details = {"input_lens": counts, "output_lens": counts[::-1], "ttfts": [0.1] * 6, "itls": [[]] * 6}
+    details |= {"generated_texts": [f"echo {secret}"] * 6, "errors": [f"401 for token {secret}"] * 6}
+    records = RecordsFile(tmp_path, "bench", Redactor([secret]))
+    records.append(bench_records(json.dumps(real_line() | details), {"step": "bench"}) or [])
+    text = records.path.read_text()
+    assert secret not in text
+    read = [
+        json.loads(line, parse_constant=lambda word: pytest.fail(f"{word} is no strict JSON"))
+        for line in text.splitlines()
+    ]
+    assert [(r["input_len"], r["output_len"]) for r in read] == [
+        (None, 7),
+        (None, None),
+        (None, None),
+        (None, None),
+        (None, None),
+        (7, None),
+    ]
+
+
 @pytest.mark.parametrize(
     ("step", "name"),
     [("bench", "bench.jsonl"), ("bench[drafter=a/b,tokens=4]", "bench_drafter=a_b,tokens=4_-")],
@@ -361,6 +387,9 @@ def test_default_prompts_grow_with_concurrency() -> None:
         ({"repeats": 0}, "greater than 0"),
         ({"seed": -1}, "greater than or equal to 0"),
         ({"seed": 2**32 - 8, "repeats": 3}, "the last run's seed would be 4294967296"),
+        # counted, not listed: a schedule of 3 * 2**31 runs made first would take minutes and all the memory
+        ({"repeats": 2**31}, "6,442,450,944 runs .* at most 1,000"),
+        ({"repeats": 334}, "1,002 runs"),
         ({"spread_threshold": -0.1}, "greater than or equal to 0"),
     ],
 )
