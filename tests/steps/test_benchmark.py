@@ -542,6 +542,10 @@ def test_baseline_then_dflash_with_the_report(
         ("sglang.benchmark.serving", "random-ids", "0.5.23", "")
     }
     assert [r["requests_file"] for r in rows[::2]] == [records[s]["facts"]["requests_file"] for s in BENCHMARKS]
+    exact = [run["acceptance"]["exact"]["value"] for run in dflash["runs"]]  # one repeat a concurrency here
+    assert [float(r["accept_length_exact"]) for r in rows[2:]] == exact and {
+        r["accept_length_exact"] for r in rows[:2]
+    } == {""}
     for table in report["tables"]:
         assert f"## {table['title']}" in markdown and table["title"] in shown
         for row in table["rows"]:
