@@ -30,6 +30,7 @@ import io
 import math
 import re
 import shlex
+import statistics
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -538,7 +539,7 @@ def throughput_table(baseline: Side, candidate: Side, gain: SliceSpeedup, of: st
 def latency_table(baseline: Side, candidate: Side, of: str = "") -> Table:
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
     columns = ["concurrency", "deployment", "TTFT median", "TTFT p99", "TPOT median", "TPOT p99"]
-    columns += ["ITL median", "E2E median", "accept length"]
+    columns += ["ITL median", "E2E median", "accept length (estimate)"]
     rows = []
     for k in common_concurrencies(baseline, candidate):
         for side, point in ((baseline, base[k]), (candidate, cand[k])):
@@ -553,23 +554,35 @@ def workload_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
     chat and lose on code, which one number over all of them hides."""
     columns = ["workload", "category", "dataset", "chat template", "concurrency"]
     columns += [f"{baseline.label} output tok/s", f"{candidate.label} output tok/s", "speedup"]
-    columns += [f"{candidate.label} accept length"]
+    columns += [f"{candidate.label} accept length, exact (counters)", f"{candidate.label} accept length, estimate"]
     rows = []
     for key, part in gain.by_workload.items():
-        base, cand = _by_concurrency(baseline.sliced(key)), _by_concurrency(candidate.sliced(key))
+        sliced = candidate.sliced(key)
+        base, cand = _by_concurrency(baseline.sliced(key)), _by_concurrency(sliced)
         workload, _, category = key.partition("/")
         facts = candidate.workload(key)
         shown = [workload, category or "all", or_na(facts and facts.dataset), or_na(facts and facts.template_shown())]
         for c, value in part.by_concurrency.items():
             b, k = base[int(c)], cand[int(c)]
-            rows.append(
-                [*shown, c, throughput_cell(b), throughput_cell(k), times(value), plain(median(k.accept_length))]
-            )
+            lengths = [exact_median(sliced.runs, int(c)), plain(median(k.accept_length))]
+            rows.append([*shown, c, throughput_cell(b), throughput_cell(k), times(value), *lengths])
     return Table(title="Speedup and acceptance per workload", columns=columns, rows=rows)
 
 
+def exact_median(runs: list[BenchRun], concurrency: int) -> str:
+    """The median over the repeats at `concurrency` of each run's exact acceptance length (from the server's
+    counters), saying how many runs had one when not all did: the number to choose a drafter by, where the
+    running average beside it is an estimate."""
+    runs = [run for run in runs if run.max_concurrency == concurrency]
+    values = [run.acceptance.exact.value for run in runs if run.acceptance and run.acceptance.exact.value is not None]
+    if not values:
+        return NA
+    shown = plain(statistics.median(values))
+    return shown if len(values) == len(runs) else f"{shown} ({len(values)} of {len(runs)} runs)"
+
+
 def workload_notes(candidate: Side) -> list[str]:
-    """What each workload's prompts are: dataset, file, chat template."""
+    """What each workload's prompts are (dataset, file, chat template), and which accept length is exact."""
     notes = []
     for w in candidate.workloads:
         source = (
@@ -580,6 +593,11 @@ def workload_notes(candidate: Side) -> list[str]:
             f"workload {w.label}: {source}{per}, {candidate.output_len} output tokens, chat template "
             f"{w.template_shown()}."
         )
+    notes.append(
+        f"{candidate.label} accept length per workload: exact (counters) is the median over the repeats of each run's "
+        "exact acceptance length (the table of runs below); estimate is the client's accept_length, the server's "
+        "running average (/server_info) after the run, as in the latency tables."
+    )
     return notes
 
 
