@@ -569,16 +569,21 @@ def workload_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
     return Table(title="Speedup and acceptance per workload", columns=columns, rows=rows)
 
 
-def exact_median(runs: list[BenchRun], concurrency: int) -> str:
-    """The median over the repeats at `concurrency` of each run's exact acceptance length (from the server's
-    counters), saying how many runs had one when not all did: the number to choose a drafter by, where the
-    running average beside it is an estimate."""
+def exact_lengths(runs: list[BenchRun], concurrency: int) -> tuple[list[float], int]:
+    """The exact acceptance lengths (from the server's counters) of the runs at `concurrency` that have one, and
+    how many runs there were: the number to choose a drafter by, where the running average is an estimate."""
     runs = [run for run in runs if run.max_concurrency == concurrency]
     values = [run.acceptance.exact.value for run in runs if run.acceptance and run.acceptance.exact.value is not None]
+    return values, len(runs)
+
+
+def exact_median(runs: list[BenchRun], concurrency: int) -> str:
+    """The median of `exact_lengths` over the repeats, saying how many runs had one when not all did."""
+    values, count = exact_lengths(runs, concurrency)
     if not values:
         return NA
     shown = plain(statistics.median(values))
-    return shown if len(values) == len(runs) else f"{shown} ({len(values)} of {len(runs)} runs)"
+    return shown if len(values) == count else f"{shown} ({len(values)} of {count} runs)"
 
 
 def workload_notes(candidate: Side) -> list[str]:
