@@ -352,7 +352,9 @@ def acceptance_note(acceptance: Acceptance) -> str:
     return (
         f"acceptance length (step {acceptance.step}): api {acceptance.api or NA}, template "
         f"{acceptance.template or NA}, thinking {_on_off(acceptance.thinking)}; "
-        "mean = per request (each weighs the same), token-weighted = completion tokens / verify steps."
+        "mean = per request (each weighs the same), token-weighted = completion tokens / verify steps, both from "
+        "each request's meta_info, per prompt set: estimates; the exact length of the whole eval, from the "
+        "server's counters, is the first row of the table of runs."
     )
 
 

@@ -364,6 +364,14 @@ def test_a_sub_millisecond_latency_keeps_two_significant_digits() -> None:
     assert latency.rows[1][2:6] == ["5.4", "1.0", "0.041", "0.0"]
 
 
+def test_the_eval_s_acceptance_per_prompt_set_says_it_is_an_estimate() -> None:
+    """The first table a reader meets gives meta_info's lengths per prompt set; its note says they are estimates
+    and where the exact one is."""
+    notes = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE).notes
+    (note,) = [n for n in notes if n.startswith(f"acceptance length (step {ACCEPTANCE.step})")]
+    assert "from each request's meta_info, per prompt set: estimates; the exact length of the whole eval" in note
+
+
 def test_what_a_report_shows_is_one_shape_for_its_writers_and_runbook_report() -> None:
     """report.md renders the writers' Document, `runbook report` the Shown it reads back without pydantic: the
     same fields in the same order, and a written report reads back as the Shown its model gives."""
