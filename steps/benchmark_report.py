@@ -656,7 +656,8 @@ def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> 
         "request's first token comes from prefill). The running average (/server_info: since the last flush, added "
         "to every decode-log interval, compared with the value without first tokens) and meta_info's "
         f"token-weighted mean are estimates, flagged where more than {TOLERANCE:.0%} off; the per-request mean "
-        "weighs each request the same: another quantity, shown, never flagged."
+        "weighs each request the same: another quantity, shown, never flagged. A benchmark run's meta_info columns "
+        "are n/a: the serving client's per-request details (--output-details) carry no meta_info."
     ]
     found = [(f"eval {acceptance.step}", acceptance.acceptance)] if acceptance else []
     found += [(f"{s.label} {run_where(r)}", r.acceptance) for s in sides for r in s.runs]

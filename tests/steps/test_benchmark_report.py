@@ -370,6 +370,8 @@ def test_the_eval_s_acceptance_per_prompt_set_says_it_is_an_estimate() -> None:
     notes = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE).notes
     (note,) = [n for n in notes if n.startswith(f"acceptance length (step {ACCEPTANCE.step})")]
     assert "from each request's meta_info, per prompt set: estimates; the exact length of the whole eval" in note
+    assert any(n.endswith("A benchmark run's meta_info columns are n/a: the serving client's per-request details "
+                          "(--output-details) carry no meta_info.") for n in notes)  # fmt: skip
 
 
 def test_what_a_report_shows_is_one_shape_for_its_writers_and_runbook_report() -> None:
