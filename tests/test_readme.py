@@ -102,14 +102,14 @@ def test_the_notebook_snippet_reads_a_speedup_per_workload_and_the_request_recor
 
     workloads = step(SPEED, RANDOM).resolved_workloads(True)
     gains = {"speed/low_entropy": 250.0, "speed/mixed": 150.0, "speed/high_entropy": 80.0, "random-ids": 110.0}
-    sides = [
+    baseline, candidate = (
         with_commands(side_of(label, runs_of(each)).model_copy(update={"workloads": workloads}))
         for label, each in (("baseline", dict.fromkeys(gains, 100.0)), ("dflash", gains))
-    ]
+    )
     files = ("hosts/gpu/requests/b.jsonl", "hosts/gpu/requests/c.jsonl")
     run = tmp_path / "logs" / "RUN"
     run.parent.mkdir()
-    write_json(run, build_report(*sides, provenance(*sides, files), ACCEPTANCE))
+    write_json(run, build_report(baseline, candidate, provenance(baseline, candidate, files), ACCEPTANCE))
     for name, ttft in zip(files, (20.0, 10.0), strict=True):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text(json.dumps({"ttft_ms": ttft, "error": None}) + "\n")
