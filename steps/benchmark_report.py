@@ -563,21 +563,23 @@ def latency_table(baseline: Side, candidate: Side, of: str = "") -> Table:
 
 def workload_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
     """Speedup and acceptance per workload and SPEED-Bench category, at each concurrency: a drafter can win on
-    chat and lose on code, which one number over all of them hides."""
-    columns = ["workload", "category", "dataset", "chat template", "concurrency"]
-    columns += [f"{baseline.label} output tok/s", f"{candidate.label} output tok/s", "speedup"]
+    chat and lose on code, which one number over all of them hides. The row's key and what a configuration is
+    chosen by come first, so that a terminal too narrow for the whole table shows them in its first part."""
+    columns = ["workload", "category", "concurrency", "speedup"]
     columns += [f"{candidate.label} accept length, exact (counters)", f"{candidate.label} accept length, estimate"]
+    columns += [f"{baseline.label} output tok/s", f"{candidate.label} output tok/s", "dataset", "chat template"]
     rows = []
     for key, part in gain.by_workload.items():
         sliced = candidate.sliced(key)
         base, cand = _by_concurrency(baseline.sliced(key)), _by_concurrency(sliced)
         workload, _, category = key.partition("/")
         facts = candidate.workload(key)
-        shown = [workload, category or "all", or_na(facts and facts.dataset), or_na(facts and facts.template_shown())]
+        prompts = [or_na(facts and facts.dataset), or_na(facts and facts.template_shown())]
         for c, value in part.by_concurrency.items():
             b, k = base[int(c)], cand[int(c)]
             lengths = [exact_median(sliced.runs, int(c)), plain(median(k.accept_length))]
-            rows.append([*shown, c, throughput_cell(b), throughput_cell(k), times(value), *lengths])
+            throughputs = [throughput_cell(b), throughput_cell(k)]
+            rows.append([workload, category or "all", c, times(value), *lengths, *throughputs, *prompts])
     return Table(title="Speedup and acceptance per workload", columns=columns, rows=rows)
 
 
