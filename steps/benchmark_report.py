@@ -641,12 +641,18 @@ def exact_acceptance_table(sides: list[Side], acceptance: Acceptance | None) -> 
     """Per run (and for the eval), the exact acceptance length from the server's counters beside the estimates."""
     rows = [exact_rows(f"eval {acceptance.step}", "all sets", acceptance.acceptance)] if acceptance else []
     for side in sides:
-        for run in side.runs:
-            rows.append(exact_rows(side.label, run_where(run), run.acceptance))
+        if not never_verified(side):
+            rows += [exact_rows(side.label, run_where(run), run.acceptance) for run in side.runs]
     columns = ["deployment", "run", "exact (counters)", "exact without first tokens", "Δ generation tokens"]
     columns += ["Δ verify calls", "Δ requests", "running average (/server_info)", "meta_info token-weighted"]
     columns += ["meta_info per-request mean"]
     return Table(title="Acceptance length per run: exact and estimates", columns=[*columns, "agreement"], rows=rows)
+
+
+def never_verified(side: Side) -> bool:
+    """Whether every run of the side counted no verify call (a baseline without speculative decoding): its rows
+    would all say so, with n/a for every length, so the table leaves them out and a note says why."""
+    return bool(side.runs) and all(r.acceptance and r.acceptance.exact.verify_calls == 0 for r in side.runs)
 
 
 def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> list[str]:
@@ -660,6 +666,12 @@ def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> 
         f"token-weighted mean are estimates, flagged where more than {TOLERANCE:.0%} off; the per-request mean "
         "weighs each request the same: another quantity, shown, never flagged. A benchmark run's meta_info columns "
         "are n/a: the serving client's per-request details (--output-details) carry no meta_info."
+    ]
+    notes += [
+        f"{side.label}: none of its {len(side.runs)} runs made a verify call (sglang:spec_verify_calls_total did not "
+        "grow: no speculative decoding), so it has no acceptance length and no rows in the table of runs."
+        for side in sides
+        if never_verified(side)
     ]
     found = [(f"eval {acceptance.step}", acceptance.acceptance)] if acceptance else []
     found += [(f"{s.label} {run_where(r)}", r.acceptance) for s in sides for r in s.runs]

@@ -211,10 +211,10 @@ def runs_of(throughputs: dict[str, float], accept: dict[str, float] | None = Non
     return runs
 
 
-def exact(value: float | None, running_average: float) -> RunAcceptance:
+def exact(value: float | None, running_average: float | None, verify_calls: int | None = None) -> RunAcceptance:
     """A run's acceptance as the counters gave it (`value` None: not known, with a reason)."""
     counted = ExactAcceptance(
-        value=value, decode_value=value, generation_tokens=None, verify_calls=None, requests=None,
+        value=value, decode_value=value, generation_tokens=None, verify_calls=verify_calls, requests=None,
         accept_gauge=None, unknown_reason=None if value else "no verify call during the run",
     )  # fmt: skip
     return RunAcceptance(exact=counted, running_average=running_average, weighted_mean=None, per_request_mean=None,
@@ -250,6 +250,23 @@ def test_the_per_workload_acceptance_says_which_is_exact_and_which_an_estimate()
     rows = [[*row[:6], "281,467.3 (noisy)", "281,467.3 (noisy)", *row[8:]] for row in table.rows]
     first, *_ = table_parts(table.title, table.columns, rows, 100)
     assert [str(c.header) for c in first.columns][:6] == table.columns[:6]
+
+
+def test_a_baseline_that_never_speculated_has_a_note_not_a_row_per_run_in_the_exact_table() -> None:
+    """A baseline's runs count no verify call: a row each would be n/a throughout (48 in the flagship)."""
+    base = [bench_run(c, 100.0).model_copy(update={"acceptance": exact(None, None, 0)}) for c in (1, 4)]
+    cand = [bench_run(c, 150.0).model_copy(update={"acceptance": exact(3.0, 3.0, 10)}) for c in (1, 4)]
+    baseline, candidate = side_of("baseline", base), side_of("dflash", cand)
+    report = build_report(baseline, candidate, provenance_of(baseline, candidate), ACCEPTANCE)
+    table = next(t for t in report.tables if t.title == "Acceptance length per run: exact and estimates")
+    assert [row[0] for row in table.rows] == [f"eval {ACCEPTANCE.step}", "dflash", "dflash"]
+    assert "baseline: none of its 2 runs made a verify call (sglang:spec_verify_calls_total did not grow: no " in (
+        " ".join(report.notes)
+    )
+    speculating = side_of("baseline", [run.model_copy(update={"acceptance": exact(2.0, 2.0, 5)}) for run in base])
+    report = build_report(speculating, candidate, provenance_of(speculating, candidate), ACCEPTANCE)
+    table = next(t for t in report.tables if t.title == "Acceptance length per run: exact and estimates")
+    assert [row[0] for row in table.rows].count("baseline") == 2
 
 
 def test_the_report_gives_speedup_and_acceptance_per_workload_and_category() -> None:
