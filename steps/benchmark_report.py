@@ -314,7 +314,7 @@ def ms(value: float | None) -> str:
     """A latency in ms: one decimal, and below 1 ms two significant digits, so that a sub-millisecond TPOT (a
     small model, the demo's stand-in) does not read as 0.0 beside a speedup."""
     if value is not None and 0 < abs(value) < 1:
-        return f"{value:.2g}"
+        return f"{value:#.2g}"
     return _fmt(1)(value)
 
 

@@ -358,10 +358,10 @@ def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
 
 def test_a_sub_millisecond_latency_keeps_two_significant_digits() -> None:
     """A stand-in's or a small model's TPOT under 1 ms is shown as measured, not as 0.0 ms."""
-    fast = [bench_run(1, 300.0, median_tpot_ms=0.041, p99_tpot_ms=0.0, median_ttft_ms=5.375)]
+    fast = [bench_run(1, 300.0, median_tpot_ms=0.041, p99_tpot_ms=0.0, median_ttft_ms=5.375, median_itl_ms=0.2)]
     report = build_report(BASELINE, side_of("dflash", fast), provenance_of(BASELINE, side_of("dflash", fast)))
     latency = next(t for t in report.tables if t.title == "Latency per concurrency (ms)")
-    assert latency.rows[1][2:6] == ["5.4", "1.0", "0.041", "0.0"]
+    assert latency.rows[1][2:7] == ["5.4", "1.0", "0.041", "0.0", "0.20"]  # 0.20 beside 0.21, not 0.2
 
 
 def test_the_eval_s_acceptance_per_prompt_set_says_it_is_an_estimate() -> None:
