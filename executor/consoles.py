@@ -7,7 +7,7 @@ Every line they print fits the terminal (`executor.terminal.line_width`: `COLUMN
 a pipe or a file without `COLUMNS` gets its lines whole): a text is broken between words, its continuation
 lines indented (a word longer than a line, a path or a command, keeps a line of its own, whole, to be copied),
 and a table (`print_table`) wraps inside its cells, a table too wide for the terminal even so printed as
-several, each with the first column again.
+several, each starting with the row's key columns again (`key_columns`).
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ def table_parts(
 ) -> list[Table]:
     """The table as one or more tables that fit `width` cells, each cell's text wrapped between words (a word
     wider than a whole table folded). Where even the longest words of every column do not fit side by side, the
-    columns go into several tables, in order, each starting with the first column again (the row's key) where
-    that takes at most half the width, titled `TITLE (1/2)`, `TITLE (2/2)`: a number or an id is never cut."""
+    columns go into several tables, in order, each starting with the row's key again (`key_columns`) where that
+    takes at most half the width, titled `TITLE (1/2)`, `TITLE (2/2)`: a number or an id is never cut."""
     cells = [[column, *(row[n] for row in rows)] for n, column in enumerate(columns)]
     most = width - COLUMN_FRAME - TABLE_FRAME  # what one column alone may take
     words = [min(max((cell_len(w) for cell in column for w in str(cell).split()), default=1), most) for column in cells]
     lines = [max(cell_len(line) for cell in column for line in str(cell).split("\n")) for column in cells]
-    groups = column_groups(words, width)
+    groups = column_groups(words, width, key_columns([[str(cell) for cell in row] for row in rows]))
     parts = []
     for n, group in enumerate(groups, start=1):
         widths = fit_widths([words[c] for c in group], [lines[c] for c in group], width)
@@ -128,14 +128,23 @@ def table_parts(
     return parts
 
 
-def column_groups(widths: Sequence[int], width: int) -> list[list[int]]:
+def key_columns(rows: Sequence[Sequence[str]]) -> int:
+    """How many leading columns tell the rows apart (a latency table's concurrency and deployment, a workload
+    table's workload, category and concurrency): the fewest whose values differ between every two rows, else 1."""
+    width = min((len(row) for row in rows), default=1)
+    return next((n for n in range(1, width + 1) if len({tuple(row[:n]) for row in rows}) == len(rows)), 1)
+
+
+def column_groups(widths: Sequence[int], width: int, key_count: int = 1) -> list[list[int]]:
     """The columns (by index), in order, in groups whose `widths` side by side, with a table's frame, fit `width`;
-    each group after the first starts with column 0 again where it takes at most half the width."""
+    each group after the first starts with the first `key_count` columns again where they take at most half the
+    width (else with column 0 alone where it does)."""
 
     def needs(group: list[int]) -> int:
         return sum(widths[n] + COLUMN_FRAME for n in group) + TABLE_FRAME
 
-    key = [0] if len(widths) > 1 and needs([0]) <= width // 2 else []
+    fitting = [list(range(n)) for n in (key_count, 1) if len(widths) > n and needs(list(range(n))) <= width // 2]
+    key = fitting[0] if fitting else []
     groups: list[list[int]] = []
     group = [*key]
     for n in range(len(key), len(widths)):

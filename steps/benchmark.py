@@ -308,9 +308,15 @@ class BenchmarkStep(StepSpec):
             if any(w.dataset in ("custom", "sharegpt") and w.chat_template is None for w in self.workloads):
                 what += f" (custom, sharegpt: chat template on if steps.{self.server}.facts.speculative_algorithm)"
         return [
-            f"bench_serving against {self.server}: concurrency {', '.join(map(str, self.concurrencies))} x "
-            f"{self.repeats} repeats, {what}; run 1 of {runs} (each has its own seed):"
+            f"{_entry_rule()} against {self.server}: concurrency {', '.join(map(str, self.concurrencies))} x "
+            f"{self.repeats} repeats, {what}; {self._warmup_shown()}; run 1 of {runs} (each has its own seed):"
         ]
+
+    def _warmup_shown(self) -> str:
+        """The uncounted warm-up, which the plan's one command does not show: a client run of its own."""
+        if not self.warmup_requests:
+            return "no warm-up"
+        return f"each after a warm-up run of {self.warmup_requests} request(s), outside its /metrics window"
 
     def commands(self, ctx: RenderContext) -> list[str]:
         slot, workload = self.slots(ctx)[0]
@@ -578,3 +584,9 @@ def _fact(ctx: StepContext, step: str, path: str, param: str) -> Any:
 def _exited(result: CommandResult) -> str:
     """`exited 1`, or how a command without an exit code ended (`timed out`, `no exit status`): never `exited None`."""
     return f"exited {result.exit_code}" if result.exit_code is not None else result.ended
+
+
+def _entry_rule() -> str:
+    """Which client a run uses, chosen on the host before each run: the plan's command shows only the newest."""
+    (newest, _), (old, _) = ENTRY_POINTS
+    return f"{newest} (where the host's SGLang lacks it: the deprecated {old}, chosen on the host)"

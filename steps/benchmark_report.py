@@ -30,6 +30,7 @@ import io
 import math
 import re
 import shlex
+import statistics
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -306,7 +307,17 @@ def _fmt(digits: int, suffix: str = "") -> Callable[[float | None], str]:
     return show
 
 
-tok_s, ms, times, plain = _fmt(1), _fmt(1), _fmt(2, "x"), _fmt(2)
+tok_s, times, plain = _fmt(1), _fmt(2, "x"), _fmt(2)
+
+
+def ms(value: float | None) -> str:
+    """A latency in ms: one decimal, and below 1 ms two significant digits, so that a sub-millisecond TPOT (a
+    small model, the demo's stand-in) does not read as 0.0 beside a speedup."""
+    if value is not None and 0 < abs(value) < 1:
+        return f"{value:#.2g}"
+    return _fmt(1)(value)
+
+
 NOISY = " (noisy)"  # after a median of a noisy point (BenchPoint.noisy)
 
 
@@ -341,7 +352,9 @@ def acceptance_note(acceptance: Acceptance) -> str:
     return (
         f"acceptance length (step {acceptance.step}): api {acceptance.api or NA}, template "
         f"{acceptance.template or NA}, thinking {_on_off(acceptance.thinking)}; "
-        "mean = per request (each weighs the same), token-weighted = completion tokens / verify steps."
+        "mean = per request (each weighs the same), token-weighted = completion tokens / verify steps, both from "
+        "each request's meta_info, per prompt set: estimates; the exact length of the whole eval, from the "
+        "server's counters, is the first row of the table of runs."
     )
 
 
@@ -538,7 +551,7 @@ def throughput_table(baseline: Side, candidate: Side, gain: SliceSpeedup, of: st
 def latency_table(baseline: Side, candidate: Side, of: str = "") -> Table:
     base, cand = _by_concurrency(baseline), _by_concurrency(candidate)
     columns = ["concurrency", "deployment", "TTFT median", "TTFT p99", "TPOT median", "TPOT p99"]
-    columns += ["ITL median", "E2E median", "accept length"]
+    columns += ["ITL median", "E2E median", "accept length (estimate)"]
     rows = []
     for k in common_concurrencies(baseline, candidate):
         for side, point in ((baseline, base[k]), (candidate, cand[k])):
@@ -550,26 +563,45 @@ def latency_table(baseline: Side, candidate: Side, of: str = "") -> Table:
 
 def workload_table(baseline: Side, candidate: Side, gain: Speedup) -> Table:
     """Speedup and acceptance per workload and SPEED-Bench category, at each concurrency: a drafter can win on
-    chat and lose on code, which one number over all of them hides."""
-    columns = ["workload", "category", "dataset", "chat template", "concurrency"]
-    columns += [f"{baseline.label} output tok/s", f"{candidate.label} output tok/s", "speedup"]
-    columns += [f"{candidate.label} accept length"]
+    chat and lose on code, which one number over all of them hides. The row's key and what a configuration is
+    chosen by come first, so that a terminal too narrow for the whole table shows them in its first part."""
+    columns = ["workload", "category", "concurrency", "speedup"]
+    columns += [f"{candidate.label} accept length, exact (counters)", f"{candidate.label} accept length, estimate"]
+    columns += [f"{baseline.label} output tok/s", f"{candidate.label} output tok/s", "dataset", "chat template"]
     rows = []
     for key, part in gain.by_workload.items():
-        base, cand = _by_concurrency(baseline.sliced(key)), _by_concurrency(candidate.sliced(key))
+        sliced = candidate.sliced(key)
+        base, cand = _by_concurrency(baseline.sliced(key)), _by_concurrency(sliced)
         workload, _, category = key.partition("/")
         facts = candidate.workload(key)
-        shown = [workload, category or "all", or_na(facts and facts.dataset), or_na(facts and facts.template_shown())]
+        prompts = [or_na(facts and facts.dataset), or_na(facts and facts.template_shown())]
         for c, value in part.by_concurrency.items():
             b, k = base[int(c)], cand[int(c)]
-            rows.append(
-                [*shown, c, throughput_cell(b), throughput_cell(k), times(value), plain(median(k.accept_length))]
-            )
+            lengths = [exact_median(sliced.runs, int(c)), plain(median(k.accept_length))]
+            throughputs = [throughput_cell(b), throughput_cell(k)]
+            rows.append([workload, category or "all", c, times(value), *lengths, *throughputs, *prompts])
     return Table(title="Speedup and acceptance per workload", columns=columns, rows=rows)
 
 
+def exact_lengths(runs: list[BenchRun], concurrency: int) -> tuple[list[float], int]:
+    """The exact acceptance lengths (from the server's counters) of the runs at `concurrency` that have one, and
+    how many runs there were: the number to choose a drafter by, where the running average is an estimate."""
+    runs = [run for run in runs if run.max_concurrency == concurrency]
+    values = [run.acceptance.exact.value for run in runs if run.acceptance and run.acceptance.exact.value is not None]
+    return values, len(runs)
+
+
+def exact_median(runs: list[BenchRun], concurrency: int) -> str:
+    """The median of `exact_lengths` over the repeats, saying how many runs had one when not all did."""
+    values, count = exact_lengths(runs, concurrency)
+    if not values:
+        return NA
+    shown = plain(statistics.median(values))
+    return shown if len(values) == count else f"{shown} ({len(values)} of {count} runs)"
+
+
 def workload_notes(candidate: Side) -> list[str]:
-    """What each workload's prompts are: dataset, file, chat template."""
+    """What each workload's prompts are (dataset, file, chat template), and which accept length is exact."""
     notes = []
     for w in candidate.workloads:
         source = (
@@ -580,6 +612,11 @@ def workload_notes(candidate: Side) -> list[str]:
             f"workload {w.label}: {source}{per}, {candidate.output_len} output tokens, chat template "
             f"{w.template_shown()}."
         )
+    notes.append(
+        f"{candidate.label} accept length per workload: exact (counters) is the median over the repeats of each run's "
+        "exact acceptance length (the table of runs below); estimate is the client's accept_length, the server's "
+        "running average (/server_info) after the run, as in the latency tables."
+    )
     return notes
 
 
@@ -604,12 +641,18 @@ def exact_acceptance_table(sides: list[Side], acceptance: Acceptance | None) -> 
     """Per run (and for the eval), the exact acceptance length from the server's counters beside the estimates."""
     rows = [exact_rows(f"eval {acceptance.step}", "all sets", acceptance.acceptance)] if acceptance else []
     for side in sides:
-        for run in side.runs:
-            rows.append(exact_rows(side.label, run_where(run), run.acceptance))
+        if not never_verified(side):
+            rows += [exact_rows(side.label, run_where(run), run.acceptance) for run in side.runs]
     columns = ["deployment", "run", "exact (counters)", "exact without first tokens", "Δ generation tokens"]
     columns += ["Δ verify calls", "Δ requests", "running average (/server_info)", "meta_info token-weighted"]
     columns += ["meta_info per-request mean"]
     return Table(title="Acceptance length per run: exact and estimates", columns=[*columns, "agreement"], rows=rows)
+
+
+def never_verified(side: Side) -> bool:
+    """Whether every run of the side counted no verify call (a baseline without speculative decoding): its rows
+    would all say so, with n/a for every length, so the table leaves them out and a note says why."""
+    return bool(side.runs) and all(r.acceptance and r.acceptance.exact.verify_calls == 0 for r in side.runs)
 
 
 def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> list[str]:
@@ -621,7 +664,14 @@ def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> 
         "request's first token comes from prefill). The running average (/server_info: since the last flush, added "
         "to every decode-log interval, compared with the value without first tokens) and meta_info's "
         f"token-weighted mean are estimates, flagged where more than {TOLERANCE:.0%} off; the per-request mean "
-        "weighs each request the same: another quantity, shown, never flagged."
+        "weighs each request the same: another quantity, shown, never flagged. A benchmark run's meta_info columns "
+        "are n/a: the serving client's per-request details (--output-details) carry no meta_info."
+    ]
+    notes += [
+        f"{side.label}: none of its {len(side.runs)} runs made a verify call (sglang:spec_verify_calls_total did not "
+        "grow: no speculative decoding), so it has no acceptance length and no rows in the table of runs."
+        for side in sides
+        if never_verified(side)
     ]
     found = [(f"eval {acceptance.step}", acceptance.acceptance)] if acceptance else []
     found += [(f"{s.label} {run_where(r)}", r.acceptance) for s in sides for r in s.runs]

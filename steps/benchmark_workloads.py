@@ -31,6 +31,7 @@ prompts come templated from the client, random ids have no text). Unset, the tem
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,18 +47,31 @@ Category = Literal["low_entropy", "mixed", "high_entropy"]
 #: The label a benchmark without `workloads` gives its one workload (and facts written before workloads had).
 RANDOM_IDS = "random-ids"
 _FROM_FILE = ("speed-bench", "custom", "sharegpt")
+#: A workload's label: its name in facts, the report's tables and the csv's `workload` column.
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class Workload(Model):
     """One workload as a runbook writes it (a benchmark step's `workloads` entry): an unknown key is an error."""
 
-    label: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # its name in facts and the report (no "/")
+    label: str = Field(pattern=LABEL.pattern)  # its name in facts and the report (no "/")
     dataset: Dataset  # the client's --dataset-name: random-ids, speed-bench, custom or sharegpt
     path: str | None = None  # the file on the host; `~` and `$vars` expand there
     categories: list[Category] | None = None  # speed-bench only; default all three
     chat_template: bool | None = None  # None: the module's rule
     thinking: bool | None = None  # None: the template's default
     thinking_kwarg: str = Field(default="thinking", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # its chat_template_kwargs key
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label(cls, value: Any) -> Any:
+        """Says what a label may be, before the pattern's own message (a regex) would: `/` is the report's."""
+        if isinstance(value, str) and not LABEL.fullmatch(value):
+            slash = "; '/' separates a workload from its SPEED-Bench category in the report" if "/" in value else ""
+            raise ValueError(
+                f"label {value!r}: 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit{slash}"
+            )
+        return value
 
     @field_validator("categories")
     @classmethod

@@ -1,12 +1,15 @@
 """What README.md states that the code can contradict, checked so that it cannot go stale (issue 29, items 2 and
 11): the set-up command works on a distribution's Python (a virtual environment, the Python version that
-pyproject.toml requires), and the flagship plan's line counts and excerpt are those `runbook plan` prints.
+pyproject.toml requires), and the flagship plan's line counts and excerpt are those `runbook plan` prints; and
+(issue 30) the notebook snippet reads a report of several workloads as it says.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -84,3 +87,42 @@ def test_runbook_mcp_without_the_sdk_names_the_install_into_this_checkout_s_envi
     install = shlex.join([sys.executable, "-m", "pip", "install", "-e", f"{checkout}[mcp]"])
     said = " ".join(done.stderr.split())  # on one line, or the command on a line of its own where it fits no other
     assert re.fullmatch(rf"runbook mcp: needs the MCP SDK \(mcp[.a-z]*\): {re.escape(install)}", said), said
+
+
+def test_the_notebook_snippet_reads_a_speedup_per_workload_and_the_request_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's notebook snippet, run as written on a report of two workloads (SPEED-Bench's categories and
+    random ids, as the flagship's): one speedup per workload and category, none hiding another; its `runbook`
+    is the CLI in this process (tests/clirun.py)."""
+    from steps.benchmark_report import build_report
+    from tests.executor.test_cli_report_formats import provenance, with_commands, write_json
+    from tests.steps.test_benchmark_report import ACCEPTANCE, side_of
+    from tests.steps.test_benchmark_workloads import RANDOM, SPEED, runs_of, step
+
+    workloads = step(SPEED, RANDOM).resolved_workloads(True)
+    gains = {"speed/low_entropy": 250.0, "speed/mixed": 150.0, "speed/high_entropy": 80.0, "random-ids": 110.0}
+    baseline, candidate = (
+        with_commands(side_of(label, runs_of(each)).model_copy(update={"workloads": workloads}))
+        for label, each in (("baseline", dict.fromkeys(gains, 100.0)), ("dflash", gains))
+    )
+    files = ("hosts/gpu/requests/b.jsonl", "hosts/gpu/requests/c.jsonl")
+    run = tmp_path / "logs" / "RUN"
+    run.parent.mkdir()
+    write_json(run, build_report(baseline, candidate, provenance(baseline, candidate, files), ACCEPTANCE))
+    for name, ttft in zip(files, (20.0, 10.0), strict=True):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(json.dumps({"ttft_ms": ttft, "error": None}) + "\n")
+
+    def cli(argv: list[str], **_: object) -> object:
+        assert argv[0] == "runbook"
+        return runbook_cli(*argv[1:], cwd=tmp_path)
+
+    monkeypatch.setattr(subprocess, "run", cli)
+    monkeypatch.chdir(tmp_path)
+    snippet = README[README.index("A notebook reads both") :].split("```python\n")[1].split("```")[0]
+    scope: dict[str, object] = {"RUN_ID": "RUN"}
+    exec(snippet, scope)  # the README's own code
+    speedups = scope["speedups"]
+    assert isinstance(speedups, dict) and sorted(speedups.values()) == [0.8, 1.1, 1.5, 2.5]
+    assert capsys.readouterr().out.splitlines() == ["baseline 20.0", "dflash 10.0"]

@@ -31,7 +31,7 @@ from executor.documents import Table
 from executor.errors import ResumeError
 from executor.faces.views import REPORT_FILE
 from executor.terminal import shown
-from steps.benchmark_report import BenchmarkData, Report
+from steps.benchmark_report import BenchmarkData, Report, exact_lengths
 from steps.benchmark_results import BenchPoint, BenchRun, Spread
 from steps.benchmark_workloads import RANDOM_IDS, slice_key
 from steps.campaign_report_cells import CellPoint, CellReport
@@ -48,8 +48,7 @@ WHAT = ["report", "run", "host", "cell", "role", "group", "status", "reason", "w
 WHAT += ["input_len", "output_len", "concurrency", "repeats"]
 MEASURED = ["output_throughput", "output_throughput_min", "output_throughput_max", "request_throughput"]
 MEASURED += ["ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms", "p99_ttft_ms", "p99_tpot_ms", "accept_length"]
-MEASURED += ["accept_length_exact"]
-MEASURED += ["noisy", "speedup"]
+MEASURED += ["accept_length_exact", "noisy", "speedup"]
 ORIGIN = ["sglang_version", "model", "model_revision", "model_commit", "draft_model", "draft_revision"]
 ORIGIN += ["draft_commit", "speculative_algorithm", "server_gpus", "server_argv", "gpu_model", "gpu_count"]
 ORIGIN += ["gpu_driver", "cuda_version", "client", "dataset", "seed_first", "seed_last", "client_command"]
@@ -115,7 +114,7 @@ def benchmark_rows(report: Report, run: str) -> list[dict[str, Any]]:
         for point in side.points:
             slot = (point.workload, point.category, point.max_concurrency)
             row = what | workload_of(point.workload, point.category) | _point(point) | _speedup(data, role, point)
-            row |= {"accept_length_exact": _exact(side.runs, point)}
+            row |= _exact(side.sliced(slice_key(point.workload, point.category)).runs, point.max_concurrency)
             rows.append(row | origin(report.provenance, side.label, *slot))
     return rows
 
@@ -128,15 +127,11 @@ def _speedup(data: BenchmarkData, role: str, point: BenchPoint) -> dict[str, Any
     return {"speedup": gain.by_concurrency.get(str(point.max_concurrency))}
 
 
-def _exact(runs: list[BenchRun], point: BenchPoint) -> float | None:
-    """The median over the point's repeats of each run's exact acceptance length (the server's counters,
-    steps/server_metrics.py); `accept_length` beside it is the client's running-average estimate."""
-    slot = (point.workload, point.category, point.max_concurrency)
-    found = [
-        r.acceptance.exact.value for r in runs if (r.workload, r.category, r.max_concurrency) == slot and r.acceptance
-    ]
-    values = [value for value in found if value is not None]
-    return statistics.median(values) if values else None
+def _exact(runs: list[BenchRun], concurrency: int) -> dict[str, Any]:
+    """The median exact acceptance length (the server's counters) of the point's runs that have one; empty
+    where none has (a baseline, a server without /metrics)."""
+    values, _ = exact_lengths(runs, concurrency)
+    return {"accept_length_exact": statistics.median(values) if values else None}
 
 
 def _median(spread: Spread | None) -> float | None:

@@ -21,8 +21,8 @@ from steps.benchmark_report import build_report
 from steps.provenance import Measured, Sources, build
 from tests.clirun import runbook_cli
 from tests.executor.test_cli_report import write
-from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, deployed, side, side_of
-from tests.steps.test_benchmark_workloads import RANDOM, SPEED, runs_of
+from tests.steps.test_benchmark_report import ACCEPTANCE, BASELINE, DFLASH, bench_run, deployed, side, side_of
+from tests.steps.test_benchmark_workloads import RANDOM, SPEED, exact, runs_of
 from tests.steps.test_benchmark_workloads import step as workload_step
 from tests.steps.test_campaign_report import host_views, write_campaign
 
@@ -263,3 +263,23 @@ def test_a_campaign_names_each_cell_s_per_request_records(site: Path) -> None:
     rows = [row for row in csv_rows(site / "campaign") if row["status"] == "passed"]
     benchmarks = {f"hosts/{host}/requests/{step}.jsonl" for host, step in named if not step.startswith("eval")}
     assert {row["requests_file"] for row in rows} == benchmarks
+
+
+def test_a_row_gives_the_exact_acceptance_length_beside_the_running_average(tmp_path: Path) -> None:
+    """`accept_length` is the client's running average (an estimate); `accept_length_exact` the median over the
+    repeats of the server's counters, empty where no run has one (the baseline)."""
+    lengths = {1: (3.0, 5.0, 4.0), 4: (2.0, 2.5, 3.0)}
+    runs = [
+        run.model_copy(update={"acceptance": exact(lengths[run.max_concurrency][run.repeat - 1], 1.5)})
+        for run in (bench_run(c, 300.0 * c, r, accept_length=1.5) for c in lengths for r in (1, 2, 3))
+    ]
+    baseline = side_of("baseline", [bench_run(c, 100.0 * c, r) for c in lengths for r in (1, 2, 3)], "b")
+    candidate = side_of("dflash", runs, "c")
+    write_json(tmp_path / "run", build_report(baseline, candidate, provenance(baseline, candidate), ACCEPTANCE))
+    rows = csv_rows(tmp_path / "run")
+    assert [(r["cell"], r["concurrency"], r["accept_length"], r["accept_length_exact"]) for r in rows] == [
+        ("baseline", "1", "1.0", ""),
+        ("baseline", "4", "1.0", ""),
+        ("dflash", "1", "1.5", "4.0"),
+        ("dflash", "4", "1.5", "2.5"),
+    ]

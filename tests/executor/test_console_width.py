@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
 
-from executor.consoles import table_parts
+from executor.consoles import key_columns, table_parts
 from executor.terminal import MIN_WIDTH, fitted, shown_text
 from executor.transport.scripted import Answer, ScriptedCommand
 from tests.clirun import runbook_cli
@@ -282,3 +282,15 @@ def test_a_table_fits_any_width_in_one_or_more_parts(width: int, shape: tuple[li
     for part in parts:
         console.print(part)
     assert all(cell_len(line) <= width for line in printed.getvalue().splitlines()), printed.getvalue()
+
+
+def test_each_part_of_a_split_table_starts_with_the_columns_that_tell_its_rows_apart() -> None:
+    """A latency table's rows are told apart by concurrency and deployment together: a part that repeated only
+    the concurrency would show two rows per concurrency with nothing to say which deployment each is."""
+    columns = ["concurrency", "deployment", *(f"metric number {n}" for n in range(8))]
+    rows = [[c, side, *(f"{n * 1000.5:,.1f}" for n in range(8))] for c in ("1", "4") for side in ("base", "dflash")]
+    assert key_columns(rows) == 2 and key_columns([["a", "x"], ["b", "x"]]) == 1
+    assert key_columns([["a", "x"], ["a", "x"]]) == 1  # rows alike: the first column, as before
+    parts = table_parts("latency", columns, rows, 60)
+    assert len(parts) > 1
+    assert all([str(c.header) for c in part.columns][:2] == ["concurrency", "deployment"] for part in parts)

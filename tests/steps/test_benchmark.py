@@ -367,6 +367,15 @@ def test_plan_shows_one_command_per_run_with_the_server_known_at_run_time() -> N
     assert ["--seed 40 " in once[0][1], "--seed 41 " in once[1][1]] == [True, True]
 
 
+def test_plan_says_which_client_runs_and_the_warm_up_its_command_leaves_out() -> None:
+    """The plan's command names the newest entry point; the summary says the host may run the old one instead."""
+    (line,) = BenchmarkStep(id="b", server="d").summary(PlanContext("box", {}))
+    assert line.startswith("sglang.benchmark.serving (where the host's SGLang lacks it: the deprecated sglang.bench")
+    assert "each after a warm-up run of 1 request(s), outside its /metrics window" in line
+    (cold,) = BenchmarkStep(id="b", server="d", warmup_requests=0).summary(PlanContext("box", {}))
+    assert "; no warm-up;" in cold
+
+
 def test_the_probe_reads_the_entry_points_the_step_chooses_from() -> None:
     assert BENCH_ENTRY_POINTS == ENTRY_POINTS  # the host program cannot import steps/: one table, checked
 

@@ -356,6 +356,24 @@ def test_the_speedup_is_of_medians_and_a_noisy_point_is_marked() -> None:
     assert latency.columns[2:4] == ["TTFT median", "TTFT p99"] and latency.rows[0][2] == "1.0"
 
 
+def test_a_sub_millisecond_latency_keeps_two_significant_digits() -> None:
+    """A stand-in's or a small model's TPOT under 1 ms is shown as measured, not as 0.0 ms."""
+    fast = [bench_run(1, 300.0, median_tpot_ms=0.041, p99_tpot_ms=0.0, median_ttft_ms=5.375, median_itl_ms=0.2)]
+    report = build_report(BASELINE, side_of("dflash", fast), provenance_of(BASELINE, side_of("dflash", fast)))
+    latency = next(t for t in report.tables if t.title == "Latency per concurrency (ms)")
+    assert latency.rows[1][2:7] == ["5.4", "1.0", "0.041", "0.0", "0.20"]  # 0.20 beside 0.21, not 0.2
+
+
+def test_the_eval_s_acceptance_per_prompt_set_says_it_is_an_estimate() -> None:
+    """The first table a reader meets gives meta_info's lengths per prompt set; its note says they are estimates
+    and where the exact one is."""
+    notes = build_report(BASELINE, DFLASH, PROVENANCE, ACCEPTANCE).notes
+    (note,) = [n for n in notes if n.startswith(f"acceptance length (step {ACCEPTANCE.step})")]
+    assert "from each request's meta_info, per prompt set: estimates; the exact length of the whole eval" in note
+    assert any(n.endswith("A benchmark run's meta_info columns are n/a: the serving client's per-request details "
+                          "(--output-details) carry no meta_info.") for n in notes)  # fmt: skip
+
+
 def test_what_a_report_shows_is_one_shape_for_its_writers_and_runbook_report() -> None:
     """report.md renders the writers' Document, `runbook report` the Shown it reads back without pydantic: the
     same fields in the same order, and a written report reads back as the Shown its model gives."""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from executor.consoles import table_parts
 from executor.faces.cli import main
 from executor.runbook.campaign import AxisValue
 from executor.runbook.planner import PlanContext
@@ -20,6 +21,7 @@ from sandbox.prepare import site_packages
 from steps.benchmark import BenchmarkStep
 from steps.benchmark_report import build_report, markdown, md_text, speedup
 from steps.benchmark_workloads import Workload
+from steps.server_metrics import ExactAcceptance, RunAcceptance
 from tests.steps.test_benchmark import standin  # noqa: F401  (a fixture)
 from tests.steps.test_benchmark_report import ACCEPTANCE, bench_run, provenance_of, side_of
 
@@ -106,7 +108,8 @@ def test_the_chat_template_rule() -> None:
         (RANDOM | {"chat_template": True}, "no text: there is no chat template"),
         (SPEED | {"thinking": False}, "templated by the client"),
         (RANDOM | {"thinking": True}, "as ids"),
-        ({"label": "a/b", "dataset": "random-ids"}, "String should match pattern"),
+        ({"label": "a/b", "dataset": "random-ids"}, "'/' separates a workload from its SPEED-Bench category"),
+        ({"label": "-a", "dataset": "random-ids"}, "label '-a': 1 to 64 letters, digits, '_', '.' or '-', starting"),
         ({"label": "x", "dataset": "mmlu"}, "'random-ids', 'speed-bench', 'custom' or 'sharegpt'"),
         (SPEED | {"categorie": ["mixed"]}, "categorie\n  Extra inputs are not permitted"),
     ],
@@ -208,6 +211,64 @@ def runs_of(throughputs: dict[str, float], accept: dict[str, float] | None = Non
     return runs
 
 
+def exact(value: float | None, running_average: float | None, verify_calls: int | None = None) -> RunAcceptance:
+    """A run's acceptance as the counters gave it (`value` None: not known, with a reason)."""
+    counted = ExactAcceptance(
+        value=value, decode_value=value, generation_tokens=None, verify_calls=verify_calls, requests=None,
+        accept_gauge=None, unknown_reason=None if value else "no verify call during the run",
+    )  # fmt: skip
+    return RunAcceptance(exact=counted, running_average=running_average, weighted_mean=None, per_request_mean=None,
+                         disagreements=[])  # fmt: skip
+
+
+def test_the_per_workload_acceptance_says_which_is_exact_and_which_an_estimate() -> None:
+    """The table a configuration is chosen by gives the counters' exact length (the median of the repeats) in a
+    column of its own, beside the client's running average, each header saying which it is."""
+    workloads = step(SPEED).resolved_workloads(True)
+    base = [bench_run(4, 100.0, r).model_copy(update={"workload": "speed", "category": "mixed"}) for r in (1, 2, 3)]
+    cand = [
+        bench_run(4, 150.0, r, accept_length=2.0).model_copy(
+            update={"workload": "speed", "category": "mixed", "acceptance": exact(value, 2.0)}
+        )
+        for r, value in ((1, 3.0), (2, 5.0), (3, 4.0))
+    ]
+    baseline = side_of("baseline", base).model_copy(update={"workloads": workloads})
+    candidate = side_of("dflash", cand).model_copy(update={"workloads": workloads})
+    report = build_report(baseline, candidate, provenance_of(baseline, candidate), ACCEPTANCE)
+    table = next(t for t in report.tables if t.title == "Speedup and acceptance per workload")
+    assert table.columns[3:6] == ["speedup", "dflash accept length, exact (counters)", "dflash accept length, estimate"]
+    assert table.rows[0][3:6] == ["1.50x", "4.00", "2.00"]
+    assert any(n.startswith("dflash accept length per workload: exact (counters) is the median") for n in report.notes)
+    latency = next(t for t in report.tables if t.title.startswith("Latency per concurrency"))
+    assert latency.columns[-1] == "accept length (estimate)"
+    one_short = [*cand[:2], cand[2].model_copy(update={"acceptance": exact(None, 2.0)})]
+    candidate = side_of("dflash", one_short).model_copy(update={"workloads": workloads})
+    report = build_report(baseline, candidate, provenance_of(baseline, candidate), ACCEPTANCE)
+    table = next(t for t in report.tables if t.title == "Speedup and acceptance per workload")
+    assert table.rows[0][4] == "4.00 (2 of 3 runs)"
+    # at 100 columns the table is printed in parts: the first has the whole key, the speedup and both lengths
+    rows = [[*row[:6], "281,467.3 (noisy)", "281,467.3 (noisy)", *row[8:]] for row in table.rows]
+    first, *_ = table_parts(table.title, table.columns, rows, 100)
+    assert [str(c.header) for c in first.columns][:6] == table.columns[:6]
+
+
+def test_a_baseline_that_never_speculated_has_a_note_not_a_row_per_run_in_the_exact_table() -> None:
+    """A baseline's runs count no verify call: a row each would be n/a throughout (48 in the flagship)."""
+    base = [bench_run(c, 100.0).model_copy(update={"acceptance": exact(None, None, 0)}) for c in (1, 4)]
+    cand = [bench_run(c, 150.0).model_copy(update={"acceptance": exact(3.0, 3.0, 10)}) for c in (1, 4)]
+    baseline, candidate = side_of("baseline", base), side_of("dflash", cand)
+    report = build_report(baseline, candidate, provenance_of(baseline, candidate), ACCEPTANCE)
+    table = next(t for t in report.tables if t.title == "Acceptance length per run: exact and estimates")
+    assert [row[0] for row in table.rows] == [f"eval {ACCEPTANCE.step}", "dflash", "dflash"]
+    assert "baseline: none of its 2 runs made a verify call (sglang:spec_verify_calls_total did not grow: no " in (
+        " ".join(report.notes)
+    )
+    speculating = side_of("baseline", [run.model_copy(update={"acceptance": exact(2.0, 2.0, 5)}) for run in base])
+    report = build_report(speculating, candidate, provenance_of(speculating, candidate), ACCEPTANCE)
+    table = next(t for t in report.tables if t.title == "Acceptance length per run: exact and estimates")
+    assert [row[0] for row in table.rows].count("baseline") == 2
+
+
 def test_the_report_gives_speedup_and_acceptance_per_workload_and_category() -> None:
     """A drafter that wins on low-entropy text and loses on high-entropy: one number over all would hide it."""
     workloads = step(SPEED, RANDOM).resolved_workloads(True)
@@ -231,11 +292,11 @@ def test_the_report_gives_speedup_and_acceptance_per_workload_and_category() -> 
     report = build_report(baseline, candidate, provenance_of(baseline, candidate), ACCEPTANCE)
     tables = {table.title: table for table in report.tables}
     rows = tables["Speedup and acceptance per workload"].rows
-    assert [row[:5] + row[7:] for row in rows] == [
-        ["speed", "low_entropy", "speed-bench", "on", "4", "2.50x", "5.50"],
-        ["speed", "mixed", "speed-bench", "on", "4", "1.50x", "3.50"],
-        ["speed", "high_entropy", "speed-bench", "on", "4", "0.80x", "1.90"],
-        ["random-ids", "all", "random-ids", "none (token ids)", "4", "1.10x", "1.20"],
+    assert [row[:6] + row[8:] for row in rows] == [  # no exact acceptance: these runs scraped no /metrics
+        ["speed", "low_entropy", "4", "2.50x", "n/a", "5.50", "speed-bench", "on"],
+        ["speed", "mixed", "4", "1.50x", "n/a", "3.50", "speed-bench", "on"],
+        ["speed", "high_entropy", "4", "0.80x", "n/a", "1.90", "speed-bench", "on"],
+        ["random-ids", "all", "4", "1.10x", "n/a", "1.20", "random-ids", "none (token ids)"],
     ]
     for key in gain.by_workload:
         assert (
@@ -354,8 +415,10 @@ def test_speedup_and_acceptance_per_workload_and_category_through_the_cli(
         ["speed", "high_entropy"],
         ["random-ids", "all"],
     ]
-    assert [row[-1] for row in table["rows"]] == [f"{accept[key]:.2f}" for key in keys]
-    assert [row[-2] for row in table["rows"]] == [f"{facts['speedup']['by_workload'][key]['min']:.2f}x" for key in keys]
+    assert [row[5] for row in table["rows"]] == [f"{accept[key]:.2f}" for key in keys]
+    exact = {key: facts["runs"][n]["acceptance"]["exact"]["value"] for n, key in enumerate(keys)}
+    assert [row[4] for row in table["rows"]] == [f"{exact[key]:.2f}" for key in keys]
+    assert [row[3] for row in table["rows"]] == [f"{facts['speedup']['by_workload'][key]['min']:.2f}x" for key in keys]
     markdown_text = (run_dir / "report.md").read_text()
     assert "## Speedup and acceptance per workload" in markdown_text
     assert "| " + " | ".join(map(md_text, table["rows"][1])) + " |" in markdown_text
