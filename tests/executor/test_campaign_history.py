@@ -18,7 +18,10 @@ import yaml
 
 from executor.faces.cli import main
 
+# the benchmark's python: asked which client it has (-c), it names the current one; run as the client (-m), it
+# writes a line; running the /metrics scrape (a program file), it answers as a server launched without metrics
 FAKE_BENCH = """#!/bin/sh
+case $1 in -c) echo sglang.benchmark.serving; exit;; -m) ;; *) echo '{"status": 404, "lines": []}'; exit;; esac
 for word; do out=$word; done
 throughput=$(cat "$THROUGHPUT_FILE.$matrix_n" 2>/dev/null || echo 100)
 [ "$throughput" != fail ] || exit 3

@@ -195,7 +195,7 @@ class _Refused(Exception):
 def test_verify_names_a_refused_manifest_access_denied(
     status: int, said: dict[str, str], expected: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    def refuse(repo: str, revision: str) -> Any:
+    def refuse(repo: str, revision: str, repo_type: str = "model") -> Any:
         raise _Refused(status, said)
 
     monkeypatch.setattr(verify_host, "read_manifest", refuse)

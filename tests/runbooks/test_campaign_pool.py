@@ -110,7 +110,11 @@ def test_each_drafter_is_downloaded_and_verified_once_on_each_host_whose_cells_n
         for h in hosts
         for kind in ("download", "verify")
     }
-    expected |= {(f"{kind}_target", h) for h in ("gpu1", "gpu2", "gpu3") for kind in ("download", "verify")}
+    # the target and the benchmark's dataset (SPEED-Bench) on every host of the pool
+    shared = ("target", "speed_bench")
+    expected |= {
+        (f"{kind}_{what}", h) for h in ("gpu1", "gpu2", "gpu3") for kind in ("download", "verify") for what in shared
+    }
     assert set(ran) == expected
     assert all(attempts == {1} for attempts in ran.values()), ran
 
