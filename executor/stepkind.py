@@ -302,6 +302,21 @@ def _as_written(text: str) -> str:
 #: A parameter the host gets as written (a revision, a file pattern, a flag's value, an address to bind): a
 #: `$var` there would reach the host raw (`revision: $rev` asked the Hub for "$rev"), so validate refuses it.
 AsWritten = Annotated[str, AfterValidator(_as_written)]
+
+
+def _as_written_or_var(text: str) -> str:
+    if VAR_REF.match(text) or not var_names(text):
+        return text
+    raise ValueError(
+        f"{text!r}: a $var does not expand here (the host gets this text as written): give the value, or a var "
+        "alone ($name), which the controller resolves before the host sees it"
+    )
+
+
+#: A parameter the host gets as written that may also be a runbook var alone (`revision: $speed_bench_revision`):
+#: the step resolves it on the controller (`resolve_var`) before the host sees it, so a site sets it by --var or
+#: an inventory; a var inside other text is refused at validate, as in `AsWritten`.
+AsWrittenOrVar = Annotated[str, AfterValidator(_as_written_or_var)]
 ValueT = TypeVar("ValueT")
 
 
