@@ -97,7 +97,7 @@ class ProbeStep(StepSpec):
         return host_program("probe", self.config(ctx), "python3")  # the host's own: `python` may be missing
 
     def summary(self, ctx: RenderContext) -> list[str]:
-        hub_repos = self.hub_repos_of(ctx)
+        hub_repos = [repo + (f" ({', '.join(p)})" if p else "") for repo, p in self.hub_files_of(ctx).items()]
         repos = f", the Hub's files and access of {', '.join(hub_repos)}" if hub_repos else ""
         disks = ", ".join(with_vars(path, ctx.vars) for path in [self.models_dir, *self.paths])
         return [

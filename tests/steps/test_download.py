@@ -673,7 +673,7 @@ def test_a_repo_revision_and_file_given_as_vars_are_resolved_on_the_controller(
     assert '"hub_files": {"datasets/org/data@refs/pr/1": ["throughput_1k.jsonl"]}' in out  # the probe's
     assert main(["plan", str(path), "--var", "data_repo=mine/SPEED-Bench-prepared"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "the Hub's files and access of datasets/mine/SPEED-Bench-prepared@refs/pr/1" in out
+    assert "the Hub's files and access of datasets/mine/SPEED-Bench-prepared@refs/pr/1 (throughput_1k.jsonl)" in out
     assert "download the dataset mine/SPEED-Bench-prepared@refs/pr/1 into /m" in out
     assert main(["plan", str(path), "--var", "data_repo=SPEED-Bench"]) == 2
     err = capsys.readouterr().err
