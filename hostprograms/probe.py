@@ -799,7 +799,7 @@ def hub_missing(facts: dict[str, Any], names: list[str], patterns: list[str]) ->
     """The patterns the runbook's downloads include that match no file of the repo (`missing`), by huggingface_hub's
     own matching (`filter_repo_objects`, as a download selects), and a `reason` saying so: a download of them
     would fetch nothing, and the step reading the file would fail only after the downloads before it."""
-    from huggingface_hub.utils import filter_repo_objects
+    from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]  # public, not in __all__
 
     facts["missing"] = [p for p in patterns if not list(filter_repo_objects(names, allow_patterns=[p]))]
     if facts["missing"]:

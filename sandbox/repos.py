@@ -356,8 +356,7 @@ def speed_bench_parquet_repo() -> Repo:
 def default_repos() -> dict[str, Repo]:
     """The repos the Hub test double serves unless told otherwise, by repo id."""
     repos = (drafter_repo(), drafter_repo(TMP_LONG_ID), target_repo(), hybrid_target_repo(), speed_bench_repo())
-    repos += (speed_bench_parquet_repo(),)
-    return {repo.repo_id: repo for repo in repos}
+    return {repo.repo_id: repo for repo in (*repos, speed_bench_parquet_repo())}
 
 
 def oversized_copy(source: Path, dest: Path, weight_bytes: int) -> Path:
