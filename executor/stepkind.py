@@ -690,7 +690,9 @@ class StepSpec(Model):
     def fetches(self) -> list[str]:
         """What this step will fetch from outside the run, as addresses a step before it may check first
         (`RenderContext.fetches`): a Hub repository as `hf://[datasets/]org/name@revision` (huggingface_hub's
-        HfFileSystem form). The engine gathers them without knowing any kind; none by default."""
+        HfFileSystem form, the revision URL-quoted), with a file pattern as its path where the step fetches only
+        those files (`.../name@main/throughput_1k.jsonl`: the probe checks each is there). The engine gathers them
+        without knowing any kind; none by default."""
         return []
 
     def local_files(self) -> list[str]:
