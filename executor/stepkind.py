@@ -302,6 +302,21 @@ def _as_written(text: str) -> str:
 #: A parameter the host gets as written (a revision, a file pattern, a flag's value, an address to bind): a
 #: `$var` there would reach the host raw (`revision: $rev` asked the Hub for "$rev"), so validate refuses it.
 AsWritten = Annotated[str, AfterValidator(_as_written)]
+
+
+def _as_written_or_var(text: str) -> str:
+    if VAR_REF.match(text) or not var_names(text):
+        return text
+    raise ValueError(
+        f"{text!r}: a $var does not expand here (the host gets this text as written): give the value, or a var "
+        "alone ($name), which the controller resolves before the host sees it"
+    )
+
+
+#: A parameter the host gets as written that may also be a runbook var alone (`revision: $speed_bench_revision`):
+#: the step resolves it on the controller (`resolve_var`) before the host sees it, so a site sets it by --var or
+#: an inventory; a var inside other text is refused at validate, as in `AsWritten`.
+AsWrittenOrVar = Annotated[str, AfterValidator(_as_written_or_var)]
 ValueT = TypeVar("ValueT")
 
 
@@ -675,7 +690,9 @@ class StepSpec(Model):
     def fetches(self) -> list[str]:
         """What this step will fetch from outside the run, as addresses a step before it may check first
         (`RenderContext.fetches`): a Hub repository as `hf://[datasets/]org/name@revision` (huggingface_hub's
-        HfFileSystem form). The engine gathers them without knowing any kind; none by default."""
+        HfFileSystem form, the revision URL-quoted), with a file pattern as its path where the step fetches only
+        those files (`.../name@main/throughput_1k.jsonl`: the probe checks each is there). The engine gathers them
+        without knowing any kind; none by default."""
         return []
 
     def local_files(self) -> list[str]:

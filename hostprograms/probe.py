@@ -10,7 +10,8 @@ The probe step ships this program with the kit and runs it with the host's `pyth
   `import sglang` needs torch, and a probe must not;
 - `hub`: sizes of Hub repos (a model's, or a dataset's: `datasets/org/name`), and whether the token may read
   their files (`readable`), asked with that interpreter's huggingface_hub (HF_ENDPOINT and the token come from
-  the environment, as for any client).
+  the environment, as for any client); the file patterns of `hub_files` (what the runbook's downloads of a repo
+  include) that match none of its files (`missing`).
 
 A fact it cannot determine is null with a reason in the section's `unknown` map, never an empty
 answer that looks like "none". The Hugging Face token's value is never printed, only its source.
@@ -548,7 +549,11 @@ def hub_facts(config: dict[str, Any], python: dict[str, Any]) -> dict[str, Any]:
     if python["executable"] is None:
         return {r: _hub_unknown(r, f"no Python to ask the Hub with: {python['unknown_reason']}") for r in repos}
     document, problem = _sub_probe(
-        python["executable"], "hub", {"hub_repos": repos}, float(config["hub_timeout"]), set(repos)
+        python["executable"],
+        "hub",
+        {"hub_repos": repos, "hub_files": config.get("hub_files", {})},
+        float(config["hub_timeout"]),
+        set(repos),
     )
     if document is None:
         return {r: _hub_unknown(r, problem) for r in repos}
@@ -790,6 +795,21 @@ def hub_readable(api: Any, facts: dict[str, Any], first: str | None) -> tuple[bo
     return True, None
 
 
+def hub_missing(facts: dict[str, Any], names: list[str], patterns: list[str]) -> None:
+    """The patterns the runbook's downloads include that match no file of the repo (`missing`), by huggingface_hub's
+    own matching (`filter_repo_objects`, as a download selects), and a `reason` saying so: a download of them
+    would fetch nothing, and the step reading the file would fail only after the downloads before it."""
+    from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]  # public, not in __all__
+
+    facts["missing"] = [p for p in patterns if not list(filter_repo_objects(names, allow_patterns=[p]))]
+    if facts["missing"]:
+        held = ", ".join(names[:5]) + (f", ... ({len(names)} files)" if len(names) > 5 else "")
+        facts["reason"] = (
+            f"{facts['repo']}@{facts['revision']} holds no file matching {', '.join(facts['missing'])}, which a "
+            f"download step of the runbook includes; it holds {held or 'no file'}"
+        )
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
@@ -821,6 +841,7 @@ def hub_sizes(config: dict[str, Any]) -> dict[str, Any]:
         )
         if any(s is None for s in sizes):
             facts.update(bytes=None, unknown_reason=f"the Hub gave no size for {sizes.count(None)} files")
+        hub_missing(facts, [s.rfilename for s in siblings], config.get("hub_files", {}).get(repo, []))
         result[repo] = facts
     return result
 

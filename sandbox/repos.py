@@ -16,6 +16,8 @@ Repos shaped like the ones the DFlash runbooks deploy, a few MB in all instead o
   nvidia/SPEED-Bench holds Parquet files per config (qualitative, throughput_1k ... throughput_32k), some of
   whose rows are placeholders that NVIDIA's preparation script fills in: not the JSONL the client reads (README,
   "Datasets"). Its `.jsonl` files are LFS here, so a dataset is verified by sha256 through the CDN as weights are.
+  `SPEED_BENCH_PARQUET_ID` is a dataset repository shaped like the real one: a Parquet-like file per config and no
+  JSONL, so a runbook pointed at it must fail at its probe, before any download.
 
 `oversized_copy` makes a model folder whose checkpoint is as large as a real one (a sparse file), so
 the SGLang stand-in's start-up memory check (sandbox/sglang_standin/memory.py) meets a model that
@@ -54,6 +56,7 @@ DRAFTER_ID = "z-lab/Kimi-K2.6-DFlash"
 TARGET_ID = "moonshotai/Kimi-K2.6"
 HYBRID_TARGET_ID = "Qwen/Qwen3.6-27B"
 SPEED_BENCH_ID = "nvidia/SPEED-Bench"  # a dataset repository (`Repo.repo_type`)
+SPEED_BENCH_PARQUET_ID = "nvidia/SPEED-Bench-parquet"  # a dataset repository as the Hub's: Parquet, no JSONL
 SHARDS = 4
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores files of 10 MiB and more in LFS whatever their name
 
@@ -339,10 +342,21 @@ def speed_bench_repo() -> Repo:
     return build_repo(SPEED_BENCH_ID, contents, repo_type="dataset")
 
 
+@functools.cache
+def speed_bench_parquet_repo() -> Repo:
+    """A dataset repository laid out as the real nvidia/SPEED-Bench (a Parquet file per config, none of the JSONL
+    SGLang's client reads): Parquet's magic bytes around a few bytes that say it is a test double, not a table."""
+    configs = ("qualitative", "throughput_1k", "throughput_2k")
+    body = b"PAR1 synthetic test double: no Parquet table PAR1"
+    contents = {f"{config}/test-00000-of-00001.parquet": body for config in configs}
+    readme = "---\nlicense: other\n---\n# nvidia/SPEED-Bench as on the Hub (synthetic test double): Parquet only\n"
+    return build_repo(SPEED_BENCH_PARQUET_ID, contents | {"README.md": readme.encode()}, repo_type="dataset")
+
+
 def default_repos() -> dict[str, Repo]:
     """The repos the Hub test double serves unless told otherwise, by repo id."""
     repos = (drafter_repo(), drafter_repo(TMP_LONG_ID), target_repo(), hybrid_target_repo(), speed_bench_repo())
-    return {repo.repo_id: repo for repo in repos}
+    return {repo.repo_id: repo for repo in (*repos, speed_bench_parquet_repo())}
 
 
 def oversized_copy(source: Path, dest: Path, weight_bytes: int) -> Path:

@@ -37,18 +37,20 @@ import math
 import re
 import shlex
 import time
+import urllib.parse
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from executor.hostprogram import PROGRESS_PREFIX, host_program
-from executor.render import heredoc, host_word, pasted_word, with_vars
+from executor.render import heredoc, host_word, pasted_word, var_names, with_vars
 from executor.runbook.durations import Duration, format_duration
 from executor.runbook.model import DataModel, Gate
 from executor.stepkind import (
     HUB_ENV,
-    AsWritten,
+    VAR_REF,
+    AsWrittenOrVar,
     FactsError,
     Outcome,
     ProgressLines,
@@ -58,6 +60,7 @@ from executor.stepkind import (
     StepContext,
     StepSpec,
     host_document,
+    resolve_var,
 )
 
 if TYPE_CHECKING:
@@ -113,8 +116,39 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-Patterns = Annotated[list[AsWritten], BeforeValidator(_as_list, json_schema_input_type=str | list[str])]
-RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]  # `org/name`, as the Hub spells it
+Patterns = Annotated[list[AsWrittenOrVar], BeforeValidator(_as_list, json_schema_input_type=str | list[str])]
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # `org/name`, as the Hub spells it
+#: A Hub repo id, or a runbook var alone that holds one (resolved on the controller: `resolved`)
+RepoId = Annotated[str, Field(pattern=f"^(?:{REPO_ID.pattern[1:-1]}|{VAR_REF.pattern[1:-1]})$")]
+HubStepT = TypeVar("HubStepT", bound=StepSpec)
+
+
+def _repo_id(text: str) -> str:
+    if not REPO_ID.match(text):
+        raise ValueError("expected a Hub repo id, `org/name`")
+    return text
+
+
+def _sent_as_is(text: str) -> str:
+    if not text or var_names(text):
+        raise ValueError("expected a value sent to the Hub as written: not empty, no $var in it")
+    return text
+
+
+def resolved(step: HubStepT, ctx: RenderContext) -> HubStepT:
+    """`step` (a download or a verify) with its `repo`, `revision` and `include`/`exclude` patterns that name a
+    runbook var alone (`repo: $speed_bench_repo`) replaced by the var's value on ctx's host. They reach the Hub as
+    written, so the controller resolves them: an unset var, or a value that is no repo id, fails the step naming
+    the parameter and the var before anything runs (`resolve_var`); a step without such a var is itself."""
+
+    def value(name: str, text: str) -> str:
+        if not VAR_REF.match(text):
+            return text
+        return resolve_var(ctx, text, name, _repo_id if name == "repo" else _sent_as_is)
+
+    given = {name: getattr(step, name) for name in ("repo", "revision", "include", "exclude")}
+    update = {n: [value(n, p) for p in v] if isinstance(v, list) else value(n, v) for n, v in given.items()}
+    return step if update == given else step.model_copy(update=update)
 
 
 class MethodTry(DataModel):
@@ -178,9 +212,9 @@ class DownloadStep(StepSpec):
     kind: Literal["download"] = "download"
     #: huggingface_hub (and its `hf` CLI) read HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_* from the environment
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
-    repo: RepoId  # the Hub repo, `org/name`
+    repo: RepoId  # the Hub repo, `org/name` (or a runbook var alone holding it, as are revision and each pattern)
     repo_type: RepoType = "model"  # `dataset`: a dataset repository (huggingface_hub's repo_type)
-    revision: AsWritten = Field(default="main", min_length=1)  # a branch, tag or commit (pinned at the start)
+    revision: AsWrittenOrVar = Field(default="main", min_length=1)  # a branch, tag or commit (pinned at the start)
     local_dir: str  # on the host; `~` and `$vars` expand there
     #: `off`: every method runs with HF_HUB_DISABLE_XET=1 (the Hub client's plain HTTP path, the one whose resume
     #: and stall timeout are tested); `auto`: the client takes Xet (hf-xet) where the repo and the host have it
@@ -212,8 +246,13 @@ class DownloadStep(StepSpec):
         return value
 
     def fetches(self) -> list[str]:
-        """The repository, for the probe to ask the Hub about before any download begins (steps/probe.py)."""
-        return [f"hf://{'datasets/' if self.repo_type == 'dataset' else ''}{self.repo}@{self.revision}"]
+        """The repository and the files of it this step fetches, for the probe to ask the Hub about before any
+        download begins (steps/probe.py): huggingface_hub's HfFileSystem form, `hf://[datasets/]org/name@REVISION`
+        (the revision URL-quoted, as HfFileSystem writes it), one address per `include` pattern with the pattern as
+        its path (each must match a file there). A var alone stays `$name`: the probe resolves it on its host."""
+        revision = self.revision if VAR_REF.match(self.revision) else urllib.parse.quote(self.revision, safe="")
+        base = f"hf://{'datasets/' if self.repo_type == 'dataset' else ''}{self.repo}@{revision}"
+        return [f"{base}/{pattern}" for pattern in self.include] or [base]
 
     def default_gates(self) -> list[Gate]:
         return [
@@ -290,6 +329,8 @@ class DownloadStep(StepSpec):
         )
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
+        if (step := resolved(self, ctx)) is not self:
+            return step.plan(ctx)
         commit = RunTime("the precheck", what=f"commit of {self.revision}")
         known = str(RunTime("the precheck", what="the precheck's file list"))
         steps = [("precheck", self.precheck_script())]
@@ -297,6 +338,8 @@ class DownloadStep(StepSpec):
         return [*steps, ("after each method", self.check_script(known))]
 
     def summary(self, ctx: RenderContext) -> list[str]:
+        if (step := resolved(self, ctx)) is not self:
+            return step.summary(ctx)
         what = f"the dataset {self.repo}" if self.repo_type == "dataset" else self.repo
         xet = "HF_HUB_DISABLE_XET=1" if self.xet == "off" else "hf-xet where the repo has Xet"
         return [
@@ -308,6 +351,8 @@ class DownloadStep(StepSpec):
         ]
 
     def commands(self, ctx: RenderContext) -> list[str]:
+        if (step := resolved(self, ctx)) is not self:
+            return step.commands(ctx)
         commit = RunTime("the precheck", what=f"commit of {self.revision}")
         local_dir = pasted_word(self.local_dir, ctx.vars)
         # JSON's strings are Python's (double-quoted): the call pastes inside one single-quoted word
@@ -331,6 +376,8 @@ class DownloadStep(StepSpec):
         return result, host_document(result, HostReport, f"the {what}").model_dump(exclude_none=True)
 
     async def execute(self, ctx: StepContext) -> Outcome:
+        if (step := resolved(self, ctx)) is not self:
+            return await step.execute(ctx)
         started = time.monotonic()
         result, pre = await self._check(ctx, self.precheck_script(), "precheck")
         disk = self.disk_check(pre)

@@ -15,6 +15,7 @@ usable on the detected GPU architecture (`mla_backends_usable_on_gpu`).
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -22,7 +23,17 @@ from executor.hostprogram import host_program
 from executor.render import with_vars
 from executor.runbook.durations import Duration
 from executor.runbook.model import Gate
-from executor.stepkind import HUB_ENV, FactHost, RenderContext, StepSpec, UnknownFact, fact_reasons, host_document
+from executor.stepkind import (
+    HUB_ENV,
+    VAR_REF,
+    FactHost,
+    RenderContext,
+    StepSpec,
+    UnknownFact,
+    fact_reasons,
+    host_document,
+    resolve_var,
+)
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
@@ -51,19 +62,27 @@ class ProbeStep(StepSpec):
         """The repositories asked from the Hub: `hub_repos` as written, then each one the runbook's steps on this
         host declare they fetch (`ctx.fetches()`: the downloads, a campaign's drafters and datasets included) that
         `hub_repos` does not name already, so that a gated one fails here, before any download begins."""
-        repos = list(self.hub_repos)
-        seen = {_canonical(repo) for repo in repos}
+        return list(self.hub_files_of(ctx))
+
+    def hub_files_of(self, ctx: RenderContext) -> dict[str, list[str]]:
+        """Each repository of `hub_repos_of` with the file patterns the runbook's downloads of it include, which
+        must each match a file there (the host program's `missing`): a dataset repository without the file the
+        benchmark reads fails here, not after the downloads before it."""
+        asked: dict[str, list[str]] = {repo: [] for repo in self.hub_repos}
+        entries = {_canonical(repo): repo for repo in self.hub_repos}
         for address in ctx.fetches():
-            if address.startswith(HUB_SCHEME) and (key := _canonical(address.removeprefix(HUB_SCHEME))) not in seen:
-                seen.add(key)
-                kind, name, revision = key
+            if address.startswith(HUB_SCHEME):
+                (kind, name, revision), pattern = _hub_address(address, ctx)
                 prefix = DATASETS_PREFIX if kind == "dataset" else ""
-                repos.append(prefix + name + ("" if revision == "main" else f"@{revision}"))
-        return repos
+                entry = prefix + name + ("" if revision == "main" else f"@{revision}")
+                patterns = asked.setdefault(entries.setdefault((kind, name, revision), entry), [])
+                patterns += [pattern] if pattern and pattern not in patterns else []
+        return asked
 
     def config(self, ctx: RenderContext) -> dict[str, object]:
         """What the host program is told, as its config."""
-        return {
+        hub_files = {repo: patterns for repo, patterns in self.hub_files_of(ctx).items() if patterns}
+        return ({"hub_files": hub_files} if hub_files else {}) | {
             "models_dir": self.models_dir,
             "paths": list(dict.fromkeys([self.models_dir, *self.paths])),
             "python": self.python,
@@ -78,7 +97,7 @@ class ProbeStep(StepSpec):
         return host_program("probe", self.config(ctx), "python3")  # the host's own: `python` may be missing
 
     def summary(self, ctx: RenderContext) -> list[str]:
-        hub_repos = self.hub_repos_of(ctx)
+        hub_repos = [repo + (f" ({', '.join(p)})" if p else "") for repo, p in self.hub_files_of(ctx).items()]
         repos = f", the Hub's files and access of {', '.join(hub_repos)}" if hub_repos else ""
         disks = ", ".join(with_vars(path, ctx.vars) for path in [self.models_dir, *self.paths])
         return [
@@ -93,7 +112,7 @@ class ProbeStep(StepSpec):
         return ProbeFacts.from_report(report)
 
     def default_gates(self) -> list[Gate]:
-        return [Gate(that="exit_code == 0", message="the probe program failed on the host"), HUB_READABLE]
+        return [Gate(that="exit_code == 0", message="the probe program failed on the host"), HUB_READABLE, HUB_HOLDS]
 
     def unknown_facts(self, facts: Any, path: tuple[Any, ...], host: FactHost) -> list[UnknownFact]:
         """The reasons the facts give (`fact_reasons`), each with what the probe tried, as the host expanded it,
@@ -118,6 +137,29 @@ HUB_READABLE = Gate(
     that="facts.hub.values() | rejectattr('readable') | list == []",
     message="the token at hand may not read a repository the runbook downloads (gated: accept its terms on the Hub)",
 )
+
+
+#: Every file the runbook's downloads include is in its repository at that revision: a dataset repository without
+#: the file the benchmark reads fails the probe, before the downloads (README, "Datasets").
+HUB_HOLDS = Gate(
+    that="facts.hub.values() | selectattr('missing') | list == []",
+    message="a repository the runbook downloads holds no file matching what a download step includes",
+)
+
+
+def _hub_address(address: str, ctx: RenderContext) -> tuple[tuple[str, str, str], str | None]:
+    """(repo type, `org/name`, revision) and the file pattern of an address of `StepSpec.fetches`,
+    `hf://[datasets/]org/name@REVISION[/PATTERN]` (HfFileSystem's form, the revision URL-quoted), a part given
+    as a var alone (`$speed_bench_repo`) resolved with ctx's host's vars, as the download step resolves it."""
+    kind = "dataset" if address.removeprefix(HUB_SCHEME).startswith(DATASETS_PREFIX) else "model"
+    name, _, rest = address.removeprefix(HUB_SCHEME).removeprefix(DATASETS_PREFIX).partition("@")
+    revision, _, pattern = rest.partition("/")
+
+    def value(text: str, what: str) -> str:
+        return resolve_var(ctx, text, what, str) if VAR_REF.match(text) else text
+
+    revision = value(revision, "revision") if VAR_REF.match(revision) else urllib.parse.unquote(revision)
+    return (kind, value(name, "repo"), revision or "main"), value(pattern, "include") or None
 
 
 def _canonical(repo: str) -> tuple[str, str, str]:
@@ -198,6 +240,11 @@ class UnknownHints:
         repo = self._section(*at[:2]) if len(at) > 1 else {}
         named = f"{repo.get('repo')}@{repo.get('revision')}" if repo else "the Hub's repos"
         tried = f"{named}, asked with the huggingface_hub of {self._section('python').get('executable')}"
+        if repo.get("missing"):
+            return tried, (
+                f"name a repository (or revision) that holds {', '.join(repo['missing'])} where the download steps "
+                'name this one (their `repo:`, or the var it holds), or change what they include (README, "Datasets")'
+            )
         return tried, f"check that {self.host} reaches the Hub (HF_ENDPOINT) and that the token may read {named}"
 
     def _gpu(self, at: tuple[Any, ...]) -> Hint:

@@ -183,6 +183,9 @@ class HubRepoFacts(Facts):
     bytes: int | None
     readable: bool | None = None  # the token at hand may read its files (a gated repo's list is public); None: unknown
     unknown_reason: str | None
+    #: the patterns the runbook's downloads of it include that match none of its files; None: none asked, or unknown
+    missing: list[str] | None = None
+    reason: str | None = None  # why `missing` is not empty: what the repo holds instead
 
 
 class HostReport(Facts):

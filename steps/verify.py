@@ -25,7 +25,7 @@ from executor.render import with_vars
 from executor.runbook.model import DataModel, Gate
 from executor.stepkind import (
     HUB_ENV,
-    AsWritten,
+    AsWrittenOrVar,
     Outcome,
     ProgressLines,
     RenderContext,
@@ -33,7 +33,7 @@ from executor.stepkind import (
     StepSpec,
     host_document,
 )
-from steps.download import Patterns, RepoId, RepoType
+from steps.download import Patterns, RepoId, RepoType, resolved
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult, OutputSink
@@ -99,7 +99,7 @@ class VerifyStep(StepSpec):
     kind_env: ClassVar[tuple[str, ...]] = HUB_ENV
     repo: RepoId  # the Hub repo, `org/name`
     repo_type: RepoType = "model"  # `dataset`: a dataset repository (huggingface_hub's repo_type)
-    revision: AsWritten = Field(default="main", min_length=1)  # a branch, tag or commit, checked against
+    revision: AsWrittenOrVar = Field(default="main", min_length=1)  # a branch, tag or commit, checked against
     local_dir: str  # on the host; `~` and `$VARS` expand there
     include: Patterns = []  # huggingface_hub allow_patterns
     exclude: Patterns = []  # huggingface_hub ignore_patterns
@@ -108,11 +108,15 @@ class VerifyStep(StepSpec):
     repair: bool = False  # true: delete what differs, fetch it again at the same commit and verify once more
 
     def render(self, ctx: RenderContext) -> str:
+        if (step := resolved(self, ctx)) is not self:
+            return step.render(ctx)
         fields = {"repo", "repo_type", "revision", "local_dir", "include", "exclude", "workers", "repair"}
         config = self.model_dump(include=fields)
         return host_program("verify", config, self.python)
 
     def summary(self, ctx: RenderContext) -> list[str]:
+        if (step := resolved(self, ctx)) is not self:
+            return step.summary(ctx)
         repair = "; repair: refetch what differs" if self.repair else ""
         what = f"the dataset {self.repo}" if self.repo_type == "dataset" else self.repo
         return [

@@ -24,6 +24,7 @@ import yaml
 from executor.faces.cli import main
 from executor.run import audit
 from sandbox.hub import HubServer
+from sandbox.repos import SPEED_BENCH_PARQUET_ID
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import free_port
 
@@ -278,3 +279,33 @@ def test_plan_shows_every_download_method(tmp_path, testhost, hub, capsys) -> No
     deploy = out.split("'deploy_dflash'")[1].split("## step")[0]
     for shown in ("-m sglang.launch_server", "--speculative-algorithm DFLASH", "--tp-size '<known at run time"):
         assert shown in deploy
+
+
+def test_a_dataset_repository_without_the_jsonl_fails_at_the_probe_naming_it(
+    tmp_path: Path, testhost: Any, hub: HubServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hub's nvidia/SPEED-Bench holds Parquet, not the JSONL SGLang's `speed-bench` client reads: the flagship
+    pointed (by its var) at such a repository stops at its probe, naming the repository, the file and the var to
+    set, before any download request reaches the Hub (no drafter download first, no 12-hour target download)."""
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    inventory, logs = site(tmp_path, testhost("h200"), hub), tmp_path / "logs"
+    args = [
+        "--inventory",
+        str(inventory),
+        "--log-dir",
+        str(logs),
+        "--var",
+        f"speed_bench_repo={SPEED_BENCH_PARQUET_ID}",
+    ]
+    code, events = run(capsys, *args)
+    assert code == 1
+    failed = failed_step(events)
+    assert failed["step"] == "probe"
+    (failure,) = [f for f in failed["failures"] if "lacks a file it includes" in f]
+    assert "name it in var speed_bench_repo, or benchmark a `custom` workload" in failure
+    assert f"{SPEED_BENCH_PARQUET_ID}@main holds no file matching throughput_1k.jsonl" in failure
+    assert "throughput_1k/test-00000-of-00001.parquet" in failure  # what it holds instead
+    assert len(failed["failures"]) == 1  # the repository is readable: only the missing file fails
+    assert commands_of(events) == {"probe"}
+    for repo in hub.repos:
+        assert hub.requests.count(repo, method="GET", kind="resolve") + hub.requests.count(repo, kind="cdn") == 0

@@ -635,3 +635,46 @@ def test_plan_shows_the_command_of_every_method(tmp_path: Path, write_runbook: A
     assert '{"command": "fetch", "local_dir": "$models_dir/Kimi-K2.6", "repo": ' in out
     assert out.index("# method: hf_cli") < out.index("# method: snapshot_download") < out.index("# method: http")
     assert "#   gate: facts.failure is none" in out
+
+
+DATASET_BY_VARS = """\
+name: dataset-by-vars
+vars: {data_repo: org/data, data_revision: refs/pr/1, data_file: throughput_1k.jsonl}
+steps:
+  - {id: probe, kind: probe}
+  - id: fetch
+    kind: download
+    repo: $data_repo
+    repo_type: dataset
+    revision: $data_revision
+    include: [$data_file]
+    local_dir: /m
+  - {id: check, kind: verify, repo: $data_repo, repo_type: dataset, revision: $data_revision,
+     include: [$data_file], local_dir: /m}
+"""
+
+
+def test_a_repo_revision_and_file_given_as_vars_are_resolved_on_the_controller(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The flagship names its dataset repository, revision and file once, as vars (`--var` or an inventory points
+    it at a prepared repository): download and verify send the values, the probe asks the Hub for that repository
+    and that file (the revision quoted in `fetches`, HfFileSystem's form), and a value that is no repo id fails at
+    plan, naming the parameter and the var, before anything runs."""
+    path = tmp_path / "rb.yaml"
+    path.write_text(DATASET_BY_VARS)
+    fetch = DownloadStep.model_validate({"id": "f", "repo": "org/data", "revision": "refs/pr/1", "local_dir": "/m"})
+    assert fetch.fetches() == ["hf://org/data@refs%2Fpr%2F1"]
+    assert main(["plan", "--full", str(path)]) == 0
+    out = capsys.readouterr().out
+    hf = "hf download org/data --repo-type dataset --revision '<commit of refs/pr/1, known at run time>'"
+    assert f"{hf} --include throughput_1k.jsonl --local-dir" in out
+    assert '"repo": "org/data", "repo_type": "dataset", "revision": "refs/pr/1"' in out  # verify's config
+    assert '"hub_files": {"datasets/org/data@refs/pr/1": ["throughput_1k.jsonl"]}' in out  # the probe's
+    assert main(["plan", str(path), "--var", "data_repo=mine/SPEED-Bench-prepared"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the Hub's files and access of datasets/mine/SPEED-Bench-prepared@refs/pr/1 (throughput_1k.jsonl)" in out
+    assert "download the dataset mine/SPEED-Bench-prepared@refs/pr/1 into /m" in out
+    assert main(["plan", str(path), "--var", "data_repo=SPEED-Bench"]) == 2
+    err = capsys.readouterr().err
+    assert "repo: runbook var data_repo = 'SPEED-Bench' does not fit: expected a Hub repo id, `org/name`" in err
