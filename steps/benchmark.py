@@ -66,6 +66,9 @@ if TYPE_CHECKING:
 
 Positive = Annotated[int, Field(gt=0)]
 SCRAPE_TIMEOUT_S = 30.0  # one GET of /metrics, its whole answer
+#: the warm-up's output tokens at most, as the client's own warm-up asks (0.5.23 benchmark/serving.py:
+#: `output_len=min(test_request.output_len, 32)`): it warms the server up, it measures nothing
+WARMUP_OUTPUT_MAX = 32
 #: The most runs one step may have (workloads and their categories x concurrencies x repeats), counted before any
 #: list of them is made: each is its own command of ~30 kB (the /metrics scraper travels in it) that `plan` renders
 #: and `run` audits, and a run takes minutes (the flagship's benchmark has 48).
@@ -211,7 +214,8 @@ class BenchmarkStep(StepSpec):
 
         workload = workload or DEFAULT.resolved(False)
         args: list[str | int] = ["--backend", workload.backend, "--base-url", base_url]
-        args += workload.client_args(category, self.input_len, self.output_len)
+        output_len = min(self.output_len, WARMUP_OUTPUT_MAX) if warmup else self.output_len
+        args += workload.client_args(category, self.input_len, output_len)
         if workload.dataset == "random-ids":
             args += ["--random-range-ratio", "1.0"]
         prompts = self.warmup_requests if warmup else self.prompts_at(concurrency)

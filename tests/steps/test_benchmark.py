@@ -233,6 +233,8 @@ def test_the_command_is_the_real_bench_serving_command() -> None:
     # it; the measured run sends none (bench_serving's would fall inside the window: steps/benchmark.py `metered`)
     assert "--num-prompts 1 --max-concurrency 16 --warmup-requests 0 --disable-tqdm --seed 1 --output-file" in warmup
     assert "--flush-cache" not in warmup
+    # of at most 32 output tokens, as the client's own warm-up (benchmark/serving.py: min(output_len, 32))
+    assert "--random-input-len 256 --random-output-len 32 " in warmup
     assert script.index(warmup) < script.index("metrics.before") < script.index(command)
     assert script.index(command) < script.index("metrics.after")
 
