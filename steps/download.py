@@ -381,32 +381,7 @@ class DownloadStep(StepSpec):
         started = time.monotonic()
         result, pre = await self._check(ctx, self.precheck_script(), "precheck")
         disk = self.disk_check(pre)
-        facts = DownloadFacts(
-            repo=self.repo,
-            repo_type=self.repo_type,
-            revision=self.revision,
-            xet=self.xet,
-            commit=pre.get("commit"),
-            local_dir=pre["local_dir"],
-            complete=False,
-            method=None,
-            skipped=False,
-            tried=[],
-            files=pre.get("files", 0),
-            bytes=pre.get("bytes", 0),
-            present_bytes=pre.get("complete_bytes", 0),
-            resumed_bytes=0,
-            fetched_bytes=0,
-            duration_s=0.0,
-            rate_bytes_per_s=None,
-            token_source=pre.get("token_source"),
-            hub_error=pre.get("hub_error"),
-            disk=disk,
-            incomplete=describe_incomplete(pre),
-            removed_leftovers=pre.get("removed", []),
-            failure=pre.get("hub_error") or disk.shortfall,
-            failure_class=pre.get("failure_class"),
-        )
+        facts = self._facts_before(pre, disk)
         if facts.failure is not None:
             return Outcome(result, self._finish(facts, started, 0.0))
         if not pre["incomplete"]:
@@ -457,6 +432,36 @@ class DownloadStep(StepSpec):
             tried = ", ".join(f"{t.method} {t.ended}" for t in facts.tried)
             facts.failure = f"{tried}; {summary}"
         return Outcome(result, self._finish(facts, started, method_s))
+
+    def _facts_before(self, pre: dict[str, Any], disk: DiskCheck) -> DownloadFacts:
+        """The facts as the precheck found the host: nothing fetched yet, a failure where the Hub or the disk
+        already says one."""
+        return DownloadFacts(
+            repo=self.repo,
+            repo_type=self.repo_type,
+            revision=self.revision,
+            xet=self.xet,
+            commit=pre.get("commit"),
+            local_dir=pre["local_dir"],
+            complete=False,
+            method=None,
+            skipped=False,
+            tried=[],
+            files=pre.get("files", 0),
+            bytes=pre.get("bytes", 0),
+            present_bytes=pre.get("complete_bytes", 0),
+            resumed_bytes=0,
+            fetched_bytes=0,
+            duration_s=0.0,
+            rate_bytes_per_s=None,
+            token_source=pre.get("token_source"),
+            hub_error=pre.get("hub_error"),
+            disk=disk,
+            incomplete=describe_incomplete(pre),
+            removed_leftovers=pre.get("removed", []),
+            failure=pre.get("hub_error") or disk.shortfall,
+            failure_class=pre.get("failure_class"),
+        )
 
     def _finish(self, facts: DownloadFacts, started: float, method_s: float) -> DownloadFacts:
         if facts.complete:
