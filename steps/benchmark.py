@@ -50,7 +50,18 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from executor.hostprogram import marked_folder, program_files, program_run
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
-from executor.stepkind import HUB_ENV, FactsError, Outcome, RenderContext, RunTime, StepContext, StepRef, StepSpec
+from executor.stepkind import (
+    HUB_ENV,
+    FactsError,
+    Outcome,
+    RenderContext,
+    RunTime,
+    StepContext,
+    StepRef,
+    StepSpec,
+    VarRef,
+    resolve_var,
+)
 from steps.bench_entry import ENTRY_POINTS, choose_lines, ran_entry_point
 from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
 from steps.benchmark_workloads import DEFAULT, Workload, WorkloadFacts, slice_key, unlike
@@ -73,6 +84,12 @@ WARMUP_OUTPUT_MAX = 32
 #: list of them is made: each is its own command of ~30 kB (the /metrics scraper travels in it) that `plan` renders
 #: and `run` audits, and a run takes minutes (the flagship's benchmark has 48).
 MAX_RUNS = 1000
+
+
+def _above_zero(text: str) -> int:
+    if not text.strip().isdigit() or int(text) == 0:
+        raise ValueError("expected a whole number above 0, such as 3")
+    return int(text)
 
 
 class Slot(NamedTuple):
@@ -102,7 +119,7 @@ class BenchmarkStep(StepSpec):
     output_len: Positive = 512  # tokens asked of each answer
     num_prompts: Positive | None = None  # per concurrency; default 4 x concurrency, at least 8
     warmup_requests: Annotated[int, Field(ge=0)] = 1  # sent before each measured run, not counted
-    repeats: Positive = 3  # clean runs per concurrency
+    repeats: Positive | VarRef = 3  # clean runs per concurrency, or a var ($bench_repeats: one for a quick look)
     seed: Annotated[int, Field(ge=0)] = 1  # the first run's --seed; each later run's is one more
     spread_threshold: Annotated[float, Field(ge=0)] = 0.05  # noisy above this rel MAD (or twice it in range)
     extra_args: list[str] = []  # passed to bench_serving (["--tokenizer", "$models/x"]: `$vars` expand on the host)
@@ -125,7 +142,13 @@ class BenchmarkStep(StepSpec):
         labels = [w.label for w in self.workloads or []]
         if len(set(labels)) != len(labels):
             raise ValueError(f"workloads: each label may appear once, got {labels}")
-        runs = self.run_count()
+        if isinstance(self.repeats, int):  # a var's value is checked when the step is resolved (`at_site`)
+            self._check_runs(self.repeats)
+        return self
+
+    def _check_runs(self, repeats: int) -> int:
+        """`repeats`, when the runs it makes are within MAX_RUNS and their seeds within numpy's; else ValueError."""
+        runs = sum(len(w.slices()) for w in self.effective_workloads) * len(self.concurrencies) * repeats
         if runs > MAX_RUNS:
             raise ValueError(
                 f"{runs:,} runs (workloads and their categories x concurrencies x repeats): at most {MAX_RUNS:,}, "
@@ -134,7 +157,23 @@ class BenchmarkStep(StepSpec):
         last = self.seed + runs - 1
         if last >= 2**32:
             raise ValueError(f"the last run's seed would be {last}: bench_serving's seeds (numpy's) are below 2**32")
-        return self
+        return repeats
+
+    def at_site(self, ctx: RenderContext) -> BenchmarkStep:
+        """This step with `repeats` given as a var (`$bench_repeats`) replaced by the var's value on ctx's host, a
+        whole number above 0 whose runs fit MAX_RUNS: a site (or `--var bench_repeats=1`, a quick look) sets it. A
+        value that does not fit fails the step naming the var, at `validate` and before the run starts."""
+        if isinstance(self.repeats, int):
+            return self
+        repeats = resolve_var(ctx, self.repeats, "repeats", lambda text: self._check_runs(_above_zero(text)))
+        return self.model_copy(update={"repeats": repeats})
+
+    @property
+    def repeat_count(self) -> int:
+        """`repeats` of a step `at_site` made (a var left unresolved is a bug of the caller, never a host's)."""
+        if not isinstance(self.repeats, int):
+            raise FactsError(f"repeats {self.repeats} used before the step was resolved at its site")
+        return self.repeats
 
     def check_runbook(self, steps: Mapping[str, StepSpec]) -> list[str]:
         """A comparison of unlike workloads, refused at `validate`: the baseline's and this step's workloads as
@@ -164,10 +203,6 @@ class BenchmarkStep(StepSpec):
         """The workloads as they run against a server that speculates or not (steps/benchmark_workloads.py)."""
         return [w.resolved(speculative) for w in self.effective_workloads]
 
-    def run_count(self) -> int:
-        """How many runs `schedule` has, counted without making them (`repeats` may be any number when checked)."""
-        return sum(len(w.slices()) for w in self.effective_workloads) * len(self.concurrencies) * self.repeats
-
     def schedule(self) -> list[Slot]:
         """Each run, in the order they run: per workload (and speed-bench category), per concurrency, the
         repeats. Seeds count up over all of them, so no two runs on one server share prompts."""
@@ -176,14 +211,14 @@ class BenchmarkStep(StepSpec):
             for w in self.effective_workloads
             for category in w.slices()
             for c in self.concurrencies
-            for r in range(1, self.repeats + 1)
+            for r in range(1, self.repeat_count + 1)
         ]
         return [Slot(*slot, self.seed + number) for number, slot in enumerate(order)]
 
     def run_name(self, concurrency: int, repeat: int, workload: str | None = None, category: str | None = None) -> str:
         """How messages and progress name a run: "concurrency 4, repeat 2/3" (the repeat only when several),
         after "speed-bench/low_entropy, " when the step names its workloads."""
-        name = f"concurrency {concurrency}" + (f", repeat {repeat}/{self.repeats}" if self.repeats > 1 else "")
+        name = f"concurrency {concurrency}" + (f", repeat {repeat}/{self.repeats}" if self.repeat_count > 1 else "")
         return f"{slice_key(workload, category)}, {name}" if self.workloads and workload else name
 
     def default_gates(self) -> list[Gate]:
@@ -294,17 +329,19 @@ class BenchmarkStep(StepSpec):
         )
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
-        base_url = str(ctx.fact(self.server, "base_url"))
+        step, base_url = self.at_site(ctx), str(ctx.fact(self.server, "base_url"))
         return [
             (
-                self.run_name(s.concurrency, s.repeat, s.workload, s.category),
-                self.script(base_url, s.concurrency, s.repeat, s.seed, w, s.category),
+                step.run_name(s.concurrency, s.repeat, s.workload, s.category),
+                step.script(base_url, s.concurrency, s.repeat, s.seed, w, s.category),
             )
-            for s, w in self.slots(ctx)
+            for s, w in step.slots(ctx)
         ]
 
     def summary(self, ctx: RenderContext) -> list[str]:
-        runs = self.run_count()
+        if (step := self.at_site(ctx)) is not self:
+            return step.summary(ctx)
+        runs = len(self.schedule())
         what = f"{self.input_len} in / {self.output_len} out tokens"
         if self.workloads:
             shown = [f"{w.label} ({w.dataset}, chat template {w.template_shown()})" for _, w in self.slots(ctx)]
@@ -313,7 +350,8 @@ class BenchmarkStep(StepSpec):
                 what += f" (custom, sharegpt: chat template on if steps.{self.server}.facts.speculative_algorithm)"
         return [
             f"{_entry_rule()} against {self.server}: concurrency {', '.join(map(str, self.concurrencies))} x "
-            f"{self.repeats} repeats, {what}; {self._warmup_shown()}; run 1 of {runs} (each has its own seed):"
+            f"{self.repeats} repeat{'s' if self.repeat_count > 1 else ''}, {what}; {self._warmup_shown()}; "
+            f"run 1 of {runs} (each has its own seed):"
         ]
 
     def _warmup_shown(self) -> str:
@@ -323,7 +361,7 @@ class BenchmarkStep(StepSpec):
         return f"each after a warm-up run of {self.warmup_requests} request(s), outside its /metrics window"
 
     def commands(self, ctx: RenderContext) -> list[str]:
-        slot, workload = self.slots(ctx)[0]
+        slot, workload = self.at_site(ctx).slots(ctx)[0]
         base_url = str(ctx.fact(self.server, "base_url"))
         at, newest = (slot.concurrency, slot.seed), ENTRY_POINTS[0][0]
         return [self.command(base_url, *at, ctx.vars, "bench.jsonl", workload, slot.category, newest)]
@@ -351,6 +389,8 @@ class BenchmarkStep(StepSpec):
         from steps.benchmark_figures import write_report
         from steps.benchmark_report import BenchmarkFacts, Side, speedup
 
+        if (step := self.at_site(ctx)) is not self:
+            return await step.execute(ctx)
         base_url = str(_fact(ctx, self.server, "base_url", "server"))
         slots = self.slots(ctx)
         workloads = list({workload.label: workload for _, workload in slots}.values())
@@ -364,7 +404,7 @@ class BenchmarkStep(StepSpec):
             output_len=self.output_len,
             workloads=workloads,
             concurrencies=list(self.concurrencies),
-            repeats=self.repeats,
+            repeats=self.repeat_count,
             spread_threshold=self.spread_threshold,
             runs=[],
             points=[],

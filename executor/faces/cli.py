@@ -263,6 +263,13 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="the sweep's test hosts' SGLang: with the DDTree pull request (default), or the release, where the "
         "DDTREE cells are skipped with the reason",
     )
+    p.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="override a var of the runbook, as in runbook run (repeatable): --var bench_repeats=1 for a quicker demo",
+    )
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
@@ -485,7 +492,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     resumable=False,  # its test host ends with it: how to go on is said below
                     file=site.runbook,
                     inventory=site.inventory,
-                    var=[],
+                    var=args.var,
                     unset_var=[],
                     log_dir=args.log_dir,
                     json=args.json,

@@ -50,6 +50,7 @@ def site(tmp_path: Path, host: Any, hub: Any) -> Path:
                     "hf_cli": str(host.python.parent / "hf"),
                     "HF_ENDPOINT": hub.endpoint,
                     "sglang_port": free_port(),
+                    "bench_repeats": 1,  # a run per concurrency and workload: the tests here are of the runbook
                 },
             }
         )

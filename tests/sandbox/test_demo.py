@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from hostprograms import deploy as deploy_host
-from sandbox.demo import demo_site, stop_servers
+from sandbox.demo import DEMO_REPEATS, demo_site, stop_servers
 from sandbox.repos import DRAFTER_ID, SPEED_BENCH_ID, TARGET_ID, drafter_repo, speed_bench_repo, target_repo
 from tests.conftest import runbook_cli
 from tests.documents import schema_problems
@@ -83,7 +83,7 @@ def assert_the_flagship_ran_end_to_end(steps: dict[str, Any], run: Path, report:
     bench = steps["benchmark_dflash"]["facts"]
     slices = ["speed-bench/low_entropy", "speed-bench/mixed", "speed-bench/high_entropy", "random-ids"]
     assert [p["max_concurrency"] for p in bench["points"]] == [1, 4, 16, 32] * len(slices)
-    repeats = [c for c in (1, 4, 16, 32) for _ in range(3)]
+    repeats = [c for c in (1, 4, 16, 32) for _ in range(DEMO_REPEATS)]  # the demo site's bench_repeats
     assert [r["max_concurrency"] for r in bench["runs"]] == repeats * len(slices)  # per workload and category
     assert list(bench["speedup"]["by_workload"]) == slices
     assert bench["speedup"]["by_workload"]["speed-bench/mixed"]["by_concurrency"]["1"] > 1.0  # the runbook's gate
@@ -119,7 +119,9 @@ def assert_the_flagship_ran_end_to_end(steps: dict[str, Any], run: Path, report:
     assert provenance["gpus"]["driver_version"] == probe["gpu"]["driver_version"] is not None
     assert provenance["gpus"]["cuda_version"] == probe["gpu"]["cuda_version"] is not None
     assert [{r["concurrency"] for r in b["runs"]} for b in provenance["benchmarks"]] == [{1, 4, 16, 32}] * 2
-    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [48, 48]  # a seed per run
+    assert [len({r["seed"] for r in b["runs"]}) for b in provenance["benchmarks"]] == [
+        16 * DEMO_REPEATS
+    ] * 2  # a seed per run
     acceptance = provenance["acceptance"]
     assert (acceptance["step"], acceptance["api"], acceptance["thinking"]) == ("eval", "chat", True)
     assert provenance["unknown"] == {}  # on the test host every fact of the numbers is known
@@ -227,3 +229,18 @@ def test_a_demo_that_stops_says_to_run_the_demo_again_not_a_resume(
     assert "k26_dflash.yaml --resume" not in said and "continue where it stopped" not in said
     assert "run the same `runbook demo` again, from the start" in said
     assert "demo: no report" in said and "the numbers come from the SGLang stand-in" not in said
+
+
+def test_a_var_given_to_the_demo_reaches_its_run_and_one_that_does_not_fit_stops_it_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    """`runbook demo --var` as `runbook run --var`, over the demo's inventory (its `bench_repeats: 1`)."""
+    from tests.clirun import runbook_cli as in_process
+
+    logs = tmp_path / "logs"
+    done = in_process("demo", "--var", "bench_repeats=0", "--log-dir", str(logs), "--ssh-server", "embedded")
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = re.findall(r"k26_dflash\.yaml:\d+:\d+: step '(\w+)': repeats: runbook var bench_repeats = '0' does not fit: "
+                      r"expected a whole number above 0", done.stderr)  # fmt: skip
+    assert said == ["benchmark_baseline", "benchmark_dflash"]
+    assert not [p for p in logs.iterdir() if (p / "run.json").exists()]  # nothing ran

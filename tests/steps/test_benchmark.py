@@ -409,6 +409,30 @@ def test_parameters_are_checked(params: dict[str, Any], message: str) -> None:
         BenchmarkStep(id="b", server="d", **params)
 
 
+def test_repeats_from_a_var_are_the_sites_and_a_value_that_does_not_fit_stops_the_plan_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`repeats: $bench_repeats` (the flagship's): the site's value decides the runs; one that is no count above 0,
+    or makes more runs than MAX_RUNS, is refused before anything runs, at the step's line, naming the var."""
+    step = BenchmarkStep(id="b", server="d", concurrencies=[2, 8], repeats="$bench_repeats")
+    labels = [label for label, _ in step.plan(PlanContext("box", {"bench_repeats": "2"}))]
+    assert labels == [f"concurrency {c}, repeat {r}/2" for c in (2, 8) for r in (1, 2)]
+    (line,) = step.summary(PlanContext("box", {"bench_repeats": "1"}))
+    assert "concurrency 2, 8 x 1 repeat, " in line and "run 1 of 2 " in line
+    book = tmp_path / "book.yaml"
+    book.write_text(
+        "name: t\nhosts: {box: {address: 127.0.0.1}}\nvars: {bench_repeats: 3}\nsteps:\n"
+        "  - {id: d, kind: shell, script: 'true'}\n"
+        "  - {id: b, kind: benchmark, server: d, concurrencies: [1, 4], repeats: $bench_repeats}\n"
+    )
+    for value, said in (
+        ("0", "bench_repeats = '0' does not fit: expected a whole number above 0"),
+        ("501", "bench_repeats = '501' does not fit: 1,002 runs (workloads and their categories x concurrencies x "),
+    ):
+        assert main(["plan", str(book), "--var", f"bench_repeats={value}"]) == 2
+        assert f"{book}:6:5: step 'b': repeats: runbook var {said}" in capsys.readouterr().err
+
+
 def test_it_needs_the_steps_it_reads() -> None:
     step = BenchmarkStep(id="b", server="d", compare_to="base", acceptance="eval")
     assert step.needs() == {"d", "base", "eval"}
