@@ -632,6 +632,12 @@ def exact_rows(name: str, where: str, found: RunAcceptance | None) -> list[str]:
     return [name, where, *values, *estimates, ("DISAGREE: " if found.disagreements else "") + verdict]
 
 
+def eval_name(step: str) -> str:
+    """How the exact-acceptance table names the eval's row: its step id, marked as the eval unless the id says it
+    (the flagship's `eval` was shown "eval eval")."""
+    return step if "eval" in step.lower() else f"eval {step}"
+
+
 def run_where(run: BenchRun) -> str:
     """How the exact-acceptance table names a run: `speed-bench/mixed, concurrency 4, repeat 2`."""
     return f"{slice_key(run.workload, run.category)}, concurrency {run.max_concurrency}, repeat {run.repeat}"
@@ -639,7 +645,7 @@ def run_where(run: BenchRun) -> str:
 
 def exact_acceptance_table(sides: list[Side], acceptance: Acceptance | None) -> Table:
     """Per run (and for the eval), the exact acceptance length from the server's counters beside the estimates."""
-    rows = [exact_rows(f"eval {acceptance.step}", "all sets", acceptance.acceptance)] if acceptance else []
+    rows = [exact_rows(eval_name(acceptance.step), "all sets", acceptance.acceptance)] if acceptance else []
     for side in sides:
         if not never_verified(side):
             rows += [exact_rows(side.label, run_where(run), run.acceptance) for run in side.runs]
@@ -673,7 +679,7 @@ def exact_acceptance_notes(sides: list[Side], acceptance: Acceptance | None) -> 
         for side in sides
         if never_verified(side)
     ]
-    found = [(f"eval {acceptance.step}", acceptance.acceptance)] if acceptance else []
+    found = [(eval_name(acceptance.step), acceptance.acceptance)] if acceptance else []
     found += [(f"{s.label} {run_where(r)}", r.acceptance) for s in sides for r in s.runs]
     notes += [f"acceptance DISAGREES at {name}: {said}" for name, run in found if run for said in run.disagreements]
     return notes

@@ -418,6 +418,9 @@ def _scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, loc: Loc, pos: _Posi
         return node.value
     if not isinstance(value, str):
         pos.written[loc] = node.value
+    elif "\x00" in value:  # `"\0"` in double quotes: YAML's escape for the one byte no host can be given
+        text = "a NUL byte (\\0) in text: no path, command line or environment variable can hold one"
+        pos.problems.append(Problem(pos.file, *_mark(node), text))
     return value
 
 

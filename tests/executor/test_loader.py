@@ -188,6 +188,10 @@ def test_a_step_that_does_not_validate_is_not_also_reported_missing(
             "name: t\nvars: {bad-name: 1}\nsteps: [{id: a, kind: shell, script: x}]\n",
             "F:2:7: vars: Value error, 'bad-name' is not a valid environment variable name",
         ),
+        (  # YAML's `\0` escape: a byte that no path, argument or environment variable on a host can hold
+            'name: t\nsteps: [{id: a, kind: shell, script: "cat /tmp/a\\0b"}]\n',
+            "F:2:38: a NUL byte (\\0) in text: no path, command line or environment variable can hold one",
+        ),
         (
             "name: t\nsecrets: {SHLVL: {env: X}}\nsteps: [{id: a, kind: shell, script: x}]\n",
             "F:2:10: secrets: Value error, bash sets SHLVL itself: a step's var or secret cannot have that name",

@@ -286,6 +286,6 @@ def test_a_planted_disagreement_is_flagged_in_the_facts_and_the_report(
     assert said.startswith("the running average (/server_info)") and "without first tokens" in said
     report = json.loads(Path(facts["bench"]["report"]["json_file"]).read_text())
     table = next(t for t in report["tables"] if t["title"] == "Acceptance length per run: exact and estimates")
-    assert [row[0] for row in table["rows"]] == ["eval eval", "same", "bench"]
+    assert [row[0] for row in table["rows"]] == ["eval", "same", "bench"]
     assert all(row[-1].startswith("DISAGREE: ") for row in table["rows"])
     assert sum(note.startswith("acceptance DISAGREES at ") for note in report["notes"]) == 4
