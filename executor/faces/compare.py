@@ -42,8 +42,9 @@ EXIT_REGRESSED = 1
 CONFIDENCE = 0.95
 #: Student's t, two-sided 95%, for 1 to 30 degrees of freedom (NIST/SEMATECH e-Handbook of Statistical Methods,
 #: 1.3.6.7.2); past 30 the normal's 1.96. The stdlib has no t distribution and numpy/scipy are no dependency.
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
-T95 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T95: tuple[float, ...] = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160)
+T95 += (2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048)
+T95 += (2.045, 2.042)
 Z95 = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
 #: The matched cells the figure draws (a row each, a panel per metric); more are in the table and the JSON.
 FIGURE_MAX_CELLS = 60

@@ -39,7 +39,8 @@ def write_benchmark(run_dir: Path, candidate: Repeats, baseline: Repeats = STEAD
         runs = [bench_run(c, t, repeat=r, **more) for c, ts in values.items() for r, t in enumerate(ts, 1)]
         return with_commands(side_of(label, runs, step))
 
-    base, cand = side("baseline", "benchmark_baseline", baseline), side("dflash", "benchmark_dflash", candidate, **metrics)
+    base = side("baseline", "benchmark_baseline", baseline)
+    cand = side("dflash", "benchmark_dflash", candidate, **metrics)
     write_json(run_dir, build_report(base, cand, provenance(base, cand), ACCEPTANCE))
     return run_dir
 
@@ -274,3 +275,41 @@ def test_throughput_scaled_down_beyond_the_threshold_with_tight_repeats_always_f
     first, second = [base * (1 + e) for e in a], [base * scale * (1 + e) for e in b]
     change = compare.metric_change(compare.METRICS[0], first, second, threshold)
     assert change.regression and change.change_pct < -threshold
+
+
+# ---- the MCP `compare` --------------------------------------------------------------------------------------
+
+
+def ask_mcp(root: Path, **arguments: Any) -> dict[str, Any]:
+    """The `compare` tool's structured answer through the SDK's in-memory client, its server's root `root`."""
+    pytest.importorskip("mcp.server.mcpserver", reason="the optional extra runbook[mcp]")
+    import asyncio
+
+    from mcp.client.client import Client
+
+    from executor.faces.mcp_server import Launches, Roots, build_server
+
+    async def ask() -> Any:
+        async with Client(build_server(Launches(), Roots([root]))) as client:
+            return await client.call_tool("compare", arguments)
+
+    result = asyncio.run(ask())
+    assert isinstance(result.structured_content, dict), result
+    return result.structured_content
+
+
+def test_the_mcp_tool_answers_as_the_cli_and_only_under_its_roots(campaigns: Path, tmp_path: Path) -> None:
+    args = {"run_a": "20261201", "run_b": "20261203", "log_dir": str(campaigns)}
+    answer = ask_mcp(campaigns, **args)
+    done = runbook_cli("compare", "20261201", "20261203", "--log-dir", str(campaigns), "--no-figure", "--json")
+    assert answer.pop("ok") is True and answer.pop("exit_code") == done.returncode == 1
+    assert answer == json.loads(done.stdout)
+    folders = {"run_a": str(campaigns / "20261201-010000-aaaaaa"), "run_b": str(campaigns / "20261202-010000-bbbbbb")}
+    assert ask_mcp(campaigns, **folders)["exit_code"] == 0
+    figure = campaigns / "mcp.png"
+    assert ask_mcp(campaigns, **args, figure=str(figure))["figure"] == str(figure) and figure.is_file()
+    for refused in ({**args, "figure": str(tmp_path / "x.png")}, {**folders, "run_b": str(tmp_path)}):
+        answer = ask_mcp(campaigns, **refused)
+        assert answer["ok"] is False and answer["exit_code"] == 2 and "outside the server's roots" in answer["error"]
+    answer = ask_mcp(campaigns, **args, threshold=-1)
+    assert answer.get("ok") is not True
