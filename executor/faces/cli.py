@@ -933,8 +933,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     run_a, run_b = report_folder(args.run_a, args.log_dir), report_folder(args.run_b, args.log_dir)
     comparison = compare.compare(run_a, run_b, args.threshold)
-    if not args.no_figure:
-        figure = args.figure or args.log_dir / f"compare-{run_a.name}-vs-{run_b.name}.png"
+    figure = args.figure or args.log_dir / f"compare-{run_a.name}-vs-{run_b.name}.png"
+    if not args.no_figure and args.figure is None and not args.log_dir.is_dir():  # run folders by path, no logs/
+        say(f"runbook compare: no figure: {args.log_dir} is no folder (--figure PATH says where)")
+    elif not args.no_figure:
         from executor.faces.compare_figure import draw
 
         try:

@@ -616,6 +616,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
     _checking_tools(server, roots)
     _launching_tools(server, launches, roots)
     _reading_tools(server, launches, roots)
+    _comparing_tools(server, roots)
     return server
 
 
@@ -764,6 +765,10 @@ def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> N
         if section is None:
             return capped_summary(views.report_summary(folder), whole)
         return capped_section(views.report_table(folder, section), offset, whole)
+
+
+def _comparing_tools(server: RunbookServer, roots: Roots) -> None:
+    """`compare`: two runs' reports cell by cell (executor/faces/compare.py)."""
 
     @server.tool()
     def compare(
