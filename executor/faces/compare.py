@@ -46,6 +46,9 @@ T95: tuple[float, ...] = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.30
 T95 += (2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048)
 T95 += (2.045, 2.042)
 Z95 = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+#: The widest span (largest / smallest) of one metric's repeats in both runs that is compared: a real change is
+#: never a factor of a million, and a wider span (a tampered 1e-250) would put the change past a float's range.
+SPAN_MAX = 1e6
 #: The matched cells the figure draws (a row each, a panel per metric); more are in the table and the JSON.
 FIGURE_MAX_CELLS = 60
 METHOD = (
@@ -157,6 +160,8 @@ def measured(run_dir: Path) -> Measured:
         if row.get("concurrency") is None:  # a failed or skipped cell: nothing measured
             continue
         key: Key = (row["cell"], row["workload"], row["workload_category"], row["concurrency"])
+        if key in values:  # two sides of one label (a tampered report): which one B is compared with is unknowable
+            raise ResumeError(f"{run_dir / views.REPORT_FILE}: two rows of {key[0]!r} at concurrency {key[3]}")
         medians = {m.name: [row[m.name]] for m in METRICS if row.get(m.name) is not None}
         values[key] = repeats.get(key) or medians
         if key not in repeats:
@@ -276,6 +281,8 @@ def cell_change(key: Key, first: Measured, second: Measured, threshold: float) -
                 unknown[metric.name] = f"only run {'A' if a else 'B'} measured it"
         elif min(*a, *b) <= 0:
             unknown[metric.name] = "a repeat measured 0: no ratio"
+        elif max(*a, *b) > SPAN_MAX * min(*a, *b):
+            unknown[metric.name] = f"its repeats span more than a factor of {SPAN_MAX:.0e}: no measurement to compare"
         else:
             change = metric_change(metric, a, b, threshold)
             change.note = f"{change.note}: {why}" if change.note and why else change.note
