@@ -163,10 +163,25 @@ def measured(run_dir: Path) -> Measured:
         if key in values:  # two sides of one label (a tampered report): which one B is compared with is unknowable
             raise ResumeError(f"{run_dir / views.REPORT_FILE}: two rows of {key[0]!r} at concurrency {key[3]}")
         medians = {m.name: [row[m.name]] for m in METRICS if row.get(m.name) is not None}
-        values[key] = repeats.get(key) or medians
-        if key not in repeats:
+        disagree = _disagreeing(repeats.get(key, {}), medians)
+        values[key] = medians if disagree or key not in repeats else repeats[key]
+        if disagree:
+            why[key] = f"the repeats of its {disagree} do not give the report's median (changed after the report)"
+        elif key not in repeats:
             why.setdefault(key, "the report holds no per-repeat values of it")
     return Measured(kind, values, why)
+
+
+def _disagreeing(repeats: Mapping[str, list[float]], medians: Mapping[str, list[float]]) -> str | None:
+    """The first metric whose repeats' median is not the report's (a state.db rewritten after the report), or None."""
+    return next(
+        (
+            name
+            for name, [median] in medians.items()
+            if name in repeats and not math.isclose(statistics.median(repeats[name]), median, rel_tol=1e-9)
+        ),
+        None,
+    )
 
 
 def _point_repeats(cell: str, point: BenchPoint) -> tuple[Key, dict[str, list[float]]]:

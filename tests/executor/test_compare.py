@@ -299,6 +299,18 @@ def test_a_cell_whose_facts_in_state_db_are_unusable_is_compared_on_its_medians_
     assert note.startswith("no noise estimate (1 repeat in B): its benchmark's facts in state.db are unusable")
 
 
+def test_repeats_rewritten_in_state_db_after_the_report_are_not_used(campaigns: Path, tmp_path: Path) -> None:
+    """A state.db whose repeats no longer give the report's medians: the report's medians are compared (no noise
+    estimate, never flagged), saying why, rather than numbers the report does not show."""
+    stored = slower(host_views(), "bench[drafter=zlab,tokens=4]", 0.5)
+    write_run(tmp_path / "20261204-010000-eeeeee", host_views(), stored=stored)
+    code, document = as_json(campaigns / "20261201-010000-aaaaaa", tmp_path / "20261204-010000-eeeeee")
+    [cell] = [c for c in document["cells"] if c["cell"] == "dflash[drafter=zlab,tokens=4]" and c["concurrency"] == 4]
+    [throughput] = [m for m in cell["metrics"] if m["metric"] == "output_throughput"]
+    assert code == 0 and throughput["change_pct"] == 0 and throughput["ci_low_pct"] is None
+    assert "the repeats of its output_throughput do not give the report's median" in throughput["note"]
+
+
 def test_the_figure_is_written_where_told_and_by_default_into_the_log_dir(campaigns: Path, tmp_path: Path) -> None:
     figure = tmp_path / "out.png"
     args = ["compare", "20261201", "20261203", "--log-dir", str(campaigns)]
