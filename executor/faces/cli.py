@@ -1,7 +1,7 @@
 """The `runbook` command line. The engine holds no CLI code; this module only parses
 arguments, picks a reporter, maps outcomes to exit codes, and prints.
 
-Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering); 2 invalid input
+Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering, or `compare` a regression); 2 invalid input
 (runbook, arguments, nothing to resume, missing secret, a run folder that cannot be read or
 made); 3 the run is locked by another process; 4 a write to the run folder failed (disk full,
 I/O error, read-only, quota: the run stopped at once, `--resume` continues it once the disk is
