@@ -366,7 +366,12 @@ def verdict(change: MetricChange) -> str:
         return "no noise estimate"
     if not change.beyond_noise:
         return "within noise"
-    return "worse beyond noise, within the threshold" if change.worse else "better beyond noise"
+    return "worse, within threshold" if change.worse else "better"
+
+
+def _number(value: float) -> str:
+    """A metric's value for the table: tokens/s whole with thousands separated (`60,020`), a small one to 4 digits."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.4g}"
 
 
 def comparison_rows(comparison: Comparison) -> list[list[str]]:
@@ -377,7 +382,8 @@ def comparison_rows(comparison: Comparison) -> list[list[str]]:
         where = [cell.cell, slice_key(cell.workload, cell.category), str(cell.concurrency)]
         for m in cell.metrics:
             interval = "" if m.ci_low_pct is None else f"{m.ci_low_pct:+.1f}% to {m.ci_high_pct:+.1f}%"
-            shown = [f"{m.a:.4g} (x{m.repeats_a})", f"{m.b:.4g} (x{m.repeats_b})", f"{m.change_pct:+.1f}%", interval]
+            shown = [f"{_number(m.a)} (x{m.repeats_a})", f"{_number(m.b)} (x{m.repeats_b})", f"{m.change_pct:+.1f}%"]
+            shown.append(interval)
             rows.append([*where, labels[m.metric], *shown, verdict(m)])
         rows += [[*where, labels[name], "", "", "", "", f"not compared: {why}"] for name, why in cell.unknown.items()]
     return rows

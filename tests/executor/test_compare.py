@@ -390,4 +390,4 @@ def test_the_mcp_tool_answers_as_the_cli_and_only_under_its_roots(campaigns: Pat
         answer = ask_mcp(campaigns, **refused)
         assert answer["ok"] is False and answer["exit_code"] == 2 and "outside the server's roots" in answer["error"]
     answer = ask_mcp(campaigns, **args, threshold=-1)
-    assert answer.get("ok") is not True
+    assert answer == {"ok": False, "exit_code": 2, "error": "compare: invalid arguments: threshold"}
