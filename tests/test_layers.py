@@ -93,6 +93,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "executor.faces.mcp_server",
             "executor.faces.views",
             "executor.faces.report_csv",
+            "executor.faces.compare",
+            "executor.faces.compare_figure",
             "executor.faces.inputs",
             "executor.faces.testing",
             "executor",

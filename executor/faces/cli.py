@@ -1,7 +1,7 @@
 """The `runbook` command line. The engine holds no CLI code; this module only parses
 arguments, picks a reporter, maps outcomes to exit codes, and prints.
 
-Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering); 2 invalid input
+Exit codes: 0 success; 1 a step failed (or `audit verify` found tampering, or `compare` a regression); 2 invalid input
 (runbook, arguments, nothing to resume, missing secret, a run folder that cannot be read or
 made); 3 the run is locked by another process; 4 a write to the run folder failed (disk full,
 I/O error, read-only, quota: the run stopped at once, `--resume` continues it once the disk is
@@ -18,6 +18,7 @@ import contextlib
 import functools
 import gc
 import io
+import math
 import os
 import re
 import shlex
@@ -39,7 +40,7 @@ from executor.errors import (
     RunbookError,
     TransportError,
 )
-from executor.faces.inputs import LOG_DIR, load_checked
+from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, LOG_DIR, load_checked
 from executor.run import seal
 from executor.run.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.runbook.campaign import EXIT_CELLS_FAILED
@@ -148,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="short for --format json")
     p.set_defaults(settle=functools.partial(_report_format, error=p.error))
 
+    _add_compare(sub)
+
     p = sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors to complete and check)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--inventory", action="store_true", help="the inventory file's schema instead")
@@ -155,9 +158,46 @@ def _parser() -> argparse.ArgumentParser:
         "--report", action="store_true", help="report.json's schema instead (a benchmark's, a campaign's)"
     )
     which.add_argument("--plan", action="store_true", help="the plan document's schema instead (plan --json)")
+    which.add_argument("--compare", action="store_true", help="the comparison's schema instead (compare --json)")
     _add_audit(sub)
     _add_trust_host(sub)
     return parser
+
+
+def _add_compare(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`runbook compare RUN_A RUN_B`: each metric's change with its interval, regressions flagged (exit 1)."""
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs' reports cell by cell: each metric's change with its 95%% interval from the repeats; "
+        "exit 1 when one regressed beyond --threshold and beyond noise",
+    )
+    for name in ("run_a", "run_b"):
+        p.add_argument(name, metavar=name.upper(), help="a run id (or unique prefix) under --log-dir, or a run folder")
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR)
+    p.add_argument(
+        "--threshold",
+        type=_threshold,
+        default=COMPARE_THRESHOLD_PCT,
+        metavar="PCT",
+        help=f"a regression is worse by more than PCT percent, beyond noise (default {COMPARE_THRESHOLD_PCT:g})",
+    )
+    p.add_argument("--json", action="store_true", help="the comparison as one JSON document (runbook schema --compare)")
+    drawn = p.add_mutually_exclusive_group()
+    drawn.add_argument(
+        "--figure", type=Path, metavar="PATH", help="where the figure goes (default: LOG_DIR/compare-A-vs-B.png)"
+    )
+    drawn.add_argument("--no-figure", action="store_true", help="draw no figure")
+
+
+def _threshold(text: str) -> float:
+    """--threshold: a percentage from 0 to COMPARE_THRESHOLD_MAX_PCT (`5`, `2.5`, `5%`)."""
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= COMPARE_THRESHOLD_MAX_PCT:  # NaN fails both
+        raise argparse.ArgumentTypeError(f"{text[:100]!r}: a percentage from 0 to {COMPARE_THRESHOLD_MAX_PCT:g}")
+    return value
 
 
 def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -405,9 +445,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from executor.faces.compare import compare_schema
     from executor.runbook import schema
 
     made = {"inventory": schema.inventory_schema, "report": schema.report_schema, "plan": schema.plan_schema}
+    made |= {"compare": compare_schema}
     document = next((make for name, make in made.items() if getattr(args, name)), schema.runbook_schema)()
     print(strict_json.dumps(document, indent=2, ensure_ascii=True))
     return EXIT_OK
@@ -883,6 +925,51 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compare two runs (executor/faces/compare.py): the table on stdout (`--json`: the document), the figure
+    written where --figure says (by default into --log-dir, never into either run's folder); exit 1 when a metric
+    regressed beyond --threshold and beyond noise, 0 otherwise, 2 for a run without a report to compare."""
+    from executor.faces import compare
+
+    run_a, run_b = report_folder(args.run_a, args.log_dir), report_folder(args.run_b, args.log_dir)
+    comparison = compare.compare(run_a, run_b, args.threshold)
+    figure = args.figure or args.log_dir / f"compare-{run_a.name}-vs-{run_b.name}.png"
+    if not args.no_figure and args.figure is None and not args.log_dir.is_dir():  # run folders by path, no logs/
+        say(f"runbook compare: no figure: {args.log_dir} is no folder (--figure PATH says where)")
+    elif not args.no_figure:
+        from executor.faces.compare_figure import draw
+
+        try:
+            draw(comparison, figure)
+        except OSError as exc:
+            raise ResumeError(f"compare: the figure cannot be written to {figure}: {exc.strerror or exc}") from None
+        comparison.figure = str(figure)
+    if args.json:
+        print(strict_json.dumps(comparison.model_dump(mode="json"), indent=2))
+    else:
+        _print_comparison(comparison)
+    return compare.EXIT_REGRESSED if comparison.regressed else EXIT_OK
+
+
+def _print_comparison(comparison: Any) -> None:
+    """The comparison as a table (a row per matched cell and metric), then the cells only one run has, the
+    regressions and the figure."""
+    from executor.consoles import print_table
+    from executor.faces.compare import comparison_rows
+
+    a, b = comparison.a, comparison.b
+    title = f"{b.run} (B) vs {a.run} (A): change of each metric, 95% CI from the repeats"
+    columns = ("cell", "workload", "concurrency", "metric", "A", "B", "change", "95% CI", "verdict")
+    print_table(out(), shown_text(title), columns, [list(map(shown_text, row)) for row in comparison_rows(comparison)])
+    for side, name in ((a, "A"), (b, "B")):
+        for each in side.only_here:
+            out().print(shown_text(f"only in {name} ({side.run}): {each.cell} {each.workload} c={each.concurrency}"))
+    for line in comparison.regressions:
+        out().print(shown_text(f"REGRESSION: {line}"))
+    verdict = f"{len(comparison.regressions)} regression(s) beyond {comparison.threshold_pct:g}% and beyond noise"
+    out().print(shown_text(verdict + (f"; figure: {comparison.figure}" if comparison.figure else "")))
+
+
 def report_folder(run: str | None, log_dir: Path) -> Path:
     """The run folder `runbook report RUN` reads: RUN as a folder when it is one (or names one by a path: `logs/ID`),
     else a run id or unique prefix under `log_dir`, or without RUN the latest run there, as `status` finds it."""
@@ -984,6 +1071,7 @@ COMMANDS = {
     "audit": cmd_audit,
     "demo": cmd_demo,
     "report": cmd_report,
+    "compare": cmd_compare,
     "schema": cmd_schema,
     "mcp": cmd_mcp,
     "trust-host": cmd_trust_host,

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 #: The folder runs go into unless `--log-dir` (or a tool's `log_dir`) says another.
 LOG_DIR = Path("logs")
+#: `runbook compare --threshold`'s default (the MCP `compare`'s `threshold`): a regression is worse by more than this
+#: many percent, beyond noise (executor/faces/compare.py); the largest threshold taken.
+COMPARE_THRESHOLD_PCT = 5.0
+COMPARE_THRESHOLD_MAX_PCT = 1000.0
 
 
 def load_checked(

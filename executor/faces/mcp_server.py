@@ -43,7 +43,7 @@ from executor import strict_json
 from executor.documents import Table
 from executor.errors import ArgumentRefused, InvalidRunbook, Problem, RunbookError, StateError
 from executor.faces import views
-from executor.faces.inputs import LOG_DIR, load_checked
+from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, LOG_DIR, load_checked
 from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.run.audit import AUDIT_FILE, read_records
 from executor.run.events import EVENTS_FILE
@@ -616,6 +616,7 @@ def build_server(launches: Launches, roots: Roots | None = None) -> RunbookServe
     _checking_tools(server, roots)
     _launching_tools(server, launches, roots)
     _reading_tools(server, launches, roots)
+    _comparing_tools(server, roots)
     return server
 
 
@@ -764,6 +765,51 @@ def _reading_tools(server: RunbookServer, launches: Launches, roots: Roots) -> N
         if section is None:
             return capped_summary(views.report_summary(folder), whole)
         return capped_section(views.report_table(folder, section), offset, whole)
+
+
+def _comparing_tools(server: RunbookServer, roots: Roots) -> None:
+    """`compare`: two runs' reports cell by cell (executor/faces/compare.py)."""
+
+    @server.tool()
+    def compare(
+        run_a: str,
+        run_b: str,
+        log_dir: str = str(LOG_DIR),
+        threshold: Annotated[float, Field(ge=0, le=COMPARE_THRESHOLD_MAX_PCT, allow_inf_nan=False)] = (
+            COMPARE_THRESHOLD_PCT
+        ),
+        figure: str | None = None,
+        client_roots: ClientRoots = None,
+    ) -> dict[str, Any]:
+        """`runbook compare RUN_A RUN_B --json`: the two runs' cells matched (cell, workload, concurrency), each
+        metric's change in percent with its 95% interval from the repeats, the regressions (worse by more than
+        `threshold` percent and beyond noise; `exit_code` 1 when any, as the CLI's) and the cells of one run only.
+        Each run is a run id (or unique prefix) under `log_dir`, or a run folder (a path); `figure`: where to
+        draw the figure (none without it). Within the cap: `cells` cut from the end, `regressions` whole."""
+        here = roots.with_client(client_roots)
+        first, second = _run_or_folder(here, log_dir, run_a, "run_a"), _run_or_folder(here, log_dir, run_b, "run_b")
+        from executor.faces import compare as comparing  # the reports' models: only for a comparison
+
+        comparison = comparing.compare(first, second, threshold)
+        if figure is not None:
+            from executor.faces.compare_figure import draw
+
+            path = here.inside(figure, "figure")
+            try:
+                draw(comparison, path)
+            except OSError as exc:
+                raise ArgumentRefused(f"figure {_within(figure, 200)!r}: cannot be written ({refusal(exc)})") from None
+            comparison.figure = str(path)
+        answer = {"ok": True, "exit_code": comparing.EXIT_REGRESSED if comparison.regressed else 0}
+        return capped(answer | comparison.model_dump(mode="json"), "cells")
+
+
+def _run_or_folder(roots: Roots, log_dir: str, run: str, what: str) -> Path:
+    """A run as `runbook compare` names it: a run folder given by its path (one holding a `/`, or a folder), or a
+    run id (or unique prefix) under `log_dir`; either under the roots."""
+    if os.sep in run or os.path.isdir(run):
+        return roots.inside(run, what)
+    return _run_dir(roots, log_dir, run)
 
 
 def _run_argv(

@@ -73,19 +73,31 @@ def cell(value: Any) -> str:
 def tidy_table(document: dict[str, Any], run_dir: Path) -> Table:
     """The report's rows (module docstring), every cell made safe; ResumeError for a report that is neither a
     benchmark's nor a campaign's as their steps write them (its tables alone say nothing a row could)."""
+    rows = tidy_rows(report_of(document, run_dir), run_dir.name)
+    return Table(title="tidy rows", columns=list(COLUMNS), rows=[[cell(row.get(c)) for c in COLUMNS] for row in rows])
+
+
+def report_of(document: dict[str, Any], run_dir: Path) -> Report | CampaignReport:
+    """report.json's benchmark or campaign report, read through the model its step writes; ResumeError naming
+    the field for one that is not what the step writes, or for a report that is neither (another writer's)."""
     path = run_dir / REPORT_FILE
     try:
         if "campaign" in document:
-            rows = campaign_rows(CampaignReport.model_validate(document), run_dir.name)
-        elif "data" in document:
-            rows = benchmark_rows(Report.model_validate(document), run_dir.name)
-        else:
-            raise ResumeError(f"{path}: neither a benchmark's report nor a campaign's: it has no rows to tidy")
+            return CampaignReport.model_validate(document)
+        if "data" in document:
+            return Report.model_validate(document)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(map(str, error["loc"])) or "the document"
         raise ResumeError(f"{path}: not a report as its step writes one: {where}: {error['msg']}") from None
-    return Table(title="tidy rows", columns=list(COLUMNS), rows=[[cell(row.get(c)) for c in COLUMNS] for row in rows])
+    raise ResumeError(f"{path}: neither a benchmark's report nor a campaign's: it has no rows to tidy")
+
+
+def tidy_rows(report: Report | CampaignReport, run: str) -> list[dict[str, Any]]:
+    """The rows of run `run`'s report as values (not yet cells): a dict per row, keyed by COLUMNS."""
+    if isinstance(report, CampaignReport):
+        return campaign_rows(report, run)
+    return benchmark_rows(report, run)
 
 
 def write(table: Table, stream: IO[str]) -> None:

@@ -44,7 +44,7 @@ from tests.steps.test_benchmark import standin as standin  # the stand-in test f
 from tests.steps.test_benchmark import yaml_steps
 
 SECRET = "hf_mcpSecretToken0123456789"
-TOOLS = {"validate", "plan", "run", "resume", "status", "runs", "events", "tail", "stop", "report"}
+TOOLS = {"validate", "plan", "run", "resume", "status", "runs", "events", "tail", "stop", "report", "compare"}
 
 Call = Callable[..., Awaitable[dict[str, Any]]]
 
