@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from executor.documents import Table
 from executor.runbook.model import DataModel
 from steps.benchmark_slo import shown
-
-if TYPE_CHECKING:
-    from steps.campaign_report_cells import CellPoint, CellReport, Comparison
 
 #: The share of a run's requests that must be good for its concurrency to meet the SLOs (in every repeat).
 #: AIPerf's goodput guide gives "95% of requests under SLO" as its attainment target (good_request_fraction,
@@ -33,6 +30,37 @@ if TYPE_CHECKING:
 ATTAINMENT_TARGET = 0.95
 
 Three = tuple[float, float, float]
+
+
+# What the answer reads of the report's cells (steps/campaign_report_cells.py, which holds the answer in its
+# `Comparison`: so this module does not import it).
+class CellPoint(Protocol):
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def goodput(self) -> Three | None: ...
+    @property
+    def slo_attainment(self) -> Three | None: ...
+
+
+class Launch(Protocol):
+    @property
+    def gpus(self) -> int | None: ...
+
+
+class CellReport(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def launch(self) -> Launch: ...
+    @property
+    def points(self) -> Sequence[CellPoint]: ...
+    @property
+    def slo_ms(self) -> dict[str, float] | None: ...
+    @property
+    def cost(self) -> tuple[float, int, float, str]: ...
 
 
 class SlaConfiguration(DataModel):
@@ -196,6 +224,15 @@ def _why(
         return f"{best.name}: {_at(best)}; the runner-up {runner.name} had no goodput"
     said = "beyond the noise of the repeats" if noise else "within the noise of the repeats (their ranges overlap)"
     return f"{best.name}: {_at(best)}, +{margin:.1%} over the runner-up {runner.name} ({_at(runner)}), {said}"
+
+
+class Comparison(Protocol):
+    @property
+    def gpus(self) -> str: ...
+    @property
+    def shown_workload(self) -> str: ...
+    @property
+    def sla(self) -> SlaAnswer | None: ...
 
 
 def tables(comparisons: Sequence[Comparison]) -> list[Table]:

@@ -292,8 +292,9 @@ def release_goodput_parser() -> argparse.ArgumentParser:
     from serving.py (the module itself needs the client's dependencies, which the tier does not install)."""
     tree = ast.parse(release_source(SERVING_FILE))
     wanted = {"_goodput_slo", "_finite_positive_float"}
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
-    assert {f.name for f in functions} == wanted, fact(f"{sorted(wanted)} are gone", SERVING_FILE, "--goodput")
+    functions: list[ast.stmt] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    found = {getattr(f, "name", None) for f in functions}
+    assert found == wanted, fact(f"{sorted(wanted)} are gone", SERVING_FILE, "--goodput")
     metrics = module_constant(release_source(GOODPUT_FILE), "GOODPUT_SLO_METRICS")
     scope: dict[str, Any] = {"argparse": argparse, "math": math, "Tuple": tuple, "GOODPUT_SLO_METRICS": metrics}
     exec(compile(ast.Module(body=functions, type_ignores=[]), SERVING_FILE, "exec"), scope)

@@ -132,4 +132,4 @@ def test_goodput_goes_on_each_measured_run_not_on_the_warm_up() -> None:
 )
 def test_a_bad_slo_is_refused_naming_what_was_expected(slo: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        BenchmarkStep(id="b", server="d", slo=slo)
+        BenchmarkStep.model_validate({"id": "b", "server": "d", "slo": slo})
