@@ -166,7 +166,7 @@ def answer(cells: Sequence[CellReport]) -> SlaAnswer | None:
     stated = [c for c in cells if c.slo_ms]
     if not stated:
         return None
-    kinds = {tuple(c.slo_ms.items()) for c in stated if c.slo_ms}
+    kinds = {tuple(sorted(c.slo_ms.items())) for c in stated if c.slo_ms}
     if len(kinds) > 1:
         said = "; ".join(f"{c.name}: {shown(c.slo_ms or {})}" for c in stated)
         return SlaAnswer(
