@@ -64,6 +64,7 @@ from executor.stepkind import (
 )
 from steps.bench_entry import ENTRY_POINTS, choose_lines, ran_entry_point
 from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
+from steps.benchmark_slo import Slo
 from steps.benchmark_workloads import DEFAULT, Workload, WorkloadFacts, slice_key, unlike
 from steps.request_records import RecordsFile, asks_details, bench_records
 
@@ -125,6 +126,7 @@ class BenchmarkStep(StepSpec):
     extra_args: list[str] = []  # passed to bench_serving (["--tokenizer", "$models/x"]: `$vars` expand on the host)
     compare_to: StepRef | None = None  # id of the baseline benchmark step
     acceptance: StepRef | None = None  # id of an eval_acceptance step, for the report's acceptance table
+    slo: Slo | None = None  # latency SLOs: each measured run's goodput against them (the client's --goodput)
 
     @field_validator("concurrencies")
     @classmethod
@@ -259,6 +261,7 @@ class BenchmarkStep(StepSpec):
         args += ["--seed", seed, *([] if warmup else ["--flush-cache"])]
         # per-request details, kept as JSONL in the run folder (steps/request_records.py), where they fit
         args += ["--output-details"] if not warmup and asks_details(prompts, self.output_len) else []
+        args += self.slo.goodput_args() if self.slo and not warmup else []
         words = " ".join([*(shlex.quote(str(arg)) for arg in args), *(word(arg) for arg in self.extra_args)])
         dataset = f" --dataset-path {word(workload.path)}" if workload.path else ""
         return f"{word(self.python)} -m {module} {words}{dataset} --output-file {out}"
@@ -351,7 +354,9 @@ class BenchmarkStep(StepSpec):
         return [
             f"{_entry_rule()} against {self.server}: concurrency {', '.join(map(str, self.concurrencies))} x "
             f"{self.repeats} repeat{'s' if self.repeat_count > 1 else ''}, {what}; {self._warmup_shown()}; "
-            f"run 1 of {runs} (each has its own seed):"
+            f"run 1 of {runs} (each has its own seed)"
+            + (f"; goodput against {self.slo.shown()}" if self.slo else "")
+            + ":"
         ]
 
     def _warmup_shown(self) -> str:
@@ -499,6 +504,7 @@ class BenchmarkStep(StepSpec):
             started_at=result.started_at,
             finished_at=finished,
             entry_point=entry,
+            slo_ms=self.slo.client_slos() if self.slo else None,
             command=self.command(
                 base_url,
                 slot.concurrency,

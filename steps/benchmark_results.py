@@ -29,6 +29,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from executor.runbook.model import DataModel
+from steps.benchmark_slo import attainment
 from steps.benchmark_workloads import RANDOM_IDS, slice_key
 from steps.server_metrics import RunAcceptance
 
@@ -81,6 +82,8 @@ class RunInfo(DataModel):
     started_at: str  # ISO-8601 UTC: the command's start
     finished_at: str  # and its end
     command: str  # the bench_serving command line as rendered (it holds no secret)
+    #: the SLOs it measured goodput against (`--goodput`, the client's keys -> ms: steps/benchmark_slo.py); None: none
+    slo_ms: dict[str, float] | None = None
 
 
 class BenchRun(RunInfo):
@@ -115,6 +118,11 @@ class BenchRun(RunInfo):
     unknown: dict[str, str]  # field -> why it is null
     #: the exact acceptance length from /metrics around the run, beside accept_length (steps/server_metrics.py)
     acceptance: RunAcceptance | None = None
+    # with `slo_ms` (else None): the client's goodput, requests/s that met every SLO, and the share of the requests
+    # sent that did (a failed one counts against it), overall and per SLO (steps/benchmark_slo.py)
+    request_goodput: Measured | None = None
+    slo_attainment: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    slo_attainment_by_metric: dict[str, Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]] = {}
 
     @property
     def shortfall(self) -> str | None:
@@ -180,6 +188,9 @@ def parse_run(text: str, info: RunInfo) -> BenchRun:
         unknown["accept_length"] = NO_ACCEPT_LENGTH
     else:
         values["accept_length"] = _number(line, "accept_length", unknown)
+    if info.slo_ms:
+        values["request_goodput"] = _number(line, "request_goodput", unknown)
+        values |= attainment(line, info.slo_ms, unknown)
     return BenchRun(**info.model_dump(), completed=completed, unknown=unknown, **values)
 
 
@@ -203,6 +214,8 @@ POINT_METRICS = (
     "p99_tpot_ms",
     "accept_length",
 )
+#: The goodput metrics a point sums up where its runs measured goodput against SLOs (`RunInfo.slo_ms`).
+GOODPUT_METRICS = ("request_goodput", "slo_attainment")
 
 
 class Spread(DataModel):
@@ -245,6 +258,9 @@ class BenchPoint(DataModel):
     p99_ttft_ms: Spread | None
     p99_tpot_ms: Spread | None
     accept_length: Spread | None
+    # where the runs measured goodput against SLOs (else None, with no reason: none was asked)
+    request_goodput: Spread | None = None
+    slo_attainment: Spread | None = None
     noisy: bool  # output_throughput's Spread.noisy at the step's spread_threshold
     unknown: dict[str, str]  # metric -> why its Spread is None
 
@@ -253,7 +269,8 @@ def point(runs: Sequence[BenchRun], spread_threshold: float) -> BenchPoint:
     """The point of one concurrency's runs (at least one)."""
     spreads: dict[str, Spread | None] = {}
     unknown: dict[str, str] = {}
-    for metric in POINT_METRICS:
+    asked_goodput = any(run.slo_ms for run in runs)
+    for metric in POINT_METRICS + (GOODPUT_METRICS if asked_goodput else ()):
         values = [getattr(run, metric) for run in runs]
         missing = [run for run, value in zip(runs, values, strict=True) if value is None]
         if missing:

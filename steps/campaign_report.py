@@ -31,6 +31,7 @@ from steps import campaign_parity, provenance, sglang_flags
 from steps import campaign_report_document as document
 from steps.benchmark_report import REPORT_JSON, REPORT_MD, BenchmarkFacts, write_document
 from steps.campaign_report_cells import CellReport, Comparison, collect, compare, read_facts
+from steps.campaign_report_sla import SlaFacts
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
@@ -49,6 +50,7 @@ class ComparisonFacts(DataModel):
     tied: dict[str, list[str]] = {}  # concurrency -> the configurations tied at the top (only where there is a tie)
     crossover: int | None
     crossover_why: str
+    sla: SlaFacts | None = None  # where the benchmarks state SLOs (steps/campaign_report_sla.py)
 
 
 class CampaignReportFacts(DataModel):
@@ -61,6 +63,7 @@ class CampaignReportFacts(DataModel):
     best: dict[str, str] | None
     crossover: int | None
     failed: dict[str, str]  # cell name -> reason
+    sla: SlaFacts | None = None  # the only comparison's answer under the SLOs (`facts.sla.best`); None where several
 
 
 class CampaignReportStep(StepSpec):
@@ -210,6 +213,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
             tied={str(b.concurrency): b.tied for b in c.best if b.tied},
             crossover=c.crossover.concurrency,
             crossover_why=c.crossover.why,
+            sla=None if c.sla is None else c.sla.facts(),
         )
         for c in campaign.comparisons
     ]
@@ -222,6 +226,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
         comparisons=summed,
         best=only.best if only else None,
         crossover=only.crossover if only else None,
+        sla=only.sla if only else None,
         failed={f.name: f.reason for f in campaign.failed},
     )
 

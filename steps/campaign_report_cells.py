@@ -38,6 +38,8 @@ from steps.benchmark_report import Acceptance, BenchmarkFacts, Side, Speedup, sp
 from steps.benchmark_results import BenchPoint
 from steps.benchmark_workloads import DEFAULT, RANDOM_IDS
 from steps.campaign_parity import launch_difference
+from steps.campaign_report_sla import SlaAnswer
+from steps.campaign_report_sla import answer as sla_answer
 from steps.provenance import gpus_of
 from steps.server.documents import DeployFacts
 
@@ -72,6 +74,9 @@ class CellPoint(DataModel):
     ttft_ms: tuple[float, float, float] | None  # of the runs' median TTFT
     noisy: bool
     speedup: float | None  # over the same host's baseline at this concurrency
+    # where its benchmark stated SLOs: the client's request_goodput (req/s) and slo_attainment (steps/benchmark_slo.py)
+    goodput: tuple[float, float, float] | None = None
+    slo_attainment: tuple[float, float, float] | None = None
 
 
 class CellReport(DataModel):
@@ -95,6 +100,7 @@ class CellReport(DataModel):
     points: list[CellPoint]
     speedup: Speedup | None  # None: a baseline, or no baseline of the same workload on its host
     speedup_unknown: str | None  # why speedup is None for a cell
+    slo_ms: dict[str, float] | None = None  # the SLOs its benchmark measured goodput against (the client's keys)
 
     @property
     def baseline(self) -> bool:
@@ -241,6 +247,8 @@ def _points(points: Sequence[BenchPoint], gain: Speedup | None) -> list[CellPoin
             ttft_ms=_three(p.median_ttft_ms),
             noisy=p.noisy,
             speedup=by.get(str(p.max_concurrency)),
+            goodput=_three(p.request_goodput),
+            slo_attainment=_three(p.slo_attainment),
         )
         for p in points
     ]
@@ -303,6 +311,7 @@ def collect(views: Sequence[StepView], baseline: str, may_differ: Sequence[str] 
             points=[],
             speedup=gain,
             speedup_unknown=unknown,
+            slo_ms=next((r.slo_ms for r in facts.runs if r.slo_ms), None) if facts else None,
         )
         reports += per_workload(cell, view, facts)
     return reports
@@ -389,6 +398,7 @@ class Comparison(DataModel):
     best: list[Best]
     crossover: Crossover
     recommended: list[Recommendation]
+    sla: SlaAnswer | None = None  # where the benchmarks state SLOs (steps/campaign_report_sla.py)
 
     @property
     def shown_workload(self) -> str:
@@ -530,6 +540,7 @@ def compare(
                 best=best,
                 crossover=crossover(members, [b.concurrency for b in best]),
                 recommended=recommend(members, best),
+                sla=sla_answer(members),
             )
         )
     return comparisons

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from executor.documents import Figure, Table
 from executor.runbook.model import DataModel
+from steps import campaign_report_sla
 from steps.benchmark_report import NA, Document, or_na, plain, provenance_tables, times, tok_s
 from steps.campaign_report_cells import CellReport, Comparison, Recommendation, percent
 from steps.provenance import Provenance
@@ -136,6 +137,7 @@ def choice_tables(comparisons: Sequence[Comparison], failed: Sequence[Failed]) -
                 for r in c.recommended
             ],
         ),
+        *campaign_report_sla.tables(comparisons),
         Table(
             title="Failed and skipped cells",
             columns=["cell", "host", "status", "reason"],
@@ -223,6 +225,7 @@ def notes(campaign: Campaign) -> list[str]:
         "configurations it does not beat so are tied, and the cheapest of a tie is recommended: fewest GPUs, then "
         "no speculation, then fewest draft tokens / smallest tree budget.",
     ]
+    said += campaign_report_sla.note(campaign.comparisons)
     distinct = sorted(set(kinds.values()))
     if len(distinct) > 1:
         hosts = "; ".join(f"{host}: {kind}" for host, kind in kinds.items())

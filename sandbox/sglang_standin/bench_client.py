@@ -13,7 +13,10 @@ ones below are used, the rest accepted and ignored), really sends the requests t
 real `calculate_metrics` does (numpy's linear percentiles, population std, TTFT, TPOT, ITL per
 streamed chunk, e2e, concurrency = sum of latencies / duration, 1-s buckets for the peaks), reads
 `accept_length` from /server_info `internal_states[0].avg_spec_accept_length`, prints the same
-summary table and APPENDS one JSON line with the real result field names to `--output-file`.
+summary table and APPENDS one JSON line with the real result field names to `--output-file`. `--goodput KEY:VALUE`
+(where the release declares it) is parsed and refused as the release's `_goodput_slo` does, with the keys of its
+benchmark/goodput.py, and counted as its `calculate_goodput` counts (a request is good when it succeeded and meets
+every SLO), its fields written into the line and its section printed.
 
 One difference, only where the server is the stand-in with its `modelled_clock` switch (faults.py): every
 output then tells its time on the simulation's clock, and the run is timed on it (`_on_model_clock`): each
@@ -159,11 +162,86 @@ def build_parser(sglang_dir: Path, module: str = "sglang.benchmark.serving") -> 
     parser.add_argument("--warmup-requests", type=int, default=1)
     parser.add_argument("--tokenize-prompt", action="store_true")
     parser.add_argument("--tag", type=str, default=None)
+    declared = launch_args.plain_flags(implementation(sglang_dir, module).read_text())
+    metrics = goodput_metrics(sglang_dir)
+    if "--goodput" in declared and metrics:  # the release's own syntax and refusals (0.5.23 `_goodput_slo`)
+        parser.add_argument(
+            "--goodput", nargs="+", type=functools.partial(_goodput_slo, metrics), default=None, metavar="KEY:VALUE"
+        )
     own = {a for action in parser._actions for a in action.option_strings}
-    for flag, options in launch_args.plain_flags(implementation(sglang_dir, module).read_text()).items():
+    for flag, options in declared.items():
         if flag not in own:
             parser.add_argument(flag, **options)
     return parser
+
+
+# ---------------------------------------------------------------- goodput (0.5.23 benchmark/goodput.py)
+
+GOODPUT_FILE = "benchmark/goodput.py"
+
+
+def goodput_metrics(sglang_dir: Path) -> tuple[str, ...]:
+    """The release's GOODPUT_SLO_METRICS (the --goodput keys), read from its goodput.py; () where it has none."""
+    path = sglang_dir / GOODPUT_FILE
+    if not path.is_file():
+        return ()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "GOODPUT_SLO_METRICS" for t in node.targets
+        ):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
+def _finite_positive_float(value: str) -> float:
+    """0.5.23 serving.py `_finite_positive_float`, its messages."""
+    try:
+        parsed = float(value)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"expected a finite float > 0, got {value!r}") from exc
+    if not math.isfinite(parsed) or parsed <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite float > 0, got {value!r}")
+    return parsed
+
+
+def _goodput_slo(metrics: Sequence[str], pair: str) -> tuple[str, float]:
+    """0.5.23 serving.py `_goodput_slo`: one --goodput KEY:VALUE, VALUE in ms, KEY one of the release's."""
+    name, _, value = pair.partition(":")
+    if name not in metrics:
+        raise argparse.ArgumentTypeError(f"expected KEY:VALUE with KEY in {', '.join(metrics)}, got {pair!r}")
+    return name, _finite_positive_float(value)
+
+
+def calculate_goodput(outputs: Sequence[Output], slos: dict[str, float], duration: float) -> dict[str, Any]:
+    """0.5.23 goodput.py `calculate_goodput`, its fields: a request is good when it succeeded and its TTFT, TPOT
+    ((latency - ttft) / (output_len - 1), 0 for one token) and latency (ms) are each at most the SLOs given."""
+    good, met = 0, dict.fromkeys(slos, 0)
+    for o in outputs:
+        if not o.success:
+            continue
+        tpot = (o.latency - o.ttft) / (o.output_len - 1) if o.output_len > 1 else 0.0
+        observed = {"ttft": o.ttft * 1000, "tpot": tpot * 1000, "e2el": o.latency * 1000}
+        passed = [name for name, slo in slos.items() if observed[name] <= slo]
+        for name in passed:
+            met[name] += 1
+        good += len(passed) == len(slos)
+    return {
+        "goodput_slos_ms": slos,
+        "request_goodput": good / duration,
+        "slo_attainment": good / len(outputs),
+        "slo_attainment_by_metric": {name: count / len(outputs) for name, count in met.items()},
+    }
+
+
+def _print_goodput(goodput: dict[str, Any]) -> None:
+    """0.5.23 goodput.py `print_goodput`."""
+    slos = " ".join(f"{name}:{slo:g}" for name, slo in goodput["goodput_slos_ms"].items())
+    print("{s:{c}^{n}}".format(s="Goodput", n=50, c="-"))
+    print("{:<40} {:<10}".format("SLOs (ms):", slos))
+    print("{:<40} {:<10.2f}".format("Request goodput (req/s):", goodput["request_goodput"]))
+    print("{:<40} {:<10.2f}".format("SLO attainment (%):", goodput["slo_attainment"] * 100))
+    for name, share in goodput["slo_attainment_by_metric"].items():
+        print("{:<40} {:<10.2f}".format(f"{name.upper()} SLO attainment (%):", share * 100))
 
 
 # ---------------------------------------------------------------- statistics (numpy's defaults)
@@ -426,7 +504,9 @@ def _run_all(
         return [f.result() for f in futures]
 
 
-def _print_summary(args: argparse.Namespace, m: dict[str, Any], duration: float, accept: float | None) -> None:
+def _print_summary(
+    args: argparse.Namespace, m: dict[str, Any], duration: float, accept: float | None, goodput: dict[str, Any] | None
+) -> None:
     row = "{:<40} {:<10}".format
     num = "{:<40} {:<10.2f}".format
     print("\n{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
@@ -448,6 +528,8 @@ def _print_summary(args: argparse.Namespace, m: dict[str, Any], duration: float,
     print(num("Concurrency:", m["concurrency"]))
     if accept:
         print(num("Accept length:", accept))
+    if goodput:
+        _print_goodput(goodput)
     sections = (
         ("End-to-End Latency", "e2e_latency", "E2E Latency"),
         ("Time to First Token", "ttft", "TTFT"),
@@ -544,7 +626,8 @@ def run(args: argparse.Namespace) -> int:
         duration = _on_model_clock(outputs, args.max_concurrency) or duration
     metrics = calculate_metrics(outputs, duration)
     output_lens = metrics.pop("_output_lens")
-    _print_summary(args, metrics, duration, accept)
+    goodput = calculate_goodput(outputs, dict(args.goodput), duration) if getattr(args, "goodput", None) else None
+    _print_summary(args, metrics, duration, accept, goodput)
     status, server_info = get_json(base_url, "/server_info")
     result = {
         "tag": args.tag,
@@ -562,6 +645,7 @@ def run(args: argparse.Namespace) -> int:
         "accept_length": accept,
         "max_output_tokens_per_s": metrics["max_output_tokens_per_s"],
         "max_concurrent_requests": metrics["max_concurrent_requests"],
+        **(goodput or {}),
     }
     if args.output_details:
         result |= {

@@ -13,15 +13,19 @@ Bumping the pin (README, "The real-release tier") is on purpose: this tier then 
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import json
+import math
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hostprograms.probe import (
     SPEC_INFO_FILE,
@@ -32,11 +36,13 @@ from hostprograms.probe import (
     class_attributes,
 )
 from sandbox.prepare import PINS, site_packages
+from sandbox.sglang_standin.bench_client import build_parser as standin_bench_parser
 from sandbox.sglang_standin.bench_client import implementation
 from steps import server_metrics, sglang_flags, sglang_metrics
 from steps.bench_entry import ENTRY_POINTS
 from steps.benchmark import BenchmarkStep
 from steps.benchmark_results import FLOAT_FIELDS, INT_FIELDS, RunInfo, parse_run
+from steps.benchmark_slo import CLIENT_KEYS, RESULT_FIELDS, SLO_MAX_MS, Slo
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN = next(version for name, version, _ in PINS if name == "sglang")
@@ -142,6 +148,7 @@ def test_the_release_has_the_serving_benchmark_the_step_prefers() -> None:
 def bench_flags() -> dict[str, str]:
     """flag -> how the benchmark step renders it: every `--flag` of its command lines (default and every option)."""
     steps = [BenchmarkStep(id="b", server="d"), BenchmarkStep(id="b", server="d", num_prompts=9, warmup_requests=0)]
+    steps.append(BenchmarkStep(id="b", server="d", slo=Slo(ttft_ms=1, tpot_ms=1, e2e_ms=1)))
     words = [w for step in steps for w in shlex.split(step.command("http://127.0.0.1:1", 4, 1, {}, "f", module="m"))]
     return {word: "steps/benchmark.py BenchmarkStep.command" for word in words if word.startswith("--")}
 
@@ -257,3 +264,90 @@ def test_the_algorithm_aliases_are_the_ones_runbook_knows() -> None:
     assert not aliases & set(algorithm_names()), fact("an alias is an algorithm runbook names", ALIASES_FILE, "deploy")
     spec_info = release_source(SPEC_INFO_FILE)
     assert "upper = name.upper()" in spec_info, fact("from_string no longer ignores case", SPEC_INFO_FILE, "deploy")
+
+
+GOODPUT_FILE = "benchmark/goodput.py"
+SERVING_FILE = "benchmark/serving.py"
+
+
+def module_constant(source: str, name: str) -> Any:
+    """The literal value of a module-level `NAME = ...` of a release file."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(fact(f"no {name}", GOODPUT_FILE, "steps/benchmark_slo.py"))
+
+
+def struct_fields(source: str, name: str) -> list[str]:
+    """The annotated fields of a class of a release file, in order (a msgspec Struct's are its JSON keys)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+    raise AssertionError(fact(f"no class {name}", GOODPUT_FILE, "steps/benchmark_slo.py RESULT_FIELDS"))
+
+
+@functools.cache
+def release_goodput_parser() -> argparse.ArgumentParser:
+    """A parser with the release's own `--goodput` argument: its `_goodput_slo` and `_finite_positive_float`, lifted
+    from serving.py (the module itself needs the client's dependencies, which the tier does not install)."""
+    tree = ast.parse(release_source(SERVING_FILE))
+    wanted = {"_goodput_slo", "_finite_positive_float"}
+    functions: list[ast.stmt] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    found = {getattr(f, "name", None) for f in functions}
+    assert found == wanted, fact(f"{sorted(wanted)} are gone", SERVING_FILE, "--goodput")
+    metrics = module_constant(release_source(GOODPUT_FILE), "GOODPUT_SLO_METRICS")
+    scope: dict[str, Any] = {"argparse": argparse, "math": math, "Tuple": tuple, "GOODPUT_SLO_METRICS": metrics}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), SERVING_FILE, "exec"), scope)
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--goodput", nargs="+", type=scope["_goodput_slo"], default=None)
+    return parser
+
+
+def test_goodput_is_the_clients_flag_and_its_keys_and_fields_are_the_releases() -> None:
+    """The step's SLO keys are the release's GOODPUT_SLO_METRICS, and the fields it reads are GoodputMetrics'."""
+    source = release_source(GOODPUT_FILE)
+    assert tuple(CLIENT_KEYS.values()) == module_constant(source, "GOODPUT_SLO_METRICS"), fact(
+        "the --goodput keys changed", GOODPUT_FILE, "steps/benchmark_slo.py CLIENT_KEYS"
+    )
+    assert struct_fields(source, "GoodputMetrics") == list(RESULT_FIELDS), fact(
+        "GoodputMetrics' fields changed", GOODPUT_FILE, "steps/benchmark_slo.py RESULT_FIELDS"
+    )
+    assert "result.update(msgspec.structs.asdict(goodput))" in release_source(SERVING_FILE), fact(
+        "the goodput no longer goes into the result line", SERVING_FILE, "steps/benchmark_results.py parse_run"
+    )
+
+
+slo_value = st.floats(min_value=1e-3, max_value=SLO_MAX_MS, allow_nan=False, exclude_min=False) | st.integers(1, 10**6)
+
+
+@given(st.fixed_dictionaries({}, optional={name: slo_value for name in CLIENT_KEYS}).filter(bool))
+def test_the_rendered_goodput_reads_back_exactly_through_the_releases_own_parser(slos: dict[str, float]) -> None:
+    """Every SLO a runbook may state, rendered as the step renders it, is what the release's parser reads."""
+    slo = Slo(**slos)
+    parsed = release_goodput_parser().parse_args(slo.goodput_args())
+    assert dict(parsed.goodput) == {CLIENT_KEYS[name]: float(value) for name, value in slos.items()}
+    assert [key for key, _ in parsed.goodput] == [CLIENT_KEYS[n] for n in CLIENT_KEYS if n in slos]  # its order
+
+
+@functools.cache
+def standin_goodput_parser() -> argparse.ArgumentParser:
+    """The SGLang stand-in's client parser, raising rather than exiting."""
+    parser = standin_bench_parser(SGLANG)
+    parser.exit_on_error = False
+    return parser
+
+
+@pytest.mark.parametrize("pair", ["ttft:0", "ttft:-1", "tpot:nan", "e2el:inf", "e2e:100", "ttft", "TTFT:5"])
+def test_the_release_refuses_what_the_step_refuses(pair: str) -> None:
+    """What the release's parser refuses, the step's model refuses before anything runs (exit 2 at validate), and the
+    SGLang stand-in's client refuses it with the release's own message."""
+    with pytest.raises(argparse.ArgumentError) as release:
+        release_goodput_parser().parse_args(["--goodput", pair])
+    standin = standin_goodput_parser()
+    with pytest.raises(argparse.ArgumentError) as double:
+        standin.parse_args(["--goodput", pair])
+    assert str(double.value) == str(release.value)
+    key, _, value = pair.partition(":")
+    name = {v: k for k, v in CLIENT_KEYS.items()}.get(key, key)
+    with pytest.raises(ValueError):
+        Slo.model_validate({name: value or None})

@@ -42,10 +42,12 @@ def cut(
     exclude: Sequence[Mapping[str, str]] = (),
     eval_limit: int = 1,
     eval_tokens: int = 16,
+    slo: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The flagship with only these drafters and specs (by name, in this order: the order of the launches and of
     the placement), its benchmarks at these concurrencies and lengths on random ids alone (the sweep's workloads
-    are tests/runbooks/test_k26_dflash_sweep.py's), its evals on `eval_limit` prompts per set."""
+    are tests/runbooks/test_k26_dflash_sweep.py's), its evals on `eval_limit` prompts per set; `slo` replaces the
+    benchmarks' SLOs (the flagship's suit its 512 output tokens on real GPUs, not a cut benchmark on the stand-in)."""
     data: dict[str, Any] = yaml.safe_load(FLAGSHIP.read_text())
     steps = {step.get("id") or step["group"]: step for step in data["steps"]}
     group = steps["sweep"]
@@ -60,6 +62,8 @@ def cut(
         bench |= {"concurrencies": list(concurrencies), "repeats": repeats}
         bench |= {"input_len": input_len, "output_len": output_len}
         bench.pop("workloads")
+        bench.pop("slo", None)
+        bench |= {"slo": dict(slo)} if slo else {}
     for evaluation in (steps["eval_baseline"], mates["eval"]):
         evaluation |= {"limit": eval_limit, "max_new_tokens": eval_tokens}
     data["vars"]["sglang_ready_timeout"] = "2m"
