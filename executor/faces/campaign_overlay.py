@@ -15,17 +15,23 @@ missing or unknown key is refused with exit 2 (`InvalidRunbook`), naming the fil
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from executor.errors import InvalidRunbook, Problem
 from executor.files import json_data, open_run_file, refusal
-from executor.runbook.loader import Runbook
 from executor.stepkind import VAR_REF, shape_errors
 from steps.campaign_schedule import FLAGSHIP, GPU_KIND, GPUS_VAR, OVERLAY_VARS, SCHEDULE_JSON, Band, Schedule
 from steps.campaign_schedule import ScheduleFile
+
+if TYPE_CHECKING:
+    from executor.runbook.loader import Runbook
+    from executor.runbook.planner import CampaignVar
 
 #: The largest schedule.json read (a report's is a few KiB): past it, refused unread.
 SCHEDULE_MAX_BYTES = 1 << 20
@@ -41,10 +47,14 @@ class Overlay:
     schedule: Schedule
     values: dict[str, str]  # var -> value
 
-    @property
-    def pairs(self) -> list[str]:
-        """As `--var` pairs, to go before those given (which then win)."""
-        return [f"{name}={value}" for name, value in self.values.items()]
+    def vars_given(self, overridden: Collection[str]) -> list[CampaignVar]:
+        """Its vars with their sources, those named in `overridden` (--var given) marked so."""
+        from executor.runbook.planner import CampaignVar
+
+        return [
+            CampaignVar(name=name, value=value, source=self.source(name), overridden=name in overridden)
+            for name, value in self.values.items()
+        ]
 
     def source(self, name: str) -> str:
         """`from campaign RUN, band 1-15: CELL, schedule.json` (report.json's recommendation)."""
@@ -113,15 +123,9 @@ def _only_schedule(run_dir: Path, document: ScheduleFile) -> Schedule:
         kinds = "; ".join(s.gpus for s in document.schedules)
         raise _refused(where, f"the campaign ran on several GPU kinds ({kinds}): no one answer to deploy on a site")
     schedule = document.schedules[0]
-    if not _is_gpu_kind(schedule.gpus):
+    if re.fullmatch(GPU_KIND, schedule.gpus) is None:
         raise _refused(where, f"the campaign's GPUs are {schedule.gpus!r}, not one GPU kind: no answer for one site")
     return schedule
-
-
-def _is_gpu_kind(text: str) -> bool:
-    import re
-
-    return re.fullmatch(GPU_KIND, text) is not None
 
 
 def _band(run_dir: Path, schedule: Schedule, concurrency: int | None) -> Band:

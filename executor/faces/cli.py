@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from executor import documents
     from executor.consoles import FittingConsole, PipedConsole, UnattendedConsole, Whole
     from executor.run.engine import Engine
+    from executor.runbook.loader import Runbook
+    from executor.runbook.planner import CampaignVar
     from executor.transport.ssh import OfferedKey
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
@@ -107,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V")
     p.add_argument("--inventory", type=Path, metavar="FILE")
+    _add_campaign(p)
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR, help="where --from-campaign's run id is")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--full", action="store_true", help="every command exactly as it would run (long)")
     shape.add_argument("--json", action="store_true", help="the plan as one JSON document")
@@ -182,6 +186,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
         "applies again; --var NAME= is the empty string); repeatable",
     )
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
+    _add_campaign(p)
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
@@ -202,6 +207,47 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
     p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
     p.set_defaults(resumable=True)  # end a run that stopped with the command that continues it (not the demo's)
+
+
+def _add_campaign(p: argparse.ArgumentParser) -> None:
+    """`--from-campaign RUN [--band C]` of `run` and `plan` (executor/faces/campaign_overlay.py)."""
+    p.add_argument(
+        "--from-campaign",
+        metavar="RUN",
+        help="lay a campaign's answer over the runbook: its schedule's vars for the band of --band (a run id "
+        "under --log-dir, or a run folder); over the inventory, under --var",
+    )
+    p.add_argument("--band", type=_concurrency, metavar="C", help="with --from-campaign: the band holding concurrency C")
+    p.set_defaults(settle=functools.partial(_campaign_args, error=p.error, then=p.get_default("settle")))
+
+
+def _concurrency(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"expected a concurrency, a whole number 1 to {1 << 20}, got {text!r}")
+    return int(text)
+
+
+def _campaign_args(
+    args: argparse.Namespace, error: Callable[[str], NoReturn], then: Callable[..., None] | None
+) -> None:
+    if args.band is not None and args.from_campaign is None:
+        error("--band names a band of --from-campaign RUN's schedule: give --from-campaign too")
+    if then is not None:
+        then(args)
+
+
+def campaign_vars(args: argparse.Namespace, runbook: Runbook) -> list[CampaignVar]:
+    """--from-campaign's band as vars, each with where it comes from (a --var given wins: `overridden`), said on
+    stderr; none without --from-campaign."""
+    if args.from_campaign is None:
+        return []
+    from executor.faces.campaign_overlay import campaign_overlay
+
+    overlay = campaign_overlay(runbook, report_folder(args.from_campaign, args.log_dir), args.band)
+    laid = overlay.vars_given([pair.partition("=")[0] for pair in args.var])
+    for each in laid:
+        err().print(shown_text(f"runbook: {each.shown}"))
+    return laid
 
 
 def _report_format(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -416,13 +462,20 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from executor.runbook.planner import plan_blocks, plan_model, secrets_redactor
 
-    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
+    laid: list[CampaignVar] = []
+
+    def lay_under(loaded: Runbook) -> list[str]:
+        laid.extend(campaign_vars(args, loaded))
+        return [each.pair for each in laid]
+
+    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ, lay_under)
     redactor = secrets_redactor(runbook, os.environ)
     if args.full:
         for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
             print(shown(block))  # not through rich, which measures each character's width (1 MB/s)
         return EXIT_OK
     document = plan_model(runbook, overrides, redactor)
+    document.campaign = [type(each).model_validate(redactor.deep(each.model_dump())) for each in laid]
     if args.json:
         # ensure_ascii: no control character reaches the terminal
         print(strict_json.dumps(document.model_dump(mode="json")))
@@ -563,7 +616,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
-        var_args=list(args.var),
+        var_args=[*(each.pair for each in campaign_vars(args, runbook)), *args.var],  # a --var given wins
         unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,
@@ -574,6 +627,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # a run of one step continues as one step: --resume would also run the steps --only left out; nor would it
     # carry this run's --inventory and --var, which are said again
     site = [*(["--inventory", str(args.inventory)] if args.inventory else []), *(f"--var={v}" for v in args.var)]
+    site += ["--from-campaign", args.from_campaign] if args.from_campaign else []
+    site += ["--band", str(args.band)] if args.band is not None else []
     scope = ["--only", args.only_step, *site] if args.only_step else ["--resume"]
     again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:
