@@ -88,7 +88,9 @@ class Band(_Strict):
         if not self.baseline and not self.vars and self.unknown is None:
             raise ValueError(f"band {self.shown}: a speculative configuration without its vars says why (unknown)")
         if self.vars and set(self.vars) != set(OVERLAY_VARS):
-            raise ValueError(f"band {self.shown}: sets {', '.join(self.vars)}, not every one of {', '.join(OVERLAY_VARS)}")
+            raise ValueError(
+                f"band {self.shown}: sets {', '.join(self.vars)}, not every one of {', '.join(OVERLAY_VARS)}"
+            )
         return self
 
     @property
@@ -115,7 +117,9 @@ class Schedule(_Strict):
         expected = [(1 if i == 0 else (ends[i - 1][1] or 0) + 1) for i in range(len(ends))]
         if [low for low, _ in ends] != expected or any(high is None for _, high in ends[:-1]) or ends[-1][1]:
             shown = ", ".join(b.shown for b in self.bands)
-            raise ValueError(f"bands {shown}: expected bands from 1 on, each starting where the last ended, the last open")
+            raise ValueError(
+                f"bands {shown}: expected bands from 1 on, each starting where the last ended, the last open"
+            )
         return self
 
 
@@ -127,7 +131,9 @@ class ScheduleFile(_Strict):
     schedules: Annotated[list[Schedule], Field(max_length=16)]  # one per GPU kind
 
 
-def build(comparisons: Sequence[Comparison], cells: Sequence[CellReport], origins: Mapping[str, Provenance]) -> ScheduleFile:
+def build(
+    comparisons: Sequence[Comparison], cells: Sequence[CellReport], origins: Mapping[str, Provenance]
+) -> ScheduleFile:
     """Per GPU kind, the schedule of its first comparison (its first workload)."""
     first: dict[str, Comparison] = {}
     for comparison in comparisons:
@@ -203,8 +209,10 @@ def markdown(schedule: ScheduleFile, run_id: str) -> str:
     ]
     for s in schedule.schedules:
         lines += [f"## {s.gpus}, {s.workload}", ""]
-        crossover = "speculation pays at every concurrency measured" if s.crossover is None else (
-            f"from concurrency {s.crossover} on, no speculative configuration beats the baseline"
+        crossover = (
+            "speculation pays at every concurrency measured"
+            if s.crossover is None
+            else (f"from concurrency {s.crossover} on, no speculative configuration beats the baseline")
         )
         lines += [f"Crossover: {crossover}.", ""]
         for b in s.bands:

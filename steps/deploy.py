@@ -303,7 +303,9 @@ class DeployStep(ServerStep):
     def _algorithm(self, ctx: RenderContext) -> Choice:
         if self.algorithm is None:
             return Choice(value=None, source="baseline: no draft_model_path, no speculative decoding")
-        given = self._given("speculative_algorithm") if self.speculative_algorithm else "default with a draft_model_path"
+        given = (
+            self._given("speculative_algorithm") if self.speculative_algorithm else "default with a draft_model_path"
+        )
         return Choice(value=self.algorithm, source=given)
 
     def _tp_size(self, ctx: RenderContext) -> Choice:

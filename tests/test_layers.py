@@ -94,6 +94,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "executor.faces.views",
             "executor.faces.report_csv",
             "executor.faces.inputs",
+            "executor.faces.campaign_overlay",
             "executor.faces.testing",
             "executor",
         ],

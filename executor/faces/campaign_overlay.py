@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,8 +26,16 @@ from pydantic import ValidationError
 from executor.errors import InvalidRunbook, Problem
 from executor.files import json_data, open_run_file, refusal
 from executor.stepkind import VAR_REF, shape_errors
-from steps.campaign_schedule import FLAGSHIP, GPU_KIND, GPUS_VAR, OVERLAY_VARS, SCHEDULE_JSON, Band, Schedule
-from steps.campaign_schedule import ScheduleFile
+from steps.campaign_schedule import (
+    FLAGSHIP,
+    GPU_KIND,
+    GPUS_VAR,
+    OVERLAY_VARS,
+    SCHEDULE_JSON,
+    Band,
+    Schedule,
+    ScheduleFile,
+)
 
 if TYPE_CHECKING:
     from executor.runbook.loader import Runbook
@@ -112,6 +120,20 @@ def campaign_overlay(runbook: Runbook, run_dir: Path, band: int | None) -> Overl
             f"{', '.join(sorted(downloaded)) or 'no model'}: its answer is not of this model",
         )
     return Overlay(run_dir.name, chosen, schedule, {**chosen.vars, GPUS_VAR: schedule.gpus})
+
+
+def laid_under(
+    run_dir: Path, band: int | None, given: Collection[str], laid: list[CampaignVar]
+) -> Callable[[Runbook], list[str]]:
+    """For `load_checked`'s `lay_under`: the --var pairs of the band of the campaign in `run_dir` laid over the
+    runbook it loads, each var with its source added to `laid` (marked overridden where `given` names it)."""
+
+    def lay(runbook: Runbook) -> list[str]:
+        found = campaign_overlay(runbook, run_dir, band).vars_given(given)
+        laid.extend(found)
+        return [each.pair for each in found]
+
+    return lay
 
 
 def _only_schedule(run_dir: Path, document: ScheduleFile) -> Schedule:

@@ -217,7 +217,9 @@ def _add_campaign(p: argparse.ArgumentParser) -> None:
         help="lay a campaign's answer over the runbook: its schedule's vars for the band of --band (a run id "
         "under --log-dir, or a run folder); over the inventory, under --var",
     )
-    p.add_argument("--band", type=_concurrency, metavar="C", help="with --from-campaign: the band holding concurrency C")
+    p.add_argument(
+        "--band", type=_concurrency, metavar="C", help="with --from-campaign: the band holding concurrency C"
+    )
     p.set_defaults(settle=functools.partial(_campaign_args, error=p.error, then=p.get_default("settle")))
 
 
@@ -236,18 +238,24 @@ def _campaign_args(
         then(args)
 
 
-def campaign_vars(args: argparse.Namespace, runbook: Runbook) -> list[CampaignVar]:
-    """--from-campaign's band as vars, each with where it comes from (a --var given wins: `overridden`), said on
-    stderr; none without --from-campaign."""
-    if args.from_campaign is None:
-        return []
-    from executor.faces.campaign_overlay import campaign_overlay
+def campaign_lay(args: argparse.Namespace, laid: list[CampaignVar]) -> Callable[[Runbook], list[str]]:
+    """--from-campaign's band as --var pairs laid under those given, each var with where it comes from said on
+    stderr and added to `laid`; no pair without --from-campaign."""
+    from executor.faces.campaign_overlay import laid_under
 
-    overlay = campaign_overlay(runbook, report_folder(args.from_campaign, args.log_dir), args.band)
-    laid = overlay.vars_given([pair.partition("=")[0] for pair in args.var])
-    for each in laid:
-        err().print(shown_text(f"runbook: {each.shown}"))
-    return laid
+    if args.from_campaign is None:
+        return lambda runbook: []
+    lay = laid_under(
+        report_folder(args.from_campaign, args.log_dir), args.band, [p.partition("=")[0] for p in args.var], laid
+    )
+
+    def said(runbook: Runbook) -> list[str]:
+        pairs = lay(runbook)
+        for each in laid:
+            err().print(shown_text(f"runbook: {each.shown}"))
+        return pairs
+
+    return said
 
 
 def _report_format(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -463,12 +471,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from executor.runbook.planner import plan_blocks, plan_model, secrets_redactor
 
     laid: list[CampaignVar] = []
-
-    def lay_under(loaded: Runbook) -> list[str]:
-        laid.extend(campaign_vars(args, loaded))
-        return [each.pair for each in laid]
-
-    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ, lay_under)
+    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ, campaign_lay(args, laid))
     redactor = secrets_redactor(runbook, os.environ)
     if args.full:
         for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
@@ -616,7 +619,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
-        var_args=[*(each.pair for each in campaign_vars(args, runbook)), *args.var],  # a --var given wins
+        var_args=[*campaign_lay(args, [])(runbook), *args.var],  # a --var given wins over the campaign's
         unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,

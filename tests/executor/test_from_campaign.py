@@ -38,10 +38,8 @@ def campaign_views(gpu: str = "NVIDIA H200", count: int = 1) -> list[StepView]:
     """host_views (DFLASH 4 and 8 tokens: tied at 1 and 4, 4 ahead at 16, the baseline at 32) on `count` GPUs,
     with the verify steps that say which repositories the drafter and the target are."""
     views = [view("probe", "probe", gpu_facts(gpu, count)) if v.kind == "probe" else v for v in host_views()]
-    return views + [
-        repo_view("verify_target", "moonshotai/Kimi-K2.6", "/models/Kimi-K2.6"),
-        repo_view("verify_drafter", DRAFTER, "/models/Kimi-K2.6-DFlash"),
-    ]
+    target = repo_view("verify_target", "moonshotai/Kimi-K2.6", "/models/Kimi-K2.6")
+    return [*views, target, repo_view("verify_drafter", DRAFTER, "/models/Kimi-K2.6-DFlash")]
 
 
 @pytest.fixture
@@ -53,7 +51,11 @@ def campaign(tmp_path: Path) -> Path:
 
 def test_the_schedule_deploys_the_cheaper_of_a_tie_and_names_the_baseline_s_band(campaign: Path) -> None:
     [schedule] = json.loads((campaign / SCHEDULE_JSON).read_text())["schedules"]
-    assert (schedule["gpus"], schedule["target_repo"], schedule["crossover"]) == ("1x NVIDIA H200", "moonshotai/Kimi-K2.6", 32)
+    assert (schedule["gpus"], schedule["target_repo"], schedule["crossover"]) == (
+        "1x NVIDIA H200",
+        "moonshotai/Kimi-K2.6",
+        32,
+    )
     speculative, baseline = schedule["bands"]
     assert (speculative["low"], speculative["high"], speculative["measured"]) == (1, 31, [1, 4, 16])
     assert speculative["configuration"] == ZLAB_4 and speculative["on_tie"] == [1, 4]  # 8 tokens faster, within noise
@@ -72,7 +74,9 @@ def test_a_tie_of_equal_draft_tokens_goes_to_the_smaller_budget_whatever_the_nam
     cells = []
     for name, budget in (("b-128", 128), ("b-32", 32)):
         made = cell(name, 8, 8, 500.0)
-        cells.append(made.model_copy(update={"launch": made.launch.model_copy(update={"algorithm": "DDTREE", "budget": budget})}))
+        cells.append(
+            made.model_copy(update={"launch": made.launch.model_copy(update={"algorithm": "DDTREE", "budget": budget})})
+        )
     best = choose(cells, 1, 0.02)
     assert best is not None and best.best == "b-32" and best.tied == ["b-32", "b-128"]
 
@@ -127,11 +131,11 @@ def test_run_from_campaign_launches_the_band_s_drafter_settings_and_the_probe_ch
     run = run_flagship(runbook_offline, var=[f"{v.name}={v.value}" for v in overlay.vars_given(())])
     assert run.exit_code == 0, run.failures()
     gpu = runbook_offline.host("gpu")
-    deploys = [c.program.config for c in gpu.commands if c.program and c.program.name == "deploy"]
-    argv = [word for word, _ in deploys[1]["launch"]]  # sent to the host (its answer is a recorded document)
+    deploys = [(c.program.config, c.env) for c in gpu.commands if c.program and c.program.name == "deploy"]
+    argv = [word for word, _ in deploys[1][0]["launch"]]  # as sent (its answer is a recorded document)
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
     assert argv[argv.index("--speculative-draft-model-path") + 1] == "$models_dir/$drafter_dir"  # the host expands
-    assert [v for k, v in deploys[1]["env"].items() if k.endswith("drafter_dir")] in ([], ["Kimi-K2.6-DFlash"])
+    assert deploys[1][1]["drafter_dir"] == "Kimi-K2.6-DFlash"
     assert run.facts("deploy_dflash")["choices"]["speculative_num_draft_tokens"]["source"] == (
         "runbook var speculative_num_draft_tokens"
     )
@@ -144,7 +148,7 @@ def test_a_campaign_of_other_gpus_stops_the_run_at_the_probe(runbook_offline: Of
     FlagshipHost(runbook_offline.host("gpu"))
     run = run_flagship(runbook_offline, var=[f"{v.name}={v.value}" for v in overlay.vars_given(())])
     assert run.exit_code == 1 and run.ran() == ["probe"]
-    assert "measured other GPUs than this host's" in run.step("probe").message
+    assert "measured other GPUs than this host's" in (run.step("probe").message or "")
 
 
 def tamper(campaign: Path, change: Any) -> None:
@@ -157,7 +161,10 @@ def tamper(campaign: Path, change: Any) -> None:
     ("change", "said"),
     [
         (lambda band: band["vars"].update(sglang_port="22"), "var 'sglang_port' is none a schedule may set"),
-        (lambda band: band["vars"].update(drafter_dir="x; rm -rf /"), "var drafter_dir = 'x; rm -rf /' is not of the form"),
+        (
+            lambda band: band["vars"].update(drafter_dir="x; rm -rf /"),
+            "var drafter_dir = 'x; rm -rf /' is not of the form",
+        ),
         (lambda band: band["vars"].update(drafter_repo="gpu-box.example:22/x y"), "var drafter_repo"),
         (lambda band: band.update(low=float("nan")), "low"),
         (lambda band: band.pop("vars"), "vars"),
@@ -198,3 +205,23 @@ def test_any_var_outside_the_documented_ones_or_off_pattern_is_refused(campaign:
         return
     with pytest.raises(ValidationError):
         Band.model_validate(band)
+
+
+def test_the_mcp_plan_lays_a_campaign_under_its_roots_and_refuses_one_outside(campaign: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    from tests.executor.test_mcp_guards import call
+
+    flagship = tmp_path / "k26_dflash.yaml"
+    flagship.write_text(RUNBOOK.read_text())
+    answer = call("plan", tmp_path, file=str(flagship), campaign_dir=str(campaign), band=4)
+    laid = {v["name"]: v["value"] for v in answer["campaign"]}
+    assert laid["speculative_num_draft_tokens"] == "4" and laid["campaign_gpus"] == "1x NVIDIA H200", answer
+    elsewhere = tmp_path / "site"
+    elsewhere.mkdir()
+    (elsewhere / "k26_dflash.yaml").write_text(RUNBOOK.read_text())
+    refused = call("plan", elsewhere, file=str(elsewhere / "k26_dflash.yaml"), campaign_dir=str(campaign), band=4)
+    assert refused["ok"] is False and refused["exit_code"] == 2 and "outside the server's roots" in refused["error"]
+    refused = call("run", elsewhere, file=str(elsewhere / "k26_dflash.yaml"), campaign_dir=str(campaign), band=4)
+    assert refused["ok"] is False and "outside the server's roots" in refused["error"], refused
+    refused = call("plan", tmp_path, file=str(flagship), campaign_dir=str(campaign), band=40)  # the baseline's band
+    assert refused["ok"] is False and refused["exit_code"] == 2 and "answer is the baseline" in json.dumps(refused)
