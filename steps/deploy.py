@@ -86,6 +86,15 @@ def _asked(ctx: RenderContext, facts: list[tuple[str, str]]) -> str:
     return named if len(facts) == 1 else f"by {named}"
 
 
+def _word_or_count(text: str, word: str) -> str | int:
+    """A speculative var's text: `word` (auto, none) as itself, else a positive whole number."""
+    if text == word:
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"expected {word} or a positive whole number")
+    return int(text)
+
+
 class DeployStep(ServerStep):
     """Start (or reuse) an SGLang server."""
 
@@ -133,8 +142,8 @@ class DeployStep(ServerStep):
     #: each with how its var's text is read; the step resolves them on the controller and checks them as written
     SPECULATIVE_VARS: ClassVar[dict[str, Callable[[str], Any]]] = {
         "speculative_algorithm": lambda text: None if text.lower() == "none" else text,
-        "speculative_num_draft_tokens": lambda text: text if text == "auto" else int(text),
-        "speculative_ddtree_budget": lambda text: None if text == "none" else int(text),
+        "speculative_num_draft_tokens": lambda text: _word_or_count(text, "auto"),
+        "speculative_ddtree_budget": lambda text: None if text == "none" else _word_or_count(text, "none"),
     }
     _from_vars: dict[str, str] = PrivateAttr(default_factory=dict)  # parameter -> the var it was resolved from
 

@@ -225,3 +225,18 @@ def test_the_mcp_plan_lays_a_campaign_under_its_roots_and_refuses_one_outside(ca
     assert refused["ok"] is False and "outside the server's roots" in refused["error"], refused
     refused = call("plan", tmp_path, file=str(flagship), campaign_dir=str(campaign), band=40)  # the baseline's band
     assert refused["ok"] is False and refused["exit_code"] == 2 and "answer is the baseline" in json.dumps(refused)
+
+
+@pytest.mark.parametrize(
+    ("pair", "said"),
+    [
+        ("speculative_num_draft_tokens=x", "speculative_num_draft_tokens = 'x' does not fit: expected auto or a"),
+        (
+            "ddtree_budget=16",
+            "speculative_ddtree_budget is DDTREE's tree budget: it needs `speculative_algorithm: DDTREE`",
+        ),
+    ],
+)
+def test_a_speculative_var_that_does_not_fit_stops_plan_at_the_deploy_s_line(pair: str, said: str) -> None:
+    refused = runbook_cli("plan", str(RUNBOOK), "--var", pair)
+    assert refused.returncode == 2 and "k26_dflash.yaml:" in refused.stderr and said in refused.stderr, refused.stderr
