@@ -238,9 +238,9 @@ def _campaign_args(
         then(args)
 
 
-def campaign_lay(args: argparse.Namespace, laid: list[CampaignVar]) -> Callable[[Runbook], list[str]]:
-    """--from-campaign's band as --var pairs laid under those given, each var with where it comes from said on
-    stderr and added to `laid`; no pair without --from-campaign."""
+def campaign_lay(args: argparse.Namespace, laid: list[CampaignVar], say: bool) -> Callable[[Runbook], list[str]]:
+    """--from-campaign's band as --var pairs laid under those given, each var with where it comes from added to
+    `laid` (and with `say`, said on stderr: a run's; a plan shows them itself); no pair without --from-campaign."""
     from executor.faces.campaign_overlay import laid_under
 
     if args.from_campaign is None:
@@ -251,7 +251,7 @@ def campaign_lay(args: argparse.Namespace, laid: list[CampaignVar]) -> Callable[
 
     def said(runbook: Runbook) -> list[str]:
         pairs = lay(runbook)
-        for each in laid:
+        for each in laid if say else []:
             err().print(shown_text(f"runbook: {each.shown}"))
         return pairs
 
@@ -471,7 +471,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from executor.runbook.planner import plan_blocks, plan_model, secrets_redactor
 
     laid: list[CampaignVar] = []
-    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ, campaign_lay(args, laid))
+    runbook, overrides = load_checked(
+        args.file, args.inventory, args.var, os.environ, campaign_lay(args, laid, say=False)
+    )
     redactor = secrets_redactor(runbook, os.environ)
     if args.full:
         for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
@@ -556,6 +558,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     resume=None,
                     from_step=None,
                     only_step=None,
+                    from_campaign=None,  # the demo deploys the flagship as written
+                    band=None,
                 )
             )
         finally:
@@ -619,7 +623,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
-        var_args=[*campaign_lay(args, [])(runbook), *args.var],  # a --var given wins over the campaign's
+        var_args=[*campaign_lay(args, [], say=True)(runbook), *args.var],  # a --var given wins over the campaign's
         unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,

@@ -98,7 +98,7 @@ def test_plan_from_campaign_deploys_the_band_s_choice_and_says_each_var_s_source
     laid = {v["name"]: (v["value"], v["source"]) for v in document["campaign"]}
     assert laid["speculative_num_draft_tokens"] == ("4", source) and laid["drafter_repo"] == (DRAFTER, source)
     assert "--speculative-num-draft-tokens 4" in deploy_command(document)
-    assert f"speculative_num_draft_tokens = 4  ({source})" in shown.stderr
+    assert shown.stderr == ""  # the plan says the sources itself; a run says them on stderr
     # --var over the campaign, the campaign over the runbook
     over = plan(campaign, "--band", "1", "--json", "--var", "speculative_num_draft_tokens=8")
     document = json.loads(over.stdout)
@@ -240,3 +240,15 @@ def test_the_mcp_plan_lays_a_campaign_under_its_roots_and_refuses_one_outside(ca
 def test_a_speculative_var_that_does_not_fit_stops_plan_at_the_deploy_s_line(pair: str, said: str) -> None:
     refused = runbook_cli("plan", str(RUNBOOK), "--var", pair)
     assert refused.returncode == 2 and "k26_dflash.yaml:" in refused.stderr and said in refused.stderr, refused.stderr
+
+
+def test_run_from_campaign_says_each_var_s_source_and_refuses_the_baseline_s_band_before_any_host(
+    campaign: Path, tmp_path: Path
+) -> None:
+    logs = ["--log-dir", str(tmp_path / "runs")]
+    refused = runbook_cli("run", str(RUNBOOK), "--from-campaign", str(campaign), "--band", "32", *logs)
+    assert refused.returncode == 2 and "answer is the baseline" in refused.stderr, refused.stderr
+    assert not (tmp_path / "runs").exists()  # no run started
+    # laid over before the run starts (here one that cannot: a resume of no run)
+    said = runbook_cli("run", str(RUNBOOK), "--from-campaign", str(campaign), "--band", "2", "--resume", "none", *logs)
+    assert said.returncode == 2 and "runbook: speculative_num_draft_tokens = 4  (from campaign " in said.stderr
