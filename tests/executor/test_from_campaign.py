@@ -252,3 +252,15 @@ def test_run_from_campaign_says_each_var_s_source_and_refuses_the_baseline_s_ban
     # laid over before the run starts (here one that cannot: a resume of no run)
     said = runbook_cli("run", str(RUNBOOK), "--from-campaign", str(campaign), "--band", "2", "--resume", "none", *logs)
     assert said.returncode == 2 and "runbook: speculative_num_draft_tokens = 4  (from campaign " in said.stderr
+
+
+def test_a_campaign_of_another_model_or_of_several_gpu_kinds_is_refused(campaign: Path, tmp_path: Path) -> None:
+    document = json.loads((campaign / SCHEDULE_JSON).read_text())
+    document["schedules"][0]["target_repo"] = "deepseek-ai/DeepSeek-V3"
+    (campaign / SCHEDULE_JSON).write_text(json.dumps(document))
+    refused = plan(campaign, "--band", "1")
+    assert refused.returncode == 2 and "measured the model deepseek-ai/DeepSeek-V3" in refused.stderr, refused.stderr
+    mixed = tmp_path / "mixed"
+    write_campaign(mixed, campaign_views() + host_views("gpu2", "NVIDIA B200", scale=2.0))
+    refused = plan(mixed, "--band", "1")
+    assert refused.returncode == 2 and "the campaign ran on several GPU kinds" in refused.stderr, refused.stderr
