@@ -5,7 +5,8 @@ failed and why) and writes into the run folder report.json (`campaign`: every ce
 status, acceptance, throughput and latency per concurrency, speedup over its host's baseline, lossless
 check and launch; the best configuration per concurrency, the crossover, the launch command per
 concurrency range, the failed cells; `provenance`: one per host), report.md and three figures
-(steps/campaign_report_cells.py, _document.py, _figures.py). `runbook report RUN_DIR` prints it.
+(steps/campaign_report_cells.py, _document.py, _figures.py), and the answer as a schedule to deploy per
+concurrency band, schedule.json and schedule.md (steps/campaign_schedule.py). `runbook report RUN_DIR` prints it.
 
 Speedups are per host against the `baseline` benchmark step, which runs on every host of the pool.
 Hosts whose GPUs differ (model or count, from each host's last probe) are not compared with one another:
@@ -27,7 +28,7 @@ from pydantic import Field, field_validator
 from executor.documents import Figure
 from executor.runbook.model import DataModel, Gate
 from executor.stepkind import Outcome, RenderContext, StepContext, StepRef, StepSpec, StepView
-from steps import campaign_parity, provenance, sglang_flags
+from steps import campaign_parity, campaign_schedule, provenance, sglang_flags
 from steps import campaign_report_document as document
 from steps.benchmark_report import REPORT_JSON, REPORT_MD, BenchmarkFacts, write_document
 from steps.campaign_report_cells import CellReport, Comparison, collect, compare, read_facts
@@ -138,6 +139,8 @@ class CampaignReportStep(StepSpec):
         )
         report = document.build(campaign, origins, self.title or f"Campaign: {', '.join(groups(cells)) or 'no cell'}")
         write_document(ctx.run_dir, report, drawings(cells, comparisons), ctx.redactor)
+        schedule = campaign_schedule.build(comparisons, cells, origins)  # masked as the report is
+        campaign_schedule.write(ctx.run_dir, type(schedule).model_validate(ctx.redactor.deep(schedule.model_dump())))
         ctx.progress(f"campaign report written: {ctx.run_dir / REPORT_MD}")
         return Outcome(local_result(started), facts(ctx, campaign, report.figures))
 

@@ -16,7 +16,7 @@ repeats and the `tolerance`: the fastest (median output throughput over the repe
 when its slowest repeat is faster than that one's fastest repeat (their min-max ranges do not overlap) and
 its median is more than `tolerance` above. Those it does not beat are tied with it (`Best.tied`), and the
 report recommends the cheapest of the tie: the one using the fewest GPUs, then no speculation, then the
-fewest draft tokens (DFLASH) or the smallest tree budget (DDTREE) (`CellReport.cost`). A point of one
+fewest draft tokens, then the smallest tree budget (DDTREE) (`CellReport.cost`). A point of one
 repeat has no spread: only the tolerance ties it.
 """
 
@@ -107,14 +107,18 @@ class CellReport(DataModel):
         return self.group is None
 
     @property
-    def cost(self) -> tuple[float, int, float, str]:
-        """What choosing it costs, smaller first: GPUs, then speculation (none is cheapest), then draft tokens
-        or budget; the name last so that the choice never depends on the order of the records."""
-        size = self.launch.draft_tokens or self.launch.budget
+    def cost(self) -> tuple[float, int, float, float, str]:
+        """What choosing it costs, smaller first: GPUs, then speculation (no drafter is cheapest), then draft
+        tokens (unknown: SGLang's default, counted as the most), then the DDTree budget (none: no tree); the name
+        last so that the choice never depends on the order of the records. Draft tokens and budget are two keys:
+        one `tokens or budget` key let the name decide between budgets of equal draft tokens (`ddtree-128`
+        before `ddtree-32`)."""
+        launch = self.launch
         return (
-            math.inf if self.launch.gpus is None else self.launch.gpus,
-            0 if self.launch.algorithm is None else 1,
-            math.inf if size is None else size,
+            math.inf if launch.gpus is None else launch.gpus,
+            0 if launch.algorithm is None else 1,
+            math.inf if launch.draft_tokens is None else launch.draft_tokens,
+            0 if launch.budget is None else launch.budget,
             self.name,
         )
 

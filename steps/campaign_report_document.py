@@ -223,7 +223,7 @@ def notes(campaign: Campaign) -> list[str]:
         f"best = the fastest median output throughput, named only when it beats every other beyond the noise of "
         f"the repeats (its slowest repeat above their fastest) and by more than {percent(campaign.tolerance)}; the "
         "configurations it does not beat so are tied, and the cheapest of a tie is recommended: fewest GPUs, then "
-        "no speculation, then fewest draft tokens / smallest tree budget.",
+        "no speculation, then fewest draft tokens, then smallest tree budget.",
     ]
     said += campaign_report_sla.note(campaign.comparisons)
     distinct = sorted(set(kinds.values()))

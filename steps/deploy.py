@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, PrivateAttr, ValidationError, field_validator, model_validator
 
 from executor.render import with_vars
 from executor.runbook.durations import Duration, parse_duration
@@ -36,6 +36,7 @@ from executor.runbook.model import Gate
 from executor.stepkind import (
     VAR_REF,
     AsWritten,
+    AsWrittenOrVar,
     FactsError,
     Outcome,
     RenderContext,
@@ -44,6 +45,7 @@ from executor.stepkind import (
     StepRef,
     VarRef,
     resolve_var,
+    shape_errors,
 )
 from steps import sglang_flags
 from steps.server.base import INTERFACE_NAME, Arg, Launch, ServerStep, literal, on_host
@@ -84,6 +86,15 @@ def _asked(ctx: RenderContext, facts: list[tuple[str, str]]) -> str:
     return named if len(facts) == 1 else f"by {named}"
 
 
+def _word_or_count(text: str, word: str) -> str | int:
+    """A speculative var's text: `word` (auto, none) as itself, else a positive whole number."""
+    if text == word:
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"expected {word} or a positive whole number")
+    return int(text)
+
+
 class DeployStep(ServerStep):
     """Start (or reuse) an SGLang server."""
 
@@ -98,16 +109,16 @@ class DeployStep(ServerStep):
     }
     model_path: str  # `~` and `$vars` expand on the host
     draft_model_path: str | None = None  # None: a baseline without speculative decoding
-    speculative_algorithm: AsWritten | None = None  # DFLASH when a drafter is given
+    speculative_algorithm: AsWrittenOrVar | None = None  # DFLASH when a drafter is given; or a var alone (below)
     probe: StepRef | None = None  # probe step: GPU count and architecture, SGLang's backends
     inspect: StepRef | None = None  # inspect_config step: draft token count, custom code, MLA
     tp_size: Literal["auto"] | PositiveInt = "auto"  # tensor parallel size; auto: the GPUs the probe found
     attention_backend: str = "auto"  # SGLang's --attention-backend; auto: by the GPU architecture and the model
     draft_attention_backend: str = "auto"  # the drafter's; auto: the best for the GPU that SGLang accepts there
     #: tokens the drafter proposes per step; auto: the drafter's block size (inspect_config)
-    speculative_num_draft_tokens: Literal["auto"] | PositiveInt = "auto"
+    speculative_num_draft_tokens: Literal["auto"] | PositiveInt | VarRef = "auto"
     #: DDTREE's tree budget (SGLang pull request #29907, in no release up to 0.5.23: the probe's sglang.ddtree)
-    speculative_ddtree_budget: PositiveInt | None = None
+    speculative_ddtree_budget: PositiveInt | VarRef | None = None
     trust_remote_code: Literal["auto"] | bool = "auto"  # auto: when the model's config ships custom code
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)  # SGLang's --mem-fraction-static
     bind: AsWritten = "127.0.0.1"  # the address the server listens on
@@ -126,6 +137,15 @@ class DeployStep(ServerStep):
     network_interface: str = "auto"  # auto: per node, the one routing to rank 0; or a name, or a $var per host
     stall_timeout: Duration = 600.0  # a rank whose log is silent this long while the group is not ready fails it
     watch_interval: Duration = 5.0  # how often every rank is looked at while waiting for readiness
+
+    #: the speculative parameters that may be a runbook var alone (a campaign's schedule sets them: `--from-campaign`),
+    #: each with how its var's text is read; the step resolves them on the controller and checks them as written
+    SPECULATIVE_VARS: ClassVar[dict[str, Callable[[str], Any]]] = {
+        "speculative_algorithm": lambda text: None if text.lower() == "none" else text,
+        "speculative_num_draft_tokens": lambda text: _word_or_count(text, "auto"),
+        "speculative_ddtree_budget": lambda text: None if text == "none" else _word_or_count(text, "none"),
+    }
+    _from_vars: dict[str, str] = PrivateAttr(default_factory=dict)  # parameter -> the var it was resolved from
 
     #: the parameters that mean something only for a node group
     GROUP_FIELDS: ClassVar[frozenset[str]] = frozenset(
@@ -164,15 +184,8 @@ class DeployStep(ServerStep):
 
     @model_validator(mode="after")
     def _consistent(self) -> DeployStep:
-        if self.algorithm in ("DFLASH", "DDTREE") and self.draft_model_path is None:
-            raise ValueError(
-                f"speculative_algorithm {self.algorithm} needs draft_model_path (SGLang refuses it without a drafter)"
-            )
-        if self.speculative_ddtree_budget is not None and self.algorithm != "DDTREE":
-            raise ValueError(
-                "speculative_ddtree_budget is DDTREE's tree budget: it needs `speculative_algorithm: DDTREE`"
-                f" (this step's is {self.algorithm or 'none, a baseline'})"
-            )
+        if not self._speculative_vars():  # with a var, checked once it is resolved (`at`)
+            self._speculation_consistent()
         if self.tp_size == "auto" and self.probe is None:
             raise ValueError("tp_size: auto takes the GPU count from a probe step: set `probe: <step id>` or a number")
         if self.draft_attention_backend in DRAFT_REJECTED:
@@ -188,6 +201,43 @@ class DeployStep(ServerStep):
                 f"env sets {', '.join(managed)}, which a node group's launch sets on each node: use `network_interface`"
             )
         return self
+
+    def _speculation_consistent(self) -> None:
+        if self.algorithm in ("DFLASH", "DDTREE") and self.draft_model_path is None:
+            raise ValueError(
+                f"speculative_algorithm {self.algorithm} needs draft_model_path (SGLang refuses it without a drafter)"
+            )
+        if self.speculative_ddtree_budget is not None and self.algorithm != "DDTREE":
+            raise ValueError(
+                "speculative_ddtree_budget is DDTREE's tree budget: it needs `speculative_algorithm: DDTREE`"
+                f" (this step's is {self.algorithm or 'none, a baseline'})"
+            )
+
+    def _speculative_vars(self) -> dict[str, str]:
+        """The speculative parameters given as a var alone: parameter -> var name."""
+        given = {name: getattr(self, name) for name in self.SPECULATIVE_VARS}
+        return {name: v.strip("${}") for name, v in given.items() if isinstance(v, str) and VAR_REF.match(v)}
+
+    def at(self, ctx: RenderContext) -> DeployStep:
+        """This step with its speculative vars resolved from ctx's (checked as if written so: DDTREE's budget needs
+        DDTREE, an algorithm needs a drafter), or FactsError naming the vars; itself when it has none. Every entry
+        point (render, plan, summary, commands, execute) renders from it."""
+        named = self._speculative_vars()
+        if not named:
+            return self
+        update = {p: resolve_var(ctx, getattr(self, p), p, self.SPECULATIVE_VARS[p]) for p in named}
+        try:
+            step = type(self).model_validate(self.model_dump(exclude_unset=True) | update)
+        except ValidationError as exc:
+            shown = ", ".join(f"{p} = ${v} = {update[p]!r}" for p, v in named.items())
+            raise FactsError(f"{shown}: {shape_errors(exc)}") from None
+        step._from_vars = named
+        return step
+
+    def _given(self, name: str) -> str:
+        """Where a parameter's value comes from: the runbook as written, or the runbook var it was resolved from."""
+        var = self._from_vars.get(name)
+        return "runbook" if var is None else f"runbook var {var}"
 
     @property
     def algorithm(self) -> str | None:
@@ -262,7 +312,9 @@ class DeployStep(ServerStep):
     def _algorithm(self, ctx: RenderContext) -> Choice:
         if self.algorithm is None:
             return Choice(value=None, source="baseline: no draft_model_path, no speculative decoding")
-        given = "runbook" if self.speculative_algorithm else "default with a draft_model_path"
+        given = (
+            self._given("speculative_algorithm") if self.speculative_algorithm else "default with a draft_model_path"
+        )
         return Choice(value=self.algorithm, source=given)
 
     def _tp_size(self, ctx: RenderContext) -> Choice:
@@ -338,7 +390,7 @@ class DeployStep(ServerStep):
         if self.draft_model_path is None:
             return Choice(value=None, source="baseline: no drafter")
         if self.speculative_num_draft_tokens != "auto":
-            return Choice(value=self.speculative_num_draft_tokens, source="runbook")
+            return Choice(value=self.speculative_num_draft_tokens, source=self._given("speculative_num_draft_tokens"))
         sglang_default = "left out: SGLang reads block_size from the drafter's config.json, else 16"
         if self.algorithm != "DFLASH" or self.inspect is None:
             return Choice(value=None, source=sglang_default)
@@ -360,7 +412,7 @@ class DeployStep(ServerStep):
     def _ddtree_budget(self, ctx: RenderContext) -> Choice:
         if self.speculative_ddtree_budget is None:
             return Choice(value=None, source="left out: SGLang's default tree budget")
-        return Choice(value=self.speculative_ddtree_budget, source="runbook")
+        return Choice(value=self.speculative_ddtree_budget, source=self._given("speculative_ddtree_budget"))
 
     def _extra_args(self, ctx: RenderContext) -> Choice:
         """extra_args as the SGLang on the host reads them: each option resolved against the option table the
@@ -467,21 +519,26 @@ class DeployStep(ServerStep):
 
     def render(self, ctx: RenderContext) -> str:
         """The script of a server on one host (a node group's ranks run theirs: `plan`)."""
-        return start_script(self, self.launch(ctx), self.port_number(ctx), self.ready_limit(ctx))
+        step = self.at(ctx)
+        return start_script(step, step.launch(ctx), step.port_number(ctx), step.ready_limit(ctx))
 
     def plan(self, ctx: RenderContext) -> list[tuple[str, str]]:
-        return topology(self).start_plan(self, ctx)
+        step = self.at(ctx)
+        return topology(step).start_plan(step, ctx)
 
     def summary(self, ctx: RenderContext) -> list[str]:
+        step = self.at(ctx)
         drafter = "no drafter"
-        if self.draft_model_path is not None:
-            drafter = f"{self.algorithm}, drafter {with_vars(self.draft_model_path, ctx.vars)}"
-        return [topology(self).start_summary(self, ctx, drafter)]
+        if step.draft_model_path is not None:
+            drafter = f"{step.algorithm}, drafter {with_vars(step.draft_model_path, ctx.vars)}"
+        return [topology(step).start_summary(step, ctx, drafter)]
 
     def commands(self, ctx: RenderContext) -> list[str]:
-        return topology(self).commands(self, ctx)
+        step = self.at(ctx)
+        return topology(step).commands(step, ctx)
 
     # ---- running ---------------------------------------------------------------------------------------
 
     async def execute(self, ctx: StepContext) -> Outcome:
-        return await topology(self).start(self, ctx)
+        step = self.at(ctx)
+        return await topology(step).start(step, ctx)

@@ -96,6 +96,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "executor.faces.compare",
             "executor.faces.compare_figure",
             "executor.faces.inputs",
+            "executor.faces.campaign_overlay",
             "executor.faces.testing",
             "executor",
         ],

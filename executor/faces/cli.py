@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from executor import documents
     from executor.consoles import FittingConsole, PipedConsole, UnattendedConsole, Whole
     from executor.run.engine import Engine
+    from executor.runbook.loader import Runbook
+    from executor.runbook.planner import CampaignVar
     from executor.transport.ssh import OfferedKey
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader went away
@@ -108,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--var", action="append", default=[], metavar="K=V")
     p.add_argument("--inventory", type=Path, metavar="FILE")
+    _add_campaign(p)
+    p.add_argument("--log-dir", type=Path, default=LOG_DIR, help="where --from-campaign's run id is")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--full", action="store_true", help="every command exactly as it would run (long)")
     shape.add_argument("--json", action="store_true", help="the plan as one JSON document")
@@ -222,6 +226,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
         "applies again; --var NAME= is the empty string); repeatable",
     )
     p.add_argument("--inventory", type=Path, metavar="FILE", help="hosts and vars laid over the runbook")
+    _add_campaign(p)
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument(
@@ -242,6 +247,55 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     group.add_argument("--only", dest="only_step", metavar="STEP", help="run only STEP, reusing earlier facts")
     p.set_defaults(results=True)  # end by saying where the report is (the demo says it after the report's tables)
     p.set_defaults(resumable=True)  # end a run that stopped with the command that continues it (not the demo's)
+
+
+def _add_campaign(p: argparse.ArgumentParser) -> None:
+    """`--from-campaign RUN [--band C]` of `run` and `plan` (executor/faces/campaign_overlay.py)."""
+    p.add_argument(
+        "--from-campaign",
+        metavar="RUN",
+        help="lay a campaign's answer over the runbook: its schedule's vars for the band of --band (a run id "
+        "under --log-dir, or a run folder); over the inventory, under --var",
+    )
+    p.add_argument(
+        "--band", type=_concurrency, metavar="C", help="with --from-campaign: the band holding concurrency C"
+    )
+    p.set_defaults(settle=functools.partial(_campaign_args, error=p.error, then=p.get_default("settle")))
+
+
+def _concurrency(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"expected a concurrency, a whole number 1 to {1 << 20}, got {text!r}")
+    return int(text)
+
+
+def _campaign_args(
+    args: argparse.Namespace, error: Callable[[str], NoReturn], then: Callable[..., None] | None
+) -> None:
+    if args.band is not None and args.from_campaign is None:
+        error("--band names a band of --from-campaign RUN's schedule: give --from-campaign too")
+    if then is not None:
+        then(args)
+
+
+def campaign_lay(args: argparse.Namespace, laid: list[CampaignVar], say: bool) -> Callable[[Runbook], list[str]]:
+    """--from-campaign's band as --var pairs laid under those given, each var with where it comes from added to
+    `laid` (and with `say`, said on stderr: a run's; a plan shows them itself); no pair without --from-campaign."""
+    from executor.faces.campaign_overlay import laid_under
+
+    if args.from_campaign is None:
+        return lambda runbook: []
+    lay = laid_under(
+        report_folder(args.from_campaign, args.log_dir), args.band, [p.partition("=")[0] for p in args.var], laid
+    )
+
+    def said(runbook: Runbook) -> list[str]:
+        pairs = lay(runbook)
+        for each in laid if say else []:
+            err().print(shown_text(f"runbook: {each.shown}"))
+        return pairs
+
+    return said
 
 
 def _report_format(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -458,13 +512,17 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from executor.runbook.planner import plan_blocks, plan_model, secrets_redactor
 
-    runbook, overrides = load_checked(args.file, args.inventory, args.var, os.environ)
+    laid: list[CampaignVar] = []
+    runbook, overrides = load_checked(
+        args.file, args.inventory, args.var, os.environ, campaign_lay(args, laid, say=False)
+    )
     redactor = secrets_redactor(runbook, os.environ)
     if args.full:
         for block in plan_blocks(runbook, overrides, redactor):  # as each comes: the whole may be gigabytes
             print(shown(block))  # not through rich, which measures each character's width (1 MB/s)
         return EXIT_OK
     document = plan_model(runbook, overrides, redactor)
+    document.campaign = [type(each).model_validate(redactor.deep(each.model_dump())) for each in laid]
     if args.json:
         # ensure_ascii: no control character reaches the terminal
         print(strict_json.dumps(document.model_dump(mode="json")))
@@ -542,6 +600,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     resume=None,
                     from_step=None,
                     only_step=None,
+                    from_campaign=None,  # the demo deploys the flagship as written
+                    band=None,
                 )
             )
         finally:
@@ -605,7 +665,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         from_step=args.from_step,
         only_step=args.only_step,
-        var_args=list(args.var),
+        var_args=[*campaign_lay(args, [], say=True)(runbook), *args.var],  # a --var given wins over the campaign's
         unset_vars=list(args.unset_var),
         inventory=args.inventory,
         verbose=args.verbose,
@@ -616,6 +676,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # a run of one step continues as one step: --resume would also run the steps --only left out; nor would it
     # carry this run's --inventory and --var, which are said again
     site = [*(["--inventory", str(args.inventory)] if args.inventory else []), *(f"--var={v}" for v in args.var)]
+    site += ["--from-campaign", args.from_campaign] if args.from_campaign else []
+    site += ["--band", str(args.band)] if args.band is not None else []
     scope = ["--only", args.only_step, *site] if args.only_step else ["--resume"]
     again = shlex.join(["runbook", "run", str(args.file), *scope, *log_dir])
     try:

@@ -8,7 +8,7 @@ reason as the CLI's: `runbook status` must not pay for the loader at start-up (b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +24,16 @@ COMPARE_THRESHOLD_MAX_PCT = 1000.0
 
 
 def load_checked(
-    file: Path, inventory: Path | None, var_pairs: Sequence[str], environ: Mapping[str, str] | None = None
+    file: Path,
+    inventory: Path | None,
+    var_pairs: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    lay_under: Callable[[Runbook], Sequence[str]] | None = None,
 ) -> tuple[Runbook, dict[str, Any]]:
     """The runbook with its var overrides, every step renderable with them (or InvalidRunbook), for
     `validate` and `plan` (a run is checked so by the Engine). With `environ`, the secrets' values are
-    read from it and masked in every problem's message."""
+    read from it and masked in every problem's message. `lay_under` gives, from the loaded runbook, var pairs
+    that `var_pairs` override (a campaign's band: `--from-campaign`)."""
     from executor.redact import NO_SECRETS
     from executor.run.resume import checked_vars
     from executor.runbook.loader import load_runbook
@@ -36,4 +41,5 @@ def load_checked(
 
     runbook = load_runbook(file, inventory)
     redactor = NO_SECRETS if environ is None else secrets_redactor(runbook, environ)
-    return runbook, checked_vars(runbook, var_pairs, {}, redactor)
+    under = [] if lay_under is None else list(lay_under(runbook))
+    return runbook, checked_vars(runbook, [*under, *var_pairs], {}, redactor)

@@ -43,13 +43,14 @@ from executor import strict_json
 from executor.documents import Table
 from executor.errors import ArgumentRefused, InvalidRunbook, Problem, RunbookError, StateError
 from executor.faces import views
+from executor.faces.campaign_overlay import laid_under
 from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, LOG_DIR, load_checked
 from executor.files import json_data, lines_within, open_run_file, refusal
 from executor.run.audit import AUDIT_FILE, read_records
 from executor.run.events import EVENTS_FILE
 from executor.run.state import STATE_FILE, LockRecord, RunLock, process_start
 from executor.runbook.loader import not_a_runbook
-from executor.runbook.planner import host_fields, plan_document, secrets_redactor
+from executor.runbook.planner import CampaignVar, host_fields, plan_document, secrets_redactor
 
 #: The most bytes of JSON one tool result holds: a long list in it is cut to fit (`truncated`, `left_out`).
 RESULT_CAP = 64 * 1024
@@ -374,6 +375,26 @@ def _run_dir(roots: Roots, log_dir: str, run_id: str | None) -> Path:
     return roots.inside(str(folder), "run folder")
 
 
+#: A concurrency band of a campaign's schedule: the band holding this concurrency.
+Band = Annotated[int, Field(ge=1, le=1 << 20)] | None
+
+
+def campaign_folder(
+    roots: Roots, log_dir: str, campaign: str | None, campaign_dir: str | None, band: int | None
+) -> Path | None:
+    """The run folder of the campaign a tool's answer is laid over (`campaign`: a run id under `log_dir`;
+    `campaign_dir`: a run folder), under the roots; None when neither is given (a band alone is refused)."""
+    if campaign is not None and campaign_dir is not None:
+        raise ArgumentRefused("give campaign (a run id under log_dir) or campaign_dir (its run folder), not both")
+    if campaign_dir is not None:
+        return roots.inside(campaign_dir, "campaign_dir")
+    if campaign is not None:
+        return _run_dir(roots, log_dir, campaign)
+    if band is not None:
+        raise ArgumentRefused("band names a band of a campaign's schedule: give campaign or campaign_dir too")
+    return None
+
+
 def runbook_files(roots: Roots, file: str, inventory: str | None) -> tuple[Path, Path | None]:
     """The runbook and inventory arguments as paths, each under the roots and shaped as what it should be:
     ArgumentRefused in one line that quotes none of a file that is not (a copied /etc/passwd, a binary)."""
@@ -639,12 +660,27 @@ def _checking_tools(server: RunbookServer, roots: Roots) -> None:
 
     @server.tool()
     def plan(
-        file: str, inventory: str | None = None, vars: dict[str, str] | None = None, client_roots: ClientRoots = None
+        file: str,
+        inventory: str | None = None,
+        vars: dict[str, str] | None = None,
+        campaign: str | None = None,
+        campaign_dir: str | None = None,
+        band: Band = None,
+        log_dir: str = str(LOG_DIR),
+        client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
-        """What a run would do, per step and host; runs nothing."""
-        files = runbook_files(roots.with_client(client_roots), file, inventory)
-        runbook, overrides = load_checked(*files, _pairs(vars), os.environ)
-        return capped_plan(plan_document(runbook, overrides, secrets_redactor(runbook, os.environ)))
+        """What a run would do, per step and host; runs nothing. With a campaign (its run id under `log_dir`, or its
+        run folder `campaign_dir`): its schedule's vars for the band holding concurrency `band` laid over the
+        runbook (over the inventory, under `vars`), each with its source in `campaign`."""
+        here = roots.with_client(client_roots)
+        files = runbook_files(here, file, inventory)
+        folder = campaign_folder(here, log_dir, campaign, campaign_dir, band)
+        laid: list[CampaignVar] = []
+        lay = None if folder is None else laid_under(folder, band, list(vars or {}), laid)
+        runbook, overrides = load_checked(*files, _pairs(vars), os.environ, lay)
+        redactor = secrets_redactor(runbook, os.environ)
+        document = plan_document(runbook, overrides, redactor)
+        return capped_plan(document | {"campaign": redactor.deep([each.model_dump() for each in laid])})
 
 
 def _launching_tools(server: RunbookServer, launches: Launches, roots: Roots) -> None:
@@ -658,14 +694,20 @@ def _launching_tools(server: RunbookServer, launches: Launches, roots: Roots) ->
         log_dir: str = str(LOG_DIR),
         from_step: str | None = None,
         only: str | None = None,
+        campaign: str | None = None,
+        campaign_dir: str | None = None,
+        band: Band = None,
         client_roots: ClientRoots = None,
     ) -> dict[str, Any]:
         """Start a run in the background; returns its run_id, run_dir and pid at once (follow it with events,
-        status). Secrets come from this server's environment."""
+        status). Secrets come from this server's environment. `campaign`, `campaign_dir`, `band`: as for plan."""
         here = roots.with_client(client_roots)
         runbook_files(here, file, inventory)
         here.inside(log_dir, "log_dir")
-        return await launches.start(_run_argv(file, inventory, vars, log_dir, from_step=from_step, only=only))
+        folder = campaign_folder(here, log_dir, campaign, campaign_dir, band)
+        laid = [f"--from-campaign={folder}"] if folder else []
+        laid += [f"--band={band}"] if band is not None else []
+        return await launches.start(_run_argv(file, inventory, vars, log_dir, *laid, from_step=from_step, only=only))
 
     @server.tool()
     async def resume(

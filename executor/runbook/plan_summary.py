@@ -35,6 +35,8 @@ def summary_text(document: PlanDocument, width: int = WIDTH) -> str:
     if document.secrets:
         lines += _comment("# secrets are shown as '***'; their values come at run time", width)
     lines += host_lines(document.hosts, width)
+    for laid in document.campaign:  # --from-campaign's band, each var with its source
+        lines += _comment(f"# var {laid.shown}", width)
     first = {group.instances[0]: group for group in document.groups if group.instances}
     for step in document.steps:
         if step.id in first:

@@ -353,6 +353,25 @@ class PlanHostFields(DataModel):
     fields: list[HostField]
 
 
+class CampaignVar(DataModel):
+    """A var laid over the runbook from a campaign's schedule (`--from-campaign RUN --band C`), and where it comes
+    from: the campaign's run, band, configuration and file; `overridden` when a --var given sets it instead."""
+
+    name: str
+    value: str
+    source: str  # `from campaign RUN, band 1-15: CELL, schedule.json`
+    overridden: bool = False
+
+    @property
+    def pair(self) -> str:
+        return f"{self.name}={self.value}"
+
+    @property
+    def shown(self) -> str:
+        """`speculative_num_draft_tokens = 8  (from campaign RUN, band 1-15: CELL, schedule.json)`."""
+        return f"{self.name} = {self.value}  ({self.source}){'; a --var overrides it' if self.overridden else ''}"
+
+
 class PlanDocument(DataModel):
     """The plan as data: `runbook plan --json`, the MCP `plan` and the readable plan (executor/runbook/plan_summary.py)
     read it; `runbook schema --plan` prints its JSON Schema."""
@@ -363,6 +382,7 @@ class PlanDocument(DataModel):
     steps: list[PlanStep]  # a group's instances past its first PLAN_SHOWN left out (its instances_left_out)
     groups: list[PlanGroup]
     hosts: list[PlanHostFields]  # each host's fields and where each comes from (runbook, inventory, default)
+    campaign: list[CampaignVar] = []  # the vars --from-campaign lays over the runbook, with their sources
 
 
 def host_fields(runbook: Runbook) -> list[PlanHostFields]:
