@@ -9,9 +9,11 @@ real one's; a build whose bench_serving.py warns of nothing (a release from befo
 It accepts the real client's flags (its own declarations read from the real implementation file (`implementation`:
 benchmark/serving.py, or an older release's bench_serving.py); the
 ones below are used, the rest accepted and ignored), really sends the requests to the server
-(`--backend sglang`: streamed POST /generate, as the real client), computes the metrics as the
-real `calculate_metrics` does (numpy's linear percentiles, population std, TTFT, TPOT, ITL per
-streamed chunk, e2e, concurrency = sum of latencies / duration, 1-s buckets for the peaks), reads
+(`--backend sglang`: streamed POST /generate; `--backend sglang-oai-chat`: POST /v1/chat/completions, the
+prompt as one user message with `--extra-request-body` merged over the payload, e.g. `chat_template_kwargs`;
+other backends are refused), computes the metrics as the real `calculate_metrics` does (numpy's linear
+percentiles, population std, TTFT, TPOT, ITL per streamed chunk, for the chat of a speculative server spread
+over the chunk's retokenized tokens, e2e, concurrency = sum of latencies / duration, 1-s buckets for the peaks), reads
 `accept_length` from /server_info `internal_states[0].avg_spec_accept_length`, prints the same
 summary table and APPENDS one JSON line with the real result field names to `--output-file`. `--goodput KEY:VALUE`
 (where the release declares it) is parsed and refused as the release's `_goodput_slo` does, with the keys of its
@@ -70,6 +72,9 @@ OFFLINE_ERROR = (
     "or make sure your Internet connection is on."
 )
 DOWNLOADING = ("random", "sharegpt")
+#: the backends the stand-in serves -> the path each posts to (0.5.23 `_BACKEND_API_PATHS`)
+API_PATHS = {"sglang": "/generate", "sglang-oai-chat": "/v1/chat/completions"}
+OAI_BACKENDS = ("sglang-oai", "sglang-oai-chat")  # the real calculate_metrics retokenizes their ITLs
 VOCAB = 150_000
 
 
@@ -86,6 +91,7 @@ class Output:
     output_len: int = 0
     error: str = ""
     start_time: float = 0.0
+    text_chunks: list[str] = field(default_factory=list)  # the chat's decode-phase deltas, one per ITL entry
     modelled: bool = False  # its times are the stand-in's simulated ones (`_on_model_clock`)
 
 
@@ -283,7 +289,22 @@ def _series(values: Sequence[float], name: str, extra: Sequence[str] = ()) -> di
 E2E_KEYS = tuple(f"{stat}_e2e_latency_ms" for stat in ("mean", "median", "std", "p90", "p95", "p99"))
 
 
-def calculate_metrics(outputs: list[Output], duration: float) -> dict[str, Any]:
+def _itls(ok: Sequence[Output], retokenized: bool) -> list[float]:
+    """The ITL series: each chunk's gap as measured, or (the real client's `use_retokenized_itl`: an OpenAI
+    backend of a speculative server) spread over the tokens its text retokenizes to, one gap per token."""
+    if not retokenized:
+        return [gap for o in ok for gap in o.itl]
+    spread = []
+    for o in ok:
+        for gap, text in zip(o.itl, o.text_chunks, strict=False):
+            tokens = simulation.count_tokens(text)
+            spread.extend([gap / tokens] * tokens)
+    return spread
+
+
+def calculate_metrics(
+    outputs: list[Output], duration: float, backend: str = "sglang", accept: float | None = None
+) -> dict[str, Any]:
     ok = [o for o in outputs if o.success]
     output_lens = [o.output_len if o.success else 0 for o in outputs]
     total_input = sum(o.prompt_len for o in ok)
@@ -321,7 +342,7 @@ def calculate_metrics(outputs: list[Output], duration: float) -> dict[str, Any]:
         **(_series(e2e, "e2e_latency") if e2e else dict.fromkeys(E2E_KEYS, float("nan"))),
         **_series([o.ttft for o in ok], "ttft"),
         **_series(tpots, "tpot"),
-        **_series([gap for o in ok for gap in o.itl], "itl", extra=("max",)),
+        **_series(_itls(ok, bool(accept) and backend in OAI_BACKENDS), "itl", extra=("max",)),
         "concurrency": sum(e2e) / duration,
         "max_output_tokens_per_s": peak_tokens,
         "max_concurrent_requests": peak_requests,
@@ -399,6 +420,70 @@ def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) ->
     return output
 
 
+def request_chat(base_url: str, payload: dict[str, Any], prompt_len: int) -> Output:
+    """async_request_openai_chat_completions (streamed unless `--disable-stream`): TTFT at the first delta with
+    text (`_combined`), one ITL entry per later delta (its text kept for the retokenized ITL), the output length
+    from a `usage` chunk, else the requested `max_completion_tokens`."""
+    output = Output(prompt_len=prompt_len)
+    conn, prefix = _connection(base_url)
+    start = time.perf_counter()
+    output.start_time = recent = start
+    text, length, latency = "", payload["max_completion_tokens"], 0.0
+    try:
+        body = json.dumps(payload)
+        conn.request("POST", prefix + "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            output.error = (response.reason or "") + ": " + response.read().decode(errors="replace")
+            return output
+        if not payload["stream"]:  # the whole answer at once: TTFT = latency
+            answer = json.loads(response.read())
+            output.generated_text = _combined(answer["choices"][0]["message"])
+            output.latency = output.ttft = time.perf_counter() - start
+            output.output_len = (answer.get("usage") or {}).get("completion_tokens", length)
+            output.success = True
+            return output
+        for raw in response:
+            chunk = raw.strip()
+            if not chunk:
+                continue
+            data = chunk[6:] if chunk.startswith(b"data: ") else chunk
+            latency = time.perf_counter() - start
+            if data == b"[DONE]":
+                continue
+            out = json.loads(data)
+            length = (out.get("usage") or {}).get("completion_tokens", length)
+            delta = ((out.get("choices") or [{}])[0] or {}).get("delta") or {}
+            content = _combined(delta)
+            if not content:
+                continue
+            now = time.perf_counter()
+            if output.ttft == 0.0:
+                output.ttft = now - start
+            else:
+                output.text_chunks.append(content)
+                output.itl.append(now - recent)
+            recent, text = now, text + content
+        output.generated_text, output.success, output.latency, output.output_len = text, True, latency, length
+    except Exception as exc:  # the real client records any failure as the request's error
+        output.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return output
+
+
+def _combined(message: dict[str, Any]) -> str:
+    """0.5.23 `_combine_openai_chat_content`: the reasoning (`reasoning_content`, else `reasoning`), then content."""
+    return (message.get("reasoning_content") or message.get("reasoning") or "") + (message.get("content") or "")
+
+
+#: each served backend's request function (0.5.23 `ASYNC_REQUEST_FUNCS`)
+REQUEST_FUNCS: dict[str, Callable[[str, dict[str, Any], int], Output]] = {
+    "sglang": request_generate,
+    "sglang-oai-chat": request_chat,
+}
+
+
 def _model_times(output: Output, ticks: Sequence[tuple[float | None, int]]) -> None:
     """TTFT, inter-token gaps and latency on the stand-in's model clock, where every output told it."""
     if not ticks or any(clock is None for clock, _ in ticks):
@@ -466,6 +551,9 @@ def sample_requests(args: argparse.Namespace, rng: random.Random) -> list[tuple[
 
 
 def _payload(args: argparse.Namespace, prompt: Any, output_len: int) -> dict[str, Any]:
+    """The request body of `--backend`: /generate's, or the chat's (`_chat_payload`)."""
+    if args.backend == "sglang-oai-chat":
+        return _chat_payload(args, prompt, output_len)
     sampling: dict[str, Any] = {
         "temperature": args.temperature,
         "max_new_tokens": output_len,
@@ -481,6 +569,23 @@ def _payload(args: argparse.Namespace, prompt: Any, output_len: int) -> dict[str
         "logprob_start_len": -1,
         **(json.loads(args.extra_request_body) if args.extra_request_body else {}),
     }
+
+
+def _chat_payload(args: argparse.Namespace, prompt: Any, output_len: int) -> dict[str, Any]:
+    """async_request_openai_chat_completions' payload: the prompt as one user message (a list: the messages),
+    temperature 0 and ignore_eos unless the extra request body sets them, then that body merged over it."""
+    extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
+    payload: dict[str, Any] = {
+        "model": args.model,
+        "messages": prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
+        "max_completion_tokens": output_len,
+        "stream": not args.disable_stream,
+    }
+    if "temperature" not in extra:
+        payload["temperature"] = 0.0
+    if "ignore_eos" not in extra:
+        payload["ignore_eos"] = not args.disable_ignore_eos
+    return payload | extra
 
 
 def _run_all(
@@ -564,11 +669,23 @@ def _requests(args: argparse.Namespace, rng: random.Random) -> list[tuple[Any, i
     return rows
 
 
+def _served(args: argparse.Namespace) -> bool:
+    """Whether the stand-in serves `--backend` (saying why not); `--tokenize-prompt` off /generate fails as the
+    real client's assertion."""
+    if args.backend not in API_PATHS:
+        served = " and ".join(f"--backend {name}" for name in API_PATHS)
+        print(f"the SGLang stand-in's benchmark client (a test double) runs only {served}, not {args.backend}")
+        return False
+    if args.tokenize_prompt and args.backend != "sglang":
+        raise AssertionError("`--tokenize-prompt` only compatible with `--backend sglang` currently")
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     print(f"benchmark_args={args}")
-    if args.backend != "sglang":
-        print(f"the SGLang stand-in's benchmark client (a test double) runs only --backend sglang, not {args.backend}")
+    if not _served(args):
         return 1
+    send = REQUEST_FUNCS[args.backend]
     base_url = args.base_url or f"http://{args.host}:{args.port or 30000}"
     deadline = time.monotonic() + args.ready_check_timeout_sec
     while args.ready_check_timeout_sec > 0:
@@ -599,7 +716,7 @@ def run(args: argparse.Namespace) -> int:
         prompt, prompt_len, output_len = rows[0]
         warm = _payload(args, prompt, min(output_len, 32))
         warmups = _run_all(
-            [lambda: request_generate(base_url, warm, prompt_len)] * args.warmup_requests,
+            [lambda: send(base_url, warm, prompt_len)] * args.warmup_requests,
             args.max_concurrency,
             float("inf"),
             rng,
@@ -615,7 +732,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     jobs: list[Callable[[], Output]] = [
-        functools.partial(request_generate, base_url, _payload(args, prompt, olen), plen) for prompt, plen, olen in rows
+        functools.partial(send, base_url, _payload(args, prompt, olen), plen) for prompt, plen, olen in rows
     ]
     outputs = _run_all(jobs, args.max_concurrency, args.request_rate, rng)
     status, info = get_json(base_url, "/server_info")
@@ -624,7 +741,7 @@ def run(args: argparse.Namespace) -> int:
     duration = time.perf_counter() - start
     if args.request_rate == float("inf"):  # every request sent at once, as many in flight as the concurrency allows
         duration = _on_model_clock(outputs, args.max_concurrency) or duration
-    metrics = calculate_metrics(outputs, duration)
+    metrics = calculate_metrics(outputs, duration, args.backend, accept)
     output_lens = metrics.pop("_output_lens")
     goodput = calculate_goodput(outputs, dict(args.goodput), duration) if getattr(args, "goodput", None) else None
     _print_summary(args, metrics, duration, accept, goodput)

@@ -19,7 +19,7 @@ one or a batch, `stream` as SSE `data: {...}` lines ending `data: [DONE]`), GET|
 /flush_cache (200 "Cache flushed..." or 400 "Flush cache failed." when requests are in flight
 or the `refuse_flush_cache` switch is on; `?timeout=S` first waits up to S seconds for the server
 to become idle, else 400 "Timed out waiting for idle state.", as flush_wrapper.py), GET /v1/models,
-POST /v1/completions and /v1/chat/completions (not streamed; chat applies a Kimi-K2-shaped chat
+POST /v1/completions (not streamed) and /v1/chat/completions (streamed or not; chat applies a Kimi-K2-shaped chat
 template with the `thinking` kwarg and honours return_meta_info and return_token_ids), GET /metrics
 (Prometheus text, only with `--enable-metrics`, else 404 as the real server: metrics.py).
 Switches: faults.py.
@@ -488,16 +488,16 @@ class Handler(BaseHTTPRequestHandler):
         self._openai(chat=True)
 
     def _openai(self, chat: bool) -> None:
-        """/v1/completions and /v1/chat/completions, not streamed. Chat applies the stand-in's chat
-        template (simulation.apply_chat_template) with `chat_template_kwargs.thinking` (default on, as
+        """/v1/completions (not streamed) and /v1/chat/completions (streamed: `_stream_chat`). Chat applies the
+        stand-in's chat template (simulation.apply_chat_template) with `chat_template_kwargs.thinking` (default on, as
         Kimi-K2.6's template; other kwargs are ignored as a template ignores names it does not read).
         `return_meta_info` and `return_token_ids` add `choices[0].meta_info`, `prompt_token_ids` and
         `response_token_ids` as serving_chat.py does (a completion: `token_ids`, and no meta_info).
         With a reasoning parser and thinking on, the output (all inside the think block) is
         `reasoning_content`."""
         body = self._body()
-        if body.get("stream"):
-            raise ValueError("the SGLang stand-in answers OpenAI requests without streaming only")
+        if body.get("stream") and not chat:
+            raise ValueError("the SGLang stand-in streams OpenAI chat completions only")
         thinking = True
         if chat:
             kwargs = body.get("chat_template_kwargs") or {}
@@ -509,6 +509,10 @@ class Handler(BaseHTTPRequestHandler):
             "max_new_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
         }
         engine = self.server.engine
+        reasoning = chat and thinking and engine.launch.args.reasoning_parser is not None
+        if body.get("stream"):
+            self._stream_chat(prompt, params, str(body.get("model") or engine.launch.served_model_name), reasoning)
+            return
         out = list(engine.generate(prompt, simulation.count_tokens(prompt), params))[-1]
         meta = out["meta_info"]
         usage = {
@@ -519,7 +523,6 @@ class Handler(BaseHTTPRequestHandler):
         finish = meta["finish_reason"]
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish["type"] if finish else None, "logprobs": None}
         if chat:
-            reasoning = thinking and engine.launch.args.reasoning_parser is not None
             choice["message"] = {
                 "role": "assistant",
                 "content": "" if reasoning else out["text"],
@@ -543,6 +546,37 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": usage,
             }
         )
+
+    def _stream_chat(self, prompt: str, params: dict[str, Any], model: str, reasoning: bool) -> None:
+        """A streamed chat completion as serving_chat.py `_generate_chat_stream` with sse_utils.build_sse_content
+        (compact JSON): a first chunk with the role and empty content, one delta per streamed output (the text new
+        since the last; `reasoning_content` when a reasoning parser reads thinking output), a chunk with the
+        finish reason, `data: [DONE]`. No usage chunk: the server's default without `stream_options`."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        created, shown, finish, rid = int(time.time()), "", None, ""
+        key = "reasoning_content" if reasoning else "content"
+        outputs = self.server.engine.generate(prompt, simulation.count_tokens(prompt), params, stream=True)
+        for step, out in enumerate(outputs):
+            meta = out["meta_info"]
+            rid, finish = meta["id"], meta["finish_reason"]
+            if step == 0:
+                self._chunk(rid, created, model, {"reasoning_content": None, "role": "assistant", "content": ""})
+            if out["text"] != shown:
+                self._chunk(rid, created, model, {"reasoning_content": None, key: out["text"][len(shown) :]})
+                shown = out["text"]
+        if finish:
+            self._chunk(rid, created, model, {"reasoning_content": None}, finish["type"])
+        self.wfile.write(b"data: [DONE]\n\n")
+        self._access(200)
+
+    def _chunk(self, rid: str, created: int, model: str, delta: dict[str, Any], finish: str | None = None) -> None:
+        """One `data: {chat.completion.chunk}` line, flushed."""
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+        chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+        self.wfile.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+        self.wfile.flush()
 
 
 ROUTES: dict[str, dict[str, Any]] = {

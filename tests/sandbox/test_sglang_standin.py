@@ -621,6 +621,35 @@ def test_random_ids_prompts_are_decided_by_the_seed(seed: int, other: int, ratio
         assert [row[0] for row in first] != [row[0] for row in different]
 
 
+def test_the_chat_backend_builds_the_releases_payload_and_other_backends_are_refused() -> None:
+    """0.5.23 async_request_openai_chat_completions: one user message, max_completion_tokens, temperature 0 and
+    ignore_eos unless the extra body sets them, the extra body merged over; its ITLs spread over each delta's
+    tokens only for the chat of a speculative server; a backend the stand-in has no route for is refused."""
+    parser = bench_client.build_parser(SGLANG)
+    args = parser.parse_args(["--backend", "sglang-oai-chat", "--model", "m", "--extra-request-body", '{"a": 1}'])
+    payload = bench_client._payload(args, "hi there", 7)
+    assert payload == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi there"}],
+        "max_completion_tokens": 7,
+        "stream": True,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "a": 1,
+    }
+    args.extra_request_body = '{"temperature": 0.5, "chat_template_kwargs": {"thinking": false}}'
+    payload = bench_client._payload(args, "hi", 3)
+    assert payload["temperature"] == 0.5 and payload["chat_template_kwargs"] == {"thinking": False}
+    outputs = [bench_client.Output(1, success=True, itl=[0.4], text_chunks=["two words"], output_len=3)]
+    assert bench_client.calculate_metrics(outputs, 1.0, "sglang-oai-chat", 3.0)["mean_itl_ms"] == pytest.approx(200)
+    assert bench_client.calculate_metrics(outputs, 1.0, "sglang", 3.0)["mean_itl_ms"] == pytest.approx(400)
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        assert bench_client.run(parser.parse_args(["--backend", "vllm-chat"])) == 1
+    assert "runs only --backend sglang and --backend sglang-oai-chat, not vllm-chat" in said.getvalue()
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(AssertionError, match="tokenize-prompt"):
+        bench_client.run(parser.parse_args(["--backend", "sglang-oai-chat", "--tokenize-prompt"]))
+
+
 def test_only_the_two_entry_points_see_the_stand_in(testhost: Callable[[str], SandboxHost]) -> None:
     """The probe's way of reading SGLang (find_spec without importing) meets the real files."""
     program = (

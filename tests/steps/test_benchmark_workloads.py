@@ -422,3 +422,43 @@ def test_speedup_and_acceptance_per_workload_and_category_through_the_cli(
     markdown_text = (run_dir / "report.md").read_text()
     assert "## Speedup and acceptance per workload" in markdown_text
     assert "| " + " | ".join(map(md_text, table["rows"][1])) + " |" in markdown_text
+
+
+def test_thinking_off_is_accepted_less_than_on_through_the_chat_api(
+    standin: dict[str, Any],  # noqa: F811  (the fixture imported above)
+    write_runbook: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same `custom` prompts with `thinking: true` and `false`: the client sends them to the chat API with
+    `chat_template_kwargs` (sandbox/sglang_standin/bench_client.py, as the release's openai chat backend), the
+    server templates them with an open or an empty think block, and a DFLASH drafter accepts less with thinking
+    off (simulation.TEMPLATE_SCALE)."""
+    from sandbox.datasets import CUSTOM_FILENAME, custom_jsonl
+    from tests.steps.test_benchmark import dflash_deploy, facts_of, yaml_steps
+
+    data = standin["host"].home / "datasets" / CUSTOM_FILENAME
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_bytes(custom_jsonl())
+    chat = CHAT | {"path": f"~/datasets/{CUSTOM_FILENAME}"}
+    workloads = [chat | {"label": "think", "thinking": True}, chat | {"label": "nothink", "thinking": False}]
+    lengths = {"concurrencies": [2], "input_len": 16, "output_len": 16, "num_prompts": 4, "repeats": 1}
+    body = "name: bench\n__HOSTS__\n" + yaml_steps(
+        {"id": "deploy_dflash", **dflash_deploy(standin)},
+        {"id": "dflash", "kind": "benchmark", "server": "deploy_dflash", "workloads": workloads, **lengths},
+    )
+    log_dir = tmp_path / "logs"
+    code = main(["run", str(write_runbook(body, hosts=standin["host"].host_yaml())), "--log-dir", str(log_dir)])
+    assert code == 0, capsys.readouterr().err
+    facts = facts_of(log_dir, capsys)
+    runs = facts["dflash"]["runs"]
+    assert [r["workload"] for r in runs] == ["think", "nothink"]
+    assert all(r["completed"] == 4 and "--backend sglang-oai-chat" in r["command"] for r in runs)
+    think, nothink = (r["acceptance"]["exact"]["value"] for r in runs)
+    assert think > nothink > 1.0
+    assert runs[0]["accept_length"] > runs[1]["accept_length"]
+    # the server's access log: from the first run's flush on, every request was a chat completion
+    log = Path(facts["deploy_dflash"]["log_file"]).read_text()
+    posts = re.findall(r'"POST (\S+) HTTP', log[log.index('"POST /flush_cache') :])
+    assert {p for p in posts if not p.startswith("/flush_cache")} == {"/v1/chat/completions"}
+    assert posts.count("/v1/chat/completions") >= 2 * 4
