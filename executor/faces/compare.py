@@ -173,12 +173,14 @@ def measured(run_dir: Path) -> Measured:
 
 
 def _disagreeing(repeats: Mapping[str, list[float]], medians: Mapping[str, list[float]]) -> str | None:
-    """The first metric whose repeats' median is not the report's (a state.db rewritten after the report), or None."""
+    """The first metric whose repeats' median is not the report's (a state.db rewritten after the report, or a
+    tampered report whose repeats are empty), or None."""
     return next(
         (
             name
             for name, [median] in medians.items()
-            if name in repeats and not math.isclose(statistics.median(repeats[name]), median, rel_tol=1e-9)
+            if name in repeats
+            and not (repeats[name] and math.isclose(statistics.median(repeats[name]), median, rel_tol=1e-9))
         ),
         None,
     )

@@ -138,6 +138,9 @@ def tampered(document: dict[str, Any], how: str) -> str:
     if how == "missing":
         del document["data"]["candidate"]["points"][0]["max_concurrency"]
         return json.dumps(document)
+    if how == "no repeats":
+        spread["values"] = []
+        return json.dumps(document)
     spread["values"][0] = {"nan": float("nan"), "negative": -5.0, "huge": 1e300, "text": "fast"}[how]
     return json.dumps(document)
 
@@ -150,6 +153,16 @@ def test_a_tampered_report_is_exit_2_saying_what(tmp_path: Path, how: str) -> No
     done = run(a, b)
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == ""
     assert f"{b / 'report.json'}" in done.stderr and "data.candidate.points.0" in done.stderr
+
+
+def test_a_report_whose_repeats_are_empty_compares_its_median_saying_why(tmp_path: Path) -> None:
+    a = write_benchmark(tmp_path / "a", {1: [300.0, 301.0]})
+    b = write_benchmark(tmp_path / "b", {1: [300.0, 301.0]})
+    (b / "report.json").write_text(tampered(json.loads((b / "report.json").read_text()), "no repeats"))
+    code, document = as_json(a, b)
+    cells = [c for c in document["cells"] if c["cell"] == "dflash"]
+    [throughput] = [m for m in cells[0]["metrics"] if m["metric"] == "output_throughput"]
+    assert code == 0 and throughput["repeats_b"] == 1 and "do not give the report's median" in throughput["note"]
 
 
 def test_no_run_no_report_another_report_a_fifo_and_a_huge_file_are_exit_2(tmp_path: Path) -> None:
