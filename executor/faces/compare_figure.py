@@ -28,6 +28,8 @@ def draw(comparison: Comparison, path: Path) -> None:
 
     cells = comparison.cells[:FIGURE_MAX_CELLS]
     shown = [m for m in METRICS if any(c.metric == m.name for cell in cells for c in cell.metrics)]
+    none = not shown  # every metric not compared (a run whose repeats measured 0): one empty panel, said so
+    shown = shown or list(METRICS[:1])
     figure = MplFigure(figsize=(4 * len(shown) + 3, 1.5 + 0.3 * len(cells)), dpi=100, layout="constrained")
     panels = figure.subplots(1, len(shown), sharey=True, squeeze=False)[0]
     for axes, metric in zip(panels, shown, strict=True):
@@ -53,5 +55,6 @@ def draw(comparison: Comparison, path: Path) -> None:
     more = len(comparison.cells) - len(cells)
     title = f"{comparison.b.run} vs {comparison.a.run}: {len(comparison.regressions)} regression(s) beyond "
     title += f"{comparison.threshold_pct:g}% and noise (red X; dashed: the threshold)"
+    title += "; no metric compared (the table says why)" if none else ""
     figure.suptitle(title + (f"; {more} more cells in the table" if more > 0 else ""))
     save_figure(figure, path)

@@ -404,3 +404,26 @@ def test_the_mcp_tool_answers_as_the_cli_and_only_under_its_roots(campaigns: Pat
         assert answer["ok"] is False and answer["exit_code"] == 2 and "outside the server's roots" in answer["error"]
     answer = ask_mcp(campaigns, **args, threshold=-1)
     assert answer == {"ok": False, "exit_code": 2, "error": "compare: invalid arguments: threshold"}
+
+
+def test_a_figure_of_cells_with_no_metric_compared_is_drawn_saying_so(tmp_path: Path) -> None:
+    from executor.faces.compare_figure import draw
+
+    side = compare.RunSide(run="a", run_dir="a", kind="benchmark", only_here=[])
+    unknown = {m.name: "a repeat measured 0: no ratio" for m in compare.METRICS}
+    cell = compare.CellChange(
+        cell="dflash", workload="random-ids", category=None, concurrency=1, metrics=[], unknown=unknown
+    )
+    comparison = compare.Comparison(
+        a=side,
+        b=side,
+        threshold_pct=5.0,
+        confidence=0.95,
+        method="",
+        cells=[cell],
+        regressions=[],
+        regressed=False,
+        figure=None,
+    )
+    draw(comparison, tmp_path / "f.png")  # every metric of every cell not compared: one empty panel, no ValueError
+    assert (tmp_path / "f.png").read_bytes().startswith(b"\x89PNG")
