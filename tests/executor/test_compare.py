@@ -138,8 +138,8 @@ def tampered(document: dict[str, Any], how: str) -> str:
     if how == "missing":
         del document["data"]["candidate"]["points"][0]["max_concurrency"]
         return json.dumps(document)
-    if how == "no repeats":
-        spread["values"] = []
+    if how in ("no repeats", "repeats copied"):
+        spread["values"] = [] if how == "no repeats" else spread["values"] * 50  # the median as it was
         return json.dumps(document)
     spread["values"][0] = {"nan": float("nan"), "negative": -5.0, "huge": 1e300, "text": "fast"}[how]
     return json.dumps(document)
@@ -155,10 +155,12 @@ def test_a_tampered_report_is_exit_2_saying_what(tmp_path: Path, how: str) -> No
     assert f"{b / 'report.json'}" in done.stderr and "data.candidate.points.0" in done.stderr
 
 
-def test_a_report_whose_repeats_are_empty_compares_its_median_saying_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["no repeats", "repeats copied"])
+def test_a_report_whose_repeats_are_not_its_repeats_compares_its_median_saying_why(tmp_path: Path, how: str) -> None:
+    """Empty repeats (no median: a StatisticsError), or 2 repeats copied to 100 (a narrower interval on nothing)."""
     a = write_benchmark(tmp_path / "a", {1: [300.0, 301.0]})
     b = write_benchmark(tmp_path / "b", {1: [300.0, 301.0]})
-    (b / "report.json").write_text(tampered(json.loads((b / "report.json").read_text()), "no repeats"))
+    (b / "report.json").write_text(tampered(json.loads((b / "report.json").read_text()), how))
     code, document = as_json(a, b)
     cells = [c for c in document["cells"] if c["cell"] == "dflash"]
     [throughput] = [m for m in cells[0]["metrics"] if m["metric"] == "output_throughput"]
