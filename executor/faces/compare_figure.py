@@ -9,6 +9,7 @@ and the JSON hold); a change without a noise estimate is a hollow marker without
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from executor.faces.compare import FIGURE_MAX_CELLS, METRICS, CellChange, Comparison
@@ -23,8 +24,14 @@ def _row_label(cell: CellChange) -> str:
 
 
 def draw(comparison: Comparison, path: Path) -> None:
-    """Write the comparison's figure to `path` (a PNG)."""
+    """Write the comparison's figure to `path` (a PNG); PermissionError (an OSError, exit 2 where it is caught)
+    for a path inside either run's folder: its files are that run's record (`--figure RUN/report.json`, a slip
+    of a person or an agent, would overwrite its report with a PNG)."""
     from matplotlib.figure import Figure as MplFigure
+
+    where = Path(os.path.realpath(path))  # realpath: links and `..` followed, never an error (a link loop)
+    if any(where.is_relative_to(os.path.realpath(side.run_dir)) for side in (comparison.a, comparison.b)):
+        raise PermissionError(f"{path} is inside a compared run's folder: its files are the run's record")
 
     cells = comparison.cells[:FIGURE_MAX_CELLS]
     shown = [m for m in METRICS if any(c.metric == m.name for cell in cells for c in cell.metrics)]

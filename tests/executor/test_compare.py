@@ -335,6 +335,10 @@ def test_the_figure_is_written_where_told_and_by_default_into_the_log_dir(campai
     default = campaigns / "compare-20261201-010000-aaaaaa-vs-20261203-010000-cccccc.png"
     assert json.loads(done.stdout)["figure"] == str(default) and default.is_file()
     assert not [p for p in campaigns.glob("*/compare*")]  # no run folder written into
+    inside = campaigns / "20261203-010000-cccccc" / ".." / "20261201-010000-aaaaaa" / "report.json"
+    done = runbook_cli(*args, "--figure", str(inside))  # nor when told to: the run's report would be a PNG
+    assert done.returncode == 2 and "inside a compared run's folder" in done.stderr
+    assert json.loads(inside.read_text())  # the report as it was
 
 
 # ---- the statistics, over random repeats ----------------------------------------------------------------------
@@ -404,6 +408,8 @@ def test_the_mcp_tool_answers_as_the_cli_and_only_under_its_roots(campaigns: Pat
     for refused in ({**args, "figure": str(tmp_path / "x.png")}, {**folders, "run_b": str(tmp_path)}):
         answer = ask_mcp(campaigns, **refused)
         assert answer["ok"] is False and answer["exit_code"] == 2 and "outside the server's roots" in answer["error"]
+    answer = ask_mcp(campaigns, **args, figure=str(campaigns / "20261201-010000-aaaaaa" / "report.json"))
+    assert answer["exit_code"] == 2 and "inside a compared run's folder" in answer["error"]
     answer = ask_mcp(campaigns, **args, threshold=-1)
     assert answer == {"ok": False, "exit_code": 2, "error": "compare: invalid arguments: threshold"}
 
