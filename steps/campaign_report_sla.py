@@ -188,8 +188,9 @@ def answer(cells: Sequence[CellReport]) -> SlaAnswer | None:
     best, runner = [*ranked, None, None][:2]
     margin = noise = None
     if best is not None and runner is not None and runner.goodput_per_gpu:
-        margin = (best.goodput_per_gpu or 0.0) / runner.goodput_per_gpu - 1
-        noise = _beyond_noise(best, runner)
+        ratio = (best.goodput_per_gpu or 0.0) / runner.goodput_per_gpu
+        if math.isfinite(ratio):  # a runner-up of 1e-300 req/s (a tampered state.db) would give +inf%
+            margin, noise = ratio - 1, _beyond_noise(best, runner)
     return SlaAnswer(
         slo_ms=dict(stated[0].slo_ms or {}),
         attainment_target=ATTAINMENT_TARGET,
@@ -221,7 +222,9 @@ def _why(
     if runner is None:
         return f"{best.name}: {_at(best)}, the only configuration that meets them"
     if margin is None:
-        return f"{best.name}: {_at(best)}; the runner-up {runner.name} had no goodput"
+        return (
+            f"{best.name}: {_at(best)}; no margin over the runner-up {runner.name} ({_at(runner)}): too little goodput"
+        )
     said = "beyond the noise of the repeats" if noise else "within the noise of the repeats (their ranges overlap)"
     return f"{best.name}: {_at(best)}, +{margin:.1%} over the runner-up {runner.name} ({_at(runner)}), {said}"
 

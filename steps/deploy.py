@@ -203,6 +203,9 @@ class DeployStep(ServerStep):
         return self
 
     def _speculation_consistent(self) -> None:
+        if self.speculative_algorithm is not None and not self.speculative_algorithm.strip():
+            # `--var speculative_algorithm=` launched `--speculative-algorithm ''`, which SGLang refuses at start
+            raise ValueError("speculative_algorithm is empty: expected an algorithm's name (DFLASH, DDTREE) or none")
         if self.algorithm in ("DFLASH", "DDTREE") and self.draft_model_path is None:
             raise ValueError(
                 f"speculative_algorithm {self.algorithm} needs draft_model_path (SGLang refuses it without a drafter)"

@@ -163,22 +163,34 @@ def measured(run_dir: Path) -> Measured:
         if key in values:  # two sides of one label (a tampered report): which one B is compared with is unknowable
             raise ResumeError(f"{run_dir / views.REPORT_FILE}: two rows of {key[0]!r} at concurrency {key[3]}")
         medians = {m.name: [row[m.name]] for m in METRICS if row.get(m.name) is not None}
-        disagree = _disagreeing(repeats.get(key, {}), medians)
+        disagree = _disagreeing(repeats.get(key, {}), medians, row.get("repeats"))
         values[key] = medians if disagree or key not in repeats else repeats[key]
         if disagree:
-            why[key] = f"the repeats of its {disagree} do not give the report's median (changed after the report)"
+            why[key] = (
+                f"the repeats of its {disagree} do not give the report's median and number of repeats (changed "
+                "after the report)"
+            )
         elif key not in repeats:
             why.setdefault(key, "the report holds no per-repeat values of it")
     return Measured(kind, values, why)
 
 
-def _disagreeing(repeats: Mapping[str, list[float]], medians: Mapping[str, list[float]]) -> str | None:
-    """The first metric whose repeats' median is not the report's (a state.db rewritten after the report), or None."""
+def _disagreeing(
+    repeats: Mapping[str, list[float]], medians: Mapping[str, list[float]], count: int | None
+) -> str | None:
+    """The first metric whose repeats are not the report's (a state.db rewritten after the report, a tampered
+    report): their median is not its median, or they are not as many as its repeats (none; or the same values
+    many times over, which would narrow the interval on no new measurement); None when all agree."""
     return next(
         (
             name
             for name, [median] in medians.items()
-            if name in repeats and not math.isclose(statistics.median(repeats[name]), median, rel_tol=1e-9)
+            if name in repeats
+            and not (
+                repeats[name]
+                and (count is None or len(repeats[name]) == count)
+                and math.isclose(statistics.median(repeats[name]), median, rel_tol=1e-9)
+            )
         ),
         None,
     )

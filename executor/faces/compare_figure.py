@@ -9,6 +9,7 @@ and the JSON hold); a change without a noise estimate is a hollow marker without
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from executor.faces.compare import FIGURE_MAX_CELLS, METRICS, CellChange, Comparison
@@ -23,11 +24,19 @@ def _row_label(cell: CellChange) -> str:
 
 
 def draw(comparison: Comparison, path: Path) -> None:
-    """Write the comparison's figure to `path` (a PNG)."""
+    """Write the comparison's figure to `path` (a PNG); PermissionError (an OSError, exit 2 where it is caught)
+    for a path inside either run's folder: its files are that run's record (`--figure RUN/report.json`, a slip
+    of a person or an agent, would overwrite its report with a PNG)."""
     from matplotlib.figure import Figure as MplFigure
+
+    where = Path(os.path.realpath(path))  # realpath: links and `..` followed, never an error (a link loop)
+    if any(where.is_relative_to(os.path.realpath(side.run_dir)) for side in (comparison.a, comparison.b)):
+        raise PermissionError(f"{path} is inside a compared run's folder: its files are the run's record")
 
     cells = comparison.cells[:FIGURE_MAX_CELLS]
     shown = [m for m in METRICS if any(c.metric == m.name for cell in cells for c in cell.metrics)]
+    none = not shown  # every metric not compared (a run whose repeats measured 0): one empty panel, said so
+    shown = shown or list(METRICS[:1])
     figure = MplFigure(figsize=(4 * len(shown) + 3, 1.5 + 0.3 * len(cells)), dpi=100, layout="constrained")
     panels = figure.subplots(1, len(shown), sharey=True, squeeze=False)[0]
     for axes, metric in zip(panels, shown, strict=True):
@@ -53,5 +62,6 @@ def draw(comparison: Comparison, path: Path) -> None:
     more = len(comparison.cells) - len(cells)
     title = f"{comparison.b.run} vs {comparison.a.run}: {len(comparison.regressions)} regression(s) beyond "
     title += f"{comparison.threshold_pct:g}% and noise (red X; dashed: the threshold)"
+    title += "; no metric compared (the table says why)" if none else ""
     figure.suptitle(title + (f"; {more} more cells in the table" if more > 0 else ""))
     save_figure(figure, path)

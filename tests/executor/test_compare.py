@@ -138,6 +138,9 @@ def tampered(document: dict[str, Any], how: str) -> str:
     if how == "missing":
         del document["data"]["candidate"]["points"][0]["max_concurrency"]
         return json.dumps(document)
+    if how in ("no repeats", "repeats copied"):
+        spread["values"] = [] if how == "no repeats" else spread["values"] * 50  # the median as it was
+        return json.dumps(document)
     spread["values"][0] = {"nan": float("nan"), "negative": -5.0, "huge": 1e300, "text": "fast"}[how]
     return json.dumps(document)
 
@@ -150,6 +153,18 @@ def test_a_tampered_report_is_exit_2_saying_what(tmp_path: Path, how: str) -> No
     done = run(a, b)
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == ""
     assert f"{b / 'report.json'}" in done.stderr and "data.candidate.points.0" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["no repeats", "repeats copied"])
+def test_a_report_whose_repeats_are_not_its_repeats_compares_its_median_saying_why(tmp_path: Path, how: str) -> None:
+    """Empty repeats (no median: a StatisticsError), or 2 repeats copied to 100 (a narrower interval on nothing)."""
+    a = write_benchmark(tmp_path / "a", {1: [300.0, 301.0]})
+    b = write_benchmark(tmp_path / "b", {1: [300.0, 301.0]})
+    (b / "report.json").write_text(tampered(json.loads((b / "report.json").read_text()), how))
+    code, document = as_json(a, b)
+    cells = [c for c in document["cells"] if c["cell"] == "dflash"]
+    [throughput] = [m for m in cells[0]["metrics"] if m["metric"] == "output_throughput"]
+    assert code == 0 and throughput["repeats_b"] == 1 and "do not give the report's median" in throughput["note"]
 
 
 def test_no_run_no_report_another_report_a_fifo_and_a_huge_file_are_exit_2(tmp_path: Path) -> None:
@@ -320,6 +335,10 @@ def test_the_figure_is_written_where_told_and_by_default_into_the_log_dir(campai
     default = campaigns / "compare-20261201-010000-aaaaaa-vs-20261203-010000-cccccc.png"
     assert json.loads(done.stdout)["figure"] == str(default) and default.is_file()
     assert not [p for p in campaigns.glob("*/compare*")]  # no run folder written into
+    inside = campaigns / "20261203-010000-cccccc" / ".." / "20261201-010000-aaaaaa" / "report.json"
+    done = runbook_cli(*args, "--figure", str(inside))  # nor when told to: the run's report would be a PNG
+    assert done.returncode == 2 and "inside a compared run's folder" in done.stderr
+    assert json.loads(inside.read_text())  # the report as it was
 
 
 # ---- the statistics, over random repeats ----------------------------------------------------------------------
@@ -389,5 +408,30 @@ def test_the_mcp_tool_answers_as_the_cli_and_only_under_its_roots(campaigns: Pat
     for refused in ({**args, "figure": str(tmp_path / "x.png")}, {**folders, "run_b": str(tmp_path)}):
         answer = ask_mcp(campaigns, **refused)
         assert answer["ok"] is False and answer["exit_code"] == 2 and "outside the server's roots" in answer["error"]
+    answer = ask_mcp(campaigns, **args, figure=str(campaigns / "20261201-010000-aaaaaa" / "report.json"))
+    assert answer["exit_code"] == 2 and "inside a compared run's folder" in answer["error"]
     answer = ask_mcp(campaigns, **args, threshold=-1)
     assert answer == {"ok": False, "exit_code": 2, "error": "compare: invalid arguments: threshold"}
+
+
+def test_a_figure_of_cells_with_no_metric_compared_is_drawn_saying_so(tmp_path: Path) -> None:
+    from executor.faces.compare_figure import draw
+
+    side = compare.RunSide(run="a", run_dir="a", kind="benchmark", only_here=[])
+    unknown = {m.name: "a repeat measured 0: no ratio" for m in compare.METRICS}
+    cell = compare.CellChange(
+        cell="dflash", workload="random-ids", category=None, concurrency=1, metrics=[], unknown=unknown
+    )
+    comparison = compare.Comparison(
+        a=side,
+        b=side,
+        threshold_pct=5.0,
+        confidence=0.95,
+        method="",
+        cells=[cell],
+        regressions=[],
+        regressed=False,
+        figure=None,
+    )
+    draw(comparison, tmp_path / "f.png")  # every metric of every cell not compared: one empty panel, no ValueError
+    assert (tmp_path / "f.png").read_bytes().startswith(b"\x89PNG")

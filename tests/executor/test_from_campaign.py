@@ -231,6 +231,7 @@ def test_the_mcp_plan_lays_a_campaign_under_its_roots_and_refuses_one_outside(ca
     ("pair", "said"),
     [
         ("speculative_num_draft_tokens=x", "speculative_num_draft_tokens = 'x' does not fit: expected auto or a"),
+        ("speculative_algorithm=", "speculative_algorithm is empty: expected an algorithm's name"),
         (
             "ddtree_budget=16",
             "speculative_ddtree_budget is DDTREE's tree budget: it needs `speculative_algorithm: DDTREE`",

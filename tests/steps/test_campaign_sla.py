@@ -118,8 +118,16 @@ def test_nan_missing_goodput_and_no_gpus_never_rank_and_the_best_has_the_most_pe
     if len(eligible) > 1:
         assert sla.runner_up in eligible and sla.runner_up != sla.best
         second = sorted(eligible.values())[-2]
-        if second > 0:
+        if second > 0 and math.isfinite(eligible[sla.best] / second):
             assert sla.margin is not None and math.isclose(sla.margin, eligible[sla.best] / second - 1)
+
+
+def test_a_runner_up_of_next_to_no_goodput_gives_no_infinite_margin() -> None:
+    """1e11 req/s over 1e-300 (a tampered state.db: each within a measurement's bounds) overflows to +inf%."""
+    sla = answer([sla_cell("a", 1, {4: ((1e11,) * 3, ALL)}), sla_cell("b", 1, {4: ((1e-300,) * 3, ALL)})])
+    assert sla is not None and (sla.best, sla.runner_up, sla.margin, sla.beyond_noise) == ("a", "b", None, None)
+    json.dumps(sla.model_dump(mode="json"), allow_nan=False)
+    assert "inf" not in sla.why and "no margin over the runner-up b" in sla.why
 
 
 def with_goodput(views: list[StepView], good: dict[str, dict[int, float]]) -> list[StepView]:

@@ -242,6 +242,7 @@ def test_parameters_are_checked() -> None:
         "step from `port`: use its parameters": {"extra_args": ["--tp", "2", "--port=1"]},
         "model_path\n  Input should be a valid string": {"model_path": None},
         "not a variable name": {"env": {"A B": "1"}},
+        "speculative_algorithm is empty": {"speculative_algorithm": " "},
     }
     for message, params in problems.items():
         with pytest.raises(ValidationError, match=message):
