@@ -280,11 +280,12 @@ def _campaign_args(
 
 def campaign_lay(args: argparse.Namespace, laid: list[CampaignVar], say: bool) -> Callable[[Runbook], list[str]]:
     """--from-campaign's band as --var pairs laid under those given, each var with where it comes from added to
-    `laid` (and with `say`, said on stderr: a run's; a plan shows them itself); no pair without --from-campaign."""
-    from executor.faces.campaign_overlay import laid_under
-
+    `laid` (and with `say`, said on stderr: a run's; a plan shows them itself); no pair without --from-campaign.
+    The schedule's models (the campaign report's) are imported only then: `plan` and `run` start without them."""
     if args.from_campaign is None:
         return lambda runbook: []
+    from executor.faces.campaign_overlay import laid_under
+
     lay = laid_under(
         report_folder(args.from_campaign, args.log_dir), args.band, [p.partition("=")[0] for p in args.var], laid
     )

@@ -457,7 +457,7 @@ def test_steps_times_hosts_are_bounded_before_anything_renders_them(
         ("download", "include: ['${rev}*.json']", "repo: o/m, local_dir: /m"),
         ("verify", "revision: 'refs/${rev}'", "repo: o/m, local_dir: /m"),
         ("verify", "exclude: $rev.bin", "repo: o/m, local_dir: /m"),
-        ("deploy", "speculative_algorithm: $rev", "model_path: /m, draft_model_path: /d, tp_size: 1"),
+        ("deploy", "speculative_algorithm: DFLASH$rev", "model_path: /m, draft_model_path: /d, tp_size: 1"),
         ("deploy", "bind: '${rev}'", "model_path: /m, tp_size: 1"),
     ],
 )
@@ -466,7 +466,8 @@ def test_a_var_in_a_parameter_the_host_gets_as_written_is_refused_at_validate(
 ) -> None:
     """`revision: $rev` reached the Hub as the revision "$rev", `bind: $ip` the server as "$ip": a parameter that
     is no path (which expands on the host) is sent as written, so a var in it is refused at its position (a var
-    alone, `revision: $rev`, is download's and verify's to resolve on the controller: tests/steps/test_download.py)."""
+    alone, `revision: $rev` or deploy's `speculative_algorithm: $algorithm`, is resolved on the controller:
+    tests/steps/test_download.py, tests/executor/test_from_campaign.py)."""
     head = "name: t\nhosts: {box: {address: local}}\nvars: {rev: main}\nsteps:\n"
     code, lines = validate(tmp_path, f"{head}  - {{id: s, kind: {kind}, host: box, {line}, {parameter}}}\n", capsys)
     key = parameter.split(":")[0]
