@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,6 +371,16 @@ def get_json(base_url: str, path: str, timeout: float = 30) -> tuple[int, Any]:
         conn.close()
 
 
+def _streamed(response: Any, start: float) -> Iterator[tuple[float, dict[str, Any] | None]]:
+    """Each line of a streamed answer as the release's clients read it: blank lines skipped, a `data: ` prefix
+    dropped, the time since `start` it arrived, and its JSON (None for `[DONE]`, which is timed, not read)."""
+    for raw in response:
+        chunk = raw.strip()
+        if chunk:
+            data = chunk[6:] if chunk.startswith(b"data: ") else chunk
+            yield time.perf_counter() - start, None if data == b"[DONE]" else json.loads(data)
+
+
 def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) -> Output:
     """async_request_sglang_generate: one streamed /generate, timed per chunk."""
     output = Output(prompt_len=prompt_len)
@@ -388,15 +398,10 @@ def request_generate(base_url: str, payload: dict[str, Any], prompt_len: int) ->
             output.error = (response.reason or "") + ": " + response.read().decode(errors="replace")
             return output
         text, length, latency = "", payload["sampling_params"]["max_new_tokens"], 0.0
-        for raw in response:
-            chunk = raw.strip()
-            if not chunk:
+        for arrived, out in _streamed(response, start):
+            latency = arrived  # the stream's end, [DONE] included
+            if out is None:
                 continue
-            data = chunk[6:] if chunk.startswith(b"data: ") else chunk
-            latency = time.perf_counter() - start
-            if data == b"[DONE]":
-                continue
-            out = json.loads(data)
             if out.get("text"):
                 now = time.perf_counter()
                 text, length = out["text"], out["meta_info"]["completion_tokens"]
@@ -443,15 +448,10 @@ def request_chat(base_url: str, payload: dict[str, Any], prompt_len: int) -> Out
             output.output_len = (answer.get("usage") or {}).get("completion_tokens", length)
             output.success = True
             return output
-        for raw in response:
-            chunk = raw.strip()
-            if not chunk:
+        for arrived, out in _streamed(response, start):
+            latency = arrived  # the stream's end, [DONE] included
+            if out is None:
                 continue
-            data = chunk[6:] if chunk.startswith(b"data: ") else chunk
-            latency = time.perf_counter() - start
-            if data == b"[DONE]":
-                continue
-            out = json.loads(data)
             length = (out.get("usage") or {}).get("completion_tokens", length)
             delta = ((out.get("choices") or [{}])[0] or {}).get("delta") or {}
             content = _combined(delta)
