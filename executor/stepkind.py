@@ -50,6 +50,7 @@ from executor.runbook.campaign import AxisValue
 from executor.runbook.durations import Duration
 from executor.runbook.gates import roots, step_refs, var_refs
 from executor.runbook.model import Gate, GateSpec, HostsSelector, Model, RetryOverride, RetryPolicy
+from executor.runbook.search import Band, Measure, Position
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -744,6 +745,21 @@ class StepSpec(Model):
         """For a server-starting step: how long its server may take to be ready (seconds), the upper bound
         of one launch that `runbook plan` multiplies by a matrix's launches; None for other kinds."""
         return None
+
+    def search_position(self) -> Position | None:
+        """For a server-starting step: where its launch sits in a campaign's search (`strategy: search`, README
+        "Search"): its drafter, algorithm and tokens verified per step. None: the search knows only its measure."""
+        return None
+
+    def search_gpus(self, facts: Any) -> int | None:
+        """For a server-starting step: the GPUs its launch held (its facts as stored), which a search's `gpu_hours`
+        budget multiplies its time by. None: unknown, counted as one."""
+        return None
+
+    def search_measures(self, facts: Any) -> dict[Band, Measure]:
+        """For a measuring step (a search's `measure:`): its facts (JSON data as stored) as the search ranks
+        configurations by, one `Measure` per band; none where the facts hold none (a failed run)."""
+        return {}
 
     def parse_facts(self, result: CommandResult) -> BaseModel | Any:
         """Typed facts from a finished command; raise FactsError when the output is unusable."""

@@ -39,6 +39,7 @@ from sandbox.sshd import SSHD
 
 RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash.yaml"
 SWEEP_RUNBOOK = prepare.REPO / "runbooks" / "k26_dflash_sweep.yaml"
+SWEEP_STRATEGY_LINE = "\n    strategy: grid\n"
 SshServerKind = Literal["auto", "openssh", "embedded"]
 #: the stand-in's switches (sglang_standin/faults.py): its benchmarks timed on the simulation's clock, an output
 #: streamed every 16 tokens, so that the numbers are the model's and three repeats agree (on the wall clock of a
@@ -58,6 +59,16 @@ class DemoSite:
     hf_token: str
     ssh_server: str  # "openssh" or "embedded"
     host_root: Path
+
+
+def searching_copy(runbook: Path, folder: Path) -> Path:
+    """The sweep with its one `strategy: grid` line made `strategy: search`, as a user switches it (its `search:`
+    settings are the runbook's), written into `folder` under the same name."""
+    text = runbook.read_text()
+    assert text.count(SWEEP_STRATEGY_LINE) == 1, f"{runbook} has no single {SWEEP_STRATEGY_LINE!r}"
+    copy = folder / runbook.name
+    copy.write_text(text.replace(SWEEP_STRATEGY_LINE, SWEEP_STRATEGY_LINE.replace("grid", "search")))
+    return copy
 
 
 def stop_servers(home: Path) -> None:
@@ -80,6 +91,7 @@ def demo_site(
     say: Callable[[str], None] = print,
     *,
     sweep: bool = False,
+    search: bool = False,
     hosts: int = 1,
     sglang: str = "ddtree-pr",
     nodes: int = 1,
@@ -92,7 +104,8 @@ def demo_site(
     dist-init address. The sweep (`sweep=True`) runs on `hosts` test hosts, the
     inventory's pool `gpus`, each an 8x H200 with its own HOME, SGLang port and models folder, and the
     SGLang build `sglang`: by default one with the DDTree pull request (the sandbox's test double of
-    it), so every cell of the grid runs; `release` (0.5.23, no DDTREE) skips the DDTREE cells.
+    it), so every cell of the grid runs; `release` (0.5.23, no DDTREE) skips the DDTREE cells. With `search`,
+    the sweep as a user switches it to searching: its copy beside the inventory with `strategy: search`.
     """
     if testhost.missing():
         say("demo: preparing the test host once (the real SGLang release's files, huggingface_hub) ...")
@@ -131,7 +144,8 @@ def demo_site(
                 data["pools"] = {"nodes": names}
             inventory = root / "inventory.yaml"
             inventory.write_text(yaml.safe_dump(data))
-            yield DemoSite(SWEEP_RUNBOOK if sweep else RUNBOOK, inventory, hub.token, kind, root)
+            runbook = searching_copy(SWEEP_RUNBOOK, root) if search else SWEEP_RUNBOOK if sweep else RUNBOOK
+            yield DemoSite(runbook, inventory, hub.token, kind, root)
     finally:
         for proc, host in started:
             stop_servers(host.home)

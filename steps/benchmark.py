@@ -50,6 +50,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from executor.hostprogram import marked_folder, program_files, program_run
 from executor.render import host_word, pasted_word
 from executor.runbook.model import Gate
+from executor.runbook.search import Band, Measure
 from executor.stepkind import (
     HUB_ENV,
     FactsError,
@@ -225,6 +226,26 @@ class BenchmarkStep(StepSpec):
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="facts.failure is none", message="the benchmark did not complete")]
+
+    def search_measures(self, facts: Any) -> dict[Band, Measure]:
+        """One band per workload (and SPEED-Bench category) and concurrency (`speed-bench/mixed c=4`): output
+        throughput's median and range over the repeats, and the acceptance length the server reported. Facts
+        that do not read as a benchmark's (a failed run, a tampered record) measure nothing."""
+        from steps.benchmark_report import BenchmarkFacts
+
+        try:
+            points = BenchmarkFacts.model_validate(facts).points
+        except ValidationError:
+            return {}
+        found = {}
+        for point in points:
+            throughput = point.output_throughput
+            if throughput is None:
+                continue
+            accept = None if point.accept_length is None else float(point.accept_length.median)
+            band = f"{slice_key(point.workload, point.category)} c={point.max_concurrency}"
+            found[band] = Measure(float(throughput.median), float(throughput.min), float(throughput.max), accept)
+        return found
 
     # ---- scripts ---------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ and reports the server, rendering each rank's launch from this one.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
@@ -33,6 +34,7 @@ from pydantic import Field, PositiveInt, PrivateAttr, ValidationError, field_val
 from executor.render import with_vars
 from executor.runbook.durations import Duration, parse_duration
 from executor.runbook.model import Gate
+from executor.runbook.search import Position
 from executor.stepkind import (
     VAR_REF,
     AsWritten,
@@ -44,6 +46,7 @@ from executor.stepkind import (
     StepContext,
     StepRef,
     VarRef,
+    fact_field,
     resolve_var,
     shape_errors,
 )
@@ -253,6 +256,27 @@ class DeployStep(ServerStep):
 
     def default_gates(self) -> list[Gate]:
         return [Gate(that="facts.failure is none", message="the SGLang server is not serving")]
+
+    def search_gpus(self, facts: Any) -> int | None:
+        """tp x pp (x dp) of the argv the server was launched with."""
+        from steps.provenance import gpus_of  # at run time only: validate and plan do not import it
+
+        argv = fact_field(facts, "argv")
+        return gpus_of([str(word) for word in argv]) if isinstance(argv, list) else None
+
+    def search_position(self) -> Position | None:
+        """Drafter, algorithm and tokens verified per request and step: DFLASH's draft tokens, DDTREE's tree budget
+        and its root, one for a baseline; unknown for `auto` draft tokens without a budget or a var's value. The
+        cost is the campaign report's tie order (speculation, draft tokens, budget)."""
+        algorithm = self.algorithm
+        tokens = self.speculative_num_draft_tokens if isinstance(self.speculative_num_draft_tokens, int) else None
+        budget = self.speculative_ddtree_budget if isinstance(self.speculative_ddtree_budget, int) else None
+        verified = 1 if algorithm is None else budget + 1 if budget is not None else tokens
+        if algorithm is not None and algorithm.startswith("$"):
+            algorithm, verified = None, None  # a var's value: where it sits is not known before the run
+        cost = (0.0 if algorithm is None else 1.0, math.inf if tokens is None else float(tokens), float(budget or 0))
+        setting = " ".join(str(part) for part in (algorithm or "no speculation", tokens, budget) if part is not None)
+        return Position(self.draft_model_path, algorithm, verified, cost, setting)
 
     # ---- choices ---------------------------------------------------------------------------------------
 

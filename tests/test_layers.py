@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the runbook's words: its typed model, durations, gate expressions, what a matrix expands to
     (
         "language",
-        ["executor.runbook.model", "executor.runbook.durations", "executor.runbook.gates", "executor.runbook.campaign"],
+        ["executor.runbook.model", "executor.runbook.durations", "executor.runbook.gates", "executor.runbook.search", "executor.runbook.campaign"],
     ),
     # the transports: one interface, ssh (with its runner), local, and the scripted one
     ("transport", ["executor.transport", "executor.transport.*"]),
@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "executor.run.run_options",
             "executor.run.run_folder",
             "executor.run.scheduler",
+            "executor.run.searching",
             "executor.run.attempts",
             "executor.run.resume",
             "executor.run.state",

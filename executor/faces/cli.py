@@ -343,6 +343,12 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     p.add_argument("--sweep", action="store_true", help="the campaign: drafters x draft tokens / DDTREE budgets")
     p.add_argument(
+        "--search",
+        action="store_true",
+        help="with --sweep: the campaign with `strategy: search`, which launches at most half of its configurations "
+        "and names the grid's best per concurrency (README, 'Search')",
+    )
+    p.add_argument(
         "--hosts", type=_pool_size, default=1, help="test hosts of the sweep's pool, 1 to 4 (they run in parallel)"
     )
     p.add_argument(
@@ -563,6 +569,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.hosts > 1 and not args.sweep:
         err().print(f"runbook demo: --hosts {args.hosts} is the size of the sweep's pool: add --sweep")
         return 2
+    if args.search and not args.sweep:
+        err().print("runbook demo: --search is the sweep's strategy: add --sweep")
+        return 2
     if args.nodes > 1 and args.sweep:
         err().print(
             f"runbook demo: --nodes {args.nodes} serves the flagship across a node group; the sweep's pool is --hosts"
@@ -573,6 +582,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         args.ssh_server,
         say=err().print,
         sweep=args.sweep,
+        search=args.search,
         hosts=args.hosts,
         sglang=args.sglang,
         nodes=args.nodes,

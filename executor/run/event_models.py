@@ -156,6 +156,18 @@ class CellsProgress(Event):
     launches: LaunchCounts
 
 
+class SearchDecided(Event):
+    """A campaign's search decided (executor.runbook.search): to launch a configuration, to prune it (the bound
+    that excluded it), or to leave it unexplored (the budget was spent)."""
+
+    event: Literal["search_decided"] = "search_decided"
+    group: str
+    decision: int  # its number among the group's decisions (the state's record)
+    action: Literal["launch", "prune", "unexplored"]
+    config: str  # the server instance
+    reason: str
+
+
 class Progress(Event):
     """Live progress of an attempt (a status line on the console)."""
 
@@ -188,6 +200,7 @@ AnyEvent = Annotated[
     | AttemptFailed
     | StepFinished
     | CellsProgress
+    | SearchDecided
     | Progress
     | Note
     | RunFinished,

@@ -33,6 +33,7 @@ from executor.run.event_models import (
     Progress,
     RunFinished,
     RunStarted,
+    SearchDecided,
     StepFinished,
     StepStarted,
 )
@@ -195,6 +196,7 @@ class ConsoleReporter(Reporter):
             AttemptFailed: self._attempt_failed,
             StepFinished: self._step_finished,
             CellsProgress: self._cells_progress,
+            SearchDecided: self._search_decided,
             Progress: self._progress,
             Note: self._note,
             RunFinished: self._run_finished,
@@ -270,6 +272,13 @@ class ConsoleReporter(Reporter):
         self.console.print(Text.assemble("    ", line))
         done = c.passed + c.failed + c.skipped == c.total
         self._grid = None if done else line
+
+    def _search_decided(self, e: SearchDecided) -> None:
+        """One line per decision of a campaign's search: what, for which configuration, and the first reason
+        (`runbook report` and the state keep all of it)."""
+        style = {"launch": "bold", "prune": "dim", "unexplored": "yellow"}[e.action]
+        first = e.reason.partition("; ")[0]
+        self.console.print(Text.assemble("    ", (f"{e.group} search {e.action}", style), f" {e.config}: {first}"))
 
     def _progress(self, e: Progress) -> None:
         self._live(Text.assemble((e.step or "", "bold"), f"@{e.host}: {e.message}"), keep=True)

@@ -28,12 +28,14 @@ from executor.run import event_models, seal
 from executor.run.audit import AuditContext, AuditLog
 from executor.run.emitter import Emitter, EventStream
 from executor.run.events import EVENTS_FILE, EventsFile, RedactingReporter, Reporter
-from executor.run.state import WRITE_FAILED, RunLock, RunMeta, RunState, StepRecord, now, open_state
+from executor.run.state import SEARCH_KEY, WRITE_FAILED, RunLock, RunMeta, RunState, StepRecord, now, open_state
+from executor.runbook.search import Decision
 
 if TYPE_CHECKING:
     from contextvars import Token
 
     from executor.diagnostics import Log
+    from executor.runbook.search import Decision
 
 #: A durable write to the run folder failed (DurableWriteError): the exit code (the status: WRITE_FAILED)
 EXIT_WRITE_FAILED = DurableWriteError.exit_code
@@ -71,6 +73,7 @@ class RunFolder:
         self.status, self.code = "passed", EXIT_OK
         self.source: RunMeta | None = None
         self.source_records: Records = {}
+        self.source_search: dict[str, list[Decision]] = {}  # a resumed run's search decisions, by group
         self._source_lock: RunLock | None = None
         self._state: RunState | None = None
 
@@ -94,6 +97,11 @@ class RunFolder:
         self._source_lock = lock
         with open_state(self.source_dir) as source_state:
             self.source_records = {(r.step, r.host): r for r in source_state.records()}
+            raw = source_state.get(SEARCH_KEY)
+        if raw is not None:  # here, not at the top: reading a run folder imports no runbook part
+            from executor.run.searching import source_decisions
+
+            self.source_search = source_decisions(raw, str(self.source_dir))
         return self.source_records
 
     def source_link(self) -> str:

@@ -14,17 +14,19 @@ import functools
 import itertools
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from executor.errors import EXIT_FAILED, EXIT_OK, DurableWriteError
-from executor.run import event_models
+from executor.run import event_models, searching
 from executor.run.attempts import Attempts, peers
 from executor.run.resume import Fingerprints, Plan, plan_steps
 from executor.run.run_folder import RunFolder
-from executor.run.state import ONLY_SKIPPED, StepRecord, now, passed_before
+from executor.run.state import ONLY_SKIPPED, SEARCH_KEY, StepRecord, now, passed_before
 from executor.runbook import cells
 from executor.runbook.campaign import EXIT_CELLS_FAILED, MatrixGroup, value_text
 from executor.runbook.loader import Runbook
 from executor.runbook.planner import placed_hosts
+from executor.runbook.search import Decision
 from executor.stepkind import StepSpec
 
 
@@ -46,6 +48,10 @@ class Scheduler:
         self.cells = cells.CellBook(cells.Index(runbook))
         self.hosts_to_run: dict[str, list[str]] = {}
         self.stopping = False  # a step failed outside `on_failure: continue`: the lanes start nothing new
+        #: each searched group's decisions (SEARCH_KEY), a resumed run's kept until its group searches again
+        self.search_record: dict[str, list[dict[str, Any]]] = {
+            group: [d.as_json() for d in decisions] for group, decisions in folder.source_search.items()
+        }
 
     @property
     def index(self) -> cells.Index:
@@ -131,6 +137,8 @@ class Scheduler:
 
     async def run(self, attempts: Attempts) -> tuple[str, int]:
         """Every step to run; the run's status and exit code (failed, cells-failed or passed)."""
+        if self.search_record:  # a resumed run's decisions are its own too, whether or not its search goes on
+            self.folder.state.set(SEARCH_KEY, json.dumps(self.search_record))
         if not await self._run_steps(self.to_run(), attempts):
             return "failed", EXIT_FAILED
         if self.cells.failed:
@@ -147,12 +155,13 @@ class Scheduler:
         index = 0
         while index < len(to_run):
             group = self.cells.index.group_of(to_run[index].id)
-            if group is None or group.placement is None:
+            if group is None or (group.placement is None and group.search is None):
                 passed = await self._run_step(to_run[index], attempts)
                 index += 1
             else:
                 members = list(itertools.takewhile(functools.partial(_in_group, group), to_run[index:]))
-                passed = await self._run_lanes(group, members, attempts)
+                run_group = self._run_search if group.search is not None else self._run_lanes
+                passed = await run_group(group, members, attempts)
                 index += len(members)
             if not passed:
                 return False
@@ -179,6 +188,49 @@ class Scheduler:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        return not self.stopping
+
+    async def _run_search(self, group: MatrixGroup, members: list[StepSpec], attempts: Attempts) -> bool:
+        """A searched group (`strategy: search`): each lane (a host of a placed group's pool, else one) runs the
+        unit the search chooses next until it chooses none; what it never chose is left out with its decision."""
+        restored = self.folder.source_search.get(group.name, [])
+        driver = searching.SearchDriver(group, {s.id: s for s in self.runbook.steps}, self.cells.index, restored)
+        by_id = {s.id: s for s in members}
+        records = self.folder.records
+
+        def emit(decision: Decision) -> None:
+            self.search_record[group.name] = driver.record()
+            self.folder.state.set(SEARCH_KEY, json.dumps(self.search_record))
+            self.folder.events.emit(
+                event_models.SearchDecided,
+                group=group.name,
+                decision=decision.seq,
+                action=decision.action,
+                config=decision.config,
+                reason=decision.reason,
+            )
+
+        async def lane(host: str | None) -> None:
+            driver.observe(records)
+            while not self.stopping and (server := driver.next_unit(host, records, emit)) is not None:
+                for step_id in driver.steps_for(server, host, by_id):
+                    if not await self._run_step(by_id[step_id], attempts, [host] if host else None):
+                        self.stopping = True
+                driver.observe(records)
+
+        self.search_record[group.name] = driver.record()
+        pool: list[str | None] = list(group.pool) if group.placement is not None else [None]
+        tasks = [asyncio.ensure_future(lane(host)) for host in pool]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        ran = {step for step, _ in driver.started}
+        for spec in members:
+            if spec.id not in ran:
+                self._leave_out(spec, self.hosts_of(spec), driver.why_not(spec.id))
         return not self.stopping
 
     async def _run_step(self, spec: StepSpec, attempts: Attempts, lane: list[str] | None = None) -> bool:

@@ -82,6 +82,10 @@ CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT);
 """
 
 
+#: The run key holding a campaign's search decisions, by group (executor.run.searching writes and reads it).
+SEARCH_KEY = "search"
+
+
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 

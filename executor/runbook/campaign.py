@@ -15,7 +15,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # a reader of run folders imports this module, and no pydantic
+    from executor.runbook.search import SearchSpec
 
 #: One value of an axis: a scalar, or a mapping with a `name` (what cell ids show) and scalar or
 #: list-of-scalar fields (`{name: tmp-long, repo: SubSir/Kimi-K2.6-DFlash-tmp-long}`).
@@ -105,6 +108,9 @@ class MatrixGroup:
     servers: tuple[str, ...] = ()
     excluded: int = 0  # combinations of the axes that `exclude:` took out
     included: int = 0  # cells that `include:` added back (combinations `exclude:` took out)
+    #: `strategy: search`: which server configurations to launch is decided as the run goes (executor.runbook.search);
+    #: None: the grid, every one
+    search: SearchSpec | None = None
 
 
 #: The run's exit status when every step outside a matrix passed but some cells failed (README, "Commands").

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NoReturn, Protocol
+from typing import Annotated, Any, Literal, NoReturn, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -32,6 +32,7 @@ from executor.runbook.campaign import (
 )
 from executor.runbook.gates import step_refs
 from executor.runbook.model import env_text_problem
+from executor.runbook.search import SearchSpec
 from executor.stepkind import StepSpec, step_ref_fields
 
 Loc = tuple[str | int, ...]
@@ -57,7 +58,7 @@ _EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.DOTALL)
 _MATRIX_EXPR = re.compile(r"^\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*$")
 _SCRIPT_VAR = re.compile(r"\$\{?(matrix_[A-Za-z0-9_]+)")
 _JINJA_AXIS = re.compile(r"\bmatrix\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
-_GROUP_KEYS = {"group", "description", "matrix", "on_failure", "hosts", "placement", "steps"}
+_GROUP_KEYS = {"group", "description", "matrix", "on_failure", "hosts", "placement", "strategy", "search", "steps"}
 _MATRIX_STEP_KEYS = ("matrix", "on_failure", "placement")  # a matrix on one step: not the kind's parameters
 _JINJA_FIELDS = ("gates", "when")
 _FIXED_FIELDS = {"id", "kind", "description"}  # never substituted
@@ -197,11 +198,15 @@ class GroupOptions(BaseModel):
     on_failure: Annotated[OnFailure, BeforeValidator(lambda value: value or "stop")] = "stop"
     placement: Placement | None = None
     hosts: Annotated[list[str], Field(min_length=1)] | None = None
+    strategy: Literal["grid", "search"] = "grid"
+    search: SearchSpec | None = None
 
     @model_validator(mode="after")
     def _spread_over_hosts(self) -> GroupOptions:
         if self.placement is not None and self.hosts is None:
             raise PydanticCustomError("placement_needs_hosts", "placement needs the hosts to spread over")
+        if self.strategy == "search" and self.search is None:
+            raise PydanticCustomError("search_needs_both", "strategy: search needs search: {budget, measure}")
         return self
 
     def listed_twice(self) -> str | None:
@@ -217,6 +222,14 @@ _OPTION_PROBLEMS: dict[str, Callable[[Any], str]] = {
     "placement": lambda value: f"placement: 'spread' (each server configuration on one host), not {value!r}",
     "hosts": lambda _: "hosts: a list of host names, `all` or a pool's name (the group's hosts)",
     "placement_needs_hosts": lambda _: "placement needs the hosts to spread over: give `hosts: [gpu1, gpu2]`",
+    "strategy": lambda value: f"strategy: 'grid' (every configuration, the default) or 'search', not {value!r}",
+    "search": lambda _: (
+        "search: {budget: {launches: N} or {gpu_hours: H}, measure: STEP_ID, baseline: STEP_ID, tolerance: 0.02}"
+        " (README, 'Search')"
+    ),
+    "search_needs_both": lambda _: (
+        "strategy: search needs its `search:`: {budget: {launches: N}, measure: STEP_ID} (README, 'Search')"
+    ),
 }
 
 
@@ -232,7 +245,8 @@ def _group_options(options: Mapping[str, Any], loc: Loc, pos: Reporter, *, own_h
             refused: dict[str, str] = {}  # option -> what its problem is keyed by, each once, in field order
             for error in exc.errors():
                 # the model's own check (a placement without hosts) names no field: the placement's
-                option = str(error["loc"][0]) if error["loc"] else "placement"
+                whole = "strategy" if error["type"] == "search_needs_both" else "placement"
+                option = str(error["loc"][0]) if error["loc"] else whole
                 refused.setdefault(option, error["type"] if error["type"] in _OPTION_PROBLEMS else option)
             for option, problem in refused.items():
                 if not (option == "hosts" and own_hosts):
@@ -272,6 +286,8 @@ def _expand_group(
     if members and not passthrough:
         _refuse_unused(name, axes, members, matrix_loc, pos)
     server = _server(name, members, pos)
+    if checked.search is not None:
+        _check_search(name, checked.search, members, server, loc, pos)
     server_axes = tuple(a for a in axes if server is not None and a in server.axes)
     cells = _ordered(parsed.cells, axes, server_axes)
     _count(members, cells, axes, matrix_loc, pos, budget)
@@ -285,6 +301,7 @@ def _expand_group(
             instances=tuple(made),
             on_failure=checked.on_failure,
             placement=checked.placement,
+            search=checked.search if checked.strategy == "search" else None,
             pool=tuple(checked.hosts or ()) if checked.placement is not None else (),
             position=pos.at(matrix_loc),
             server_axes=server_axes,
@@ -293,6 +310,21 @@ def _expand_group(
             included=parsed.included,
         )
     )
+
+
+def _check_search(
+    name: str, search: SearchSpec, members: list[_Member], server: _Member | None, loc: Loc, pos: Reporter
+) -> None:
+    """A search needs a server-starting step (a launch is what it saves) and a step of the group to measure."""
+    if server is None:
+        pos.problem((*loc, "search"), f"group '{name}': a search chooses server launches: the group starts none")
+    bases = [m.base for m in members]
+    if search.measure not in bases:
+        pos.problem(
+            (*loc, "search", "measure"), f"search.measure: '{search.measure}' is no step of group '{name}' ({bases})"
+        )
+    if search.baseline in bases:
+        pos.problem((*loc, "search", "baseline"), "search.baseline: a step before the group (its baseline), not in it")
 
 
 def _members(

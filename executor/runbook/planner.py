@@ -133,6 +133,29 @@ def matrix_summary(group: MatrixGroup) -> str:
     )
 
 
+def worst_case_launches(group: MatrixGroup) -> int:
+    """The most launches the group may make: every configuration, or a search's launch budget where lower."""
+    cap = group.search.budget.launches if group.search is not None else None
+    return len(group.servers) if cap is None else min(cap, len(group.servers))
+
+
+def search_lines(group: MatrixGroup) -> list[str]:
+    """A searched group's budget and worst case, as `plan` says them (nothing for a grid)."""
+    if group.search is None:
+        return []
+    budget, grid = group.search.budget, len(group.servers)
+    spent = [
+        f"{budget.launches} launches" if budget.launches else "",
+        f"{budget.gpu_hours:g} GPU-hours" if budget.gpu_hours else "",
+    ]
+    return [
+        f"#   strategy: search (README, 'Search'), measured by {group.search.measure}"
+        f"{f' against {group.search.baseline}' if group.search.baseline else ''}: budget "
+        f"{' or '.join(s for s in spent if s)}, whichever is spent first; worst case {worst_case_launches(group)} of "
+        f"the grid's {grid} launches{'' if budget.launches else ' (no launch cap: the GPU-hours stop it)'}"
+    ]
+
+
 def placed_hosts(
     runbook: Runbook, previous: Mapping[str, str] | None = None, index: cells.Index | None = None
 ) -> dict[str, list[str]]:
@@ -157,8 +180,8 @@ def _group_header(
     """What a matrix costs before anything runs: its cells, launches, an upper bound of their start-up
     time and where each server configuration goes; with `shown`, only that many servers and cells, and
     how many instances the plan leaves out."""
-    launches = len(group.servers)
-    lines = [f"\n# {matrix_summary(group)}"]
+    launches = worst_case_launches(group)
+    lines = [f"\n# {matrix_summary(group)}", *search_lines(group)]
     server = next((s for s in runbook.steps if s.id in group.servers), None)
     limit = None
     if server is not None:

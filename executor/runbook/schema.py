@@ -41,6 +41,7 @@ from executor.documents import FIGURE_PATH
 from executor.runbook.loader import _FALLBACK_FORBIDDEN
 from executor.runbook.matrix import _FIXED_FIELDS, _GROUP_KEYS, _GROUP_NAME, _JINJA_FIELDS, _MATRIX_STEP_KEYS, _NAME
 from executor.runbook.model import HOST_NAME, IDENTIFIER, Inventory, RunbookHeader
+from executor.runbook.search import SearchSpec
 from executor.stepkind import StepSpec, step_kinds
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -157,7 +158,7 @@ def _comments(source: str) -> Iterator[tuple[str, str]]:
 def runbook_schema() -> dict[str, Any]:
     """The JSON Schema of a runbook file."""
     kinds = step_kinds()
-    models: list[type[BaseModel]] = [RunbookHeader, *kinds.values()]
+    models: list[type[BaseModel]] = [RunbookHeader, SearchSpec, *kinds.values()]
     refs, document = models_json_schema(
         [(m, "validation") for m in models], ref_template=_REF, schema_generator=_LaxSchema
     )
@@ -168,7 +169,7 @@ def runbook_schema() -> dict[str, Any]:
     for kind, name in kind_defs.items():
         _kind_schema(defs, defs[name], kinds[kind], opened)
     defs["step"] = _step_schema(kind_defs)
-    defs["group"] = _group_schema()
+    defs["group"] = _group_schema(_def_name(refs[(SearchSpec, "validation")]))
     defs["matrix"] = _matrix_schema()
     header = defs.pop(_def_name(refs[(RunbookHeader, "validation")]))
     header["properties"]["steps"]["items"] = {
@@ -309,7 +310,7 @@ def _step_schema(kind_defs: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _group_schema() -> dict[str, Any]:
+def _group_schema(search: str) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "group": {
             "type": "string",
@@ -324,6 +325,11 @@ def _group_schema() -> dict[str, Any]:
             "description": "the group's hosts (its steps inherit them): a list, `all` or a pool's name",
         },
         "placement": _PLACEMENT,
+        "strategy": {
+            "enum": ["grid", "search"],
+            "description": "grid: every server configuration (default); search: judged from bounds (README, Search)",
+        },
+        "search": _described({"$ref": f"#/$defs/{search}"}, "the search's budget, measuring step, baseline, tolerance"),
         "steps": {
             "type": "array",
             "minItems": 1,

@@ -42,8 +42,10 @@ class SearchBudget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    launches: int | None = Field(default=None, ge=1, le=10_000)
-    gpu_hours: float | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    launches: int | None = Field(default=None, ge=1, le=10_000, description="server launches of the group, at most")
+    gpu_hours: float | None = Field(
+        default=None, gt=0, le=1_000_000, allow_inf_nan=False, description="GPU-hours (launch and measure x GPUs)"
+    )
 
     @model_validator(mode="after")
     def _one_given(self) -> SearchBudget:
@@ -57,13 +59,19 @@ class SearchSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    budget: SearchBudget
+    budget: SearchBudget = Field(description="launches or GPU-hours, checked before each launch")
     #: the group's step (its id as written) whose facts rank the configurations: a benchmark
-    measure: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    measure: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$", description="the group's step that ranks configurations")
     #: the step outside the group measuring the baseline: the point of one verified token, and the incumbent
-    baseline: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    baseline: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$",
+        description="the baseline's measuring step, before the group",
+    )
     #: within this fraction of the fastest, the cheaper configuration is the answer (the campaign report's)
-    tolerance: float = Field(default=0.02, ge=0, lt=1, allow_inf_nan=False)
+    tolerance: float = Field(
+        default=0.02, ge=0, lt=1, allow_inf_nan=False, description="within it of the fastest, the cheaper wins"
+    )
 
 
 @dataclass(frozen=True)
@@ -236,11 +244,11 @@ class Search:
         accepts, costs = self._points(position, band)
         accept = curve_bound(position.verified, accepts, concave=True)
         cost = curve_bound(position.verified, costs, concave=False)
-        if cost is None or cost <= 0:
+        if accept is None or cost is None or cost <= 0:
             return None
         shown = ", ".join("the baseline" if n == 1 else f"{n}" for n, _ in sorted(accepts))
         return Bound(
-            accept / cost, f"its family's acceptance at {shown} verified tokens, the cost of {len(costs)} points"
+            accept / cost, f"bound of its family's acceptance at {shown} verified tokens and of the cost per token"
         )
 
     def drafter_bound(self, config: str, band: Band) -> Bound | None:
@@ -256,12 +264,11 @@ class Search:
             if ratio is None or twin is None:
                 continue
             measure = self.measured.get(twin, {}).get(band)
-            carried = Bound(measure.high, "measured") if measure is not None else self.family_bound(twin, band)
+            carried = Bound(measure.high, "measure") if measure is not None else self.family_bound(twin, band)
             if carried is not None and (best is None or ratio * carried.value < best.value):
                 best = Bound(
                     ratio * carried.value,
-                    f"{ratio:.3f} x the {carried.why.partition(' through')[0]} of "
-                    f"{twin} (the drafters' ratio where both were measured)",
+                    f"{ratio:.3f} (the drafters' ratio where both were measured) x {twin}'s {carried.why}",
                 )
         return best
 
@@ -273,9 +280,14 @@ class Search:
             if position.drafter != drafter or band not in measures:
                 continue
             for twin, theirs in self.measured.items():
-                if self.positions[twin].drafter == other and self.positions[twin].setting == position.setting:
-                    if band in theirs and theirs[band].low > 0:
-                        ratios.append(measures[band].high / theirs[band].low)
+                peer = self.positions[twin]
+                if (
+                    peer.drafter == other
+                    and peer.setting == position.setting
+                    and band in theirs
+                    and theirs[band].low > 0
+                ):
+                    ratios.append(measures[band].high / theirs[band].low)
         return max(ratios) if ratios else None
 
     def bound(self, config: str, band: Band) -> Bound | None:

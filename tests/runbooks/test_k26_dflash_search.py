@@ -1,0 +1,108 @@
+"""The flagship campaign with `strategy: search` (`runbook demo --sweep --search`'s copy of it) on the test host, killed
+with SIGKILL mid-search and resumed: the bar of README "Search". The search launches at most half of the grid's
+launches (the baseline's counted), the resumed run launches nothing the killed one had decided (measured or
+pruned), every configuration not launched is recorded with the bound that excluded it, and the report's best
+configuration per concurrency is the grid's (or one the grid finds tied with it), from the grid measured once on the
+same stand-in (tests/executor/runbook/search_landscapes/standin_flagship.json, `runbook demo --sweep`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.demo import SWEEP_RUNBOOK, demo_site, searching_copy
+from tests.conftest import runbook_cli
+
+GRID = Path(__file__).resolve().parents[1] / "executor" / "runbook" / "search_landscapes" / "standin_flagship.json"
+TOLERANCE = 0.02  # the sweep's report tolerance
+
+
+def _grid_answers() -> dict[tuple[str, int], set[str]]:
+    """(workload, concurrency) -> the grid's best by median and those tied with it (within the tolerance)."""
+    grid = json.loads(GRID.read_text())
+    answers: dict[tuple[str, int], set[str]] = {}
+    for band in grid["baseline"]:
+        workload, _, level = band.rpartition(" c=")
+        medians = {"baseline": grid["baseline"][band][0]}
+        medians |= {name.removeprefix("deploy_dflash"): m[band][0] for name, m in grid["configs"].items()}
+        top = max(medians.values())
+        answers[(workload, int(level))] = {n for n, v in medians.items() if v >= (1 - TOLERANCE) * top}
+    return answers
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.e2e
+@pytest.mark.xdist_group("search")
+def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids_best(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    with demo_site(logs, sweep=True, search=True, say=lambda _: None) as site:
+        assert site.runbook == searching_copy(SWEEP_RUNBOOK, site.host_root)
+        env = {**os.environ, "HF_TOKEN": site.hf_token}
+        args = [str(site.runbook), "--inventory", str(site.inventory), "--log-dir", str(logs), "--json"]
+        first = subprocess.Popen(
+            [sys.executable, "-m", "executor.faces.cli", "run", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert first.stdout is not None
+        seen: list[dict[str, Any]] = []
+        for line in first.stdout:  # killed outright once its fourth launch is decided (its server starting)
+            seen += _events(line)
+            if sum(1 for e in seen if e["event"] == "search_decided" and e["action"] == "launch") == 4:
+                first.send_signal(signal.SIGKILL)
+                break
+        first.wait(timeout=60)
+        assert first.returncode == -signal.SIGKILL
+        run_id = seen[0]["run_id"]
+        killed = {
+            r["step"]: r
+            for r in json.loads(runbook_cli("status", run_id, "--log-dir", str(logs), "--json").stdout)["steps"]
+        }
+        decided = [e for e in seen if e["event"] == "search_decided"]
+        measured = [
+            d["config"]
+            for d in decided
+            if d["action"] == "launch"
+            and killed[d["config"].replace("deploy_dflash", "benchmark")]["status"] == "passed"
+        ]
+        pruned = [d["config"] for d in decided if d["action"] == "prune"]
+        assert len(measured) == 3 and pruned, decided  # three measured and some pruned before the kill
+
+        resumed = runbook_cli("run", *args, "--resume", run_id, env={"HF_TOKEN": site.hf_token}, timeout=800)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    events = _events(resumed.stdout)
+    ran = {e["step"] for e in events if e["event"] == "step_finished" and e["status"] != "skipped"}
+    assert not ran & set(measured)  # measured before the kill: never launched again
+    assert not ran & set(pruned)  # pruned before the kill: stays pruned (left out, no command)
+    new_run = events[0]["run_id"]
+    steps = {
+        r["step"]: r
+        for r in json.loads(runbook_cli("status", new_run, "--log-dir", str(logs), "--json").stdout)["steps"]
+    }
+    deploys = [s for s in steps if s.startswith("deploy_dflash[")]
+    launched = [s for s in deploys if steps[s]["status"] == "passed"]
+    assert len(launched) + 1 <= (len(deploys) + 1) / 2  # at most half the grid's launches, the baseline's included
+    for step in set(deploys) - set(launched):  # why each was never launched: the bound that excluded it
+        assert steps[step]["status"] == "skipped" and steps[step]["message"].startswith("search: pruned ")
+        message = steps[step]["message"]
+        assert " at most " in message and ("beaten by" in message or "tied" in message)
+    answers = _grid_answers()
+    for comparison in steps["report"]["facts"]["comparisons"]:
+        for level, name in comparison["best"].items():
+            chosen = name.partition(" (")[0].removeprefix("sweep").replace("benchmark_baseline", "baseline")
+            assert chosen in answers[(comparison["workload"], int(level))], (comparison["workload"], level, name)
