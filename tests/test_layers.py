@@ -46,7 +46,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the runbook's words: its typed model, durations, gate expressions, what a matrix expands to
     (
         "language",
-        ["executor.runbook.model", "executor.runbook.durations", "executor.runbook.gates", "executor.runbook.search", "executor.runbook.campaign"],
+        [
+            "executor.runbook.model",
+            "executor.runbook.durations",
+            "executor.runbook.gates",
+            "executor.runbook.search",
+            "executor.runbook.campaign",
+        ],
     ),
     # the transports: one interface, ssh (with its runner), local, and the scripted one
     ("transport", ["executor.transport", "executor.transport.*"]),
