@@ -490,6 +490,7 @@ class StepView:
     facts: Any  # as stored (JSON data), None when it produced none
     group: str | None = None  # its matrix group's name, None outside a matrix
     cell: Mapping[str, AxisValue] = dataclass_field(default_factory=dict)  # the axis values of the instance
+    duration_s: float | None = None  # how long it ran (all its attempts); None: it did not run
 
 
 @dataclass

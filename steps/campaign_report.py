@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 from executor.documents import Figure
 from executor.runbook.model import DataModel, Gate
 from executor.stepkind import Outcome, RenderContext, StepContext, StepRef, StepSpec, StepView
-from steps import campaign_parity, campaign_schedule, provenance, sglang_flags
+from steps import campaign_parity, campaign_report_search, campaign_schedule, provenance, sglang_flags
 from steps import campaign_report_document as document
 from steps.benchmark_report import REPORT_JSON, REPORT_MD, BenchmarkFacts, write_document
 from steps.campaign_report_cells import CellReport, Comparison, collect, compare, read_facts
@@ -65,6 +65,7 @@ class CampaignReportFacts(DataModel):
     crossover: int | None
     failed: dict[str, str]  # cell name -> reason
     sla: SlaFacts | None = None  # the only comparison's answer under the SLOs (`facts.sla.best`); None where several
+    search: list[campaign_report_search.SearchAccount] = []  # per searched group: launches, GPU time, the left out
 
 
 class CampaignReportStep(StepSpec):
@@ -136,6 +137,7 @@ class CampaignReportStep(StepSpec):
                 if c.status != "passed"
             ],
             cells=cells,
+            search=campaign_report_search.account(views, self.baseline),
         )
         report = document.build(campaign, origins, self.title or f"Campaign: {', '.join(groups(cells)) or 'no cell'}")
         write_document(ctx.run_dir, report, drawings(cells, comparisons), ctx.redactor)
@@ -231,6 +233,7 @@ def facts(ctx: StepContext, campaign: document.Campaign, figures: Sequence[Figur
         crossover=only.crossover if only else None,
         sla=only.sla if only else None,
         failed={f.name: f.reason for f in campaign.failed},
+        search=campaign.search,
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from executor.documents import Figure, Table
 from executor.runbook.model import DataModel
-from steps import campaign_report_sla
+from steps import campaign_report_search, campaign_report_sla
 from steps.benchmark_report import NA, Document, or_na, plain, provenance_tables, times, tok_s
 from steps.campaign_report_cells import CellReport, Comparison, Recommendation, percent
 from steps.provenance import Provenance
@@ -50,6 +50,8 @@ class Campaign(DataModel):
     comparisons: list[Comparison]  # per GPU kind and workload: best per concurrency, crossover, recommended
     failed: list[Failed]
     cells: list[CellReport]  # the baselines first, then the cells in run order
+    #: per group a search left configurations of unlaunched (strategy: search): launches and GPU time against the grid's
+    search: list[campaign_report_search.SearchAccount] = []
 
 
 class CampaignReport(Document):
@@ -97,7 +99,11 @@ def _recommended(r: Recommendation) -> str:
     return r.best + tie
 
 
-def choice_tables(comparisons: Sequence[Comparison], failed: Sequence[Failed]) -> list[Table]:
+def choice_tables(
+    comparisons: Sequence[Comparison],
+    failed: Sequence[Failed],
+    search: Sequence[campaign_report_search.SearchAccount] = (),
+) -> list[Table]:
     """Best per concurrency, crossover, recommended commands, failed cells: what `runbook report` shows first."""
     best = [
         [
@@ -138,6 +144,7 @@ def choice_tables(comparisons: Sequence[Comparison], failed: Sequence[Failed]) -
             ],
         ),
         *campaign_report_sla.tables(comparisons),
+        *campaign_report_search.tables(search),
         Table(
             title="Failed and skipped cells",
             columns=["cell", "host", "status", "reason"],
@@ -226,6 +233,7 @@ def notes(campaign: Campaign) -> list[str]:
         "no speculation, then fewest draft tokens, then smallest tree budget.",
     ]
     said += campaign_report_sla.note(campaign.comparisons)
+    said += campaign_report_search.notes(campaign.search)
     distinct = sorted(set(kinds.values()))
     if len(distinct) > 1:
         hosts = "; ".join(f"{host}: {kind}" for host, kind in kinds.items())
@@ -253,7 +261,7 @@ def figures(cells: Sequence[CellReport]) -> list[Figure]:
 
 
 def build(campaign: Campaign, provenance: dict[str, Provenance], title: str) -> CampaignReport:
-    tables = choice_tables(campaign.comparisons, campaign.failed) + cell_tables(campaign.cells)
+    tables = choice_tables(campaign.comparisons, campaign.failed, campaign.search) + cell_tables(campaign.cells)
     for host, origin in provenance.items():
         tables += [dataclasses.replace(t, title=f"{t.title} (host {host})") for t in provenance_tables(origin)]
     return CampaignReport(

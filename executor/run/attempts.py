@@ -229,6 +229,7 @@ class HostContext(StepContext):
                         facts=record.facts,
                         group=instance.group if instance else None,
                         cell=instance.values if instance else {},
+                        duration_s=record.duration_s,
                     )
                 )
         return views

@@ -29,6 +29,7 @@ from executor.runbook.cells import CELL_FAILED, Index
 from executor.runbook.loader import Runbook, _did_you_mean, apply_inventory
 from executor.runbook.model import VarValue, override_value, var_text
 from executor.runbook.planner import render_problems, secrets_redactor
+from executor.runbook.search import LEFT_OUT
 from executor.stepkind import StepSpec
 
 #: The host settings that say where a step runs. The others (timeouts, keys, jump hosts, the runner)
@@ -560,16 +561,25 @@ def _kept(spec: StepSpec, hosts: tuple[str, ...], source: Records, source_id: st
     """An earlier step that `--from`/`--only` leaves out because it did not pass on every host: its record is
     kept where it passed (a campaign's baseline that passed on one host of two stays in the report there) and
     where it failed last (the newest outcome: a cell that failed after it passed is reported failed, with the
-    failure's message, never `skipped (never passed)` nor with the numbers of its older pass)."""
+    failure's message, never `skipped (never passed)` nor with the numbers of its older pass), and where a campaign's
+    search left it out (the report's account of the search reads why)."""
     done = tuple(h for h in hosts if passed_before(source.get((spec.id, h))))
     failed = tuple(h for h in hosts if (r := source.get((spec.id, h))) is not None and r.status == "failed")
-    others = ", ".join(h for h in hosts if h not in done + failed)
-    if not done and not failed:
+    searched = tuple(h for h in hosts if (r := source.get((spec.id, h))) is not None and _searched_out(r))
+    others = ", ".join(h for h in hosts if h not in done + failed + searched)
+    if not done and not failed and not searched:
         return StepPlan(spec.id, "skip", "skipped (never passed)")
     whys = [f"skipped on {others} (never passed there)"] if others else []
     whys += [f"facts reused from {source_id} on {', '.join(done)}"] if done else []
     whys += [f"kept failed on {', '.join(failed)} (as in {source_id})"] if failed else []
-    return StepPlan(spec.id, "skip", "; ".join(whys), reused_on=tuple(h for h in hosts if h in done + failed))
+    whys += [f"kept left out by the search on {', '.join(searched)} (as in {source_id})"] if searched else []
+    kept = done + failed + searched
+    return StepPlan(spec.id, "skip", "; ".join(whys), reused_on=tuple(h for h in hosts if h in kept))
+
+
+def _searched_out(record: StepRecord) -> bool:
+    """Whether a campaign's search left the step out (never launched its configuration)."""
+    return record.status == "skipped" and (record.message or "").startswith(LEFT_OUT)
 
 
 def _left_out(record: StepRecord | None) -> bool:

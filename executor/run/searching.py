@@ -21,13 +21,10 @@ from executor.errors import StateError
 from executor.run.state import SEARCH_KEY, StepRecord
 from executor.runbook.campaign import MatrixGroup
 from executor.runbook.cells import Index
-from executor.runbook.search import Decision, Position, Search
+from executor.runbook.search import LEFT_OUT, Decision, Position, Search
 from executor.stepkind import StepSpec
 
-#: How a left-out instance's message begins (its cell was not launched by the search)
-SEARCH_LEFT_OUT = "search:"
-
-_LEFT_OUT = {"prune": "pruned", "unexplored": "not launched", "launch": "launched"}
+_SAID = {"prune": "pruned", "unexplored": "not launched", "launch": "launched"}
 
 Records = Mapping[tuple[str, str], StepRecord]
 
@@ -163,9 +160,9 @@ class SearchDriver:
         if instance.server is not None:
             decision = self.search.decided(instance.server)
             if decision is not None and decision.action != "launch":
-                return f"{SEARCH_LEFT_OUT} {_LEFT_OUT[decision.action]} {instance.server}: {decision.reason}"
-            return f"{SEARCH_LEFT_OUT} {instance.server} was not reached (the run stopped first)"
-        return f"{SEARCH_LEFT_OUT} no configuration of its cells was launched (each was pruned or not reached)"
+                return f"{LEFT_OUT}{_SAID[decision.action]} {instance.server}: {decision.reason}"
+            return f"{LEFT_OUT}{instance.server} was not reached (the run stopped first)"
+        return f"{LEFT_OUT}no configuration of its cells was launched (each was pruned or not reached)"
 
     def record(self) -> list[dict[str, Any]]:
         return [d.as_json() for d in self.search.decisions]

@@ -31,6 +31,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: How the message of a configuration's instance the search never launched begins (its report reads it)
+LEFT_OUT = "search: "
 #: What a band is called: `random-ids c=4` (the measuring step's workload and the concurrency).
 Band = str
 Action = Literal["launch", "prune", "unexplored"]

@@ -3,7 +3,8 @@ with SIGKILL mid-search and resumed: the bar of README "Search". The search laun
 launches (the baseline's counted), the resumed run launches nothing the killed one had decided (measured or
 pruned), every configuration not launched is recorded with the bound that excluded it, and the report's best
 configuration per concurrency is the grid's (or one the grid finds tied with it), from the grid measured once on the
-same stand-in (tests/executor/runbook/search_landscapes/standin_flagship.json, `runbook demo --sweep`).
+same stand-in (tests/executor/runbook/search_landscapes/standin_flagship.json, `runbook demo --sweep`); the report's
+account says so (launches and GPU time against the grid's, the configurations never launched and why).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids
         assert steps[step]["status"] == "skipped" and steps[step]["message"].startswith("search: pruned ")
         message = steps[step]["message"]
         assert " at most " in message and ("beaten by" in message or "tied" in message)
+    [account] = steps["report"]["facts"]["search"]  # the report's own account, from the run's records
+    assert (account["launched"], account["configurations"], account["grid_launches"]) == (len(launched), 12, 13)
+    assert account["gpu_hours"] <= account["grid_gpu_hours"] / 2
+    assert sorted(account["never_launched"]) == sorted(set(deploys) - set(launched))
     answers = _grid_answers()
     for comparison in steps["report"]["facts"]["comparisons"]:
         for level, name in comparison["best"].items():

@@ -1,0 +1,129 @@
+"""A searched campaign's account in its report (`strategy: search`, README "Search"): per group, what the search
+launched and what that cost in GPU time, against the grid's, and why each configuration it never launched was left
+out (the bound that excluded it, as the run recorded it).
+
+GPU time is each launch's own record: the time of the instances of its cell (its launch, evals and benchmark) times
+the GPUs it was launched on (tp x pp x dp of its argv; unknown counts as one), and the baseline's launch on each host
+likewise. The grid's is an estimate from the same records, the baselines' time plus every configuration of the grid
+at the mean of those launched: what a grid would have spent had its configurations cost what the launched ones did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from executor.documents import Table
+from executor.runbook.model import DataModel
+from executor.runbook.search import LEFT_OUT
+from executor.stepkind import StepView
+from steps.provenance import gpus_of
+
+
+class SearchAccount(DataModel):
+    """One searched group's account."""
+
+    group: str
+    configurations: int  # the grid's server configurations (a launch each)
+    launched: int
+    never_launched: dict[str, str]  # server instance -> why (pruned with its bound, or the budget spent)
+    launches: int  # launched + the baselines' (one per host)
+    grid_launches: int  # configurations + the baselines'
+    gpu_hours: float  # the launched configurations' and the baselines' time x GPUs
+    grid_gpu_hours: float  # estimated (module docstring)
+
+    @property
+    def share(self) -> float | None:
+        return self.gpu_hours / self.grid_gpu_hours if self.grid_gpu_hours > 0 else None
+
+
+def _gpus(view: StepView) -> int:
+    argv = view.facts.get("argv") if isinstance(view.facts, dict) else None
+    return (gpus_of([str(word) for word in argv]) if isinstance(argv, list) else None) or 1
+
+
+def _seconds(views: Sequence[StepView]) -> float:
+    return sum(v.duration_s or 0.0 for v in views)
+
+
+def baseline_seconds(views: Sequence[StepView], baseline: str) -> float:
+    """The baselines' GPU time: on each host, the baseline benchmark's launch and every step outside a matrix that
+    ran against that server (its benchmark and evals: the same base URL), times its GPUs."""
+    total = 0.0
+    for bench in (v for v in views if v.step == baseline and isinstance(v.facts, dict)):
+        launch = next((v for v in views if v.step == bench.facts.get("server") and v.host == bench.host), None)
+        if launch is None or not isinstance(launch.facts, dict):
+            continue
+        url = launch.facts.get("base_url")
+        against = [
+            v
+            for v in views
+            if v.host == bench.host
+            and v.group is None
+            and v is not launch
+            and isinstance(v.facts, dict)
+            and v.facts.get("base_url") == url
+        ]
+        total += (_seconds(against) + (launch.duration_s or 0.0)) * _gpus(launch)
+    return total
+
+
+def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
+    """One account per matrix group whose launches the search left some out of (a grid's has none)."""
+    accounts = []
+    base = baseline_seconds(views, baseline)
+    hosts = len({v.host for v in views if v.step == baseline})
+    for group in dict.fromkeys(v.group for v in views if v.group and v.kind == "deploy"):
+        launches = [v for v in views if v.group == group and v.kind == "deploy"]
+        left_out = {
+            v.step: (v.message or "").removeprefix(LEFT_OUT)
+            for v in launches
+            if v.status == "skipped" and (v.message or "").startswith(LEFT_OUT)
+        }
+        if not left_out:
+            continue
+        ran = [v for v in launches if v.status in ("passed", "failed")]
+        cost = [
+            _seconds([m for m in views if m.group == group and m.host == v.host and dict(m.cell) == dict(v.cell)])
+            * _gpus(v)
+            for v in ran
+        ]
+        mean = sum(cost) / len(cost) if cost else 0.0
+        accounts.append(
+            SearchAccount(
+                group=group,
+                configurations=len(launches),
+                launched=len(ran),
+                never_launched=left_out,
+                launches=len(ran) + hosts,
+                grid_launches=len(launches) + hosts,
+                gpu_hours=round((base + sum(cost)) / 3600, 6),
+                grid_gpu_hours=round((base + mean * len(launches)) / 3600, 6),
+            )
+        )
+    return accounts
+
+
+def notes(accounts: Sequence[SearchAccount]) -> list[str]:
+    """A line per searched group: launches and GPU time against the grid's."""
+    said = []
+    for a in accounts:
+        share = "" if a.share is None else f" ({a.share:.0%})"
+        said.append(
+            f"group {a.group} searched (strategy: search): {a.launched} of its {a.configurations} configurations "
+            f"launched, {a.launches} of the grid's {a.grid_launches} launches with the baselines; GPU time "
+            f"{a.gpu_hours:.4g} GPU-hours{share} against the grid's estimated {a.grid_gpu_hours:.4g} (the baselines' "
+            f"and each configuration at the launched ones' mean); the {len(a.never_launched)} never launched are in "
+            "the table Search, each with the bound that excluded it."
+        )
+    return said
+
+
+def tables(accounts: Sequence[SearchAccount]) -> list[Table]:
+    rows = [[a.group, config, why] for a in accounts for config, why in a.never_launched.items()]
+    if not rows:
+        return []
+    return [
+        Table(
+            title="Search: configurations never launched, and why", columns=["group", "configuration", "why"], rows=rows
+        )
+    ]
