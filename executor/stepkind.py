@@ -464,6 +464,12 @@ class StepContext(RenderContext):
         failed and why) and not only the facts of the steps that passed on its own host.
         """
 
+    def screen(self) -> Callable[[Mapping[Band, Measure]], frozenset[Band]] | None:
+        """For the measuring step of a configuration a campaign's search launched (README, "Search"): the screen,
+        which takes the measure of a first pass (one repeat of each band) and answers the bands where the
+        configuration still contends for the answer, to measure in full; None outside a search (measure all)."""
+        return None
+
     @abstractmethod
     def peer(self, host: str) -> StepContext:
         """`run`, `put`, `get`, `fact` and `progress` on `host` (see `RenderContext.peer`): the same step

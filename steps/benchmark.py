@@ -64,7 +64,7 @@ from executor.stepkind import (
     resolve_var,
 )
 from steps.bench_entry import ENTRY_POINTS, choose_lines, ran_entry_point
-from steps.benchmark_results import JSONL_MARKER, BenchRun, RunInfo, jsonl_lines, parse_run, points
+from steps.benchmark_results import JSONL_MARKER, BenchPoint, BenchRun, RunInfo, jsonl_lines, parse_run, points
 from steps.benchmark_slo import Slo
 from steps.benchmark_workloads import DEFAULT, Workload, WorkloadFacts, slice_key, unlike
 from steps.request_records import RecordsFile, asks_details, bench_records
@@ -234,9 +234,13 @@ class BenchmarkStep(StepSpec):
         from steps.benchmark_report import BenchmarkFacts
 
         try:
-            points = BenchmarkFacts.model_validate(facts).points
+            return self.measures_of(BenchmarkFacts.model_validate(facts).points)
         except ValidationError:
             return {}
+
+    @staticmethod
+    def measures_of(points: list[BenchPoint]) -> dict[Band, Measure]:
+        """Each point's band and its output throughput and acceptance, as the search reads them."""
         found = {}
         for point in points:
             throughput = point.output_throughput
@@ -441,7 +445,7 @@ class BenchmarkStep(StepSpec):
         )
         records = RecordsFile(ctx.output_dir, self.id, ctx.redactor)
         facts.requests_file = records.relative_to(ctx.run_dir)
-        result, stopped = await self._run_all(ctx, base_url, slots, facts, records)
+        result, stopped = await self._measure(ctx, base_url, slots, facts, records)
         if stopped is not None:
             return stopped
         facts.points = points(facts.runs, self.spread_threshold)
@@ -470,7 +474,7 @@ class BenchmarkStep(StepSpec):
         lines = jsonl_lines(result.stdout_text) or [""]
         records.append(bench_records(lines[-1], about) or [])
 
-    async def _run_all(
+    async def _measure(
         self,
         ctx: StepContext,
         base_url: str,
@@ -478,19 +482,53 @@ class BenchmarkStep(StepSpec):
         facts: BenchmarkFacts,
         records: RecordsFile,
     ) -> tuple[CommandResult, Outcome | None]:
+        """Every run in order; for a configuration a campaign's search launched (`ctx.screen()`), first one repeat of
+        each band (the screen), then the other repeats only where the search says it still contends: a loser is
+        not measured in full (`facts.screened` names the bands left at one repeat)."""
+        screen = ctx.screen()
+        first = [s for s in slots if s[0].repeat == 1]
+        if screen is None or len(first) == len(slots):
+            return await self._run_all(ctx, base_url, slots, facts, records)
+        result, stopped = await self._run_all(ctx, base_url, first, facts, records)
+        if stopped is not None:
+            return result, stopped
+        keep = screen(self.measures_of(points(facts.runs, self.spread_threshold)))
+        rest = [s for s in slots if s[0].repeat > 1 and self.band(s[0]) in keep]
+        facts.screened = sorted({self.band(slot) for slot, _ in first} - keep)
+        ctx.progress(f"screened: {len(keep)} of {len(first)} bands still contend, measured in full with the repeats")
+        if not rest:
+            return result, None
+        return await self._run_all(ctx, base_url, rest, facts, records, start=len(first))
+
+    @staticmethod
+    def band(slot: Slot) -> Band:
+        """How the search names a slot's band: `speed-bench/mixed c=4`."""
+        return f"{slice_key(slot.workload, slot.category)} c={slot.concurrency}"
+
+    async def _run_all(
+        self,
+        ctx: StepContext,
+        base_url: str,
+        slots: list[tuple[Slot, WorkloadFacts]],
+        facts: BenchmarkFacts,
+        records: RecordsFile,
+        start: int = 0,
+    ) -> tuple[CommandResult, Outcome | None]:
         """Each run in turn, its `BenchRun` appended to `facts.runs`; the last result, and the outcome of a run
-        that stopped the step (timed out, interrupted, failed: then with the points of the runs before it)."""
+        that stopped the step (timed out, interrupted, failed: then with the points of the runs before it).
+        `start`: runs done before these (a screen's), for the progress count."""
         result: CommandResult | None = None
-        for done, (slot, workload) in enumerate(slots):
+        total = start + len(slots)
+        for done, (slot, workload) in enumerate(slots, start):
             concurrency, repeat, seed = slot.concurrency, slot.repeat, slot.seed
             name = self.run_name(concurrency, repeat, slot.workload, slot.category)
             fields = {"concurrency": concurrency, "repeat": repeat, "workload": slice_key(slot.workload, slot.category)}
             ctx.progress(
-                f"{name} ({done + 1}/{len(slots)}): {self.prompts_at(concurrency)} prompts, seed {seed}",
+                f"{name} ({done + 1}/{total}): {self.prompts_at(concurrency)} prompts, seed {seed}",
                 **fields,
                 seed=seed,
                 done=done,
-                total=len(slots),
+                total=total,
             )
             result = await ctx.run(self.script(base_url, concurrency, repeat, seed, workload, slot.category))
             if result.timed_out or result.interrupted:
@@ -502,9 +540,7 @@ class BenchmarkStep(StepSpec):
             assert run is not None
             facts.runs.append(run)
             self.keep_records(records, ctx, result, run)
-            ctx.progress(
-                f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=len(slots)
-            )
+            ctx.progress(f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=total)
         assert result is not None  # concurrencies has at least one entry
         return result, None
 

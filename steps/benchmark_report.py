@@ -225,6 +225,8 @@ class BenchmarkFacts(DataModel):
     report: ReportFiles | None
     # the per-request records (steps/request_records.py), relative to the run folder; None: none were kept
     requests_file: str | None = None
+    #: bands (`random-ids c=32`) a campaign search's screen measured once and left at that: no contender there
+    screened: list[str] = []
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

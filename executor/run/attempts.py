@@ -52,6 +52,7 @@ from executor.runbook.gates import DETAIL_MAX, GateVerdict, GateWorkers, lookups
 from executor.runbook.loader import Runbook
 from executor.runbook.model import Host, RetryPolicy, host_variables, var_text
 from executor.runbook.planner import host_env
+from executor.runbook.search import Band, Measure
 from executor.stepkind import (
     FACTS_MAX_DEPTH,
     FactHost,
@@ -197,6 +198,9 @@ class HostContext(StepContext):
         if host not in {*runbook.step_hosts[self.spec.id], *peers(runbook, self.spec)}:  # connected before it started
             raise FactsError(f"step '{self.spec.id}' has no connection to host '{host}' (not one of its peer hosts)")
         return HostContext(self.attempts, self.spec, host, self.attempt, self.via, strict=True)
+
+    def screen(self) -> Callable[[Mapping[Band, Measure]], frozenset[Band]] | None:
+        return self.attempts.screens.get(self.spec.id)
 
     def facts_of_kind(self, kind: str) -> dict[str, Any]:
         attempts, view = self.attempts, self.attempts.facts_view(self.host_name)
@@ -354,6 +358,8 @@ class Attempts:
         self.transports = transports
         self.transport_factory = transport_factory
         self.refused: dict[str, str] = {}  # why a host has no transport (`_make_transport`)
+        #: a searched group's measuring instances -> their screen (`StepContext.screen`; the scheduler's search)
+        self.screens: dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]] = {}
 
     def connect(self, spec: StepSpec, hosts: Iterable[str]) -> None:
         """Make the transports of `hosts` and the step's peer hosts the run has none of yet."""

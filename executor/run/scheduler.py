@@ -219,6 +219,7 @@ class Scheduler:
                 driver.observe(records)
 
         self.search_record[group.name] = driver.record()
+        attempts.screens.update(driver.screens())
         pool: list[str | None] = list(group.pool) if group.placement is not None else [None]
         tasks = [asyncio.ensure_future(lane(host)) for host in pool]
         try:

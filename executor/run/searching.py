@@ -21,7 +21,7 @@ from executor.errors import StateError
 from executor.run.state import SEARCH_KEY, StepRecord
 from executor.runbook.campaign import MatrixGroup
 from executor.runbook.cells import Index
-from executor.runbook.search import LEFT_OUT, Decision, Position, Search
+from executor.runbook.search import LEFT_OUT, Band, Decision, Measure, Position, Search
 from executor.stepkind import StepSpec
 
 _SAID = {"prune": "pruned", "unexplored": "not launched", "launch": "launched"}
@@ -163,6 +163,10 @@ class SearchDriver:
                 return f"{LEFT_OUT}{_SAID[decision.action]} {instance.server}: {decision.reason}"
             return f"{LEFT_OUT}{instance.server} was not reached (the run stopped first)"
         return f"{LEFT_OUT}no configuration of its cells was launched (each was pruned or not reached)"
+
+    def screens(self) -> dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]]:
+        """Each configuration's measuring instance -> its screen (`StepContext.screen`): the bands it contends in."""
+        return {measure: self.search.contending for measure in self.measure.values() if measure is not None}
 
     def record(self) -> list[dict[str, Any]]:
         return [d.as_json() for d in self.search.decisions]

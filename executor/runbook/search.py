@@ -31,6 +31,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: How far below a band's incumbent (beyond the tolerance) a screen's one run may be and still be measured in full
+SCREEN_MARGIN = 0.05
 #: How the message of a configuration's instance the search never launched begins (its report reads it)
 LEFT_OUT = "search: "
 #: What a band is called: `random-ids c=4` (the measuring step's workload and the concurrency).
@@ -316,6 +318,17 @@ class Search:
                 f"{measure.median:.0f} within {self.tolerance:.1%}, which is cheaper"
             ), evidence
         return None
+
+    def contending(self, screen: Mapping[Band, Measure]) -> frozenset[Band]:
+        """The bands where a launched configuration, screened with one run each, may still be (or tie) the answer:
+        where its screen, SCREEN_MARGIN above its fastest run, reaches the band's incumbent less the tolerance
+        (a screen is one repeat: the margin is its noise), or where no incumbent is known."""
+        keep = set()
+        for band, measure in screen.items():
+            top = self.incumbent(band)
+            if top is None or measure.high * (1 + SCREEN_MARGIN) >= (1 - self.tolerance) * top[1].median:
+                keep.add(band)
+        return frozenset(keep)
 
     def prune(self) -> list[Decision]:
         """Prune every open configuration that no band leaves a chance; the decisions made."""

@@ -21,7 +21,16 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from executor.runbook.search import Band, Decision, Measure, Position, Search, SearchBudget, curve_bound
+from executor.runbook.search import (
+    SCREEN_MARGIN,
+    Band,
+    Decision,
+    Measure,
+    Position,
+    Search,
+    SearchBudget,
+    curve_bound,
+)
 
 STANDIN_FILE = Path(__file__).parent / "search_landscapes" / "standin_flagship.json"
 TOLERANCE = 0.02  # the campaign report's and SearchSpec's default
@@ -326,3 +335,17 @@ def test_a_budget_of_launches_or_gpu_hours_is_accepted() -> None:
     """Either field alone, or both, makes a budget."""
     assert SearchBudget(launches=6).launches == 6
     assert SearchBudget(gpu_hours=2.5).gpu_hours == 2.5
+
+
+def test_a_screen_keeps_the_bands_within_reach_of_their_incumbent() -> None:
+    """A launched configuration's one-run screen keeps a band for its full measurement when that run, 5%
+    (SCREEN_MARGIN) above, reaches the incumbent less the tolerance; far below it, the band stays at one run."""
+    grid = load_landscape(STANDIN_FILE)
+    search = landscape_search(grid)
+    band = next(iter(grid.baseline))
+    incumbent = grid.baseline[band].median
+    reach = (1 - TOLERANCE) * incumbent / (1 + SCREEN_MARGIN)
+    screen = {band: Measure(reach, reach, reach, 2.0), "unknown band c=1": Measure(1.0, 1.0, 1.0, None)}
+    assert search.contending(screen) == {band, "unknown band c=1"}  # no incumbent there: measured in full
+    below = reach * 0.99
+    assert search.contending({band: Measure(below, below, below, 2.0)}) == frozenset()
