@@ -623,11 +623,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = args.log_dir / views.latest(args.log_dir, None).run_id
     if (run_dir / views.REPORT_FILE).exists() and not args.json:
         cmd_report(argparse.Namespace(run=str(run_dir), log_dir=args.log_dir, format="text"))
-    _say_demo_end(run_dir, args.log_dir, code, site.runbook.name)
+    _say_demo_end(run_dir, args.log_dir, code, site.runbook.name, args.search)
     return code
 
 
-def _say_demo_end(run_dir: Path, log_dir: Path, code: int, runbook_name: str) -> None:
+def _say_demo_end(run_dir: Path, log_dir: Path, code: int, runbook_name: str, search: bool = False) -> None:
     """The demo's last lines: its audit log, its results (or where to look), what its numbers are, how to go on
     after a demo that stopped, and the command for a real GPU host."""
     from executor.run import audit
@@ -651,6 +651,8 @@ def _say_demo_end(run_dir: Path, log_dir: Path, code: int, runbook_name: str) ->
     lines.append(
         ("demo: on your GPU host", f"HF_TOKEN=hf_... runbook run runbooks/{runbook_name} --inventory my-site.yaml")
     )
+    if search:
+        lines.append("demo: to search there too, make its group's `strategy: grid` line `strategy: search`")
     for line in lines:
         if isinstance(line, tuple):
             _say_command(*line)

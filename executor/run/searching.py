@@ -24,6 +24,9 @@ from executor.runbook.cells import Index
 from executor.runbook.search import LEFT_OUT, Band, Decision, Measure, Position, Search
 from executor.stepkind import StepSpec
 
+#: The most a run's search record holds: 10 000 configurations (the matrix's limit) x a few decisions' reasons
+RECORD_MAX = 64 * 1024 * 1024
+
 _SAID = {"prune": "pruned", "unexplored": "not launched", "launch": "launched"}
 
 Records = Mapping[tuple[str, str], StepRecord]
@@ -33,6 +36,9 @@ def source_decisions(raw: str | None, where: str) -> dict[str, list[Decision]]:
     """A source run's recorded decisions (None: none); StateError when the record is not what a run writes."""
     if raw is None:
         return {}
+    if len(raw) > RECORD_MAX:
+        why = f"the search's record (`{SEARCH_KEY}`) is {len(raw)} characters, more than a run writes ({RECORD_MAX})"
+        raise StateError(f"{where}: {why}", why)
     try:
         data = json.loads(raw)
         return {str(group): [Decision.from_json(d) for d in decisions] for group, decisions in data.items()}

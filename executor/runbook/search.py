@@ -38,6 +38,7 @@ LEFT_OUT = "search: "
 #: What a band is called: `random-ids c=4` (the measuring step's workload and the concurrency).
 Band = str
 Action = Literal["launch", "prune", "unexplored"]
+ACTIONS: tuple[Action, ...] = ("launch", "prune", "unexplored")
 
 
 class SearchBudget(BaseModel):
@@ -146,7 +147,10 @@ class Decision:
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Decision:
+        """A recorded decision; ValueError (or TypeError, KeyError) when it is not as a run writes it."""
         evidence = data.get("evidence") or {}
+        if data["action"] not in ACTIONS:
+            raise ValueError(f"no decision of a search: {str(data['action'])[:40]!r} (expected one of {ACTIONS})")
         return cls(
             seq=int(str(data["seq"])),
             action=str(data["action"]),  # type: ignore[arg-type]
@@ -178,6 +182,16 @@ def curve_bound(at: int, points: list[tuple[int, float]], *, concave: bool) -> f
             line = _line(lo, hi, at)
             found = line if found is None else (min(found, line) if concave else max(found, line))
     return found
+
+
+#: Bands a decision's reason names (its evidence has every band's numbers): a record stays small with many bands
+REASON_BANDS = 8
+
+
+def _said(reasons: Iterable[str]) -> str:
+    listed = list(reasons)
+    more = len(listed) - REASON_BANDS
+    return "; ".join(listed[:REASON_BANDS]) + (f"; and {more} more bands (the evidence has each)" if more > 0 else "")
 
 
 @dataclass
@@ -277,7 +291,8 @@ class Search:
         return best
 
     def _ratio(self, drafter: str | None, other: str | None, band: Band) -> float | None:
-        """The most `drafter` got over `other` at a setting both were measured at (fastest over slowest repeat)."""
+        """The most `drafter` got over `other` at a setting both were measured at (median over median: a drafter's
+        factor is a heuristic of the space, not a bound of one run's noise, which the tolerance covers)."""
         ratios = []
         for config, measures in self.measured.items():
             position = self.positions[config]
@@ -289,9 +304,9 @@ class Search:
                     peer.drafter == other
                     and peer.setting == position.setting
                     and band in theirs
-                    and theirs[band].low > 0
+                    and theirs[band].median > 0
                 ):
-                    ratios.append(measures[band].high / theirs[band].low)
+                    ratios.append(measures[band].median / theirs[band].median)
         return max(ratios) if ratios else None
 
     def bound(self, config: str, band: Band) -> Bound | None:
@@ -342,7 +357,7 @@ class Search:
                     self.decide(
                         "prune",
                         config,
-                        "; ".join(r for r, _ in reasons),
+                        _said(r for r, _ in reasons),
                         {band: e for band, (_, e) in zip(bands, reasons, strict=True)},
                     )
                 )
