@@ -49,9 +49,7 @@ class Scheduler:
         self.hosts_to_run: dict[str, list[str]] = {}
         self.stopping = False  # a step failed outside `on_failure: continue`: the lanes start nothing new
         #: each searched group's decisions (SEARCH_KEY), a resumed run's kept until its group searches again
-        self.search_record: dict[str, list[dict[str, Any]]] = {
-            group: [d.as_json() for d in decisions] for group, decisions in folder.source_search.items()
-        }
+        self.search_record: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def index(self) -> cells.Index:
@@ -137,7 +135,10 @@ class Scheduler:
 
     async def run(self, attempts: Attempts) -> tuple[str, int]:
         """Every step to run; the run's status and exit code (failed, cells-failed or passed)."""
-        if self.search_record:  # a resumed run's decisions are its own too, whether or not its search goes on
+        # a resumed run's decisions are its own too, whether or not its search goes on (read here: the source run
+        # is opened after the scheduler is made)
+        self.search_record = {g: [d.as_json() for d in ds] for g, ds in self.folder.source_search.items()}
+        if self.search_record:
             self.folder.state.set(SEARCH_KEY, json.dumps(self.search_record))
         if not await self._run_steps(self.to_run(), attempts):
             return "failed", EXIT_FAILED

@@ -141,7 +141,9 @@ def expand(
             options = {"matrix": raw["matrix"], "on_failure": raw.get("on_failure"), "placement": raw.get("placement")}
             if "hosts" in raw:
                 options["hosts"] = raw["hosts"]
-            _expand_group(str(name), options, loc, [(step, loc)], kinds, names, pos, out, budget, own_hosts=True)
+            _expand_group(
+                str(name), options, loc, [(step, loc)], kinds, names, pos, out, budget, own_hosts=True, step_ids=taken
+            )
         else:
             _refuse_outside(raw, loc, kinds, pos)
             out.entries.append(Entry(raw, loc))
@@ -185,7 +187,7 @@ def _group(
             pos.problem(step_loc, f"group '{name}': a group's step cannot carry its own matrix or group")
             continue
         members.append((step, step_loc))
-    _expand_group(name, raw, loc, members, kinds, names, pos, out, budget, own_hosts=False)
+    _expand_group(name, raw, loc, members, kinds, names, pos, out, budget, own_hosts=False, step_ids=taken)
 
 
 class GroupOptions(BaseModel):
@@ -238,6 +240,9 @@ def _group_options(options: Mapping[str, Any], loc: Loc, pos: Reporter, *, own_h
     that one bad option does not hide the problems of the others. A matrix step's own `hosts` (`own_hosts`) are
     checked by its kind's validation: not reported here."""
     given = dict(options)
+    if given.get("search") is not None and not _search_checked(given["search"], (*loc, "search"), pos):
+        given.pop("search")
+        given.pop("strategy", None)  # refused above: a second problem that it lacks its `search:` would mislead
     for _ in range(len(GroupOptions.model_fields) + 1):  # each round drops one refused option at least
         try:
             return GroupOptions.model_validate(given)
@@ -255,6 +260,19 @@ def _group_options(options: Mapping[str, Any], loc: Loc, pos: Reporter, *, own_h
     return GroupOptions()
 
 
+def _search_checked(search: Any, loc: Loc, pos: Reporter) -> bool:
+    """Whether a group's `search:` is valid; each problem reported at its field, with pydantic's reason."""
+    try:
+        SearchSpec.model_validate(search)
+    except ValidationError as exc:
+        for error in exc.errors():
+            at = tuple(error["loc"])
+            named = ".".join(["search", *map(str, at)])
+            pos.problem((*loc, *at), f"{named}: {error['msg'].removeprefix('Value error, ')}")
+        return False
+    return True
+
+
 def _expand_group(
     name: str,
     options: Mapping[str, Any],
@@ -267,8 +285,10 @@ def _expand_group(
     budget: _Budget,
     *,
     own_hosts: bool,
+    step_ids: Collection[str] = (),
 ) -> None:
-    """Expand one matrix over its steps (`written`), appending its entries, instances and group to `out`."""
+    """Expand one matrix over its steps (`written`), appending its entries, instances and group to `out`;
+    `step_ids`: every step's id as written (a search's baseline names one)."""
     matrix_loc = (*loc, "matrix")
     parsed = _axes(options["matrix"], matrix_loc, names, pos)
     checked = _group_options(options, loc, pos, own_hosts=own_hosts)
@@ -287,7 +307,7 @@ def _expand_group(
         _refuse_unused(name, axes, members, matrix_loc, pos)
     server = _server(name, members, pos)
     if checked.search is not None:
-        _check_search(name, checked.search, members, server, loc, pos)
+        _check_search(name, checked.search, members, server, loc, pos, step_ids)
     server_axes = tuple(a for a in axes if server is not None and a in server.axes)
     cells = _ordered(parsed.cells, axes, server_axes)
     _count(members, cells, axes, matrix_loc, pos, budget)
@@ -313,7 +333,13 @@ def _expand_group(
 
 
 def _check_search(
-    name: str, search: SearchSpec, members: list[_Member], server: _Member | None, loc: Loc, pos: Reporter
+    name: str,
+    search: SearchSpec,
+    members: list[_Member],
+    server: _Member | None,
+    loc: Loc,
+    pos: Reporter,
+    step_ids: Collection[str],
 ) -> None:
     """A search needs a server-starting step (a launch is what it saves) and a step of the group to measure."""
     if server is None:
@@ -325,6 +351,8 @@ def _check_search(
         )
     if search.baseline in bases:
         pos.problem((*loc, "search", "baseline"), "search.baseline: a step before the group (its baseline), not in it")
+    elif search.baseline is not None and search.baseline not in step_ids:
+        pos.problem((*loc, "search", "baseline"), f"search.baseline: '{search.baseline}' is no step of the runbook")
 
 
 def _members(

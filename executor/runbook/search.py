@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 #: How far below a band's incumbent (beyond the tolerance) a screen's one run may be and still be measured in full
 SCREEN_MARGIN = 0.05
@@ -45,9 +45,12 @@ class SearchBudget(BaseModel):
     """How much a search may spend: server launches of its group, GPU-hours of them (launch and measurement), or
     both (the first spent stops it). Checked before each launch."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # lax, as the kinds' parameters: YAML 1.1 reads `1e-9` (no dot) as text, which a number's field then takes
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    launches: int | None = Field(default=None, ge=1, le=10_000, description="server launches of the group, at most")
+    launches: StrictInt | None = Field(
+        default=None, ge=1, le=10_000, description="server launches of the group, at most"
+    )
     gpu_hours: float | None = Field(
         default=None, gt=0, le=1_000_000, allow_inf_nan=False, description="GPU-hours (launch and measure x GPUs)"
     )
@@ -62,7 +65,7 @@ class SearchBudget(BaseModel):
 class SearchSpec(BaseModel):
     """A matrix group's `search:` (with `strategy: search`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     budget: SearchBudget = Field(description="launches or GPU-hours, checked before each launch")
     #: the group's step (its id as written) whose facts rank the configurations: a benchmark

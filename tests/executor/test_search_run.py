@@ -250,17 +250,9 @@ def test_a_gpu_hours_budget_is_checked_before_each_launch_so_the_first_one_happe
         assert steps[config]["status"] == "skipped" and steps[config]["message"].startswith(why)
 
 
-NOT_REWRITTEN = (
-    "Scheduler.__init__ copies folder.source_search into search_record before Engine.run calls folder.open_source, "
-    "so it is always empty and Scheduler.run never writes the resumed run's decisions: only a new decision (an "
-    "emit in _run_search) writes the `search` key. A resume that decides nothing new (here: it measures the one "
-    "launch left unmeasured, nothing is open) ends with no `search` key, and a resume of it has no decisions"
-)
-
-
 @pytest.mark.parametrize(
     ("on_failure", "exit_code"),
-    [("stop", 1), pytest.param("continue", 5, marks=pytest.mark.xfail(strict=True, reason=NOT_REWRITTEN))],
+    [("stop", 1), ("continue", 5)],
 )
 def test_a_resume_after_a_failed_measure_launches_nothing_measured_or_pruned_and_keeps_the_decisions(
     tmp_path: Path, on_failure: str, exit_code: int
@@ -304,20 +296,6 @@ def test_a_tampered_search_record_refuses_the_resume_naming_the_run_folder(tmp_p
         assert said in resumed.stderr and "Traceback" not in resumed.stderr, (garbage, resumed.stderr)
 
 
-SEARCH_AT_ITS_MAPPING = (
-    "matrix._group_options puts a refused `search:` at the `search:` mapping (13:7) with the generic usage line, "
-    "not at the field pydantic names (error['loc'][1:]) with its reason; and, having dropped it, the group also "
-    "says `strategy: search needs its search:` at 11:15 although it has one"
-)
-YAML_FLOAT = (
-    "SearchBudget is strict=True and PyYAML (YAML 1.1) reads `1e-9` (no dot) as the string '1e-9': refused (at "
-    "the search mapping, with the spurious strategy problem), where every other number of a runbook so written is "
-    "read (the kinds' lax models take it)"
-)
-BASELINE_NAMED = (
-    "matrix._check_search checks only that search.baseline is no step of the group: one that names no step at all "
-    "is accepted, and the search runs with no baseline (no incumbent, no point of one verified token)"
-)
 SEARCH_BLOCK = "    search:\n      budget: BUDGET\n      measure: bench\n      baseline: base_bench\n"
 
 
@@ -336,21 +314,18 @@ SEARCH_BLOCK = "    search:\n      budget: BUDGET\n      measure: bench\n      b
             (13, 15),
             "budget",
             id="empty-budget",
-            marks=pytest.mark.xfail(strict=True, reason=SEARCH_AT_ITS_MAPPING),
         ),
         pytest.param(
             {"BUDGET": "{launches: 0}"},
             (13, 26),
             "launches",
             id="no-launch",
-            marks=pytest.mark.xfail(strict=True, reason=SEARCH_AT_ITS_MAPPING),
         ),
         pytest.param(
             {"base_bench\n    steps": "base_bench\n      tolerance: .nan\n    steps"},
             (16, 18),
             "tolerance",
             id="nan",
-            marks=pytest.mark.xfail(strict=True, reason=SEARCH_AT_ITS_MAPPING),
         ),
         pytest.param(
             {"strategy: search": "strategy: random"},
@@ -363,7 +338,6 @@ SEARCH_BLOCK = "    search:\n      budget: BUDGET\n      measure: bench\n      b
             (15, 17),
             "search.baseline",
             id="no-baseline",
-            marks=pytest.mark.xfail(strict=True, reason=BASELINE_NAMED),
         ),
     ],
 )
@@ -377,7 +351,6 @@ def test_a_search_written_wrong_is_refused_at_its_line(
     assert problem.startswith(f"{path}:{where[0]}:{where[1]}: ") and said in problem, problem
 
 
-@pytest.mark.xfail(strict=True, reason=YAML_FLOAT)
 def test_a_budget_in_gpu_hours_may_be_written_as_yaml_writes_small_numbers(tmp_path: Path) -> None:
     done = runbook_cli("validate", str(runbook(tmp_path, "{gpu_hours: 1e-9}")))
     assert done.returncode == 0, done.stderr
