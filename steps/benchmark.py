@@ -94,6 +94,11 @@ def _above_zero(text: str) -> int:
     return int(text)
 
 
+def band_of(workload: str, category: str | None, concurrency: int) -> Band:
+    """How a campaign's search names a workload (and category) at a concurrency: `speed-bench/mixed c=4`."""
+    return f"{slice_key(workload, category)} c={concurrency}"
+
+
 class Slot(NamedTuple):
     """One run of the schedule: its workload's label and category (speed-bench's; else None), concurrency,
     repeat and seed."""
@@ -247,7 +252,7 @@ class BenchmarkStep(StepSpec):
             if throughput is None:
                 continue
             accept = None if point.accept_length is None else float(point.accept_length.median)
-            band = f"{slice_key(point.workload, point.category)} c={point.max_concurrency}"
+            band = band_of(point.workload, point.category, point.max_concurrency)
             found[band] = Measure(float(throughput.median), float(throughput.min), float(throughput.max), accept)
         return found
 
@@ -502,8 +507,7 @@ class BenchmarkStep(StepSpec):
 
     @staticmethod
     def band(slot: Slot) -> Band:
-        """How the search names a slot's band: `speed-bench/mixed c=4`."""
-        return f"{slice_key(slot.workload, slot.category)} c={slot.concurrency}"
+        return band_of(slot.workload, slot.category, slot.concurrency)
 
     async def _run_all(
         self,
