@@ -104,8 +104,10 @@ class SearchDriver:
         return sum(r.duration_s or 0 for r in rows) * gpus
 
     def launches(self, records: Records) -> int:
-        """The group's server launches so far (started, whether they came up or not; a `when:` skip is none)."""
-        return sum(1 for (step, _), r in records.items() if step in self.members and r.status in ("passed", "failed"))
+        """The group's server launches so far: those decided, the lanes' running ones among them (two lanes must
+        not both take the budget's last), less those whose server step was skipped by its `when:` (no launch)."""
+        skipped = {step for (step, _), r in records.items() if step in self.members and r.status == "skipped"}
+        return sum(1 for d in self.search.decisions if d.action == "launch" and d.config not in skipped)
 
     # ---- what runs next ---------------------------------------------------------------------------
 
