@@ -398,7 +398,8 @@ class Search:
             return max(ratios, default=math.inf)
 
         frontier = [c for c in allowed if self._next_to_measured(c)] or allowed
-        best = max(frontier, key=lambda c: (hope(c), -list(self.positions).index(c)))
+        ahead = [c for c in frontier if self.positions[c].drafter == leader and hope(c) > 1] or frontier
+        best = max(ahead, key=lambda c: (hope(c), -list(self.positions).index(c)))
         return (
             best,
             f"next to a measured configuration, its bound leaves the most room: {hope(best):.2f} x an incumbent",

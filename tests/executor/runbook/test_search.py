@@ -171,6 +171,19 @@ def test_the_stand_in_grid_is_answered_with_at_most_half_of_its_launches() -> No
     assert sorted(d.config for d in search.decisions) == sorted(landscape.configs)
 
 
+def test_the_stand_in_grid_measured_twice_over_is_answered_in_every_band_with_one_launch_more() -> None:
+    """The same grid with two repeats per point (`--var bench_repeats=2`): the repeats' noise makes zlab's DFLASH 4
+    the best at speed-bench c=32 by 3.4% (beyond the tolerance; with one repeat tmp-long's was), so the grid's
+    answers are four configurations. The search names each, launching 6 of 12 (7 of the grid's 13 launches with
+    the baseline: over half by one; the one more is zlab's DFLASH 4, an answer)."""
+    landscape = load_landscape(STANDIN_FILE.with_name("standin_flagship_2repeats.json"))
+    assert tied_with_best(landscape, "speed-bench/mixed c=32") == {"deploy_dflash[drafter=zlab,spec=dflash-4]"}
+    search = landscape_search(landscape)
+    drive(search, landscape)
+    assert_answers(search, landscape)
+    assert len(launched(search)) <= 6 and "deploy_dflash[drafter=zlab,spec=dflash-4]" in launched(search)
+
+
 def test_each_prune_on_the_stand_in_grid_gives_its_bands_and_numbers() -> None:
     """A prune's reason names every band; its evidence gives, for each, a bound below the incumbent's median or
     within the tolerance of it."""
