@@ -34,6 +34,7 @@ import yaml
 from hostprograms import deploy as deploy_host
 from sandbox import prepare, testhost
 from sandbox.hub import HubServer
+from sandbox.model_configs import TMP_LONG_ID
 from sandbox.sglang_standin import faults as standin_switches
 from sandbox.sshd import SSHD
 
@@ -50,6 +51,26 @@ DEMO_STANDIN = {"decode_tokens_per_s": 5000.0, "startup_s": 0.5, **STABLE}
 DEMO_REPEATS = 1
 #: the sweep's 12 configurations x 4 concurrencies x 3 repeats take a few minutes at this speed
 SWEEP_STANDIN = {"decode_tokens_per_s": 5000.0, "startup_s": 1.0, **STABLE}
+#: the sweep's landscapes (the stand-in's switches of simulation.Physics, faults.py), by name:
+#: - `h200`: the stand-in's defaults, an 8x H200 where tree verification does not pay (tmp-long wins everywhere;
+#:   DFLASH 8 at concurrency 1-4, DFLASH 4 or the baseline at 16-32);
+#: - `headroom`: a GPU with more compute per byte of memory bandwidth (a B300-class part, FP4 experts: about 4x the
+#:   H200's FLOPs per byte), where a verify step stays bandwidth-bound to more tokens: each token verified costs
+#:   about a quarter of the H200's (0.01 decode steps), and batched heavy steps saturate it half as fast (0.05: a
+#:   DFLASH 4 step, 0.025 per extra request, still slows more than the baseline's one token, 0.02);
+#:   DDTREE's acceptance per doubling of its budget as its paper's gains over DFlash (0.25, about +35% speed at
+#:   its best budget, Ringel & Romano 2026), where the default's 0.12 was a cautious guess; and SubSir's tmp-long
+#:   drafter, trained for long contexts, worse than z-lab's on the benchmarks' short prompts (0.9 of z-lab's
+#:   acceptance beyond the bonus token on chat and open-ended writing, 0.95 on math, 0.7 on code as by default)
+LANDSCAPES: dict[str, dict[str, object]] = {
+    "h200": {},
+    "headroom": {
+        "tree_gain": 0.25,
+        "verify_cost_per_token": 0.01,
+        "batch_slowdown": 0.05,
+        "drafter_profiles": {TMP_LONG_ID: {"math": 0.95, "code": 0.7, "chat": 0.9, "creative": 0.9}},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,7 @@ def demo_site(
     hosts: int = 1,
     sglang: str = "ddtree-pr",
     nodes: int = 1,
+    landscape: str = "h200",
 ) -> Iterator[DemoSite]:
     """The test hosts and local Hub, running, and an inventory for them; all stopped on exit.
 
@@ -104,7 +126,8 @@ def demo_site(
     dist-init address. The sweep (`sweep=True`) runs on `hosts` test hosts, the
     inventory's pool `gpus`, each an 8x H200 with its own HOME, SGLang port and models folder, and the
     SGLang build `sglang`: by default one with the DDTree pull request (the sandbox's test double of
-    it), so every cell of the grid runs; `release` (0.5.23, no DDTREE) skips the DDTREE cells. With `search`,
+    it), so every cell of the grid runs; `release` (0.5.23, no DDTREE) skips the DDTREE cells; its stand-ins
+    compute the landscape `landscape` (LANDSCAPES' name). With `search`,
     the sweep as a user switches it to searching: its copy beside the inventory with `strategy: search`.
     """
     if testhost.missing():
@@ -126,7 +149,8 @@ def demo_site(
             address = testhost.node_address(n) if nodes > 1 else "127.0.0.1"
             started.append(testhost.start(host_root, name, gpu=gpu, sglang=build, ssh=kind, address=address))
             # the stand-in decodes faster than Kimi-K2.6 on 8 GPUs, so the runbook's benchmarks take seconds
-            standin_switches.path(started[-1][1].home).write_text(json.dumps(SWEEP_STANDIN if sweep else DEMO_STANDIN))
+            switches = SWEEP_STANDIN | LANDSCAPES[landscape] if sweep else DEMO_STANDIN
+            standin_switches.path(started[-1][1].home).write_text(json.dumps(switches))
         with HubServer() as hub:
             site_vars = {
                 "sglang_python": str(prepare.VENV_PYTHON),

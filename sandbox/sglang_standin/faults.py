@@ -23,7 +23,15 @@ A JSON object; a missing file means the defaults. Keys (all optional):
   "(noisy)"). The server still paces the requests in real time, so as many are in flight as the model says;
 - `broken_drafter`: false (default) or true: a speculative server's greedy outputs then differ from
   the baseline's from an early token index on (simulation.divergence_index, per prompt), as a
-  drafter whose verification lets wrong tokens through would; a baseline server ignores it.
+  drafter whose verification lets wrong tokens through would; a baseline server ignores it;
+- the landscape (simulation.Physics; defaults: simulation.py's constants, an 8x H200 serving Kimi-K2.6), so that a
+  campaign has another optimum: `tree_gain` (>= 0, default 0.12: DDTREE's acceptance beyond the bonus token, per
+  doubling of its budget over 8), `verify_cost_per_token` (>= 0, default 0.0375: a verify step's cost in decode
+  steps per token verified, beyond the one step), `batch_slowdown` (>= 0, default 0.1: a speculative step's
+  slowdown per extra request in flight, per 8 tokens verified; the baseline's stays 0.02), `drafter_profiles`
+  (null: simulation.DRAFTER_PROFILES; or an object, a drafter's config.json `_name_or_path` -> kind of prompt
+  (simulation.DEFAULT_ACCEPT's keys) -> factor > 0 on its acceptance beyond the bonus token, the kinds not
+  given 1.0; it replaces the defaults, and a drafter not named, or with no `_name_or_path`, has none).
 
 The server reads it at start-up; `refuse_flush_cache` is read again at each /flush_cache, so a
 test can switch it while the server runs. Unknown keys or wrong types fail loudly: a typo in a
@@ -38,11 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import simulation
+
 FILE_NAME = "sglang-standin.json"
 FAULTS = (
     *("crash_at_startup", "never_healthy", "refuse_flush_cache", "nccl_error", "nccl_hang", "wrong_tp"),
     "miscount_metrics",
 )
+#: the landscape's numeric switches (simulation.Physics)
+LANDSCAPE_NUMBERS = ("tree_gain", "verify_cost_per_token", "batch_slowdown")
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,16 @@ class Switches:
     broken_drafter: bool = False
     stream_interval: int = 1
     modelled_clock: bool = False
+    tree_gain: float = simulation.TREE_GAIN
+    verify_cost_per_token: float = simulation.VERIFY_COST_PER_TOKEN
+    batch_slowdown: float = simulation.BATCH_SLOWDOWN[True]
+    drafter_profiles: dict[str, dict[str, float]] | None = None
+
+    @property
+    def physics(self) -> simulation.Physics:
+        """The landscape these switches give (the module docstring's last item)."""
+        profiles = simulation.DRAFTER_PROFILES if self.drafter_profiles is None else self.drafter_profiles
+        return simulation.Physics(self.tree_gain, self.verify_cost_per_token, self.batch_slowdown, profiles)
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -70,6 +92,9 @@ class Switches:
             or self.stream_interval < 1
         ):
             raise ValueError(f"stream_interval {self.stream_interval!r}: an integer >= 1")
+        for key in LANDSCAPE_NUMBERS:
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} {getattr(self, key)!r}: >= 0")
 
 
 def path(home: str | os.PathLike[str] | None = None) -> Path:
@@ -84,7 +109,7 @@ def parse(data: object) -> Switches:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{FILE_NAME}: unknown keys {unknown}; known: {sorted(known)}")
-    for key in ("accept_length", "decode_tokens_per_s", "startup_s"):
+    for key in ("accept_length", "decode_tokens_per_s", "startup_s", *LANDSCAPE_NUMBERS):
         if key not in data or (data[key] is None and key == "accept_length"):
             continue
         value = data[key]
@@ -95,11 +120,28 @@ def parse(data: object) -> Switches:
             raise ValueError(f"{FILE_NAME}: {key} must be true or false, not {data[key]!r}")
     if "fault" in data and data["fault"] is not None and not isinstance(data["fault"], str):
         raise ValueError(f"{FILE_NAME}: fault must be a string or null, not {data['fault']!r}")
+    if data.get("drafter_profiles") is not None:
+        _check_profiles(data["drafter_profiles"])
     values: dict[str, Any] = {
         key: float(v) if isinstance(v, int) and not isinstance(v, bool) and key != "stream_interval" else v
         for key, v in data.items()
     }
     return Switches(**values)
+
+
+def _check_profiles(profiles: object) -> None:
+    """`drafter_profiles`: an object of drafters, each an object of kinds of prompt and positive factors."""
+    where = f"{FILE_NAME}: drafter_profiles"
+    if not isinstance(profiles, dict):
+        raise ValueError(f"{where} must be an object (drafter -> kind -> factor) or null, not {profiles!r}")
+    for drafter, profile in profiles.items():
+        if not isinstance(profile, dict):
+            raise ValueError(f"{where}.{drafter} must be an object (kind -> factor), not {profile!r}")
+        for kind, factor in profile.items():
+            if kind not in simulation.DEFAULT_ACCEPT:
+                raise ValueError(f"{where}.{drafter}: kind {kind!r} is none of {sorted(simulation.DEFAULT_ACCEPT)}")
+            if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
+                raise ValueError(f"{where}.{drafter}.{kind} must be a number > 0, not {factor!r}")
 
 
 def load(home: str | os.PathLike[str] | None = None) -> Switches:

@@ -38,6 +38,7 @@ restarts the acceptance average of /server_info.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -117,6 +118,9 @@ class Engine:
     def __init__(self, launch: Launch, switches: faults.Switches) -> None:
         self.launch = launch
         self.switches = switches
+        #: the configuration's acceptance and cost on the switches' landscape (faults.py)
+        speculation = launch.speculation
+        self.speculation = None if speculation is None else dataclasses.replace(speculation, physics=switches.physics)
         self.ready = False
         self.stopping = False
         self.started_at = time.time()
@@ -219,7 +223,7 @@ class Engine:
             max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
             max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else int(max_new)
             accept = 1.0
-            speculation = self.launch.speculation
+            speculation = self.speculation
             if speculation is not None:
                 accept = speculation.accept_length(prompt, self.switches.accept_length)
             chunks = simulation.steps(max_new, accept)

@@ -39,6 +39,12 @@ Deterministic per prompt, so tests and the demo see stable numbers:
   so speculative decoding is faster than the baseline alone, its edge shrinks with concurrency, and
   at high concurrency a large draft count or tree budget is slower than the baseline (a crossover),
   as on real GPUs.
+
+The constants of acceptance and cost above (TREE_GAIN, VERIFY_COST_PER_TOKEN, the speculative BATCH_SLOWDOWN,
+DRAFTER_PROFILES) are one landscape's, an 8x H200 serving Kimi-K2.6 where tree verification does not pay:
+`Physics` holds them, the defaults those constants, and the stand-in's switches (faults.py: `tree_gain`,
+`verify_cost_per_token`, `batch_slowdown`, `drafter_profiles`) give another, so that a campaign's search can be
+measured on a landscape of another optimum (tests/executor/runbook/search_landscapes/).
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ import functools
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 DEFAULT_ACCEPT = {"rewrite": 6.2, "math": 5.4, "code": 4.9, "chat": 3.7, "creative": 2.9}
 #: how the text reached the model -> factor on the acceptance length (see the module docstring)
@@ -117,6 +124,21 @@ def template_of(prompt: str) -> str:
 
 
 @dataclass(frozen=True)
+class Physics:
+    """What acceptance and cost are made of on one GPU and drafter pair (module docstring); the defaults are the
+    module's constants, the switches (faults.py) another landscape's."""
+
+    tree_gain: float = TREE_GAIN  # acceptance beyond the bonus token, per doubling of a tree's budget over 8
+    verify_cost_per_token: float = VERIFY_COST_PER_TOKEN  # a verify step's cost, in decode steps, per token
+    batch_slowdown: float = BATCH_SLOWDOWN[True]  # per extra request in flight, per REFERENCE_BLOCK tokens
+    #: drafter (config.json `_name_or_path`) -> kind of prompt -> factor on acceptance beyond the bonus token
+    drafter_profiles: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: DRAFTER_PROFILES)
+
+
+DEFAULT_PHYSICS = Physics()
+
+
+@dataclass(frozen=True)
 class Speculation:
     """What a speculative server's configuration means for acceptance and cost (module docstring)."""
 
@@ -125,6 +147,7 @@ class Speculation:
     budget: int | None = None  # DDTREE's tree budget (verified nodes)
     drafter: str | None = None  # the drafter's `_name_or_path`, for DRAFTER_PROFILES
     hybrid_target: bool = False  # the target has linear-attention (Mamba/GDN) layers
+    physics: Physics = DEFAULT_PHYSICS  # the stand-in's switches (the server's), else the module's constants
 
     @property
     def verified_tokens(self) -> int:
@@ -139,8 +162,9 @@ class Speculation:
             centre = mean
         else:
             chain = (1 - CHAIN_Q ** (self.block - 1)) / (1 - CHAIN_Q ** (REFERENCE_BLOCK - 1))
-            tree = 1.0 if self.budget is None else 1 + TREE_GAIN * math.log2(self.budget / REFERENCE_BLOCK)
-            gain = DRAFTER_PROFILES.get(self.drafter or "", {}).get(kind, 1.0)
+            physics = self.physics
+            tree = 1.0 if self.budget is None else 1 + physics.tree_gain * math.log2(self.budget / REFERENCE_BLOCK)
+            gain = physics.drafter_profiles.get(self.drafter or "", {}).get(kind, 1.0)
             centre = 1 + (DEFAULT_ACCEPT[kind] - 1) * chain * tree * gain
         if self.budget is not None and self.hybrid_target and self.budget >= HYBRID_COLLAPSE_BUDGET:
             return 1.0 + 0.3 * _unit(prompt)  # tree verification on a hybrid Mamba/GDN target collapses
@@ -151,12 +175,12 @@ class Speculation:
     @property
     def verify_cost(self) -> float:
         """A verify step's wall time in decode steps of the baseline."""
-        return 1 + VERIFY_COST_PER_TOKEN * self.verified_tokens
+        return 1 + self.physics.verify_cost_per_token * self.verified_tokens
 
     @property
     def batch_slowdown(self) -> float:
         """Per extra request in flight: heavier verify steps saturate the GPU sooner."""
-        return BATCH_SLOWDOWN[True] * self.verified_tokens / REFERENCE_BLOCK
+        return self.physics.batch_slowdown * self.verified_tokens / REFERENCE_BLOCK
 
 
 def accept_length(prompt: str, draft_tokens: int, mean: float | None) -> float:

@@ -758,8 +758,17 @@ def test_the_switches_file_is_checked() -> None:
     assert faults.parse({}) == faults.Switches()
     assert faults.parse({"accept_length": 3, "startup_s": 0}).accept_length == 3.0
     assert faults.parse({"broken_drafter": True}).broken_drafter is True
+    assert faults.Switches().physics == simulation.DEFAULT_PHYSICS  # the landscape's defaults: the constants
+    landscape = faults.parse({"tree_gain": 0, "batch_slowdown": 0.05, "drafter_profiles": {"d": {"chat": 2}}})
+    assert landscape.physics == simulation.Physics(0.0, simulation.VERIFY_COST_PER_TOKEN, 0.05, {"d": {"chat": 2}})
     for bad in (
         {"broken_drafter": 1},
+        {"tree_gain": -0.1},
+        {"verify_cost_per_token": None},
+        {"drafter_profiles": {"d": {"poetry": 1.0}}},
+        {"drafter_profiles": {"d": {"chat": 0}}},
+        {"drafter_profiles": {"d": 1.0}},
+        {"drafter_profiles": ["d"]},
         {"fault": "explode"},
         {"acept_length": 3.0},
         {"startup_s": "1"},

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.demo import LANDSCAPES
 from sandbox.model_configs import TMP_LONG_ID, drafter_config, hybrid_target_config, target_config
-from sandbox.sglang_standin.simulation import Speculation, apply_chat_template, step_seconds
+from sandbox.sglang_standin import faults
+from sandbox.sglang_standin.simulation import DEFAULT_PHYSICS, Physics, Speculation, apply_chat_template, step_seconds
 from sandbox.sshd import free_port
 from tests.conftest import SandboxHost
 from tests.sandbox.test_sglang_standin import FAST, Server, foreground, generate, http, start, wait_healthy
@@ -76,6 +78,22 @@ def test_verify_steps_cost_more_with_more_tokens_and_speculation_stops_paying_at
         assert gains == sorted(gains, reverse=True) and gains[0] > 1 > gains[-1], (speculation, gains)
     # the crossover comes earlier for the heavier configuration: at 16 the small one still pays
     assert speedup(Speculation("DFLASH", 4), 16) > 1 > speedup(Speculation("DFLASH", 16), 16)
+
+
+def test_another_landscape_moves_the_optimum_to_a_tree_and_the_other_drafter() -> None:
+    """The demo's `headroom` landscape (cheaper verification, a larger tree gain, tmp-long worse on chat): alone on
+    the GPU, a DDTREE budget is fastest and z-lab's drafter beats tmp-long's, where the defaults have DFLASH 8 and
+    tmp-long."""
+    settings = [("DFLASH", k, None) for k in (4, 8, 16)] + [("DDTREE", 8, b) for b in (16, 32, 64)]
+
+    def speed(setting: tuple[str, int, int | None], drafter: str | None, physics: Physics) -> float:
+        speculation = Speculation(*setting, drafter, physics=physics)
+        return mean_accept(speculation, THINKING["chat"]) / step_seconds(300.0, speculation, 1)
+
+    headroom = faults.parse(LANDSCAPES["headroom"]).physics
+    for physics, fastest, drafter in ((headroom, "DDTREE", None), (DEFAULT_PHYSICS, "DFLASH", TMP_LONG_ID)):
+        ranked = sorted(((speed(s, d, physics), s, d) for s in settings for d in (None, TMP_LONG_ID)), reverse=True)
+        assert ranked[0][1][0] == fastest and ranked[0][2] == drafter, ranked[:3]
 
 
 # ---------------------------------------------------------------- through the stand-in server
