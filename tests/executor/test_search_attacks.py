@@ -486,3 +486,32 @@ def test_a_placed_search_never_launches_beyond_its_budget(tmp_path: Path) -> Non
     assert run(path).returncode == 0
     run_dir, _ = status(path)
     assert sum(len(hosts) for hosts in rows(run_dir).values()) == 1, rows(run_dir)
+
+
+NOISE_RULE = (
+    "Search.excluded prunes a configuration as beaten when its bound (of its median: the curves run through "
+    "medians) is below the incumbent's median less the tolerance and below its slowest repeat; the campaign report "
+    "(campaign_report_cells.choose) calls one beaten only when its median is below the fastest's less the tolerance "
+    "AND its fastest repeat is below the fastest's slowest: a configuration whose median is under the bound but "
+    "whose repeats reach the incumbent's range is tied with it, and the report deploys the cheaper. Here x-4 "
+    "(cheaper) is pruned `at most 976 tok/s, beaten by x-16's 1000` (slowest repeat 990), though measured at 970 "
+    "with a fastest repeat of 992 the report would tie it with x-16 and deploy it"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=NOISE_RULE)
+def test_a_configuration_the_report_would_tie_and_deploy_is_never_pruned_as_beaten() -> None:
+    from executor.runbook.search import Bound
+
+    class Bounded(Search):
+        def bound(self, config: str, band: Band) -> Bound | None:  # the most x-4's median can be, as given
+            return Bound(976.0, "given") if config == "x-4" else None
+
+    positions = {f"x-{n}": Position("x", "DFLASH", n, (1.0, float(n), 0.0), f"DFLASH {n}") for n in (4, 16)}
+    search = Bounded(positions, 0.02, baseline={"c=1": Measure(244.0, 240.0, 248.0, None)})
+    search.decide("launch", "x-16", "")
+    search.measured["x-16"] = {"c=1": Measure(1000.0, 990.0, 1010.0, 4.0)}
+    x4 = Measure(970.0, 950.0, 992.0, 3.9)  # what x-4 would measure: under its bound, its repeats reaching 990
+    assert x4.median <= 976.0 and x4.high >= search.measured["x-16"]["c=1"].low  # the report: tied, x-4 cheaper
+    pruned = {d.config: d.reason for d in search.prune()}
+    assert "x-4" not in pruned, pruned["x-4"]
