@@ -584,13 +584,14 @@ def _searched_out(record: StepRecord) -> bool:
 
 def _left_out(record: StepRecord | None) -> bool:
     """Whether a record is of a step the engine skipped for its `when:` (or for a step it needs that was),
-    not one a failed cell or `--only` left out: resuming, it is skipped again unless something it reads
-    changed."""
+    not one a failed cell, `--only` or a campaign's search left out: resuming, it is skipped again unless
+    something it reads changed (the search's are its to decide again: its record keeps what it decided)."""
     return (
         record is not None
         and record.status == "skipped"
         and not (record.message or CELL_FAILED).startswith(CELL_FAILED)
         and record.message != ONLY_SKIPPED
+        and not _searched_out(record)
     )
 
 

@@ -195,7 +195,8 @@ class Scheduler:
         """A searched group (`strategy: search`): each lane (a host of a placed group's pool, else one) runs the
         unit the search chooses next until it chooses none; what it never chose is left out with its decision."""
         restored = self.folder.source_search.get(group.name, [])
-        driver = searching.SearchDriver(group, {s.id: s for s in self.runbook.steps}, self.cells.index, restored)
+        specs = {s.id: s for s in self.runbook.steps}
+        driver = searching.SearchDriver(group, specs, self.cells.index, restored, self.runbook.step_hosts)
         by_id = {s.id: s for s in members}
         records = self.folder.records
 

@@ -51,8 +51,14 @@ class SearchDriver:
     """One group's search during a run."""
 
     def __init__(
-        self, group: MatrixGroup, specs: Mapping[str, StepSpec], index: Index, restored: list[Decision]
+        self,
+        group: MatrixGroup,
+        specs: Mapping[str, StepSpec],
+        index: Index,
+        restored: list[Decision],
+        hosts: Mapping[str, list[str]],
     ) -> None:
+        """`hosts`: each instance's hosts as the run placed them (a placed group's unit on one host of its pool)."""
         assert group.search is not None
         self.group, self.spec, self.specs, self.index = group, group.search, specs, index
         unknown = Position(None, None, None, (1.0, math.inf, 0.0), "")
@@ -62,11 +68,14 @@ class SearchDriver:
         self.search.decisions = [d for d in restored if d.config in positions and d.action != "unexplored"]
         for seq, decision in enumerate(self.search.decisions, 1):
             decision.seq = seq
+        self.hosts = hosts
+        #: launches the source run decided: each is taken up first, once, by the lane of its host
+        self.restored = {d.config for d in self.search.decisions if d.action == "launch"}
         self.measure = {s: index.mate(s, self.spec.measure) for s in group.servers}
         runbook = index.runbook
         self.members = {s: [i for i in group.instances if runbook.instances[i].server == s] for s in group.servers}
         self.started: set[tuple[str, str | None]] = set()  # (instance, lane host) run or leaving this run
-        self.resumed: set[tuple[str, str | None]] = set()  # restored launches a lane has taken up again
+        self.resumed: set[str] = set()  # restored launches a lane has taken up again
         self.gpu_seconds = 0.0
 
     # ---- what was measured ----------------------------------------------------------------------
@@ -117,13 +126,11 @@ class SearchDriver:
         search = self.search
         for pruned in search.prune():
             emit(pruned)
-        mine = [s for s in self.group.servers if host is None or host in self.index.runbook.step_hosts.get(s, [])]
+        mine = [s for s in self.group.servers if host is None or host in self.hosts.get(s, [])]
         for server in mine:
-            decision = search.decided(server)
-            launched = decision is not None and decision.action == "launch"
             unmeasured = server not in search.measured and server not in search.lost
-            if launched and unmeasured and (server, host) not in self.resumed:
-                self.resumed.add((server, host))
+            if server in self.restored and unmeasured and server not in self.resumed:
+                self.resumed.add(server)
                 return server
         spent = self._spent(records)
         candidates = [s for s in mine if search.decided(s) is None]
@@ -156,7 +163,7 @@ class SearchDriver:
         for iid in self.group.instances:
             instance = runbook.instances[iid]
             shared = instance.server is None and cells & set(instance.cells)
-            on_lane = host is None or host in runbook.step_hosts.get(iid, [])
+            on_lane = host is None or host in self.hosts.get(iid, [])
             if iid in to_run and on_lane and (shared or instance.server == server) and (iid, host) not in self.started:
                 self.started.add((iid, host))
                 chosen.append(iid)

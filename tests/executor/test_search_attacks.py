@@ -192,17 +192,8 @@ TWO_HOSTS = {
     "kind: attack_bench, table: TABLE}": "kind: attack_bench, table: TABLE, hosts: [box, box2]}",
     "    strategy: search\n": "    hosts: [box, box2]\n    placement: spread\n    strategy: search\n",
 }
-BOTH_HOSTS = (
-    "SearchDriver takes a lane's servers from `index.runbook.step_hosts`, the runbook before Scheduler.place (every "
-    "server on every host of the pool), and next_unit's first loop returns any launch decided and not yet measured "
-    "to every lane that has not taken it up: the lane that did not decide a launch runs it too. Every configuration "
-    "of a placed search is launched on both hosts at once (rows on box and box2), so a budget of 8 launches is "
-    "spent on 4 configurations (`runbook demo --sweep --search --hosts 2`: each of 3 launches on gpu1 and gpu2, the "
-    "budget of 6 spent, DFLASH 4 and 16 never launched). Each configuration should start once, on its placed host"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=BOTH_HOSTS)
 def test_a_placed_search_launches_each_configuration_on_one_host(tmp_path: Path) -> None:
     path = book(tmp_path, TWO_HOSTS)
     assert run(path).returncode == 0
@@ -215,18 +206,7 @@ def test_a_placed_search_launches_each_configuration_on_one_host(tmp_path: Path)
 
 # ---- resuming ----------------------------------------------------------------------------------------------------
 
-NOT_REACHED_REUSED = (
-    "resume._resumed plans a row skipped with `search: ... was not reached (the run stopped first)` or `search: "
-    "not launched ...: the search's budget ... was spent` as a `when:` skip (`_left_out`: skipped, not a failed "
-    "cell's): reused, so it is not in the resumed run's steps. The resumed search then decides `launch` for such a "
-    "configuration (its restored decisions drop `unexplored`, and none of these was decided), steps_for finds "
-    "nothing of it to run, observe marks it lost (its measure's row is skipped), and the search moves on: "
-    "every configuration the stopped run had not reached is recorded `launch` and never launched, still `was not "
-    "reached` in status, and the run passes with the answer of what ran before the stop"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=NOT_REACHED_REUSED)
 def test_a_resume_after_a_stop_launches_what_its_search_decides_to_launch(tmp_path: Path) -> None:
     """The launch of a-8 fails (out of memory; `on_failure: stop`): the run stops with the rest not reached. With
     the launch fixed, the resume goes on searching: each configuration it decides to launch is launched."""
@@ -241,14 +221,6 @@ def test_a_resume_after_a_stop_launches_what_its_search_decides_to_launch(tmp_pa
     assert not [c for c in CONFIGS if "was not reached" in (steps[c]["message"] or "")]
 
 
-RAISED_BUDGET = (
-    "The same planning (resume._resumed's `_left_out`) reuses the rows a spent budget left `search: not launched`: "
-    "with the budget raised from 2 launches to 8, the resume plans '0 to run, 16 reused', its search never starts and "
-    "it launches nothing; the driver's `a spent budget is judged again (a resume may raise it)` never happens"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=RAISED_BUDGET)
 def test_a_resume_with_a_raised_budget_launches_more(tmp_path: Path) -> None:
     """A budget of 2 launches spent, then raised to 8 and resumed (the driver: `a spent budget is judged again (a
     resume may raise it)`): the resume launches beyond the first 2. It launches nothing: '0 to run, 16 reused'."""
@@ -472,15 +444,6 @@ def test_a_server_axis_the_search_does_not_place_never_carries_one_setting_bound
     assert "deploy[tp=8,tokens=4]" not in pruned, pruned["deploy[tp=8,tokens=4]"]
 
 
-OVER_BUDGET = (
-    "The budget is checked by each lane before its launch, counting the group's server rows that passed or failed "
-    "(SearchDriver.launches): a launch another lane has decided and started (its row pending or running) is not "
-    "counted, so with `budget: {launches: 1}` over two hosts both lanes launch (today the one configuration on both "
-    "hosts, BOTH_HOSTS; once each lane keeps to its own, two configurations). A launch decided should count at once"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=OVER_BUDGET)
 def test_a_placed_search_never_launches_beyond_its_budget(tmp_path: Path) -> None:
     path = book(tmp_path, TWO_HOSTS | {"{launches: 8}": "{launches: 1}"})
     assert run(path).returncode == 0
