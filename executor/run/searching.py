@@ -42,7 +42,7 @@ def source_decisions(raw: str | None, where: str) -> dict[str, list[Decision]]:
     try:
         data = json.loads(raw)
         return {str(group): [Decision.from_json(d) for d in decisions] for group, decisions in data.items()}
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         why = f"the search's record (`{SEARCH_KEY}`) is not as a run writes it: {exc}"
         raise StateError(f"{where}: {why}", why) from exc
 

@@ -38,7 +38,6 @@ LEFT_OUT = "search: "
 #: What a band is called: `random-ids c=4` (the measuring step's workload and the concurrency).
 Band = str
 Action = Literal["launch", "prune", "unexplored"]
-ACTIONS: tuple[Action, ...] = ("launch", "prune", "unexplored")
 
 
 class SearchBudget(BaseModel):
@@ -128,39 +127,26 @@ class Bound:
     why: str
 
 
-@dataclass
-class Decision:
-    """One decision of the search, as the run records it: what, for which configuration, and the evidence."""
+class Decision(BaseModel):
+    """One decision of the search, as the run records it: what, for which configuration, and the evidence. Strict:
+    a record read back (a resumed run's) is refused unless it is as a run writes it."""
 
-    seq: int
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    seq: int = Field(ge=1)
     action: Action
     config: str  # the server instance: `deploy_dflash[drafter=zlab,spec=dflash-8]`
     reason: str
     #: band -> [bound, incumbent's median] where pruned: the numbers behind the reason
-    evidence: dict[str, list[float]] = field(default_factory=dict)
+    evidence: dict[str, list[float]] = {}
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "seq": self.seq,
-            "action": self.action,
-            "config": self.config,
-            "reason": self.reason,
-            "evidence": self.evidence,
-        }
+        return self.model_dump()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> Decision:
-        """A recorded decision; ValueError (or TypeError, KeyError) when it is not as a run writes it."""
-        evidence = data.get("evidence") or {}
-        if data["action"] not in ACTIONS:
-            raise ValueError(f"no decision of a search: {str(data['action'])[:40]!r} (expected one of {ACTIONS})")
-        return cls(
-            seq=int(str(data["seq"])),
-            action=str(data["action"]),  # type: ignore[arg-type]
-            config=str(data["config"]),
-            reason=str(data["reason"]),
-            evidence={str(k): [float(x) for x in v] for k, v in dict(evidence).items()},  # type: ignore[call-overload]
-        )
+    def from_json(cls, data: object) -> Decision:
+        """A recorded decision; pydantic's ValidationError (a ValueError) when it is not as a run writes it."""
+        return cls.model_validate(data)
 
 
 def _line(p: tuple[int, float], q: tuple[int, float], at: int) -> float:
@@ -223,7 +209,9 @@ class Search:
     def decide(
         self, action: Action, config: str, reason: str, evidence: dict[str, list[float]] | None = None
     ) -> Decision:
-        decision = Decision(len(self.decisions) + 1, action, config, reason, evidence or {})
+        decision = Decision(
+            seq=len(self.decisions) + 1, action=action, config=config, reason=reason, evidence=evidence or {}
+        )
         self.decisions.append(decision)
         return decision
 
@@ -243,19 +231,35 @@ class Search:
 
     def _points(self, position: Position, band: Band) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """The measured points of `band` that bound a configuration at `position`: (verified, acceptance) of its
-        family, and (verified, cost per token) of every configuration measured, the baseline's at one token in
-        both. Cost is the target's forward over the tokens verified, whatever drafter or algorithm chose them."""
+        family, the baseline's (1, 1.0) among them, and (verified, cost per token) of every speculative configuration
+        measured: cost is the target's forward over the tokens verified and the drafter's, whatever drafter or
+        algorithm chose them. The baseline's step runs no drafter, so its cost is a floor (`cost_floor`), never a
+        chord's end: a chord from it to a speculative point would be steeper by the draft forward."""
         base = self.baseline.get(band)
-        accepts, costs = ([(1, 1.0)], [(1, 1.0 / base.median)]) if base is not None and base.median > 0 else ([], [])
+        accepts = [(1, 1.0)] if base is not None and base.median > 0 else []
+        costs = []
         for config, measures in self.measured.items():
             other, measure = self.positions[config], measures.get(band)
             cost = None if measure is None else measure.cost()
-            if other.verified is None or cost is None or measure is None:
+            if other.verified is None or other.algorithm is None or cost is None or measure is None:
                 continue
             costs.append((other.verified, cost))
             if other.family == position.family:
                 accepts.append((other.verified, measure.accept or 1.0))
         return accepts, costs
+
+    def cost_floor(self, band: Band) -> float | None:
+        """The least cost per token any speculative step may have: the baseline's one-token step (no verify is
+        cheaper than a decode step)."""
+        base = self.baseline.get(band)
+        return 1.0 / base.median if base is not None and base.median > 0 else None
+
+    def noise(self, band: Band) -> float:
+        """How far above its median a configuration's fastest repeat may be in `band`: the most any measured one's
+        was (1 with one repeat). The curves run through medians; the report's `beaten` reads the fastest repeat."""
+        measures = [m for ms in self.measured.values() if (m := ms.get(band)) is not None]
+        measures += [m for m in [self.baseline.get(band)] if m is not None]
+        return max([m.high / m.median for m in measures if m.median > 0], default=1.0)
 
     def family_bound(self, config: str, band: Band) -> Bound | None:
         """The bound of the family's curve (module docstring), None where the curve says nothing."""
@@ -264,7 +268,8 @@ class Search:
             return None
         accepts, costs = self._points(position, band)
         accept = curve_bound(position.verified, accepts, concave=True)
-        cost = curve_bound(position.verified, costs, concave=False)
+        found = [c for c in (curve_bound(position.verified, costs, concave=False), self.cost_floor(band)) if c]
+        cost = max(found, default=None)
         if accept is None or cost is None or cost <= 0:
             return None
         shown = ", ".join("the baseline" if n == 1 else f"{n}" for n, _ in sorted(accepts))
@@ -313,8 +318,12 @@ class Search:
         return max(ratios) if ratios else None
 
     def bound(self, config: str, band: Band) -> Bound | None:
+        """The least of the bounds, widened by the band's noise: a bound of the fastest repeat it may measure."""
         found = [b for b in (self.family_bound(config, band), self.drafter_bound(config, band)) if b is not None]
-        return min(found, key=lambda b: b.value) if found else None
+        if not found:
+            return None
+        least = min(found, key=lambda b: b.value)
+        return Bound(least.value * self.noise(band), least.why)
 
     # ---- pruning -----------------------------------------------------------------------------
 
@@ -324,6 +333,8 @@ class Search:
         if top is None or bound is None:
             return None
         name, measure, cost = top
+        if not (math.isfinite(bound.value) and math.isfinite(measure.median)):
+            return None
         evidence = [round(bound.value, 3), round(measure.median, 3)]
         if bound.value < min((1 - self.tolerance) * measure.median, measure.low):
             return (

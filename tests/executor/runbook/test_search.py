@@ -367,9 +367,10 @@ def test_a_configuration_beating_every_other_by_half_is_never_pruned(
 def test_a_decision_survives_its_record() -> None:
     """`Decision.as_json` then `from_json` (through JSON text): the same decision, evidence included."""
     evidence = {"random-ids c=1": [2999.5, 3120.25], "random-ids c=4": [8000.0, 14741.024]}
-    decision = Decision(3, "prune", "deploy_dflash[drafter=zlab,spec=ddtree-64]", "random-ids c=1: ...", evidence)
+    config = "deploy_dflash[drafter=zlab,spec=ddtree-64]"
+    decision = Decision(seq=3, action="prune", config=config, reason="random-ids c=1: ...", evidence=evidence)
     assert Decision.from_json(json.loads(json.dumps(decision.as_json()))) == decision
-    launch = Decision(1, "launch", "deploy_dflash[drafter=zlab,spec=dflash-8]", "the middle of a family")
+    launch = Decision(seq=1, action="launch", config="deploy_dflash[drafter=zlab,spec=dflash-8]", reason="the middle")
     assert Decision.from_json(json.loads(json.dumps(launch.as_json()))) == launch
 
 
