@@ -98,6 +98,12 @@ def _word_or_count(text: str, word: str) -> str | int:
     return int(text)
 
 
+#: The parameters a search places a launch by (Position's drafter, algorithm and tokens); the others are its `rest`
+_SEARCH_PLACED = frozenset(
+    {"draft_model_path", "speculative_algorithm", "speculative_num_draft_tokens", "speculative_ddtree_budget"}
+)
+
+
 class DeployStep(ServerStep):
     """Start (or reuse) an SGLang server."""
 
@@ -276,7 +282,8 @@ class DeployStep(ServerStep):
             algorithm, verified = None, None  # a var's value: where it sits is not known before the run
         cost = (0.0 if algorithm is None else 1.0, math.inf if tokens is None else float(tokens), float(budget or 0))
         setting = " ".join(str(part) for part in (algorithm or "no speculation", tokens, budget) if part is not None)
-        return Position(self.draft_model_path, algorithm, verified, cost, setting)
+        rest = self.model_dump_json(exclude=set(self.COMMON_FIELDS) | _SEARCH_PLACED)
+        return Position(self.draft_model_path, algorithm, verified, cost, setting, rest)
 
     # ---- choices ---------------------------------------------------------------------------------------
 

@@ -91,10 +91,18 @@ class Position:
     #: the campaign report's tie order, cheaper first: speculation, draft tokens, tree budget
     cost: tuple[float, float, float]
     setting: str  # what it is apart from its drafter (`DFLASH 8`): two drafters at one setting are compared
+    #: the server's other launch parameters (its tp size, memory, backend), as text: configurations differing in
+    #: them share no curve, no cost per token and no drafters' ratio
+    rest: str = ""
 
     @property
-    def family(self) -> tuple[str | None, str | None]:
-        return (self.drafter, self.algorithm)
+    def family(self) -> tuple[str | None, str | None, str]:
+        return (self.drafter, self.algorithm, self.rest)
+
+    @property
+    def place(self) -> tuple[str, str]:
+        """Where two drafters compare: one setting on one server."""
+        return (self.setting, self.rest)
 
 
 #: the baseline's place in the tie order: no speculation is cheapest
@@ -243,6 +251,8 @@ class Search:
             cost = None if measure is None else measure.cost()
             if other.verified is None or other.algorithm is None or cost is None or measure is None:
                 continue
+            if other.rest != position.rest:  # another server (its GPUs, its memory): another cost curve
+                continue
             costs.append((other.verified, cost))
             if other.family == position.family:
                 accepts.append((other.verified, measure.accept or 1.0))
@@ -284,7 +294,7 @@ class Search:
         for other_drafter in {p.drafter for p in self.positions.values()} - {position.drafter}:
             ratio = self._ratio(position.drafter, other_drafter, band)
             twin = next(
-                (c for c, p in self.positions.items() if p.drafter == other_drafter and p.setting == position.setting),
+                (c for c, p in self.positions.items() if p.drafter == other_drafter and p.place == position.place),
                 None,
             )
             if ratio is None or twin is None:
@@ -310,7 +320,7 @@ class Search:
                 peer = self.positions[twin]
                 if (
                     peer.drafter == other
-                    and peer.setting == position.setting
+                    and peer.place == position.place
                     and band in theirs
                     and theirs[band].median > 0
                 ):
@@ -318,20 +328,19 @@ class Search:
         return max(ratios) if ratios else None
 
     def bound(self, config: str, band: Band) -> Bound | None:
-        """The least of the bounds, widened by the band's noise: a bound of the fastest repeat it may measure."""
+        """The least of the bounds: of the median the configuration may measure."""
         found = [b for b in (self.family_bound(config, band), self.drafter_bound(config, band)) if b is not None]
-        if not found:
-            return None
-        least = min(found, key=lambda b: b.value)
-        return Bound(least.value * self.noise(band), least.why)
+        return min(found, key=lambda b: b.value) if found else None
 
     # ---- pruning -----------------------------------------------------------------------------
 
     def excluded(self, config: str, band: Band) -> tuple[str, list[float]] | None:
         """Why `config` cannot change `band`'s answer (and [bound, incumbent]), None when it might."""
-        top, bound = self.incumbent(band), self.bound(config, band)
-        if top is None or bound is None:
+        top, median = self.incumbent(band), self.bound(config, band)
+        if top is None or median is None:
             return None
+        # the report's `beaten` reads the fastest repeat too: widened by the band's noise, a bound of that
+        bound = Bound(median.value * self.noise(band), median.why)
         name, measure, cost = top
         if not (math.isfinite(bound.value) and math.isfinite(measure.median)):
             return None

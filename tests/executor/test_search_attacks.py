@@ -382,17 +382,6 @@ def test_a_draft_forward_the_baseline_does_not_run_never_prunes_the_fastest() ->
     assert "z-16" not in pruned, pruned["z-16"]
 
 
-OTHER_AXES = (
-    "DeployStep.search_position places a launch by drafter, algorithm and tokens only: a matrix with another server "
-    "axis (tp_size 4 and 8 here; a memory fraction, an attention backend, dp alike) puts both values at one position, "
-    "so tp=4's measures bound tp=8's configurations: measured tp4@4 (229 tok/s) and tp4@8 (261), tp8@4 is pruned "
-    "`at most 229 tok/s` though it measures 420. And Position.cost omits the GPUs, the campaign report's first tie "
-    "key, so the search's tie rule may prune the configuration the report would deploy. validate should refuse a "
-    "searched group whose server varies by an axis the search does not place, or the position should hold it"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=OTHER_AXES)
 def test_a_server_axis_the_search_does_not_place_never_carries_one_setting_bound_to_another() -> None:
     from steps.deploy import DeployStep
 
@@ -423,18 +412,6 @@ def test_a_placed_search_never_launches_beyond_its_budget(tmp_path: Path) -> Non
     assert sum(len(hosts) for hosts in rows(run_dir).values()) == 1, rows(run_dir)
 
 
-NOISE_RULE = (
-    "Search.excluded prunes a configuration as beaten when its bound (of its median: the curves run through "
-    "medians) is below the incumbent's median less the tolerance and below its slowest repeat; the campaign report "
-    "(campaign_report_cells.choose) calls one beaten only when its median is below the fastest's less the tolerance "
-    "AND its fastest repeat is below the fastest's slowest: a configuration whose median is under the bound but "
-    "whose repeats reach the incumbent's range is tied with it, and the report deploys the cheaper. Here x-4 "
-    "(cheaper) is pruned `at most 976 tok/s, beaten by x-16's 1000` (slowest repeat 990), though measured at 970 "
-    "with a fastest repeat of 992 the report would tie it with x-16 and deploy it"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NOISE_RULE)
 def test_a_configuration_the_report_would_tie_and_deploy_is_never_pruned_as_beaten() -> None:
     from executor.runbook.search import Bound
 
