@@ -230,6 +230,8 @@ class Scheduler:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        self.search_record[group.name] = driver.record()  # as it ended (a decision observe corrected included)
+        self.folder.state.set(SEARCH_KEY, json.dumps(self.search_record))
         ran = {step for step, _ in driver.started}
         for spec in members:
             if spec.id not in ran:

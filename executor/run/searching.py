@@ -92,14 +92,18 @@ class SearchDriver:
             self.gpu_seconds += self._gpu_seconds(server, records)
             decision = search.decided(server)
             measure = self.measure.get(server)
-            if decision is None or decision.action != "launch" or measure is None or server in search.measured:
+            if measure is None or server in search.measured:
                 continue
             rows = [r for (step, _), r in records.items() if step == measure]
+            if decision is None or decision.action != "launch":  # a measure passed all the same (a record that
+                rows = [r for r in rows if r.status == "passed"]  # says it was pruned) is a measure still
             if any(r.status == "passed" for r in rows):
                 row = next(r for r in rows if r.status == "passed")
                 measured = self.specs[measure].search_measures(row.facts)
                 if measured:
                     search.measured[server] = measured
+                    if decision is not None and decision.action != "launch":  # the record contradicts the measure
+                        decision.action, decision.reason = "launch", f"measured, though recorded: {decision.reason}"
                 else:
                     search.lost.add(server)
             elif any(r.status in ("failed", "skipped") for r in rows):
@@ -133,7 +137,7 @@ class SearchDriver:
                 self.resumed.add(server)
                 return server
         spent = self._spent(records)
-        candidates = [s for s in mine if search.decided(s) is None]
+        candidates = [s for s in mine if s in search.open()]
         if spent is not None and candidates:
             for server in search.open():
                 emit(search.decide("unexplored", server, f"never launched: {spent}"))

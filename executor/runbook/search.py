@@ -212,7 +212,8 @@ class Search:
         return next((d for d in self.decisions if d.config == config), None)
 
     def open(self) -> list[str]:
-        return [c for c in self.positions if self.decided(c) is None]
+        """The configurations neither decided nor measured (a record may hold a measure without its launch)."""
+        return [c for c in self.positions if self.decided(c) is None and c not in self.measured]
 
     def decide(
         self, action: Action, config: str, reason: str, evidence: dict[str, list[float]] | None = None
@@ -390,7 +391,7 @@ class Search:
 
     def next_launch(self, candidates: Iterable[str]) -> tuple[str, str] | None:
         """The configuration to launch next of `candidates` (open ones a lane can run), and why; None: none."""
-        allowed = [c for c in candidates if self.decided(c) is None]
+        allowed = [c for c in candidates if self.decided(c) is None and c not in self.measured]
         if not allowed:
             return None
         measured_drafters = {self.positions[c].drafter for c in self.measured}

@@ -319,16 +319,6 @@ def test_a_deeply_nested_search_record_refuses_the_resume_with_its_reason(tmp_pa
     assert "is not as a run writes it" in resumed.stderr and "Traceback" not in resumed.stderr
 
 
-CONTRADICTED = (
-    "A restored decision is kept whatever the run's records say: a `prune` of up[drafter=a,tokens=4], whose "
-    "launch and measure passed in that run (the grid's best at c=8), is kept, so the resumed search never reads its "
-    "measure (observe reads only launched configurations') and decides as if it were never measured. A decision "
-    "contradicted by the records (pruned yet measured) should refuse the resume (exit 2, as a record not as a run "
-    "writes it) or be taken as the launch it was"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=CONTRADICTED)
 def test_a_restored_prune_of_a_measured_configuration_is_not_kept(tmp_path: Path) -> None:
     path, run_dir = stopped_run(tmp_path)
     with open_state(run_dir) as state:
