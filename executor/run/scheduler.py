@@ -48,6 +48,7 @@ class Scheduler:
         self.cells = cells.CellBook(cells.Index(runbook))
         self.hosts_to_run: dict[str, list[str]] = {}
         self.stopping = False  # a step failed outside `on_failure: continue`: the lanes start nothing new
+        self.searching = True  # a searched group searches (not under --from/--only: `plan`)
         #: each searched group's decisions (SEARCH_KEY), a resumed run's kept until its group searches again
         self.search_record: dict[str, list[dict[str, Any]]] = {}
 
@@ -71,6 +72,8 @@ class Scheduler:
         """What each step does (`executor.run.resume.plan_steps`) against the source run's rows."""
         plan = plan_steps(self.runbook, self.fingerprints, self.folder.source_records, source_id, from_step, only_step)
         self.hosts_to_run = plan.hosts_to_run
+        #: `--from`/`--only` run the steps they name: a searched group's among them run as a grid's would
+        self.searching = from_step is None and only_step is None
         return plan
 
     def to_run(self) -> list[StepSpec]:
@@ -156,12 +159,13 @@ class Scheduler:
         index = 0
         while index < len(to_run):
             group = self.cells.index.group_of(to_run[index].id)
-            if group is None or (group.placement is None and group.search is None):
+            searched = group is not None and group.search is not None and self.searching
+            if group is None or (group.placement is None and not searched):
                 passed = await self._run_step(to_run[index], attempts)
                 index += 1
             else:
                 members = list(itertools.takewhile(functools.partial(_in_group, group), to_run[index:]))
-                run_group = self._run_search if group.search is not None else self._run_lanes
+                run_group = self._run_search if searched else self._run_lanes
                 passed = await run_group(group, members, attempts)
                 index += len(members)
             if not passed:

@@ -129,12 +129,13 @@ def expand(
         inner = raw.get("steps") if isinstance(raw, dict) and "group" in raw else None
         written.extend(inner if isinstance(inner, list) else [raw])
     taken = {step["id"] for step in written if isinstance(step, dict) and isinstance(step.get("id"), str)}
+    before: dict[str, type[StepSpec] | None] = {}  # the steps written before this one: id -> its kind
     for index, raw in enumerate(raw_steps):
         loc: Loc = ("steps", index)
         if isinstance(raw, dict) and isinstance(raw.get("hosts"), str) and raw["hosts"] in selectors:
             raw = {**raw, "hosts": list(selectors[raw["hosts"]])}  # a pool's (or all) hosts, for placement
         if isinstance(raw, dict) and "group" in raw:
-            _group(raw, loc, kinds, names, taken, pos, out, budget)
+            _group(raw, loc, kinds, names, taken, pos, out, budget, before)
         elif isinstance(raw, dict) and "matrix" in raw:
             step = {k: v for k, v in raw.items() if k not in _MATRIX_STEP_KEYS}
             name = raw.get("id")
@@ -142,11 +143,15 @@ def expand(
             if "hosts" in raw:
                 options["hosts"] = raw["hosts"]
             _expand_group(
-                str(name), options, loc, [(step, loc)], kinds, names, pos, out, budget, own_hosts=True, step_ids=taken
+                str(name), options, loc, [(step, loc)], kinds, names, pos, out, budget, own_hosts=True, before=before
             )
         else:
             _refuse_outside(raw, loc, kinds, pos)
             out.entries.append(Entry(raw, loc))
+        inner = raw.get("steps") if isinstance(raw, dict) and "group" in raw else None
+        for step in inner if isinstance(inner, list) else [raw]:
+            if isinstance(step, dict) and isinstance(step.get("id"), str):
+                before[step["id"]] = kinds.get(str(step.get("kind")))
     return out
 
 
@@ -159,6 +164,7 @@ def _group(
     pos: Reporter,
     out: Expansion,
     budget: _Budget,
+    before: Mapping[str, type[StepSpec] | None],
 ) -> None:
     for key in raw:
         if key not in _GROUP_KEYS:
@@ -187,7 +193,7 @@ def _group(
             pos.problem(step_loc, f"group '{name}': a group's step cannot carry its own matrix or group")
             continue
         members.append((step, step_loc))
-    _expand_group(name, raw, loc, members, kinds, names, pos, out, budget, own_hosts=False, step_ids=taken)
+    _expand_group(name, raw, loc, members, kinds, names, pos, out, budget, own_hosts=False, before=before)
 
 
 class GroupOptions(BaseModel):
@@ -285,10 +291,10 @@ def _expand_group(
     budget: _Budget,
     *,
     own_hosts: bool,
-    step_ids: Collection[str] = (),
+    before: Mapping[str, type[StepSpec] | None],
 ) -> None:
     """Expand one matrix over its steps (`written`), appending its entries, instances and group to `out`;
-    `step_ids`: every step's id as written (a search's baseline names one)."""
+    `before`: the steps written before it, by id, with their kinds (a search's baseline is one)."""
     matrix_loc = (*loc, "matrix")
     parsed = _axes(options["matrix"], matrix_loc, names, pos)
     checked = _group_options(options, loc, pos, own_hosts=own_hosts)
@@ -307,7 +313,7 @@ def _expand_group(
         _refuse_unused(name, axes, members, matrix_loc, pos)
     server = _server(name, members, pos)
     if checked.search is not None:
-        _check_search(name, checked.search, members, server, loc, pos, step_ids)
+        _check_search(name, checked.search, members, server, loc, pos, before)
     server_axes = tuple(a for a in axes if server is not None and a in server.axes)
     cells = _ordered(parsed.cells, axes, server_axes)
     _count(members, cells, axes, matrix_loc, pos, budget)
@@ -339,20 +345,32 @@ def _check_search(
     server: _Member | None,
     loc: Loc,
     pos: Reporter,
-    step_ids: Collection[str],
+    before: Mapping[str, type[StepSpec] | None],
 ) -> None:
-    """A search needs a server-starting step (a launch is what it saves) and a step of the group to measure."""
+    """A search needs a server-starting step (a launch is what it saves), a step of the group whose kind measures
+    (`StepSpec.search_measures`), and a baseline, where named, that measures and runs before the group."""
     if server is None:
         pos.problem((*loc, "search"), f"group '{name}': a search chooses server launches: the group starts none")
-    bases = [m.base for m in members]
-    if search.measure not in bases:
+    measure = next((m for m in members if m.base == search.measure), None)
+    if measure is None:
+        bases = [m.base for m in members]
         pos.problem(
             (*loc, "search", "measure"), f"search.measure: '{search.measure}' is no step of group '{name}' ({bases})"
         )
-    if search.baseline in bases:
-        pos.problem((*loc, "search", "baseline"), "search.baseline: a step before the group (its baseline), not in it")
-    elif search.baseline is not None and search.baseline not in step_ids:
-        pos.problem((*loc, "search", "baseline"), f"search.baseline: '{search.baseline}' is no step of the runbook")
+    elif not _measures(measure.model):
+        pos.problem((*loc, "search", "measure"), f"search.measure: step '{search.measure}' measures nothing to rank by")
+    if search.baseline is None:
+        return
+    if search.baseline not in before:
+        where = "in the group" if search.baseline in {m.base for m in members} else "of the runbook before the group"
+        pos.problem((*loc, "search", "baseline"), f"search.baseline: '{search.baseline}' is no step {where}")
+    elif not _measures(before[search.baseline]):
+        pos.problem((*loc, "search", "baseline"), f"search.baseline: step '{search.baseline}' measures nothing")
+
+
+def _measures(kind: type[StepSpec] | None) -> bool:
+    """Whether a kind's facts give a search measures (it overrides `search_measures`)."""
+    return kind is not None and kind.search_measures is not StepSpec.search_measures
 
 
 def _members(

@@ -232,17 +232,6 @@ def test_a_resume_with_a_raised_budget_launches_more(tmp_path: Path) -> None:
     assert not [c for c in CONFIGS if "budget of 2 launches" in (steps[c]["message"] or "")]
 
 
-ONLY_LOST = (
-    "`--only up[drafter=a,tokens=8]` (the grid's best at c=1, measured) after a finished search: the run prints "
-    "'1 to run', runs nothing and passes, and the new run's row of up[drafter=a,tokens=8] is `skipped: search: "
-    "up[drafter=a,tokens=8] was not reached (the run stopped first)`: observe counts its measure (kept `skipped "
-    "(--only)`) as lost, next_unit never returns it (it is decided), and _run_search leaves out every member it did "
-    "not start. `--only`/`--from` naming a pruned configuration likewise runs nothing and passes. The step asked for "
-    "should run (or the command refuse, naming the decision), and a measured configuration never lose its record"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ONLY_LOST)
 @pytest.mark.parametrize(
     ("flag", "step"),
     [("--only", "up[drafter=a,tokens=8]"), ("--only", "up[drafter=b,tokens=8]"), ("--from", "up[drafter=b,tokens=8]")],
@@ -274,16 +263,8 @@ AFTER_THE_GROUP = {
     "baseline: base_bench": "baseline: late_bench",
     BENCH_LINE: BENCH_LINE + "  - {id: late_bench, kind: attack_bench, table: TABLE}\n",
 }
-MEASURES_NOTHING = (
-    "matrix._check_search checks only that `measure` is a step of the group and `baseline` is not: a measure whose "
-    "kind measures nothing (the server step itself: StepSpec.search_measures, {}), a baseline that measures nothing "
-    "(the baseline's server) or one that runs after the group are accepted by validate, and the search runs blind: "
-    "every launch lost, or no baseline (measure: up launches all 8 configurations, each `the middle of a family not "
-    "yet measured`). validate should refuse each at its line"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=MEASURES_NOTHING)
 @pytest.mark.parametrize(
     "edits",
     [{"measure: bench": "measure: up"}, {"baseline: base_bench": "baseline: base_up"}, AFTER_THE_GROUP],
