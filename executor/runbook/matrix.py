@@ -39,6 +39,8 @@ Loc = tuple[str | int, ...]
 
 MAX_CELLS = 10_000  # of one matrix, counted (the product of its axes) before any is made
 MAX_INSTANCES = 10_000  # of a runbook: step instances of all matrices
+#: Server configurations of a searched group: its decisions are quadratic in them (400 take ~20 s in all)
+SEARCH_MAX_LAUNCHES = 500
 MAX_EXPANDED_TEXT = 64 << 20  # characters of parameters written by substitution, all instances together
 #: values of all step instances (items of their lists and mappings; a fallback counts as the step again): each
 #: instance is its step's data validated anew, so a list of 20 000 items in a 10 000-cell step would be 2e8
@@ -318,6 +320,10 @@ def _expand_group(
     cells = _ordered(parsed.cells, axes, server_axes)
     _count(members, cells, axes, matrix_loc, pos, budget)
     made = _instances(name, members, cells, axes, server, pos, out, budget)
+    launches = sum(1 for member in made.values() if server is not None and member is server)
+    if checked.search is not None and launches > SEARCH_MAX_LAUNCHES:
+        text = f"group '{name}': {launches} server configurations; a search judges at most {SEARCH_MAX_LAUNCHES}"
+        pos.problem((*loc, "search"), text + " (its bounds are quadratic in them): split the matrix, or grid")
     out.groups.append(
         MatrixGroup(
             name=name,

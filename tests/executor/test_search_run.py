@@ -22,6 +22,7 @@ import pytest
 from executor.command_result import CommandResult
 from executor.run.events import EVENTS_FILE
 from executor.run.state import SEARCH_KEY, open_state
+from executor.runbook.matrix import SEARCH_MAX_LAUNCHES
 from executor.runbook.search import Band, Measure, Position
 from executor.stepkind import RenderContext, StepSpec
 from steps.provenance import gpus_of
@@ -354,3 +355,12 @@ def test_a_search_written_wrong_is_refused_at_its_line(
 def test_a_budget_in_gpu_hours_may_be_written_as_yaml_writes_small_numbers(tmp_path: Path) -> None:
     done = runbook_cli("validate", str(runbook(tmp_path, "{gpu_hours: 1e-9}")))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_search_over_more_configurations_than_it_judges_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """SEARCH_MAX_LAUNCHES (500) server configurations at most: 2 drafters x 251 token counts are 502."""
+    tokens = ", ".join(str(n) for n in range(1, 252))
+    path = runbook(tmp_path, edits={"tokens: [2, 4, 8, 16]": f"tokens: [{tokens}]"})
+    done = runbook_cli("validate", str(path))
+    assert done.returncode == 2, done.stdout
+    assert f"502 server configurations; a search judges at most {SEARCH_MAX_LAUNCHES}" in done.stderr
