@@ -49,6 +49,7 @@ from executor.stepkind import (
     fact_field,
     resolve_var,
     shape_errors,
+    step_ref_fields,
 )
 from steps import sglang_flags
 from steps.server.base import INTERFACE_NAME, Arg, Launch, ServerStep, literal, on_host
@@ -282,7 +283,8 @@ class DeployStep(ServerStep):
             algorithm, verified = None, None  # a var's value: where it sits is not known before the run
         cost = (0.0 if algorithm is None else 1.0, math.inf if tokens is None else float(tokens), float(budget or 0))
         setting = " ".join(str(part) for part in (algorithm or "no speculation", tokens, budget) if part is not None)
-        rest = self.model_dump_json(exclude=set(self.COMMON_FIELDS) | _SEARCH_PLACED)
+        # the steps it reads (its drafter's inspect) name no launch parameter: two drafters' launches share a place
+        rest = self.model_dump_json(exclude=set(self.COMMON_FIELDS) | _SEARCH_PLACED | step_ref_fields(type(self)))
         return Position(self.draft_model_path, algorithm, verified, cost, setting, rest)
 
     # ---- choices ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from executor.runbook.loader import load_runbook
 from executor.runbook.search import (
     SCREEN_MARGIN,
     Band,
@@ -403,3 +404,14 @@ def test_a_screen_keeps_the_bands_within_reach_of_their_incumbent() -> None:
     assert search.contending(screen) == {band, "unknown band c=1"}  # no incumbent there: measured in full
     below = reach * 0.99
     assert search.contending({band: Measure(below, below, below, 2.0)}) == frozenset()
+
+
+def test_the_sweeps_launches_differ_only_where_the_search_orders_them() -> None:
+    """The flagship sweep's 12 launches sit at 12 places of one server (their `rest` one text: the steps a deploy
+    reads, its drafter's inspect, are no launch parameter), so the drafters' ratio carries between them."""
+    runbook = load_runbook(Path(__file__).resolve().parents[3] / "runbooks" / "k26_dflash_sweep.yaml")
+    specs = {spec.id: spec for spec in runbook.steps}
+    positions = [specs[server].search_position() for server in runbook.groups[0].servers]
+    assert all(p is not None for p in positions)
+    assert len({p.rest for p in positions if p}) == 1
+    assert len({(p.drafter, p.place) for p in positions if p}) == 12
