@@ -2,170 +2,33 @@
 (every launch failing, a kill), and inputs the bounds were not made for. Each test here is a defect found so, a
 strict xfail until it is fixed: its reason says what happens and what should.
 
-The engine's tests run in-process on this machine (`address: local`, real bash) with two kinds of this module in
-place of deploy and benchmark: a server that prints its argv (or fails, as a launch out of memory does), and a
-measure that prints what the test's table (a JSON file, read when the step renders) says its configuration
-measures, so a test may change it between runs."""
+The engine's tests run in-process on this machine (`address: local`, real bash) with the kinds, runbook and table of
+tests/executor/searched.py (a test may change the table between runs, or fail a launch as out of memory)."""
 
 from __future__ import annotations
 
 import json
 import math
-import shlex
-import subprocess
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import pytest
 
-from executor.command_result import CommandResult
-from executor.run.events import EVENTS_FILE
 from executor.run.state import SEARCH_KEY, open_state
 from executor.runbook.search import Band, Decision, Measure, Position, Search
-from executor.stepkind import RenderContext, StepSpec
 from tests.clirun import runbook_cli
-
-GROUP = "sweep"
-#: (drafter, tokens) -> (acceptance, band -> median tok/s): acceptance concave, a verify step's cost convex,
-#: drafter a ahead of b; the baseline is "base". The grid's best: a-8 at c=1, a-4 at c=8.
-TABLE: dict[str, Any] = {
-    "bands": {
-        "base": [None, {"r c=1": 100.0, "r c=8": 600.0}],
-        "a-2": [1.6, {"r c=1": 156.9, "r c=8": 834.8}],
-        "a-4": [2.314, {"r c=1": 218.3, "r c=8": 957.5}],
-        "a-8": [2.835, {"r c=1": 248.7, "r c=8": 829.8}],
-        "a-16": [2.991, {"r c=1": 230.0, "r c=8": 552.1}],
-        "b-2": [1.45, {"r c=1": 142.2, "r c=8": 756.5}],
-        "b-4": [1.986, {"r c=1": 187.3, "r c=8": 821.6}],
-        "b-8": [2.376, {"r c=1": 208.5, "r c=8": 695.6}],
-        "b-16": [2.493, {"r c=1": 191.8, "r c=8": 460.2}],
-    },
-    "fail": [],  # keys whose launch fails (out of memory)
-}
-CONFIGS = [f"up[drafter={d},tokens={n}]" for d in ("a", "b") for n in (2, 4, 8, 16)]
-
-
-def _printed(document: object) -> str:
-    return f"printf '%s\\n' {shlex.quote(json.dumps(document))}"
-
-
-def _table(path: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(Path(path).read_text())
-    return loaded
-
-
-def _key(drafter: str | None, tokens: int) -> str:
-    return "base" if drafter is None else f"{drafter}-{tokens}"
-
-
-class AttackServer(StepSpec):
-    """A server launch: where it sits (drafter, DFLASH, tokens verified), its argv's GPUs, or a failed launch."""
-
-    kind: Literal["attack_server"] = "attack_server"
-    starts_server: ClassVar[bool] = True
-    table: str
-    drafter: str | None = None
-    tokens: int = 1
-    tp: int = 2
-
-    def render(self, ctx: RenderContext) -> str:
-        if _key(self.drafter, self.tokens) in _table(self.table)["fail"]:
-            return "echo 'torch.OutOfMemoryError: CUDA out of memory' >&2; exit 1"
-        return _printed({"argv": ["python3", "-m", "sglang.launch_server", "--tp-size", str(self.tp)]})
-
-    def parse_facts(self, result: CommandResult) -> Any:
-        return json.loads(result.stdout_text) if result.exit_code == 0 else None
-
-    def search_position(self) -> Position:
-        algorithm = None if self.drafter is None else "DFLASH"
-        cost = (0.0 if algorithm is None else 1.0, float(self.tokens), 0.0)
-        return Position(self.drafter, algorithm, self.tokens, cost, f"{algorithm} {self.tokens}")
-
-    def search_gpus(self, facts: Any) -> int | None:
-        return self.tp
-
-
-class AttackBench(StepSpec):
-    """A measure of a launch: prints the table's bands of its configuration (2% either side of the median)."""
-
-    kind: Literal["attack_bench"] = "attack_bench"
-    table: str
-    drafter: str | None = None
-    tokens: int = 1
-
-    def render(self, ctx: RenderContext) -> str:
-        accept, medians = _table(self.table)["bands"][_key(self.drafter, self.tokens)]
-        return _printed({"bands": {b: [m, m * 0.98, m * 1.02, accept] for b, m in medians.items()}})
-
-    def parse_facts(self, result: CommandResult) -> Any:
-        return json.loads(result.stdout_text) if result.exit_code == 0 else None
-
-    def search_measures(self, facts: Any) -> dict[Band, Measure]:
-        return {band: Measure(*row) for band, row in facts["bands"].items()}
-
-
-RUNBOOK = """\
-name: attacked
-hosts:
-  box: {address: local}
-steps:
-  - {id: base_up, kind: attack_server, table: TABLE}
-  - {id: base_bench, kind: attack_bench, table: TABLE}
-  - group: sweep
-    matrix:
-      drafter: [a, b]
-      tokens: [2, 4, 8, 16]
-    strategy: search
-    search:
-      budget: {launches: 8}
-      measure: bench
-      baseline: base_bench
-    steps:
-      - {id: up, kind: attack_server, table: TABLE, drafter: "${{ matrix.drafter }}", tokens: "${{ matrix.tokens }}"}
-      - {id: bench, kind: attack_bench, table: TABLE, drafter: "${{ matrix.drafter }}", tokens: "${{ matrix.tokens }}"}
-"""
-
-
-def book(tmp_path: Path, edits: dict[str, str] | None = None, table: dict[str, Any] | None = None) -> Path:
-    """RUNBOOK (edited: old text -> new) and its table beside it."""
-    (tmp_path / "table.json").write_text(json.dumps(table or TABLE))
-    text = RUNBOOK
-    for old, new in (edits or {}).items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / "attacked.yaml"
-    path.write_text(text.replace("TABLE", str(tmp_path / "table.json")))
-    return path
-
-
-def run(path: Path, *more: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return runbook_cli("run", str(path), "--log-dir", str(path.parent / "logs"), *more, env=env)
-
-
-def status(path: Path, run_id: str | None = None) -> tuple[Path, dict[str, dict[str, Any]]]:
-    """A run's folder (the last one's) and its steps by id (`runbook status --json`)."""
-    logs = path.parent / "logs"
-    done = runbook_cli("status", *([run_id] if run_id else []), "--log-dir", str(logs), "--json")
-    assert done.returncode == 0, done.stderr
-    shown = json.loads(done.stdout)
-    return logs / shown["run"]["run_id"], {row["step"]: row for row in shown["steps"]}
-
-
-def events(run_dir: Path, *names: str) -> list[dict[str, Any]]:
-    lines = (run_dir / EVENTS_FILE).read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] in names]
-
-
-def recorded(run_dir: Path) -> list[dict[str, Any]]:
-    """The group's decisions as the run's state keeps them ([] where it keeps none)."""
-    with open_state(run_dir) as state:
-        raw = state.get(SEARCH_KEY)
-    return [] if raw is None else list(json.loads(raw).get(GROUP, []))
-
-
-def launched(steps: dict[str, dict[str, Any]]) -> list[str]:
-    """The group's servers that started (passed or failed)."""
-    return [c for c in CONFIGS if steps[c]["status"] in ("passed", "failed")]
+from tests.executor.searched import (
+    CONFIGS,
+    GROUP,
+    RUNBOOK,
+    TABLE,
+    book,
+    launched,
+    ran,
+    recorded,
+    run,
+    status,
+)
 
 
 def rows(run_dir: Path) -> dict[str, list[str]]:
@@ -179,17 +42,12 @@ def rows(run_dir: Path) -> dict[str, list[str]]:
     return started
 
 
-def ran(run_dir: Path) -> list[str]:
-    """The steps that ran in a run (finished other than skipped), in order."""
-    return [e["step"] for e in events(run_dir, "step_finished") if e["status"] != "skipped"]
-
-
 # ---- a placed group over two hosts ------------------------------------------------------------------------------
 
 TWO_HOSTS = {
     "  box: {address: local}\n": "  box: {address: local}\n  box2: {address: local}\n",
-    "kind: attack_server, table: TABLE}": "kind: attack_server, table: TABLE, hosts: [box, box2]}",
-    "kind: attack_bench, table: TABLE}": "kind: attack_bench, table: TABLE, hosts: [box, box2]}",
+    "kind: searched_server, table: TABLE}": "kind: searched_server, table: TABLE, hosts: [box, box2]}",
+    "kind: searched_bench, table: TABLE COUNTED}": "kind: searched_bench, table: TABLE, hosts: [box, box2] COUNTED}",
     "    strategy: search\n": "    hosts: [box, box2]\n    placement: spread\n    strategy: search\n",
 }
 
@@ -224,7 +82,7 @@ def test_a_resume_after_a_stop_launches_what_its_search_decides_to_launch(tmp_pa
 def test_a_resume_with_a_raised_budget_launches_more(tmp_path: Path) -> None:
     """A budget of 2 launches spent, then raised to 8 and resumed (the driver: `a spent budget is judged again (a
     resume may raise it)`): the resume launches beyond the first 2. It launches nothing: '0 to run, 16 reused'."""
-    assert run(book(tmp_path, {"{launches: 8}": "{launches: 2}"})).returncode == 0
+    assert run(book(tmp_path, budget="{launches: 2}")).returncode == 0
     path = book(tmp_path)
     assert run(path, "--resume").returncode == 0
     _, steps = status(path)
@@ -259,9 +117,9 @@ def test_only_or_from_a_step_of_a_searched_group_runs_it(tmp_path: Path, flag: s
 
 BENCH_LINE = RUNBOOK.splitlines(keepends=True)[-1]  # the measure, the group's last step
 AFTER_THE_GROUP = {
-    "  - {id: base_bench, kind: attack_bench, table: TABLE}\n": "",
+    "  - {id: base_bench, kind: searched_bench, table: TABLE COUNTED}\n": "",
     "baseline: base_bench": "baseline: late_bench",
-    BENCH_LINE: BENCH_LINE + "  - {id: late_bench, kind: attack_bench, table: TABLE}\n",
+    BENCH_LINE: BENCH_LINE + "  - {id: late_bench, kind: searched_bench, table: TABLE}\n",
 }
 
 
@@ -377,7 +235,7 @@ def test_a_server_axis_the_search_does_not_place_never_carries_one_setting_bound
 
 
 def test_a_placed_search_never_launches_beyond_its_budget(tmp_path: Path) -> None:
-    path = book(tmp_path, TWO_HOSTS | {"{launches: 8}": "{launches: 1}"})
+    path = book(tmp_path, TWO_HOSTS, budget="{launches: 1}")
     assert run(path).returncode == 0
     run_dir, _ = status(path)
     assert sum(len(hosts) for hosts in rows(run_dir).values()) == 1, rows(run_dir)
