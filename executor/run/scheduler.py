@@ -220,6 +220,8 @@ class Scheduler:
             driver.observe(records)
             while not self.stopping and (server := driver.next_unit(host, records, emit)) is not None:
                 for step_id in driver.steps_for(server, host, by_id):
+                    if self.stopping:  # a failure that stops the run: nothing more starts, as in a grid's lanes
+                        break
                     if not await self._run_step(by_id[step_id], attempts, [host] if host else None):
                         self.stopping = True
                 driver.observe(records)

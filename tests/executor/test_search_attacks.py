@@ -70,6 +70,8 @@ def test_a_resume_after_a_stop_launches_what_its_search_decides_to_launch(tmp_pa
     the launch fixed, the resume goes on searching: each configuration it decides to launch is launched."""
     failing = json.loads(json.dumps(TABLE)) | {"fail": ["a-8"]}
     assert run(book(tmp_path, table=failing)).returncode == 1
+    stopped, _ = status(tmp_path / "searched.yaml")
+    assert "bench[drafter=a,tokens=8]" not in ran(stopped)  # nothing starts once a failure stops the run
     path = book(tmp_path)
     assert run(path, "--resume").returncode == 0
     run_dir, steps = status(path)
