@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,18 +88,24 @@ asyncio.run(main())
 
 def test_a_program_whose_controller_is_killed_removes_its_folder(sshd: SSHServer, tmp_path: Path) -> None:
     # the runner stops the step and closes its output: bash's `Terminated` line then met a closed pipe, and
-    # SIGPIPE ended bash before its EXIT trap could remove the folder
+    # SIGPIPE ended bash before its EXIT trap could remove the folder. Twice at most: on a loaded machine the runner's
+    # KILL may come after its STOP_GRACE_S (2 s) before bash ran its trap (the next program's sweep then removes the
+    # folder, by design); a trap that never removes it fails both.
     host = json.dumps(sshd.host_dict())
-    with subprocess.Popen([sys.executable, "-c", CONTROLLER, host, waiting_program(tmp_path, 60)]) as controller:
-        try:
-            [made] = folders(tmp_path, bool)
-        finally:
-            controller.send_signal(signal.SIGKILL)
-    owner = Path("/proc", made.name.split(".")[1])  # the step's bash, which the name carries
-    end = time.monotonic() + 10
-    while owner.exists() and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not owner.exists() and not made.exists()
+    for _ in range(2):
+        with subprocess.Popen([sys.executable, "-c", CONTROLLER, host, waiting_program(tmp_path, 60)]) as controller:
+            try:
+                [made] = folders(tmp_path, bool)
+            finally:
+                controller.send_signal(signal.SIGKILL)
+        owner = Path("/proc", made.name.split(".")[1])  # the step's bash, which the name carries
+        end = time.monotonic() + 10
+        while owner.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        if not owner.exists() and not made.exists():
+            return
+        shutil.rmtree(made, ignore_errors=True)
+    raise AssertionError(f"twice, the folder of a program whose controller was killed was left: {made}")
 
 
 #: The inode of this process's pid namespace, as a program's folder name carries it.
