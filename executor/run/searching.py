@@ -12,8 +12,10 @@ the search never launches is never downloaded.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +29,21 @@ from executor.stepkind import StepSpec
 #: The most a run's search record holds: 10 000 configurations (the matrix's limit) x a few decisions' reasons
 RECORD_MAX = 64 * 1024 * 1024
 
+#: How deep a run's record nests: {group: [{decision, evidence: {band: [bound, incumbent]}}]} is 5 levels
+RECORD_MAX_DEPTH = 8
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _nested_deeper(raw: str, limit: int) -> bool:
+    """Whether JSON text nests deeper than `limit`, read without parsing it: json.loads past the recursion limit
+    raises a RecursionError that, caught, has left CPython 3.11's compiler unable to parse later (a SystemError in
+    the next `ast.parse` of that process), so a nested record must never reach it. Its strings out, the running
+    count of its brackets (in C: no frame per character)."""
+    brackets = re.sub(r"[^\[\]{}]", "", _STRING.sub("", raw))
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
+
+
 _SAID = {"prune": "pruned", "unexplored": "not launched", "launch": "launched"}
 
 Records = Mapping[tuple[str, str], StepRecord]
@@ -38,6 +55,9 @@ def source_decisions(raw: str | None, where: str) -> dict[str, list[Decision]]:
         return {}
     if len(raw) > RECORD_MAX:
         why = f"the search's record (`{SEARCH_KEY}`) is {len(raw)} characters, more than a run writes ({RECORD_MAX})"
+        raise StateError(f"{where}: {why}", why)
+    if _nested_deeper(raw, RECORD_MAX_DEPTH):
+        why = f"the search's record (`{SEARCH_KEY}`) is not as a run writes it: it nests deeper than {RECORD_MAX_DEPTH}"
         raise StateError(f"{where}: {why}", why)
     try:
         data = json.loads(raw)
