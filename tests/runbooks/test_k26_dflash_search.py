@@ -7,8 +7,10 @@ standin_flagship.json) ranks near its best.
 
 The stand-in's numbers move with the machine's load (its batches form in real time): two runs on a loaded 2-core
 machine differed by up to 17% at a point, so this run's answers are checked against the recorded grid within NEAR,
-not its tolerance. The bar itself (the grid's best or a tie in every band, at most 5 of 12 launched) is proven on
-the recorded landscapes (tests/executor/runbook/test_search.py), where the numbers hold still.
+not its tolerance, and it takes its turn with the e2e tier (xdist group "timing"): run beside another campaign's
+e2e (CI of stop 34), its answer at speed-bench/mixed c=32 was one the recorded grid has 28% below its best.
+The bar itself (the grid's best or a tie in every band, at most 5 of 12 launched) is proven on the recorded
+landscapes (tests/executor/runbook/test_search.py), where the numbers hold still.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def _events(text: str) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.e2e
-@pytest.mark.xdist_group("search")
+@pytest.mark.xdist_group("timing")  # its numbers move with load: never beside another e2e (README)
 def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids_best(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     with demo_site(logs, sweep=True, search=True, say=lambda _: None) as site:
@@ -111,7 +113,9 @@ def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids
     assert 0 < account["gpu_hours"] < account["grid_gpu_hours"]
     assert sorted(account["never_launched"]) == sorted(set(deploys) - set(launched))
     answers = _grid_answers()
+    decisions = [(e["config"], e["action"], e["reason"]) for e in seen + events if e["event"] == "search_decided"]
     for comparison in steps["report"]["facts"]["comparisons"]:
         for level, name in comparison["best"].items():
             chosen = name.partition(" (")[0].removeprefix("sweep").replace("benchmark_baseline", "baseline")
-            assert chosen in answers[(comparison["workload"], int(level))], (comparison["workload"], level, name)
+            where = (comparison["workload"], level, name, decisions)
+            assert chosen in answers[(comparison["workload"], int(level))], where
