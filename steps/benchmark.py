@@ -110,6 +110,16 @@ class Slot(NamedTuple):
     seed: int
 
 
+class Measuring(NamedTuple):
+    """What every run of one benchmark step shares: its context, the server's URL, the facts its runs go into
+    and the records file of their requests."""
+
+    ctx: StepContext
+    base_url: str
+    facts: BenchmarkFacts
+    records: RecordsFile
+
+
 class BenchmarkStep(StepSpec):
     """Run bench_serving at each concurrency; with `compare_to`, report against that baseline."""
 
@@ -450,7 +460,7 @@ class BenchmarkStep(StepSpec):
         )
         records = RecordsFile(ctx.output_dir, self.id, ctx.redactor)
         facts.requests_file = records.relative_to(ctx.run_dir)
-        result, stopped = await self._measure(ctx, base_url, slots, facts, records)
+        result, stopped = await self._measure(Measuring(ctx, base_url, facts, records), slots)
         if stopped is not None:
             return stopped
         facts.points = points(facts.runs, self.spread_threshold)
@@ -480,47 +490,37 @@ class BenchmarkStep(StepSpec):
         records.append(bench_records(lines[-1], about) or [])
 
     async def _measure(
-        self,
-        ctx: StepContext,
-        base_url: str,
-        slots: list[tuple[Slot, WorkloadFacts]],
-        facts: BenchmarkFacts,
-        records: RecordsFile,
+        self, on: Measuring, slots: list[tuple[Slot, WorkloadFacts]]
     ) -> tuple[CommandResult, Outcome | None]:
         """Every run in order; for a configuration a campaign's search launched (`ctx.screen()`), first one repeat of
         each band (the screen), then the other repeats only where the search says it still contends: a loser is
         not measured in full (`facts.screened` names the bands left at one repeat)."""
-        screen = ctx.screen()
+        screen = on.ctx.screen()
         first = [s for s in slots if s[0].repeat == 1]
         if screen is None or len(first) == len(slots):
-            return await self._run_all(ctx, base_url, slots, facts, records)
-        result, stopped = await self._run_all(ctx, base_url, first, facts, records)
+            return await self._run_all(on, slots)
+        result, stopped = await self._run_all(on, first)
         if stopped is not None:
             return result, stopped
-        keep = screen(self.measures_of(points(facts.runs, self.spread_threshold)))
+        keep = screen(self.measures_of(points(on.facts.runs, self.spread_threshold)))
         rest = [s for s in slots if s[0].repeat > 1 and self.band(s[0]) in keep]
-        facts.screened = sorted({self.band(slot) for slot, _ in first} - keep)
-        ctx.progress(f"screened: {len(keep)} of {len(first)} bands still contend, measured in full with the repeats")
+        on.facts.screened = sorted({self.band(slot) for slot, _ in first} - keep)
+        on.ctx.progress(f"screened: {len(keep)} of {len(first)} bands still contend, measured in full with the repeats")
         if not rest:
             return result, None
-        return await self._run_all(ctx, base_url, rest, facts, records, start=len(first))
+        return await self._run_all(on, rest, start=len(first))
 
     @staticmethod
     def band(slot: Slot) -> Band:
         return band_of(slot.workload, slot.category, slot.concurrency)
 
     async def _run_all(
-        self,
-        ctx: StepContext,
-        base_url: str,
-        slots: list[tuple[Slot, WorkloadFacts]],
-        facts: BenchmarkFacts,
-        records: RecordsFile,
-        start: int = 0,
+        self, on: Measuring, slots: list[tuple[Slot, WorkloadFacts]], start: int = 0
     ) -> tuple[CommandResult, Outcome | None]:
         """Each run in turn, its `BenchRun` appended to `facts.runs`; the last result, and the outcome of a run
         that stopped the step (timed out, interrupted, failed: then with the points of the runs before it).
         `start`: runs done before these (a screen's), for the progress count."""
+        ctx, facts = on.ctx, on.facts
         result: CommandResult | None = None
         total = start + len(slots)
         for done, (slot, workload) in enumerate(slots, start):
@@ -534,16 +534,16 @@ class BenchmarkStep(StepSpec):
                 done=done,
                 total=total,
             )
-            result = await ctx.run(self.script(base_url, concurrency, repeat, seed, workload, slot.category))
+            result = await ctx.run(self.script(on.base_url, concurrency, repeat, seed, workload, slot.category))
             if result.timed_out or result.interrupted:
                 return result, Outcome(result)
-            run, failure = self.read_run(result, self.run_info(result, base_url, slot, workload))
+            run, failure = self.read_run(result, self.run_info(result, on.base_url, slot, workload))
             if failure:  # the runs that completed before it, summed up as far as they go
                 summed = points(facts.runs, self.spread_threshold)
                 return result, Outcome(result, facts.model_copy(update={"failure": failure, "points": summed}))
             assert run is not None
             facts.runs.append(run)
-            self.keep_records(records, ctx, result, run)
+            self.keep_records(on.records, ctx, result, run)
             ctx.progress(f"{name}: {run.output_throughput or 0:.1f} output tok/s", **fields, done=done + 1, total=total)
         assert result is not None  # concurrencies has at least one entry
         return result, None

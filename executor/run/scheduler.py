@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from executor.errors import EXIT_FAILED, EXIT_OK, DurableWriteError
@@ -28,6 +28,18 @@ from executor.runbook.loader import Runbook
 from executor.runbook.planner import placed_hosts
 from executor.runbook.search import Decision
 from executor.stepkind import StepSpec
+
+
+async def _all_lanes(lanes: list[Coroutine[Any, Any, None]]) -> None:
+    """A group's lanes at once, until each ends; one lane's error (a failed write, a signal) cancels the others,
+    awaited before it is raised, so no lane outlives its group."""
+    tasks = [asyncio.ensure_future(lane) for lane in lanes]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _in_group(group: MatrixGroup, spec: StepSpec) -> bool:
@@ -186,13 +198,7 @@ class Scheduler:
                 if not await self._run_step(by_id[step_id], attempts, [host]):
                     self.stopping = True
 
-        tasks = [asyncio.ensure_future(lane(h, ids)) for h, ids in cells.lanes(members, hosts_of, group.pool).items()]
-        try:
-            await asyncio.gather(*tasks)
-        finally:  # one lane's error (a failed write, a signal) stops the others
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _all_lanes([lane(h, ids) for h, ids in cells.lanes(members, hosts_of, group.pool).items()])
         return not self.stopping
 
     async def _run_search(self, group: MatrixGroup, members: list[StepSpec], attempts: Attempts) -> bool:
@@ -229,13 +235,7 @@ class Scheduler:
         self.search_record[group.name] = driver.record()
         attempts.screens.update(driver.screens())
         pool: list[str | None] = list(group.pool) if group.placement is not None else [None]
-        tasks = [asyncio.ensure_future(lane(host)) for host in pool]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _all_lanes([lane(host) for host in pool])
         self.search_record[group.name] = driver.record()  # as it ended (a decision observe corrected included)
         self.folder.state.set(SEARCH_KEY, json.dumps(self.search_record))
         ran = {step for step, _ in driver.started}

@@ -14,7 +14,7 @@ from typing import Any, cast
 from executor.redact import Redactor
 from executor.runbook.search import Band, Measure
 from executor.stepkind import StepContext
-from steps.benchmark import BenchmarkStep
+from steps.benchmark import BenchmarkStep, Measuring
 from steps.benchmark_report import BenchmarkFacts
 from steps.benchmark_results import points
 from steps.request_records import RecordsFile
@@ -64,7 +64,7 @@ def measured(tmp_path: Path, screen: Screen | None) -> tuple[Host, BenchmarkFact
         speedup=None, report=None,
     )  # fmt: skip
     records = RecordsFile(tmp_path, "bench", Redactor([]))
-    _, stopped = asyncio.run(STEP._measure(ctx, "http://127.0.0.1:1", slots, facts, records))
+    _, stopped = asyncio.run(STEP._measure(Measuring(ctx, "http://127.0.0.1:1", facts, records), slots))
     assert stopped is None
     return host, facts
 
