@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from executor import strict_json
 
 
 def open_regular(path: Path, follow: bool = True) -> io.BufferedReader:
@@ -74,15 +74,33 @@ def lines_within(handle: io.BufferedReader, limit: int) -> Iterator[tuple[bytes,
         yield line[:limit] + b"\n", True
 
 
+#: How deep json_data reads a document whose reader states no bound: well within the parser's recursion (about
+#: 1000 frames less the caller's), past which json.loads raises a RecursionError (`json_data`)
+PARSE_MAX_DEPTH = 256
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # a backslash and what it escapes
+_STRING = re.compile(rb'"[^"]*"')  # a string, its escapes out
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def nests_deeper(raw: bytes, limit: int) -> bool:
+    """Whether JSON text nests deeper than `limit`, read without parsing it and in linear time whatever it holds
+    (a string of a million escaped quotes, never closed): its escapes out, so that no quote is left inside a
+    string, then its strings, then the running count of its brackets."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _STRING.sub(b"", _ESCAPE.sub(b"", raw)).translate(None, _NOT_BRACKET)
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
+
+
 def json_data(text: str | bytes, max_depth: int | None = None) -> Any:
-    """`json.loads(text)`, where a document nested deeper than the parser goes (30 000 lists in a run.json), or
-    than `max_depth` (a run file's own bound: deeper was not written by runbook, and a recursive walk of it,
-    json.dumps with `indent`, would exhaust the stack), is a ValueError as any other JSON it cannot read, not
-    a RecursionError, which no reader of run data expects."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deep to read (no run file is)") from None
-    if max_depth is not None and strict_json.nested_deeper(value, max_depth):
-        raise ValueError(f"nests deeper than {max_depth} levels")
-    return value
+    """`json.loads(text)`, where a document nested deeper than `max_depth` (a run file's own bound: deeper was not
+    written by runbook) or than PARSE_MAX_DEPTH is a ValueError as any other JSON it cannot read. The depth is
+    counted before the parser sees it: past its recursion json.loads raises a RecursionError that, even caught,
+    has left CPython 3.11's compiler broken for the rest of the process (a SystemError in a later `compile` or
+    `ast.parse`: a long-lived MCP server's gates), and a recursive walk of the value (json.dumps with `indent`)
+    would exhaust the stack."""
+    limit = PARSE_MAX_DEPTH if max_depth is None else max_depth
+    if nests_deeper(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text, limit):
+        raise ValueError(f"nested deeper than {limit} levels")
+    return json.loads(text)

@@ -12,14 +12,12 @@ the search never launches is never downloaded.
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from executor.errors import StateError
+from executor.files import json_data
 from executor.run.state import SEARCH_KEY, StepRecord
 from executor.runbook.campaign import MatrixGroup
 from executor.runbook.cells import Index
@@ -31,17 +29,6 @@ RECORD_MAX = 64 * 1024 * 1024
 
 #: How deep a run's record nests: {group: [{decision, evidence: {band: [bound, incumbent]}}]} is 5 levels
 RECORD_MAX_DEPTH = 8
-_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-
-
-def _nested_deeper(raw: str, limit: int) -> bool:
-    """Whether JSON text nests deeper than `limit`, read without parsing it: json.loads past the recursion limit
-    raises a RecursionError that, caught, has left CPython 3.11's compiler unable to parse later (a SystemError in
-    the next `ast.parse` of that process), so a nested record must never reach it. Its strings out, the running
-    count of its brackets (in C: no frame per character)."""
-    brackets = re.sub(r"[^\[\]{}]", "", _STRING.sub("", raw))
-    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
 
 
 _SAID = {"prune": "pruned", "unexplored": "not launched", "launch": "launched"}
@@ -56,13 +43,10 @@ def source_decisions(raw: str | None, where: str) -> dict[str, list[Decision]]:
     if len(raw) > RECORD_MAX:
         why = f"the search's record (`{SEARCH_KEY}`) is {len(raw)} characters, more than a run writes ({RECORD_MAX})"
         raise StateError(f"{where}: {why}", why)
-    if _nested_deeper(raw, RECORD_MAX_DEPTH):
-        why = f"the search's record (`{SEARCH_KEY}`) is not as a run writes it: it nests deeper than {RECORD_MAX_DEPTH}"
-        raise StateError(f"{where}: {why}", why)
     try:
-        data = json.loads(raw)
+        data = json_data(raw, RECORD_MAX_DEPTH)
         return {str(group): [Decision.from_json(d) for d in decisions] for group, decisions in data.items()}
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         why = f"the search's record (`{SEARCH_KEY}`) is not as a run writes it: {exc}"
         raise StateError(f"{where}: {why}", why) from exc
 
@@ -204,8 +188,9 @@ class SearchDriver:
         return f"{LEFT_OUT}no configuration of its cells was launched (each was pruned or not reached)"
 
     def screens(self) -> dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]]:
-        """Each configuration's measuring instance -> its screen (`StepContext.screen`): the bands it contends in."""
-        return {measure: self.search.contending for measure in self.measure.values() if measure is not None}
+        """Each instance run against a configuration's server (its evaluation, its measure) -> its screen
+        (`StepContext.screen`): the bands it contends in, which the measure reads; the others run short."""
+        return {i: self.search.contending for server, ids in self.members.items() for i in ids if i != server}
 
     def record(self) -> list[dict[str, Any]]:
         return [d.as_json() for d in self.search.decisions]
