@@ -465,9 +465,10 @@ class StepContext(RenderContext):
         """
 
     def screen(self) -> Callable[[Mapping[Band, Measure]], frozenset[Band]] | None:
-        """For the measuring step of a configuration a campaign's search launched (README, "Search"): the screen,
+        """For a step run against a configuration a campaign's search launched (README, "Search"): the screen,
         which takes the measure of a first pass (one repeat of each band) and answers the bands where the
-        configuration still contends for the answer, to measure in full; None outside a search (measure all)."""
+        configuration still contends for the answer, for the measuring step to measure those in full; a step that
+        ranks nothing (an evaluation) runs its short form. None outside a search: everything in full."""
         return None
 
     @abstractmethod

@@ -391,6 +391,9 @@ class EvalAcceptanceFacts(Model):
     requests: list[RequestFacts]
     # the per-request records (steps/request_records.py), relative to the run folder; None: none were written
     requests_file: str | None = None
+    #: set -> its prompts, where a campaign search's screen sent only the first `screen_prompts` of them (None:
+    #: every prompt was sent); the lossless check compares those with the reference's answers to the same prompts
+    screened_from: dict[str, int] | None = None
     #: exact acceptance from the server's /metrics counters around the run, beside the running average and the
     #: per-request mean (steps/server_metrics.py); None in facts from before it was recorded
     acceptance: RunAcceptance | None = None
@@ -539,6 +542,8 @@ class EvalAcceptanceStep(StepSpec):
     prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
     max_new_tokens: int = Field(default=256, ge=1)  # tokens asked of each answer
     limit: int | None = Field(default=None, ge=1)  # first N prompts of each set
+    #: in a configuration a campaign's search launched (`StepContext.screen`): the first N prompts of each set
+    screen_prompts: int = Field(default=4, ge=1)
     api: Literal["chat", "generate"] = "chat"  # the server applies the chat template, or raw text to /generate
     thinking: bool = True  # the chat template's thinking setting (chat only)
     thinking_kwarg: str = Field(default="thinking", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # its chat_template_kwargs key
@@ -796,12 +801,25 @@ class EvalAcceptanceStep(StepSpec):
 
     async def execute(self, ctx: StepContext) -> Outcome:
         sets = self._sets(ctx.base_dir)
-        setup = self.setup(sets)
+        setup = self.setup(sets)  # of every prompt: a screen's are the first of the reference's
         reference = self._reference(ctx, setup) if self.compare_outputs_to is not None else None
-        result = await ctx.run(self._script(ctx, sets), on_output=progress_sink(ctx))
+        sent, cut = self.screened(sets) if ctx.screen() is not None else (sets, {})
+        if cut:
+            ctx.progress(f"a search's screen: the first {self.screen_prompts} prompts of each set")
+        result = await ctx.run(self._script(ctx, sent), on_output=progress_sink(ctx))
         if result.timed_out or result.interrupted:
             return Outcome(result)
-        return Outcome(result, self.keep_records(ctx, self.parse_facts(result, setup, reference)))
+        facts = self.parse_facts(result, setup, reference).model_copy(update={"screened_from": cut or None})
+        return Outcome(result, self.keep_records(ctx, facts))
+
+    def screened(
+        self, sets: dict[str, list[dict[str, str]] | str]
+    ) -> tuple[dict[str, list[dict[str, str]] | str], dict[str, int]]:
+        """A search's screen of the evaluation (it ranks nothing: the benchmark does): the first `screen_prompts`
+        of each set, and each set cut -> its prompts. The winner's whole evaluation runs where it is deployed
+        (`runbook run runbooks/k26_dflash.yaml --from-campaign RUN`)."""
+        cut = {name: len(p) for name, p in sets.items() if isinstance(p, list) and len(p) > self.screen_prompts}
+        return {name: p[: self.screen_prompts] if name in cut else p for name, p in sets.items()}, cut
 
     def keep_records(self, ctx: StepContext, facts: EvalAcceptanceFacts) -> EvalAcceptanceFacts:
         """Each request's meta_info (as its facts hold it) written as JSONL to the run folder, and where."""

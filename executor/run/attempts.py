@@ -358,7 +358,7 @@ class Attempts:
         self.transports = transports
         self.transport_factory = transport_factory
         self.refused: dict[str, str] = {}  # why a host has no transport (`_make_transport`)
-        #: a searched group's measuring instances -> their screen (`StepContext.screen`; the scheduler's search)
+        #: a searched group's instances run against a launch -> their screen (`StepContext.screen`; the scheduler's)
         self.screens: dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]] = {}
 
     def connect(self, spec: StepSpec, hosts: Iterable[str]) -> None:

@@ -186,7 +186,9 @@ def test_a_ddtree_cell_launches_with_its_budget_and_is_reported_and_plotted_agai
     for mate in ("eval", "benchmark"):
         record = steps[f"{mate}[drafter=zlab,spec=ddtree-32]"]
         assert record["status"] == "passed" and record["facts"]["base_url"] == steps[DDTREE]["facts"]["base_url"]
-    assert steps["eval[drafter=zlab,spec=ddtree-32]"]["facts"]["speculation_on"] is True
+    evaluated = steps["eval[drafter=zlab,spec=ddtree-32]"]["facts"]
+    assert evaluated["speculation_on"] is True
+    assert evaluated["screened_from"] is None  # a grid evaluates in full: only a search screens
 
     report = json.loads((run_dir / "report.json").read_text())["campaign"]
     cells = {c["name"]: c for c in report["cells"]}

@@ -1,8 +1,9 @@
 """The flagship campaign with `strategy: search` (`runbook demo --sweep --search`'s copy of it) on the test host, killed
 with SIGKILL mid-search and resumed: the resumed run launches nothing the killed one had decided (measured or pruned),
-the search stays within its budget (half the grid's 12 launches), every configuration not launched is recorded with
-why, the report's account gives launches and GPU time against the grid's, and its best configuration per
-concurrency is one the grid measured once on the same stand-in (tests/executor/runbook/search_landscapes/
+the search stays within its budget (5: with the baseline's, half the grid's 13 launches), each launch's evaluation is
+screened (its first prompts, checked against the baseline's answers to them), every configuration not launched is
+recorded with why, the report's account gives launches and GPU time against the grid's, and its best configuration
+per concurrency is one the grid measured once on the same stand-in (tests/executor/runbook/search_landscapes/
 standin_flagship.json) ranks near its best.
 
 The stand-in's numbers move with the machine's load (its batches form in real time): two runs on a loaded 2-core
@@ -103,7 +104,12 @@ def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids
     }
     deploys = [s for s in steps if s.startswith("deploy_dflash[")]
     launched = [s for s in deploys if steps[s]["status"] == "passed"]
-    assert len(launched) <= len(deploys) / 2  # the budget: half the grid's launches
+    assert len(launched) + 1 <= (len(deploys) + 1) / 2  # the bar: half the grid's launches, the baseline's included
+    for step in launched:  # screened: the evaluation's first 4 prompts of each set, checked against the baseline's
+        evaluated = steps[step.replace("deploy_dflash", "eval")]["facts"]
+        assert evaluated["screened_from"] == {"math": 16, "code": 16, "chat": 16}, step
+        assert [s["requests"] for s in evaluated["sets"].values()] == [4, 4, 4], step
+        assert [s["compared"] for s in evaluated["lossless"].values()] == [4, 4, 4], step
     for step in set(deploys) - set(launched):  # why each was never launched: the bound that excluded it, or the budget
         message = steps[step]["message"]
         assert steps[step]["status"] == "skipped", (step, steps[step])

@@ -150,6 +150,23 @@ def test_limit_and_template_apply_to_what_is_sent_and_the_deploy_step_is_needed(
     assert "dflash" in step.needs()
 
 
+@given(limit=st.one_of(st.none(), st.integers(1, 20)), screen=st.integers(1, 20))
+def test_a_searchs_screen_sends_the_first_prompts_of_each_set_and_says_how_many_it_has(
+    limit: int | None, screen: int
+) -> None:
+    """Cut after `limit`: each set longer than `screen_prompts` sends its first ones, the rest as they are; a set
+    read at run time (plan's placeholder) is left alone."""
+    step = EvalAcceptanceStep(id="e", server="dflash", limit=limit, screen_prompts=screen)
+    sets: dict[str, list[dict[str, str]] | str] = {**step._sets(None), "mine": "<read at run time>"}
+    sent, cut = step.screened(sets)
+    assert sent["mine"] == "<read at run time>" and "mine" not in cut
+    for name in ("math", "code", "chat"):
+        whole = sets[name]
+        assert isinstance(whole, list)
+        assert sent[name] == whole[:screen]
+        assert cut.get(name) == (len(whole) if len(whole) > screen else None)
+
+
 def test_a_runbooks_own_file_that_cannot_be_read_or_parsed_fails_with_its_path(tmp_path: Path) -> None:
     step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets={"mine": "prompts/mine.jsonl"})
     with pytest.raises(FactsError, match=r"prompt set 'mine': cannot read .*prompts/mine\.jsonl"):
