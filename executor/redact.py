@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, quote_plus
 
+from executor.files import json_data
 from executor.render import MASK
 
 #: The shortest secret (without surrounding whitespace), and the shortest text masked as one.
@@ -84,8 +85,8 @@ def _json_strings(value: str) -> list[str]:
     """The string values of a JSON object or array, at any depth (not its keys: names such as `type` are
     no secret); none for other text."""
     try:
-        document = json.loads(value)
-    except (ValueError, RecursionError):
+        document = json_data(value)
+    except ValueError:
         return []
     found: list[str] = []
     pending = [document] if isinstance(document, dict | list) else []

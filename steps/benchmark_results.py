@@ -20,7 +20,6 @@ has no spread (with the reason), rather than a median of fewer runs that looks l
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from executor.files import json_data
 from executor.runbook.model import DataModel
 from steps.benchmark_slo import attainment
 from steps.benchmark_workloads import RANDOM_IDS, slice_key
@@ -170,8 +170,8 @@ def _number(line: dict[str, Any], name: str, unknown: dict[str, str]) -> float |
 def parse_run(text: str, info: RunInfo) -> BenchRun:
     """A `BenchRun` from one JSONL line; ValueError when it is no JSON object or lacks `completed`."""
     try:
-        line = json.loads(text)
-    except json.JSONDecodeError as exc:
+        line = json_data(text)
+    except ValueError as exc:  # no JSON, or nested past the parser's depth
         raise ValueError(f"the JSONL line is not JSON: {exc}") from None
     if not isinstance(line, dict):
         raise ValueError(f"the JSONL line is {type(line).__name__}, not a JSON object")

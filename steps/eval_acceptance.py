@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from executor.errors import AttemptFailed, StepFailed
-from executor.files import open_regular
+from executor.files import json_data, open_regular
 from executor.hostprogram import host_program
 from executor.runbook.durations import Delay, Duration
 from executor.runbook.model import DataModel, Gate, Model
@@ -128,9 +128,11 @@ def parse_prompt_lines(text: str, source: str) -> list[Prompt]:
             continue
         where = f"{source} line {number}"
         try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+            item = json_data(line)
+        except ValueError as exc:
+            raise ValueError(
+                f"{where}: not JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})"
+            ) from None
         if not isinstance(item, dict):
             raise ValueError(f'{where}: expected an object like {{"prompt": "..."}}, got {type(item).__name__}')
         keys = [key for key in ("prompt", "text") if key in item]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from executor import durable
+from executor.files import json_data
 from executor.redact import Redactor
 
 #: The folder of a host's records, inside its folder of the run folder (`StepContext.output_dir`).
@@ -84,8 +85,8 @@ def bench_records(line: str, about: dict[str, Any]) -> list[dict[str, Any]] | No
     workload, concurrency, repeat, seed) then the request's index and metrics; None when the line has no
     details (no `--output-details`, or another release) or they are not lists of one length."""
     try:
-        result = json.loads(line)
-    except json.JSONDecodeError:
+        result = json_data(line)
+    except ValueError:
         return None
     found = [result.get(name) for name in DETAIL_FIELDS] if isinstance(result, dict) else []
     lists = [each for each in found if isinstance(each, list)]

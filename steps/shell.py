@@ -3,14 +3,14 @@ and parse stdout as JSON facts."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import field_validator
 
+from executor.files import json_data
 from executor.runbook.model import Model
-from executor.stepkind import FactsError, Outcome, RenderContext, StepContext, StepSpec
+from executor.stepkind import FACTS_MAX_DEPTH, FactsError, Outcome, RenderContext, StepContext, StepSpec
 
 if TYPE_CHECKING:
     from executor.transport.base import CommandResult
@@ -71,8 +71,8 @@ class ShellStep(StepSpec):
         if not text:
             raise FactsError("parse: json expected a JSON document on stdout, but stdout was empty")
         try:
-            return json.loads(text)
-        except ValueError as exc:  # a JSONDecodeError, or an integer past Python's 4300 digits
+            return json_data(text, FACTS_MAX_DEPTH)
+        except ValueError as exc:  # a JSONDecodeError, an integer past Python's 4300 digits, or nested too deep
             raise FactsError(f"parse: json could not parse stdout: {exc}") from None
 
     async def execute(self, ctx: StepContext) -> Outcome:
