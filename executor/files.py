@@ -103,4 +103,6 @@ def json_data(text: str | bytes, max_depth: int | None = None) -> Any:
     limit = PARSE_MAX_DEPTH if max_depth is None else max_depth
     if nests_deeper(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text, limit):
         raise ValueError(f"nested deeper than {limit} levels")
-    return json.loads(text)
+    # bytes as UTF-8 only, as runbook writes them: json.loads would also take UTF-16 or 32, whose escaped quotes
+    # the scan above does not read as escapes (a UnicodeDecodeError is a ValueError)
+    return json.loads(text if isinstance(text, str) else text.decode("utf-8"))

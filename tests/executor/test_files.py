@@ -52,3 +52,15 @@ def test_a_document_within_its_depth_reads_as_json_loads_reads_it() -> None:
     text = '{"a": [[{"b": "[[[[\\"]]"}]], "c": 1.5}'
     assert files.json_data(text, 4) == files.json_data(text.encode(), 4) == json.loads(text)
     assert files.json_data("[" * files.PARSE_MAX_DEPTH + "]" * files.PARSE_MAX_DEPTH) is not None
+
+
+def test_bytes_are_read_as_utf_8_only() -> None:
+    """json.loads takes UTF-16 bytes too, where an escaped quote is two bytes the scan does not read as one, so it
+    pairs the quotes wrongly and misses the nesting after them: a run file is UTF-8, and other bytes are refused
+    before the parser could follow that nesting into its RecursionError."""
+    hidden = '["\\"", ' + "[" * 1000 + "]" * 1000 + ', ""]'
+    assert files.nests_deeper(hidden.encode("utf-16"), files.PARSE_MAX_DEPTH) is False  # what the scan misses
+    with pytest.raises(ValueError, match="utf-8"):
+        files.json_data(hidden.encode("utf-16"))
+    with pytest.raises(ValueError, match="nested deeper than"):
+        files.json_data(hidden.encode())
