@@ -44,6 +44,7 @@ from executor.errors import (
     StepKindPluginError,
 )
 from executor.errors import FactsError as FactsError  # what a step kind raises (executor.errors)
+from executor.files import json_data
 from executor.hostprogram import PROGRAM_LINE, PROGRESS_PREFIX
 from executor.render import var_names
 from executor.runbook.campaign import AxisValue
@@ -196,7 +197,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         raise FactsError(f"{program} printed no JSON document ({result.ended}); stderr: {said}")
     wrong = f"{program} printed a document of an unexpected shape"
     try:  # read once, strictly: NaN, Infinity and 1e999 (which pydantic's JSON reader takes) are refused
-        data = kit.loads(lines[-1])
+        data = json_data(lines[-1], loads=kit.loads)
     except ValueError as exc:
         raise FactsError(f"{wrong}: {exc}; stderr: {said}") from None
     try:
@@ -267,11 +268,11 @@ class ProgressLines:
             if not line.startswith(PROGRESS_PREFIX):
                 continue
             try:
-                fields = kit.loads(line[len(PROGRESS_PREFIX) :])  # NaN, Infinity or 1e999: malformed, skipped
-                check_depth(fields)  # 600 levels parse, then stop the reporters that recurse into the event
+                # NaN, Infinity or 1e999: malformed, skipped; nested deeper than facts: counted before the parser
+                fields = json_data(line[len(PROGRESS_PREFIX) :], FACTS_MAX_DEPTH, loads=kit.loads)
                 if isinstance(fields, dict):
                     self.on_fields(fields)
-            except (ValueError, LookupError, TypeError, ArithmeticError, RecursionError, FactsError):
+            except (ValueError, LookupError, TypeError, ArithmeticError):
                 continue
 
 

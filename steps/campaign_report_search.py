@@ -30,6 +30,7 @@ class SearchAccount(DataModel):
     grid_launches: int  # configurations + the baselines'
     gpu_hours: float  # the launched configurations' and the baselines' time x GPUs
     grid_gpu_hours: float  # estimated (module docstring)
+    screened_evals: int = 0  # the launches' evaluations a screen cut to their first prompts (`screened_from`)
 
     @property
     def share(self) -> float | None:
@@ -37,8 +38,12 @@ class SearchAccount(DataModel):
 
 
 def _gpus(view: StepView) -> int:
-    argv = view.facts.get("argv") if isinstance(view.facts, dict) else None
+    argv = _facts(view).get("argv")
     return (gpus_of([str(word) for word in argv]) if isinstance(argv, list) else None) or 1
+
+
+def _facts(view: StepView) -> dict[str, object]:
+    return view.facts if isinstance(view.facts, dict) else {}
 
 
 def _seconds(views: Sequence[StepView]) -> float:
@@ -98,6 +103,11 @@ def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
                 grid_launches=len(launches) + hosts,
                 gpu_hours=round((base + sum(cost)) / 3600, 6),
                 grid_gpu_hours=round((base + mean * len(launches)) / 3600, 6),
+                screened_evals=sum(
+                    1
+                    for v in views
+                    if v.group == group and v.kind == "eval_acceptance" and _facts(v).get("screened_from")
+                ),
             )
         )
     return accounts
@@ -114,6 +124,12 @@ def notes(accounts: Sequence[SearchAccount]) -> list[str]:
             f"{a.gpu_hours:.4g} GPU-hours{share} against the grid's estimated {a.grid_gpu_hours:.4g} (the baselines' "
             f"and each configuration at the launched ones' mean); the {len(a.never_launched)} never launched are in "
             "the table Search, each with the bound that excluded it."
+            + (
+                f" {a.screened_evals} evaluations were screened: the first prompts of each set (`screened_from` in "
+                "their facts); the whole evaluation, with its gates, runs where the winner is deployed."
+                if a.screened_evals
+                else ""
+            )
         )
     return said
 

@@ -32,10 +32,10 @@ reference's: how many are identical and, for the others, the first token index w
 max_new_tokens, and the reference's server must not have speculated on any request (a drafter
 compared with itself passes however it changes the outputs), else the step is refused before
 anything is sent. `lossless_tolerance` is the share of a set's outputs that may differ (default
-0.1): exact equality is too strict on real GPUs, whose
-kernels are not batch-invariant (a verify step of 8 tokens reduces in another order than 8 decode
-steps, and a near-tie between two tokens can flip); that tolerance was not measured on a GPU here,
-so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
+0.1; of the whole set's prompts where a campaign search's screen sent its first ones): exact equality
+is too strict on real GPUs, whose kernels are not batch-invariant (a verify step of 8 tokens reduces in
+another order than 8 decode steps, and a near-tie between two tokens can flip); that tolerance was not
+measured on a GPU here, so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
 fails the default gate `not facts.lossless_failed`, which names the set and divergence indexes.
 
 Proof that speculation was on: `facts.speculation_on` is true when every answered request that
@@ -70,7 +70,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -321,7 +321,10 @@ class LosslessSet(Model):
     differing: int
     first_divergence: list[int]  # per differing output (in prompt order): the first token index that differs
     differing_ids: list[str]  # their prompt ids, in the same order
-    max_differing_fraction: float  # the tolerance: the share of `compared` that may differ
+    max_differing_fraction: float  # the tolerance: the share of the set's prompts that may differ
+    #: the set's prompts, where a search's screen compared only its first ones (the tolerance's share is of the whole
+    #: set: a screen fails no configuration the whole set's check would pass); None: the share is of `compared`
+    set_prompts: int | None = None
 
 
 def first_divergence(reference: list[int], output: list[int]) -> int | None:
@@ -333,9 +336,14 @@ def first_divergence(reference: list[int], output: list[int]) -> int | None:
 
 
 def compare_outputs(
-    reference: Iterable[RequestFacts], requests: Iterable[RequestFacts], sets: Iterable[str], tolerance: float
+    reference: Iterable[RequestFacts],
+    requests: Iterable[RequestFacts],
+    sets: Iterable[str],
+    tolerance: float,
+    screened_from: Mapping[str, int] | None = None,
 ) -> dict[str, LosslessSet]:
-    """Per set, the outputs of `requests` against the reference's outputs of the same prompt ids."""
+    """Per set, the outputs of `requests` against the reference's outputs of the same prompt ids; `screened_from`:
+    the sets a screen cut -> their prompts."""
     known = {(r.set, r.id): r.output_ids for r in reference if r.error is None and r.output_ids is not None}
     compared: dict[str, list[tuple[str, int | None]]] = {name: [] for name in sets}
     for request in requests:
@@ -352,6 +360,7 @@ def compare_outputs(
             first_divergence=[index for _, index in differing],
             differing_ids=[ident for ident, _ in differing],
             max_differing_fraction=tolerance,
+            set_prompts=(screened_from or {}).get(name),
         )
     return lossless
 
@@ -360,14 +369,16 @@ def lossless_failures(lossless: dict[str, LosslessSet], reference: str) -> dict[
     """Set name -> why it fails the lossless check: nothing compared, or more outputs differ than allowed."""
     failed = {}
     for name, result in lossless.items():
-        allowed = math.floor(result.max_differing_fraction * result.compared + 1e-9)
+        share_of = result.set_prompts or result.compared
+        allowed = math.floor(result.max_differing_fraction * share_of + 1e-9)
         if result.compared == 0:
             failed[name] = f"no output could be compared with {reference}'s (no prompt answered with token ids on both)"
         elif result.differing > allowed:
             failed[name] = (
                 f"{result.differing} of {result.compared} outputs differ from {reference}'s (prompts "
                 f"{', '.join(result.differing_ids)}; first divergence at token {result.first_divergence}); "
-                f"at most {allowed} ({result.max_differing_fraction:.0%}) may"
+                f"at most {allowed} ({result.max_differing_fraction:.0%} of {share_of}"
+                f"{' prompts, the whole set: a screen of its first ones' if result.set_prompts else ''}) may"
             )
     return failed
 
@@ -456,10 +467,15 @@ def speculated(answered: list[RequestFacts]) -> bool:
 
 
 def facts_from(
-    document: HostDocument, step: EvalAcceptanceStep, setup: Setup, reference: Reference | None = None
+    document: HostDocument,
+    step: EvalAcceptanceStep,
+    setup: Setup,
+    reference: Reference | None = None,
+    screened_from: dict[str, int] | None = None,
 ) -> EvalAcceptanceFacts:
     """Per-set and overall statistics from the host program's per-request records, and the lossless
-    check against `reference`'s outputs when there is one."""
+    check against `reference`'s outputs when there is one; `screened_from`: the sets a search's screen cut -> their
+    prompts."""
     requests = [request_facts(name, raw) for name in document.planned for raw in document.sets.get(name, [])]
     too_long(requests, setup.max_new_tokens)
     sets = {
@@ -469,7 +485,9 @@ def facts_from(
     overall = summarize(requests, sum(document.planned.values()))
     lossless, lossless_failed = None, {}
     if reference is not None:
-        lossless = compare_outputs(reference.requests, requests, document.planned, step.lossless_tolerance)
+        lossless = compare_outputs(
+            reference.requests, requests, document.planned, step.lossless_tolerance, screened_from
+        )
         lossless_failed = lossless_failures(lossless, reference.step)
     return EvalAcceptanceFacts(
         base_url=document.base_url,
@@ -487,6 +505,7 @@ def facts_from(
         failed_requests=sum(s.failed for s in sets.values()),
         speculation_on=speculated(answered),
         compared_to=None if reference is None else reference.step,
+        screened_from=screened_from or None,
         lossless=lossless,
         lossless_failed=lossless_failed,
         # only a reference's token ids are read again (a speculating eval is never one): the others would only
@@ -754,11 +773,15 @@ class EvalAcceptanceStep(StepSpec):
     # ---- facts --------------------------------------------------------------------------------------
 
     def parse_facts(
-        self, result: CommandResult, setup: Setup | None = None, reference: Reference | None = None
+        self,
+        result: CommandResult,
+        setup: Setup | None = None,
+        reference: Reference | None = None,
+        screened_from: dict[str, int] | None = None,
     ) -> EvalAcceptanceFacts:
         document = host_document(result, HostDocument, "the acceptance evaluation")
         try:
-            return facts_from(document, self, setup or self.setup({}), reference)
+            return facts_from(document, self, setup or self.setup({}), reference, screened_from)
         except ValidationError as exc:  # a meta_info field of an unexpected type
             raise FactsError(f"the server's meta_info has fields of unexpected types: {exc}") from None
 
@@ -811,8 +834,7 @@ class EvalAcceptanceStep(StepSpec):
         result = await ctx.run(self._script(ctx, sent), on_output=progress_sink(ctx))
         if result.timed_out or result.interrupted:
             return Outcome(result)
-        facts = self.parse_facts(result, setup, reference).model_copy(update={"screened_from": cut or None})
-        return Outcome(result, self.keep_records(ctx, facts))
+        return Outcome(result, self.keep_records(ctx, self.parse_facts(result, setup, reference, cut)))
 
     def screened(
         self, sets: dict[str, list[dict[str, str]] | str]

@@ -133,7 +133,8 @@ class RecordsFile:
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         lines = [json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n" for record in records]
-        self._write(self.redactor.text("".join(lines)).encode("utf-8"), os.O_APPEND)
+        # a lone surrogate (a host's `"\ud800"` in generated text) as JSON's own escape of it, which reads back the same
+        self._write(self.redactor.text("".join(lines)).encode("utf-8", "backslashreplace"), os.O_APPEND)
         self.records += len(lines)
 
     def _write(self, data: bytes, how: int) -> None:

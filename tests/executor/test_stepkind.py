@@ -287,11 +287,6 @@ def test_a_progress_line_nested_past_the_facts_depth_is_skipped_and_the_reporter
 PAST_THE_PARSER = b"[" * 5000 + b"]" * 5000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host_document reads a host program's document with kit.loads (json.loads unbounded), not json_data: "
-    "a document nested past the parser's recursion is a RecursionError, not a FactsError",
-)
 def test_a_host_programs_document_nested_past_the_parser_is_a_facts_error_counted_before_parsing() -> None:
     """Every host program's document (probe, deploy, eval_acceptance, ...) is host output: counted before the parser
     sees it (executor.files.json_data), its refusal a FactsError naming the program, as any malformed document's."""
@@ -299,11 +294,6 @@ def test_a_host_programs_document_nested_past_the_parser_is_a_facts_error_counte
         host_document(_printed(PAST_THE_PARSER + b"\n"), _Floats, "the program")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ProgressLines parses a host's progress line with kit.loads (json.loads unbounded) and catches the "
-    "parser's RecursionError: the hazard json_data's count exists to keep out of a running controller",
-)
 def test_a_progress_line_nested_past_the_parser_never_reaches_its_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
     """Skipped as before, but refused by its count: json.loads is never left to recurse into a RecursionError."""
     recursed: list[str] = []

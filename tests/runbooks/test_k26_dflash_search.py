@@ -116,6 +116,7 @@ def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids
         assert (message.startswith("search: pruned ") and " at most " in message) or "budget" in message, message
     [account] = steps["report"]["facts"]["search"]  # the report's own account, from the run's records
     assert (account["launched"], account["configurations"], account["grid_launches"]) == (len(launched), 12, 13)
+    assert account["screened_evals"] == len(launched)
     assert 0 < account["gpu_hours"] < account["grid_gpu_hours"]
     assert sorted(account["never_launched"]) == sorted(set(deploys) - set(launched))
     answers = _grid_answers()

@@ -348,6 +348,17 @@ def test_hostile_counts_and_a_secret_in_the_details_leave_strict_json_without_th
     ]
 
 
+def test_a_lone_surrogate_in_the_details_is_written_as_json_escapes_it(tmp_path: Path) -> None:
+    """Before: a host's `"\\ud800"` in a generated text (json.loads gives a lone surrogate) made the UTF-8 write
+    raise, and the step failed as a crashed kind."""
+    details = {"input_lens": [1], "output_lens": [2], "ttfts": [0.1], "itls": [[]]}
+    details |= {"generated_texts": ["half a pair: \ud800"], "errors": [""]}
+    records = RecordsFile(tmp_path, "bench", Redactor([]))
+    records.append(bench_records(json.dumps(real_line() | details), {"step": "bench"}) or [])
+    (line,) = records.path.read_text(encoding="utf-8").splitlines()
+    assert "\\ud800" in line and json.loads(line)["generated_text"] == "half a pair: \ud800"
+
+
 @pytest.mark.parametrize(
     ("step", "name"),
     [("bench", "bench.jsonl"), ("bench[drafter=a/b,tokens=4]", "bench_drafter=a_b,tokens=4_-")],
