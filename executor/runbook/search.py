@@ -423,11 +423,9 @@ class Search:
 
         frontier = [c for c in allowed if self._next_to_measured(c)] or allowed
         ahead = [c for c in frontier if self.positions[c].drafter == leader and hope(c) > 1] or frontier
-        best = max(ahead, key=lambda c: (hope(c), -list(self.positions).index(c)))
-        return (
-            best,
-            f"next to a measured configuration, its bound leaves the most room: {hope(best):.2f} x an incumbent",
-        )
+        best = max(ahead, key=lambda c: (self._inside(c), hope(c), -list(self.positions).index(c)))
+        where = "between two measured points of its axis" if self._inside(best) else "next to a measured configuration"
+        return best, f"{where}, its bound leaves the most room: {hope(best):.2f} x an incumbent"
 
     def _next_to_measured(self, config: str) -> bool:
         """Whether a neighbour of `config` on its family's axis was measured: measuring next to one tightens the
@@ -436,6 +434,17 @@ class Search:
         axis = sorted((p.verified or 0, c) for c, p in self.positions.items() if p.family == position.family)
         at = [c for _, c in axis].index(config)
         return any(axis[j][1] in self.measured for j in (at - 1, at + 1) if 0 <= j < len(axis))
+
+    def _inside(self, config: str) -> bool:
+        """Whether `config` lies between two measured points of its family's axis (the baseline's one verified token
+        among them). Measured first, such a point gives the chords extended to the far ends of the axis a nearer
+        end, which tightens their bounds; a far end measured first leaves the inner one's bound open (`headroom`'s
+        DDTREE 64 before 16: 7 launches, 6 the other way)."""
+        position = self.positions[config]
+        verified = position.verified or 0
+        points = [self.positions[c].verified or 0 for c in self.measured if self.positions[c].family == position.family]
+        points += [1] if self.baseline else []
+        return any(p < verified for p in points) and any(p > verified for p in points)
 
     def _middle(self, fresh: list[str]) -> str:
         """The middle of the first family among `fresh` (the lower one of two): the chords through it and the
