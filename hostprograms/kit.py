@@ -244,6 +244,11 @@ class _Deadline:
     def left(self) -> float:
         return max(self.end - time.monotonic(), 0.001)
 
+    def passed(self) -> bool:
+        """Whether the deadline has passed, by the clock: the socket's own timeout (the same seconds, from a little
+        later) may end a read before a loaded machine has woken the timer's thread."""
+        return self.expired or time.monotonic() >= self.end
+
     def add(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.append(sock)
@@ -313,6 +318,7 @@ def exchange(
     NoAnswer otherwise, naming the server: `late` when the deadline passed (however slowly it sent).
     """
     watch = _Deadline(deadline)
+    late = False
     try:
         try:
             with request(
@@ -322,11 +328,12 @@ def exchange(
         except urllib.error.HTTPError as exc:
             status, body = exc.code, _body(exc, limit, url)
     except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut, unreadable
-        if not watch.expired:
+        late = watch.passed()
+        if not late:
             raise NoAnswer(f"{url}: {getattr(exc, 'reason', exc)}") from None
     finally:
         watch.cancel()
-    if watch.expired:
+    if late or watch.expired:
         server = urllib.parse.urlsplit(url).netloc
         raise NoAnswer(f"{server} did not answer {url} whole within {deadline:g} s", late=True)
     return status, body
