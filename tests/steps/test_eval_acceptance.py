@@ -381,6 +381,24 @@ def test_first_divergence_is_the_first_index_that_differs(reference: list[int], 
     assert index == min(len(reference), len(output)) or reference[index] != output[index]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a screen whose first prompts the reference did not answer (a timeout after the baseline's flush) compares "
+    "nothing and fails the set, though the whole set's check, comparing the others, passes it",
+)
+def test_a_screen_fails_no_set_the_whole_check_passes_where_the_references_first_answers_failed() -> None:
+    """LosslessSet.set_prompts: "a screen fails no configuration the whole set's check would pass"."""
+    answered = request(4, 2).model_copy(update={"output_ids": [1, 2, 3, 4]})
+    reference = [
+        answered.model_copy(update={"id": str(i)} | ({"error": "timed out"} if i < 4 else {})) for i in range(16)
+    ]
+    outputs = [answered.model_copy(update={"id": str(i)}) for i in range(16)]
+    whole = compare_outputs(reference, outputs, ["s"], 0.1)
+    assert whole["s"].compared == 12 and lossless_failures(whole, "base") == {}
+    screened = compare_outputs(reference, outputs[:4], ["s"], 0.1, {"s": 16})
+    assert lossless_failures(screened, "base") == {}
+
+
 def test_lossless_tolerance_is_a_share_of_the_compared_outputs() -> None:
     def outputs(ids: dict[str, list[int]]) -> list[RequestFacts]:
         return [request(4, 2).model_copy(update={"id": k, "output_ids": v}) for k, v in ids.items()]
