@@ -258,3 +258,36 @@ def test_a_configuration_the_report_would_tie_and_deploy_is_never_pruned_as_beat
     assert x4.median <= 976.0 and x4.high >= search.measured["x-16"]["c=1"].low  # the report: tied, x-4 cheaper
     pruned = {d.config: d.reason for d in search.prune()}
     assert "x-4" not in pruned, pruned["x-4"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="next_launch prefers a configuration between two measured points and still says its bound 'leaves the "
+    "most room' (a-2: 1.09 x an incumbent) where another open one's leaves more (a-16: 1.20)",
+)
+def test_a_launchs_reason_says_the_most_room_only_where_its_bound_leaves_the_most() -> None:
+    """The table's drafter a, its middle (8 tokens) and then 4 measured: a-2 lies between the baseline and a-4, a-16
+    beyond a-8; the decision's reason (its event, the run's record, `status`) must say why it was chosen."""
+    positions = {f"a-{n}": Position("a", "DFLASH", n, (1.0, float(n), 0.0), f"DFLASH {n}") for n in (2, 4, 8, 16)}
+
+    def measures(key: str) -> dict[Band, Measure]:
+        accept, medians = TABLE["bands"][key]
+        return {band: Measure(m, m * 0.98, m * 1.02, accept) for band, m in medians.items()}
+
+    search = Search(positions, 0.02, baseline=measures("base"))
+    for config in ("a-8", "a-4"):
+        search.decide("launch", config, "measured")
+        search.measured[config] = measures(config)
+    search.prune()
+
+    def room(config: str) -> float:
+        return max(
+            b.value / t[1].median
+            for band in search.bands()
+            if (b := search.bound(config, band)) and (t := search.incumbent(band))
+        )
+
+    chosen = search.next_launch(search.open())
+    assert chosen is not None and sorted(search.open()) == ["a-16", "a-2"]
+    config, reason = chosen
+    assert "the most room" not in reason or room(config) >= max(room(c) for c in search.open()), (reason, room("a-16"))

@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from executor.run.searching import SearchDriver
 from executor.run.state import SEARCH_KEY, open_state
+from executor.runbook.cells import Index
+from executor.runbook.loader import load_runbook
 from executor.runbook.matrix import SEARCH_MAX_LAUNCHES
 from tests.clirun import runbook_cli
-from tests.executor.searched import CONFIGS, GRID_BEST, book, events, launched, recorded, run, status
+from tests.executor.searched import CONFIGS, GRID_BEST, GROUP, book, events, launched, recorded, run, status
 
 WIDE = {"COLUMNS": "500"}  # `plan`'s lines whole (a pipe's are broken at its default width)
 
@@ -196,3 +199,39 @@ def test_a_search_over_more_configurations_than_it_judges_is_refused_before_anyt
     done = runbook_cli("validate", str(path))
     assert done.returncode == 2, done.stdout
     assert f"502 server configurations; a search judges at most {SEARCH_MAX_LAUNCHES}" in done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SearchDriver.screens gives every instance run against a launch the search's screen, so a second "
+    "benchmark there (not the search's measure) has its repeats cut by the measure's incumbents",
+)
+def test_only_the_searchs_measure_among_a_launchs_measuring_steps_is_screened(tmp_path: Path) -> None:
+    """A benchmark the search does not read (`bench_long`: other lengths, the same band names) ranks nothing: its
+    repeats are the runbook's, never cut by how the measure's bands compare with their incumbents."""
+    other = (
+        '      - {id: bench_long, kind: searched_bench, table: TABLE, drafter: "${{ matrix.drafter }}", '
+        'tokens: "${{ matrix.tokens }}"}\n'
+    )
+    runbook = load_runbook(book(tmp_path, {"      - {id: bench,": other + "      - {id: bench,"}))
+    index = Index(runbook)
+    driver = SearchDriver(index.groups[GROUP], {s.id: s for s in runbook.steps}, index, [], runbook.step_hosts)
+    screened = set(driver.screens())
+    assert {f"bench[{c.removeprefix('up[')}" for c in CONFIGS} <= screened
+    assert not {i for i in screened if i.startswith("bench_long[")}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`plan --full` renders a searched launch's eval_acceptance with every prompt of each set (math (16)), "
+    "though the run sends its screen, the first screen_prompts (4)",
+)
+def test_plan_full_shows_a_searched_launchs_evaluation_as_the_run_sends_it(tmp_path: Path) -> None:
+    """README: `--full` shows every command exactly as it would run; in a launch of a search the evaluation sends the
+    first `screen_prompts` of each set (README "Search")."""
+    evaluation = '      - {id: eval, kind: eval_acceptance, base_url: "http://127.0.0.1:1", prompt_sets: [math]}\n'
+    plan = runbook_cli(
+        "plan", str(book(tmp_path, {"      - {id: bench,": evaluation + "      - {id: bench,"})), "--full"
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "of the prompt sets math (4)" in plan.stdout, plan.stdout

@@ -311,3 +311,22 @@ def test_a_progress_line_nested_past_the_parser_never_reaches_its_recursion(monk
     reader = ProgressLines(seen.append)
     reader.feed("stderr", PROGRESS_PREFIX + b'{"x": ' + PAST_THE_PARSER + b"}\n" + PROGRESS_PREFIX + b'{"n": 1}\n')
     assert seen == [{"n": 1}] and recursed == []
+
+
+class _Open(BaseModel):
+    """A document whose one field holds whatever JSON the host printed (a shell-like, open fact)."""
+
+    data: Any
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a host program's document nested 300 levels fails with 'nested deeper than 256 levels' (json_data's "
+    "default bound), not the README's 'nested deeper than 64 levels' for facts drawn from host output",
+)
+def test_a_host_programs_document_nested_past_the_facts_depth_fails_naming_the_facts_depth() -> None:
+    """README: facts drawn from host output nest at most 64 levels; deeper JSON fails the attempt with "nested
+    deeper than 64 levels", whatever the depth (65 is said so by the facts' own check after parsing)."""
+    deep = b'{"data": ' + b"[" * 300 + b"]" * 300 + b"}"
+    with pytest.raises(FactsError, match="nested deeper than 64 levels"):
+        host_document(_printed(deep + b"\n"), _Open, "the program")

@@ -4,6 +4,7 @@ SGLang's HTTP server."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import example, given, settings
@@ -25,12 +26,14 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from executor.faces.cli import main
-from executor.stepkind import FactsError
+from executor.redact import Redactor
+from executor.stepkind import FactsError, StepContext
 from executor.transport.base import Collector
 from hostprograms import eval_acceptance as host
 from sandbox.model_configs import drafter_config, target_config
 from sandbox.sglang_standin import simulation
 from steps.eval_acceptance import (
+    EvalAcceptanceFacts,
     EvalAcceptanceStep,
     FlushFacts,
     HostDocument,
@@ -204,6 +207,51 @@ def test_a_screened_lossless_check_fails_no_configuration_that_the_whole_sets_ch
     assert "at most 0 (10% of 4) may" in verdict(sent["math"])["math"]  # unscreened, 4 prompts are the set
 
 
+class _ScreenedHost:
+    """What EvalAcceptanceStep.execute asks of its context, in a configuration a campaign's search launched: a
+    screen, and a host program that answers every prompt it was sent."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.output_dir, self.host_name, self.base_dir = run_dir, run_dir / "out", "gpu", run_dir
+        self.redactor = Redactor([])
+        self.sent: dict[str, list[dict[str, str]]] = {}
+
+    def screen(self) -> Any:
+        return lambda measures: frozenset(measures)
+
+    def progress(self, message: str, /, **fields: Any) -> None:
+        pass
+
+    async def run(self, script: str, **_: Any) -> Any:
+        config = json.loads(next(line for line in script.splitlines() if line.startswith('{"base_url"')))
+        self.sent = config["sets"]
+        answer = {"seconds": 1.0, "prompt_tokens": 9, "completion_tokens": 4, "spec_verify_ct": 2}
+        document = {
+            "base_url": "http://h", "error": None,
+            "flush": {"flushed": True, "attempts": 1, "status": 200, "body": "Cache flushed."},
+            "planned": {name: len(p) for name, p in self.sent.items()},
+            "sets": {name: [answer | {"id": q["id"], "output_ids": [1]} for q in p] for name, p in self.sent.items()},
+        }  # fmt: skip
+        collect = Collector()
+        collect.stdout.feed(json.dumps(document).encode() + b"\n")
+        return collect.result(0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a screened eval records prompts_sha256 of every prompt of each set, though its facts say it is the digest "
+    "of the prompts as sent (the screen's first screen_prompts)",
+)
+def test_a_screened_evaluations_prompt_digest_is_of_the_prompts_it_sent(tmp_path: Path) -> None:
+    step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets=["math"])
+    host = _ScreenedHost(tmp_path)
+    outcome = asyncio.run(step.execute(cast(StepContext, host)))
+    facts = outcome.facts
+    assert isinstance(facts, EvalAcceptanceFacts) and facts.screened_from == {"math": 16}
+    assert len(host.sent["math"]) == step.screen_prompts  # the screen sent its first prompts only
+    assert facts.prompts_sha256 == step.setup(host.sent).prompts_sha256  # "of the prompts as sent"
+
+
 def test_a_runbooks_own_file_that_cannot_be_read_or_parsed_fails_with_its_path(tmp_path: Path) -> None:
     step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets={"mine": "prompts/mine.jsonl"})
     with pytest.raises(FactsError, match=r"prompt set 'mine': cannot read .*prompts/mine\.jsonl"):
@@ -331,6 +379,24 @@ def test_first_divergence_is_the_first_index_that_differs(reference: list[int], 
         return
     assert index is not None and reference[:index] == output[:index]
     assert index == min(len(reference), len(output)) or reference[index] != output[index]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a screen whose first prompts the reference did not answer (a timeout after the baseline's flush) compares "
+    "nothing and fails the set, though the whole set's check, comparing the others, passes it",
+)
+def test_a_screen_fails_no_set_the_whole_check_passes_where_the_references_first_answers_failed() -> None:
+    """LosslessSet.set_prompts: "a screen fails no configuration the whole set's check would pass"."""
+    answered = request(4, 2).model_copy(update={"output_ids": [1, 2, 3, 4]})
+    reference = [
+        answered.model_copy(update={"id": str(i)} | ({"error": "timed out"} if i < 4 else {})) for i in range(16)
+    ]
+    outputs = [answered.model_copy(update={"id": str(i)}) for i in range(16)]
+    whole = compare_outputs(reference, outputs, ["s"], 0.1)
+    assert whole["s"].compared == 12 and lossless_failures(whole, "base") == {}
+    screened = compare_outputs(reference, outputs[:4], ["s"], 0.1, {"s": 16})
+    assert lossless_failures(screened, "base") == {}
 
 
 def test_lossless_tolerance_is_a_share_of_the_compared_outputs() -> None:
