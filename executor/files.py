@@ -95,12 +95,12 @@ def nests_deeper(raw: bytes, limit: int) -> bool:
 
 def json_data(text: str | bytes, max_depth: int | None = None, loads: Callable[[str], Any] = json.loads) -> Any:
     """`json.loads(text)`, where a document nested deeper than `max_depth` (a run file's own bound: deeper was not
-    written by runbook) or than PARSE_MAX_DEPTH is a ValueError as any other JSON it cannot read. The depth is
-    counted before the parser sees it: past its recursion json.loads raises a RecursionError that, even caught,
-    has left CPython 3.11's compiler broken for the rest of the process (a SystemError in a later `compile` or
-    `ast.parse`: a long-lived MCP server's gates), and a recursive walk of the value (json.dumps with `indent`)
-    would exhaust the stack. `loads`: the parser (hostprograms.kit's refuses NaN as the controller reads a host's
-    document)."""
+    written by runbook; PARSE_MAX_DEPTH where none is stated) is a ValueError as any other JSON it cannot read.
+    The depth is counted before the parser sees it: past its recursion json.loads raises a RecursionError that,
+    even caught, has left CPython 3.11's compiler broken for the rest of the process (a SystemError in a later
+    `compile` or `ast.parse`: a long-lived MCP server's gates), and a recursive walk of the value (json.dumps with
+    `indent`) would exhaust the stack. `loads`: the parser (hostprograms.kit's refuses NaN as the controller reads
+    a host's document)."""
     limit = PARSE_MAX_DEPTH if max_depth is None else max_depth
     if nests_deeper(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text, limit):
         raise ValueError(f"nested deeper than {limit} levels")

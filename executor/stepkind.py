@@ -197,7 +197,7 @@ def host_document(result: CommandResult, model: type[DocumentT], program: str) -
         raise FactsError(f"{program} printed no JSON document ({result.ended}); stderr: {said}")
     wrong = f"{program} printed a document of an unexpected shape"
     try:  # read once, strictly: NaN, Infinity and 1e999 (which pydantic's JSON reader takes) are refused
-        data = json_data(lines[-1], loads=kit.loads)
+        data = json_data(lines[-1], FACTS_MAX_DEPTH, loads=kit.loads)  # host output: as deep as facts at most
     except ValueError as exc:
         raise FactsError(f"{wrong}: {exc}; stderr: {said}") from None
     try:
@@ -413,6 +413,12 @@ class RenderContext(ABC):
         each repository: a gated one fails there, not hours into another's download). None by default."""
         return ()
 
+    def screened(self) -> bool:
+        """Whether the step runs against a configuration a campaign's search launched (README, "Search"), where a
+        kind that ranks nothing runs its short form (an evaluation: the first prompts of each set); the measuring
+        step reads `StepContext.screen`. False by default: everything in full."""
+        return False
+
     @abstractmethod
     def peer(self, host: str) -> RenderContext:
         """The same step seen from `host` (one of its `peer_hosts()`, or its own): that host's vars and
@@ -466,10 +472,9 @@ class StepContext(RenderContext):
         """
 
     def screen(self) -> Callable[[Mapping[Band, Measure]], frozenset[Band]] | None:
-        """For a step run against a configuration a campaign's search launched (README, "Search"): the screen,
+        """For the measuring step of a configuration a campaign's search launched (README, "Search"): the screen,
         which takes the measure of a first pass (one repeat of each band) and answers the bands where the
-        configuration still contends for the answer, for the measuring step to measure those in full; a step that
-        ranks nothing (an evaluation) runs its short form. None outside a search: everything in full."""
+        configuration still contends for the answer, to measure in full; None outside a search (measure all)."""
         return None
 
     @abstractmethod

@@ -492,9 +492,9 @@ class BenchmarkStep(StepSpec):
     async def _measure(
         self, on: Measuring, slots: list[tuple[Slot, WorkloadFacts]]
     ) -> tuple[CommandResult, Outcome | None]:
-        """Every run in order; for a configuration a campaign's search launched (`ctx.screen()`), first one repeat of
-        each band (the screen), then the other repeats only where the search says it still contends: a loser is
-        not measured in full (`facts.screened` names the bands left at one repeat)."""
+        """Every run in order; for a configuration a campaign's search launched (`StepContext.screen`), first one
+        repeat of each band (the screen), then the other repeats only where the search says it still contends: a
+        loser is not measured in full (`facts.screened` names the bands left at one repeat)."""
         screen = on.ctx.screen()
         first = [s for s in slots if s[0].repeat == 1]
         if screen is None or len(first) == len(slots):

@@ -125,8 +125,9 @@ def notes(accounts: Sequence[SearchAccount]) -> list[str]:
             f"and each configuration at the launched ones' mean); the {len(a.never_launched)} never launched are in "
             "the table Search, each with the bound that excluded it."
             + (
-                f" {a.screened_evals} evaluations were screened: the first prompts of each set (`screened_from` in "
-                "their facts); the whole evaluation, with its gates, runs where the winner is deployed."
+                f" {a.screened_evals} evaluation{'s were' if a.screened_evals > 1 else ' was'} screened: a few "
+                "prompts of each set (`screened_from` in the facts); the whole evaluation, with its gates, runs where "
+                "the winner is deployed."
                 if a.screened_evals
                 else ""
             )

@@ -321,9 +321,9 @@ class LosslessSet(Model):
     differing: int
     first_divergence: list[int]  # per differing output (in prompt order): the first token index that differs
     differing_ids: list[str]  # their prompt ids, in the same order
-    max_differing_fraction: float  # the tolerance: the share of the set's prompts that may differ
-    #: the set's prompts, where a search's screen compared only its first ones (the tolerance's share is of the whole
-    #: set: a screen fails no configuration the whole set's check would pass); None: the share is of `compared`
+    max_differing_fraction: float  # the tolerance: the share of `compared` (or of `set_prompts`) that may differ
+    #: the set's prompts, where a search's screen compared only some (the tolerance's share is of the whole set: a
+    #: screen fails no configuration the whole set's check would pass); None: the share is of `compared`
     set_prompts: int | None = None
 
 
@@ -390,7 +390,9 @@ class EvalAcceptanceFacts(Model):
     thinking: bool | None  # the chat template's thinking setting; None for raw text
     speculative: bool  # false: a baseline evaluation, the reference of a lossless check
     max_new_tokens: int
-    prompts_sha256: dict[str, str]  # per set, of the prompts as sent (ids and texts): what a comparison checks
+    #: per set, of its prompts as sent (ids and texts; of every prompt where a search's screen sent some: the
+    #: reference's, `screened_from`): what a comparison checks
+    prompts_sha256: dict[str, str]
     flush: FlushFacts
     error: str | None  # why the evaluation stopped early (cache not flushed, server gone)
     sets: dict[str, Summary]
@@ -674,7 +676,8 @@ class EvalAcceptanceStep(StepSpec):
         return self.base_url if self.base_url is not None else str(ctx.fact(str(self.server), "base_url"))
 
     def render(self, ctx: RenderContext) -> str:
-        return self._script(ctx, self._sets(ctx.base_dir if isinstance(ctx, StepContext) else None))
+        sets = self._sets(ctx.base_dir if isinstance(ctx, StepContext) else None)
+        return self._script(ctx, self.screened(sets)[0] if ctx.screened() else sets)
 
     def _script(self, ctx: RenderContext, sets: dict[str, list[dict[str, str]] | str]) -> str:
         config = {
@@ -826,24 +829,32 @@ class EvalAcceptanceStep(StepSpec):
 
     async def execute(self, ctx: StepContext) -> Outcome:
         sets = self._sets(ctx.base_dir)
-        setup = self.setup(sets)  # of every prompt: a screen's are the first of the reference's
+        setup = self.setup(sets)  # of every prompt: a screen's are among the reference's
         reference = self._reference(ctx, setup) if self.compare_outputs_to is not None else None
-        sent, cut = self.screened(sets) if ctx.screen() is not None else (sets, {})
+        answered = None if reference is None else {(r.set, r.id) for r in reference.requests if r.output_ids}
+        sent, cut = self.screened(sets, answered) if ctx.screened() else (sets, {})
         if cut:
-            ctx.progress(f"a search's screen: the first {self.screen_prompts} prompts of each set")
+            ctx.progress(f"a search's screen: {self.screen_prompts} prompts of each set")
         result = await ctx.run(self._script(ctx, sent), on_output=progress_sink(ctx))
         if result.timed_out or result.interrupted:
             return Outcome(result)
         return Outcome(result, self.keep_records(ctx, self.parse_facts(result, setup, reference, cut)))
 
     def screened(
-        self, sets: dict[str, list[dict[str, str]] | str]
+        self, sets: dict[str, list[dict[str, str]] | str], answered: set[tuple[str, str]] | None = None
     ) -> tuple[dict[str, list[dict[str, str]] | str], dict[str, int]]:
-        """A search's screen of the evaluation (it ranks nothing: the benchmark does): the first `screen_prompts`
-        of each set, and each set cut -> its prompts. The winner's whole evaluation runs where it is deployed
-        (`runbook run runbooks/k26_dflash.yaml --from-campaign RUN`)."""
+        """A search's screen of the evaluation (it ranks nothing: the benchmark does): `screen_prompts` of each set,
+        the first of those the reference `answered` with token ids ((set, id); all when None: `plan` shows the
+        first), so that each is compared; and each set cut -> its prompts. The winner's whole evaluation runs where
+        it is deployed (`runbook run runbooks/k26_dflash.yaml --from-campaign RUN`)."""
         cut = {name: len(p) for name, p in sets.items() if isinstance(p, list) and len(p) > self.screen_prompts}
-        return {name: p[: self.screen_prompts] if name in cut else p for name, p in sets.items()}, cut
+        sent = dict(sets)
+        for name in cut:
+            prompts = sets[name]
+            assert isinstance(prompts, list)
+            known = [p for p in prompts if answered is None or (name, p["id"]) in answered]
+            sent[name] = (known + [p for p in prompts if p not in known])[: self.screen_prompts]
+        return sent, cut
 
     def keep_records(self, ctx: StepContext, facts: EvalAcceptanceFacts) -> EvalAcceptanceFacts:
         """Each request's meta_info (as its facts hold it) written as JSONL to the run folder, and where."""

@@ -202,6 +202,9 @@ class HostContext(StepContext):
     def screen(self) -> Callable[[Mapping[Band, Measure]], frozenset[Band]] | None:
         return self.attempts.screens.get(self.spec.id)
 
+    def screened(self) -> bool:
+        return self.spec.id in self.attempts.screened
+
     def facts_of_kind(self, kind: str) -> dict[str, Any]:
         attempts, view = self.attempts, self.attempts.facts_view(self.host_name)
         earlier = attempts.runbook.steps[: attempts.positions[self.spec.id]]
@@ -358,8 +361,10 @@ class Attempts:
         self.transports = transports
         self.transport_factory = transport_factory
         self.refused: dict[str, str] = {}  # why a host has no transport (`_make_transport`)
-        #: a searched group's instances run against a launch -> their screen (`StepContext.screen`; the scheduler's)
+        #: a searched group's measuring instances -> their screen (`StepContext.screen`; the scheduler's search)
         self.screens: dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]] = {}
+        #: the instances run against a searched launch (`RenderContext.screened`; the scheduler's search)
+        self.screened: set[str] = set()
 
     def connect(self, spec: StepSpec, hosts: Iterable[str]) -> None:
         """Make the transports of `hosts` and the step's peer hosts the run has none of yet."""

@@ -234,6 +234,7 @@ class Scheduler:
 
         self.search_record[group.name] = driver.record()
         attempts.screens.update(driver.screens())
+        attempts.screened |= group.screened(self.runbook.instances)
         pool: list[str | None] = list(group.pool) if group.placement is not None else [None]
         await _all_lanes([lane(host) for host in pool])
         self.search_record[group.name] = driver.record()  # as it ended (a decision observe corrected included)

@@ -188,9 +188,8 @@ class SearchDriver:
         return f"{LEFT_OUT}no configuration of its cells was launched (each was pruned or not reached)"
 
     def screens(self) -> dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]]:
-        """Each instance run against a configuration's server (its evaluation, its measure) -> its screen
-        (`StepContext.screen`): the bands it contends in, which the measure reads; the others run short."""
-        return {i: self.search.contending for server, ids in self.members.items() for i in ids if i != server}
+        """Each configuration's measuring instance -> its screen (`StepContext.screen`): the bands it contends in."""
+        return {measure: self.search.contending for measure in self.measure.values() if measure is not None}
 
     def record(self) -> list[dict[str, Any]]:
         return [d.as_json() for d in self.search.decisions]

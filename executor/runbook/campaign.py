@@ -112,6 +112,13 @@ class MatrixGroup:
     #: None: the grid, every one
     search: SearchSpec | None = None
 
+    def screened(self, instances: Mapping[str, Instance]) -> frozenset[str]:
+        """The instances a search's launch screens: each run against a server instance of a searched group, the
+        server's own step not among them (a grid screens nothing)."""
+        if self.search is None:
+            return frozenset()
+        return frozenset(i for i in self.instances if instances[i].server not in (None, i))
+
 
 #: The run's exit status when every step outside a matrix passed but some cells failed (README, "Commands").
 EXIT_CELLS_FAILED = 5

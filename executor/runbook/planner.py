@@ -48,6 +48,7 @@ class PlanContext(RenderContext):
         self.hosts = hosts
         self.fetches_on = fetches_on  # the runbook's `Runbook.fetches_on`
         self.strict = False  # a peer's view: its facts are named by host (`steps.ID.hosts.HOST.facts.PATH`)
+        self.launched_by_search = False  # the step runs against a searched launch (`screened`)
 
     def fact(self, step_id: str, path: str) -> RunTime:
         if self.strict:
@@ -56,6 +57,9 @@ class PlanContext(RenderContext):
 
     def fetches(self) -> tuple[str, ...]:
         return self.fetches_on(self.host_name) if self.fetches_on is not None else ()
+
+    def screened(self) -> bool:
+        return self.launched_by_search
 
     def peer(self, host: str) -> PlanContext:
         try:
@@ -90,6 +94,11 @@ def plan_context(
 
     address, variables = view(host)
     return kind(host, variables, address, view, runbook.fetches_on)
+
+
+def screened_steps(runbook: Runbook) -> frozenset[str]:
+    """The instances a whole run screens (`RenderContext.screened`): those run against a searched group's launch."""
+    return frozenset(i for group in runbook.groups for i in group.screened(runbook.instances))
 
 
 def host_env(runbook: Runbook, host: str, overrides: Mapping[str, Any]) -> dict[str, str]:
@@ -244,11 +253,13 @@ def _plan_lines(runbook: Runbook, overrides: Mapping[str, Any]) -> Iterator[list
     hosts = placed_hosts(runbook)
     by_id = {spec.id: spec for spec in runbook.steps}
     first = {group.instances[0]: group for group in runbook.groups if group.instances}
+    screened = screened_steps(runbook)
     for number, spec in enumerate(runbook.steps, start=1):
         if spec.id in first:
             lines.extend(_group_header(runbook, first[spec.id], overrides, hosts))
         for host in hosts[spec.id]:
             ctx = plan_context(PlanContext, runbook, host, overrides)
+            ctx.launched_by_search = spec.id in screened  # rendered as a whole run sends it
             env = dict(ctx.vars)
             for via, variant in variants(runbook, spec):
                 yield lines
@@ -484,6 +495,7 @@ def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redacto
     by_id = {spec.id: spec for spec in runbook.steps}
     hosts = placed_hosts(runbook)
     left_out = {i for group in runbook.groups for i in group.instances[PLAN_SHOWN:]}
+    screened = screened_steps(runbook)
     steps = []
     for number, spec in enumerate(runbook.steps, start=1):
         if spec.id in left_out:
@@ -493,6 +505,7 @@ def plan_model(runbook: Runbook, overrides: Mapping[str, Any], redactor: Redacto
         for host in hosts[spec.id]:
             # masked before a kind quotes or wraps a value: `'` quoted by the shell would split a secret
             ctx = plan_context(_Recording, runbook, host, overrides, redactor.deep)
+            ctx.launched_by_search = spec.id in screened  # rendered as a whole run sends it
             runs = [_variant(variant, ctx, via) for via, variant in variants(runbook, spec)]
             for run in runs:
                 run.summary += spec.plan_notes(by_id)

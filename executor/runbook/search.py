@@ -424,8 +424,11 @@ class Search:
         frontier = [c for c in allowed if self._next_to_measured(c)] or allowed
         ahead = [c for c in frontier if self.positions[c].drafter == leader and hope(c) > 1] or frontier
         best = max(ahead, key=lambda c: (self._inside(c), hope(c), -list(self.positions).index(c)))
-        where = "between two measured points of its axis" if self._inside(best) else "next to a measured configuration"
-        return best, f"{where}, its bound leaves the most room: {hope(best):.2f} x an incumbent"
+        if self._inside(best):
+            why = "between two measured points of its axis (measured, it bounds the far ends), its bound"
+        else:
+            why = "next to a measured configuration, its bound leaves the most room:"
+        return best, f"{why} {hope(best):.2f} x an incumbent"
 
     def _next_to_measured(self, config: str) -> bool:
         """Whether a neighbour of `config` on its family's axis was measured: measuring next to one tightens the

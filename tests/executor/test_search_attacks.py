@@ -260,11 +260,6 @@ def test_a_configuration_the_report_would_tie_and_deploy_is_never_pruned_as_beat
     assert "x-4" not in pruned, pruned["x-4"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="next_launch prefers a configuration between two measured points and still says its bound 'leaves the "
-    "most room' (a-2: 1.09 x an incumbent) where another open one's leaves more (a-16: 1.20)",
-)
 def test_a_launchs_reason_says_the_most_room_only_where_its_bound_leaves_the_most() -> None:
     """The table's drafter a, its middle (8 tokens) and then 4 measured: a-2 lies between the baseline and a-4, a-16
     beyond a-8; the decision's reason (its event, the run's record, `status`) must say why it was chosen."""

@@ -201,11 +201,6 @@ def test_a_search_over_more_configurations_than_it_judges_is_refused_before_anyt
     assert f"502 server configurations; a search judges at most {SEARCH_MAX_LAUNCHES}" in done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SearchDriver.screens gives every instance run against a launch the search's screen, so a second "
-    "benchmark there (not the search's measure) has its repeats cut by the measure's incumbents",
-)
 def test_only_the_searchs_measure_among_a_launchs_measuring_steps_is_screened(tmp_path: Path) -> None:
     """A benchmark the search does not read (`bench_long`: other lengths, the same band names) ranks nothing: its
     repeats are the runbook's, never cut by how the measure's bands compare with their incumbents."""
@@ -221,11 +216,6 @@ def test_only_the_searchs_measure_among_a_launchs_measuring_steps_is_screened(tm
     assert not {i for i in screened if i.startswith("bench_long[")}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`plan --full` renders a searched launch's eval_acceptance with every prompt of each set (math (16)), "
-    "though the run sends its screen, the first screen_prompts (4)",
-)
 def test_plan_full_shows_a_searched_launchs_evaluation_as_the_run_sends_it(tmp_path: Path) -> None:
     """README: `--full` shows every command exactly as it would run; in a launch of a search the evaluation sends the
     first `screen_prompts` of each set (README "Search")."""

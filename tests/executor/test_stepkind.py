@@ -319,11 +319,6 @@ class _Open(BaseModel):
     data: Any
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a host program's document nested 300 levels fails with 'nested deeper than 256 levels' (json_data's "
-    "default bound), not the README's 'nested deeper than 64 levels' for facts drawn from host output",
-)
 def test_a_host_programs_document_nested_past_the_facts_depth_fails_naming_the_facts_depth() -> None:
     """README: facts drawn from host output nest at most 64 levels; deeper JSON fails the attempt with "nested
     deeper than 64 levels", whatever the depth (65 is said so by the facts' own check after parsing)."""

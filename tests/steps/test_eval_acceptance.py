@@ -216,8 +216,8 @@ class _ScreenedHost:
         self.redactor = Redactor([])
         self.sent: dict[str, list[dict[str, str]]] = {}
 
-    def screen(self) -> Any:
-        return lambda measures: frozenset(measures)
+    def screened(self) -> bool:
+        return True
 
     def progress(self, message: str, /, **fields: Any) -> None:
         pass
@@ -237,19 +237,17 @@ class _ScreenedHost:
         return collect.result(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a screened eval records prompts_sha256 of every prompt of each set, though its facts say it is the digest "
-    "of the prompts as sent (the screen's first screen_prompts)",
-)
-def test_a_screened_evaluations_prompt_digest_is_of_the_prompts_it_sent(tmp_path: Path) -> None:
+def test_a_screened_evaluation_sends_its_first_prompts_and_keeps_the_whole_sets_digest(tmp_path: Path) -> None:
+    """Its facts say what was cut (`screened_from`), and its digest is of every prompt of the set, as the reference's
+    is (the field says so): a lossless check compares it with a baseline that evaluated the whole set."""
     step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets=["math"])
     host = _ScreenedHost(tmp_path)
     outcome = asyncio.run(step.execute(cast(StepContext, host)))
     facts = outcome.facts
     assert isinstance(facts, EvalAcceptanceFacts) and facts.screened_from == {"math": 16}
-    assert len(host.sent["math"]) == step.screen_prompts  # the screen sent its first prompts only
-    assert facts.prompts_sha256 == step.setup(host.sent).prompts_sha256  # "of the prompts as sent"
+    whole = step._sets(None)["math"]
+    assert isinstance(whole, list) and host.sent["math"] == whole[: step.screen_prompts]
+    assert facts.prompts_sha256 == step.setup({"math": whole}).prompts_sha256 != step.setup(host.sent).prompts_sha256
 
 
 def test_a_runbooks_own_file_that_cannot_be_read_or_parsed_fails_with_its_path(tmp_path: Path) -> None:
@@ -381,22 +379,22 @@ def test_first_divergence_is_the_first_index_that_differs(reference: list[int], 
     assert index == min(len(reference), len(output)) or reference[index] != output[index]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a screen whose first prompts the reference did not answer (a timeout after the baseline's flush) compares "
-    "nothing and fails the set, though the whole set's check, comparing the others, passes it",
-)
 def test_a_screen_fails_no_set_the_whole_check_passes_where_the_references_first_answers_failed() -> None:
-    """LosslessSet.set_prompts: "a screen fails no configuration the whole set's check would pass"."""
-    answered = request(4, 2).model_copy(update={"output_ids": [1, 2, 3, 4]})
-    reference = [
-        answered.model_copy(update={"id": str(i)} | ({"error": "timed out"} if i < 4 else {})) for i in range(16)
-    ]
+    """LosslessSet.set_prompts: "a screen fails no configuration the whole set's check would pass". Where the
+    reference did not answer a set's first prompts (timeouts after its flush), the screen sends the first it did
+    answer, so that each of its answers is compared."""
+    step = EvalAcceptanceStep(id="e", base_url="http://h", prompt_sets={"s": "s.jsonl"})
+    prompts: list[dict[str, str]] = [{"id": str(i), "text": f"q{i}"} for i in range(16)]
+    answered = request(4, 2).model_copy(update={"output_ids": [1, 2, 3, 4], "set": "s"})
+    failed = {"error": "timed out", "output_ids": None}
+    reference = [answered.model_copy(update={"id": str(i)} | (failed if i < 4 else {})) for i in range(16)]
     outputs = [answered.model_copy(update={"id": str(i)}) for i in range(16)]
     whole = compare_outputs(reference, outputs, ["s"], 0.1)
     assert whole["s"].compared == 12 and lossless_failures(whole, "base") == {}
-    screened = compare_outputs(reference, outputs[:4], ["s"], 0.1, {"s": 16})
-    assert lossless_failures(screened, "base") == {}
+    sent, cut = step.screened({"s": prompts}, {(r.set, r.id) for r in reference if r.output_ids})
+    assert cut == {"s": 16} and [p["id"] for p in sent["s"]] == ["4", "5", "6", "7"]
+    screened = compare_outputs(reference, [o for o in outputs if o.id in {"4", "5", "6", "7"}], ["s"], 0.1, cut)
+    assert screened["s"].compared == 4 and lossless_failures(screened, "base") == {}
 
 
 def test_lossless_tolerance_is_a_share_of_the_compared_outputs() -> None:
