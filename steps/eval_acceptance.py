@@ -32,7 +32,7 @@ reference's: how many are identical and, for the others, the first token index w
 max_new_tokens, and the reference's server must not have speculated on any request (a drafter
 compared with itself passes however it changes the outputs), else the step is refused before
 anything is sent. `lossless_tolerance` is the share of a set's outputs that may differ (default
-0.1; of the whole set's prompts where a campaign search's screen sent its first ones): exact equality
+0.1; of the whole set's prompts where a campaign search's screen sent some of them): exact equality
 is too strict on real GPUs, whose kernels are not batch-invariant (a verify step of 8 tokens reduces in
 another order than 8 decode steps, and a near-tie between two tokens can flip); that tolerance was not
 measured on a GPU here, so measure yours (the baseline against itself) and set it. A drafter whose outputs differ more
@@ -378,7 +378,7 @@ def lossless_failures(lossless: dict[str, LosslessSet], reference: str) -> dict[
                 f"{result.differing} of {result.compared} outputs differ from {reference}'s (prompts "
                 f"{', '.join(result.differing_ids)}; first divergence at token {result.first_divergence}); "
                 f"at most {allowed} ({result.max_differing_fraction:.0%} of {share_of}"
-                f"{' prompts, the whole set: a screen of its first ones' if result.set_prompts else ''}) may"
+                f"{' prompts, the whole set: a screen sent some' if result.set_prompts else ''}) may"
             )
     return failed
 
@@ -406,8 +406,8 @@ class EvalAcceptanceFacts(Model):
     requests: list[RequestFacts]
     # the per-request records (steps/request_records.py), relative to the run folder; None: none were written
     requests_file: str | None = None
-    #: set -> its prompts, where a campaign search's screen sent only the first `screen_prompts` of them (None:
-    #: every prompt was sent); the lossless check compares those with the reference's answers to the same prompts
+    #: set -> its prompts, where a campaign search's screen sent only `screen_prompts` of them, the first the
+    #: reference answered (None: every prompt was sent); the lossless check compares those with the reference's
     screened_from: dict[str, int] | None = None
     #: exact acceptance from the server's /metrics counters around the run, beside the running average and the
     #: per-request mean (steps/server_metrics.py); None in facts from before it was recorded
