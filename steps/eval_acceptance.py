@@ -565,7 +565,8 @@ class EvalAcceptanceStep(StepSpec):
     prompt_sets: list[str] | dict[str, str] = Field(default_factory=lambda: ["math", "code", "chat"])
     max_new_tokens: int = Field(default=256, ge=1)  # tokens asked of each answer
     limit: int | None = Field(default=None, ge=1)  # first N prompts of each set
-    #: in a configuration a campaign's search launched (`StepContext.screen`): the first N prompts of each set
+    #: in a configuration a campaign's search launched (`RenderContext.screened`): N prompts of each set, the first
+    #: the reference answered
     screen_prompts: int = Field(default=4, ge=1)
     api: Literal["chat", "generate"] = "chat"  # the server applies the chat template, or raw text to /generate
     thinking: bool = True  # the chat template's thinking setting (chat only)
