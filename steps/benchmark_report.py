@@ -119,6 +119,7 @@ class LosslessSet(DataModel):
     differing: MeasuredCount | None = None
     first_divergence: list[MeasuredCount] = []  # the token index where each differing output first differs
     max_differing_fraction: float | None = None  # the tolerance the gate allows
+    set_prompts: MeasuredCount | None = None  # the set's prompts, where a campaign search's screen sent some
 
 
 class Acceptance(DataModel):

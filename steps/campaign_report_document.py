@@ -88,6 +88,7 @@ def _three(three: tuple[float, float, float] | None) -> str:
 def _lossless(cell: CellReport) -> str:
     checked = [
         f"{name}: {or_na(s.identical)}/{or_na(s.compared)} identical"
+        + (f" (a search's screen: {s.compared} of its {s.set_prompts} prompts)" if s.set_prompts else "")
         for a in cell.acceptance
         for name, s in (a.lossless or {}).items()
     ]

@@ -117,6 +117,9 @@ def test_a_search_killed_mid_way_resumes_without_relaunching_and_names_the_grids
     [account] = steps["report"]["facts"]["search"]  # the report's own account, from the run's records
     assert (account["launched"], account["configurations"], account["grid_launches"]) == (len(launched), 12, 13)
     assert account["screened_evals"] == len(launched)
+    cells_table = (logs / new_run / "report.md").read_text()  # the Cells table says which evaluations were screened
+    screened = cells_table.count("math: 4/4 identical (a search's screen: 4 of its 16 prompts)")
+    assert screened == 2 * len(launched)  # a row per workload (two) of each launched configuration
     assert 0 < account["gpu_hours"] < account["grid_gpu_hours"]
     assert sorted(account["never_launched"]) == sorted(set(deploys) - set(launched))
     answers = _grid_answers()
