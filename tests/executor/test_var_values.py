@@ -140,7 +140,8 @@ steps:
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(st.characters(blacklist_characters="\x00"), max_size=40))
+# no lone surrogate: what a command line cannot carry but as undecodable bytes, refused with exit 2 (above)
+@given(text=st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=40))
 def test_any_text_reaches_the_script_and_run_json_exactly(
     write_runbook: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
