@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from executor.documents import Table
 from executor.runbook.model import DataModel
-from executor.runbook.search import LEFT_OUT
+from executor.runbook.search import LEFT_OUT, NOT_REACHED, UNPROVEN
 from executor.stepkind import StepView
 from steps.provenance import gpus_of
 
@@ -31,6 +31,9 @@ class SearchAccount(DataModel):
     gpu_hours: float  # the launched configurations' and the baselines' time x GPUs
     grid_gpu_hours: float  # estimated (module docstring)
     screened_evals: int = 0  # the launches' evaluations a screen cut to their first prompts (`screened_from`)
+    #: never launched because the budget was spent while they might still change an answer (their bands unproven)
+    unproven: int = 0
+    decided: bool = True  # every configuration launched or left out by a decision (none "not reached": a stopped run)
 
     @property
     def share(self) -> float | None:
@@ -103,6 +106,8 @@ def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
                 grid_launches=len(launches) + hosts,
                 gpu_hours=round((base + sum(cost)) / 3600, 6),
                 grid_gpu_hours=round((base + mean * len(launches)) / 3600, 6),
+                unproven=sum(1 for why in left_out.values() if UNPROVEN in why),
+                decided=not any(why.endswith(NOT_REACHED) for why in left_out.values()),
                 screened_evals=sum(
                     1
                     for v in views
@@ -123,7 +128,16 @@ def notes(accounts: Sequence[SearchAccount]) -> list[str]:
             f"launched, {a.launches} of the grid's {a.grid_launches} launches with the baselines; GPU time "
             f"{a.gpu_hours:.4g} GPU-hours{share} against the grid's estimated {a.grid_gpu_hours:.4g} (the baselines' "
             f"and each configuration at the launched ones' mean); the {len(a.never_launched)} never launched are in "
-            "the table Search, each with the bound that excluded it."
+            "the table Search, each with the bounds of its decision."
+            + (
+                f" The budget ended the search with {a.unproven} of them able to change an answer: in the bands the "
+                "table names for each (its bound against the answer's measure), the answer is the best measured, not "
+                "proven; a larger budget settles them."
+                if a.unproven
+                else " Every configuration was decided: each answer is proven against the bounds."
+                if a.decided
+                else ""
+            )
             + (
                 f" {a.screened_evals} evaluation{'s were' if a.screened_evals > 1 else ' was'} screened: a few "
                 "prompts of each set (`screened_from` in the facts); the whole evaluation, with its gates, runs where "

@@ -69,6 +69,8 @@ MESSAGE_CELL = 120
 GATE_CELL = 60
 #: A report table's column of this name holds commands: on a terminal they follow the table (`_print_report_table`).
 COMMAND_COLUMN = "command"
+#: `runbook demo --landscape`: sandbox.demo.LANDSCAPES' names (the sandbox is imported only when the demo runs)
+DEMO_LANDSCAPES = ("h200", "headroom")
 #: What `runbook report --format` prints: the tables, report.json, the tidy rows (executor/faces/report_csv.py).
 REPORT_FORMATS = ("text", "json", "csv")
 
@@ -365,6 +367,14 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
         "DDTREE cells are skipped with the reason",
     )
     p.add_argument(
+        "--landscape",
+        choices=DEMO_LANDSCAPES,
+        default=DEMO_LANDSCAPES[0],
+        help="with --sweep: what the test hosts' GPUs make of the grid: h200 (default: tmp-long's drafter wins, "
+        "DFLASH 4-8) or headroom (a GPU with more compute per byte: z-lab's drafter and a DDTREE budget win at low "
+        "concurrency, DFLASH 8 at high; README, 'Search')",
+    )
+    p.add_argument(
         "--var",
         action="append",
         default=[],
@@ -572,6 +582,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.search and not args.sweep:
         err().print("runbook demo: --search is the sweep's strategy: add --sweep")
         return 2
+    if args.landscape != DEMO_LANDSCAPES[0] and not args.sweep:
+        err().print(f"runbook demo: --landscape {args.landscape} is the sweep's test hosts': add --sweep")
+        return 2
     if args.nodes > 1 and args.sweep:
         err().print(
             f"runbook demo: --nodes {args.nodes} serves the flagship across a node group; the sweep's pool is --hosts"
@@ -586,6 +599,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         hosts=args.hosts,
         sglang=args.sglang,
         nodes=args.nodes,
+        landscape=args.landscape,
     )
     with site_of as site:
         err().print(

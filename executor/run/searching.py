@@ -21,7 +21,7 @@ from executor.files import json_data
 from executor.run.state import SEARCH_KEY, StepRecord
 from executor.runbook.campaign import MatrixGroup
 from executor.runbook.cells import Index
-from executor.runbook.search import LEFT_OUT, Band, Decision, Measure, Position, Search
+from executor.runbook.search import LEFT_OUT, NOT_REACHED, Band, Decision, Measure, Position, Search
 from executor.stepkind import StepSpec
 
 #: The most a run's search record holds: 10 000 configurations (the matrix's limit) x a few decisions' reasons
@@ -144,7 +144,7 @@ class SearchDriver:
         candidates = [s for s in mine if s in search.open()]
         if spent is not None and candidates:
             for server in search.open():
-                emit(search.decide("unexplored", server, f"never launched: {spent}"))
+                emit(search.unexplored(server, spent))
             return None
         chosen = search.next_launch(candidates)
         if chosen is None:
@@ -184,7 +184,7 @@ class SearchDriver:
             decision = self.search.decided(instance.server)
             if decision is not None and decision.action != "launch":
                 return f"{LEFT_OUT}{_SAID[decision.action]} {instance.server}: {decision.reason}"
-            return f"{LEFT_OUT}{instance.server} was not reached (the run stopped first)"
+            return f"{LEFT_OUT}{instance.server} {NOT_REACHED}"
         return f"{LEFT_OUT}no configuration of its cells was launched (each was pruned or not reached)"
 
     def screens(self) -> dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]]:

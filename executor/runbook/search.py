@@ -35,6 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 SCREEN_MARGIN = 0.05
 #: How the message of a configuration's instance the search never launched begins (its report reads it)
 LEFT_OUT = "search: "
+#: How the message of an instance whose configuration a stopped run never reached ends
+NOT_REACHED = "was not reached (the run stopped first)"
+#: How an unexplored configuration's reason names the bands whose answer it leaves unproven (its report reads it)
+UNPROVEN = "the answer it might still change, unproven:"
 #: What a band is called: `random-ids c=4` (the measuring step's workload and the concurrency).
 Band = str
 Action = Literal["launch", "prune", "unexplored"]
@@ -336,16 +340,22 @@ class Search:
 
     # ---- pruning -----------------------------------------------------------------------------
 
-    def excluded(self, config: str, band: Band) -> tuple[str, list[float]] | None:
-        """Why `config` cannot change `band`'s answer (and [bound, incumbent]), None when it might."""
+    def contest(self, config: str, band: Band) -> tuple[Bound, tuple[str, Measure, tuple[float, float, float]]] | None:
+        """`config`'s bound in `band` against the band's incumbent, None where either is unknown or not finite.
+        The report's `beaten` reads the fastest repeat too: the bound is widened by the band's noise, a bound of that.
+        """
         top, median = self.incumbent(band), self.bound(config, band)
         if top is None or median is None:
             return None
-        # the report's `beaten` reads the fastest repeat too: widened by the band's noise, a bound of that
         bound = Bound(median.value * self.noise(band), median.why)
-        name, measure, cost = top
-        if not (math.isfinite(bound.value) and math.isfinite(measure.median)):
+        return (bound, top) if math.isfinite(bound.value) and math.isfinite(top[1].median) else None
+
+    def excluded(self, config: str, band: Band) -> tuple[str, list[float]] | None:
+        """Why `config` cannot change `band`'s answer (and [bound, incumbent]), None when it might."""
+        contest = self.contest(config, band)
+        if contest is None:
             return None
+        bound, (name, measure, cost) = contest
         evidence = [round(bound.value, 3), round(measure.median, 3)]
         if bound.value < min((1 - self.tolerance) * measure.median, measure.low):
             return (
@@ -389,6 +399,25 @@ class Search:
                     )
                 )
         return made
+
+    def unexplored(self, config: str, spent: str) -> Decision:
+        """`config` left open because the budget was `spent` (why): the bands where it might still change the
+        answer, each with its bound against the incumbent. There the answer is the best measured, not proven."""
+        said, evidence = [], {}
+        for band in self.bands():
+            if self.excluded(config, band) is not None:
+                continue
+            contest = self.contest(config, band)
+            if contest is None:
+                said.append(f"{band}: no bound yet")
+                continue
+            bound, (name, measure, _) = contest
+            said.append(f"{band}: up to {bound.value:.0f} tok/s ({bound.why}) against {name}'s {measure.median:.0f}")
+            evidence[band] = [round(bound.value, 3), round(measure.median, 3)]
+        if not said:
+            return self.decide("unexplored", config, f"never launched: {spent}", evidence)
+        reason = f"never launched: {spent}; {UNPROVEN} {_said(said)}"
+        return self.decide("unexplored", config, reason, evidence)
 
     # ---- what to launch next -----------------------------------------------------------------
 

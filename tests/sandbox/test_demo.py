@@ -244,3 +244,17 @@ def test_a_var_given_to_the_demo_reaches_its_run_and_one_that_does_not_fit_stops
                       r"expected a whole number above 0", done.stderr)  # fmt: skip
     assert said == ["benchmark_baseline", "benchmark_dflash"]
     assert not [p for p in logs.iterdir() if (p / "run.json").exists()]  # nothing ran
+
+
+def test_the_demos_landscapes_are_the_sandboxs_and_one_is_the_sweeps_alone(tmp_path: Path) -> None:
+    """`runbook demo --landscape` offers sandbox.demo.LANDSCAPES (the CLI names them without importing the sandbox),
+    and without --sweep it is refused before anything starts."""
+    from executor.faces.cli import DEMO_LANDSCAPES
+    from sandbox.demo import LANDSCAPES
+    from tests.clirun import runbook_cli as in_process
+
+    assert tuple(LANDSCAPES) == DEMO_LANDSCAPES
+    logs = tmp_path / "logs"
+    done = in_process("demo", "--landscape", "headroom", "--log-dir", str(logs))
+    assert done.returncode == 2 and "--landscape headroom is the sweep's test hosts': add --sweep" in done.stderr
+    assert not logs.exists()

@@ -1,0 +1,54 @@
+"""A searched group's account in the campaign report (steps/campaign_report_search.py), from the steps' views as a
+run leaves them: the launches and the configurations never launched, each with the decision's words as the engine
+writes them (executor/run/searching.py `why_not`), and what the account says of its answers: proven where every
+configuration was decided, unproven in the bands the budget left open, nothing either way where the run stopped."""
+
+from __future__ import annotations
+
+import pytest
+
+from executor.runbook.search import LEFT_OUT, NOT_REACHED, Measure, Position, Search
+from executor.stepkind import StepView
+from steps.campaign_report_search import account, notes
+
+GROUP = "sweep"
+BAND = "chat c=1"
+
+
+def deploy(config: str, status: str = "passed", message: str | None = None) -> StepView:
+    return StepView(f"deploy[{config}]", "deploy", "deploy", "gpu1", status, message, {}, GROUP, {"spec": config})
+
+
+def budget_left_open() -> str:
+    """The message of a configuration the budget left open where it might still win: the real decision's words."""
+    search = Search(
+        {c: Position("zlab", "DFLASH", n, (1.0, float(n), 0.0), c) for c, n in [("dflash-4", 4), ("dflash-8", 8)]},
+        0.02,
+        baseline={BAND: Measure(100.0, 99.0, 101.0, None)},
+    )
+    search.measured["dflash-4"] = {BAND: Measure(250.0, 248.0, 252.0, 2.6)}
+    decision = search.unexplored("dflash-8", "the search's budget of 1 launches was spent")
+    return f"{LEFT_OUT}not launched dflash-8: {decision.reason}"
+
+
+@pytest.mark.parametrize(
+    ("left_out", "unproven", "said", "not_said"),
+    [
+        (
+            "search: pruned dflash-8: chat c=1: at most 90 tok/s (...), beaten by dflash-4's 250",
+            0,
+            "each answer is proven",
+            "budget",
+        ),
+        ("budget", 1, "The budget ended the search with 1 of them able to change an answer", "is proven"),
+        (f"{LEFT_OUT}dflash-8 {NOT_REACHED}", 0, "never launched are in the table", "is proven"),
+    ],
+)
+def test_the_account_says_whether_each_answer_is_proven(left_out: str, unproven: int, said: str, not_said: str) -> None:
+    message = budget_left_open() if left_out == "budget" else left_out
+    [searched] = account([deploy("dflash-4"), deploy("dflash-8", "skipped", message)], "benchmark_baseline")
+    assert (searched.launched, searched.unproven, list(searched.never_launched)) == (1, unproven, ["deploy[dflash-8]"])
+    [line] = notes([searched])
+    assert said in line and not_said not in line, line
+    if unproven:
+        assert f"{BAND}: up to " in searched.never_launched["deploy[dflash-8]"]  # the band, its bound, the incumbent
