@@ -38,7 +38,7 @@ LEFT_OUT = "search: "
 #: How the message of an instance whose configuration a stopped run never reached ends
 NOT_REACHED = "was not reached (the run stopped first)"
 #: How an unexplored configuration's reason names the bands whose answer it leaves unproven (its report reads it)
-UNPROVEN = "the answer it might still change, unproven:"
+UNPROVEN = "and it might still change the answer at"
 #: What a band is called: `random-ids c=4` (the measuring step's workload and the concurrency).
 Band = str
 Action = Literal["launch", "prune", "unexplored"]
@@ -403,20 +403,24 @@ class Search:
     def unexplored(self, config: str, spent: str) -> Decision:
         """`config` left open because the budget was `spent` (why): the bands where it might still change the
         answer, each with its bound against the incumbent. There the answer is the best measured, not proven."""
-        said, evidence = [], {}
+        said: dict[Band, str] = {}
+        evidence = {}
         for band in self.bands():
             if self.excluded(config, band) is not None:
                 continue
             contest = self.contest(config, band)
             if contest is None:
-                said.append(f"{band}: no bound yet")
+                said[band] = f"{band}: no bound yet"
                 continue
             bound, (name, measure, _) = contest
-            said.append(f"{band}: up to {bound.value:.0f} tok/s ({bound.why}) against {name}'s {measure.median:.0f}")
+            said[band] = f"{band}: up to {bound.value:.0f} tok/s ({bound.why}) against {name}'s {measure.median:.0f}"
             evidence[band] = [round(bound.value, 3), round(measure.median, 3)]
         if not said:
             return self.decide("unexplored", config, f"never launched: {spent}", evidence)
-        reason = f"never launched: {spent}; {UNPROVEN} {_said(said)}"
+        bands = list(said)
+        more = f" and {len(bands) - REASON_BANDS} more" if len(bands) > REASON_BANDS else ""
+        named = ", ".join(bands[:REASON_BANDS]) + more
+        reason = f"never launched: {spent}, {UNPROVEN} {named} (unproven there); {_said(said.values())}"
         return self.decide("unexplored", config, reason, evidence)
 
     # ---- what to launch next -----------------------------------------------------------------

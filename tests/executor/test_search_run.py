@@ -71,7 +71,7 @@ def test_a_launch_budget_launches_that_many_and_records_the_rest_never_launched(
     assert [d["action"] for d in decisions] == ["launch"] * 2 + ["unexplored"] * (len(CONFIGS) - 2)
     for decision in decisions[2:]:  # where each might still change the answer, its bound against the incumbent's
         config = decision["config"]
-        why = f"search: not launched {config}: never launched: the search's budget of 2 launches was spent; {UNPROVEN} "
+        why = f"search: not launched {config}: never launched: the search's budget of 2 launches was spent, {UNPROVEN} "
         assert steps[config]["status"] == "skipped" and steps[config]["message"].startswith(why), steps[config]
         assert decision["evidence"], decision
         for band, (bound, incumbent) in decision["evidence"].items():
