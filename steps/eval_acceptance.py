@@ -853,8 +853,8 @@ class EvalAcceptanceStep(StepSpec):
         for name in cut:
             prompts = sets[name]
             assert isinstance(prompts, list)
-            known = [p for p in prompts if answered is None or (name, p["id"]) in answered]
-            sent[name] = (known + [p for p in prompts if p not in known])[: self.screen_prompts]
+            order = sorted((answered is not None and (name, p["id"]) not in answered, i) for i, p in enumerate(prompts))
+            sent[name] = [prompts[i] for _, i in order[: self.screen_prompts]]  # the answered first, each in order
         return sent, cut
 
     def keep_records(self, ctx: StepContext, facts: EvalAcceptanceFacts) -> EvalAcceptanceFacts:

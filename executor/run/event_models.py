@@ -144,7 +144,7 @@ class LaunchCounts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     done: int
-    planned: int  # one per distinct server configuration
+    planned: int  # one per distinct server configuration (a search's launch budget where lower)
 
 
 class CellsProgress(Event):

@@ -112,6 +112,13 @@ class MatrixGroup:
     #: None: the grid, every one
     search: SearchSpec | None = None
 
+    @property
+    def most_launches(self) -> int:
+        """The most server launches the group may make: every configuration, or a search's launch budget where
+        lower (a budget of GPU-hours alone caps none)."""
+        cap = self.search.budget.launches if self.search is not None else None
+        return len(self.servers) if cap is None else min(cap, len(self.servers))
+
     def screened(self, instances: Mapping[str, Instance]) -> frozenset[str]:
         """The instances a search's launch screens: each run against a server instance of a searched group, the
         server's own step not among them (a grid screens nothing)."""

@@ -145,9 +145,10 @@ class CellBook:
 
     def launches(self, group: MatrixGroup) -> dict[str, int]:
         """The group's server launches: done (its server instances that started one, whether it came up or
-        died at start-up: either cost a launch) and planned (one per server configuration)."""
+        died at start-up: either cost a launch) and planned (one per server configuration; a search's worst case,
+        its launch budget, where lower)."""
         done = sum(1 for s in group.servers if self.status.get(s) in ("passed", "failed"))
-        return {"done": done, "planned": len(group.servers)}
+        return {"done": done, "planned": group.most_launches}
 
     def failed_cells(self) -> list[dict[str, str]]:
         """The failed cells as `runbook status` lists them, in the order they failed."""

@@ -142,12 +142,6 @@ def matrix_summary(group: MatrixGroup) -> str:
     )
 
 
-def worst_case_launches(group: MatrixGroup) -> int:
-    """The most launches the group may make: every configuration, or a search's launch budget where lower."""
-    cap = group.search.budget.launches if group.search is not None else None
-    return len(group.servers) if cap is None else min(cap, len(group.servers))
-
-
 def search_lines(group: MatrixGroup) -> list[str]:
     """A searched group's budget and worst case, as `plan` says them (nothing for a grid)."""
     if group.search is None:
@@ -160,7 +154,7 @@ def search_lines(group: MatrixGroup) -> list[str]:
     return [
         f"#   strategy: search (README, 'Search'), measured by {group.search.measure}"
         f"{f' against {group.search.baseline}' if group.search.baseline else ''}: budget "
-        f"{' or '.join(s for s in spent if s)}, whichever is spent first; worst case {worst_case_launches(group)} of "
+        f"{' or '.join(s for s in spent if s)}, whichever is spent first; worst case {group.most_launches} of "
         f"the grid's {grid} launches{'' if budget.launches else ' (no launch cap: the GPU-hours stop it)'}"
     ]
 
@@ -189,7 +183,7 @@ def _group_header(
     """What a matrix costs before anything runs: its cells, launches, an upper bound of their start-up
     time and where each server configuration goes; with `shown`, only that many servers and cells, and
     how many instances the plan leaves out."""
-    launches = worst_case_launches(group)
+    launches = group.most_launches
     lines = [f"\n# {matrix_summary(group)}", *search_lines(group)]
     server = next((s for s in runbook.steps if s.id in group.servers), None)
     limit = None

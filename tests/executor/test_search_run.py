@@ -69,6 +69,8 @@ def test_a_launch_budget_launches_that_many_and_records_the_rest_never_launched(
     assert len(launched(steps)) == 2
     decisions = recorded(run_dir)
     assert [d["action"] for d in decisions] == ["launch"] * 2 + ["unexplored"] * (len(CONFIGS) - 2)
+    progress = [e["launches"] for e in events(run_dir, "cells_progress")]  # planned: the budget's worst case
+    assert progress[-1] == {"done": 2, "planned": 2} and {p["planned"] for p in progress} == {2}, progress
     for decision in decisions[2:]:  # where each might still change the answer, its bound against the incumbent's
         config = decision["config"]
         why = f"search: not launched {config}: never launched: the search's budget of 2 launches was spent, {UNPROVEN} "
