@@ -379,9 +379,10 @@ def test_a_launch_whose_measure_failed_leaves_its_bands_unproven(tmp_path: Path)
 def test_a_placed_searchs_unexplored_configurations_are_judged_with_every_launch_measured(tmp_path: Path) -> None:
     """Two lanes, a budget of 2: each lane launches one, the first to finish finds the budget spent and records
     every open configuration `unexplored` while the other lane's launch is still measuring. Its measure comes next
-    and is never judged against: a-16 is recorded unproven at `r c=8`, which that measure excludes, and each
-    decision names `r c=1`'s incumbent as a-4's 218 where the answer is a-8's 249 (the note: 'its bound against the
-    answer's measure'). The driver of the scheduler's two lanes, in their order, with the table's measures."""
+    and is never judged against: a-16 is recorded unproven at `r c=8`, which that measure excludes, and the
+    decisions naming `r c=1` give its incumbent as a-4's 218 where the answer is a-8's 249 (the note: 'its bound
+    against the answer's measure'). The driver of the scheduler's two lanes, in their order, with the table's
+    measures."""
     runbook = load_runbook(book(tmp_path, TWO_HOSTS, budget="{launches: 2}"))
     index = Index(runbook)
     driver = SearchDriver(index.groups[GROUP], {s.id: s for s in runbook.steps}, index, [], runbook.step_hosts)
