@@ -459,9 +459,9 @@ def test_a_stopped_runs_note_gives_no_decision_to_what_it_never_reached(tmp_path
     reason=("a GPU-hours budget under 0.005 is recorded `was spent (0.00 used)`: the use it compared is not said"),
 )
 def test_a_spent_gpu_hours_budget_says_what_was_used(tmp_path: Path) -> None:
-    """A budget of 1e-05 GPU-hours, spent by the first launch: every configuration left open is recorded
-    `the search's budget of 1e-05 GPU-hours was spent (0.00 used)`, a use below the budget as printed."""
-    path = book(tmp_path, budget="{gpu_hours: 0.00001}")
+    """A budget of 1e-06 GPU-hours (3.6 ms), spent by the first launch: every configuration left open is recorded
+    `the search's budget of 1e-06 GPU-hours was spent (0.00 used)`, a use below the budget as printed."""
+    path = book(tmp_path, budget="{gpu_hours: 0.000001}")
     assert run(path).returncode == 0
     run_dir, _ = status(path)
     reasons = [d["reason"] for d in recorded(run_dir) if d["action"] == "unexplored"]
