@@ -34,6 +34,7 @@ class SearchAccount(DataModel):
     #: never launched because the budget was spent while they might still change an answer (their bands unproven)
     unproven: int = 0
     decided: bool = True  # every configuration launched or left out by a decision (none "not reached": a stopped run)
+    unmeasured: int = 0  # launched, but a step of its cell failed: what it would have measured bounds nothing
 
     @property
     def share(self) -> float | None:
@@ -90,11 +91,10 @@ def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
         if not left_out:
             continue
         ran = [v for v in launches if v.status in ("passed", "failed")]
-        cost = [
-            _seconds([m for m in views if m.group == group and m.host == v.host and dict(m.cell) == dict(v.cell)])
-            * _gpus(v)
-            for v in ran
+        cells = [
+            [m for m in views if m.group == group and m.host == v.host and dict(m.cell) == dict(v.cell)] for v in ran
         ]
+        cost = [_seconds(cell) * _gpus(v) for v, cell in zip(ran, cells, strict=True)]
         mean = sum(cost) / len(cost) if cost else 0.0
         accounts.append(
             SearchAccount(
@@ -108,6 +108,7 @@ def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
                 grid_gpu_hours=round((base + mean * len(launches)) / 3600, 6),
                 unproven=sum(1 for why in left_out.values() if UNPROVEN in why),
                 decided=not any(why.endswith(NOT_REACHED) for why in left_out.values()),
+                unmeasured=sum(1 for cell in cells if any(m.status == "failed" for m in cell)),
                 screened_evals=sum(
                     1
                     for v in views
@@ -128,16 +129,8 @@ def notes(accounts: Sequence[SearchAccount]) -> list[str]:
             f"launched, {a.launches} of the grid's {a.grid_launches} launches with the baselines; GPU time "
             f"{a.gpu_hours:.4g} GPU-hours{share} against the grid's estimated {a.grid_gpu_hours:.4g} (the baselines' "
             f"and each configuration at the launched ones' mean); the {len(a.never_launched)} never launched are in "
-            "the table Search, each with the bounds of its decision."
-            + (
-                f" The budget ended the search with {a.unproven} of them able to change an answer: in the bands the "
-                "table names for each (its bound against the answer's measure), the answer is the best measured, not "
-                "proven; a larger budget settles them."
-                if a.unproven
-                else " Every configuration was decided: each answer is proven against the bounds."
-                if a.decided
-                else ""
-            )
+            "the table Search, each with why (the bounds of the search's decision, where it made one)."
+            + _proof(a)
             + (
                 f" {a.screened_evals} evaluation{'s were' if a.screened_evals > 1 else ' was'} screened: a few "
                 "prompts of each set (`screened_from` in the facts); the whole evaluation, with its gates, runs where "
@@ -146,6 +139,26 @@ def notes(accounts: Sequence[SearchAccount]) -> list[str]:
                 else ""
             )
         )
+    return said
+
+
+def _proof(a: SearchAccount) -> str:
+    """What the account says of its answers: proven only where every configuration was decided and every launch
+    measured; the budget's unproven bands; nothing of a stopped run's."""
+    said = ""
+    if a.unproven:
+        said += (
+            f" The budget ended the search with {a.unproven} of them able to change an answer: in the bands named for "
+            "each (in the table, and all in the run's search record with their bounds against the answer's measure), "
+            "the answer is the best measured, not proven; a larger budget settles them."
+        )
+    if a.unmeasured:
+        said += (
+            f" {a.unmeasured} launched configuration{'s' if a.unmeasured > 1 else ''} measured nothing whole (a step "
+            "of its cell failed): the answers are unproven against it."
+        )
+    if not said and a.decided:
+        said = " Every configuration was decided: each answer is proven against the bounds."
     return said
 
 

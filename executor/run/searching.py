@@ -143,6 +143,8 @@ class SearchDriver:
         spent = self._spent(records)
         candidates = [s for s in mine if s in search.open()]
         if spent is not None and candidates:
+            if self._measuring(records):  # the lane that measures it last judges the rest, with its measure
+                return None
             for server in search.open():
                 emit(search.unexplored(server, spent))
             return None
@@ -152,6 +154,18 @@ class SearchDriver:
         emit(search.decide("launch", *chosen))
         return chosen[0]
 
+    def _measuring(self, records: Records) -> bool:
+        """Whether a launch is still being measured on another lane (its measure not yet ended there)."""
+        ended = {step for (step, _), r in records.items() if r.status in ("passed", "failed", "skipped")}
+        return any(
+            d.action == "launch"
+            and d.config not in self.search.measured
+            and d.config not in self.search.lost
+            and (measure := self.measure.get(d.config)) is not None
+            and measure not in ended
+            for d in self.search.decisions
+        )
+
     def _spent(self, records: Records) -> str | None:
         """Why the budget allows no further launch (None: it does): checked before the launch, never after."""
         budget, launched = self.spec.budget, self.launches(records)
@@ -159,7 +173,7 @@ class SearchDriver:
             return f"the search's budget of {budget.launches} launches was spent"
         hours = self.gpu_seconds / 3600
         if budget.gpu_hours is not None and hours >= budget.gpu_hours:
-            return f"the search's budget of {budget.gpu_hours:g} GPU-hours was spent ({hours:.2f} used)"
+            return f"the search's budget of {budget.gpu_hours:g} GPU-hours was spent ({hours:.3g} used)"
         return None
 
     def steps_for(self, server: str, host: str | None, to_run: Mapping[str, StepSpec]) -> list[str]:

@@ -190,10 +190,11 @@ def curve_bound(at: int, points: list[tuple[int, float]], *, concave: bool) -> f
 REASON_BANDS = 8
 
 
-def _said(reasons: Iterable[str]) -> str:
+def _said(reasons: Iterable[str], rest: str = "the evidence has each") -> str:
+    """At most REASON_BANDS of a decision's bands, and how many more (`rest`: where they are)."""
     listed = list(reasons)
     more = len(listed) - REASON_BANDS
-    return "; ".join(listed[:REASON_BANDS]) + (f"; and {more} more bands (the evidence has each)" if more > 0 else "")
+    return "; ".join(listed[:REASON_BANDS]) + (f"; and {more} more bands ({rest})" if more > 0 else "")
 
 
 @dataclass
@@ -415,12 +416,14 @@ class Search:
             bound, (name, measure, _) = contest
             said[band] = f"{band}: up to {bound.value:.0f} tok/s ({bound.why}) against {name}'s {measure.median:.0f}"
             evidence[band] = [round(bound.value, 3), round(measure.median, 3)]
-        if not said:
-            return self.decide("unexplored", config, f"never launched: {spent}", evidence)
+        if not said:  # nothing measured (pruning needs a band): nothing bounds it anywhere
+            reason = f"never launched: {spent}, {UNPROVEN} every band (unproven: nothing was measured to bound it)"
+            return self.decide("unexplored", config, reason, evidence)
         bands = list(said)
         more = f" and {len(bands) - REASON_BANDS} more" if len(bands) > REASON_BANDS else ""
         named = ", ".join(bands[:REASON_BANDS]) + more
-        reason = f"never launched: {spent}, {UNPROVEN} {named} (unproven there); {_said(said.values())}"
+        details = _said(said.values(), "the evidence has each with a bound")
+        reason = f"never launched: {spent}, {UNPROVEN} {named} (unproven there); {details}"
         return self.decide("unexplored", config, reason, evidence)
 
     # ---- what to launch next -----------------------------------------------------------------

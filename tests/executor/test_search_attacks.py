@@ -329,13 +329,6 @@ def note(run_dir: Path) -> str:
     return line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a search that measured no band records its open configurations `unexplored` without UNPROVEN, "
-        "so the note says each answer is proven"
-    ),
-)
 def test_a_search_that_measured_nothing_never_says_its_answers_are_proven(tmp_path: Path) -> None:
     """No baseline, a budget of 1 launch, and that launch out of memory (`on_failure: continue`): nothing was
     measured, so no band exists and each configuration left open is recorded `never launched: the search's budget
@@ -350,13 +343,6 @@ def test_a_search_that_measured_nothing_never_says_its_answers_are_proven(tmp_pa
     assert "is proven" not in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a launched configuration whose measure failed (lost) is never bounded, yet the note says every "
-        "answer is proven"
-    ),
-)
 def test_a_launch_whose_measure_failed_leaves_its_bands_unproven(tmp_path: Path) -> None:
     """The 5th measure fails (a-8's, the grid's answer at `r c=1`; its server started), `on_failure: continue`: the
     search goes on without it and decides every other configuration. Nothing bounds a-8, which was never measured,
@@ -369,13 +355,6 @@ def test_a_launch_whose_measure_failed_leaves_its_bands_unproven(tmp_path: Path)
     assert "is proven" not in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "in a placed search the budget's unexplored decisions are made before another lane's launch is "
-        "measured and never judged again: stale bands and incumbents"
-    ),
-)
 def test_a_placed_searchs_unexplored_configurations_are_judged_with_every_launch_measured(tmp_path: Path) -> None:
     """Two lanes, a budget of 2: each lane launches one, the first to finish finds the budget spent and records
     every open configuration `unexplored` while the other lane's launch is still measuring. Its measure comes next
@@ -415,13 +394,6 @@ def test_a_placed_searchs_unexplored_configurations_are_judged_with_every_launch
     assert not stale, stale
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "an unexplored reason's `and N more bands (the evidence has each)` is said where the bands left "
-        "out have no bound and no evidence"
-    ),
-)
 def test_an_unexplored_reason_says_the_evidence_has_each_band_only_where_it_does() -> None:
     """Ten bands where a configuration has no bound yet (no baseline in them; no point of its family's cost at or
     below it): its reason names 8 and says `and 2 more bands (the evidence has each)`, but its evidence is empty
@@ -436,13 +408,6 @@ def test_an_unexplored_reason_says_the_evidence_has_each_band_only_where_it_does
     assert not more or len(decision.evidence) == 10, (decision.reason, decision.evidence)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a stopped run's note says each never-launched configuration has `the bounds of its decision`; "
-        "those not reached have none"
-    ),
-)
 def test_a_stopped_runs_note_gives_no_decision_to_what_it_never_reached(tmp_path: Path) -> None:
     """A search stopped by a failed launch (a-8, out of memory): the configurations it never reached have no
     decision, yet the note says each never launched is in the table `with the bounds of its decision`."""
@@ -454,10 +419,6 @@ def test_a_stopped_runs_note_gives_no_decision_to_what_it_never_reached(tmp_path
     assert "each with the bounds of its decision" not in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=("a GPU-hours budget under 0.005 is recorded `was spent (0.00 used)`: the use it compared is not said"),
-)
 def test_a_spent_gpu_hours_budget_says_what_was_used(tmp_path: Path) -> None:
     """A budget of 1e-06 GPU-hours (3.6 ms), spent by the first launch: every configuration left open is recorded
     `the search's budget of 1e-06 GPU-hours was spent (0.00 used)`, a use below the budget as printed."""
