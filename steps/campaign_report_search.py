@@ -1,6 +1,7 @@
 """A searched campaign's account in its report (`strategy: search`, README "Search"): per group, what the search
-launched and what that cost in GPU time, against the grid's, and why each configuration it never launched was left
-out (the bound that excluded it, as the run recorded it).
+launched and what that cost in GPU time, against the grid's, why each configuration it never launched was left
+out (the bound that excluded it, or the budget spent and the bands where it might still change the answer, as the
+run recorded it), and whether its answers are proven.
 
 GPU time is each launch's own record: the time of the instances of its cell (its launch, evals and benchmark) times
 the GPUs it was launched on (tp x pp x dp of its argv; unknown counts as one), and the baseline's launch on each host
