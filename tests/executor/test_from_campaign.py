@@ -265,3 +265,16 @@ def test_a_campaign_of_another_model_or_of_several_gpu_kinds_is_refused(campaign
     write_campaign(mixed, campaign_views() + host_views("gpu2", "NVIDIA B200", scale=2.0))
     refused = plan(mixed, "--band", "1")
     assert refused.returncode == 2 and "the campaign ran on several GPU kinds" in refused.stderr, refused.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="schedule.md's command to type names the run by id alone: a campaign run under --log-dir DIR is not found",
+)
+def test_schedule_md_s_command_finds_a_campaign_run_outside_the_default_log_folder(tmp_path: Path) -> None:
+    """`runbook demo --sweep --search --log-dir /tmp/d` writes `--from-campaign RUN --band 1`, which `runbook run`
+    looks up under ./logs ("no run RUN in logs", exit 2): the command is not ready to paste unless it says where."""
+    run_dir = tmp_path / "elsewhere" / "20260101T000000Z-sweep"
+    write_campaign(run_dir, campaign_views())
+    [command] = [line for line in (run_dir / "schedule.md").read_text().splitlines() if "--band 1" in line]
+    assert str(run_dir) in command or f"--log-dir {run_dir.parent}" in command, command
