@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+#: The folder run folders go into unless `--log-dir` (a tool's `log_dir`, RunOptions.log_dir) says another.
+LOG_DIR = Path("logs")
+
 
 def open_regular(path: Path, follow: bool = True) -> io.BufferedReader:
     """`path` opened for reading, refused unless it is a regular file: opening a FIFO waits for a writer

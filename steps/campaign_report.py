@@ -123,7 +123,10 @@ class CampaignReportStep(StepSpec):
         cells = collect(views, self.baseline, self.baseline_may_differ)
         origins = host_provenance(views, cells, started.isoformat(timespec="seconds"))
         kinds = {host: gpu_kind(origin) for host, origin in origins.items()}
-        comparisons = compare(cells, kinds, self.tolerance, self.compare_across_gpus)
+        searched = campaign_report_search.account(views, self.baseline)
+        comparisons = campaign_report_search.mark_unproven(
+            compare(cells, kinds, self.tolerance, self.compare_across_gpus), searched
+        )
         campaign = document.Campaign(
             baseline=self.baseline,
             tolerance=self.tolerance,
@@ -137,7 +140,7 @@ class CampaignReportStep(StepSpec):
                 if c.status != "passed"
             ],
             cells=cells,
-            search=campaign_report_search.account(views, self.baseline),
+            search=searched,
         )
         report = document.build(campaign, origins, self.title or f"Campaign: {', '.join(groups(cells)) or 'no cell'}")
         write_document(ctx.run_dir, report, drawings(cells, comparisons), ctx.redactor)

@@ -369,6 +369,8 @@ class Best(DataModel):
     #: included), cheapest first; empty when the best beats every other (no tie)
     tied: list[str]
     why: str  # the rule's verdict in words: what the best beats and by how much, or what is tied
+    #: a search's budget left a configuration never launched that might beat it (campaign_report_search)
+    unproven: bool = False
 
 
 class Crossover(DataModel):

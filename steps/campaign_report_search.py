@@ -17,7 +17,15 @@ from executor.documents import Table
 from executor.runbook.model import DataModel
 from executor.runbook.search import LEFT_OUT, NOT_REACHED, UNPROVEN
 from executor.stepkind import StepView
+from steps.benchmark import band_of
+from steps.campaign_report_cells import Comparison
 from steps.provenance import gpus_of
+
+#: What a best the search left unproven says after its rule's verdict
+UNPROVEN_WHY = (
+    "unproven: the search's budget left a configuration never launched that might beat it here (the table Search "
+    "gives its bound)"
+)
 
 
 class SearchAccount(DataModel):
@@ -36,6 +44,8 @@ class SearchAccount(DataModel):
     unproven: int = 0
     decided: bool = True  # every configuration launched or left out by a decision (none "not reached": a stopped run)
     unmeasured: int = 0  # launched, but a step of its cell failed: what it would have measured bounds nothing
+    #: the bands (`speed-bench/mixed c=4`) whose answer a configuration the budget left open might still change
+    unproven_bands: list[str] = []
 
     @property
     def share(self) -> float | None:
@@ -49,6 +59,29 @@ def _gpus(view: StepView) -> int:
 
 def _facts(view: StepView) -> dict[str, object]:
     return view.facts if isinstance(view.facts, dict) else {}
+
+
+def _unproven(view: StepView) -> list[str]:
+    """The bands a left-out server instance's facts name unproven (executor/run/searching `left_out_facts`);
+    facts of any other shape (a tampered record) name none."""
+    bands = _facts(view).get("unproven")
+    return [b for b in bands if isinstance(b, str)] if isinstance(bands, list) else []
+
+
+def mark_unproven(comparisons: Sequence[Comparison], accounts: Sequence[SearchAccount]) -> list[Comparison]:
+    """The comparisons with each best whose band a search's budget left unproven marked so (`unproven`, and its
+    `why` says it): where it is read (the Best table, schedule.md, `--from-campaign`), not only in the note."""
+    bands = {band for a in accounts for band in a.unproven_bands}
+    marked = []
+    for c in comparisons:
+        best = [
+            b.model_copy(update={"unproven": True, "why": f"{b.why}; {UNPROVEN_WHY}"})
+            if band_of(c.workload, None, b.concurrency) in bands
+            else b
+            for b in c.best
+        ]
+        marked.append(c.model_copy(update={"best": best}))
+    return marked
 
 
 def _seconds(views: Sequence[StepView]) -> float:
@@ -110,6 +143,7 @@ def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
                 unproven=sum(1 for why in left_out.values() if UNPROVEN in why),
                 decided=not any(why.endswith(NOT_REACHED) for why in left_out.values()),
                 unmeasured=sum(1 for cell in cells if any(m.status == "failed" for m in cell)),
+                unproven_bands=sorted({band for v in launches if v.status == "skipped" for band in _unproven(v)}),
                 screened_evals=sum(
                     1
                     for v in views

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from executor import durable, strict_json
+from executor.files import LOG_DIR
 from executor.runbook.model import DataModel
 from steps.campaign_report_cells import CellReport, Comparison
 from steps.provenance import Provenance
@@ -67,6 +68,8 @@ class Band(_Strict):
     vars: dict[str, str]  # the flagship's vars that deploy it (none for the baseline)
     unknown: Text | None  # why a speculative configuration has no vars
     command: Text | None  # the launch command its deploy ran, to paste
+    #: where a search's budget left a configuration never launched that might beat it (the report's `unproven`)
+    unproven: Annotated[list[Concurrency], Field(max_length=MAX_BANDS)] = []
 
     @field_validator("vars")
     @classmethod
@@ -144,6 +147,7 @@ def build(
 
 def _schedule(comparison: Comparison, cells: Mapping[str, CellReport], origins: Mapping[str, Provenance]) -> Schedule:
     runs = comparison.recommended
+    unproven = {b.concurrency for b in comparison.best if b.unproven}
     bands = []
     for i, run in enumerate(runs):
         cell = cells[run.best]
@@ -160,6 +164,7 @@ def _schedule(comparison: Comparison, cells: Mapping[str, CellReport], origins: 
                 vars=found,
                 unknown=unknown,
                 command=run.command,
+                unproven=[c for c in run.concurrencies if c in unproven],
             )
         )
     speculative = [cells[r.best] for r in runs if not cells[r.best].baseline]
@@ -198,12 +203,12 @@ def drafter_vars(cell: CellReport, repos: Mapping[str, str]) -> tuple[dict[str, 
     return ({}, f"not a value the flagship takes: {', '.join(odd)}") if odd else (found, None)
 
 
-def markdown(schedule: ScheduleFile, run_id: str) -> str:
-    """schedule.md: per GPU kind, the band table and the commands to paste."""
+def markdown(schedule: ScheduleFile, run_id: str, ref: str) -> str:
+    """schedule.md: per GPU kind, the band table and the commands to paste (`ref`: how they name the run)."""
     lines = [f"# Deployable schedule of campaign {run_id}", ""]
     lines += [
         "Per concurrency band, the configuration the report recommends (its tie rule: the cheapest of a tie) and "
-        f"how to deploy it: `runbook run {FLAGSHIP} --from-campaign {run_id} --band C` lays the band's vars "
+        f"how to deploy it: `runbook run {FLAGSHIP} --from-campaign {ref} --band C` lays the band's vars "
         "(schedule.json) over the flagship, or paste the launch command the campaign ran.",
         "",
     ]
@@ -219,8 +224,15 @@ def markdown(schedule: ScheduleFile, run_id: str) -> str:
             tie = f" (the cheapest of a tie at {', '.join(map(str, b.on_tie))})" if b.on_tie else ""
             what = "the baseline, no speculation" if b.baseline else b.configuration
             lines += [f"### Concurrency {b.shown}: {what}{tie}", ""]
+            if b.unproven:
+                lines += [
+                    f"The answer at concurrency {', '.join(map(str, b.unproven))} is unproven: the campaign's search "
+                    "spent its budget with a configuration never launched that might beat it there (report.md, table "
+                    "Search, gives its bound); a larger budget and `--resume` settle it.",
+                    "",
+                ]
             if b.vars:
-                lines += ["```", f"runbook run {FLAGSHIP} --from-campaign {run_id} --band {b.low}", "```", ""]
+                lines += ["```", f"runbook run {FLAGSHIP} --from-campaign {ref} --band {b.low}", "```", ""]
                 lines += [f"- `{name}: {value}`" for name, value in b.vars.items()] + [""]
             elif b.unknown:
                 lines += [f"Not deployable through the flagship: {b.unknown}.", ""]
@@ -228,9 +240,16 @@ def markdown(schedule: ScheduleFile, run_id: str) -> str:
     return "\n".join(lines)
 
 
+def campaign_ref(run_dir: Path) -> str:
+    """How `--from-campaign` finds this run from where the run was started: its id where its folder is in the default
+    log folder, else the folder's absolute path (a run under `--log-dir DIR`: the id alone would not be found)."""
+    folder = run_dir.resolve()
+    return run_dir.name if folder.parent == LOG_DIR.resolve() else str(folder)
+
+
 def write(run_dir: Path, schedule: ScheduleFile) -> None:
     """schedule.json and schedule.md into the run folder, each replaced whole (durable.replace_file)."""
     document = strict_json.dumps(schedule.model_dump(mode="json"), indent=2) + "\n"
     durable.replace_file(run_dir / SCHEDULE_JSON, document.encode("utf-8"), SCHEDULE_JSON, mode=0o644)
-    text = markdown(schedule, run_dir.name)
+    text = markdown(schedule, run_dir.name, campaign_ref(run_dir))
     durable.replace_file(run_dir / SCHEDULE_MD, text.encode("utf-8"), SCHEDULE_MD, mode=0o644)

@@ -69,7 +69,10 @@ class Overlay:
         if name == GPUS_VAR:
             return f"from campaign {self.run}: the GPUs it measured on, checked by the probe, {SCHEDULE_JSON}"
         tie = f", the cheapest of a tie at {', '.join(map(str, self.band.on_tie))}" if self.band.on_tie else ""
-        return f"from campaign {self.run}, band {self.band.shown}: {self.band.configuration}{tie}, {SCHEDULE_JSON}"
+        unproven = self.band.unproven
+        doubt = f", unproven at {', '.join(map(str, unproven))} (the search's budget: schedule.md)" if unproven else ""
+        where = f"band {self.band.shown}: {self.band.configuration}"
+        return f"from campaign {self.run}, {where}{tie}{doubt}, {SCHEDULE_JSON}"
 
 
 def _refused(where: Path | str, message: str) -> InvalidRunbook:

@@ -40,7 +40,8 @@ from executor.errors import (
     RunbookError,
     TransportError,
 )
-from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, LOG_DIR, load_checked
+from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, load_checked
+from executor.files import LOG_DIR
 from executor.run import seal
 from executor.run.state import NOT_STARTED, STOPPED, WRITE_FAILED, StepRecord, passed_before
 from executor.runbook.campaign import EXIT_CELLS_FAILED

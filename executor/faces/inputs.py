@@ -1,5 +1,5 @@
-"""What both faces, the CLI and the MCP server, take in before they validate, plan or start a run: where runs
-go by default (`LOG_DIR`) and the runbook loaded with its var overrides checked (`load_checked`).
+"""What both faces, the CLI and the MCP server, take in before they validate, plan or start a run: the runbook
+loaded with its var overrides checked (`load_checked`), and compare's threshold.
 
 A module of its own so that the MCP server and the CLI check a runbook alike without either importing the
 other (the CLI starts the MCP server: `runbook mcp`). Its imports are made by `load_checked`, for the same
@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from executor.runbook.loader import Runbook
 
-#: The folder runs go into unless `--log-dir` (or a tool's `log_dir`) says another.
-LOG_DIR = Path("logs")
 #: `runbook compare --threshold`'s default (the MCP `compare`'s `threshold`): a regression is worse by more than this
 #: many percent, beyond noise (executor/faces/compare.py); the largest threshold taken.
 COMPARE_THRESHOLD_PCT = 5.0

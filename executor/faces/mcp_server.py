@@ -44,8 +44,8 @@ from executor.documents import Table
 from executor.errors import ArgumentRefused, InvalidRunbook, Problem, RunbookError, StateError
 from executor.faces import views
 from executor.faces.campaign_overlay import laid_under
-from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, LOG_DIR, load_checked
-from executor.files import json_data, lines_within, open_run_file, refusal
+from executor.faces.inputs import COMPARE_THRESHOLD_MAX_PCT, COMPARE_THRESHOLD_PCT, load_checked
+from executor.files import LOG_DIR, json_data, lines_within, open_run_file, refusal
 from executor.run.audit import AUDIT_FILE, read_records
 from executor.run.events import EVENTS_FILE
 from executor.run.state import STATE_FILE, LockRecord, RunLock, process_start

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from executor.documents import NewerDocument, Provenance, Shown, Table, provenance_lacks, read_shown
 from executor.errors import ResumeError, StateError
-from executor.faces.inputs import LOG_DIR
-from executor.files import json_data, open_run_file, refusal
+from executor.files import LOG_DIR, json_data, open_run_file, refusal
 from executor.run.state import (
     JSON_COLUMN_MAX_DEPTH,
     STAMP_LEN,

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executor.files import LOG_DIR
+
 
 @dataclass
 class RunOptions:
     """How a run is started: what the CLI's flags say, and what an API caller gives the Engine alike."""
 
-    log_dir: Path = Path("logs")
+    log_dir: Path = LOG_DIR
     var_overrides: Mapping[str, Any] = field(default_factory=dict)  # var values, over the `var_args`
     resume: str | None = None  # a run id, or "latest"
     from_step: str | None = None

@@ -242,7 +242,7 @@ class Scheduler:
         ran = {step for step, _ in driver.started}
         for spec in members:
             if spec.id not in ran:
-                self._leave_out(spec, self.hosts_of(spec), driver.why_not(spec.id))
+                self._leave_out(spec, self.hosts_of(spec), driver.why_not(spec.id), driver.left_out_facts(spec.id))
         return not self.stopping
 
     async def _run_step(self, spec: StepSpec, attempts: Attempts, lane: list[str] | None = None) -> bool:
@@ -262,11 +262,11 @@ class Scheduler:
         )
         return self._finished(spec, await self._on_hosts(spec, hosts, attempts))
 
-    def _leave_out(self, spec: StepSpec, hosts: list[str], reason: str) -> None:
-        """A step left out without running (a failed cell, a needed step left out): its rows skipped, its
-        events sent, its dependents left out too."""
+    def _leave_out(self, spec: StepSpec, hosts: list[str], reason: str, facts: Any = None) -> None:
+        """A step left out without running (a failed cell, a needed step left out): its rows skipped (with
+        `facts`, where the reason has some: a search's), its events sent, its dependents left out too."""
         group, cell = self._cell_of(spec.id)
-        self._skip(spec, hosts, reason)
+        self._skip(spec, hosts, reason, facts)
         events = self.folder.events
         events.emit(event_models.StepStarted, step=spec.id, kind=spec.kind, hosts=hosts, group=group, cell=cell)
         events.emit(
@@ -340,7 +340,7 @@ class Scheduler:
         group = self.cells.index.group_of(step_id)
         return group is not None and group.on_failure == "continue"
 
-    def _skip(self, spec: StepSpec, hosts: list[str], reason: str) -> None:
+    def _skip(self, spec: StepSpec, hosts: list[str], reason: str, facts: Any = None) -> None:
         """Record a step left out on `hosts` (a failed cell, a needed step left out) without running it."""
         for host in hosts:
             old = self.folder.records[(spec.id, host)]
@@ -349,6 +349,7 @@ class Scheduler:
                     old,
                     status="skipped",
                     message=reason,
+                    facts=old.facts if facts is None else facts,
                     started_at=now(),
                     duration_s=0,
                     fingerprint=self.fingerprints.fingerprint(spec, host),  # a resume tells whether it changed

@@ -201,6 +201,14 @@ class SearchDriver:
             return f"{LEFT_OUT}{instance.server} {NOT_REACHED}"
         return f"{LEFT_OUT}no configuration of its cells was launched (each was pruned or not reached)"
 
+    def left_out_facts(self, instance_id: str) -> dict[str, Any] | None:
+        """The facts of a server instance the budget left open: the bands whose answer it might still change
+        (`unproven`), which the campaign report marks; None for any other instance."""
+        decision = self.search.decided(instance_id)
+        if decision is None or decision.action != "unexplored" or not decision.unproven:
+            return None
+        return {"unproven": list(decision.unproven)}
+
     def screens(self) -> dict[str, Callable[[Mapping[Band, Measure]], frozenset[Band]]]:
         """Each configuration's measuring instance -> its screen (`StepContext.screen`): the bands it contends in."""
         return {measure: self.search.contending for measure in self.measure.values() if measure is not None}

@@ -152,6 +152,8 @@ class Decision(BaseModel):
     reason: str
     #: band -> [bound, incumbent's median] where pruned: the numbers behind the reason
     evidence: dict[str, list[float]] = {}
+    #: unexplored: every band whose answer it might still change (the reason names the first few)
+    unproven: list[str] = []
 
     def as_json(self) -> dict[str, object]:
         return self.model_dump()
@@ -222,10 +224,20 @@ class Search:
         return [c for c in self.positions if self.decided(c) is None and c not in self.measured]
 
     def decide(
-        self, action: Action, config: str, reason: str, evidence: dict[str, list[float]] | None = None
+        self,
+        action: Action,
+        config: str,
+        reason: str,
+        evidence: dict[str, list[float]] | None = None,
+        unproven: list[Band] | None = None,
     ) -> Decision:
         decision = Decision(
-            seq=len(self.decisions) + 1, action=action, config=config, reason=reason, evidence=evidence or {}
+            seq=len(self.decisions) + 1,
+            action=action,
+            config=config,
+            reason=reason,
+            evidence=evidence or {},
+            unproven=unproven or [],
         )
         self.decisions.append(decision)
         return decision
@@ -424,7 +436,7 @@ class Search:
         named = ", ".join(bands[:REASON_BANDS]) + more
         details = _said(said.values(), "the evidence has each with a bound")
         reason = f"never launched: {spent}, {UNPROVEN} {named} (unproven there); {details}"
-        return self.decide("unexplored", config, reason, evidence)
+        return self.decide("unexplored", config, reason, evidence, bands)
 
     # ---- what to launch next -----------------------------------------------------------------
 

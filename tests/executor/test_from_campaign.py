@@ -65,7 +65,8 @@ def test_the_schedule_deploys_the_cheaper_of_a_tie_and_names_the_baseline_s_band
     }  # fmt: skip
     assert (baseline["low"], baseline["high"], baseline["baseline"], baseline["vars"]) == (32, None, True, {})
     markdown = (campaign / "schedule.md").read_text()
-    assert f"runbook run runbooks/k26_dflash.yaml --from-campaign {campaign.name} --band 1" in markdown
+    # outside the default log folder (./logs), it names the run's folder: the id alone would not be found
+    assert f"runbook run runbooks/k26_dflash.yaml --from-campaign {campaign.resolve()} --band 1" in markdown
     assert "### Concurrency 32+: the baseline, no speculation" in markdown
 
 
@@ -267,10 +268,6 @@ def test_a_campaign_of_another_model_or_of_several_gpu_kinds_is_refused(campaign
     assert refused.returncode == 2 and "the campaign ran on several GPU kinds" in refused.stderr, refused.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schedule.md's command to type names the run by id alone: a campaign run under --log-dir DIR is not found",
-)
 def test_schedule_md_s_command_finds_a_campaign_run_outside_the_default_log_folder(tmp_path: Path) -> None:
     """`runbook demo --sweep --search --log-dir /tmp/d` writes `--from-campaign RUN --band 1`, which `runbook run`
     looks up under ./logs ("no run RUN in logs", exit 2): the command is not ready to paste unless it says where."""
@@ -278,3 +275,26 @@ def test_schedule_md_s_command_finds_a_campaign_run_outside_the_default_log_fold
     write_campaign(run_dir, campaign_views())
     [command] = [line for line in (run_dir / "schedule.md").read_text().splitlines() if "--band 1" in line]
     assert str(run_dir) in command or f"--log-dir {run_dir.parent}" in command, command
+
+
+def test_schedule_md_names_a_run_in_the_default_log_folder_by_its_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where `runbook run --from-campaign RUN` looks by default (./logs), the id is enough."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("logs") / "20260101T000000Z-sweep"
+    write_campaign(run_dir, campaign_views())
+    markdown = (run_dir / "schedule.md").read_text()
+    assert f"runbook run runbooks/k26_dflash.yaml --from-campaign {run_dir.name} --band 1" in markdown
+
+
+def test_plan_from_campaign_says_a_band_the_searchs_budget_left_unproven(tmp_path: Path) -> None:
+    """A searched campaign whose budget left DFLASH 16 able to beat DFLASH 4 at 16: each var's source says so."""
+    from tests.steps.test_campaign_report_search import left_open_at_c16
+
+    run_dir = tmp_path / "logs" / "20260101T000000Z-sweep"
+    write_campaign(run_dir, [*campaign_views(), *left_open_at_c16()])
+    planned = plan(run_dir, "--band", "16", "--json")
+    assert planned.returncode == 0, planned.stderr
+    sources = {v["name"]: v["source"] for v in json.loads(planned.stdout)["campaign"]}
+    assert "unproven at 16 (the search's budget: schedule.md)" in sources["speculative_num_draft_tokens"], sources
