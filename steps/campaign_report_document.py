@@ -144,7 +144,7 @@ def choice_tables(
                 for r in c.recommended
             ],
         ),
-        *campaign_report_sla.tables(comparisons),
+        *campaign_report_sla.tables(comparisons, searched=bool(search)),
         *campaign_report_search.tables(search),
         Table(
             title="Failed and skipped cells",

@@ -146,6 +146,8 @@ def configuration(cell: CellReport) -> SlaConfiguration:
     top = max(meeting, key=lambda p: p.concurrency) if meeting else None
     goodput = None if top is None else _usable(top.goodput)
     per_gpu = None if goodput is None or gpus is None else goodput[0] / gpus
+    if top is not None and top.concurrency == max(p.concurrency for p in cell.points):
+        why += f"; {top.concurrency} is the highest measured: its limit is there or beyond"
     if top is not None and goodput is None:
         why += f"; its goodput at {top.concurrency} is unknown"
     if gpus is None:
@@ -238,8 +240,9 @@ class Comparison(Protocol):
     def sla(self) -> SlaAnswer | None: ...
 
 
-def tables(comparisons: Sequence[Comparison]) -> list[Table]:
-    """The answer's two tables, where some comparison has SLOs; none otherwise (the report as without them)."""
+def tables(comparisons: Sequence[Comparison], searched: bool = False) -> list[Table]:
+    """The answer's two tables, where some comparison has SLOs; none otherwise (the report as without them).
+    `searched`: a search left configurations unlaunched, which have no goodput (it prunes by throughput)."""
     answered = [(c, c.sla) for c in comparisons if c.sla is not None]
     if not answered:
         return []
@@ -270,7 +273,12 @@ def tables(comparisons: Sequence[Comparison]) -> list[Table]:
             rows=per_configuration,
         ),
         Table(
-            title="Under the SLOs: the most goodput per GPU",
+            title="Under the SLOs: the most goodput per GPU"
+            + (
+                " (among the configurations a search launched: it prunes by throughput, not goodput)"
+                if searched
+                else ""
+            ),
             columns=["GPUs", "workload", "SLOs", "best", "margin", "why"],
             rows=best,
         ),

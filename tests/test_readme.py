@@ -128,10 +128,6 @@ def test_the_notebook_snippet_reads_a_speedup_per_workload_and_the_request_recor
     assert capsys.readouterr().out.splitlines() == ["baseline 20.0", "dflash 10.0"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the README's MCP table lists neither campaign, campaign_dir, band for plan and run nor plan's log_dir",
-)
 def test_the_mcp_table_lists_every_argument_each_tool_takes() -> None:
     """The table under "MCP server" is where an agent's author looks up a tool's arguments (issue 31, item 3: plan
     and run lay a campaign's answer over the flagship): an argument the server takes that its row omits is unknown."""
@@ -153,9 +149,6 @@ def test_the_mcp_table_lists_every_argument_each_tool_takes() -> None:
     assert not any(missing.values()), missing
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the README's command table gives `runbook demo` without --search, --landscape and --json"
-)
 def test_the_command_table_gives_every_option_of_runbook_demo() -> None:
     """The command table is where a newcomer looks up `runbook demo`; the search's demo (`--sweep --search`) and its
     second landscape (`--landscape headroom`) are what the section "Search" asks them to run."""

@@ -191,7 +191,10 @@ def _add_compare(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--json", action="store_true", help="the comparison as one JSON document (runbook schema --compare)")
     drawn = p.add_mutually_exclusive_group()
     drawn.add_argument(
-        "--figure", type=Path, metavar="PATH", help="where the figure goes (default: LOG_DIR/compare-A-vs-B.png)"
+        "--figure",
+        type=Path,
+        metavar="PATH",
+        help="where the figure goes (default: beside the second run's folder, compare-A-vs-B.png)",
     )
     drawn.add_argument("--no-figure", action="store_true", help="draw no figure")
 
@@ -349,7 +352,7 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--search",
         action="store_true",
         help="with --sweep: the campaign with `strategy: search`, which launches at most half of its configurations "
-        "and names the grid's best per concurrency (README, 'Search')",
+        "and names each concurrency's answer, saying which its budget left unproven (README, 'Search')",
     )
     p.add_argument(
         "--hosts", type=_pool_size, default=1, help="test hosts of the sweep's pool, 1 to 4 (they run in parallel)"
@@ -380,7 +383,8 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
         action="append",
         default=[],
         metavar="K=V",
-        help="override a var of the runbook, as in runbook run (repeatable): --var bench_repeats=1 for a quicker demo",
+        help="override a var of the runbook, as in runbook run (repeatable): --var bench_repeats=3 for the runbook's "
+        "three repeats (the demo runs one)",
     )
     p.add_argument("--log-dir", type=Path, default=LOG_DIR)
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -1017,16 +1021,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two runs (executor/faces/compare.py): the table on stdout (`--json`: the document), the figure
-    written where --figure says (by default into --log-dir, never into either run's folder); exit 1 when a metric
+    written where --figure says (by default beside the run folders, never into either); exit 1 when a metric
     regressed beyond --threshold and beyond noise, 0 otherwise, 2 for a run without a report to compare."""
     from executor.faces import compare
 
     run_a, run_b = report_folder(args.run_a, args.log_dir), report_folder(args.run_b, args.log_dir)
     comparison = compare.compare(run_a, run_b, args.threshold)
-    figure = args.figure or args.log_dir / f"compare-{run_a.name}-vs-{run_b.name}.png"
-    if not args.no_figure and args.figure is None and not args.log_dir.is_dir():  # run folders by path, no logs/
-        say(f"runbook compare: no figure: {args.log_dir} is no folder (--figure PATH says where)")
-    elif not args.no_figure:
+    # beside the run folders: their log folder (run ids), or the folder holding the second (run folders by path)
+    figure = args.figure or run_b.parent / f"compare-{run_a.name}-vs-{run_b.name}.png"
+    if not args.no_figure:
         from executor.faces.compare_figure import draw
 
         try:

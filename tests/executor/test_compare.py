@@ -437,10 +437,6 @@ def test_a_figure_of_cells_with_no_metric_compared_is_drawn_saying_so(tmp_path: 
     assert (tmp_path / "f.png").read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two run folders given by path draw their figure into the working folder's logs/, which holds neither run",
-)
 def test_two_run_folders_by_path_draw_no_figure_into_an_unrelated_logs_folder(
     campaigns: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -452,3 +448,4 @@ def test_two_run_folders_by_path_draw_no_figure_into_an_unrelated_logs_folder(
     done = runbook_cli("compare", *(str(campaigns / r) for r in ("20261201-010000-aaaaaa", "20261203-010000-cccccc")))
     assert done.returncode == 1, done.stderr
     assert not list((tmp_path / "logs").iterdir()), done.stdout.splitlines()[-1]
+    assert (campaigns / "compare-20261201-010000-aaaaaa-vs-20261203-010000-cccccc.png").is_file()  # beside them

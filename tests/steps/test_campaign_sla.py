@@ -9,7 +9,6 @@ import json
 import math
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -190,10 +189,6 @@ def _sla_section(tmp_path: Path, views: list[StepView]) -> str:
     return text[text.index("## Under the SLOs") :].partition("\n## Search")[0].partition("\n## Cells")[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a configuration meeting the SLOs at every concurrency measured is given the highest measured as its limit",
-)
 def test_meeting_the_slos_at_every_concurrency_measured_says_the_limit_lies_beyond(tmp_path: Path) -> None:
     """The baseline meets them at 1, 4, 16 and 32: its highest concurrency under the SLOs is 32 or more, unknown
     above; `32` alone reads as the concurrency past which the SLA breaks (issue 31, item 2)."""
@@ -202,10 +197,6 @@ def test_meeting_the_slos_at_every_concurrency_measured_says_the_limit_lies_beyo
     assert any(said in row for said in ("or more", "highest measured", "beyond")), row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a searched campaign's answer under the SLOs does not say it ranks only the launched configurations",
-)
 def test_a_searched_campaign_s_sla_answer_says_it_ranks_only_what_was_launched(tmp_path: Path) -> None:
     """The search prunes by the measure's throughput bounds, not by goodput under the SLOs: a configuration it never
     launched has no goodput, so `the most goodput per GPU` is among the launched ones only, which the tables omit."""
