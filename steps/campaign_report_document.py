@@ -62,13 +62,19 @@ class CampaignReport(Document):
 
 
 def counts(cells: Sequence[CellReport]) -> Counts:
-    measured = [c for c in cells if not c.baseline]
+    """Per benchmark instance and host: a benchmark of several workloads is one cell (a report each), as a cell
+    that never ran (skipped, no workload known) is."""
+    instances: dict[tuple[str, str], list[CellReport]] = {}
+    for c in cells:
+        if not c.baseline:
+            instances.setdefault((c.host, c.benchmark), []).append(c)
+    measured = [reports[0] for reports in instances.values()]
     return Counts(
         cells=len(measured),
         passed=sum(c.status == "passed" for c in measured),
         failed=sum(c.status == "failed" for c in measured),
         skipped=sum(c.status == "skipped" for c in measured),
-        benchmarked=sum(c.status == "passed" and bool(c.points) for c in measured),
+        benchmarked=sum(any(c.status == "passed" and c.points for c in r) for r in instances.values()),
         launches=len({(c.host, c.launch.deploy) for c in measured if c.launch.deploy and c.status != "skipped"}),
     )
 

@@ -146,16 +146,19 @@ def search_lines(group: MatrixGroup) -> list[str]:
     """A searched group's budget and worst case, as `plan` says them (nothing for a grid)."""
     if group.search is None:
         return []
-    budget, grid = group.search.budget, len(group.servers)
-    spent = [
-        f"{budget.launches} launches" if budget.launches else "",
-        f"{budget.gpu_hours:g} GPU-hours" if budget.gpu_hours else "",
-    ]
+    search, grid, worst = group.search, len(group.servers), group.most_launches
+    budget = search.budget
+    spent = [s for s in (f"{budget.launches} launches" if budget.launches else "",
+                         f"{budget.gpu_hours:g} GPU-hours" if budget.gpu_hours else "") if s]  # fmt: skip
+    first = ", whichever is spent first" if len(spent) > 1 else ""
+    # the baseline's launch (one per host of the pool) counts in a grid's and a search's alike, as the report does
+    hosts = max(1, len(group.pool)) if search.baseline else 0
+    with_baseline = f" ({worst + hosts} of {grid + hosts} with the baseline's)" if hosts else ""
+    cap = "" if budget.launches else " (no launch cap: the GPU-hours, checked before each launch, stop it)"
     return [
-        f"#   strategy: search (README, 'Search'), measured by {group.search.measure}"
-        f"{f' against {group.search.baseline}' if group.search.baseline else ''}: budget "
-        f"{' or '.join(s for s in spent if s)}, whichever is spent first; worst case {group.most_launches} of "
-        f"the grid's {grid} launches{'' if budget.launches else ' (no launch cap: the GPU-hours stop it)'}"
+        f"#   strategy: search (README, 'Search'), measured by {search.measure}"
+        f"{f' against {search.baseline}' if search.baseline else ''}: budget {' or '.join(spent)}{first}; "
+        f"worst case {worst} of the grid's {grid} launches{with_baseline}{cap}"
     ]
 
 

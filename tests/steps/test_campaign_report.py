@@ -484,3 +484,16 @@ def test_a_tpot_whose_tokens_per_user_is_not_finite_is_no_pareto_point(tpot: flo
     tokens_4 = cell("c", 2, 4, 100.0)
     point = tokens_4.points[0].model_copy(update={"tpot_ms": (tpot, tpot, tpot)})
     assert figures.points(tokens_4.model_copy(update={"points": [point]})) == []
+
+
+def test_a_benchmark_of_two_workloads_is_one_cell_as_a_skipped_one_is() -> None:
+    """The counts are of benchmark instances per host: a passed benchmark reports each workload apart (two
+    CellReports), a skipped one has none; counted per report, a searched campaign said `17 cell(s): 10 passed, 7
+    skipped` for 12 configurations."""
+    from steps.campaign_report_document import counts
+
+    fast = cell("b[x=1]", 8, 4, 500.0)
+    two = [fast, fast.model_copy(update={"workload": "speed-bench/mixed"})]
+    skipped = cell("b[x=2]", 8, 8, 500.0).model_copy(update={"status": "skipped", "points": []})
+    found = counts([cell("base", 8, None, 100.0).model_copy(update={"group": None}), *two, skipped])
+    assert (found.cells, found.passed, found.skipped, found.benchmarked) == (2, 1, 1, 1)
