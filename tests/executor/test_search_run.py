@@ -86,7 +86,8 @@ def test_a_launch_budget_launches_that_many_and_records_the_rest_never_launched(
 def test_a_gpu_hours_budget_is_checked_before_each_launch_so_the_first_one_happens(tmp_path: Path) -> None:
     path = book(tmp_path, budget="{gpu_hours: 1.0e-9}")
     plan = runbook_cli("plan", str(path), env=WIDE)
-    assert "budget 1e-09 GPU-hours" in plan.stdout and "(no launch cap: the GPU-hours, checked before each launch, stop it)" in plan.stdout
+    cap = "(no launch cap: the GPU-hours, checked before each launch, stop it)"
+    assert "budget 1e-09 GPU-hours; worst case" in plan.stdout and cap in plan.stdout, plan.stdout
     done = run(path)
     assert done.returncode == 0, done.stderr
     run_dir, steps = status(path)
