@@ -1028,7 +1028,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     run_a, run_b = report_folder(args.run_a, args.log_dir), report_folder(args.run_b, args.log_dir)
     comparison = compare.compare(run_a, run_b, args.threshold)
     # beside the run folders: their log folder (run ids), or the folder holding the second (run folders by path)
-    figure = args.figure or run_b.parent / f"compare-{run_a.name}-vs-{run_b.name}.png"
+    first, second = run_a.resolve(), run_b.resolve()  # `.` names a folder too
+    figure = args.figure or second.parent / f"compare-{first.name}-vs-{second.name}.png"
     if not args.no_figure:
         from executor.faces.compare_figure import draw
 
