@@ -44,8 +44,9 @@ class SearchAccount(DataModel):
     unproven: int = 0
     decided: bool = True  # every configuration launched or left out by a decision (none "not reached": a stopped run)
     unmeasured: int = 0  # launched, but a step of its cell failed: what it would have measured bounds nothing
-    #: the bands (`speed-bench/mixed c=4`) whose answer a configuration the budget left open might still change
-    unproven_bands: list[str] = []
+    #: host -> the bands (`speed-bench/mixed c=4`) whose answer there a configuration the budget left open (on
+    #: that host) might still change
+    unproven_bands: dict[str, list[str]] = {}
 
     @property
     def share(self) -> float | None:
@@ -68,12 +69,21 @@ def _unproven(view: StepView) -> list[str]:
     return [b for b in bands if isinstance(b, str)] if isinstance(bands, list) else []
 
 
+def _unproven_by_host(launches: Sequence[StepView]) -> dict[str, list[str]]:
+    found: dict[str, set[str]] = {}
+    for v in launches:
+        if v.status == "skipped":
+            found.setdefault(v.host, set()).update(_unproven(v))
+    return {host: sorted(bands) for host, bands in found.items() if bands}
+
+
 def mark_unproven(comparisons: Sequence[Comparison], accounts: Sequence[SearchAccount]) -> list[Comparison]:
-    """The comparisons with each best whose band a search's budget left unproven marked so (`unproven`, and its
-    `why` says it): where it is read (the Best table, schedule.md, `--from-campaign`), not only in the note."""
-    bands = {band for a in accounts for band in a.unproven_bands}
+    """The comparisons with each best whose band a search's budget left unproven on one of the comparison's hosts
+    marked so (`unproven`, and its `why` says it): where it is read (the Best table, schedule.md,
+    `--from-campaign`), not only in the note."""
     marked = []
     for c in comparisons:
+        bands = {band for a in accounts for h in c.hosts for band in a.unproven_bands.get(h, [])}
         best = [
             b.model_copy(update={"unproven": True, "why": f"{b.why}; {UNPROVEN_WHY}"})
             if band_of(c.workload, None, b.concurrency) in bands
@@ -143,7 +153,7 @@ def account(views: Sequence[StepView], baseline: str) -> list[SearchAccount]:
                 unproven=sum(1 for why in left_out.values() if UNPROVEN in why),
                 decided=not any(why.endswith(NOT_REACHED) for why in left_out.values()),
                 unmeasured=sum(1 for cell in cells if any(m.status == "failed" for m in cell)),
-                unproven_bands=sorted({band for v in launches if v.status == "skipped" for band in _unproven(v)}),
+                unproven_bands=_unproven_by_host(launches),
                 screened_evals=sum(
                     1
                     for v in views

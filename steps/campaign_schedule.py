@@ -17,6 +17,7 @@ campaign_overlay.py) takes only what this module could have written.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
@@ -90,6 +91,9 @@ class Band(_Strict):
             raise ValueError(f"band {self.shown}: the baseline's band sets no var")
         if not self.baseline and not self.vars and self.unknown is None:
             raise ValueError(f"band {self.shown}: a speculative configuration without its vars says why (unknown)")
+        odd = sorted(set(self.on_tie + self.unproven) - set(self.measured))
+        if odd:
+            raise ValueError(f"band {self.shown}: on_tie or unproven names {odd}, where it measured none")
         if self.vars and set(self.vars) != set(OVERLAY_VARS):
             raise ValueError(
                 f"band {self.shown}: sets {', '.join(self.vars)}, not every one of {', '.join(OVERLAY_VARS)}"
@@ -244,7 +248,7 @@ def campaign_ref(run_dir: Path) -> str:
     """How `--from-campaign` finds this run from where the run was started: its id where its folder is in the default
     log folder, else the folder's absolute path (a run under `--log-dir DIR`: the id alone would not be found)."""
     folder = run_dir.resolve()
-    return run_dir.name if folder.parent == LOG_DIR.resolve() else str(folder)
+    return run_dir.name if folder.parent == LOG_DIR.resolve() else shlex.quote(str(folder))
 
 
 def write(run_dir: Path, schedule: ScheduleFile) -> None:

@@ -1027,22 +1027,41 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     run_a, run_b = report_folder(args.run_a, args.log_dir), report_folder(args.run_b, args.log_dir)
     comparison = compare.compare(run_a, run_b, args.threshold)
-    # beside the run folders: their log folder (run ids), or the folder holding the second (run folders by path)
-    first, second = run_a.resolve(), run_b.resolve()  # `.` names a folder too
-    figure = args.figure or second.parent / f"compare-{first.name}-vs-{second.name}.png"
     if not args.no_figure:
-        from executor.faces.compare_figure import draw
-
-        try:
-            draw(comparison, figure)
-        except OSError as exc:
-            raise ResumeError(f"compare: the figure cannot be written to {figure}: {exc.strerror or exc}") from None
-        comparison.figure = str(figure)
+        _draw_comparison(comparison, args.figure or _beside(run_a, run_b), asked=args.figure is not None)
     if args.json:
         print(strict_json.dumps(comparison.model_dump(mode="json"), indent=2))
     else:
         _print_comparison(comparison)
     return compare.EXIT_REGRESSED if comparison.regressed else EXIT_OK
+
+
+def _beside(run_a: Path, run_b: Path) -> Path:
+    """The default figure's path: beside the run folders (their log folder for run ids, the folder holding the
+    second for run folders by path), outside both (a run kept inside the other: beside the outer one)."""
+    first, second = run_a.resolve(), run_b.resolve()  # `.` names a folder too
+
+    def outside(folder: Path) -> bool:
+        return not (folder.is_relative_to(first) or folder.is_relative_to(second))
+
+    folders = (second.parent, first.parent)
+    return next((f for f in folders if outside(f)), second.parent) / f"compare-{first.name}-vs-{second.name}.png"
+
+
+def _draw_comparison(comparison: Any, figure: Path, *, asked: bool) -> None:
+    """The figure drawn to `figure`, said in the comparison. One asked for (`--figure`) that cannot be written is
+    exit 2; the default one costs only itself, said on stderr: the comparison and its verdict still come."""
+    from executor.faces.compare_figure import draw
+
+    try:
+        draw(comparison, figure)
+    except OSError as exc:
+        why = f"the figure cannot be written to {figure}: {exc.strerror or exc}"
+        if asked:
+            raise ResumeError(f"compare: {why}") from None
+        say(f"runbook compare: no figure: {why} (--figure PATH says where)")
+        return
+    comparison.figure = str(figure)
 
 
 def _print_comparison(comparison: Any) -> None:

@@ -142,8 +142,9 @@ def matrix_summary(group: MatrixGroup) -> str:
     )
 
 
-def search_lines(group: MatrixGroup) -> list[str]:
-    """A searched group's budget and worst case, as `plan` says them (nothing for a grid)."""
+def search_lines(group: MatrixGroup, hosts: Mapping[str, list[str]]) -> list[str]:
+    """A searched group's budget and worst case, as `plan` says them (nothing for a grid). `hosts`: each step's
+    (a placed group's instance on one host of its pool, an unplaced one's on each of its hosts)."""
     if group.search is None:
         return []
     search, grid, worst = group.search, len(group.servers), group.most_launches
@@ -151,9 +152,10 @@ def search_lines(group: MatrixGroup) -> list[str]:
     spent = [s for s in (f"{budget.launches} launches" if budget.launches else "",
                          f"{budget.gpu_hours:g} GPU-hours" if budget.gpu_hours else "") if s]  # fmt: skip
     first = ", whichever is spent first" if len(spent) > 1 else ""
-    # the baseline's launch (one per host of the pool) counts in a grid's and a search's alike, as the report does
-    hosts = max(1, len(group.pool)) if search.baseline else 0
-    with_baseline = f" ({worst + hosts} of {grid + hosts} with the baseline's)" if hosts else ""
+    # server starts, as the report counts them: each launch on each of its hosts, the baseline's on each of its own
+    each = max((len(hosts.get(s, [])) for s in group.servers), default=1) or 1
+    base = len(hosts.get(search.baseline, [])) if search.baseline else 0
+    with_baseline = f" ({worst * each + base} of {grid * each + base} with the baseline's)" if base else ""
     cap = "" if budget.launches else " (no launch cap: the GPU-hours, checked before each launch, stop it)"
     return [
         f"#   strategy: search (README, 'Search'), measured by {search.measure}"
@@ -187,7 +189,7 @@ def _group_header(
     time and where each server configuration goes; with `shown`, only that many servers and cells, and
     how many instances the plan leaves out."""
     launches = group.most_launches
-    lines = [f"\n# {matrix_summary(group)}", *search_lines(group)]
+    lines = [f"\n# {matrix_summary(group)}", *search_lines(group, hosts)]
     server = next((s for s in runbook.steps if s.id in group.servers), None)
     limit = None
     if server is not None:

@@ -451,12 +451,6 @@ def test_two_run_folders_by_path_draw_no_figure_into_an_unrelated_logs_folder(
     assert (campaigns / "compare-20261201-010000-aaaaaa-vs-20261203-010000-cccccc.png").is_file()  # beside them
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the default figure beside the second run, where that folder is unwritable (a read-only archive of runs), "
-    "fails the whole compare with exit 2 (`a run without a report`) and prints no comparison: the verdict is lost "
-    "for a figure nobody asked for",
-)
 def test_an_unwritable_folder_beside_the_runs_costs_the_default_figure_not_the_verdict(
     campaigns: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -473,11 +467,6 @@ def test_an_unwritable_folder_beside_the_runs_costs_the_default_figure_not_the_v
     assert "regression(s) beyond" in done.stdout, done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a second run kept inside the first's folder (`compare RUN RUN/rerun`): the default figure goes beside the "
-    "second, into the first run's folder, which draw refuses, so compare exits 2 with no comparison",
-)
 def test_a_run_kept_inside_the_other_compares_with_its_default_figure_outside_both(tmp_path: Path) -> None:
     a = write_benchmark(tmp_path / "a", {1: [300.0, 302.0, 298.0]})
     b = write_benchmark(a / "rerun", {1: [300.0, 302.0, 298.0]})

@@ -300,12 +300,6 @@ def test_plan_from_campaign_says_a_band_the_searchs_budget_left_unproven(tmp_pat
     assert "unproven at 16 (the search's budget: schedule.md)" in sources["speculative_num_draft_tokens"], sources
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a schedule.json whose band names unproven a concurrency outside the band (or one it never measured) is "
-    "taken: plan --from-campaign says `unproven at 4096` of band 1-31 in each var's source, where a tampered "
-    "`high` or `low` is refused",
-)
 def test_a_band_unproven_where_it_never_measured_is_refused(campaign: Path) -> None:
     tamper(campaign, lambda band: band.update(unproven=[4096]))
     refused = plan(campaign, "--band", "1", "--json")

@@ -242,12 +242,6 @@ def test_plan_full_shows_a_searched_launchs_evaluation_as_the_run_sends_it(tmp_p
     assert "of the prompt sets math (4)" in plan.stdout, plan.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan's worst case for a search unplaced over two hosts (its pool empty) says `3 of 9 with the baseline's` "
-    "where the run starts 6 servers (the baseline and each configuration on both hosts) and the report's account, "
-    "per host, says 6 of 18: not counted as the report does",
-)
 def test_plans_worst_case_with_the_baseline_counts_the_launches_an_unplaced_two_host_search_makes(
     tmp_path: Path,
 ) -> None:

@@ -97,11 +97,6 @@ def test_an_answer_the_budget_left_unproven_says_so_where_it_is_read(tmp_path: P
     assert "unproven" in text, text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mark_unproven marks a band unproven in every comparison of its workload: a search on an H200 host left "
-    "open at c=16 marks the B200 host's answer there unproven too, though nothing left open ran on a B200",
-)
 def test_a_band_left_open_on_one_gpu_kind_leaves_the_other_kinds_answer_proven(tmp_path: Path) -> None:
     """The same campaign on gpu1 (H200) and gpu2 (B200), compared apart; the search left DFLASH 16 open at
     random-ids c=16 on gpu1 only. The B200 answer at c=16 is what gpu2 measured: nothing left open could change it."""
@@ -114,11 +109,6 @@ def test_a_band_left_open_on_one_gpu_kind_leaves_the_other_kinds_answer_proven(t
     assert unproven == {("gpu1", 16)}, unproven
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schedule.md's command to paste names a run outside ./logs by its absolute folder unquoted: a folder with "
-    "a space (or any shell character) pastes as two words and --from-campaign gets the wrong run",
-)
 def test_schedule_md_names_a_run_folder_with_a_space_as_one_word_of_the_command(tmp_path: Path) -> None:
     run_dir = tmp_path / "my runs" / "run-1"
     run_dir.mkdir(parents=True)
