@@ -365,7 +365,12 @@ class Search:
 
     def excluded(self, config: str, band: Band) -> tuple[str, list[float]] | None:
         """Why `config` cannot change `band`'s answer (and [bound, incumbent]), None when it might."""
-        contest = self.contest(config, band)
+        return self._verdict(config, band, self.contest(config, band))
+
+    def _verdict(
+        self, config: str, band: Band, contest: tuple[Bound, tuple[str, Measure, tuple[float, float, float]]] | None
+    ) -> tuple[str, list[float]] | None:
+        """`excluded` of a contest already worked out."""
         if contest is None:
             return None
         bound, (name, measure, cost) = contest
@@ -419,9 +424,9 @@ class Search:
         said: dict[Band, str] = {}
         evidence = {}
         for band in self.bands():
-            if self.excluded(config, band) is not None:
-                continue
             contest = self.contest(config, band)
+            if self._verdict(config, band, contest) is not None:
+                continue
             if contest is None:
                 said[band] = f"{band}: no bound yet"
                 continue

@@ -79,6 +79,8 @@ def test_a_launch_budget_launches_that_many_and_records_the_rest_never_launched(
         why = f"search: not launched {config}: never launched: the search's budget of 2 launches was spent, {UNPROVEN} "
         assert steps[config]["status"] == "skipped" and steps[config]["message"].startswith(why), steps[config]
         assert decision["evidence"], decision
+        # the bands, for the report to mark: on the server instance's record, as in the decision
+        assert decision["unproven"] and steps[config]["facts"] == {"unproven": decision["unproven"]}, steps[config]
         for band, (bound, incumbent) in decision["evidence"].items():
             said = f"{band}: up to {bound:.0f} tok/s ("
             assert said in decision["reason"] and f"'s {incumbent:.0f}" in decision["reason"], decision

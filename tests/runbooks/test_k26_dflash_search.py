@@ -169,6 +169,7 @@ def test_the_demo_on_the_second_landscape_names_its_answers_within_half_the_laun
     recorded = LANDSCAPES / "standin_headroom.json"
     answers = _grid_answers(recorded) | {k: v for k, v in _grid_answers(recorded, NEAR_HEADROOM).items() if k[1] == 32}
     campaign = json.loads((logs / run_id / "report.json").read_text())["campaign"]
+    assert any(b["unproven"] for c in campaign["comparisons"] for b in c["best"])  # marked where the answer is read
     for comparison in campaign["comparisons"]:
         for band in comparison["best"]:  # its fastest, or one it finds tied with it, is near the recorded grid's best
             named = {_chosen(name) for name in [band["fastest"], *band["tied"]]}
